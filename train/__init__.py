@@ -1,0 +1,1 @@
+"""trainstack's training app: one process is one rank (`python -m train`), `trainstack train` launches them."""
