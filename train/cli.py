@@ -12,6 +12,7 @@ from train.errors import EXIT_CONFIG, ConfigError
 SUBCOMMANDS = {
     "train": ("train.launch", "launch the training ranks (one per GPU; 2 CPU ranks without a GPU)"),
     "exporter": ("monitoring.exporter.cli", "serve per-GPU NVML and per-rank training metrics"),
+    "doctor": ("train.doctor.cli", "preflight checks: GPUs, CUDA, /dev/shm, ulimits, NCCL switches, ports, disk"),
 }
 
 

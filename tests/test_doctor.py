@@ -1,0 +1,394 @@
+"""trainstack doctor: every check's PASS, WARN and FAIL paths on real inputs (tmpfs mounts for /dev/shm and
+the output directory, a real listening socket for ports, real rlimits); GPU facts come as GpuInventory."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from train.doctor import (
+    CheckResult,
+    DoctorConfig,
+    GpuInventory,
+    Status,
+    render_json,
+    render_table,
+    run_checks,
+)
+from train.doctor.config import MiB, usable_cpu_count
+from train.doctor.gpu_checks import (
+    check_cuda_version,
+    check_gpu_visibility,
+    check_ranks_per_gpu,
+    devices_cuda_exposes,
+)
+from train.doctor.host_checks import check_cpus, check_memlock, check_shared_memory
+from train.doctor.inventory import probe_gpus
+from train.doctor.port_checks import check_exporter_port, check_rendezvous_port
+from train.doctor.storage_checks import check_output_dir
+from train.doctor.switch_checks import check_debug_switches
+
+CPU_HOST = GpuInventory(driver_found=False, torch_version="2.13.0+cpu")
+UUIDS = ("GPU-aaaa-0", "GPU-bbbb-1", "GPU-cccc-2", "GPU-dddd-3")
+
+
+def gpu_host(visible: int = 4, **changes) -> GpuInventory:
+    facts = dict(
+        driver_found=True,
+        uuids=UUIDS,
+        names=("NVIDIA H100 80GB HBM3",) * 4,
+        driver_version="570.86",
+        driver_cuda_version="12.8",
+        torch_version="2.13.0+cu128",
+        torch_cuda_version="12.8",
+        torch_device_count=visible,
+    )
+    return GpuInventory(**{**facts, **changes})
+
+
+def config(**changes) -> DoctorConfig:
+    """Inputs that do not depend on this machine unless a test says so."""
+    fixed = dict(env={}, cpu_count=64, memlock_bytes=None, gpus=CPU_HOST, exporter_port=0)
+    return DoctorConfig(**{**fixed, **changes})
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str, *options: str):
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.fixture
+def small_shm(tmp_path):
+    with tmpfs(tmp_path / "shm", "16m") as path:
+        yield path
+
+
+# --- results ------------------------------------------------------------------------------------------------
+
+
+def test_a_problem_without_a_fix_is_refused():
+    with pytest.raises(ValueError, match="without a fix"):
+        CheckResult("x", Status.WARN, "something is off")
+
+
+def test_table_shows_fixes_under_problems_and_json_says_not_ok():
+    results = [
+        CheckResult("shm", Status.FAIL, "too small", "bigger"),
+        CheckResult("cpus", Status.PASS, "fine"),
+    ]
+    table = render_table(results)
+    assert "FAIL    shm   too small" in table and "fix: bigger" in table
+    assert table.splitlines()[-1] == "doctor: 1 PASS, 0 WARN, 1 FAIL"
+    document = json.loads(render_json(results))
+    assert document["ok"] is False
+    assert document["checks"][0] == {"name": "shm", "status": "FAIL", "detail": "too small", "fix": "bigger"}
+
+
+def test_bad_inputs_are_config_errors():
+    from train.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--node-rank 2 must be below --nnodes 2"):
+        config(nnodes=2, node_rank=2)
+    with pytest.raises(ConfigError, match="--nproc-per-node"):
+        config(nproc_per_node=0)
+
+
+# --- GPUs ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gpus", "env", "status", "phrase"),
+    [
+        (CPU_HOST, {}, Status.WARN, "no NVIDIA driver: CPU ranks"),
+        (CPU_HOST, {"NVIDIA_VISIBLE_DEVICES": "all"}, Status.WARN, "started without the NVIDIA runtime"),
+        (dataclasses.replace(CPU_HOST, torch_device_count=2), {}, Status.WARN, "NVML is missing"),
+        (
+            GpuInventory(driver_found=True, nvml_error="Driver/library version mismatch"),
+            {},
+            Status.FAIL,
+            "NVML failed",
+        ),
+        (gpu_host(0, torch_cuda_version="", torch_version="2.13.0+cpu"), {}, Status.FAIL, "is a CPU build"),
+        (gpu_host(0), {"CUDA_VISIBLE_DEVICES": ""}, Status.FAIL, "hides all of them"),
+        (gpu_host(0), {"CUDA_VISIBLE_DEVICES": "-1"}, Status.FAIL, "hides all of them"),
+        (gpu_host(0), {}, Status.FAIL, "but torch sees 0"),
+        (gpu_host(2), {"CUDA_VISIBLE_DEVICES": "0,1"}, Status.WARN, "hides 2: they sit idle"),
+        (gpu_host(4), {"NVIDIA_VISIBLE_DEVICES": "0,1"}, Status.WARN, "only acts when the NVIDIA container"),
+        (gpu_host(4), {"NVIDIA_VISIBLE_DEVICES": "all"}, Status.PASS, "NVML sees 4 GPU(s) (4 x NVIDIA H100"),
+        (gpu_host(2), {"CUDA_VISIBLE_DEVICES": "GPU-cccc,GPU-aaaa"}, Status.WARN, "hides 2: they sit idle"),
+    ],
+)
+def test_gpu_visibility(gpus, env, status, phrase):
+    result = check_gpu_visibility(config(env=env), gpus)
+    assert result.status is status, result
+    assert phrase in result.detail
+
+
+def test_cuda_stops_reading_visible_devices_at_the_first_bad_entry():
+    assert devices_cuda_exposes("0,1,7,2", UUIDS) == UUIDS[:2]
+    assert devices_cuda_exposes("3,3", UUIDS) == UUIDS[3:]
+    assert devices_cuda_exposes("GPU-dddd", UUIDS) == UUIDS[3:]
+    assert devices_cuda_exposes("GPU-ffff,0", UUIDS) == ()
+
+
+@pytest.mark.parametrize(
+    ("nproc", "gpus", "status", "phrase"),
+    [
+        (None, gpu_host(4), Status.PASS, "one rank per GPU: 4"),
+        (8, gpu_host(4), Status.FAIL, "ranks would share a GPU"),
+        (2, gpu_host(4), Status.WARN, "leaves 2 of 4 visible GPUs idle"),
+        (None, CPU_HOST, Status.PASS, "2 CPU rank(s)"),
+    ],
+)
+def test_ranks_per_gpu(nproc, gpus, status, phrase):
+    result = check_ranks_per_gpu(config(nproc_per_node=nproc), gpus)
+    assert result.status is status and phrase in result.detail
+
+
+@pytest.mark.parametrize(
+    ("driver_cuda", "status"),
+    [("11.8", Status.FAIL), ("12.4", Status.WARN), ("12.8", Status.PASS), ("13.0", Status.PASS)],
+)
+def test_driver_cuda_against_torch_cuda(driver_cuda, status):
+    result = check_cuda_version(config(), gpu_host(driver_cuda_version=driver_cuda))
+    assert result.status is status
+    assert f"supports CUDA {driver_cuda}" in result.detail and "built for CUDA 12.8" in result.detail
+
+
+def test_cuda_version_does_not_apply_without_a_driver():
+    assert check_cuda_version(config(), CPU_HOST).status is Status.PASS
+
+
+def test_probe_on_this_host_matches_what_torch_reports():
+    import torch
+
+    gpus = probe_gpus()
+    assert gpus.torch_version == torch.__version__
+    assert gpus.torch_device_count == torch.cuda.device_count()
+    if not gpus.driver_found:
+        assert gpus.uuids == () and gpus.nvml_error == ""
+
+
+# --- shared memory, memlock, CPUs ---------------------------------------------------------------------------
+
+
+def test_shm_too_small_for_the_loader_workers_fails(small_shm):
+    result = check_shared_memory(
+        config(shm_path=small_shm, num_workers=2, loader_batch_bytes=4 * MiB), CPU_HOST
+    )
+    assert result.status is Status.FAIL
+    assert "is 16.0 MiB, need ~32.0 MiB for 2 rank(s) x 2 loader worker(s)" in result.detail
+    assert "--shm-size=1g" in result.fix and "shm_size: 1gb" in result.fix and "medium: Memory" in result.fix
+
+
+def test_shm_taken_by_stale_segments_warns(small_shm):
+    (small_shm / "torch_12345_stale").write_bytes(b"\0" * (14 * MiB))
+    result = check_shared_memory(config(shm_path=small_shm, loader_batch_bytes=MiB // 2), CPU_HOST)
+    assert result.status is Status.WARN and "stale" in result.detail
+
+
+def test_shm_with_room_passes(small_shm):
+    result = check_shared_memory(config(shm_path=small_shm, loader_batch_bytes=MiB // 2), CPU_HOST)
+    assert result.status is Status.PASS and "need ~4.0 MiB" in result.detail
+
+
+def test_dockers_default_shm_is_too_small_for_nccl(tmp_path):
+    with tmpfs(tmp_path / "shm", "64m") as shm:
+        result = check_shared_memory(config(shm_path=shm), gpu_host(4))
+    assert result.status is Status.FAIL
+    assert "(Docker's default)" in result.detail and "+ NCCL" in result.detail
+
+
+def test_missing_shm_fails(tmp_path):
+    result = check_shared_memory(config(shm_path=tmp_path / "absent"), CPU_HOST)
+    assert result.status is Status.FAIL and "cannot be read" in result.detail
+
+
+@pytest.mark.parametrize(
+    ("limit", "gpus", "nnodes", "status"),
+    [
+        (None, gpu_host(), 1, Status.PASS),
+        (64 * 1024, CPU_HOST, 1, Status.PASS),
+        (64 * 1024, gpu_host(), 1, Status.WARN),
+        (64 * 1024, CPU_HOST, 2, Status.WARN),
+    ],
+)
+def test_memlock(limit, gpus, nnodes, status):
+    result = check_memlock(config(memlock_bytes=limit, nnodes=nnodes), gpus)
+    assert result.status is status
+    if status is Status.WARN:
+        assert "memlock=-1" in result.fix
+
+
+def test_memlock_default_is_the_real_ulimit():
+    def lower_memlock():
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (65536, resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]))
+
+    probe = "from train.doctor import DoctorConfig; print(DoctorConfig().memlock_bytes)"
+    output = subprocess.run(
+        [sys.executable, "-c", probe], preexec_fn=lower_memlock, capture_output=True, text=True, check=True
+    ).stdout
+    assert output.strip() == "65536"
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers", "gpus", "status", "fix"),
+    [
+        (2, 2, CPU_HOST, Status.WARN, "--num-workers 0"),
+        (16, 2, CPU_HOST, Status.PASS, ""),
+        (64, 0, gpu_host(4), Status.WARN, "--num-workers 4"),
+        (64, 4, gpu_host(4), Status.PASS, ""),
+    ],
+)
+def test_loader_workers_against_cpus(cpus, workers, gpus, status, fix):
+    result = check_cpus(config(cpu_count=cpus, num_workers=workers), gpus)
+    assert result.status is status and fix in result.fix
+
+
+def test_cpu_count_honours_a_cgroup_quota(tmp_path):
+    affinity = len(os.sched_getaffinity(0))
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
+    assert usable_cpu_count(tmp_path / "cpu.max") == 1
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert usable_cpu_count(tmp_path / "cpu.max") == affinity
+    assert usable_cpu_count(tmp_path / "absent") == affinity
+
+
+# --- debugging switches -------------------------------------------------------------------------------------
+
+
+def test_debugging_switches_left_on_warn():
+    env = {
+        "NCCL_P2P_DISABLE": "1",
+        "NCCL_DEBUG": "INFO",
+        "NCCL_SHM_DISABLE": "0",
+        "CUDA_LAUNCH_BLOCKING": "1",
+    }
+    result = check_debug_switches(config(env=env), CPU_HOST)
+    assert result.status is Status.WARN
+    assert "NCCL_P2P_DISABLE=1" in result.detail and "NCCL_DEBUG=INFO" in result.detail
+    assert "NCCL_SHM_DISABLE" not in result.detail
+    assert result.fix.startswith("unset NCCL_P2P_DISABLE NCCL_DEBUG CUDA_LAUNCH_BLOCKING")
+
+
+def test_quiet_nccl_passes():
+    env = {"NCCL_DEBUG": "WARN", "NCCL_P2P_DISABLE": "0", "NCCL_SOCKET_IFNAME": "eth0"}
+    assert check_debug_switches(config(env=env), CPU_HOST).status is Status.PASS
+
+
+# --- ports --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        yield server.getsockname()[1]
+
+
+def test_ports_in_use_fail_and_name_a_free_one(busy_port):
+    for check, flag in ((check_rendezvous_port, "--master-port"), (check_exporter_port, "--exporter-port")):
+        result = check(config(master_port=busy_port, exporter_port=busy_port), CPU_HOST)
+        assert result.status is Status.FAIL and "already in use" in result.detail
+        assert f"by pid {os.getpid()}" in result.detail
+        suggested = int(result.fix.split(flag)[1].split()[0])
+        assert suggested != busy_port
+
+
+def test_free_ports_pass(busy_port):
+    port = free_port()
+    assert check_rendezvous_port(config(master_port=port), CPU_HOST).status is Status.PASS
+    assert check_exporter_port(config(exporter_port=port), CPU_HOST).status is Status.PASS
+    # Only node 0 opens the rendezvous port; no exporter, nothing to open.
+    assert (
+        check_rendezvous_port(config(master_port=busy_port, nnodes=2, node_rank=1), CPU_HOST).status
+        is Status.PASS
+    )
+    assert check_exporter_port(config(exporter_port=0), CPU_HOST).status is Status.PASS
+
+
+# --- output directory ---------------------------------------------------------------------------------------
+
+
+def test_read_only_output_dir_fails(tmp_path):
+    with tmpfs(tmp_path / "ro", "1m", "ro") as mount:
+        result = check_output_dir(config(output_dir=mount / "run"), CPU_HOST)
+    assert (
+        result.status is Status.FAIL and "cannot write in" in result.detail and "Read-only" in result.detail
+    )
+
+
+@pytest.mark.parametrize(
+    ("checkpoint_mib", "keep", "status", "phrase"),
+    [
+        (32, 3, Status.FAIL, "not even one checkpoint fits"),
+        (6, 2, Status.WARN, "will fill the disk"),
+        (1, 3, Status.PASS, "writable"),
+    ],
+)
+def test_output_dir_room_for_checkpoints(tmp_path, checkpoint_mib, keep, status, phrase):
+    with tmpfs(tmp_path / "disk", "16m") as disk:
+        result = check_output_dir(
+            config(
+                output_dir=disk / "runs" / "a", checkpoint_bytes=checkpoint_mib * MiB, keep_checkpoints=keep
+            ),
+            CPU_HOST,
+        )
+        assert list(disk.iterdir()) == []  # the probe file is gone, the run directory is not made
+    assert result.status is status and phrase in result.detail
+
+
+def test_output_dir_that_is_a_file_fails(tmp_path):
+    (tmp_path / "file").write_text("")
+    assert check_output_dir(config(output_dir=tmp_path / "file" / "run"), CPU_HOST).status is Status.FAIL
+
+
+# --- all together -------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        return holder.getsockname()[1]
+
+
+def test_run_checks_covers_every_concern(small_shm, tmp_path):
+    results = run_checks(
+        config(shm_path=small_shm, output_dir=tmp_path / "run", gpus=gpu_host(4), master_port=free_port())
+    )
+    assert [r.name for r in results] == [
+        "gpus",
+        "cuda-version",
+        "ranks",
+        "shm",
+        "memlock",
+        "cpus",
+        "debug-switches",
+        "rendezvous-port",
+        "exporter-port",
+        "output-dir",
+    ]
+    assert {r.name for r in results if r.status is Status.FAIL} == {
+        "shm"
+    }  # 16 MiB cannot hold NCCL's buffers

@@ -1,0 +1,106 @@
+"""DoctorConfig: what the run will ask of this host, and where to look. Every default is the real system's, so
+`DoctorConfig()` checks this machine; tests pass their own shm path, environment, CPU count and GPU facts."""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from train.doctor.inventory import GpuInventory
+from train.errors import ConfigError
+
+MiB = 1 << 20
+GiB = 1 << 30
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+CPU_RANKS_WITHOUT_GPU = 2  # what the launcher starts on a host without a GPU
+
+
+def token_batch_bytes(batch_size: int, seq_len: int) -> int:
+    """A trainstack token batch: input_ids, attention_mask and labels, int64, batch x seq_len each."""
+    return batch_size * seq_len * 8 * 3
+
+
+def usable_cpu_count(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup v2 CPU quota (`docker run --cpus 4`
+    leaves the mask at every host core, so os.cpu_count() would overstate what a container gets)."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cpu_max.read_text().split()
+    except (OSError, ValueError):
+        return cpus
+    if quota == "max":
+        return cpus
+    return max(1, min(cpus, math.ceil(int(quota) / int(period))))
+
+
+def memlock_soft_limit() -> int | None:
+    """The locked-memory limit in bytes, None when unlimited."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+@dataclass(frozen=True)
+class DoctorConfig:
+    output_dir: Path = Path("runs/default")
+    """Run directory: must be writable with room for checkpoints."""
+    num_workers: int = 2
+    """Data-loader worker processes per rank."""
+    nproc_per_node: int | None = None
+    """Ranks on this node; None: one per visible GPU, or 2 CPU ranks without a GPU (the launcher's rule)."""
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    """Rendezvous port; node 0 opens it, so it must be free there."""
+    exporter_host: str = "127.0.0.1"
+    exporter_port: int = 9450
+    """The exporter's port on this node (0: no exporter)."""
+    loader_batch_bytes: int = token_batch_bytes(16, 128)
+    """Bytes one loader batch takes in shared memory (`token_batch_bytes` for trainstack's token batches)."""
+    checkpoint_bytes: int = GiB
+    """Room one checkpoint needs (model + optimizer state); 1 GiB when the caller cannot estimate it."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept; one more is written before the oldest is deleted."""
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    shm_path: Path = Path("/dev/shm")
+    cpu_count: int = field(default_factory=usable_cpu_count)
+    memlock_bytes: int | None = field(default_factory=memlock_soft_limit)
+    """Locked-memory ulimit in bytes; None: unlimited."""
+    gpus: GpuInventory | None = None
+    """What NVML and torch see; None: ask them when the checks run."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "output_dir", Path(self.output_dir))
+        object.__setattr__(self, "shm_path", Path(self.shm_path))
+        at_least = {
+            "num_workers": 0,
+            "nnodes": 1,
+            "node_rank": 0,
+            "exporter_port": 0,
+            "cpu_count": 1,
+            "loader_batch_bytes": 0,
+            "checkpoint_bytes": 0,
+            "keep_checkpoints": 1,
+            "master_port": 1,
+        }
+        for name, low in at_least.items():
+            if getattr(self, name) < low:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}"
+                )
+        if self.nproc_per_node is not None and self.nproc_per_node < 1:
+            raise ConfigError(f"--nproc-per-node must be at least 1, got {self.nproc_per_node}")
+        if self.node_rank >= self.nnodes:
+            raise ConfigError(f"--node-rank {self.node_rank} must be below --nnodes {self.nnodes}")
+        for name in ("master_port", "exporter_port"):
+            if getattr(self, name) > 65535:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a TCP port (at most 65535)")
+
+    def ranks_on_this_node(self, gpus: GpuInventory) -> int:
+        if self.nproc_per_node is not None:
+            return self.nproc_per_node
+        return gpus.torch_device_count or CPU_RANKS_WITHOUT_GPU
