@@ -1,0 +1,139 @@
+"""Checkpoints that are never half-written: save to a temporary folder, seal it with a manifest, rename.
+
+`Accelerator.save_state` writes model, optimizer, scheduler, grad scaler and each rank's RNG state; this module
+adds the training position (`train_state.json`) and a manifest of every file's size and SHA-256, written last.
+A folder named `step-<N>` therefore always holds a complete checkpoint, and a truncated or edited file is caught
+before anything is loaded. Accelerate loads with `torch.load(weights_only=True)`, so no code in a checkpoint runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from train.errors import ConfigError
+
+MANIFEST = "trainstack.json"
+TRAIN_STATE = "train_state.json"
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+MANIFEST_VERSION = 1
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def seal(folder: Path, train_state: dict) -> None:
+    """Write the training position and the manifest, flushed to disk, so the rename that follows publishes data."""
+    (folder / TRAIN_STATE).write_text(json.dumps(train_state, indent=2))
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        _fsync(path)
+        files[str(path.relative_to(folder))] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    manifest = folder / MANIFEST
+    manifest.write_text(json.dumps({"version": MANIFEST_VERSION, "files": files}, indent=2))
+    _fsync(manifest)
+    _fsync(folder)
+
+
+def publish(temporary: Path, final: Path) -> None:
+    os.replace(temporary, final)
+    _fsync(final.parent)
+
+
+def verify(folder: Path) -> dict:
+    """Return the training position of a complete, untouched checkpoint; raise ConfigError saying what is wrong."""
+    manifest_path = folder / MANIFEST
+    if not folder.is_dir():
+        raise ConfigError(f"checkpoint {folder} does not exist; pass a step-N folder under RUN_DIR/checkpoints")
+    if not manifest_path.is_file():
+        raise ConfigError(
+            f"{folder} is not a complete trainstack checkpoint (no {MANIFEST}); pick another with --resume PATH "
+            "or start fresh with --resume never and a new --output-dir"
+        )
+    try:
+        files = json.loads(manifest_path.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"checkpoint {folder}: {MANIFEST} is unreadable; the checkpoint cannot be trusted") from None
+    for name, expected in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise ConfigError(f"checkpoint {folder} is missing {name}; resume from an older checkpoint")
+        if path.stat().st_size != expected["bytes"]:
+            raise ConfigError(
+                f"checkpoint {folder}: {name} is {path.stat().st_size} bytes, expected {expected['bytes']} "
+                "(truncated); resume from an older checkpoint"
+            )
+        if _sha256(path) != expected["sha256"]:
+            raise ConfigError(
+                f"checkpoint {folder}: {name} does not match its recorded SHA-256 (modified or corrupted); "
+                "resume from an older checkpoint"
+            )
+    if TRAIN_STATE not in files:
+        raise ConfigError(f"checkpoint {folder} has no {TRAIN_STATE}; it was not written by trainstack")
+    return json.loads((folder / TRAIN_STATE).read_text())
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Sealed checkpoints, oldest first (names sort by step)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / MANIFEST).is_file())
+
+
+def latest_valid(root: Path, warn) -> Path | None:
+    for folder in reversed(complete_checkpoints(root)):
+        try:
+            verify(folder)
+            return folder
+        except ConfigError as problem:
+            warn(f"skipping checkpoint: {problem}")
+    return None
+
+
+def resolve_resume(resume: str, root: Path, warn) -> Path | None:
+    """The checkpoint a run starts from: None for a fresh start. Raises ConfigError for an unusable request."""
+    if resume == "never":
+        if complete_checkpoints(root):
+            raise ConfigError(
+                f"{root.parent} already holds checkpoints and --resume is never; use --resume auto to continue "
+                "that run or a new --output-dir to start another (nothing was overwritten)"
+            )
+        return None
+    if resume == "auto":
+        return latest_valid(root, warn)
+    folder = Path(resume)
+    verify(folder)
+    return folder
+
+
+def rotate(root: Path, keep: int) -> None:
+    for folder in complete_checkpoints(root)[:-keep]:
+        shutil.rmtree(folder)
+
+
+def remove_unsealed(root: Path) -> None:
+    """Leftovers of a save that was killed part-way: never loadable, safe to delete."""
+    if root.is_dir():
+        for folder in root.glob(".tmp-step-*"):
+            shutil.rmtree(folder, ignore_errors=True)

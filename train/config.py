@@ -1,0 +1,168 @@
+"""The training configuration: one dataclass, read from TOML/YAML plus command-line overrides, validated here.
+
+The launcher and every rank build it the same way (`from_sources`), so a rank started by hand with
+`accelerate launch -m train --config run/config.yaml` runs exactly what the launcher checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from train.errors import ConfigError
+
+MIXED_PRECISION = ("no", "fp16", "bf16")
+LR_SCHEDULES = ("cosine", "linear", "constant")
+
+
+def _option(default: Any, help_text: str, flag: str | None = None, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help_text, "flag": flag, **extra})
+
+
+@dataclass
+class TrainConfig:
+    """What to train and how. Every field is a config-file key and a `--kebab-case` flag."""
+
+    output_dir: str = _option("runs/default", "run directory: config, checkpoints, metrics, summary.json")
+    max_steps: int = _option(300, "stop after this many optimizer steps (0: no step limit, use --epochs)")
+    epochs: int = _option(0, "stop after this many passes over the data (0: no epoch limit, use --max-steps)")
+    batch_size: int = _option(16, "samples per rank per micro-batch (global batch = this x ranks x grad-accum)")
+    grad_accum: int = _option(1, "micro-batches per optimizer step", flag="--gradient-accumulation-steps")
+    lr: float = _option(3e-3, "peak learning rate (AdamW)", flag="--learning-rate")
+    lr_schedule: str = _option("cosine", "learning-rate decay after warm-up: cosine, linear or constant")
+    warmup_steps: int = _option(20, "linear warm-up steps")
+    weight_decay: float = _option(0.01, "AdamW weight decay")
+    max_grad_norm: float = _option(1.0, "clip the gradient norm to this (0: no clipping)")
+    mixed_precision: str = _option("no", "no, fp16 (CUDA only) or bf16")
+    seed: int = _option(1234, "seed for weights, data order and dropout (same on every rank)")
+    dataset: str = _option(
+        "builtin:sequences",
+        "builtin:sequences, a local file or folder (.txt/.json/.jsonl/.parquet/.csv), "
+        "a module:function factory, or a Hugging Face Hub name (online only)",
+    )
+    text_field: str = _option("text", "column holding the text in a local or hub dataset")
+    seq_len: int = _option(128, "longest sequence in tokens; longer samples are truncated")
+    eval_fraction: float = _option(0.05, "share of a local/hub dataset held out for evaluation")
+    eval_every: int = _option(0, "evaluate every N steps (0: only at the end)")
+    model: str = _option("builtin:tiny-gpt", "builtin:tiny-gpt, builtin:small-gpt or a module:function factory")
+    num_workers: int = _option(2, "data-loader worker processes per rank")
+    checkpoint_every: int = _option(100, "save a checkpoint every N steps (0: only on SIGTERM and at the end)")
+    keep_checkpoints: int = _option(3, "keep the newest N checkpoints")
+    resume: str = _option("auto", "auto (latest valid checkpoint in the run directory), never, or a checkpoint path")
+    sync_batchnorm: bool = _option(False, "convert BatchNorm layers to SyncBatchNorm (CUDA only)")
+    find_unused_parameters: bool = _option(False, "let DDP tolerate parameters that get no gradient (slower)")
+    collective_timeout: float = _option(600.0, "seconds a collective may wait for a peer before the run fails")
+    log_every: int = _option(10, "steps between loss reductions, telemetry records and progress updates")
+    telemetry: bool = _option(True, "write per-rank metrics for the exporter")
+
+    def __post_init__(self) -> None:
+        for spec in dataclasses.fields(self):
+            setattr(self, spec.name, _coerce(spec.name, getattr(self, spec.name), spec.type))
+        positive = ("batch_size", "grad_accum", "seq_len", "keep_checkpoints", "log_every")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_steps", "epochs", "num_workers", "checkpoint_every", "warmup_steps", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{_flag(name)} must be 0 or more, got {getattr(self, name)}")
+        if self.max_steps == 0 and self.epochs == 0:
+            raise ConfigError("set --max-steps or --epochs (both are 0, so training would never stop)")
+        if not self.lr > 0:
+            raise ConfigError(f"--learning-rate must be positive, got {self.lr}")
+        if self.collective_timeout <= 0:
+            raise ConfigError(f"--collective-timeout must be positive seconds, got {self.collective_timeout}")
+        if not 0 <= self.eval_fraction < 1:
+            raise ConfigError(f"--eval-fraction must be in [0, 1), got {self.eval_fraction}")
+        _require_choice("mixed_precision", self.mixed_precision, MIXED_PRECISION)
+        _require_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        if not self.output_dir:
+            raise ConfigError("--output-dir must not be empty")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: Path) -> None:
+        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def _flag(name: str) -> str:
+    spec = {f.name: f for f in dataclasses.fields(TrainConfig)}[name]
+    return spec.metadata.get("flag") or "--" + name.replace("_", "-")
+
+
+def _require_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{_flag(name)} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _coerce(name: str, value: Any, type_name: str) -> Any:
+    """Config files give typed values; refuse the wrong type rather than guess (`batch_size = "16"` is a typo)."""
+    expected = {"int": int, "float": float, "str": str, "bool": bool}[type_name]
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, expected) and not (expected is int and isinstance(value, bool)):
+        return value
+    raise ConfigError(f"{name} must be {type_name}, got {value!r}")
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {path} not found; pass an existing .toml or .yaml file to --config")
+    try:
+        if file.suffix == ".toml":
+            values = tomllib.loads(file.read_text())
+        elif file.suffix in (".yaml", ".yml"):
+            values = yaml.safe_load(file.read_text()) or {}
+        else:
+            raise ConfigError(f"config file {path} must end in .toml, .yaml or .yml")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as error:
+        detail = str(error).splitlines()[0]
+        raise ConfigError(f"config file {path} is not valid {file.suffix[1:].upper()}: {detail}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {path} must hold key = value pairs at the top level")
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    for key in values:
+        normalized = key.replace("-", "_")
+        if normalized not in known:
+            close = difflib.get_close_matches(normalized, sorted(known), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see docs/training.md for the keys"
+            raise ConfigError(f"unknown key {key!r} in {path}; {hint}")
+    return {key.replace("-", "_"): value for key, value in values.items()}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per field, defaulting to None so that only flags the user gave override the file."""
+    parser.add_argument("--config", help="TOML or YAML file of training options (flags override it)")
+    group = parser.add_argument_group("training options (also config-file keys)")
+    for spec in dataclasses.fields(TrainConfig):
+        flags = ["--" + spec.name.replace("_", "-")]
+        if spec.metadata.get("flag") and spec.metadata["flag"] not in flags:
+            flags.insert(0, spec.metadata["flag"])
+        help_text = f"{spec.metadata['help']} (default: {spec.default})"
+        if spec.type == "bool":
+            group.add_argument(*flags, dest=spec.name, action=argparse.BooleanOptionalAction, default=None,
+                               help=help_text)
+        else:
+            kind = {"int": int, "float": float, "str": str}[spec.type]
+            group.add_argument(*flags, dest=spec.name, type=kind, default=None, help=help_text)
+
+
+def from_sources(args: argparse.Namespace) -> TrainConfig:
+    values = read_config_file(args.config) if args.config else {}
+    for spec in dataclasses.fields(TrainConfig):
+        override = getattr(args, spec.name, None)
+        if override is not None:
+            values[spec.name] = override
+    return TrainConfig(**values)

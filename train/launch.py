@@ -1,0 +1,297 @@
+"""`trainstack train`: check everything, then start the exporter and one rank per device through Accelerate.
+
+The launcher is the process a container runs as PID 1 (behind tini), so it is the one that gets SIGTERM from
+`docker stop` or a Kubernetes eviction. It passes the signal to the ranks only (not to their loader workers),
+waits for them to agree, checkpoint and exit, and turns the outcome into a documented exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from train import checkpoint
+from train import config as train_config
+from train.data import check_dataset_spec
+from train.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
+from train.model import check_model_spec
+from train.rank import RUN_ID_ENV
+from train.telemetry import METRICS_DIR_ENV
+
+DEFAULT_EXPORTER_PORT = 9450
+DEFAULT_MASTER_PORT = 29500
+CPU_STAND_IN_RANKS = 2  # without a GPU: two gloo ranks, the smallest world that exercises DDP for real
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                raise ConfigError(f"environment variable {name}={value!r} must be an integer") from None
+    return None
+
+
+def _env_str(*names: str) -> str | None:
+    return next((os.environ[n] for n in names if os.environ.get(n)), None)
+
+
+@dataclass
+class LaunchConfig:
+    """Where the ranks run. Flags win over the torchrun / Kubernetes / Kubeflow environment variables."""
+
+    nproc_per_node: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    use_cpu: bool
+    exporter_port: int
+    exporter_host: str
+    rendezvous_timeout: float
+
+    def __post_init__(self) -> None:
+        if self.nproc_per_node < 1:
+            raise ConfigError(f"--nproc-per-node must be at least 1, got {self.nproc_per_node}")
+        if self.nnodes < 1:
+            raise ConfigError(f"--nnodes must be at least 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"--node-rank must be in 0..{self.nnodes - 1} for {self.nnodes} nodes, got "
+                              f"{self.node_rank}")
+        for name in ("master_port", "exporter_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535 or (name == "master_port" and port == 0):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a TCP port (1-65535), got {port}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> LaunchConfig:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        use_cpu = args.cpu or gpus == 0
+        nproc = args.nproc_per_node or _env_int("NPROC_PER_NODE", "PET_NPROC_PER_NODE")
+        if nproc is None:
+            nproc = CPU_STAND_IN_RANKS if use_cpu else gpus
+        elif not use_cpu and nproc > gpus:
+            raise ConfigError(f"--nproc-per-node {nproc} but only {gpus} GPU(s) are visible; one rank per GPU "
+                              "(check CUDA_VISIBLE_DEVICES) or pass --cpu")
+        nnodes = args.nnodes or _env_int("NNODES", "PET_NNODES") or 1
+        node_rank = args.node_rank if args.node_rank is not None else _env_int(
+            "NODE_RANK", "PET_NODE_RANK", "JOB_COMPLETION_INDEX") or 0
+        master_port = args.master_port or _env_int("MASTER_PORT", "PET_MASTER_PORT")
+        if master_port is None:
+            master_port = DEFAULT_MASTER_PORT if nnodes > 1 else _free_port()
+        return cls(
+            nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank,
+            master_addr=args.master_addr or _env_str("MASTER_ADDR", "PET_MASTER_ADDR") or "127.0.0.1",
+            master_port=master_port, use_cpu=use_cpu,
+            exporter_port=args.exporter_port, exporter_host=args.exporter_host,
+            rendezvous_timeout=args.rendezvous_timeout,
+        )
+
+
+def _free_port() -> int:
+    """A single-node job needs no fixed port; a free one lets several jobs share a host."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    train_config.add_arguments(parser)
+    group = parser.add_argument_group("launch (flags win over torchrun/Kubernetes environment variables)")
+    group.add_argument("--nproc-per-node", type=int, help="ranks on this node (default: one per GPU, 2 on CPU)")
+    group.add_argument("--nnodes", type=int, help="nodes in the job (env NNODES; default 1)")
+    group.add_argument("--node-rank", type=int, help="this node's rank (env NODE_RANK or JOB_COMPLETION_INDEX)")
+    group.add_argument("--master-addr", help="rendezvous host: node 0's address (env MASTER_ADDR)")
+    group.add_argument("--master-port", type=int, help="rendezvous port (env MASTER_PORT; default: 29500 "
+                       "multi-node, a free port single-node)")
+    group.add_argument("--rendezvous-timeout", type=float, default=600.0,
+                       help="seconds to wait for the rendezvous host's name to resolve (default: 600)")
+    group.add_argument("--cpu", action="store_true", help="run CPU ranks over gloo even if GPUs are present")
+    group.add_argument("--exporter-port", type=int, default=DEFAULT_EXPORTER_PORT,
+                       help=f"metrics exporter port (default: {DEFAULT_EXPORTER_PORT}; 0 turns it off)")
+    group.add_argument("--exporter-host", default="127.0.0.1",
+                       help="address the exporter binds (default: 127.0.0.1; 0.0.0.0 in containers)")
+
+
+def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> Path | None:
+    """Everything checkable before a rank starts. Returns the checkpoint to resume from."""
+    check_dataset_spec(config.dataset)
+    check_model_spec(config.model)
+    if launch.use_cpu and config.mixed_precision == "fp16":
+        raise ConfigError("--mixed-precision fp16 needs CUDA GPUs; use bf16 or no for CPU ranks")
+    if launch.use_cpu and config.sync_batchnorm and launch.world_size > 1:
+        raise ConfigError("--sync-batchnorm needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel); turn it "
+                          "off for CPU ranks")
+    run_dir = config.run_dir
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--output-dir {run_dir} is a file; choose a directory path")
+    for existing in (run_dir, *run_dir.parents):
+        if existing.exists():
+            if not os.access(existing, os.W_OK):
+                raise ConfigError(f"--output-dir {run_dir}: {existing} is not writable; choose another path")
+            break
+    return checkpoint.resolve_resume(config.resume, run_dir / "checkpoints",
+                                     lambda line: print(f"trainstack train: warning: {line}", file=sys.stderr))
+
+
+def wait_for_rendezvous_host(launch: LaunchConfig) -> None:
+    """On Kubernetes, pod 0's DNS name appears some seconds after the pods start: wait instead of failing."""
+    deadline = time.monotonic() + launch.rendezvous_timeout
+    announced = False
+    while True:
+        try:
+            socket.getaddrinfo(launch.master_addr, launch.master_port)
+            return
+        except socket.gaierror:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"rendezvous host {launch.master_addr!r} did not resolve within "
+                                  f"{launch.rendezvous_timeout:g} s; check --master-addr / MASTER_ADDR") from None
+            if not announced:
+                print(f"trainstack train: waiting for {launch.master_addr} to resolve", file=sys.stderr)
+                announced = True
+            time.sleep(2)
+
+
+class Launch:
+    def __init__(self, config: train_config.TrainConfig, launch: LaunchConfig, resume_from: Path | None):
+        self.config, self.launch, self.resume_from = config, launch, resume_from
+        self.run_dir = config.run_dir
+        self.run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+        self.ranks: subprocess.Popen | None = None
+        self.exporter: subprocess.Popen | None = None
+        self.stop_signal: int | None = None
+        self.signalled_pids: set[int] = set()
+
+    def prepare_run_dir(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Metrics and telemetry belong to one launch: a previous run's series must never show up in this one.
+        for fresh in ("metrics", "telemetry"):
+            shutil.rmtree(self.run_dir / fresh, ignore_errors=True)
+            (self.run_dir / fresh).mkdir()
+        self.config.save(self.run_dir / "config.yaml")
+
+    def rank_environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env[METRICS_DIR_ENV] = str((self.run_dir / "metrics").resolve())
+        env[RUN_ID_ENV] = self.run_id
+        env["NNODES"] = str(self.launch.nnodes)
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed NCCL collective aborts, not hangs
+        if self.launch.use_cpu:
+            env["ACCELERATE_USE_CPU"] = "1"
+            cores = len(os.sched_getaffinity(0))
+            # Ranks share the cores: oversubscribed intra-op threads make every rank slower than one.
+            env.setdefault("OMP_NUM_THREADS", str(max(1, cores // self.launch.nproc_per_node)))
+        return env
+
+    def rank_command(self) -> list[str]:
+        launch = self.launch
+        command = [sys.executable, "-m", "accelerate.commands.launch",
+                   "--num_processes", str(launch.world_size), "--num_machines", str(launch.nnodes),
+                   "--machine_rank", str(launch.node_rank), "--main_process_ip", launch.master_addr,
+                   "--main_process_port", str(launch.master_port), "--mixed_precision", self.config.mixed_precision,
+                   "--dynamo_backend", "no"]
+        if launch.world_size > 1:
+            # Not --cpu: that silently starts one process. With ACCELERATE_USE_CPU=1 this is MULTI_CPU over gloo.
+            command.append("--multi_gpu")
+        elif launch.use_cpu:
+            command.append("--cpu")
+        command += ["-m", "train", "--config", str(self.run_dir / "config.yaml"),
+                    "--resume", str(self.resume_from) if self.resume_from else "never"]
+        return command
+
+    def start_exporter(self) -> None:
+        if not self.launch.exporter_port:
+            return
+        self.exporter = subprocess.Popen(
+            [sys.executable, "-m", "monitoring.exporter", "--host", self.launch.exporter_host,
+             "--port", str(self.launch.exporter_port), "--metrics-dir", str(self.run_dir / "metrics"),
+             "--run-dir", str(self.run_dir)],
+            env={**os.environ, METRICS_DIR_ENV: str((self.run_dir / "metrics").resolve())},
+        )
+        print(f"trainstack train: metrics at http://{self.launch.exporter_host}:{self.launch.exporter_port}/metrics",
+              file=sys.stderr)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_signal = signum
+
+    def _forward_stop(self) -> None:
+        """SIGTERM to each rank (the agent's direct children), once; loader workers are left to their rank."""
+        import psutil
+
+        try:
+            ranks = psutil.Process(self.ranks.pid).children()
+        except psutil.NoSuchProcess:
+            return
+        for rank in ranks:
+            if rank.pid not in self.signalled_pids:
+                self.signalled_pids.add(rank.pid)
+                try:
+                    rank.send_signal(signal.SIGTERM)
+                except psutil.NoSuchProcess:
+                    pass
+
+    def run(self) -> int:
+        self.prepare_run_dir()
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start_exporter()
+            if self.launch.nnodes > 1:
+                wait_for_rendezvous_host(self.launch)
+            # Own session: a terminal's Ctrl-C reaches only the launcher, which stops the ranks in order.
+            self.ranks = subprocess.Popen(self.rank_command(), env=self.rank_environment(), start_new_session=True)
+            while self.ranks.poll() is None:
+                if self.stop_signal is not None:
+                    self._forward_stop()
+                time.sleep(0.2)
+            return self.outcome(self.ranks.returncode)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self.stop_exporter()
+
+    def stop_exporter(self) -> None:
+        if self.exporter and self.exporter.poll() is None:
+            self.exporter.terminate()
+            try:
+                self.exporter.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.exporter.kill()
+
+    def outcome(self, returncode: int) -> int:
+        """Rank 0's verdict from summary.json when this launch wrote one (node 0), else the ranks' exit status."""
+        summary_path = self.run_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        if summary.get("run_id") == self.run_id:
+            print(f"trainstack train: {summary['exit_reason']} after {summary['steps']} steps; {summary_path}",
+                  file=sys.stderr)
+            if summary["exit_reason"] == "preempted":
+                print("trainstack train: checkpoint saved; rerun the same command to resume", file=sys.stderr)
+            return EXIT_FAILED if returncode and summary["exit_code"] == EXIT_OK else summary["exit_code"]
+        if returncode == 0:
+            return EXIT_PREEMPTED if self.stop_signal is not None else EXIT_OK
+        return EXIT_FAILED
+
+
+def run(args: argparse.Namespace) -> int:
+    config = train_config.from_sources(args)
+    launch = LaunchConfig.from_args(args)
+    resume_from = preflight(config, launch)
+    return Launch(config, launch, resume_from).run()

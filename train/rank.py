@@ -1,0 +1,403 @@
+"""One rank of a training run: config -> data -> model -> Accelerator.prepare -> loop -> summary.
+
+Every rank runs this same code; Accelerate decides the device and shards the data. The loop's only cross-rank
+traffic besides DDP's gradient all-reduce is one small reduction per log interval, which carries the loss, the
+token count and the stop flag together.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    InitProcessGroupKwargs,
+    set_seed,
+)
+from tqdm import tqdm
+
+from train import checkpoint
+from train.config import TrainConfig
+from train.data import collate, load_token_data
+from train.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
+from train.model import build_model, estimate_flops_per_token, loss_of
+from train.telemetry import (
+    METRICS_DIR_ENV,
+    RankIdentity,
+    Telemetry,
+    device_uuid,
+    last_steps_by_rank,
+    peak_flops,
+)
+
+RUN_ID_ENV = "TRAINSTACK_RUN_ID"
+
+
+class StopRequested:
+    """SIGTERM/SIGINT only set a flag: the ranks agree on it at the next log interval and stop together."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+
+@dataclass
+class Progress:
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # micro-batches of this epoch already trained on: where a resume starts reading
+    initial_loss: float | None = None
+    last_loss: float | None = None
+    samples: int = 0  # all ranks
+    tokens: int = 0  # all ranks
+    resumed_from: str | None = None
+
+    def state(self) -> dict:
+        return {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                "initial_loss": self.initial_loss, "last_loss": self.last_loss,
+                "samples": self.samples, "tokens": self.tokens}
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        self.stop = StopRequested()
+        self.run_dir = config.run_dir
+        self.checkpoints = self.run_dir / "checkpoints"
+        self.started = time.time()
+        self.accelerator = Accelerator(
+            mixed_precision=config.mixed_precision,
+            gradient_accumulation_steps=config.grad_accum,
+            step_scheduler_with_optimizer=False,  # the loop steps it once per optimizer step, on every rank
+            dataloader_config=DataLoaderConfiguration(
+                use_seedable_sampler=True,  # the order depends on (seed, epoch) only: resumes replay it exactly
+                even_batches=True,  # every rank gets as many batches as the others: an uneven tail never hangs
+            ),
+            kwargs_handlers=[
+                InitProcessGroupKwargs(timeout=timedelta(seconds=config.collective_timeout)),
+                DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters),
+            ],
+        )
+        self.progress = Progress()
+        self.telemetry: Telemetry | None = None
+        self.throughput: dict[str, float] = {}
+
+    # ---- building -------------------------------------------------------------------------------------------
+    def build(self) -> None:
+        config, accelerator = self.config, self.accelerator
+        device = accelerator.device
+        if config.mixed_precision == "fp16" and device.type != "cuda":
+            raise ConfigError("--mixed-precision fp16 needs a CUDA GPU; use bf16 or no on this device")
+        if config.mixed_precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ConfigError(f"{torch.cuda.get_device_name(device)} has no bf16; use --mixed-precision fp16")
+        set_seed(config.seed)
+        with accelerator.main_process_first():  # the main process fills the datasets cache; the others reuse it
+            data = load_token_data(config.dataset, config.text_field, config.seq_len, config.eval_fraction,
+                                   config.seed, config)
+        model = build_model(config, data.vocab_size)
+        if config.sync_batchnorm and accelerator.num_processes > 1:
+            if device.type != "cuda":
+                raise ConfigError("--sync-batchnorm needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel); "
+                                  "turn it off for CPU ranks")
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        self.flops_per_token = estimate_flops_per_token(model, config.seq_len)
+        on_gpu = device.type == "cuda"
+        loader_options = dict(
+            batch_size=config.batch_size,
+            collate_fn=partial(collate, pad_to_multiple_of=8 if on_gpu else 1),  # tensor cores like multiples of 8
+            num_workers=config.num_workers,
+            pin_memory=on_gpu,  # page-locked host memory: the copy to the GPU overlaps compute
+            persistent_workers=config.num_workers > 0,  # no worker start-up cost at each epoch
+        )
+        train_loader = torch.utils.data.DataLoader(data.train, shuffle=True, **loader_options)
+        eval_loader = torch.utils.data.DataLoader(data.eval, shuffle=False, **loader_options) if len(
+            data.eval) else None
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.steps_per_epoch = math.ceil(math.ceil(len(data.train) / (config.batch_size * accelerator.num_processes))
+                                         / config.grad_accum)
+        self.total_steps = min(s for s in (config.max_steps, config.epochs * self.steps_per_epoch) if s > 0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
+        prepared = accelerator.prepare(model, optimizer, train_loader, scheduler, *([eval_loader] if eval_loader
+                                                                                     else []))
+        self.model, self.optimizer, self.train_loader, self.scheduler = prepared[:4]
+        self.eval_loader = prepared[4] if eval_loader else None
+        self.telemetry = self._make_telemetry() if config.telemetry else None
+
+    def _lr_factor(self, step: int) -> float:
+        warmup = self.config.warmup_steps
+        if step < warmup:
+            return (step + 1) / warmup
+        remaining = max(self.total_steps - warmup, 1)
+        done = min((step - warmup) / remaining, 1.0)
+        if self.config.lr_schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * done))
+        if self.config.lr_schedule == "linear":
+            return 1 - done
+        return 1.0
+
+    def _make_telemetry(self) -> Telemetry:
+        accelerator, config = self.accelerator, self.config
+        identity = RankIdentity(
+            rank=accelerator.process_index, local_rank=accelerator.local_process_index, node=socket.gethostname(),
+            uuid=device_uuid(accelerator.device), run_id=os.environ.get(RUN_ID_ENV, "manual"),
+            world_size=accelerator.num_processes,
+            nodes=int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")) or 1),
+            mixed_precision=config.mixed_precision, model=config.model, dataset=config.dataset,
+        )
+        return Telemetry(self.run_dir, identity, self.flops_per_token,
+                         peak_flops(accelerator.device, config.mixed_precision), accelerator.device)
+
+    def resume(self) -> None:
+        config = self.config
+        if config.resume == "auto" and self.accelerator.is_main_process:
+            checkpoint.remove_unsealed(self.checkpoints)
+        self.accelerator.wait_for_everyone()
+        folder = checkpoint.resolve_resume(config.resume, self.checkpoints, self.accelerator.print)
+        if folder is None:
+            return
+        state = checkpoint.verify(folder)
+        self.accelerator.load_state(str(folder))
+        p = self.progress
+        p.step, p.epoch, p.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        p.initial_loss, p.last_loss = state["initial_loss"], state["last_loss"]
+        p.samples, p.tokens = state["samples"], state["tokens"]
+        p.resumed_from = str(folder)
+        self.accelerator.print(f"resumed from {folder} at step {p.step}")
+
+    # ---- the loop -------------------------------------------------------------------------------------------
+    def train(self) -> str:
+        config, accelerator, p = self.config, self.accelerator, self.progress
+        bar = tqdm(total=self.total_steps, initial=p.step, disable=not accelerator.is_main_process,
+                   desc="train", unit="step", dynamic_ncols=True)
+        loss_sum = torch.zeros((), device=accelerator.device)
+        tokens = torch.zeros((), device=accelerator.device, dtype=torch.long)
+        micro_batches = 0
+        if p.step >= self.total_steps:
+            return "completed"
+        self.model.train()
+        while config.epochs == 0 or p.epoch < config.epochs:
+            self.train_loader.set_epoch(p.epoch)  # a different shuffle each epoch, the same on every rank
+            loader = self.train_loader
+            if p.batch_in_epoch:
+                loader = accelerator.skip_first_batches(self.train_loader, p.batch_in_epoch)
+            batches = iter(loader)
+            while True:
+                waited = time.perf_counter()
+                batch = next(batches, None)
+                if self.telemetry:
+                    self.telemetry.waited_for_data(time.perf_counter() - waited)
+                if batch is None:
+                    break
+                with accelerator.accumulate(self.model):
+                    loss = loss_of(self.model(**batch))
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and config.max_grad_norm > 0:
+                        accelerator.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+                loss_sum += loss.detach().float()
+                tokens += batch["attention_mask"].sum()
+                micro_batches += 1
+                p.batch_in_epoch += 1
+                if not accelerator.sync_gradients:
+                    continue
+                self.scheduler.step()
+                p.step += 1
+                if self.telemetry:
+                    self.telemetry.step_done(batch["input_ids"].shape[0] * config.grad_accum)
+                last = p.step >= self.total_steps
+                if last or p.step % config.log_every == 0 or p.step == 1:
+                    stop = self._log_interval(loss_sum, tokens, micro_batches, bar)
+                    loss_sum.zero_()
+                    tokens.zero_()
+                    micro_batches = 0
+                    if stop:
+                        return "preempted"
+                if last:
+                    return "completed"
+                if config.checkpoint_every and p.step % config.checkpoint_every == 0:
+                    self.save()
+                if config.eval_every and p.step % config.eval_every == 0:
+                    self.evaluate()
+            p.epoch += 1
+            p.batch_in_epoch = 0
+        if micro_batches:
+            self._log_interval(loss_sum, tokens, micro_batches, bar)
+        return "completed"
+
+    def _log_interval(self, loss_sum, tokens, micro_batches: int, bar) -> bool:
+        """One all-reduce: the loss mean over all ranks, their tokens and samples, and whether any must stop."""
+        accelerator, p = self.accelerator, self.progress
+        local_tokens = int(tokens.item())
+        stats = torch.stack([
+            loss_sum.double(), torch.tensor(float(micro_batches), device=loss_sum.device).double(),
+            torch.tensor(float(local_tokens), device=loss_sum.device).double(),
+            torch.tensor(float(self.stop.requested), device=loss_sum.device).double(),
+        ])
+        total = accelerator.reduce(stats, reduction="sum").tolist()
+        loss = total[0] / max(total[1], 1)
+        p.last_loss = loss
+        if p.initial_loss is None:
+            p.initial_loss = loss
+        p.tokens += int(total[2])
+        samples = self.config.batch_size * micro_batches * accelerator.num_processes
+        p.samples += samples
+        lr = self.scheduler.get_last_lr()[0]
+        if self.telemetry:
+            self.telemetry.interval_done(p.step, p.epoch, loss, lr, local_tokens)
+        bar.update(p.step - bar.n)
+        bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", epoch=p.epoch)
+        return total[3] > 0
+
+    def save(self) -> None:
+        """Every rank writes its part into a temporary folder; the main process seals and publishes it."""
+        accelerator, p = self.accelerator, self.progress
+        final = self.checkpoints / checkpoint.step_dir_name(p.step)
+        if final.exists():  # resumed here and stopped again before the next step: already saved
+            return
+        started = time.time()
+        temporary = self.checkpoints / f".tmp-{final.name}"
+        if accelerator.is_main_process:
+            checkpoint.remove_unsealed(self.checkpoints)
+            temporary.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(temporary))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            checkpoint.seal(temporary, p.state())
+            checkpoint.publish(temporary, final)
+            checkpoint.rotate(self.checkpoints, self.config.keep_checkpoints)
+        accelerator.wait_for_everyone()
+        if self.telemetry:
+            self.telemetry.checkpoint_done(time.time() - started)
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """Token-weighted mean loss over the whole eval set; gather_for_metrics drops the evenness padding."""
+        if self.eval_loader is None:
+            return None
+        self.model.eval()
+        totals = torch.zeros(2, dtype=torch.float64, device=self.accelerator.device)
+        for batch in self.eval_loader:
+            output = self.model(**batch)
+            logits = getattr(output, "logits", None)
+            labels = batch["labels"][:, 1:]
+            counts = (labels != -100).sum(dim=1).double()
+            if logits is not None:
+                per_token = torch.nn.functional.cross_entropy(
+                    logits[:, :-1].float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
+                sums = per_token.sum(dim=1).double()
+            else:
+                sums = loss_of(output).double() * counts
+            gathered = self.accelerator.gather_for_metrics(torch.stack([sums, counts], dim=1))
+            totals += gathered.sum(dim=0)
+        self.model.train()
+        if self.telemetry:
+            self.telemetry.resync_clock()
+        return (totals[0] / totals[1].clamp(min=1)).item()
+
+    # ---- outcome --------------------------------------------------------------------------------------------
+    def write_summary(self, exit_reason: str, exit_code: int, eval_loss: float | None, error: str | None) -> None:
+        accelerator, p = self.accelerator, self.progress
+        if not accelerator.is_main_process:
+            return
+        summary = {
+            "run_id": os.environ.get(RUN_ID_ENV, "manual"),
+            "world_size": accelerator.num_processes,
+            "distributed_type": str(accelerator.distributed_type).split(".")[-1],
+            "device": str(accelerator.device.type),
+            "mixed_precision": self.config.mixed_precision,
+            "model": self.config.model,
+            "dataset": self.config.dataset,
+            "steps": p.step,
+            "epochs": p.epoch + (p.batch_in_epoch > 0),
+            "initial_loss": p.initial_loss,
+            "final_loss": p.last_loss,
+            "eval_loss": eval_loss,
+            "samples_per_second": self.throughput.get("samples_per_second"),
+            "tokens_per_second": self.throughput.get("tokens_per_second"),
+            "wall_seconds": time.time() - self.started,
+            "resumed_from": p.resumed_from,
+            "exit_reason": exit_reason,
+            "exit_code": exit_code,
+            "error": error,
+        }
+        path = self.run_dir / "summary.json"
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(temporary, path)
+
+    def run(self) -> int:
+        try:
+            self.build()
+            self.resume()
+            start_samples, start_tokens, loop_started = self.progress.samples, self.progress.tokens, time.time()
+            exit_reason = self.train()
+            loop_seconds = max(time.time() - loop_started, 1e-9)
+            self.throughput = {
+                "samples_per_second": (self.progress.samples - start_samples) / loop_seconds,
+                "tokens_per_second": (self.progress.tokens - start_tokens) / loop_seconds,
+            }
+            self.save()
+            eval_loss = self.evaluate() if exit_reason == "completed" else None
+            if exit_reason == "completed" and eval_loss is not None:
+                self.accelerator.print(f"eval loss {eval_loss:.4f}")
+            code = EXIT_OK if exit_reason == "completed" else EXIT_PREEMPTED
+            self.write_summary(exit_reason, code, eval_loss, None)
+            self.accelerator.end_training()  # destroy_process_group(): no NCCL/gloo resources leak at exit
+            return EXIT_OK  # a clean stop; summary.json's exit_code tells the launcher it was a preemption
+        except ConfigError as error:
+            self._fail(EXIT_CONFIG, str(error))
+            return EXIT_CONFIG
+        except RuntimeError as error:
+            message = explain_runtime_error(error, self.config)
+            if message is None:
+                raise
+            self._fail(EXIT_CONFIG if "find_unused_parameters" in message else EXIT_FAILED, message)
+            return EXIT_CONFIG if "find_unused_parameters" in message else EXIT_FAILED
+        finally:
+            if self.telemetry:
+                self.telemetry.close()
+
+    def _fail(self, code: int, message: str) -> None:
+        print(f"trainstack rank {self.accelerator.process_index}: error: {message}", file=sys.stderr, flush=True)
+        try:
+            self.write_summary("failed", code, None, message)
+        except OSError:
+            pass
+
+
+def explain_runtime_error(error: RuntimeError, config: TrainConfig) -> str | None:
+    """Turn the distributed failures users meet into what to do about them; None means a genuine bug."""
+    text = str(error)
+    if "find_unused_parameters" in text or "did not receive grad" in text:
+        return ("some model parameters received no gradient in this step, which DDP cannot reduce; set "
+                "find_unused_parameters = true (--find-unused-parameters) or remove the unused parameters "
+                "from the model")
+    lowered = text.lower()
+    if "timed out" in lowered or "timeout" in lowered or "connection closed by peer" in lowered:
+        ranks = last_steps_by_rank(os.environ.get(METRICS_DIR_ENV))
+        culprit = ""
+        if ranks:
+            rank, (steps, last) = min(ranks.items(), key=lambda item: item[1][1])
+            culprit = (f"; rank {rank} stopped first (last step {int(steps)}, {time.time() - last:.0f} s ago): "
+                       "it is hung or died, see its log")
+        return (f"a collective waited longer than --collective-timeout {config.collective_timeout:g} s for a "
+                f"peer rank{culprit}")
+    return None
