@@ -65,7 +65,7 @@ def _source_files(folder: Path, pattern: str) -> list[Path]:
 
 def prometheus_rules() -> str:
     documents = []
-    for path in _source_files(RULES_DIR, "*.y*ml"):
+    for path in _source_files(RULES_DIR, "*.yml"):  # the files prometheus.yml loads (rule_files)
         content = yaml.safe_load(path.read_text())
         if not isinstance(content, dict) or not isinstance(content.get("groups"), list):
             raise SystemExit(f"{path.relative_to(ROOT)} is not a Prometheus rule file (no top-level `groups:` list)")
