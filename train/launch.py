@@ -133,6 +133,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> Path | None:
     """Everything checkable before a rank starts. Returns the checkpoint to resume from."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the ranks run `python -m`, which imports factories from here too
     check_dataset_spec(config.dataset)
     check_model_spec(config.model)
     if launch.use_cpu and config.mixed_precision == "fp16":
@@ -203,7 +205,7 @@ class Launch:
 
     def rank_command(self) -> list[str]:
         launch = self.launch
-        command = [sys.executable, "-m", "accelerate.commands.launch",
+        command = [sys.executable, "-m", "train.agent",
                    "--num_processes", str(launch.world_size), "--num_machines", str(launch.nnodes),
                    "--machine_rank", str(launch.node_rank), "--main_process_ip", launch.master_addr,
                    "--main_process_port", str(launch.master_port), "--mixed_precision", self.config.mixed_precision,

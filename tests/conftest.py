@@ -1,0 +1,58 @@
+"""Shared test helpers: run `trainstack` for real, as a user would, in subprocesses on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# Nothing in the suite may reach the network; datasets and the hub are told so before anything imports them.
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+# Small and quick, but still 2 ranks over gloo with loader workers: every rank code path runs.
+FAST = ["--batch-size", "8", "--num-workers", "1", "--log-every", "5", "--exporter-port", "0"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def trainstack_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "train.cli", *args]
+
+
+def run_trainstack(*args: str, timeout: float = 300, env: dict | None = None,
+                   cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(trainstack_command(*args), cwd=cwd, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def train(run_dir: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return run_trainstack("train", "--output-dir", str(run_dir), *FAST, *args, **kwargs)
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def explain(result: subprocess.CompletedProcess) -> str:
+    return f"exit {result.returncode}\n--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-8000:]}"
+
+
+@pytest.fixture(scope="session")
+def cpu_run(tmp_path_factory) -> Path:
+    """One finished 2-rank CPU run of the default model: read it, never write to it."""
+    run_dir = tmp_path_factory.mktemp("cpu-run") / "run"
+    result = train(run_dir, "--max-steps", "40")
+    assert result.returncode == 0, explain(result)
+    return run_dir

@@ -1,0 +1,101 @@
+"""Model and dataset factories for tests: `--model tests.factories:NAME`, `--dataset tests.factories:NAME`.
+
+They exercise the same plug-in path a user's own factory takes. Behaviour that must differ per rank (a slow or
+hung rank) is chosen by environment variables, which `accelerate launch` passes to every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from torch import nn
+
+from train.model import BUILTIN_MODELS, GPT
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+class IndexedSequences(torch.utils.data.Dataset):
+    """Sample i starts with token i + 1, so a test can read back which samples each rank trained on."""
+
+    def __init__(self, count: int, length: int = 12):
+        self.count, self.length = count, length
+        self.vocab_size = count + 2
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> dict:
+        return {"input_ids": [index + 1] + [(index + k) % self.count + 1 for k in range(1, 2 + index % self.length)]}
+
+
+def indexed_37(config) -> IndexedSequences:
+    """37 samples: divides by no world size x batch size the tests use, so the tail is uneven."""
+    return IndexedSequences(37)
+
+
+class SlowSequences(IndexedSequences):
+    """A loader that cannot keep up: each sample costs TRAINSTACK_TEST_SAMPLE_DELAY seconds."""
+
+    def __getitem__(self, index: int) -> dict:
+        time.sleep(float(os.environ.get("TRAINSTACK_TEST_SAMPLE_DELAY", "0.02")))
+        return super().__getitem__(index)
+
+
+def slow_dataset(config) -> SlowSequences:
+    return SlowSequences(512)
+
+
+class PausingGPT(GPT):
+    """Sleeps in forward on the rank named by TRAINSTACK_TEST_SLOW_RANK: a straggler, or a hang if long enough."""
+
+    def forward(self, *args, **kwargs):
+        if _rank() == int(os.environ.get("TRAINSTACK_TEST_SLOW_RANK", "-1")):
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls > int(os.environ.get("TRAINSTACK_TEST_SLOW_AFTER", "0")):
+                time.sleep(float(os.environ.get("TRAINSTACK_TEST_SLOW_SECONDS", "0.05")))
+        return super().forward(*args, **kwargs)
+
+
+def pausing_gpt(config, vocab_size: int) -> PausingGPT:
+    return PausingGPT(BUILTIN_MODELS["tiny-gpt"], vocab_size, config.seq_len)
+
+
+class WithUnusedParameter(GPT):
+    """A head that forward never calls: DDP cannot reduce its gradient unless find_unused_parameters is on."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.unused_head = nn.Linear(self.shape.width, 4)
+
+
+def with_unused_parameter(config, vocab_size: int) -> WithUnusedParameter:
+    return WithUnusedParameter(BUILTIN_MODELS["tiny-gpt"], vocab_size, config.seq_len)
+
+
+class BatchNormLM(nn.Module):
+    """A small next-token model with BatchNorm, the layer SyncBatchNorm replaces."""
+
+    def __init__(self, vocab_size: int, width: int = 32):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, width)
+        self.norm = nn.BatchNorm1d(width)
+        self.head = nn.Linear(width, vocab_size)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        hidden = self.norm(self.embedding(input_ids).transpose(1, 2)).transpose(1, 2)
+        logits = self.head(hidden)
+        return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                                           ignore_index=-100)
+
+
+def batchnorm_lm(config, vocab_size: int) -> BatchNormLM:
+    return BatchNormLM(vocab_size)
+
+
+def not_a_module(config, vocab_size: int) -> str:
+    return "not a model"
