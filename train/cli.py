@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "train": ("train.launch", "launch the training ranks (one per GPU; 2 CPU ranks without a GPU)"),
     "exporter": ("monitoring.exporter.cli", "serve per-GPU NVML and per-rank training metrics"),
     "doctor": ("train.doctor.cli", "preflight checks: GPUs, CUDA, /dev/shm, ulimits, NCCL switches, ports, disk"),
+    "report": ("monitoring.report.cli", "write RUN_DIR/report.html: loss, throughput, step times, data wait, GPUs"),
 }
 
 

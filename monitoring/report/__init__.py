@@ -1,0 +1,32 @@
+"""The run report: `write_report(run_dir)` turns a run directory's telemetry into RUN_DIR/report.html.
+
+The launcher calls it at the end of every run; `trainstack report RUN_DIR` calls it by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPORT_NAME = "report.html"
+
+
+def write_report(run_dir: Path | str) -> Path:
+    """Write RUN_DIR/report.html and return its path. Raises train.errors.ConfigError when RUN_DIR holds no
+    telemetry records. matplotlib is imported here, not at import time, so the CLI stays quick."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from monitoring.report import figures, page
+    from monitoring.report.runfiles import load_run
+
+    run = load_run(Path(run_dir))
+    images = {}
+    for spec in figures.FIGURES:
+        figure = spec.draw(run)
+        if figure is not None:
+            images[spec.id] = figures.png(figure)
+    path = run.run_dir / REPORT_NAME
+    temporary = path.with_suffix(".html.tmp")
+    temporary.write_text(page.render(run, images))
+    temporary.replace(path)
+    return path

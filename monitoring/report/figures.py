@@ -1,0 +1,126 @@
+"""The report's figures, one function each, drawn with matplotlib's object API (no pyplot global state, Agg)."""
+
+from __future__ import annotations
+
+import io
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from matplotlib.figure import Figure
+
+from monitoring.report.runfiles import RunFiles
+
+# The same threshold as the TrainstackInputBound alert (monitoring/prometheus/rules/alerts.yml).
+INPUT_BOUND_RATIO = 0.2
+GiB = 1 << 30
+
+
+def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, object]:
+    figure = Figure(figsize=(10, 3.8), dpi=100, layout="constrained")
+    axes = figure.add_subplot()
+    axes.set_title(title)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.grid(True, alpha=0.3)
+    return figure, axes
+
+
+def _legend(axes, count: int) -> None:
+    axes.legend(fontsize="small", ncols=max(1, count // 8), loc="best")
+
+
+def loss(run: RunFiles) -> Figure:
+    # The logged loss is already the mean over all ranks, so one rank's records carry it.
+    records = run.ranks[min(run.ranks)]
+    figure, axes = _figure("Training loss (mean over ranks)", "step", "loss")
+    axes.plot([r["step"] for r in records], [r["loss"] for r in records], marker=".", color="tab:blue")
+    return figure
+
+
+def throughput(run: RunFiles) -> Figure:
+    figure, axes = _figure("Throughput per rank", "step", "samples / s")
+    for rank, records in run.ranks.items():
+        axes.plot([r["step"] for r in records], [r["samples"] / r["interval_seconds"] for r in records],
+                  marker=".", label=f"rank {rank}")
+    axes.set_ylim(bottom=0)
+    _legend(axes, len(run.ranks))
+    return figure
+
+
+def step_times(run: RunFiles) -> Figure:
+    figure, axes = _figure("Step time distribution per rank", "rank", "step time (ms)")
+    ranks = list(run.ranks)
+    durations = [[1000 * s for r in run.ranks[rank] for s in r["step_seconds"]] or [0.0] for rank in ranks]
+    axes.boxplot(durations, tick_labels=[str(rank) for rank in ranks], showfliers=True, widths=0.6)
+    axes.set_ylim(bottom=0)
+    for position, values in enumerate(durations, start=1):
+        axes.annotate(f"{statistics.median(values):.0f}", (position, statistics.median(values)),
+                      textcoords="offset points", xytext=(18, 0), fontsize="small", va="center")
+    return figure
+
+
+def data_wait(run: RunFiles) -> Figure:
+    figure, axes = _figure("Data-wait ratio per rank (time blocked on the loader / wall time)", "step", "ratio")
+    for rank, records in run.ranks.items():
+        axes.plot([r["step"] for r in records], [r["data_wait_seconds"] / r["interval_seconds"] for r in records],
+                  marker=".", label=f"rank {rank}")
+    axes.axhline(INPUT_BOUND_RATIO, color="tab:red", linestyle="--", label="input-bound threshold")
+    axes.set_ylim(0, 1)
+    _legend(axes, len(run.ranks) + 1)
+    return figure
+
+
+def _gpu_series(snapshots: list[dict], field: str, start: float, unit: float = 1.0):
+    """Seconds since start and values; a field NVML does not support on that GPU is null, so it is skipped."""
+    points = [(s["time"] - start, s[field] / unit) for s in snapshots if s.get(field) is not None]
+    return [t for t, _ in points], [v for _, v in points]
+
+
+def gpu_utilization(run: RunFiles) -> Figure | None:
+    if not run.gpus:
+        return None
+    start = run.start_time
+    figure, axes = _figure("GPU utilization (share of time a kernel ran)", "seconds since start", "ratio")
+    for (index, _uuid), snapshots in run.gpus.items():
+        axes.plot(*_gpu_series(snapshots, "utilization_ratio", start), label=f"GPU {index}")
+    axes.set_ylim(0, 1.05)
+    _legend(axes, len(run.gpus))
+    return figure
+
+
+def gpu_memory(run: RunFiles) -> Figure | None:
+    if not run.gpus:
+        return None
+    start = run.start_time
+    figure, axes = _figure("GPU memory used (dashed: total)", "seconds since start", "GiB")
+    for (index, _uuid), snapshots in run.gpus.items():
+        line, = axes.plot(*_gpu_series(snapshots, "memory_used_bytes", start, GiB), label=f"GPU {index}")
+        totals = _gpu_series(snapshots, "memory_total_bytes", start, GiB)[1]
+        if totals:
+            axes.axhline(max(totals), color=line.get_color(), linestyle="--", alpha=0.5)
+    axes.set_ylim(bottom=0)
+    _legend(axes, len(run.gpus))
+    return figure
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    id: str
+    draw: Callable[[RunFiles], Figure | None]
+
+
+FIGURES = (
+    FigureSpec("loss", loss),
+    FigureSpec("throughput", throughput),
+    FigureSpec("step-time", step_times),
+    FigureSpec("data-wait", data_wait),
+    FigureSpec("gpu-utilization", gpu_utilization),
+    FigureSpec("gpu-memory", gpu_memory),
+)
+
+
+def png(figure: Figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()

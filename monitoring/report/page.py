@@ -1,0 +1,52 @@
+"""The report as one self-contained HTML file: figures are embedded PNG data URIs, styles are inline, so the
+file can be mailed, attached to a ticket or opened from a pod's volume with no server and no network."""
+
+from __future__ import annotations
+
+import base64
+import html
+import time
+
+from monitoring.report.runfiles import RunFiles
+from monitoring.report.tables import cell, rank_rows
+
+STYLE = """
+body { font-family: sans-serif; margin: 2em auto; max-width: 1040px; color: #222; }
+table { border-collapse: collapse; margin-bottom: 1.5em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th { background: #f0f3f7; } td:first-child, th:first-child { text-align: left; }
+figure { margin: 0 0 1.5em 0; } img { max-width: 100%; }
+.note { color: #666; }
+"""
+
+
+def _table(rows: list[dict[str, object]]) -> str:
+    header = "".join(f"<th>{html.escape(str(key))}</th>" for key in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(v))}</td>" for v in row.values()) + "</tr>"
+                   for row in rows)
+    return f"<table><tr>{header}</tr>{body}</table>"
+
+
+def render(run: RunFiles, figures: dict[str, bytes]) -> str:
+    title = f"trainstack run report: {run.summary.get('run_id') or run.run_dir.name}"
+    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{STYLE}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>",
+             f"<p class='note'>{html.escape(str(run.run_dir.resolve()))}, report written "
+             f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}</p>",
+             "<h2>Summary</h2>"]
+    if run.summary:
+        parts.append(_table([{"field": key, "value": value} for key, value in run.summary.items()]))
+    else:
+        parts.append("<p class='note'>No summary.json: the run is still going, or rank 0 stopped before "
+                     "writing it.</p>")
+    parts += ["<h2>Per rank</h2>", _table(rank_rows(run)), "<h2>Figures</h2>"]
+    for figure_id, image in figures.items():
+        data = base64.b64encode(image).decode("ascii")
+        parts.append(f"<figure id='{figure_id}'><img alt='{figure_id}' src='data:image/png;base64,{data}'>"
+                     "</figure>")
+    if not run.gpus:
+        parts.append("<p class='note'>No GPU snapshots (telemetry/gpu.jsonl): the run had no GPU, or no exporter "
+                     "with NVML access; GPU utilization and memory figures are left out.</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,61 @@
+"""Read what a run left in its directory: per-rank telemetry records, the exporter's GPU snapshots, summary.json.
+Formats: docs/architecture.md (rank records, summary) and docs/metrics.md (gpu.jsonl)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from train.errors import ConfigError
+
+RANK_FILE = re.compile(r"rank-(\d+)\.jsonl")
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    run_dir: Path
+    ranks: dict[int, list[dict]]
+    """rank -> its telemetry records in time order."""
+    gpus: dict[tuple[int, str], list[dict]]
+    """(NVML index, uuid) -> the exporter's snapshots of that GPU in time order; empty without a GPU."""
+    summary: dict
+    """summary.json; empty while the run is still going or when rank 0 died before writing it."""
+
+    @property
+    def start_time(self) -> float:
+        times = [r["time"] for records in (*self.ranks.values(), *self.gpus.values()) for r in records]
+        return min(times)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records in time order. A rank killed mid-write leaves a partial last line: that one is skipped."""
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "time" in record:
+            records.append(record)
+    return sorted(records, key=lambda record: record["time"])
+
+
+def load_run(run_dir: Path) -> RunFiles:
+    telemetry = run_dir / "telemetry"
+    rank_files = {int(m.group(1)): path for path in telemetry.glob("rank-*.jsonl")
+                  if (m := RANK_FILE.fullmatch(path.name))}
+    ranks = {rank: records for rank, path in sorted(rank_files.items()) if (records := read_jsonl(path))}
+    if not ranks:
+        raise ConfigError(
+            f"{run_dir} has no telemetry records (telemetry/rank-<r>.jsonl): pass a trainstack run directory "
+            "whose ranks ran at least one log interval with telemetry on"
+        )
+    gpus: dict[tuple[int, str], list[dict]] = {}
+    if (telemetry / "gpu.jsonl").is_file():
+        for snapshot in read_jsonl(telemetry / "gpu.jsonl"):
+            gpus.setdefault((int(snapshot["gpu"]), snapshot.get("uuid", "")), []).append(snapshot)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    return RunFiles(run_dir=run_dir, ranks=ranks, gpus=dict(sorted(gpus.items())), summary=summary)

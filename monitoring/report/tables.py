@@ -1,0 +1,36 @@
+"""The report's tables: summary.json as written, and one row of figures per rank."""
+
+from __future__ import annotations
+
+import statistics
+
+from monitoring.report.runfiles import RunFiles
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def rank_rows(run: RunFiles) -> list[dict[str, object]]:
+    rows = []
+    for rank, records in run.ranks.items():
+        wall = sum(r["interval_seconds"] for r in records)
+        steps = [s for r in records for s in r["step_seconds"]]
+        rows.append({
+            "rank": rank,
+            "steps": records[-1]["step"],
+            "samples/s": sum(r["samples"] for r in records) / wall,
+            "median step (ms)": 1000 * statistics.median(steps) if steps else None,
+            "p95 step (ms)": 1000 * _percentile(steps, 0.95) if steps else None,
+            "data-wait ratio": sum(r["data_wait_seconds"] for r in records) / wall,
+        })
+    return rows
+
+
+def cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

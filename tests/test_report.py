@@ -1,0 +1,139 @@
+"""The run report: written for a real CPU training run (plus GPU snapshots from the real exporter over the fake
+NVML), every figure embedded and decodable, and not blank when headless Chromium renders it."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from monitoring.report import cli as report_cli
+from monitoring.report import write_report
+from monitoring.report.figures import FIGURES
+from train.errors import ConfigError
+
+GPU_FIGURES = {"gpu-utilization", "gpu-memory"}
+TEST_ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def trainstack(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "train.cli", *args], capture_output=True, text=True,
+                          env=TEST_ENV, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("report") / "run"
+    done = trainstack("train", "--output-dir", str(run_dir), "--max-steps", "12", "--log-every", "3",
+                      "--exporter-port", "0", "--checkpoint-every", "0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture
+def gpu_run(cpu_run, tmp_path) -> Path:
+    """The CPU run plus what the real exporter writes to telemetry/gpu.jsonl for a DGX H100 (fake NVML)."""
+    from monitoring.exporter.app import Exporter
+    from monitoring.exporter.config import ExporterConfig
+    from tests import nvml_fake
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(cpu_run, run_dir)
+    nvml_fake.load("dgx_h100")
+    exporter = Exporter(ExporterConfig(port=0, run_dir=run_dir, nvml_module="tests.nvml_fake",
+                                       gpu_log_interval_seconds=0.05))
+    exporter.start()
+    try:
+        log, deadline = run_dir / "telemetry" / "gpu.jsonl", time.monotonic() + 60
+        while not (log.is_file() and len(log.read_text().splitlines()) >= 8 * 3):
+            assert time.monotonic() < deadline, "the exporter wrote no GPU snapshots"
+            time.sleep(0.05)
+    finally:
+        exporter.stop()
+        nvml_fake.load(None)
+    return run_dir
+
+
+def embedded_figures(report: Path) -> dict[str, Image.Image]:
+    text = report.read_text()
+    found = re.findall(r"<figure id='([\w-]+)'><img alt='[\w-]+' src='data:image/png;base64,([^']+)'>", text)
+    return {figure_id: Image.open(io.BytesIO(base64.b64decode(data))) for figure_id, data in found}
+
+
+def test_report_of_a_gpu_run_embeds_every_figure(gpu_run):
+    report = write_report(gpu_run)
+    assert report == gpu_run / "report.html"
+    figures = embedded_figures(report)
+    assert set(figures) == {spec.id for spec in FIGURES}
+    for image in figures.values():
+        assert image.format == "PNG" and image.width >= 800 and image.height >= 300
+    text = report.read_text()
+    # Self-contained: nothing to fetch, nothing to run.
+    assert not re.search(r"(src|href)=['\"]?(https?:|//)", text) and "<script" not in text
+    summary = json.loads((gpu_run / "summary.json").read_text())
+    assert summary["run_id"] in text and "<td>rank</td>" not in text
+    assert "<th>median step (ms)</th>" in text
+
+
+def test_report_of_a_cpu_run_leaves_gpu_figures_out(cpu_run, tmp_path):
+    shutil.copytree(cpu_run, tmp_path / "run")
+    figures = embedded_figures(write_report(tmp_path / "run"))
+    assert set(figures) == {spec.id for spec in FIGURES} - GPU_FIGURES
+    assert "No GPU snapshots" in (tmp_path / "run" / "report.html").read_text()
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (make system-deps)")
+def test_report_is_not_blank_in_a_browser(gpu_run, tmp_path):
+    report = write_report(gpu_run)
+    screenshot = tmp_path / "report.png"
+    subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={screenshot}", "--window-size=1200,4000",
+         report.resolve().as_uri()],
+        capture_output=True, timeout=120, check=True,
+    )
+    image = Image.open(screenshot).convert("RGB")
+    colours = image.getcolors(maxcolors=1 << 20)
+    assert len(colours) > 500  # text, tables and anti-aliased plot lines; a blank or error page has a handful
+    present = {colour for _count, colour in colours}
+    # matplotlib's first two line colours prove the embedded PNGs were decoded and drawn, not just the tables.
+    assert (31, 119, 180) in present and (255, 127, 14) in present
+
+
+def test_a_cut_off_last_line_and_unsupported_gpu_fields_are_tolerated(gpu_run):
+    with (gpu_run / "telemetry" / "rank-1.jsonl").open("a") as records:
+        records.write('{"time": 1, "rank": 1, "st')
+    snapshot = json.loads((gpu_run / "telemetry" / "gpu.jsonl").read_text().splitlines()[-1])
+    with (gpu_run / "telemetry" / "gpu.jsonl").open("a") as snapshots:
+        snapshots.write(json.dumps({**snapshot, "time": snapshot["time"] + 1, "power_watts": None,
+                                    "utilization_ratio": None}) + "\n")
+    assert set(embedded_figures(write_report(gpu_run))) == {spec.id for spec in FIGURES}
+
+
+def test_a_directory_without_telemetry_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="no telemetry records"):
+        write_report(tmp_path)
+
+
+def test_cli_writes_the_report_and_refuses_a_non_run(cpu_run, tmp_path):
+    shutil.copytree(cpu_run, tmp_path / "run")
+    done = trainstack("report", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()) == tmp_path / "run" / "report.html"
+    refused = trainstack("report", str(tmp_path / "run" / "telemetry"))
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("trainstack report: error: ") and len(refused.stderr.splitlines()) == 1
+    with pytest.raises(ConfigError, match="is not a directory"):
+        report_cli.run(argparse.Namespace(run_dir=str(tmp_path / "absent")))
