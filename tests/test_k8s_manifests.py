@@ -264,19 +264,28 @@ def test_training_config_is_valid_for_the_trainer(rendered, overlay, tmp_path):
 
 
 @pytest.mark.parametrize("overlay", JOB_OVERLAYS)
-def test_failure_policy_fails_fast_on_config_errors_and_ignores_disruptions(rendered, overlay):
-    job = only(rendered[overlay], "Job")
-    spec = job["spec"]
+def test_failure_policy_fails_fast_on_config_errors_and_retries_only_real_failures(rendered, overlay):
+    spec = only(rendered[overlay], "Job")["spec"]
     assert spec["template"]["spec"]["restartPolicy"] == "Never"
-    assert spec["backoffLimit"] >= 1
-    rules = spec["podFailurePolicy"]["rules"]
-    fail_job = [r for r in rules if r["action"] == "FailJob"]
-    assert [r["onExitCodes"] for r in fail_job] == [{"containerName": "trainer", "operator": "In",
-                                                     "values": [EXIT_CONFIG]}]
+    # Counted per node, and the first node out of retries ends the Job.
+    assert spec["backoffLimitPerIndex"] >= 1
+    assert spec["maxFailedIndexes"] == 0
+    assert spec["podReplacementPolicy"] == "Failed", "a replacement must not start before the checkpoint is written"
+
+    def action_for_exit(code: int) -> str:
+        """The action of the first rule matching a trainer exit code; "Count" when none does."""
+        for rule in spec["podFailurePolicy"]["rules"]:
+            on = rule.get("onExitCodes")
+            if on and on["containerName"] == "trainer" and (code in on["values"]) == (on["operator"] == "In"):
+                return rule["action"]
+        return "Count"
+
+    assert action_for_exit(EXIT_CONFIG) == "FailJob"
+    assert action_for_exit(EXIT_PREEMPTED) == "Ignore"  # a checkpoint was saved: the rerun resumes
+    assert action_for_exit(EXIT_FAILED) == "Count"
     disruption = {"type": "DisruptionTarget", "status": "True"}
-    assert any(r["action"] == "Ignore" and disruption in r.get("onPodConditions", []) for r in rules)
-    # Failures and preemptions that saved a checkpoint are retried: a rerun resumes.
-    assert all(code not in r["onExitCodes"]["values"] for r in fail_job for code in (EXIT_FAILED, EXIT_PREEMPTED))
+    assert any(r["action"] == "Ignore" and disruption in r.get("onPodConditions", [])
+               for r in spec["podFailurePolicy"]["rules"])
 
 
 @pytest.mark.parametrize("overlay", JOB_OVERLAYS)
