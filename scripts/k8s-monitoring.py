@@ -48,10 +48,11 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _BlockStyleDumper.add_representer(str, _represent_str)
 
 
-def resource_name(prefix: str, path: Path) -> str:
-    """A DNS-1123 name from a file name: `GPU_Utilisation.json` -> `<prefix>-gpu-utilisation`."""
+def resource_name(path: Path, suffix: str = "") -> str:
+    """A DNS-1123 name from a file name: `GPU Health.json` -> `trainstack-gpu-health<suffix>`."""
     stem = re.sub(r"[^a-z0-9]+", "-", path.stem.lower()).strip("-")
-    return f"{prefix}-{stem}"[:253].rstrip("-")
+    name = stem if stem.startswith("trainstack") else f"trainstack-{stem}"
+    return (name[: 253 - len(suffix)] + suffix).strip("-")
 
 
 def _header(sources: str) -> str:
@@ -72,7 +73,7 @@ def prometheus_rules() -> str:
         documents.append({
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "PrometheusRule",
-            "metadata": {"name": resource_name("trainstack", path), "labels": {**COMMON_LABELS, **RELEASE_LABEL}},
+            "metadata": {"name": resource_name(path), "labels": {**COMMON_LABELS, **RELEASE_LABEL}},
             "spec": {"groups": content["groups"]},
         })
     return _header("monitoring/prometheus/rules/") + _dump(documents)
@@ -89,7 +90,7 @@ def dashboards() -> str:
         document = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {"name": resource_name("trainstack-dashboard", path),
+            "metadata": {"name": resource_name(path, "-dashboard"),
                          "labels": {**COMMON_LABELS, **DASHBOARD_LABEL}},
             "data": {path.name: text},
         }
