@@ -339,6 +339,8 @@ def test_podmonitor_selects_the_trainer_pods_and_scrapes_the_exporter(rendered, 
     assert podmonitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     exporter_port = int(arg_value(container["args"], "--exporter-port"))
     endpoint = podmonitor["spec"]["podMetricsEndpoints"][0]
+    prometheus = yaml.safe_load((ROOT / "monitoring/prometheus/prometheus.yml").read_text())
+    assert endpoint["interval"] == prometheus["global"]["scrape_interval"], "the rules' rate windows assume it"
     if "port" in endpoint:
         assert {p["name"]: p["containerPort"] for p in container["ports"]}[endpoint["port"]] == exporter_port
     else:  # the TrainJob's pod declares no exporter port: the address is rewritten to it
