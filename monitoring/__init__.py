@@ -1,0 +1,1 @@
+"""trainstack's monitoring: the metrics exporter (`exporter/`), Prometheus rules and Grafana dashboards."""

@@ -1,0 +1,71 @@
+"""The exporter assembled from its parts: NVML session, collectors, HTTP server, GPU log."""
+
+from __future__ import annotations
+
+import importlib
+
+from prometheus_client import CollectorRegistry
+
+from monitoring.exporter.config import ExporterConfig
+from monitoring.exporter.gpu import GpuCollector
+from monitoring.exporter.gpu_log import GpuLog
+from monitoring.exporter.health import CollectorRuns, ExporterCollector, Timed
+from monitoring.exporter.nvml import NvmlSession
+from monitoring.exporter.server import MetricsServer, make_app
+from monitoring.exporter.training import TrainingCollector, job_pids
+from train.errors import ConfigError
+
+
+def build_registry(config: ExporterConfig, session: NvmlSession) -> CollectorRegistry:
+    """One registry, collectors registered once; each builds its metric families fresh at every scrape."""
+    # auto_describe=False: registering must not run a collection (that would call NVML at start-up for nothing).
+    registry = CollectorRegistry(auto_describe=False)
+    runs = CollectorRuns()
+    registry.register(Timed(GpuCollector(session, lambda: job_pids(config.metrics_dir)), runs))
+    registry.register(Timed(TrainingCollector(config.metrics_dir), runs))
+    registry.register(ExporterCollector(session, runs))  # last: reports the runs of the two above
+    return registry
+
+
+class Exporter:
+    def __init__(self, config: ExporterConfig):
+        self.config = config
+        try:
+            nvml = importlib.import_module(config.nvml_module)
+        except ImportError as error:
+            raise ConfigError(f"--nvml-module {config.nvml_module!r} cannot be imported ({error})") from None
+        self.session = NvmlSession(nvml, pcie_throughput=config.pcie_throughput)
+        self.registry = build_registry(config, self.session)
+        try:
+            self.server = MetricsServer(config.host, config.port, make_app(self.registry, self.health))
+        except ConfigError:
+            self.session.close()
+            raise
+        self.gpu_log = None
+        if config.run_dir is not None and self.session.up:
+            self.gpu_log = GpuLog(self.session, config.run_dir / "telemetry" / "gpu.jsonl",
+                                  config.gpu_log_interval_seconds)
+
+    def health(self) -> dict:
+        nvml = self.session.health()
+        metrics_dir = self.config.metrics_dir
+        return {
+            "status": "ok",
+            "nvml": "up" if nvml.up else "down",
+            "nvml_down_reason": self.session.down_reason or None,
+            "gpus": nvml.gpus,
+            "gpus_lost": nvml.gpus_lost,
+            "metrics_dir": str(metrics_dir) if metrics_dir else None,
+            "metrics_dir_present": bool(metrics_dir and metrics_dir.is_dir()),
+        }
+
+    def start(self) -> None:
+        self.server.start()
+        if self.gpu_log is not None:
+            self.gpu_log.start()
+
+    def stop(self) -> None:
+        if self.gpu_log is not None:
+            self.gpu_log.stop()
+        self.server.stop()
+        self.session.close()

@@ -1,0 +1,67 @@
+"""`trainstack exporter` and `python -m monitoring.exporter`: serve GPU and training metrics until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from monitoring.exporter.app import Exporter
+from monitoring.exporter.config import DEFAULT_HOST, DEFAULT_PORT, ExporterConfig
+from train.errors import EXIT_CONFIG, EXIT_OK, ConfigError
+
+log = logging.getLogger("trainstack.exporter")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help=f"address to listen on (default {DEFAULT_HOST}; 0.0.0.0 to let a remote Prometheus in)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help=f"port for /metrics and /healthz (default {DEFAULT_PORT}; 0 picks a free one)")
+    parser.add_argument("--metrics-dir", type=Path, default=None,
+                        help="the ranks' prometheus_client multiprocess directory (RUN_DIR/metrics); "
+                             "without it only GPU metrics are served")
+    parser.add_argument("--run-dir", type=Path, default=None,
+                        help="run directory: with a GPU, snapshots are appended to RUN_DIR/telemetry/gpu.jsonl")
+    parser.add_argument("--pcie-throughput", action="store_true",
+                        help="also export PCIe throughput (each NVML call for it blocks ~20 ms per GPU)")
+    parser.add_argument("--nvml-module", default="pynvml",
+                        help="for testing: the module that provides the NVML API (e.g. tests.nvml_fake)")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="trainstack exporter: %(message)s")
+    config = ExporterConfig(host=args.host, port=args.port, metrics_dir=args.metrics_dir, run_dir=args.run_dir,
+                            pcie_throughput=args.pcie_throughput, nvml_module=args.nvml_module)
+    if config.metrics_dir is not None and not config.metrics_dir.exists():
+        log.warning("%s does not exist yet; training metrics appear once a run creates it", config.metrics_dir)
+    exporter = Exporter(config)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    exporter.start()
+    session = exporter.session
+    nvml = (f"NVML up, driver {session.driver_version}, {session.health().gpus} GPU(s)" if session.up
+            else f"NVML down ({session.down_reason}); serving training metrics only")
+    log.info("serving http://%s:%d/metrics (%s)", _url_host(config.host), exporter.server.port, nvml)
+    stop.wait()
+    exporter.stop()
+    return EXIT_OK
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m monitoring.exporter", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except ConfigError as error:
+        print(f"trainstack exporter: error: {error}", file=sys.stderr)
+        return EXIT_CONFIG

@@ -1,0 +1,48 @@
+"""The exporter's settings: one dataclass, checked when it is built."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from train.errors import ConfigError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9450
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    host: str = DEFAULT_HOST
+    """Address to listen on. 127.0.0.1 keeps the endpoint private to the host; 0.0.0.0 lets Prometheus in."""
+    port: int = DEFAULT_PORT
+    """TCP port; 0 picks a free one (the chosen port is printed)."""
+    metrics_dir: Path | None = None
+    """prometheus_client multiprocess directory the ranks write (RUN_DIR/metrics); None serves NVML only."""
+    run_dir: Path | None = None
+    """Run directory: when set and NVML is up, GPU snapshots go to RUN_DIR/telemetry/gpu.jsonl."""
+    pcie_throughput: bool = False
+    """Export PCIe throughput. Off by default: each of the two NVML calls blocks about 20 ms."""
+    nvml_module: str = "pynvml"
+    """Module that provides the NVML API. Tests and benchmarks pass `tests.nvml_fake`."""
+    gpu_log_interval_seconds: float = 5.0
+    """How often a GPU snapshot is appended to gpu.jsonl."""
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise ConfigError("--host is empty: give an address to listen on, e.g. 127.0.0.1 or 0.0.0.0")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port {self.port} is not a TCP port: use 1-65535 (or 0 for any free port)")
+        for flag, path in (("--metrics-dir", self.metrics_dir), ("--run-dir", self.run_dir)):
+            if path is not None and path.exists() and not path.is_dir():
+                raise ConfigError(f"{flag} {path} is a file, not a directory: pass the directory instead")
+        if not self.gpu_log_interval_seconds > 0:
+            raise ConfigError(f"the GPU log interval must be positive, not {self.gpu_log_interval_seconds}")
+        try:
+            found = importlib.util.find_spec(self.nvml_module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ConfigError(f"--nvml-module {self.nvml_module!r} cannot be imported: use pynvml "
+                              "(from nvidia-ml-py) or, in tests, tests.nvml_fake run from the repository root")

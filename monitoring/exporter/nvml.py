@@ -1,0 +1,362 @@
+"""NVML access for the exporter: one session per process (nvmlInit once), one GpuSample per GPU per read.
+
+Every NVML call goes through `NvmlSession._ask`, where the rules live: a call a GPU does not support is remembered
+and never made again (its field is omitted, never a sentinel), every failure is counted by call and error, a GPU
+that answers NVMLError_GpuIsLost drops out for good, and nothing raises to the caller, so no NVML failure can fail
+a scrape. What cannot change while the exporter runs (name, UUID, PCI bus, maximum clocks, NVLinks) is read once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from types import ModuleType
+
+# NVML's stable ABI values, written out so the exporter does not depend on how new the installed pynvml is.
+TEMPERATURE_GPU = 0
+CLOCK_SM, CLOCK_MEM = 1, 2
+PERF_POLICY_POWER, PERF_POLICY_THERMAL = 0, 1
+PCIE_UTIL_TX_BYTES, PCIE_UTIL_RX_BYTES = 0, 1
+EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
+FEATURE_ENABLED = 1
+MEMORY_INFO_V2 = 0x02000028  # pynvml.nvmlMemory_v2: the version of nvmlMemory_v2_t, which adds `reserved`
+SCOPE_ALL_LINKS = 0xFFFFFFFF  # field scope UINT_MAX: "summed over all NVLinks" (nvml.h)
+
+FI_ECC_SBE_VOL_TOTAL, FI_ECC_DBE_VOL_TOTAL = 3, 4
+FI_MEMORY_TEMP, FI_TOTAL_ENERGY_CONSUMPTION = 82, 83
+FI_NVLINK_LINK_COUNT, FI_PCIE_REPLAY_COUNTER = 91, 94
+FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX = 138, 139
+
+# Counters and sensors read with one nvmlDeviceGetFieldValues call per GPU instead of one call each:
+# field id -> (GpuSample attribute, factor to base units).
+FIELD_TARGETS = {
+    FI_MEMORY_TEMP: ("memory_temperature_celsius", 1.0),
+    FI_TOTAL_ENERGY_CONSUMPTION: ("energy_joules", 1e-3),  # mJ since the driver loaded
+    FI_PCIE_REPLAY_COUNTER: ("pcie_replays", 1.0),
+    FI_ECC_SBE_VOL_TOTAL: ("ecc_corrected_errors", 1.0),
+    FI_ECC_DBE_VOL_TOTAL: ("ecc_uncorrected_errors", 1.0),
+    FI_NVLINK_THROUGHPUT_DATA_TX: ("nvlink_transmit_bytes", 1024.0),  # KiB
+    FI_NVLINK_THROUGHPUT_DATA_RX: ("nvlink_receive_bytes", 1024.0),
+}
+FIELD_NAMES = {
+    FI_ECC_SBE_VOL_TOTAL: "NVML_FI_DEV_ECC_SBE_VOL_TOTAL", FI_ECC_DBE_VOL_TOTAL: "NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
+    FI_MEMORY_TEMP: "NVML_FI_DEV_MEMORY_TEMP", FI_TOTAL_ENERGY_CONSUMPTION: "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    FI_NVLINK_LINK_COUNT: "NVML_FI_DEV_NVLINK_LINK_COUNT", FI_PCIE_REPLAY_COUNTER: "NVML_FI_DEV_PCIE_REPLAY_COUNTER",
+    FI_NVLINK_THROUGHPUT_DATA_TX: "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
+    FI_NVLINK_THROUGHPUT_DATA_RX: "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX",
+}
+# nvmlValue_t member for each NVML_VALUE_TYPE_*.
+VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+# Answers that say "this GPU or driver has no such thing": static, so asked once and then omitted.
+UNSUPPORTED_ERRORS = {"NotSupported", "FunctionNotFound"}
+MAX_EVENTS_PER_READ = 1000
+
+
+@dataclass
+class GpuSample:
+    """One GPU at one moment, in base units. None: the GPU does not support the field or the call failed."""
+
+    index: int
+    uuid: str
+    utilization_ratio: float | None = None
+    memory_busy_ratio: float | None = None
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    memory_reserved_bytes: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None
+    temperature_celsius: float | None = None
+    memory_temperature_celsius: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    clock_event_reasons: int | None = None
+    power_violation_seconds: float | None = None
+    thermal_violation_seconds: float | None = None
+    pcie_replays: float | None = None
+    ecc_corrected_errors: float | None = None
+    ecc_uncorrected_errors: float | None = None
+    nvlink_transmit_bytes: float | None = None
+    nvlink_receive_bytes: float | None = None
+    pcie_transmit_bytes_per_second: float | None = None
+    pcie_receive_bytes_per_second: float | None = None
+    process_memory_bytes: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class Gpu:
+    """What NVML says about a GPU that cannot change while the exporter runs, read once."""
+
+    index: int
+    handle: object
+    uuid: str = ""
+    name: str = ""
+    pci_bus_id: str = ""
+    sm_clock_max_hertz: float | None = None
+    memory_clock_max_hertz: float | None = None
+    field_requests: tuple[tuple[int, int], ...] = ()
+    unsupported: set[tuple] = field(default_factory=set)
+    lost: bool = False
+
+
+@dataclass
+class NvmlReading:
+    up: bool
+    driver_version: str
+    gpus: list[Gpu]
+    samples: list[GpuSample]
+    xid_errors: dict[tuple[int, str, int], int]
+    """(gpu index, uuid, xid) -> count since the exporter started; kept after a GPU is lost."""
+
+
+@dataclass
+class NvmlHealth:
+    up: bool
+    gpus: int
+    gpus_lost: int
+    errors: dict[tuple[str, str], int]
+    """(call, error) -> count since the exporter started."""
+
+
+class _GpuLost(Exception):
+    pass
+
+
+def error_name(error: Exception) -> str:
+    """NVMLError_NotSupported -> "NotSupported"; pynvml's wrapper for a missing symbol counts as FunctionNotFound."""
+    name = type(error).__name__
+    if name == "NVMLLibraryMismatchError":
+        return "FunctionNotFound"
+    if name == "NVMLError":
+        return f"code_{getattr(error, 'value', 'unknown')}"
+    return name.removeprefix("NVMLError_")
+
+
+def _address(handle) -> int | None:
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return None
+
+
+class NvmlSession:
+    """Owns NVML for the process: init once at construction, `read()` per scrape, `close()` at exit. Thread-safe."""
+
+    def __init__(self, nvml: ModuleType, pcie_throughput: bool = False):
+        self._nvml = nvml
+        self._pcie_throughput = pcie_throughput
+        self._lock = threading.Lock()
+        self._errors: Counter[tuple[str, str]] = Counter()
+        self._xid_errors: Counter[tuple[int, str, int]] = Counter()
+        self._unsupported: set[tuple] = set()
+        self._gpus: list[Gpu] = []
+        self._gpus_by_address: dict[int, Gpu] = {}
+        self._events = None
+        self.up = False
+        self.down_reason = ""
+        self.driver_version = ""
+        with self._lock:
+            self._start()
+
+    # --- the one place NVML is called ---------------------------------------------------------------------------
+
+    def _count(self, call: str, error: str) -> None:
+        self._errors[(call, error)] += 1
+
+    def _ask(self, gpu: Gpu | None, call: str, *args, **kwargs):
+        """One NVML call (on `gpu`'s handle when given). Returns None when it failed or is unsupported."""
+        key = _call_key(call, args, kwargs)
+        unsupported = gpu.unsupported if gpu is not None else self._unsupported
+        if key in unsupported:
+            return None
+        function = getattr(self._nvml, call, None)
+        try:
+            if function is None:  # an older nvidia-ml-py without this name
+                raise self._nvml.NVMLError_FunctionNotFound()
+            return function(*((gpu.handle,) if gpu is not None else ()), *args, **kwargs)
+        except Exception as error:  # whatever NVML raises, the scrape goes on
+            name = error_name(error)
+            self._count(call, name)
+            if name in UNSUPPORTED_ERRORS:
+                unsupported.add(key)
+            elif name == "GpuIsLost" and gpu is not None:
+                raise _GpuLost() from error
+            return None
+
+    def _ask_first(self, gpu: Gpu, *alternatives: tuple):
+        """The newest API the driver has: each (call, args, kwargs) is tried only while the ones before it are
+        unsupported; a transient failure of a supported call is not a reason to fall back."""
+        for call, args, kwargs in alternatives:
+            answer = self._ask(gpu, call, *args, **kwargs)
+            if answer is not None or _call_key(call, args, kwargs) not in gpu.unsupported:
+                return answer
+        return None
+
+    def _field_values(self, gpu: Gpu, requests: tuple[tuple[int, int], ...]) -> dict[int, float]:
+        """Several counters in one call; each field has its own return code, handled like a call of its own."""
+        requests = tuple(r for r in requests if ("field", *r) not in gpu.unsupported)
+        if not requests:
+            return {}
+        answers = self._ask(gpu, "nvmlDeviceGetFieldValues", requests)
+        values = {}
+        for answer in answers or ():
+            if answer.nvmlReturn == 0:
+                values[answer.fieldId] = getattr(answer.value, VALUE_MEMBERS[answer.valueType])
+                continue
+            name = error_name(self._nvml.NVMLError(answer.nvmlReturn))
+            self._count(f"nvmlDeviceGetFieldValues/{FIELD_NAMES.get(answer.fieldId, answer.fieldId)}", name)
+            if name in UNSUPPORTED_ERRORS:
+                gpu.unsupported.add(("field", answer.fieldId, answer.scopeId))
+            elif name == "GpuIsLost":
+                raise _GpuLost()
+        return values
+
+    # --- once, at start ---------------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        try:
+            self._nvml.nvmlInit()
+        except Exception as error:  # no driver is a normal state on a CPU host
+            self._count("nvmlInit", error_name(error))
+            self.down_reason = f"{error_name(error)}: {error}"
+            return
+        self.driver_version = self._ask(None, "nvmlSystemGetDriverVersion") or ""
+        count = self._ask(None, "nvmlDeviceGetCount")
+        if count is None:
+            self.down_reason = "nvmlDeviceGetCount failed"
+            return
+        self.up = True
+        self._events = self._ask(None, "nvmlEventSetCreate")
+        for index in range(count):
+            handle = self._ask(None, "nvmlDeviceGetHandleByIndex", index)
+            if handle is None:
+                continue
+            gpu = Gpu(index, handle)
+            try:
+                self._describe(gpu)
+            except _GpuLost:
+                gpu.lost = True
+            if gpu.uuid or gpu.lost:
+                self._gpus.append(gpu)
+                self._gpus_by_address[_address(handle)] = gpu
+
+    def _describe(self, gpu: Gpu) -> None:
+        gpu.uuid = self._ask(gpu, "nvmlDeviceGetUUID") or ""
+        gpu.name = self._ask(gpu, "nvmlDeviceGetName") or ""
+        pci = self._ask(gpu, "nvmlDeviceGetPciInfo")
+        if pci is not None:
+            gpu.pci_bus_id = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
+        sm_max = self._ask(gpu, "nvmlDeviceGetMaxClockInfo", CLOCK_SM)
+        memory_max = self._ask(gpu, "nvmlDeviceGetMaxClockInfo", CLOCK_MEM)
+        gpu.sm_clock_max_hertz = sm_max * 1e6 if sm_max is not None else None
+        gpu.memory_clock_max_hertz = memory_max * 1e6 if memory_max is not None else None
+        requests = [(FI_MEMORY_TEMP, 0), (FI_TOTAL_ENERGY_CONSUMPTION, 0), (FI_PCIE_REPLAY_COUNTER, 0),
+                    (FI_ECC_SBE_VOL_TOTAL, 0), (FI_ECC_DBE_VOL_TOTAL, 0)]
+        if self._active_nvlinks(gpu):
+            requests += [(FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS),
+                         (FI_NVLINK_THROUGHPUT_DATA_RX, SCOPE_ALL_LINKS)]
+        gpu.field_requests = tuple(requests)
+        if self._events is not None:
+            self._ask(gpu, "nvmlDeviceRegisterEvents", EVENT_TYPE_XID_CRITICAL_ERROR, self._events)
+
+    def _active_nvlinks(self, gpu: Gpu) -> int:
+        # A PCIe card can report links that no bridge connects: only active ones mean the GPU has NVLink traffic.
+        links = int(self._field_values(gpu, ((FI_NVLINK_LINK_COUNT, 0),)).get(FI_NVLINK_LINK_COUNT, 0))
+        return sum(self._ask(gpu, "nvmlDeviceGetNvLinkState", link) == FEATURE_ENABLED for link in range(links))
+
+    # --- every scrape -----------------------------------------------------------------------------------------
+
+    def read(self, job_pids: frozenset[int] = frozenset()) -> NvmlReading:
+        """Sample every GPU still present. `job_pids`: the processes whose GPU memory is reported."""
+        with self._lock:
+            samples = []
+            if self.up:
+                self._poll_events()
+                for gpu in self._gpus:
+                    if gpu.lost:
+                        continue
+                    try:
+                        samples.append(self._sample(gpu, job_pids))
+                    except _GpuLost:
+                        gpu.lost = True
+            return NvmlReading(self.up, self.driver_version, [g for g in self._gpus if not g.lost], samples,
+                               dict(self._xid_errors))
+
+    def health(self) -> NvmlHealth:
+        with self._lock:
+            lost = sum(gpu.lost for gpu in self._gpus)
+            return NvmlHealth(self.up, len(self._gpus) - lost, lost, dict(self._errors))
+
+    def _sample(self, gpu: Gpu, job_pids: frozenset[int]) -> GpuSample:
+        sample = GpuSample(gpu.index, gpu.uuid)
+        rates = self._ask(gpu, "nvmlDeviceGetUtilizationRates")
+        if rates is not None:
+            sample.utilization_ratio = rates.gpu / 100
+            sample.memory_busy_ratio = rates.memory / 100
+        memory = self._ask_first(gpu, ("nvmlDeviceGetMemoryInfo", (), {"version": MEMORY_INFO_V2}),
+                                 ("nvmlDeviceGetMemoryInfo", (), {}))
+        if memory is not None:
+            sample.memory_total_bytes = memory.total
+            sample.memory_used_bytes = memory.used
+            sample.memory_reserved_bytes = getattr(memory, "reserved", None)
+        sample.power_watts = _scaled(self._ask(gpu, "nvmlDeviceGetPowerUsage"), 1e-3)  # mW
+        sample.power_limit_watts = _scaled(self._ask(gpu, "nvmlDeviceGetEnforcedPowerLimit"), 1e-3)
+        sample.temperature_celsius = self._ask(gpu, "nvmlDeviceGetTemperature", TEMPERATURE_GPU)
+        sample.sm_clock_hertz = _scaled(self._ask(gpu, "nvmlDeviceGetClockInfo", CLOCK_SM), 1e6)  # MHz
+        sample.memory_clock_hertz = _scaled(self._ask(gpu, "nvmlDeviceGetClockInfo", CLOCK_MEM), 1e6)
+        sample.clock_event_reasons = self._ask_first(gpu, ("nvmlDeviceGetCurrentClocksEventReasons", (), {}),
+                                                     ("nvmlDeviceGetCurrentClocksThrottleReasons", (), {}))
+        for policy, attribute in ((PERF_POLICY_POWER, "power_violation_seconds"),
+                                  (PERF_POLICY_THERMAL, "thermal_violation_seconds")):
+            violation = self._ask(gpu, "nvmlDeviceGetViolationStatus", policy)
+            if violation is not None:
+                setattr(sample, attribute, violation.violationTime * 1e-9)  # ns
+        for field_id, value in self._field_values(gpu, gpu.field_requests).items():
+            attribute, factor = FIELD_TARGETS[field_id]
+            setattr(sample, attribute, value * factor)
+        if self._pcie_throughput:  # each call blocks ~20 ms while NVML measures
+            sample.pcie_transmit_bytes_per_second = _scaled(
+                self._ask(gpu, "nvmlDeviceGetPcieThroughput", PCIE_UTIL_TX_BYTES), 1024.0)  # KiB/s
+            sample.pcie_receive_bytes_per_second = _scaled(
+                self._ask(gpu, "nvmlDeviceGetPcieThroughput", PCIE_UTIL_RX_BYTES), 1024.0)
+        if job_pids:
+            for process in self._ask(gpu, "nvmlDeviceGetComputeRunningProcesses") or ():
+                if process.pid in job_pids and process.usedGpuMemory is not None:
+                    sample.process_memory_bytes[process.pid] = process.usedGpuMemory
+        return sample
+
+    def _poll_events(self) -> None:
+        """Drain the Xid events queued since the last read, without waiting for new ones."""
+        if self._events is None:
+            return
+        for _ in range(MAX_EVENTS_PER_READ):
+            try:
+                event = self._nvml.nvmlEventSetWait(self._events, 0)
+            except Exception as error:
+                if error_name(error) != "Timeout":  # Timeout: the queue is empty
+                    self._count("nvmlEventSetWait", error_name(error))
+                return
+            gpu = self._gpus_by_address.get(_address(event.device))
+            if event.eventType & EVENT_TYPE_XID_CRITICAL_ERROR and gpu is not None:
+                self._xid_errors[(gpu.index, gpu.uuid, int(event.eventData))] += 1
+
+    def close(self) -> None:
+        with self._lock:
+            if not self.up:
+                return
+            if self._events is not None:
+                self._ask(None, "nvmlEventSetFree", self._events)
+            self._ask(None, "nvmlShutdown")
+            self.up = False
+
+
+def _call_key(call: str, args: tuple, kwargs: dict) -> tuple:
+    """A call's identity for remembering that it is unsupported: its name and its enum arguments."""
+    return (call, *(a for a in args if isinstance(a, int)), *sorted(kwargs.items()))
+
+
+def _scaled(value, factor: float) -> float | None:
+    return value * factor if value is not None else None

@@ -1,0 +1,67 @@
+"""A thin threaded HTTP server: /metrics (prometheus_client's WSGI app) and /healthz."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Callable
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from train.errors import ConfigError
+
+INDEX = b"trainstack exporter: /metrics (Prometheus text format), /healthz (JSON)\n"
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args) -> None:
+        """A request line per scrape would drown the exporter's log."""
+
+
+def make_app(registry: CollectorRegistry, health: Callable[[], dict]):
+    metrics = make_wsgi_app(registry)
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO", "/")
+        if path == "/metrics":
+            return metrics(environ, start_response)
+        if path == "/healthz":
+            # 200 whenever the exporter can answer: NVML being down is reported in the body and in the metrics,
+            # not as a failed probe that would restart a container that is doing its job.
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [json.dumps(health()).encode() + b"\n"]
+        if path == "/":
+            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+            return [INDEX]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [INDEX]
+
+    return app
+
+
+class MetricsServer:
+    def __init__(self, host: str, port: int, app):
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        except socket.gaierror as error:
+            raise ConfigError(f"--host {host!r} is not an address this machine can listen on ({error})") from None
+        server_class = type("ExporterHTTPServer", (ThreadingWSGIServer,), {"address_family": family})
+        try:
+            self._server = make_server(host, port, app, server_class, _QuietHandler)
+        except OSError as error:
+            raise ConfigError(f"cannot listen on {host}:{port} ({error.strerror}): pick another --port, "
+                              "or stop what is using it") from None
+        self.host = host
+        self.port = self._server.server_port
+        self._thread = threading.Thread(target=self._server.serve_forever, name="exporter-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():  # shutdown() waits for serve_forever(), so only after start()
+            self._server.shutdown()
+        self._server.server_close()
