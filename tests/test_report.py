@@ -7,11 +7,9 @@ import argparse
 import base64
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,29 +19,16 @@ from PIL import Image
 from monitoring.report import cli as report_cli
 from monitoring.report import write_report
 from monitoring.report.figures import FIGURES
+from tests.conftest import run_trainstack
 from train.errors import ConfigError
 
 GPU_FIGURES = {"gpu-utilization", "gpu-memory"}
-TEST_ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-
-
-def trainstack(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "train.cli", *args], capture_output=True, text=True,
-                          env=TEST_ENV, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def cpu_run(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("report") / "run"
-    done = trainstack("train", "--output-dir", str(run_dir), "--max-steps", "12", "--log-every", "3",
-                      "--exporter-port", "0", "--checkpoint-every", "0")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return run_dir
 
 
 @pytest.fixture
 def gpu_run(cpu_run, tmp_path) -> Path:
-    """The CPU run plus what the real exporter writes to telemetry/gpu.jsonl for a DGX H100 (fake NVML)."""
+    """The shared CPU run (a copy: it is read-only) plus the GPU snapshots the real exporter writes to
+    telemetry/gpu.jsonl for a DGX H100 (fake NVML)."""
     from monitoring.exporter.app import Exporter
     from monitoring.exporter.config import ExporterConfig
     from tests import nvml_fake
@@ -129,10 +114,10 @@ def test_a_directory_without_telemetry_is_a_config_error(tmp_path):
 
 def test_cli_writes_the_report_and_refuses_a_non_run(cpu_run, tmp_path):
     shutil.copytree(cpu_run, tmp_path / "run")
-    done = trainstack("report", str(tmp_path / "run"))
+    done = run_trainstack("report", str(tmp_path / "run"))
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()) == tmp_path / "run" / "report.html"
-    refused = trainstack("report", str(tmp_path / "run" / "telemetry"))
+    refused = run_trainstack("report", str(tmp_path / "run" / "telemetry"))
     assert refused.returncode == 2
     assert refused.stderr.startswith("trainstack report: error: ") and len(refused.stderr.splitlines()) == 1
     with pytest.raises(ConfigError, match="is not a directory"):

@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "exporter": ("monitoring.exporter.cli", "serve per-GPU NVML and per-rank training metrics"),
     "doctor": ("train.doctor.cli", "preflight checks: GPUs, CUDA, /dev/shm, ulimits, NCCL switches, ports, disk"),
     "report": ("monitoring.report.cli", "write RUN_DIR/report.html: loss, throughput, step times, data wait, GPUs"),
+    "diagnose": ("monitoring.diagnose.cli", "why a live run leaves GPUs idle: reads its exporter or Prometheus"),
 }
 
 

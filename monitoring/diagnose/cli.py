@@ -1,0 +1,47 @@
+"""`trainstack diagnose`: why a live run is not using its GPUs well, from its exporter or from Prometheus.
+
+Exit status: 0 healthy, 1 a problem was found (the verdicts say which), 2 the source cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from train.errors import EXIT_OK, ConfigError
+
+EXIT_PROBLEM = 1
+DEFAULT_URL = "http://127.0.0.1:9450"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=DEFAULT_URL,
+                        help=f"an exporter (its /metrics) or a Prometheus server (default {DEFAULT_URL}: the "
+                             "launcher's exporter)")
+    parser.add_argument("--source", choices=("auto", "exporter", "prometheus"), default="auto",
+                        help="what --url is (default auto: a Prometheus answers /api/v1/status/buildinfo)")
+    parser.add_argument("--job", help="Prometheus only: the scrape job of the run, when it holds several")
+    parser.add_argument("--interval", type=float, default=10.0,
+                        help="exporter only: seconds between the two scrapes that give the rates (default 10)")
+    parser.add_argument("--stall-seconds", type=float, default=600.0,
+                        help="no step for this long is a stall (default 600, as the TrainstackTrainingStalled "
+                             "alert)")
+    parser.add_argument("--json", action="store_true", help="print verdicts and figures as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from monitoring.diagnose.render import render_json, render_text
+    from monitoring.diagnose.snapshot import read_snapshot
+    from monitoring.diagnose.sources import open_source
+    from monitoring.diagnose.thresholds import Thresholds
+    from monitoring.diagnose.verdicts import diagnose, figures
+
+    if not args.interval > 0:
+        raise ConfigError(f"--interval must be positive seconds, got {args.interval}")
+    limits = Thresholds(stall_seconds=args.stall_seconds)
+    selector = f'job="{args.job}"' if args.job else ""
+    snapshot = read_snapshot(open_source(args.url, args.source, args.interval, selector))
+    verdicts = diagnose(snapshot, limits)
+    render = render_json if args.json else render_text
+    print(render(snapshot.source, verdicts, figures(snapshot)), flush=True)
+    return EXIT_PROBLEM if verdicts else EXIT_OK
+

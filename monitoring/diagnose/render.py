@@ -1,0 +1,51 @@
+"""Verdicts as text for people and JSON for programs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from monitoring.diagnose.verdicts import Verdict
+
+
+def _figure_line(figures: dict) -> str:
+    parts = [f"{figures['ranks']} rank(s)"]
+    if figures["steps_per_second"] is not None:
+        parts.append(f"{figures['steps_per_second']:.2f} steps/s per rank")
+    if figures["samples_per_second"] is not None:
+        parts.append(f"{figures['samples_per_second']:.1f} samples/s in all")
+    if figures["data_wait_ratio_max"] is not None:
+        parts.append(f"data wait at most {100 * figures['data_wait_ratio_max']:.0f}%")
+    if figures["straggler_ratio_max"] is not None:
+        parts.append(f"slowest rank {figures['straggler_ratio_max']:.2f}x the median {figures['straggler_measure']} "
+                     "time")
+    if figures["last_step_age_seconds"] is not None:
+        parts.append(f"last step {figures['last_step_age_seconds']:.0f} s ago")
+    if figures["mfu_mean"] is not None:
+        parts.append(f"MFU {100 * figures['mfu_mean']:.0f}%")
+    if figures["gpus"]:
+        parts.append(f"{figures['gpus']} GPU(s)")
+        if figures["gpu_utilization_mean"] is not None:
+            parts.append(f"GPU utilization {100 * figures['gpu_utilization_mean']:.0f}% on average")
+        if figures["gpu_memory_used_ratio_max"] is not None:
+            parts.append(f"GPU memory at most {100 * figures['gpu_memory_used_ratio_max']:.0f}% used")
+    return ", ".join(parts)
+
+
+def render_text(source: str, verdicts: list[Verdict], figures: dict) -> str:
+    lines = [f"trainstack diagnose: {source}"]
+    if not verdicts:
+        lines.append(f"HEALTHY  {_figure_line(figures)}")
+        return "\n".join(lines)
+    width = max(len(v.kind) for v in verdicts)
+    for verdict in verdicts:
+        lines.append(f"{verdict.kind.upper():<{width}}  {verdict.summary}")
+        lines += [f"{'':<{width}}    evidence: {item}" for item in verdict.evidence]
+        lines.append(f"{'':<{width}}    fix: {verdict.fix}")
+    lines.append(f"figures: {_figure_line(figures)}")
+    return "\n".join(lines)
+
+
+def render_json(source: str, verdicts: list[Verdict], figures: dict) -> str:
+    return json.dumps({"source": source, "healthy": not verdicts, "verdicts": [asdict(v) for v in verdicts],
+                       "figures": figures}, indent=2)

@@ -1,0 +1,143 @@
+"""What diagnose knows about a run at one moment: per rank and per GPU figures, read from a Source."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from monitoring.diagnose.sources import Sample, Source
+
+THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown")
+POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")
+
+
+@dataclass(frozen=True)
+class RankView:
+    rank: str
+    uuid: str = ""
+    node: str = ""
+    steps: float = 0.0
+    steps_per_second: float | None = None
+    samples_per_second: float | None = None
+    data_wait_ratio: float | None = None
+    """Seconds blocked on the loader per second of wall time."""
+    step_seconds: float | None = None
+    """Mean wall time per optimizer step over the window; the same on every DDP rank."""
+    forward_seconds: float | None = None
+    """Mean forward-pass time per step: the rank's own speed, before any collective."""
+    last_step_time: float | None = None
+    mfu: float | None = None
+
+
+@dataclass(frozen=True)
+class GpuView:
+    index: str
+    uuid: str
+    name: str = ""
+    utilization: float | None = None
+    memory_used_ratio: float | None = None
+    thermal_throttle_ratio: float | None = None
+    power_throttle_ratio: float | None = None
+    sm_clock_ratio: float | None = None
+    """Current SM clock over its maximum."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    source: str
+    now: float
+    ranks: list[RankView] = field(default_factory=list)
+    gpus: list[GpuView] = field(default_factory=list)
+
+    @property
+    def speed_measure(self) -> str:
+        """Which per-rank time names a straggler: forward time when the ranks export it (step time is equal
+        on every DDP rank, as the fast ones wait for the slow one in the gradient all-reduce)."""
+        return "forward" if any(r.forward_seconds is not None for r in self.ranks) else "step"
+
+    def rank_speed(self, rank: RankView) -> float | None:
+        return rank.forward_seconds if self.speed_measure == "forward" else rank.step_seconds
+
+    def straggler_ratios(self) -> dict[str, float]:
+        speeds = {r.rank: s for r in self.ranks if (s := self.rank_speed(r)) is not None}
+        if len(speeds) < 2 or not statistics.median(speeds.values()) > 0:
+            return {}
+        median = statistics.median(speeds.values())
+        return {rank: speed / median for rank, speed in speeds.items()}
+
+
+def _by(label: str, samples: list[Sample]) -> dict[str, float]:
+    return {labels[label]: value for labels, value in samples if label in labels}
+
+
+def _ratio(numerators: dict[str, float], denominators: dict[str, float]) -> dict[str, float]:
+    return {key: value / denominators[key] for key, value in numerators.items() if denominators.get(key)}
+
+
+def read_snapshot(source: Source) -> Snapshot:
+    return Snapshot(source.description, source.now, _ranks(source), _gpus(source))
+
+
+def _ranks(source: Source) -> list[RankView]:
+    info = {labels["rank"]: labels for labels, _ in source.instant("trainstack_train_rank_info") if "rank" in labels}
+    steps = _by("rank", source.instant("trainstack_train_steps_total"))
+    step_rate = _by("rank", source.rate("trainstack_train_steps_total"))
+    samples_rate = _by("rank", source.rate("trainstack_train_samples_total"))
+    wait = _by("rank", source.rate("trainstack_train_data_wait_seconds_total"))
+    step_seconds = _ratio(_by("rank", source.rate("trainstack_train_step_duration_seconds_sum")),
+                          _by("rank", source.rate("trainstack_train_step_duration_seconds_count")))
+    forward = _ratio(_by("rank", source.rate("trainstack_train_forward_seconds_total")), step_rate)
+    last = _by("rank", source.instant("trainstack_train_last_step_timestamp_seconds"))
+    mfu = _by("rank", source.instant("trainstack_train_mfu_ratio"))
+    views = []
+    for rank in sorted(set(info) | set(steps), key=lambda r: int(r) if r.isdigit() else r):
+        labels = info.get(rank, {})
+        views.append(RankView(
+            rank=rank, uuid=labels.get("uuid", ""), node=labels.get("node", ""), steps=steps.get(rank, 0.0),
+            steps_per_second=step_rate.get(rank), samples_per_second=samples_rate.get(rank),
+            data_wait_ratio=wait.get(rank), step_seconds=step_seconds.get(rank),
+            forward_seconds=forward.get(rank), last_step_time=last.get(rank) or None, mfu=mfu.get(rank),
+        ))
+    return views
+
+
+def _active_reasons(source: Source) -> dict[str, set[str]]:
+    active: dict[str, set[str]] = {}
+    for labels, value in source.instant("trainstack_gpu_clock_event_active"):
+        if "uuid" in labels:
+            reasons = active.setdefault(labels["uuid"], set())
+            if value:
+                reasons.add(labels.get("reason", ""))
+    return active
+
+
+def _throttle(rates: dict[str, float], active: dict[str, set[str]], uuid: str, reasons: tuple[str, ...]):
+    """The violation counter's rate; else 1 or 0 from whether a matching reason is active now; else unknown."""
+    if uuid in rates:
+        return rates[uuid]
+    if uuid in active:
+        return float(bool(active[uuid] & set(reasons)))
+    return None
+
+
+def _gpus(source: Source) -> list[GpuView]:
+    info = {labels["uuid"]: labels for labels, _ in source.instant("trainstack_gpu_info") if "uuid" in labels}
+    utilization = _by("uuid", source.instant("trainstack_gpu_utilization_ratio"))
+    memory = _ratio(_by("uuid", source.instant("trainstack_gpu_memory_used_bytes")),
+                    _by("uuid", source.instant("trainstack_gpu_memory_total_bytes")))
+    thermal = _by("uuid", source.rate("trainstack_gpu_thermal_violation_seconds_total"))
+    power = _by("uuid", source.rate("trainstack_gpu_power_violation_seconds_total"))
+    clock = _ratio(_by("uuid", source.instant("trainstack_gpu_sm_clock_hertz")),
+                   _by("uuid", source.instant("trainstack_gpu_sm_clock_max_hertz")))
+    # GPUs without violation counters: whether a throttle reason holds the clocks down right now.
+    active = _active_reasons(source)
+    views = []
+    for uuid, labels in sorted(info.items(), key=lambda item: int(item[1].get("gpu", "0"))):
+        views.append(GpuView(
+            index=labels.get("gpu", "?"), uuid=uuid, name=labels.get("name", ""),
+            utilization=utilization.get(uuid), memory_used_ratio=memory.get(uuid),
+            thermal_throttle_ratio=_throttle(thermal, active, uuid, THERMAL_REASONS),
+            power_throttle_ratio=_throttle(power, active, uuid, POWER_REASONS),
+            sm_clock_ratio=clock.get(uuid),
+        ))
+    return views

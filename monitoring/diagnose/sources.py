@@ -1,0 +1,137 @@
+"""Where diagnose reads metrics: a live exporter (two scrapes some seconds apart give the rates) or a Prometheus
+server (instant queries, rates over the recording rules' 2m window). Both answer the same two questions, so
+the diagnosis does not care which it reads."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from typing import Protocol
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from train.errors import ConfigError
+
+Sample = tuple[dict[str, str], float]
+PROMETHEUS_WINDOW = "2m"  # the recording rules' window (monitoring/prometheus/rules/recording.yml)
+
+
+class Source(Protocol):
+    description: str
+    now: float
+    """Unix time of the newest reading, on the source's clock (Prometheus) or this host's (exporter)."""
+
+    def instant(self, name: str) -> list[Sample]:
+        """The newest value of every series of a sample name (a counter's name ends in _total)."""
+
+    def rate(self, name: str) -> list[Sample]:
+        """Per-second increase of every series of a counter sample name over the source's window."""
+
+
+def _get(url: str, timeout: float) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.read()
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise ConfigError(f"cannot read {url} ({reason}); is the run going? The launcher's exporter listens on "
+                          "127.0.0.1:9450 unless --exporter-port says otherwise: pass its address to --url") from None
+
+
+class ExporterSource:
+    def __init__(self, url: str, interval: float, timeout: float = 10.0):
+        self.url = url
+        self.timeout = timeout
+        self.description = f"exporter {url}, {interval:g} s between scrapes"
+        self._first, first_time = self._scrape(), time.time()
+        time.sleep(interval)
+        self._second, self.now = self._scrape(), time.time()
+        self.window_seconds = self.now - first_time
+
+    def _scrape(self) -> dict[str, list[Sample]]:
+        text = _get(self.url, self.timeout).decode()
+        samples: dict[str, list[Sample]] = defaultdict(list)
+        try:
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    samples[sample.name].append((sample.labels, sample.value))
+        except ValueError as error:
+            raise ConfigError(f"{self.url} does not serve Prometheus metrics ({error}); pass the exporter's "
+                              "/metrics URL or a Prometheus server's URL to --url") from None
+        return samples
+
+    def instant(self, name: str) -> list[Sample]:
+        return list(self._second.get(name, []))
+
+    def rate(self, name: str) -> list[Sample]:
+        before = {frozenset(labels.items()): value for labels, value in self._first.get(name, [])}
+        rates = []
+        for labels, value in self._second.get(name, []):
+            previous = before.get(frozenset(labels.items()))
+            if previous is None:
+                continue  # a series born between the scrapes has no rate yet
+            increase = value - previous if value >= previous else value  # a counter reset starts from 0
+            rates.append((labels, increase / self.window_seconds))
+        return rates
+
+
+class PrometheusSource:
+    def __init__(self, url: str, selector: str = "", timeout: float = 10.0):
+        self.url = url.rstrip("/")
+        self.selector = selector
+        self.timeout = timeout
+        self.description = f"Prometheus {self.url}" + (f", series {{{selector}}}" if selector else "") + \
+            f", rates over {PROMETHEUS_WINDOW}"
+        self.now = time.time()
+
+    def _query(self, expression: str) -> list[Sample]:
+        query = urllib.parse.urlencode({"query": expression})
+        body = _get(f"{self.url}/api/v1/query?{query}", self.timeout)
+        try:
+            answer = json.loads(body)
+            results = answer["data"]["result"]
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(f"{self.url} did not answer a Prometheus query; pass a Prometheus server's URL, "
+                              "or an exporter's /metrics URL") from None
+        samples = []
+        for result in results:
+            timestamp, value = result["value"]
+            self.now = float(timestamp)
+            if not math.isnan(float(value)):
+                samples.append((result["metric"], float(value)))
+        return samples
+
+    def instant(self, name: str) -> list[Sample]:
+        return self._query(f"{name}{{{self.selector}}}")
+
+    def rate(self, name: str) -> list[Sample]:
+        return self._query(f"rate({name}{{{self.selector}}}[{PROMETHEUS_WINDOW}])")
+
+
+def is_prometheus(url: str, timeout: float = 10.0) -> bool:
+    """Prometheus answers its build-info API; an exporter answers only /metrics and /healthz."""
+    try:
+        answer = json.loads(_get(f"{url.rstrip('/')}/api/v1/status/buildinfo", timeout))
+    except (ConfigError, ValueError):
+        return False
+    return isinstance(answer, dict) and answer.get("status") == "success"
+
+
+def open_source(url: str, kind: str, interval: float, selector: str) -> Source:
+    """kind: exporter, prometheus or auto (a URL ending in /metrics is an exporter; else ask for build info)."""
+    if not urllib.parse.urlparse(url).scheme:
+        url = "http://" + url
+    if kind == "auto":
+        kind = "exporter" if url.rstrip("/").endswith("/metrics") or not is_prometheus(url) else "prometheus"
+    if kind == "prometheus":
+        return PrometheusSource(url, selector)
+    if selector:
+        raise ConfigError("--job applies to a Prometheus server; an exporter serves one job")
+    if not url.rstrip("/").endswith("/metrics"):
+        url = url.rstrip("/") + "/metrics"
+    return ExporterSource(url, interval)

@@ -1,0 +1,35 @@
+"""When a figure counts as a problem. The defaults are the alert rules' thresholds
+(monitoring/prometheus/rules/alerts.yml), so `trainstack diagnose` and the alerts agree on what is wrong."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from train.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    input_bound_ratio: float = 0.2
+    """TrainstackInputBound: a rank waits for data more than this share of wall time."""
+    straggler_ratio: float = 1.2
+    """TrainstackStragglerRank: a rank's forward time per step over the ranks' median."""
+    stall_seconds: float = 600.0
+    """TrainstackTrainingStalled: no rank completed a step for this long."""
+    gpu_idle_ratio: float = 0.05
+    """TrainstackGPUUnused: utilization under this on a GPU no rank uses."""
+    memory_full_ratio: float = 0.95
+    """TrainstackGPUMemoryNearlyFull."""
+    thermal_throttle_ratio: float = 0.1
+    """TrainstackGPUThermalThrottling: share of time the clocks were held down by temperature."""
+    power_throttle_ratio: float = 0.5
+    """TrainstackGPUPowerThrottling: share of time at the power cap..."""
+    power_throttle_clock_ratio: float = 0.8
+    """...with the SM clock under this share of its maximum."""
+    low_mfu_ratio: float = 0.2
+    """No alert: well-tuned transformer training reaches 0.35-0.55 of dense peak; under 0.2 leaves most unused."""
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not value > 0:
+                raise ConfigError(f"threshold {name.replace('_', '-')} must be positive, got {value}")

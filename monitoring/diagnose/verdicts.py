@@ -1,0 +1,217 @@
+"""From a Snapshot to verdicts: each names what keeps the GPUs from being used, with its evidence and a fix.
+The fixes say the same as the alerts' descriptions (monitoring/prometheus/rules/alerts.yml, docs/alerts.md)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from monitoring.diagnose.snapshot import RankView, Snapshot
+from monitoring.diagnose.thresholds import Thresholds
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str
+    summary: str
+    evidence: tuple[str, ...]
+    fix: str
+
+
+def _percent(ratio: float) -> str:
+    return f"{100 * ratio:.0f}%"
+
+
+def _ranks_list(ranks: list[RankView]) -> str:
+    return ", ".join(f"rank {r.rank}" for r in ranks)
+
+
+def no_training(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    if snapshot.ranks:
+        return None
+    evidence = [f"GPU {g.index} ({g.uuid}) utilization {_percent(g.utilization)}" for g in snapshot.gpus
+                if g.utilization is not None]
+    return Verdict(
+        "no-training", "the source has no training series: no rank has started, or the exporter reads the "
+        "wrong metrics directory", tuple(evidence) or ("no trainstack_train_* series at all",),
+        "start the run with trainstack train (its exporter reads RUN_DIR/metrics); for a separate exporter pass "
+        "--metrics-dir RUN_DIR/metrics; with Prometheus, check --job and the target on its /targets page",
+    )
+
+
+def not_started(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    if not snapshot.ranks or any(r.last_step_time for r in snapshot.ranks):
+        return None
+    return Verdict(
+        "no-step-yet", f"{len(snapshot.ranks)} rank(s) registered but none has completed a step",
+        ("trainstack_train_last_step_timestamp_seconds is 0 on every rank",),
+        "wait for the first step (model build, data loading, rendezvous); if it never comes, the ranks hang "
+        "before the loop: read the ranks' logs, or py-spy dump --pid <rank pid>",
+    )
+
+
+def stalled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    stepped = [r for r in snapshot.ranks if r.last_step_time]
+    if not stepped:
+        return None
+    age = snapshot.now - max(r.last_step_time for r in stepped)
+    if age <= limits.stall_seconds:
+        return None
+    evidence = [f"rank {r.rank}: step {r.steps:.0f}, last step {snapshot.now - r.last_step_time:.0f} s ago"
+                for r in snapshot.ranks if r.last_step_time]
+    most = max(r.steps for r in snapshot.ranks)
+    behind = [r for r in snapshot.ranks if r.steps < most]
+    if behind:
+        evidence.append(f"{_ranks_list(behind)} stopped first ({most:.0f} steps elsewhere)")
+    utilization = {g.uuid: g.utilization for g in snapshot.gpus if g.utilization is not None}
+    gpu_ranks = [r for r in snapshot.ranks if r.uuid in utilization]
+    idle = [r for r in gpu_ranks if utilization[r.uuid] < limits.gpu_idle_ratio]
+    if idle and len(idle) < len(gpu_ranks):
+        # A rank blocked in an NCCL collective keeps its GPU at 100% (the kernel spins); the one stuck elsewhere
+        # leaves its GPU idle.
+        evidence.append(f"{_ranks_list(idle)}: GPU idle while the other ranks' GPUs are busy waiting in NCCL: "
+                        "the likely culprit")
+    return Verdict(
+        "stalled", f"no rank has completed a step for {age:.0f} s (threshold {limits.stall_seconds:g} s) while "
+        "the exporter is up", tuple(evidence),
+        "py-spy dump --pid <pid> on each rank shows where it waits (a collective, a data-loader worker, a "
+        "checkpoint write); --collective-timeout turns such a hang into an error naming the rank; rerun the "
+        "same command to resume from the last checkpoint",
+    )
+
+
+def gpus_unused(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    if not snapshot.ranks:
+        return None
+    used = {r.uuid for r in snapshot.ranks if r.uuid}
+    idle = [g for g in snapshot.gpus if g.uuid not in used
+            and (g.utilization is None or g.utilization < limits.gpu_idle_ratio)]
+    if not idle:
+        return None
+    where = "the ranks run on CPU while" if not used else f"{len(snapshot.ranks)} rank(s) use {len(used)} GPU(s);"
+    return Verdict(
+        "gpus-unused", f"{where} {len(idle)} of {len(snapshot.gpus)} visible GPU(s) sit idle with no rank on them",
+        tuple(f"GPU {g.index} ({g.name or g.uuid}): utilization "
+              f"{'unknown' if g.utilization is None else _percent(g.utilization)}, no rank's uuid" for g in idle),
+        "start one rank per GPU (trainstack train, or torchrun/accelerate launch with --nproc-per-node equal to "
+        "the GPU count) instead of a single process or nn.DataParallel; or hide the GPU with CUDA_VISIBLE_DEVICES",
+    )
+
+
+def input_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    waiting = [r for r in snapshot.ranks
+               if r.data_wait_ratio is not None and r.data_wait_ratio > limits.input_bound_ratio]
+    if not waiting:
+        return None
+    return Verdict(
+        "input-bound", f"input-bound: {_ranks_list(waiting)} wait(s) for the data loader more than "
+        f"{_percent(limits.input_bound_ratio)} of the time",
+        tuple(f"rank {r.rank}: blocked on the loader {_percent(r.data_wait_ratio)} of wall time" for r in waiting),
+        "raise --num-workers, pre-tokenize or move decoding out of __getitem__, or put the data on faster "
+        "storage; in DDP every other rank waits for the slowest loader",
+    )
+
+
+def straggler(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    ratios = snapshot.straggler_ratios()
+    if not ratios:
+        return None
+    worst = max(ratios, key=ratios.get)
+    if ratios[worst] <= limits.straggler_ratio:
+        return None
+    measure = snapshot.speed_measure
+    evidence = [f"rank {r.rank}: {measure} {1000 * snapshot.rank_speed(r):.1f} ms per step "
+                f"({ratios[r.rank]:.2f}x the median)" for r in snapshot.ranks if r.rank in ratios]
+    return Verdict(
+        "straggler", f"rank {worst} is a straggler: its {measure} time per step is {ratios[worst]:.2f}x the "
+        f"median of {len(ratios)} ranks (threshold {limits.straggler_ratio:g}x)", tuple(evidence),
+        "every rank waits for it at each gradient all-reduce; check its GPU's clocks, temperature and throttle "
+        "reasons, move other processes off its GPU and CPU cores, or bucket batches by length",
+    )
+
+
+def throttled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    evidence = []
+    for g in snapshot.gpus:
+        if g.thermal_throttle_ratio is not None and g.thermal_throttle_ratio > limits.thermal_throttle_ratio:
+            evidence.append(f"GPU {g.index}: clocks held down by temperature {_percent(g.thermal_throttle_ratio)} "
+                            "of the time")
+        if (g.power_throttle_ratio is not None and g.power_throttle_ratio > limits.power_throttle_ratio
+                and g.sm_clock_ratio is not None and g.sm_clock_ratio < limits.power_throttle_clock_ratio):
+            evidence.append(f"GPU {g.index}: at its power cap {_percent(g.power_throttle_ratio)} of the time, SM "
+                            f"clock {_percent(g.sm_clock_ratio)} of its maximum")
+    if not evidence:
+        return None
+    return Verdict(
+        "throttled", f"{len(evidence)} GPU throttling finding(s): the throttled GPUs' ranks hold up the job",
+        tuple(evidence),
+        "thermal: check fans, airflow and inlet temperature; power: compare the power limit with the card's "
+        "rating and restore it (nvidia-smi -rpl), or have the node's power delivery checked",
+    )
+
+
+def memory_full(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    full = [g for g in snapshot.gpus
+            if g.memory_used_ratio is not None and g.memory_used_ratio > limits.memory_full_ratio]
+    if not full:
+        return None
+    return Verdict(
+        "memory-full", f"GPU memory nearly full on {len(full)} GPU(s) (over {_percent(limits.memory_full_ratio)})",
+        tuple(f"GPU {g.index}: {_percent(g.memory_used_ratio)} of its memory used" for g in full),
+        "a longer batch or fragmentation ends in CUDA out of memory: lower --batch-size and raise "
+        "--gradient-accumulation-steps, use --mixed-precision bf16, or set "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    )
+
+
+def low_mfu(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    measured = [r for r in snapshot.ranks if r.mfu is not None]
+    if not measured:
+        return None
+    mean = statistics.fmean(r.mfu for r in measured)
+    if mean >= limits.low_mfu_ratio:
+        return None
+    return Verdict(
+        "low-mfu", f"low MFU: the ranks use {_percent(mean)} of the GPUs' peak FLOP/s "
+        f"(under {_percent(limits.low_mfu_ratio)})", tuple(f"rank {r.rank}: MFU {_percent(r.mfu)}" for r in measured),
+        "first rule out input-bound and stragglers; then a larger per-rank --batch-size, --mixed-precision bf16, "
+        "fewer host synchronizations in the loop, or a model big enough to fill the GPU",
+    )
+
+
+CHECKS: tuple[Callable[[Snapshot, Thresholds], Verdict | None], ...] = (
+    no_training, not_started, stalled, gpus_unused, input_bound, straggler, throttled, memory_full, low_mfu,
+)
+
+
+def diagnose(snapshot: Snapshot, limits: Thresholds) -> list[Verdict]:
+    """Every problem found, most fundamental first; empty when the run is healthy."""
+    return [verdict for check in CHECKS if (verdict := check(snapshot, limits)) is not None]
+
+
+def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
+    """The figures a healthy verdict shows (and --json always carries)."""
+    ranks, gpus = snapshot.ranks, snapshot.gpus
+
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return statistics.fmean(values) if values else None
+
+    waits = {r.rank: r.data_wait_ratio for r in ranks if r.data_wait_ratio is not None}
+    ratios = snapshot.straggler_ratios()
+    last = [r.last_step_time for r in ranks if r.last_step_time]
+    return {
+        "ranks": len(ranks),
+        "steps_per_second": mean(r.steps_per_second for r in ranks),
+        "samples_per_second": sum(r.samples_per_second or 0.0 for r in ranks) if ranks else None,
+        "data_wait_ratio_max": max(waits.values()) if waits else None,
+        "straggler_ratio_max": max(ratios.values()) if ratios else None,
+        "straggler_measure": snapshot.speed_measure,
+        "last_step_age_seconds": snapshot.now - max(last) if last else None,
+        "mfu_mean": mean(r.mfu for r in ranks),
+        "gpus": len(gpus),
+        "gpu_utilization_mean": mean(g.utilization for g in gpus),
+        "gpu_memory_used_ratio_max": max((g.memory_used_ratio for g in gpus if g.memory_used_ratio is not None),
+                                         default=None),
+    }
