@@ -37,6 +37,7 @@ MIN_GRACE_SECONDS = 300
 # Host memory a rank and its loader workers need beside /dev/shm, per GPU.
 MIN_MEMORY_PER_GPU = 8 * 2**30
 
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's loader: the CRDs are large
 KUBECTL = shutil.which("kubectl", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl not found (it renders the kustomizations)")
 
@@ -44,7 +45,7 @@ needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl not found (i
 def render(kustomization: Path) -> list[dict]:
     result = subprocess.run([KUBECTL, "kustomize", str(kustomization)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"kubectl kustomize {kustomization} failed:\n{result.stderr}"
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return [doc for doc in yaml.load_all(result.stdout, Loader=SAFE_LOADER) if doc]
 
 
 def only(docs: list[dict], kind: str) -> dict:
@@ -156,7 +157,7 @@ def crd_schemas() -> dict[tuple[str, str], dict]:
                     "custom resources not validated")
     schemas = {}
     for path in CRDS_DIR.glob("*.yaml"):
-        crd = yaml.safe_load(path.read_text())
+        crd = yaml.load(path.read_text(), Loader=SAFE_LOADER)
         for version in crd["spec"]["versions"]:
             api_version = f"{crd['spec']['group']}/{version['name']}"
             schemas[api_version, crd["spec"]["names"]["kind"]] = _strict(version["schema"]["openAPIV3Schema"])
