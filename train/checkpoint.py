@@ -91,6 +91,10 @@ def verify(folder: Path) -> dict:
             )
     if TRAIN_STATE not in files:
         raise ConfigError(f"checkpoint {folder} has no {TRAIN_STATE}; it was not written by trainstack")
+    return read_train_state(folder)
+
+
+def read_train_state(folder: Path) -> dict:
     return json.loads((folder / TRAIN_STATE).read_text())
 
 
@@ -102,12 +106,25 @@ def complete_checkpoints(root: Path) -> list[Path]:
 
 
 def latest_valid(root: Path, warn) -> Path | None:
-    for folder in reversed(complete_checkpoints(root)):
+    """The newest checkpoint that verifies. Newer damaged ones are renamed `<name>.damaged` (never deleted) so
+    that training can save those steps again; if none verifies, nothing is touched and the run is refused."""
+    candidates = complete_checkpoints(root)
+    damaged = []
+    for folder in reversed(candidates):
         try:
             verify(folder)
-            return folder
         except ConfigError as problem:
-            warn(f"skipping checkpoint: {problem}")
+            damaged.append((folder, problem))
+            continue
+        for bad, problem in damaged:
+            os.replace(bad, bad.with_name(bad.name + ".damaged"))
+            warn(f"{problem}; kept as {bad.name}.damaged, resuming from {folder.name}")
+        return folder
+    if candidates:
+        raise ConfigError(
+            f"none of the {len(candidates)} checkpoints in {root} is intact ({damaged[0][1]}); resume from a good "
+            "copy with --resume PATH or start a new run with another --output-dir"
+        )
     return None
 
 

@@ -150,6 +150,7 @@ def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> Path | 
             if not os.access(existing, os.W_OK):
                 raise ConfigError(f"--output-dir {run_dir}: {existing} is not writable; choose another path")
             break
+    checkpoint.remove_unsealed(run_dir / "checkpoints")  # a save killed part-way: never loadable
     return checkpoint.resolve_resume(config.resume, run_dir / "checkpoints",
                                      lambda line: print(f"trainstack train: warning: {line}", file=sys.stderr))
 

@@ -164,15 +164,17 @@ class Trainer:
                          peak_flops(accelerator.device, config.mixed_precision), accelerator.device)
 
     def resume(self) -> None:
-        config = self.config
-        if config.resume == "auto" and self.accelerator.is_main_process:
-            checkpoint.remove_unsealed(self.checkpoints)
-        self.accelerator.wait_for_everyone()
-        folder = checkpoint.resolve_resume(config.resume, self.checkpoints, self.accelerator.print)
+        config, accelerator = self.config, self.accelerator
+        # The main process goes first: it clears unsealed leftovers and sets damaged checkpoints aside, then the
+        # other ranks resolve the same checkpoint from the tidied folder.
+        with accelerator.main_process_first():
+            if config.resume == "auto" and accelerator.is_main_process:
+                checkpoint.remove_unsealed(self.checkpoints)
+            folder = checkpoint.resolve_resume(config.resume, self.checkpoints, accelerator.print)
         if folder is None:
             return
-        state = checkpoint.verify(folder)
-        self.accelerator.load_state(str(folder))
+        state = checkpoint.read_train_state(folder)
+        accelerator.load_state(str(folder))
         p = self.progress
         p.step, p.epoch, p.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         p.initial_loss, p.last_loss = state["initial_loss"], state["last_loss"]

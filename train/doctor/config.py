@@ -100,6 +100,23 @@ class DoctorConfig:
             if getattr(self, name) > 65535:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a TCP port (at most 65535)")
 
+    @classmethod
+    def for_run(cls, train, launch) -> DoctorConfig:
+        """The checks for what `trainstack train` is about to start: a TrainConfig and a LaunchConfig."""
+        return cls(
+            output_dir=Path(train.output_dir),
+            num_workers=train.num_workers,
+            keep_checkpoints=train.keep_checkpoints,
+            loader_batch_bytes=token_batch_bytes(train.batch_size, train.seq_len),
+            nproc_per_node=launch.nproc_per_node,
+            nnodes=launch.nnodes,
+            node_rank=launch.node_rank,
+            master_addr=launch.master_addr,
+            master_port=launch.master_port,
+            exporter_host=launch.exporter_host,
+            exporter_port=launch.exporter_port,
+        )
+
     def ranks_on_this_node(self, gpus: GpuInventory) -> int:
         if self.nproc_per_node is not None:
             return self.nproc_per_node

@@ -1,0 +1,130 @@
+"""Checkpoints and resume for real: bit-identical resume, SIGTERM, SIGKILL mid-save, rotation."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import FAST, REPO, explain, summary, train, trainstack_command
+from train import checkpoint
+
+pytestmark = pytest.mark.slow
+
+# Constant learning rate: a run stopped at step 7 and continued to 12 follows the same schedule as one that
+# ran to 12 straight (a decaying schedule depends on --max-steps, which the two runs set differently).
+EXACT = ["--lr-schedule", "constant", "--warmup-steps", "0", "--checkpoint-every", "0", "--batch-size", "4",
+         "--dataset", "tests.factories:indexed_37", "--eval-fraction", "0"]
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+def test_resume_mid_epoch_matches_an_uninterrupted_run(tmp_path):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    # 37 samples / (2 ranks x 4) = 5 steps per epoch: step 7 is mid-epoch 1, step 12 mid-epoch 2.
+    for run_dir, steps in ((straight, "12"), (stopped, "7"), (stopped, "12")):
+        result = train(run_dir, *EXACT, "--max-steps", steps)
+        assert result.returncode == 0, explain(result)
+    assert summary(stopped)["resumed_from"].endswith("step-00000007")
+    expected, resumed = weights(straight / "checkpoints/step-00000012"), weights(stopped / "checkpoints/step-00000012")
+    assert expected.keys() == resumed.keys()
+    for name in expected:
+        assert torch.equal(expected[name], resumed[name]), name
+
+
+def _start(run_dir: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(trainstack_command("train", "--output-dir", str(run_dir), *FAST, *args), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(predicate, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert process.poll() is None, process.communicate()[0][-4000:]
+        assert time.monotonic() < deadline, "timed out waiting for the run"
+        time.sleep(0.05)
+
+
+def _logged_steps(run_dir: Path) -> int:
+    records = run_dir / "telemetry" / "rank-0.jsonl"
+    lines = records.read_text().splitlines() if records.exists() else []
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
+SLOW_RANK = {"TRAINSTACK_TEST_SLOW_RANK": "0", "TRAINSTACK_TEST_SLOW_SECONDS": "0.1"}
+
+
+def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes(tmp_path, monkeypatch):
+    for name, value in SLOW_RANK.items():
+        monkeypatch.setenv(name, value)
+    run_dir = tmp_path / "run"
+    command = ("--model", "tests.factories:pausing_gpt", "--max-steps", "60", "--checkpoint-every", "0")
+    process = _start(run_dir, *command)
+    _wait_for(lambda: _logged_steps(run_dir) >= 5, process)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 75, output[-4000:]
+    stopped = summary(run_dir)
+    assert stopped["exit_reason"] == "preempted" and 5 <= stopped["steps"] < 60
+    assert checkpoint.verify(run_dir / "checkpoints" / checkpoint.step_dir_name(stopped["steps"]))
+    resumed = train(run_dir, *command)
+    assert resumed.returncode == 0, explain(resumed)
+    finished = summary(run_dir)
+    assert finished["exit_reason"] == "completed" and finished["steps"] == 60
+    assert finished["resumed_from"].endswith(checkpoint.step_dir_name(stopped["steps"]))
+
+
+def _kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL to the launcher and every process under it at once: what a node losing power looks like."""
+    tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    for member in tree:
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:
+            pass
+    process.wait(timeout=30)
+
+
+def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    root = run_dir / "checkpoints"
+    args = ("--checkpoint-every", "1", "--keep-checkpoints", "2", "--max-steps", "100000")
+    for _ in range(5):  # the kill must land while a checkpoint is half-written; retry if the save won the race
+        process = _start(run_dir, *args)
+        _wait_for(lambda: len(checkpoint.complete_checkpoints(root)) >= 1 and any(root.glob(".tmp-step-*")),
+                  process)
+        _kill_tree(process)
+        if any(root.glob(".tmp-step-*")):
+            break
+    else:
+        pytest.fail("never caught a checkpoint mid-write in 5 tries")
+    latest = checkpoint.complete_checkpoints(root)[-1]
+    step = checkpoint.read_train_state(latest)["step"]
+    result = train(run_dir, "--checkpoint-every", "0", "--max-steps", str(step + 3))
+    assert result.returncode == 0, explain(result)
+    finished = summary(run_dir)
+    assert finished["resumed_from"] == str(latest) and finished["steps"] == step + 3
+    assert not any(root.glob(".tmp-step-*"))
+
+
+def test_rotation_keeps_the_newest_and_they_load(tmp_path):
+    run_dir = tmp_path / "run"
+    result = train(run_dir, "--max-steps", "20", "--checkpoint-every", "5", "--keep-checkpoints", "2")
+    assert result.returncode == 0, explain(result)
+    kept = checkpoint.complete_checkpoints(run_dir / "checkpoints")
+    assert [p.name for p in kept] == ["step-00000015", "step-00000020"]
+    assert not (run_dir / "checkpoints" / "step-00000010").exists()
+    for folder in kept:
+        assert checkpoint.verify(folder)["step"] == int(folder.name.split("-")[1])
+    again = train(tmp_path / "from-15", "--resume", str(kept[0]), "--max-steps", "20")
+    assert again.returncode == 0, explain(again)
+    assert summary(tmp_path / "from-15")["resumed_from"] == str(kept[0])
