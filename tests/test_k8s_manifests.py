@@ -72,7 +72,7 @@ def arg_value(args: list[str], flag: str) -> str:
 
 
 def trainer_pod(docs: list[dict]) -> tuple[dict, dict]:
-    """(pod spec, trainer container) as the cluster will run them, from a Job or from a TrainJob's patches."""
+    """(pod template, trainer container) as the cluster will run them, from a Job or a TrainJob's patches."""
     job = [d for d in docs if d["kind"] == "Job"]
     if job:
         pod = job[0]["spec"]["template"]
