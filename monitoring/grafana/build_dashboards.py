@@ -101,7 +101,7 @@ def training_overview() -> Dashboard:
               "that the model's own arithmetic uses (absent on CPU and on GPUs of unknown peak).",
               "percentunit", (Query(f"avg(job:trainstack_train_mfu:avg_ratio{{{JOB}}})", "MFU"),),
               width=4, height=4),
-        Panel("stat", "Data-wait ratio", "Share of wall time the ranks spend blocked on the data loader, the mean "
+        Panel("stat", "Data-wait ratio", "Share of step time the ranks spend blocked on the data loader, the mean "
               "over ranks; red above the input-bound alert threshold.",
               "percentunit", (Query(f"max(job:trainstack_train_data_wait:ratio_rate2m{{{JOB}}})", "data wait"),),
               width=4, height=4, threshold=input_bound),
@@ -142,7 +142,7 @@ def training_overview() -> Dashboard:
                Query(f'rank:trainstack_train_step_duration_seconds:quantile_rate2m{{{RANK}, quantile="0.9"}}',
                      "rank {{rank}} p90")),
               minimum=0),
-        Panel("timeseries", "Data-wait ratio per rank", "Share of each rank's wall time spent blocked on its data "
+        Panel("timeseries", "Data-wait ratio per rank", "Share of each rank's step time spent blocked on its data "
               "loader; the red line is the input-bound alert threshold.",
               "percentunit", (Query(f"rank:trainstack_train_data_wait:ratio_rate2m{{{RANK}}}", "rank {{rank}}"),),
               threshold=input_bound, minimum=0, maximum=1),
