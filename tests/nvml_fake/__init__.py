@@ -78,6 +78,7 @@ class _Host:
         self.random_failures: tuple[float, random.Random, list[str]] | None = None
         self.delay_seconds = 0.0
         self.calls: Counter[str] = Counter()
+        self.injected: Counter[tuple[str, str]] = Counter()
 
 
 _host: _Host | None = None
@@ -142,6 +143,11 @@ def call_counts() -> Counter[str]:
     return Counter(_require_host().calls)
 
 
+def injected_failures() -> Counter[tuple[str, str]]:
+    """(call, error name) -> how many failures `fail()` and `fail_randomly()` have raised."""
+    return Counter(_require_host().injected)
+
+
 def _require_host() -> _Host:
     if _host is None:
         raise RuntimeError("no fake host loaded: call tests.nvml_fake.load(...) first")
@@ -176,11 +182,14 @@ def _enter(call: str, handle=None) -> _Gpu | None:
         for failure in host.failures:
             if failure["call"] == call and failure["gpu"] in (None, gpu and gpu.index) and failure["times"] > 0:
                 failure["times"] -= 1
+                host.injected[(call, failure["error"])] += 1
                 raise _error(failure["error"])
         if host.random_failures and gpu is not None:
             rate, rng, errors = host.random_failures
             if rng.random() < rate:
-                raise _error(rng.choice(errors))
+                error = rng.choice(errors)
+                host.injected[(call, error)] += 1
+                raise _error(error)
     return gpu
 
 

@@ -1,0 +1,274 @@
+"""The exporter as a server: HTTP endpoints, training metrics from a multiprocess directory, promtool on a live
+scrape, the command line (flags, bad input, SIGTERM), and the GPU log for the run report.
+
+Training metrics come from small processes that write prometheus_client multiprocess files under the names of
+docs/architecture.md, the way train/telemetry.py does; tests/test_exporter_live.py scrapes a real training run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import tests.nvml_fake as fake
+from monitoring.exporter.app import Exporter
+from monitoring.exporter.config import ExporterConfig
+from monitoring.exporter.training import job_pids
+
+REPO = Path(__file__).resolve().parent.parent
+TRAINING_METRICS = [
+    "trainstack_train_steps_total", "trainstack_train_samples_total", "trainstack_train_tokens_total",
+    "trainstack_train_step_duration_seconds_bucket", "trainstack_train_step_duration_seconds_count",
+    "trainstack_train_data_wait_seconds_total", "trainstack_train_loss", "trainstack_train_learning_rate",
+    "trainstack_train_last_step_timestamp_seconds", "trainstack_train_epoch",
+    "trainstack_train_last_checkpoint_timestamp_seconds", "trainstack_train_checkpoint_duration_seconds",
+    "trainstack_train_rank_info", "trainstack_train_run_info",
+]
+RANK_WRITER = textwrap.dedent("""
+    import sys, time
+    from prometheus_client import Counter, Gauge, Histogram
+    rank, steps = sys.argv[1], int(sys.argv[2])
+    def gauge(name, labels=("rank",)):
+        return Gauge(name, name, list(labels), multiprocess_mode="mostrecent")
+    labels = ["rank"]
+    Counter("trainstack_train_steps", "steps", labels).labels(rank).inc(steps)
+    Counter("trainstack_train_samples", "samples", labels).labels(rank).inc(8 * steps)
+    Counter("trainstack_train_tokens", "tokens", labels).labels(rank).inc(512 * steps)
+    Counter("trainstack_train_data_wait_seconds", "wait", labels).labels(rank).inc(0.01 * steps)
+    step = Histogram("trainstack_train_step_duration_seconds", "step", labels, buckets=(0.01, 0.1, 1))
+    for _ in range(steps):
+        step.labels(rank).observe(0.05)
+    gauge("trainstack_train_loss").labels(rank).set(2.5)
+    gauge("trainstack_train_learning_rate").labels(rank).set(3e-4)
+    gauge("trainstack_train_last_step_timestamp_seconds").labels(rank).set(time.time())
+    gauge("trainstack_train_epoch").labels(rank).set(0)
+    gauge("trainstack_train_last_checkpoint_timestamp_seconds").labels(rank).set(time.time())
+    gauge("trainstack_train_checkpoint_duration_seconds").labels(rank).set(0.2)
+    gauge("trainstack_train_rank_info", ("rank", "local_rank", "node", "uuid")).labels(rank, rank, "0", "").set(1)
+    gauge("trainstack_train_run_info", ("rank", "run_id", "world_size", "nodes", "mixed_precision", "model",
+          "dataset")).labels(rank, "test-run", "2", "1", "no", "builtin:tiny-gpt", "builtin:sequences").set(1)
+""")
+
+
+def write_rank_metrics(metrics_dir: Path, rank: int, steps: int) -> None:
+    """Run one process that writes a rank's metrics into `metrics_dir` the way a rank does, and exits."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+    subprocess.run([sys.executable, "-c", RANK_WRITER, str(rank), str(steps)], env=env, check=True)
+
+
+@pytest.fixture(scope="module")
+def metrics_dir(tmp_path_factory) -> Path:
+    """Two ranks' worth of multiprocess files, written by two processes that have exited."""
+    directory = tmp_path_factory.mktemp("run") / "metrics"
+    directory.mkdir()
+    for rank, steps in ((0, 20), (1, 19)):
+        write_rank_metrics(directory, rank, steps)
+    return directory
+
+
+@pytest.fixture
+def fake_host():
+    fake.load("mixed")
+    yield
+    fake.load(None)
+
+
+@pytest.fixture
+def running(metrics_dir, fake_host, tmp_path):
+    exporter = Exporter(ExporterConfig(port=0, nvml_module="tests.nvml_fake", metrics_dir=metrics_dir,
+                                       run_dir=tmp_path, gpu_log_interval_seconds=0.05))
+    exporter.start()
+    yield exporter
+    exporter.stop()
+
+
+def get(port: int, path: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as response:
+            return response.status, response.headers["Content-Type"], response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers["Content-Type"], error.read().decode()
+
+
+def parse(text: str) -> dict[tuple[str, frozenset], float]:
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def series(samples, name: str) -> dict[frozenset, float]:
+    return {labels: v for (n, labels), v in samples.items() if n == name}
+
+
+def test_metrics_endpoint_serves_gpu_training_and_exporter_metrics(running):
+    status, content_type, text = get(running.server.port, "/metrics")
+    assert status == 200 and content_type.startswith("text/plain")
+    samples = parse(text)
+    for name in TRAINING_METRICS:
+        ranks = {dict(labels).get("rank") for labels in series(samples, name)}
+        assert ranks == {"0", "1"}, name
+    steps = {dict(labels)["rank"]: v for labels, v in series(samples, "trainstack_train_steps_total").items()}
+    assert steps == {"0": 20, "1": 19}
+    assert series(samples, "trainstack_train_loss") == {frozenset({("rank", "0")}): 2.5,
+                                                         frozenset({("rank", "1")}): 2.5}  # no pid label
+    assert len(series(samples, "trainstack_gpu_info")) == 4
+    assert series(samples, "trainstack_exporter_nvml_up") == {frozenset(): 1}
+    assert series(samples, "trainstack_exporter_collector_success") == {
+        frozenset({("collector", "gpu")}): 1, frozenset({("collector", "training")}): 1}
+
+
+def test_healthz_index_and_unknown_paths(running):
+    status, content_type, body = get(running.server.port, "/healthz")
+    assert status == 200 and content_type == "application/json"
+    health = json.loads(body)
+    assert health["status"] == "ok" and health["nvml"] == "up" and health["gpus"] == 4
+    assert health["metrics_dir_present"] is True
+    assert get(running.server.port, "/")[0] == 200
+    status, _, body = get(running.server.port, "/nothing-here")
+    assert status == 404 and "/metrics" in body
+
+
+def test_gpu_snapshots_are_logged_for_the_run_report(running):
+    log = running.config.run_dir / "telemetry" / "gpu.jsonl"
+    records = []
+    for _ in range(600):  # until the writer has taken two snapshots, however slow the machine
+        records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        if len(records) >= 8:
+            break
+        time.sleep(0.05)
+    assert len(records) >= 8
+    assert {r["gpu"] for r in records} == {0, 1, 2, 3}
+    h100 = next(r for r in records if r["gpu"] == 0)
+    assert set(h100) == {"time", "gpu", "uuid", "utilization_ratio", "memory_used_bytes", "memory_total_bytes",
+                         "power_watts"}
+    assert h100["utilization_ratio"] == 0.98 and h100["memory_total_bytes"] == 85520809984
+
+
+def test_job_pids_come_from_the_multiprocess_file_names(metrics_dir):
+    pids = job_pids(metrics_dir)
+    assert len(pids) == 2
+    assert all(any(p.name.endswith(f"_{pid}.db") for p in metrics_dir.iterdir()) for pid in pids)
+    assert job_pids(metrics_dir / "missing") == frozenset()
+
+
+def test_no_driver_still_serves_training_metrics(metrics_dir):
+    """With the real pynvml on this machine: without a driver NVML is reported down and training is served."""
+    exporter = Exporter(ExporterConfig(port=0, metrics_dir=metrics_dir))
+    exporter.start()
+    try:
+        samples = parse(get(exporter.server.port, "/metrics")[2])
+    finally:
+        exporter.stop()
+    assert len(series(samples, "trainstack_train_steps_total")) == 2
+    if not exporter.session.up:  # a machine with an NVIDIA driver reports it up, and that is right too
+        assert series(samples, "trainstack_exporter_nvml_up") == {frozenset(): 0}
+        assert not any(name.startswith("trainstack_gpu_") for name, _ in samples)
+
+
+def test_a_new_metrics_directory_is_picked_up_without_a_restart(tmp_path, fake_host):
+    metrics = tmp_path / "metrics"
+    exporter = Exporter(ExporterConfig(port=0, nvml_module="tests.nvml_fake", metrics_dir=metrics))
+    exporter.start()
+    try:
+        before = parse(get(exporter.server.port, "/metrics")[2])
+        metrics.mkdir()
+        write_rank_metrics(metrics, rank=0, steps=3)
+        after = parse(get(exporter.server.port, "/metrics")[2])
+    finally:
+        exporter.stop()
+    assert not series(before, "trainstack_train_steps_total")
+    assert series(after, "trainstack_train_steps_total") == {frozenset({("rank", "0")}): 3}
+
+
+# --- the command line, in its own process -----------------------------------------------------------------------
+
+def start_cli(*args: str, host: str | None = "mixed") -> tuple[subprocess.Popen, int]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("NVML_FAKE_HOST", None)
+    if host:
+        env["NVML_FAKE_HOST"] = host
+    process = subprocess.Popen([sys.executable, "-m", "monitoring.exporter", "--port", "0", *args], cwd=REPO,
+                               env=env, stderr=subprocess.PIPE, text=True)
+    line = process.stderr.readline()
+    if "serving http://" not in line:
+        process.kill()
+        raise AssertionError(f"the exporter did not start: {line}{process.stderr.read()}")
+    port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+    return process, port
+
+
+def test_cli_serves_until_sigterm_and_exits_0(metrics_dir, tmp_path):
+    process, port = start_cli("--nvml-module", "tests.nvml_fake", "--metrics-dir", str(metrics_dir),
+                              "--run-dir", str(tmp_path))
+    try:
+        samples = parse(get(port, "/metrics")[2])
+        assert len(series(samples, "trainstack_gpu_info")) == 4
+        assert len(series(samples, "trainstack_train_rank_info")) == 2
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+        process.stderr.close()
+
+
+def test_promtool_check_metrics_on_a_live_scrape_is_clean(metrics_dir):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found: install Debian's prometheus package (make system-deps)")
+    process, port = start_cli("--nvml-module", "tests.nvml_fake", "--metrics-dir", str(metrics_dir),
+                              "--pcie-throughput")
+    try:
+        for _ in range(2):  # the second scrape also carries the collectors' own durations
+            text = get(port, "/metrics")[2]
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        process.stderr.close()
+    assert "trainstack_train_steps_total" in text and "trainstack_gpu_nvlink_transmit_bytes_total" in text
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout + check.stderr == "", check.stdout + check.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "70000"], "--port 70000 is not a TCP port"),
+    (["--metrics-dir", "pyproject.toml"], "--metrics-dir pyproject.toml is a file"),
+    (["--nvml-module", "no_such_nvml_module"], "--nvml-module 'no_such_nvml_module' cannot be imported"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    result = subprocess.run([sys.executable, "-m", "monitoring.exporter", *args], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_port_in_use_is_a_clear_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "monitoring.exporter", "--port", str(port)], cwd=REPO,
+                                capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_trainstack_exporter_subcommand_is_wired(capsys):
+    from train.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["exporter", "--help"])
+    assert exit_.value.code == 0
+    usage = capsys.readouterr().out
+    for flag in ("--host", "--port", "--metrics-dir", "--run-dir", "--pcie-throughput", "--nvml-module"):
+        assert flag in usage
