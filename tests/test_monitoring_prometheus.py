@@ -51,7 +51,9 @@ TRAINSTACK = Path(sys.executable).with_name("trainstack")
 
 BASELINE, SLOWED, FAKE_GPU = "trainstack", "trainstack-slowed", "trainstack-fake-gpu"
 SLOW_RANK = "1"
-DEADLINE_SECONDS = 150  # for the stack to show what is asked: a limit on waiting, never a measured speed
+# How long after the stack starts it may take to show what is asked: a limit on waiting, never a measured speed.
+# Once it has passed, each check reads once, so a broken stack fails in seconds per check, not minutes.
+DEADLINE_SECONDS = 150
 
 pytestmark = [
     pytest.mark.slow,
@@ -119,10 +121,49 @@ def http_get(url: str) -> str:
         return response.read().decode()
 
 
+class Processes:
+    """The processes this test starts, each stopped by its own PID at the end."""
+
+    def __init__(self, logs: Path):
+        self.logs = logs
+        self.started: list[subprocess.Popen] = []
+        self.names: list[str] = []
+
+    def assert_running(self) -> None:
+        """Fail at once, with its log, when a process of the stack has exited: nothing more will show up."""
+        for name, process in zip(self.names, self.started, strict=True):
+            if process.poll() is not None:
+                log = (self.logs / f"{name}.log").read_text()[-3000:]
+                pytest.fail(f"{name} exited with {process.returncode}:\n{log}")
+
+    def start(self, name: str, command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        self.names.append(name)
+        with (self.logs / f"{name}.log").open("w") as log:  # the child keeps its own descriptor
+            process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                       env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+                                            **(env or {})})
+        self.started.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        # SIGTERM: a trainer launcher forwards it to its ranks, checkpoints and stops its exporter
+        for process in reversed(self.started):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in reversed(self.started):
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
 @dataclass
 class Stack:
     prometheus: str
     exporters: dict[str, str]  # scrape job -> the exporter's /metrics URL
+    processes: Processes
+    deadline: float = field(default_factory=lambda: time.monotonic() + DEADLINE_SECONDS)
     _produced: set[str] = field(default_factory=set)
 
     def query(self, expr: str) -> list[dict]:
@@ -135,10 +176,10 @@ class Stack:
 
     def eventually(self, read: Callable[[], list], good: Callable[[list], bool]) -> list:
         """Read until `good` holds or the deadline passes; the last reading either way, for the assertion."""
-        deadline = time.monotonic() + DEADLINE_SECONDS
         while True:
+            self.processes.assert_running()
             result = read()
-            if good(result) or time.monotonic() > deadline:
+            if good(result) or time.monotonic() > self.deadline:
                 return result
             time.sleep(1)
 
@@ -156,34 +197,6 @@ class Stack:
 
 def finite(result: list[dict]) -> bool:
     return any(math.isfinite(float(r["value"][1])) for r in result)
-
-
-class Processes:
-    """The processes this test starts, each stopped by its own PID at the end."""
-
-    def __init__(self, logs: Path):
-        self.logs = logs
-        self.started: list[subprocess.Popen] = []
-
-    def start(self, name: str, command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = (self.logs / f"{name}.log").open("w")
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-                                        **(env or {})})
-        self.started.append(process)
-        return process
-
-    def stop_all(self) -> None:
-        # SIGTERM: a trainer launcher forwards it to its ranks, checkpoints and stops its exporter
-        for process in reversed(self.started):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in reversed(self.started):
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
 
 def prometheus_config(folder: Path, targets: dict[str, str]) -> Path:
@@ -237,7 +250,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "prometheus", f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
             f"--web.listen-address=127.0.0.1:{prometheus_port}", "--storage.tsdb.retention.time=1h"])
         stack = Stack(prometheus=f"http://127.0.0.1:{prometheus_port}",
-                      exporters={job: f"http://127.0.0.1:{port}/metrics" for job, port in ports.items()})
+                      exporters={job: f"http://127.0.0.1:{port}/metrics" for job, port in ports.items()},
+                      processes=processes)
         ready = stack.eventually(lambda: [_text(f"{stack.prometheus}/-/ready")], all)
         assert all(ready), f"Prometheus did not start: {(folder / 'prometheus.log').read_text()[-2000:]}"
         yield stack
