@@ -10,12 +10,16 @@ import sys
 from accelerate.commands.launch import main
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from train.errors import EXIT_PREEMPTED
+
 
 def run() -> int:
     try:
         main()
     except ChildFailedError as failure:
         rank, first = failure.get_first_failure()
+        if first.exitcode == EXIT_PREEMPTED:  # every rank stopped on purpose after the checkpoint
+            return EXIT_PREEMPTED
         print(f"trainstack: rank {rank} exited with code {first.exitcode} (its log is above)", file=sys.stderr)
         return first.exitcode if first.exitcode > 0 else 1
     except subprocess.CalledProcessError as failure:

@@ -85,6 +85,10 @@ class LaunchConfig:
 
         gpus = torch.cuda.device_count()
         use_cpu = args.cpu or gpus == 0
+        # Kubeflow Trainer's runtimes set PET_NPROC_PER_NODE=auto|gpu|cpu: all mean "the default for this node".
+        if os.environ.get("PET_NPROC_PER_NODE") in ("auto", "gpu", "cpu"):
+            use_cpu = use_cpu or os.environ["PET_NPROC_PER_NODE"] == "cpu"
+            os.environ.pop("PET_NPROC_PER_NODE")
         nproc = args.nproc_per_node or _env_int("NPROC_PER_NODE", "PET_NPROC_PER_NODE")
         if nproc is None:
             nproc = CPU_STAND_IN_RANKS if use_cpu else gpus
@@ -177,23 +181,32 @@ class Launch:
     def __init__(self, config: train_config.TrainConfig, launch: LaunchConfig, resume_from: Path | None):
         self.config, self.launch, self.resume_from = config, launch, resume_from
         self.run_dir = config.run_dir
-        self.run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+        # Set TRAINSTACK_RUN_ID (e.g. to the Kubernetes Job uid) to name a multi-node run; the ranks adopt rank 0's.
+        self.run_id = os.environ.get(RUN_ID_ENV) or time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+        # Per node: prometheus_client names files by PID, which repeats across pods on a shared volume, and each
+        # node's exporter must serve only its own ranks.
+        self.metrics_dir = self.run_dir / "metrics" / f"node-{launch.node_rank}"
         self.ranks: subprocess.Popen | None = None
         self.exporter: subprocess.Popen | None = None
         self.stop_signal: int | None = None
         self.signalled_pids: set[int] = set()
 
     def prepare_run_dir(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        # Metrics and telemetry belong to one launch: a previous run's series must never show up in this one.
-        for fresh in ("metrics", "telemetry"):
-            shutil.rmtree(self.run_dir / fresh, ignore_errors=True)
-            (self.run_dir / fresh).mkdir()
-        self.config.save(self.run_dir / "config.yaml")
+        """Metrics and telemetry belong to one launch: a previous run's series must never show up in this one.
+        Only this node's files go: on a shared volume the other nodes are writing theirs."""
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        self.metrics_dir.mkdir(parents=True)
+        telemetry = self.run_dir / "telemetry"
+        telemetry.mkdir(exist_ok=True)
+        first = self.launch.node_rank * self.launch.nproc_per_node
+        for rank in range(first, first + self.launch.nproc_per_node):
+            (telemetry / f"rank-{rank}.jsonl").unlink(missing_ok=True)
+        if self.launch.node_rank == 0:
+            self.config.save(self.run_dir / "config.yaml")
 
     def rank_environment(self) -> dict[str, str]:
         env = dict(os.environ)
-        env[METRICS_DIR_ENV] = str((self.run_dir / "metrics").resolve())
+        env[METRICS_DIR_ENV] = str(self.metrics_dir.resolve())
         env[RUN_ID_ENV] = self.run_id
         env["NNODES"] = str(self.launch.nnodes)
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed NCCL collective aborts, not hangs
@@ -225,9 +238,9 @@ class Launch:
             return
         self.exporter = subprocess.Popen(
             [sys.executable, "-m", "monitoring.exporter", "--host", self.launch.exporter_host,
-             "--port", str(self.launch.exporter_port), "--metrics-dir", str(self.run_dir / "metrics"),
+             "--port", str(self.launch.exporter_port), "--metrics-dir", str(self.metrics_dir),
              "--run-dir", str(self.run_dir)],
-            env={**os.environ, METRICS_DIR_ENV: str((self.run_dir / "metrics").resolve())},
+            env={**os.environ, METRICS_DIR_ENV: str(self.metrics_dir.resolve())},
         )
         print(f"trainstack train: metrics at http://{self.launch.exporter_host}:{self.launch.exporter_port}/metrics",
               file=sys.stderr)
@@ -288,8 +301,8 @@ class Launch:
             if summary["exit_reason"] == "preempted":
                 print("trainstack train: checkpoint saved; rerun the same command to resume", file=sys.stderr)
             return EXIT_FAILED if returncode and summary["exit_code"] == EXIT_OK else summary["exit_code"]
-        if returncode == 0:
-            return EXIT_PREEMPTED if self.stop_signal is not None else EXIT_OK
+        if returncode in (EXIT_OK, EXIT_PREEMPTED):  # ranks on every node exit 75 once they agreed to stop
+            return EXIT_PREEMPTED if self.stop_signal is not None else returncode
         return EXIT_FAILED
 
 

@@ -24,6 +24,7 @@ from accelerate.utils import (
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     InitProcessGroupKwargs,
+    broadcast_object_list,
     set_seed,
 )
 from tqdm import tqdm
@@ -95,6 +96,7 @@ class Trainer:
             ],
         )
         self.progress = Progress()
+        self.run_id = os.environ.get(RUN_ID_ENV, "manual")
         self.telemetry: Telemetry | None = None
         self.throughput: dict[str, float] = {}
 
@@ -106,6 +108,8 @@ class Trainer:
             raise ConfigError("--mixed-precision fp16 needs a CUDA GPU; use bf16 or no on this device")
         if config.mixed_precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ConfigError(f"{torch.cuda.get_device_name(device)} has no bf16; use --mixed-precision fp16")
+        # Every node's launcher names the run; rank 0's name wins, so all ranks label their series alike.
+        self.run_id = broadcast_object_list([os.environ.get(RUN_ID_ENV, "manual")])[0]
         set_seed(config.seed)
         with accelerator.main_process_first():  # the main process fills the datasets cache; the others reuse it
             data = load_token_data(config.dataset, config.text_field, config.seq_len, config.eval_fraction,
@@ -155,7 +159,7 @@ class Trainer:
         accelerator, config = self.accelerator, self.config
         identity = RankIdentity(
             rank=accelerator.process_index, local_rank=accelerator.local_process_index, node=socket.gethostname(),
-            uuid=device_uuid(accelerator.device), run_id=os.environ.get(RUN_ID_ENV, "manual"),
+            uuid=device_uuid(accelerator.device), run_id=self.run_id,
             world_size=accelerator.num_processes,
             nodes=int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")) or 1),
             mixed_precision=config.mixed_precision, model=config.model, dataset=config.dataset,
@@ -207,7 +211,11 @@ class Trainer:
                 if batch is None:
                     break
                 with accelerator.accumulate(self.model):
+                    if self.telemetry:
+                        self.telemetry.forward_started()
                     loss = loss_of(self.model(**batch))
+                    if self.telemetry:
+                        self.telemetry.forward_done()
                     accelerator.backward(loss)
                     if accelerator.sync_gradients and config.max_grad_norm > 0:
                         accelerator.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
@@ -320,7 +328,7 @@ class Trainer:
         if not accelerator.is_main_process:
             return
         summary = {
-            "run_id": os.environ.get(RUN_ID_ENV, "manual"),
+            "run_id": self.run_id,
             "world_size": accelerator.num_processes,
             "distributed_type": str(accelerator.distributed_type).split(".")[-1],
             "device": str(accelerator.device.type),
@@ -363,7 +371,7 @@ class Trainer:
             code = EXIT_OK if exit_reason == "completed" else EXIT_PREEMPTED
             self.write_summary(exit_reason, code, eval_loss, None)
             self.accelerator.end_training()  # destroy_process_group(): no NCCL/gloo resources leak at exit
-            return EXIT_OK  # a clean stop; summary.json's exit_code tells the launcher it was a preemption
+            return code
         except ConfigError as error:
             self._fail(EXIT_CONFIG, str(error))
             return EXIT_CONFIG

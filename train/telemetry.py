@@ -79,6 +79,8 @@ class Telemetry:
         self._step_seconds: list[float] = []
         self._data_wait = 0.0
         self._samples = 0
+        self._forward_start: float | torch.cuda.Event = 0.0
+        self._forward_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     def _make_metrics(self, identity: RankIdentity) -> dict:
         # Imported here: prometheus_client picks its multiprocess mode from the environment at import time.
@@ -93,6 +95,8 @@ class Telemetry:
             "steps": Counter("trainstack_train_steps", "Optimizer steps completed.", labels).labels(self.rank),
             "samples": Counter("trainstack_train_samples", "Samples consumed.", labels).labels(self.rank),
             "tokens": Counter("trainstack_train_tokens", "Non-padding tokens consumed.", labels).labels(self.rank),
+            "forward": Counter("trainstack_train_forward_seconds", "Time in the forward pass, before any collective.",
+                               labels).labels(self.rank),
             "data_wait": Counter("trainstack_train_data_wait_seconds", "Time blocked waiting for the data loader.",
                                  labels).labels(self.rank),
             "step_duration": Histogram("trainstack_train_step_duration_seconds", "Wall time per optimizer step.",
@@ -122,6 +126,24 @@ class Telemetry:
             self.rank, identity.run_id, str(identity.world_size), str(identity.nodes), identity.mixed_precision,
             identity.model, identity.dataset).set(1)
         return metrics
+
+    def forward_started(self) -> None:
+        """Forward time tells a straggler apart: in DDP every rank's step lasts as long as the slowest one's,
+        because the others wait in backward's all-reduce, but only the straggler's forward is slow. On a GPU
+        the host returns before the kernels finish, so CUDA events time it and are read once per interval."""
+        if self.device.type == "cuda":
+            self._forward_start = torch.cuda.Event(enable_timing=True)
+            self._forward_start.record()
+        else:
+            self._forward_start = time.perf_counter()
+
+    def forward_done(self) -> None:
+        if self.device.type == "cuda":
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._forward_events.append((self._forward_start, end))
+        elif self._metrics:
+            self._metrics["forward"].inc(time.perf_counter() - self._forward_start)
 
     def waited_for_data(self, seconds: float) -> None:
         self._data_wait += seconds
@@ -155,6 +177,9 @@ class Telemetry:
         self._records.write(json.dumps(record) + "\n")
         if self._metrics:
             m = self._metrics
+            if self._forward_events:
+                self._forward_events[-1][1].synchronize()  # already done: the loss reduction just synchronized
+                m["forward"].inc(sum(start.elapsed_time(end) for start, end in self._forward_events) / 1000)
             m["tokens"].inc(tokens)
             m["loss"].set(loss)
             m["lr"].set(lr)
@@ -168,6 +193,7 @@ class Telemetry:
         self._step_seconds = []
         self._data_wait = 0.0
         self._samples = 0
+        self._forward_events = []
 
     def checkpoint_done(self, duration: float) -> None:
         if self._metrics:
