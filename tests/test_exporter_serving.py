@@ -7,6 +7,7 @@ docs/architecture.md, the way train/telemetry.py does; tests/test_exporter_live.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -127,6 +128,18 @@ def test_metrics_endpoint_serves_gpu_training_and_exporter_metrics(running):
     assert series(samples, "trainstack_exporter_nvml_up") == {frozenset(): 1}
     assert series(samples, "trainstack_exporter_collector_success") == {
         frozenset({("collector", "gpu")}): 1, frozenset({("collector", "training")}): 1}
+
+
+def test_metrics_are_the_text_format_gzipped_when_asked(running):
+    prometheus = {"Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+                  "Accept-Encoding": "gzip"}
+    request = urllib.request.Request(f"http://127.0.0.1:{running.server.port}/metrics", headers=prometheus)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert response.headers["Content-Encoding"] == "gzip"
+        text = gzip.decompress(response.read()).decode()
+    assert "# EOF" not in text  # not OpenMetrics
+    assert len(series(parse(text), "trainstack_train_steps_total")) == 2
 
 
 def test_healthz_index_and_unknown_paths(running):

@@ -4,6 +4,10 @@ Every NVML call goes through `NvmlSession._ask`, where the rules live: a call a 
 and never made again (its field is omitted, never a sentinel), every failure is counted by call and error, a GPU
 that answers NVMLError_GpuIsLost drops out for good, and nothing raises to the caller, so no NVML failure can fail
 a scrape. What cannot change while the exporter runs (name, UUID, PCI bus, maximum clocks, NVLinks) is read once.
+
+GPUs are read in parallel, one thread each: a scrape then waits for the slowest GPU rather than for the sum of
+all of them when the driver answers calls on different GPUs concurrently, and for no longer than reading them one
+by one when it does not (pynvml's ctypes calls release the GIL while in the driver).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -149,6 +154,8 @@ class NvmlSession:
         self._nvml = nvml
         self._pcie_throughput = pcie_throughput
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
         self._errors: Counter[tuple[str, str]] = Counter()
         self._xid_errors: Counter[tuple[int, str, int]] = Counter()
         self._unsupported: set[tuple] = set()
@@ -164,7 +171,8 @@ class NvmlSession:
     # --- the one place NVML is called ---------------------------------------------------------------------------
 
     def _count(self, call: str, error: str) -> None:
-        self._errors[(call, error)] += 1
+        with self._count_lock:  # GPUs are read from several threads
+            self._errors[(call, error)] += 1
 
     def _ask(self, gpu: Gpu | None, call: str, *args, **kwargs):
         """One NVML call (on `gpu`'s handle when given). Returns None when it failed or is unsupported."""
@@ -242,6 +250,8 @@ class NvmlSession:
             if gpu.uuid or gpu.lost:
                 self._gpus.append(gpu)
                 self._gpus_by_address[_address(handle)] = gpu
+        if len(self._gpus) > 1:
+            self._pool = ThreadPoolExecutor(max_workers=len(self._gpus), thread_name_prefix="nvml")
 
     def _describe(self, gpu: Gpu) -> None:
         gpu.uuid = self._ask(gpu, "nvmlDeviceGetUUID") or ""
@@ -275,13 +285,12 @@ class NvmlSession:
             samples = []
             if self.up:
                 self._poll_events()
-                for gpu in self._gpus:
-                    if gpu.lost:
-                        continue
-                    try:
-                        samples.append(self._sample(gpu, job_pids))
-                    except _GpuLost:
-                        gpu.lost = True
+                present = [gpu for gpu in self._gpus if not gpu.lost]
+                if self._pool is not None and len(present) > 1:
+                    read = self._pool.map(lambda gpu: self._sample_present(gpu, job_pids), present)
+                else:
+                    read = (self._sample_present(gpu, job_pids) for gpu in present)
+                samples = [sample for sample in read if sample is not None]
             return NvmlReading(self.up, self.driver_version, [g for g in self._gpus if not g.lost], samples,
                                dict(self._xid_errors))
 
@@ -289,6 +298,13 @@ class NvmlSession:
         with self._lock:
             lost = sum(gpu.lost for gpu in self._gpus)
             return NvmlHealth(self.up, len(self._gpus) - lost, lost, dict(self._errors))
+
+    def _sample_present(self, gpu: Gpu, job_pids: frozenset[int]) -> GpuSample | None:
+        try:
+            return self._sample(gpu, job_pids)
+        except _GpuLost:
+            gpu.lost = True
+            return None
 
     def _sample(self, gpu: Gpu, job_pids: frozenset[int]) -> GpuSample:
         sample = GpuSample(gpu.index, gpu.uuid)
@@ -345,6 +361,8 @@ class NvmlSession:
 
     def close(self) -> None:
         with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
             if not self.up:
                 return
             if self._events is not None:

@@ -11,8 +11,11 @@ with wall time. With no host loaded the fake behaves like a machine without a dr
 NVMLError_LibraryNotFound.
 
 Driven in-process by `load()`, `lose_gpu()`, `raise_xid()`, `fail()`, `fail_randomly()` and `set_delay()`, or,
-in another process, from the environment at import: NVML_FAKE_HOST (a host name or a JSON path) and
-NVML_FAKE_DELAY_US (every call sleeps that long, like a driver round trip).
+in another process, from the environment at import: NVML_FAKE_HOST (a host name or a JSON path),
+NVML_FAKE_DELAY_US (how long every call takes, like a round trip into the driver: "100", or with overrides
+"100,nvmlDeviceGetComputeRunningProcesses=500") and NVML_FAKE_DELAY_MODE: "sleep" (the default: the time is
+spent blocked, and calls on different GPUs overlap, as with a driver that locks per GPU), "serial" (blocked, but
+one call at a time for the whole driver, as with a driver-wide lock) or "spin" (the time is spent on the CPU).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ globals().update({
 
 DATA_DIR = Path(__file__).parent
 _UINT_MAX = 0xFFFFFFFF
+_PR_SET_TIMERSLACK = 29
 _NVLINK_FIELDS = {_real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
                   _real.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX, _real.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX}
 # NVML's value type for each field the data files use (everything else is an unsigned long long).
@@ -56,7 +60,8 @@ class _Gpu:
         self.pci_bus_id = spec["pci_bus_id"]
         self.answers = answers
         self.lost = False
-        self.handle = ctypes.cast(ctypes.c_void_p(0x1000 + index), _real.c_nvmlDevice_t)
+        self.address = 0x1000 + index
+        self.handle = ctypes.cast(ctypes.c_void_p(self.address), _real.c_nvmlDevice_t)
 
 
 class _Host:
@@ -69,6 +74,7 @@ class _Host:
             answers = json.loads((DATA_DIR / "gpus" / f"{gpu_spec['model']}.json").read_text())
             _merge(answers, gpu_spec.get("overrides", {}))
             self.gpus.append(_Gpu(index, gpu_spec, answers))
+        self.gpus_by_address = {gpu.address: gpu for gpu in self.gpus}
         self.processes = {int(index): procs for index, procs in spec.get("processes", {}).items()}
         self.started = time.monotonic()
         self.initialised = False
@@ -77,12 +83,15 @@ class _Host:
         self.failures: list[dict] = []
         self.random_failures: tuple[float, random.Random, list[str]] | None = None
         self.delay_seconds = 0.0
+        self.delay_overrides: dict[str, float] = {}
+        self.delay_mode = "sleep"
         self.calls: Counter[str] = Counter()
         self.injected: Counter[tuple[str, str]] = Counter()
 
 
 _host: _Host | None = None
 _lock = threading.Lock()
+_driver_lock = threading.Lock()
 
 
 def _merge(base: dict, overrides: dict) -> None:
@@ -133,9 +142,23 @@ def fail_randomly(rate: float, errors: list[str], seed: int) -> None:
     _require_host().random_failures = (rate, random.Random(seed), list(errors))
 
 
-def set_delay(seconds: float) -> None:
-    """Every call blocks this long, as a round trip into the driver does."""
-    _require_host().delay_seconds = seconds
+def set_delay(seconds: float, overrides: dict[str, float] | None = None, mode: str = "sleep") -> None:
+    """Every call takes `seconds` (`overrides`: call name -> seconds); `mode`: sleep, serial or spin (above)."""
+    if mode not in ("sleep", "serial", "spin"):
+        raise ValueError(f"delay mode {mode!r}: use sleep, serial or spin")
+    host = _require_host()
+    host.delay_seconds, host.delay_overrides, host.delay_mode = seconds, dict(overrides or {}), mode
+    # Linux lets a sleep overrun by the thread's timer slack (50 us by default), which would add half a call to
+    # every 100 us call; threads started from now on inherit the 1 ns slack set here.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(1), 0, 0, 0)
+
+
+def _delay_from_environment(spec: str, mode: str) -> None:
+    default, *overrides = spec.split(",")
+    set_delay(float(default) / 1e6,
+              {call: float(us) / 1e6 for call, us in (override.split("=") for override in overrides)},
+              mode=mode)
 
 
 def call_counts() -> Counter[str]:
@@ -166,14 +189,21 @@ def _enter(call: str, handle=None) -> _Gpu | None:
         raise _error("Uninitialized")
     with _lock:
         host.calls[call] += 1
-    if host.delay_seconds:
-        time.sleep(host.delay_seconds)
+    delay = host.delay_overrides.get(call, host.delay_seconds)
+    if delay and host.delay_mode == "spin":
+        end = time.perf_counter() + delay
+        while time.perf_counter() < end:
+            pass
+    elif delay and host.delay_mode == "serial":
+        with _driver_lock:
+            time.sleep(delay)
+    elif delay:
+        time.sleep(delay)
     if call in host.missing_functions:
         raise _error("FunctionNotFound")
     gpu = None
     if handle is not None:
-        address = ctypes.cast(handle, ctypes.c_void_p).value
-        gpu = next((g for g in host.gpus if ctypes.cast(g.handle, ctypes.c_void_p).value == address), None)
+        gpu = host.gpus_by_address.get(ctypes.cast(handle, ctypes.c_void_p).value)
         if gpu is None:
             raise _error("InvalidArgument")
         if gpu.lost:
@@ -476,4 +506,4 @@ def nvmlEventSetFree(event_set) -> None:
 if os.environ.get("NVML_FAKE_HOST"):
     load(os.environ["NVML_FAKE_HOST"])
     if os.environ.get("NVML_FAKE_DELAY_US"):
-        set_delay(float(os.environ["NVML_FAKE_DELAY_US"]) / 1e6)
+        _delay_from_environment(os.environ["NVML_FAKE_DELAY_US"], os.environ.get("NVML_FAKE_DELAY_MODE", "sleep"))
