@@ -1,0 +1,145 @@
+"""compose.yaml, read statically: the compose-spec schema, docker-compose 1.29 and Compose v2 accept it, and the
+settings a GPU training stack needs are there (shared memory, ulimits, GPUs, loopback ports, no default password,
+health-gated start, the monitoring configuration it mounts)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+COMPOSE_FILE = REPO / "compose.yaml"
+TRAINERS = ("trainer", "trainer-cpu")
+GiB = 1024**3
+
+
+def resolved() -> dict:
+    """compose.yaml as a fresh checkout sees it: `${VAR:-default}` resolved to its default."""
+    return yaml.safe_load(re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", COMPOSE_FILE.read_text()))
+
+
+def services() -> dict:
+    return resolved()["services"]
+
+
+def size_bytes(text: str) -> int:
+    number, unit = re.fullmatch(r"(\d+)\s*([kmg]?)b?", str(text).lower()).groups()
+    return int(number) * {"": 1, "k": 1024, "m": 1024**2, "g": GiB}[unit]
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def compose_config(command: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """`<compose> config` on compose.yaml with only the given variables (an empty --env-file hides any .env)."""
+    empty_env_file = tmp_path / "empty.env"
+    empty_env_file.write_text("")
+    return subprocess.run([*command, "--env-file", str(empty_env_file), "--file", str(COMPOSE_FILE),
+                           "--profile", "cpu", "config"], cwd=REPO, capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"), **env}, timeout=60)
+
+
+def compose_v1() -> list[str]:
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose (1.29) not installed (Debian: apt-get install docker-compose)")
+    return ["docker-compose"]
+
+
+def compose_v2() -> list[str]:
+    if shutil.which("docker") is None or subprocess.run(["docker", "compose", "version"],
+                                                        capture_output=True).returncode != 0:
+        pytest.skip("Compose v2 (the docker compose plugin) not installed")
+    return ["docker", "compose"]
+
+
+def test_compose_spec_schema():
+    checker = Path(sys.executable).parent / "check-jsonschema"
+    if not checker.exists():
+        pytest.skip("check-jsonschema not installed (make setup installs it)")
+    result = subprocess.run([str(checker), "--builtin-schema", "vendor.compose-spec", str(COMPOSE_FILE)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("compose", [compose_v1, compose_v2], ids=["docker-compose-1.29", "compose-v2"])
+def test_compose_accepts_the_file_and_refuses_to_start_without_a_grafana_password(compose, tmp_path):
+    command = compose()
+    accepted = compose_config(command, tmp_path, GRAFANA_ADMIN_PASSWORD="from-dotenv")
+    assert accepted.returncode == 0, accepted.stderr
+    config = yaml.safe_load(accepted.stdout)["services"]
+    assert set(config) == {"trainer", "trainer-cpu", "prometheus", "grafana"}
+    devices = config["trainer"]["deploy"]["resources"]["reservations"]["devices"]
+    assert [(d["driver"], d["capabilities"], d["count"] in ("all", -1)) for d in devices] == [("nvidia", ["gpu"], True)]
+    refused = compose_config(command, tmp_path)
+    assert refused.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in refused.stderr + refused.stdout
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_trainer_has_shared_memory_ulimits_volume_and_a_grace_period(name):
+    trainer = services()[name]
+    assert size_bytes(trainer["shm_size"]) >= GiB, "Docker's 64 MB /dev/shm breaks loader workers and NCCL"
+    assert trainer["ulimits"] == {"memlock": -1, "stack": 67108864}
+    assert any(volume.split(":")[1] == "/workspace/runs" for volume in trainer["volumes"])
+    minutes = re.fullmatch(r"(\d+)m", trainer["stop_grace_period"])
+    assert minutes and int(minutes[1]) >= 2, "SIGKILL must not arrive before a checkpoint is written"
+    command = trainer["command"]
+    assert flag(command, "--exporter-host") == "0.0.0.0", "Prometheus reaches the exporter from another container"
+    assert [port.rsplit(":", 1)[1] for port in trainer["ports"]] == [flag(command, "--exporter-port")]
+    assert "/healthz" in " ".join(trainer["healthcheck"]["test"])
+
+
+def test_gpu_trainer_reserves_every_gpu_and_the_cpu_variant_none():
+    trainer, cpu = services()["trainer"], services()["trainer-cpu"]
+    assert trainer["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    assert "profiles" not in trainer, "plain `docker compose up` on a GPU host must start the GPU trainer"
+    assert "deploy" not in cpu and cpu["profiles"] == ["cpu"]
+    assert "--cpu" in cpu["command"] and flag(cpu["command"], "--nproc-per-node") == "2"
+
+
+def test_every_published_port_binds_loopback():
+    for name, service in services().items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), f"{name} publishes {port} beyond this host"
+
+
+def test_grafana_password_has_no_default_and_grafana_waits_for_prometheus():
+    raw = yaml.safe_load(COMPOSE_FILE.read_text())["services"]["grafana"]
+    password = raw["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+    assert re.fullmatch(r"\$\{GRAFANA_ADMIN_PASSWORD:\?[^}]+\}", password), "the password must be required"
+    assert raw["depends_on"] == {"prometheus": {"condition": "service_healthy"}}
+    for name, service in services().items():
+        assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+
+
+def test_third_party_images_are_pinned():
+    for name in ("prometheus", "grafana"):
+        image = services()[name]["image"]
+        assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+", image), f"{name}: {image} is not a pinned version"
+
+
+def test_monitoring_configuration_is_mounted_and_prometheus_targets_the_trainer():
+    config = services()
+    for name in ("prometheus", "grafana"):
+        for volume in config[name]["volumes"]:
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (REPO / source).is_dir(), f"{name} mounts {source}, which does not exist"
+    home = config["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    dashboards = next(v.split(":") for v in config["grafana"]["volumes"] if v.startswith("./monitoring/grafana/dash"))
+    assert (REPO / dashboards[0] / Path(home).relative_to(dashboards[1])).is_file()
+    reachable = {"trainer"} | set(config["trainer-cpu"]["networks"]["default"]["aliases"])
+    for targets_file in (REPO / "monitoring" / "prometheus" / "targets").glob("*.yml"):
+        for group in yaml.safe_load(targets_file.read_text()):
+            for target in group["targets"]:
+                host, port = target.rsplit(":", 1)
+                assert host in reachable and port == "9450", f"{targets_file.name}: {target} is not the trainer"

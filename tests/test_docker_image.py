@@ -1,0 +1,303 @@
+"""The real image on a real Docker engine: docker/Dockerfile, built with only the base image and the wheelhouse
+substituted, runs the `trainer-cpu` service's command (2 CPU ranks), serves metrics, stops with a checkpoint on
+`docker stop` and resumes from it.
+
+No registry is reachable here, so the base is Debian bookworm from `debootstrap` (through the Debian mirror apt
+uses) turned into an image with `docker import`, and the Python packages come from a wheelhouse made on this
+machine by docker/wheelhouse.sh (PyTorch's CPU wheel as pip's configuration finds it). Both are cached under
+TRAINSTACK_TEST_CACHE (default /var/cache/trainstack-test), so only the first run pays for them. When no Docker
+daemon answers and this process is root, the test starts its own `dockerd` (data root in the cache, so image
+layers are cached too; bridge and iptables off) and stops it afterwards. Containers use the host network.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+CACHE = Path(os.environ.get("TRAINSTACK_TEST_CACHE", "/var/cache/trainstack-test"))
+SUITE = "bookworm"
+SUITE_PYTHON = "3.11"  # bookworm's python3: the wheelhouse is downloaded for it
+BASE_PACKAGES = ("python3", "python3-venv", "tini")  # what docker/install-os-packages.sh would otherwise apt-get
+TEST_IMAGE = "trainstack-test/trainer:latest"
+SERVICE = "trainer-cpu"
+
+
+@dataclass
+class Engine:
+    env: dict[str, str]
+
+    def docker(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            pytest.fail(f"docker {' '.join(args[:3])} ... exited {result.returncode}:\n{result.stderr[-6000:]}")
+        return result
+
+
+def _answers(env: dict[str, str]) -> bool:
+    try:
+        probe = subprocess.run(["docker", "info"], env=env, capture_output=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return False
+    return probe.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    if shutil.which("docker") is None:
+        pytest.skip("no docker CLI (Debian: apt-get install docker.io, or make system-deps)")
+    env = dict(os.environ)
+    if _answers(env):
+        yield Engine(env)
+        return
+    if os.geteuid() != 0:
+        pytest.skip("no Docker daemon answers, and starting dockerd needs root")
+    if shutil.which("dockerd") is None:
+        pytest.skip("no Docker daemon answers and no dockerd to start (Debian: apt-get install docker.io)")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    # One test dockerd per data root: a concurrent session waits here rather than corrupting it.
+    lock = (CACHE / "dockerd.lock").open("w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    # Short paths: containerd's sockets live under the exec root and unix socket paths are limited to 108 bytes.
+    exec_root = Path(tempfile.mkdtemp(prefix="tsdocker-", dir="/tmp"))
+    socket_path = exec_root / "docker.sock"
+    log_path = exec_root / "dockerd.log"
+    with log_path.open("wb") as log:
+        daemon = subprocess.Popen(
+            ["dockerd", "--data-root", str(CACHE / "docker"), "--exec-root", str(exec_root),
+             "--pidfile", str(exec_root / "docker.pid"), "--host", f"unix://{socket_path}",
+             "--bridge", "none", "--iptables=false", "--ip-masq=false"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    env["DOCKER_HOST"] = f"unix://{socket_path}"
+    try:
+        deadline = time.monotonic() + 90
+        while not _answers(env):
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+                pytest.skip("dockerd could not start here: " + " | ".join(tail))
+            time.sleep(1)
+        yield Engine(env)
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        shutil.rmtree(exec_root, ignore_errors=True)
+        lock.close()
+
+
+def debian_mirror() -> str:
+    """The Debian mirror apt is configured with (one-line or deb822 sources), else deb.debian.org."""
+    if os.environ.get("TRAINSTACK_TEST_DEBIAN_MIRROR"):
+        return os.environ["TRAINSTACK_TEST_DEBIAN_MIRROR"]
+    sources = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    for path in sources:
+        if path.suffix not in (".list", ".sources", "") or not path.is_file():
+            continue
+        for uri in re.findall(r"^(?:deb\s+(?:\[[^]]*\]\s+)?|URIs:\s*)(\S+)", path.read_text(), re.MULTILINE):
+            if uri.rstrip("/").endswith("/debian"):
+                return uri.rstrip("/")
+    return "http://deb.debian.org/debian"
+
+
+def _key(*parts: object) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
+
+
+@pytest.fixture(scope="module")
+def base_image(engine: Engine) -> str:
+    """Debian bookworm (minbase + Python + tini) from debootstrap, imported once and cached as a tarball."""
+    key = _key(SUITE, "minbase", BASE_PACKAGES)
+    tag = f"trainstack-test/base:{SUITE}-{key}"
+    if engine.docker("image", "inspect", tag, check=False).returncode == 0:
+        return tag
+    tarball = CACHE / f"base-{SUITE}-{key}.tar"
+    if not tarball.is_file():
+        if os.geteuid() != 0 or shutil.which("debootstrap") is None:
+            pytest.skip("building the Debian base image needs root and debootstrap (apt-get install debootstrap)")
+        mirror = debian_mirror()
+        try:
+            urllib.request.urlopen(f"{mirror}/dists/{SUITE}/Release", timeout=20).close()
+        except (urllib.error.URLError, OSError) as error:
+            pytest.skip(f"Debian mirror {mirror} unreachable ({error}); set TRAINSTACK_TEST_DEBIAN_MIRROR")
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=CACHE) as scratch:
+            rootfs = Path(scratch) / "rootfs"
+            result = subprocess.run(
+                ["debootstrap", "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES), SUITE, str(rootfs),
+                 mirror], capture_output=True, text=True, timeout=900)
+            assert result.returncode == 0, f"debootstrap failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            partial = Path(scratch) / "base.tar"
+            with tarfile.open(partial, "w") as archive:
+                archive.add(rootfs, arcname=".")
+            partial.rename(tarball)
+    engine.docker("import", str(tarball), tag, timeout=600)
+    return tag
+
+
+@pytest.fixture(scope="module")
+def wheelhouse() -> Path:
+    """Every wheel the image installs, for bookworm's Python, made once per lock file by docker/wheelhouse.sh."""
+    script = REPO / "docker" / "wheelhouse.sh"
+    key = _key(SUITE_PYTHON, (REPO / "requirements.lock").read_bytes(), (REPO / "pyproject.toml").read_bytes(),
+               script.read_bytes())
+    folder = CACHE / f"wheelhouse-py{SUITE_PYTHON}-{key}"
+    if not folder.is_dir():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix="wheelhouse-", dir=CACHE))
+        result = subprocess.run(["bash", str(script), str(partial), SUITE_PYTHON], capture_output=True, text=True,
+                                timeout=1200)
+        assert result.returncode == 0, f"docker/wheelhouse.sh failed:\n{result.stderr[-4000:]}"
+        partial.rename(folder)
+    return folder
+
+
+def compose_service(name: str) -> dict:
+    """A service of compose.yaml with `${VAR:-default}` resolved to its default, as a fresh checkout sees it."""
+    text = re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", (REPO / "compose.yaml").read_text())
+    return yaml.safe_load(text)["services"][name]
+
+
+def build_context(destination: Path, wheels: Path) -> None:
+    """The checkout as `docker build .` would send it (files git tracks or would track), plus the wheelhouse."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+    shutil.copytree(wheels, destination / "wheelhouse", copy_function=os.link)
+
+
+@pytest.fixture(scope="module")
+def image(engine: Engine, base_image: str, wheelhouse: Path, tmp_path_factory) -> str:
+    service = compose_service(SERVICE)
+    build = service["build"]
+    args = {**build.get("args", {}), "BASE_IMAGE": base_image, "WHEELHOUSE": "wheelhouse"}
+    context = tmp_path_factory.mktemp("context")
+    build_context(context, wheelhouse)
+    command = ["build", "--network", "host", "--file", str(context / build["dockerfile"]), "--tag", TEST_IMAGE]
+    for name, value in args.items():
+        command += ["--build-arg", f"{name}={value}"]
+    engine.docker(*command, str(context / build["context"]), timeout=1500)
+    return TEST_IMAGE
+
+
+def settable_limit(name: str, value: int) -> int:
+    """value, or this host's hard limit where the daemon cannot raise it that far (no CAP_SYS_RESOURCE: some
+    sandboxes and rootless Docker); the container then runs with the most this host allows."""
+    resource_id = getattr(resource, f"RLIMIT_{name.upper()}")
+    wanted = resource.RLIM_INFINITY if value == -1 else value
+    raise_it = f"import resource; resource.setrlimit({resource_id}, ({wanted}, {wanted}))"
+    if subprocess.run([sys.executable, "-c", raise_it], capture_output=True).returncode == 0:
+        return value
+    hard = resource.getrlimit(resource_id)[1]
+    return -1 if hard == resource.RLIM_INFINITY else hard
+
+
+def container_options(service: dict, run_dir: Path) -> list[str]:
+    """docker run options for the service's shared memory and ulimits; the runs volume becomes run_dir."""
+    options = ["--network", "host", "--shm-size", service["shm_size"], "--env", "TQDM_DISABLE=1",
+               "--volume", f"{run_dir}:/workspace/runs"]
+    for name, value in service["ulimits"].items():
+        limit = settable_limit(name, value)
+        options += ["--ulimit", f"{name}={limit}:{limit}"]
+    return options
+
+
+def trainer_command(service: dict, exporter_port: int, *overrides: str) -> list[str]:
+    """The service's command, with the exporter on this host's loopback (host network) and test-sized steps."""
+    command = list(service["command"])
+    command[command.index("--exporter-host") + 1] = "127.0.0.1"
+    command[command.index("--exporter-port") + 1] = str(exporter_port)
+    return [*command, "--batch-size", "8", "--num-workers", "1", "--log-every", "5", *overrides]
+
+
+def steps_by_rank(port: int) -> dict[str, float]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError):
+        return {}
+    return {rank: float(value)
+            for rank, value in re.findall(r'^trainstack_train_steps_total\{rank="(\d+)"\} (\S+)$', text, re.M)}
+
+
+def test_image_runs_as_non_root_with_tini_as_pid_1(engine: Engine, image: str):
+    config = json.loads(engine.docker("image", "inspect", image).stdout)[0]["Config"]
+    assert config["User"] not in ("", "0", "root")
+    assert config["Entrypoint"] == ["tini", "--", "trainstack", "train"]
+    env = dict(item.split("=", 1) for item in config["Env"])
+    assert env["HF_HUB_OFFLINE"] == "1" and env["HF_DATASETS_OFFLINE"] == "1"
+
+
+def test_trainer_serves_metrics_checkpoints_on_docker_stop_and_resumes(engine: Engine, image: str, tmp_path):
+    service = compose_service(SERVICE)
+    run_dir = tmp_path / "runs"
+    run_dir.mkdir()
+    uid = int(json.loads(engine.docker("image", "inspect", image).stdout)[0]["Config"]["User"])
+    os.chown(run_dir, uid, uid)
+    port = free_port()
+    name = f"trainstack-test-{os.getpid()}-{port}"
+    options = container_options(service, run_dir)
+    # A run far longer than the test: it only ends when `docker stop` ends it.
+    engine.docker("run", "--detach", "--name", name, *options, image,
+                  *trainer_command(service, port, "--max-steps", "100000", "--checkpoint-every", "0"))
+    try:
+        deadline = time.monotonic() + 300
+        steps: dict[str, float] = {}
+        while set(steps) != {"0", "1"} or min(steps.values()) < 10:
+            state = json.loads(engine.docker("inspect", name).stdout)[0]["State"]
+            assert state["Running"], f"trainer exited {state['ExitCode']}:\n" + \
+                engine.docker("logs", name, check=False).stderr[-4000:]
+            assert time.monotonic() < deadline, "the exporter never showed 10 steps on both ranks"
+            time.sleep(1)
+            steps = steps_by_rank(port)
+        engine.docker("stop", "--time", "240", name, timeout=300)
+        state = json.loads(engine.docker("inspect", name).stdout)[0]["State"]
+        logs = engine.docker("logs", name, check=False)
+    finally:
+        engine.docker("rm", "--force", name, check=False)
+    output = run_dir / service["command"][service["command"].index("--output-dir") + 1].removeprefix(
+        "/workspace/runs/")
+    stopped = json.loads((output / "summary.json").read_text())
+    assert state["ExitCode"] == 75, f"exit {state['ExitCode']}:\n{logs.stderr[-4000:]}"
+    assert stopped["exit_reason"] == "preempted" and stopped["world_size"] == 2
+    assert stopped["distributed_type"] == "MULTI_CPU"
+    saved = output / "checkpoints" / f"step-{stopped['steps']:08d}"
+    assert (saved / "trainstack.json").is_file(), sorted(p.name for p in (output / "checkpoints").iterdir())
+
+    # The same command again (with a reachable end) picks the checkpoint up.
+    resumed = engine.docker("run", "--rm", *options, image,
+                            *trainer_command(service, port, "--max-steps", str(stopped["steps"] + 10),
+                                             "--checkpoint-every", "0"), timeout=600, check=False)
+    finished = json.loads((output / "summary.json").read_text())
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert finished["resumed_from"].endswith(saved.name)
+    assert finished["exit_reason"] == "completed" and finished["steps"] == stopped["steps"] + 10
