@@ -9,7 +9,6 @@ A factory is called as `factory(config, vocab_size)` and returns an `nn.Module`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +16,14 @@ from torch import nn
 
 from train.data import BUILTIN_PREFIX, IGNORE_INDEX, is_factory, load_factory
 from train.errors import ConfigError
+
+
+@dataclass
+class CausalLMOutput:
+    """A dataclass, not a namespace: DDP's find_unused_parameters looks for the output's tensors inside it."""
+
+    loss: torch.Tensor | None
+    logits: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,7 @@ class GPT(nn.Module):
                 labels[:, 1:].reshape(-1),
                 ignore_index=IGNORE_INDEX,
             )
-        return SimpleNamespace(loss=loss, logits=logits)
+        return CausalLMOutput(loss=loss, logits=logits)
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6 x matmul parameters plus attention scores (the PaLM appendix formula)."""

@@ -1,0 +1,54 @@
+"""The distributed failures the seeds' users meet, turned into clear errors (or handled), for real on 2 ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import explain, summary, train
+from tests.factories import BatchNormLM
+
+pytestmark = pytest.mark.slow
+
+
+def test_unused_parameter_error_names_the_flag_and_exits_2(tmp_path):
+    result = train(tmp_path / "run", "--model", "tests.factories:with_unused_parameter", "--max-steps", "4")
+    assert result.returncode == 2, explain(result)
+    assert "find_unused_parameters" in result.stderr and "--find-unused-parameters" in result.stderr
+    assert summary(tmp_path / "run")["exit_reason"] == "failed"
+
+
+def test_unused_parameter_trains_with_the_flag(tmp_path):
+    result = train(tmp_path / "run", "--model", "tests.factories:with_unused_parameter", "--max-steps", "4",
+                   "--find-unused-parameters")
+    assert result.returncode == 0, explain(result)
+    assert summary(tmp_path / "run")["steps"] == 4
+
+
+def test_a_hung_rank_becomes_an_error_that_names_it(tmp_path):
+    hang = {"TRAINSTACK_TEST_SLOW_RANK": "1", "TRAINSTACK_TEST_SLOW_AFTER": "7",
+            "TRAINSTACK_TEST_SLOW_SECONDS": "3600"}
+    result = train(tmp_path / "run", "--model", "tests.factories:pausing_gpt", "--max-steps", "50",
+                   "--collective-timeout", "5", env=hang, timeout=240)
+    assert result.returncode == 1, explain(result)
+    failed = summary(tmp_path / "run")
+    assert failed["exit_reason"] == "failed"
+    assert "--collective-timeout 5 s" in failed["error"] and "rank 1 stopped first" in failed["error"], failed
+
+
+def test_batchnorm_model_trains_on_two_cpu_ranks(tmp_path):
+    result = train(tmp_path / "run", "--model", "tests.factories:batchnorm_lm", "--max-steps", "4")
+    assert result.returncode == 0, explain(result)
+
+
+def test_sync_batchnorm_conversion_replaces_every_batchnorm():
+    converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(BatchNormLM(16))
+    assert isinstance(converted.norm, torch.nn.SyncBatchNorm)
+    assert not any(type(m) is torch.nn.BatchNorm1d for m in converted.modules())
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="SyncBatchNorm runs only on CUDA: needs 2 GPUs")
+def test_sync_batchnorm_trains_on_two_gpus(tmp_path):
+    result = train(tmp_path / "run", "--model", "tests.factories:batchnorm_lm", "--max-steps", "4",
+                   "--sync-batchnorm", "--nproc-per-node", "2")
+    assert result.returncode == 0, explain(result)
