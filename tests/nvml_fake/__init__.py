@@ -423,8 +423,9 @@ def nvmlDeviceGetFieldValues(handle, field_ids):
             spec = _answer(gpu, "fields", _FIELD_NAMES.get(field_id, str(field_id)))
             if field_id in _NVLINK_FIELDS:
                 links = spec["per_link"]
-                if scope == _UINT_MAX:
-                    answer = sum(_value(link) for link in links)
+                if scope == _UINT_MAX:  # the links' counters summed into one counter, read once
+                    answer = _value({"start": sum(link["start"] for link in links),
+                                     "per_second": sum(link["per_second"] for link in links)})
                 elif scope < len(links):
                     answer = _value(links[scope])
                 else:
