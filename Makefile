@@ -6,10 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock requirements-dev.lock | cksum | cut -d' ' -f1)
 ARGS ?=
 
-.PHONY: setup run test system-deps lint bench doctor help
+.PHONY: setup run test system-deps lint bench doctor help up down logs ps k8s-generate
 
 help:
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 $(STAMP):
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,3 +30,26 @@ system-deps: ## Debian packages the tests use for real (prometheus/promtool, doc
 
 lint: setup ## ruff
 	$(BIN)/ruff check .
+
+doctor: setup ## preflight checks: GPUs, CUDA, /dev/shm, ulimits, NCCL switches, ports, disk
+	$(BIN)/trainstack doctor $(ARGS)
+
+bench: setup ## benchmarks that print side-by-side ratios (docs/benchmarks.md)
+	$(BIN)/python bench/train_overhead.py
+	$(BIN)/python bench/telemetry_overhead.py
+	$(BIN)/python bench/scrape_cost.py
+
+up: ## GPU host with Docker: build the image, train on every GPU, Prometheus + Grafana (docs/docker.md)
+	@bash scripts/compose-up.sh $(ARGS)
+
+down: ## stop the compose stack (runs and checkpoints stay in the volume)
+	@bash scripts/compose-down.sh $(ARGS)
+
+logs: ## follow the compose stack's logs
+	@bash scripts/compose-logs.sh $(ARGS)
+
+ps: ## the compose stack's services and their health
+	@bash scripts/compose-ps.sh $(ARGS)
+
+k8s-generate: setup ## regenerate k8s/common/generated from monitoring/ (PrometheusRules, dashboard ConfigMaps)
+	$(BIN)/python scripts/k8s-monitoring.py

@@ -119,3 +119,14 @@ def test_config_file_and_flags_merge_with_flags_winning(tmp_path):
 def test_config_validation_messages(values, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         TrainConfig(**values)
+
+
+def test_training_doc_lists_every_option():
+    import dataclasses
+
+    from tests.conftest import REPO
+    from train.config import _flag
+
+    doc = (REPO / "docs" / "training.md").read_text()
+    missing = [f.name for f in dataclasses.fields(TrainConfig) if f"`{_flag(f.name)}" not in doc]
+    assert not missing, f"docs/training.md does not describe {missing}"
