@@ -55,7 +55,7 @@ RANK_WRITER = textwrap.dedent("""
     buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)  # train/telemetry.py
     def gauge(name, labels=("rank",)):
         return Gauge(name, name, list(labels), multiprocess_mode="mostrecent")
-    for name in ("steps", "samples", "tokens", "data_wait_seconds"):
+    for name in ("steps", "samples", "tokens", "data_wait_seconds", "forward_seconds"):
         Counter(f"trainstack_train_{name}", name, ["rank"]).labels(rank).inc(1000)
     step = Histogram("trainstack_train_step_duration_seconds", "step", ["rank"], buckets=buckets)
     for i in range(1000):

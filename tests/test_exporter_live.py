@@ -141,8 +141,8 @@ def test_a_hung_then_killed_rank_stops_while_the_endpoint_answers(live):
     pids = wait_for(lambda: (p := rank_pids(live.metrics_dir)) and set(p) == {"0", "1"} and p, "rank pids")
     os.kill(pids["1"], signal.SIGSTOP)  # rank 1 hangs; rank 0 then waits for it in the next collective
     last_step = "trainstack_train_last_step_timestamp_seconds"
-    stopped_at = wait_for(lambda: scrape(live.port), "a scrape after rank 1 hung")
-    stopped_at = by_rank(stopped_at, last_step)["1"]
+    first_hung = wait_for(lambda: scrape(live.port), "a scrape after rank 1 hung")
+    stopped_at = by_rank(first_hung, last_step)["1"]
     time.sleep(2)
     hung = scrape(live.port)
     assert hung is not None, "the launcher's exporter stopped answering while a rank hung"

@@ -28,12 +28,13 @@ import tests.nvml_fake as fake
 from monitoring.exporter.app import Exporter
 from monitoring.exporter.config import ExporterConfig
 from monitoring.exporter.training import job_pids
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 TRAINING_METRICS = [
     "trainstack_train_steps_total", "trainstack_train_samples_total", "trainstack_train_tokens_total",
     "trainstack_train_step_duration_seconds_bucket", "trainstack_train_step_duration_seconds_count",
-    "trainstack_train_data_wait_seconds_total", "trainstack_train_loss", "trainstack_train_learning_rate",
+    "trainstack_train_data_wait_seconds_total", "trainstack_train_forward_seconds_total",
+    "trainstack_train_loss", "trainstack_train_learning_rate",
     "trainstack_train_last_step_timestamp_seconds", "trainstack_train_epoch",
     "trainstack_train_last_checkpoint_timestamp_seconds", "trainstack_train_checkpoint_duration_seconds",
     "trainstack_train_rank_info", "trainstack_train_run_info",
@@ -49,6 +50,7 @@ RANK_WRITER = textwrap.dedent("""
     Counter("trainstack_train_samples", "samples", labels).labels(rank).inc(8 * steps)
     Counter("trainstack_train_tokens", "tokens", labels).labels(rank).inc(512 * steps)
     Counter("trainstack_train_data_wait_seconds", "wait", labels).labels(rank).inc(0.01 * steps)
+    Counter("trainstack_train_forward_seconds", "forward", labels).labels(rank).inc(0.02 * steps)
     step = Histogram("trainstack_train_step_duration_seconds", "step", labels, buckets=(0.01, 0.1, 1))
     for _ in range(steps):
         step.labels(rank).observe(0.05)

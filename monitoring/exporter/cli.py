@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT,
                         help=f"port for /metrics and /healthz (default {DEFAULT_PORT}; 0 picks a free one)")
     parser.add_argument("--metrics-dir", type=Path, default=None,
-                        help="the ranks' prometheus_client multiprocess directory (RUN_DIR/metrics); "
+                        help="the ranks' prometheus_client multiprocess directory (RUN_DIR/metrics/node-<n>); "
                              "without it only GPU metrics are served")
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="run directory: with a GPU, snapshots are appended to RUN_DIR/telemetry/gpu.jsonl")

@@ -19,7 +19,7 @@ class ExporterConfig:
     port: int = DEFAULT_PORT
     """TCP port; 0 picks a free one (the chosen port is printed)."""
     metrics_dir: Path | None = None
-    """prometheus_client multiprocess directory the ranks write (RUN_DIR/metrics); None serves NVML only."""
+    """prometheus_client multiprocess directory the ranks write (RUN_DIR/metrics/node-<n>); None serves NVML only."""
     run_dir: Path | None = None
     """Run directory: when set and NVML is up, GPU snapshots go to RUN_DIR/telemetry/gpu.jsonl."""
     pcie_throughput: bool = False
