@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from monitoring.diagnose.sources import PROMETHEUS_WINDOW
 from train.errors import EXIT_OK, ConfigError
 
 EXIT_PROBLEM = 1
@@ -20,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", choices=("auto", "exporter", "prometheus"), default="auto",
                         help="what --url is (default auto: a Prometheus answers /api/v1/status/buildinfo)")
     parser.add_argument("--job", help="Prometheus only: the scrape job of the run, when it holds several")
+    parser.add_argument("--window", default=PROMETHEUS_WINDOW,
+                        help=f"Prometheus only: rate() range (default {PROMETHEUS_WINDOW}, the recording rules'; "
+                             "shorter for a run younger than that)")
     parser.add_argument("--interval", type=float, default=10.0,
                         help="exporter only: seconds between the two scrapes that give the rates (default 10)")
     parser.add_argument("--stall-seconds", type=float, default=600.0,
@@ -39,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--interval must be positive seconds, got {args.interval}")
     limits = Thresholds(stall_seconds=args.stall_seconds)
     selector = f'job="{args.job}"' if args.job else ""
-    snapshot = read_snapshot(open_source(args.url, args.source, args.interval, selector))
+    snapshot = read_snapshot(open_source(args.url, args.source, args.interval, selector, args.window))
     verdicts = diagnose(snapshot, limits)
     render = render_json if args.json else render_text
     print(render(snapshot.source, verdicts, figures(snapshot)), flush=True)

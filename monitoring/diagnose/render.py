@@ -17,8 +17,9 @@ def _figure_line(figures: dict) -> str:
     if figures["data_wait_ratio_max"] is not None:
         parts.append(f"data wait at most {100 * figures['data_wait_ratio_max']:.0f}%")
     if figures["straggler_ratio_max"] is not None:
-        parts.append(f"slowest rank {figures['straggler_ratio_max']:.2f}x the median {figures['straggler_measure']} "
-                     "time")
+        parts.append(f"slowest rank's forward time {figures['straggler_ratio_max']:.2f}x the median")
+    elif figures["ranks"] > 1:
+        parts.append("stragglers unknown (the ranks export no forward time)")
     if figures["last_step_age_seconds"] is not None:
         parts.append(f"last step {figures['last_step_age_seconds']:.0f} s ago")
     if figures["mfu_mean"] is not None:

@@ -20,7 +20,7 @@ class RankView:
     steps_per_second: float | None = None
     samples_per_second: float | None = None
     data_wait_ratio: float | None = None
-    """Seconds blocked on the loader per second of wall time."""
+    """Share of step time blocked on the data loader (rank:trainstack_train_data_wait:ratio_rate2m)."""
     step_seconds: float | None = None
     """Mean wall time per optimizer step over the window; the same on every DDP rank."""
     forward_seconds: float | None = None
@@ -49,17 +49,11 @@ class Snapshot:
     ranks: list[RankView] = field(default_factory=list)
     gpus: list[GpuView] = field(default_factory=list)
 
-    @property
-    def speed_measure(self) -> str:
-        """Which per-rank time names a straggler: forward time when the ranks export it (step time is equal
-        on every DDP rank, as the fast ones wait for the slow one in the gradient all-reduce)."""
-        return "forward" if any(r.forward_seconds is not None for r in self.ranks) else "step"
-
-    def rank_speed(self, rank: RankView) -> float | None:
-        return rank.forward_seconds if self.speed_measure == "forward" else rank.step_seconds
-
     def straggler_ratios(self) -> dict[str, float]:
-        speeds = {r.rank: s for r in self.ranks if (s := self.rank_speed(r)) is not None}
+        """Each rank's forward time per step over the ranks' median (rank:trainstack_train_straggler:ratio).
+        Forward time, not step time: in DDP the fast ranks wait for the slow one inside the gradient all-reduce,
+        so every rank's step takes the same time. Empty when the ranks do not export forward time."""
+        speeds = {r.rank: r.forward_seconds for r in self.ranks if r.forward_seconds is not None}
         if len(speeds) < 2 or not statistics.median(speeds.values()) > 0:
             return {}
         median = statistics.median(speeds.values())
@@ -83,9 +77,14 @@ def _ranks(source: Source) -> list[RankView]:
     steps = _by("rank", source.instant("trainstack_train_steps_total"))
     step_rate = _by("rank", source.rate("trainstack_train_steps_total"))
     samples_rate = _by("rank", source.rate("trainstack_train_samples_total"))
-    wait = _by("rank", source.rate("trainstack_train_data_wait_seconds_total"))
-    step_seconds = _ratio(_by("rank", source.rate("trainstack_train_step_duration_seconds_sum")),
-                          _by("rank", source.rate("trainstack_train_step_duration_seconds_count")))
+    step_time_rate = _by("rank", source.rate("trainstack_train_step_duration_seconds_sum"))
+    step_seconds = _ratio(step_time_rate, _by("rank", source.rate("trainstack_train_step_duration_seconds_count")))
+    # As the recording rule: the share of step time spent waiting for the batch, a ratio of two rates so that a
+    # run younger than the window reads true. A wait is counted when it ends, so a window can catch a little
+    # more of it than of the step: cap at 1.
+    wait = {name: min(1.0, ratio)
+            for name, ratio in _ratio(_by("rank", source.rate("trainstack_train_data_wait_seconds_total")),
+                                      step_time_rate).items()}
     forward = _ratio(_by("rank", source.rate("trainstack_train_forward_seconds_total")), step_rate)
     last = _by("rank", source.instant("trainstack_train_last_step_timestamp_seconds"))
     mfu = _by("rank", source.instant("trainstack_train_mfu_ratio"))

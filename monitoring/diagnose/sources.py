@@ -81,12 +81,15 @@ class ExporterSource:
 
 
 class PrometheusSource:
-    def __init__(self, url: str, selector: str = "", timeout: float = 10.0):
+    def __init__(self, url: str, selector: str = "", window: str = PROMETHEUS_WINDOW, timeout: float = 10.0):
+        """window: the rate() range. Prometheus divides by the whole range, so a series younger than the window
+        reads low: the default matches the recording rules, a shorter one suits a run that just started."""
         self.url = url.rstrip("/")
         self.selector = selector
+        self.window = window
         self.timeout = timeout
         self.description = f"Prometheus {self.url}" + (f", series {{{selector}}}" if selector else "") + \
-            f", rates over {PROMETHEUS_WINDOW}"
+            f", rates over {window}"
         self.now = time.time()
 
     def _query(self, expression: str) -> list[Sample]:
@@ -110,7 +113,7 @@ class PrometheusSource:
         return self._query(f"{name}{{{self.selector}}}")
 
     def rate(self, name: str) -> list[Sample]:
-        return self._query(f"rate({name}{{{self.selector}}}[{PROMETHEUS_WINDOW}])")
+        return self._query(f"rate({name}{{{self.selector}}}[{self.window}])")
 
 
 def is_prometheus(url: str, timeout: float = 10.0) -> bool:
@@ -122,16 +125,17 @@ def is_prometheus(url: str, timeout: float = 10.0) -> bool:
     return isinstance(answer, dict) and answer.get("status") == "success"
 
 
-def open_source(url: str, kind: str, interval: float, selector: str) -> Source:
+def open_source(url: str, kind: str, interval: float, selector: str = "", window: str = PROMETHEUS_WINDOW) -> Source:
     """kind: exporter, prometheus or auto (a URL ending in /metrics is an exporter; else ask for build info)."""
     if not urllib.parse.urlparse(url).scheme:
         url = "http://" + url
     if kind == "auto":
         kind = "exporter" if url.rstrip("/").endswith("/metrics") or not is_prometheus(url) else "prometheus"
     if kind == "prometheus":
-        return PrometheusSource(url, selector)
-    if selector:
-        raise ConfigError("--job applies to a Prometheus server; an exporter serves one job")
+        return PrometheusSource(url, selector, window)
+    if selector or window != PROMETHEUS_WINDOW:
+        raise ConfigError("--job and --window apply to a Prometheus server; an exporter serves one job, and "
+                          "--interval sets its rate window")
     if not url.rstrip("/").endswith("/metrics"):
         url = url.rstrip("/") + "/metrics"
     return ExporterSource(url, interval)

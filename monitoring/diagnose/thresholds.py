@@ -14,6 +14,9 @@ class Thresholds:
     """TrainstackInputBound: a rank waits for data more than this share of wall time."""
     straggler_ratio: float = 1.2
     """TrainstackStragglerRank: a rank's forward time per step over the ranks' median."""
+    straggler_step_share: float = 0.05
+    """Diagnose only, as it reads one window where the alert waits 10m: the straggler's extra forward time must
+    also be this share of the step time, so that a millisecond of noise in a tiny forward pass names no one."""
     stall_seconds: float = 600.0
     """TrainstackTrainingStalled: no rank completed a step for this long."""
     gpu_idle_ratio: float = 0.05

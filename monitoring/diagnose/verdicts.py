@@ -107,7 +107,8 @@ def input_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     return Verdict(
         "input-bound", f"input-bound: {_ranks_list(waiting)} wait(s) for the data loader more than "
         f"{_percent(limits.input_bound_ratio)} of the time",
-        tuple(f"rank {r.rank}: blocked on the loader {_percent(r.data_wait_ratio)} of wall time" for r in waiting),
+        tuple(f"rank {r.rank}: blocked on the loader {_percent(r.data_wait_ratio)} of its step time"
+              for r in waiting),
         "raise --num-workers, pre-tokenize or move decoding out of __getitem__, or put the data on faster "
         "storage; in DDP every other rank waits for the slowest loader",
     )
@@ -118,14 +119,17 @@ def straggler(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if not ratios:
         return None
     worst = max(ratios, key=ratios.get)
-    if ratios[worst] <= limits.straggler_ratio:
+    slowest = next(r for r in snapshot.ranks if r.rank == worst)
+    extra = slowest.forward_seconds * (1 - 1 / ratios[worst])
+    if ratios[worst] <= limits.straggler_ratio or not slowest.step_seconds or \
+            extra < limits.straggler_step_share * slowest.step_seconds:
         return None
-    measure = snapshot.speed_measure
-    evidence = [f"rank {r.rank}: {measure} {1000 * snapshot.rank_speed(r):.1f} ms per step "
+    evidence = [f"rank {r.rank}: forward {1000 * r.forward_seconds:.1f} ms per step "
                 f"({ratios[r.rank]:.2f}x the median)" for r in snapshot.ranks if r.rank in ratios]
     return Verdict(
-        "straggler", f"rank {worst} is a straggler: its {measure} time per step is {ratios[worst]:.2f}x the "
-        f"median of {len(ratios)} ranks (threshold {limits.straggler_ratio:g}x)", tuple(evidence),
+        "straggler", f"rank {worst} is a straggler: its forward time per step is {ratios[worst]:.2f}x the "
+        f"median of {len(ratios)} ranks (threshold {limits.straggler_ratio:g}x): the others wait "
+        f"{1000 * extra:.0f} ms of each {1000 * slowest.step_seconds:.0f} ms step for it", tuple(evidence),
         "every rank waits for it at each gradient all-reduce; check its GPU's clocks, temperature and throttle "
         "reasons, move other processes off its GPU and CPU cores, or bucket batches by length",
     )
@@ -207,7 +211,6 @@ def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
         "samples_per_second": sum(r.samples_per_second or 0.0 for r in ranks) if ranks else None,
         "data_wait_ratio_max": max(waits.values()) if waits else None,
         "straggler_ratio_max": max(ratios.values()) if ratios else None,
-        "straggler_measure": snapshot.speed_measure,
         "last_step_age_seconds": snapshot.now - max(last) if last else None,
         "mfu_mean": mean(r.mfu for r in ranks),
         "gpus": len(gpus),

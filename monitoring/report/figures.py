@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from matplotlib.figure import Figure
 
-from monitoring.report.runfiles import RunFiles
+from monitoring.report.runfiles import RunFiles, data_wait_ratio
 
 # The same threshold as the TrainstackInputBound alert (monitoring/prometheus/rules/alerts.yml).
 INPUT_BOUND_RATIO = 0.2
@@ -61,9 +61,9 @@ def step_times(run: RunFiles) -> Figure:
 
 
 def data_wait(run: RunFiles) -> Figure:
-    figure, axes = _figure("Data-wait ratio per rank (time blocked on the loader / wall time)", "step", "ratio")
+    figure, axes = _figure("Data-wait ratio per rank (time blocked on the loader / step time)", "step", "ratio")
     for rank, records in run.ranks.items():
-        axes.plot([r["step"] for r in records], [r["data_wait_seconds"] / r["interval_seconds"] for r in records],
+        axes.plot([r["step"] for r in records], [data_wait_ratio([r]) for r in records],
                   marker=".", label=f"rank {rank}")
     axes.axhline(INPUT_BOUND_RATIO, color="tab:red", linestyle="--", label="input-bound threshold")
     axes.set_ylim(0, 1)

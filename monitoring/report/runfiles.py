@@ -29,6 +29,13 @@ class RunFiles:
         return min(times)
 
 
+def data_wait_ratio(records: list[dict]) -> float:
+    """Share of step time blocked on the loader, as the alert's recording rule computes it."""
+    waited = sum(r["data_wait_seconds"] for r in records)
+    stepped = sum(sum(r["step_seconds"]) for r in records) or sum(r["interval_seconds"] for r in records)
+    return min(1.0, waited / stepped)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """Records in time order. A rank killed mid-write leaves a partial last line: that one is skipped."""
     records = []

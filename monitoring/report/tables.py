@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from monitoring.report.runfiles import RunFiles
+from monitoring.report.runfiles import RunFiles, data_wait_ratio
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -23,7 +23,7 @@ def rank_rows(run: RunFiles) -> list[dict[str, object]]:
             "samples/s": sum(r["samples"] for r in records) / wall,
             "median step (ms)": 1000 * statistics.median(steps) if steps else None,
             "p95 step (ms)": 1000 * _percentile(steps, 0.95) if steps else None,
-            "data-wait ratio": sum(r["data_wait_seconds"] for r in records) / wall,
+            "data-wait ratio": data_wait_ratio(records),
         })
     return rows
 

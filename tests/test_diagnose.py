@@ -1,0 +1,339 @@
+"""trainstack diagnose: each verdict from snapshots, GPU verdicts through the real exporter over the fake NVML,
+and the verdicts the issue asks for from real 2-rank CPU runs read live: healthy, input-bound (slowed loader),
+straggler (one slowed rank), stalled (a hung rank), through the exporter and through a real Prometheus."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from monitoring.diagnose.snapshot import GpuView, RankView, Snapshot, read_snapshot
+from monitoring.diagnose.sources import ExporterSource, PrometheusSource, open_source
+from monitoring.diagnose.thresholds import Thresholds
+from monitoring.diagnose.verdicts import diagnose, figures
+from tests.conftest import REPO, free_port, run_trainstack, trainstack_command
+from train.errors import ConfigError
+
+FORWARD_METRIC = "trainstack_train_forward_seconds_total"
+NOW = 1_800_000_000.0
+LIMITS = Thresholds()
+
+
+def kinds(verdicts) -> list[str]:
+    return [verdict.kind for verdict in verdicts]
+
+
+def rank(name: str, **figures) -> RankView:
+    healthy = dict(steps=100, steps_per_second=3.0, samples_per_second=48.0, data_wait_ratio=0.02,
+                   step_seconds=0.3, forward_seconds=0.05, last_step_time=NOW - 1)
+    return RankView(rank=name, **{**healthy, **figures})
+
+
+def gpu(index: int, **figures) -> GpuView:
+    healthy = dict(utilization=0.97, memory_used_ratio=0.6, thermal_throttle_ratio=0.0, power_throttle_ratio=0.1,
+                   sm_clock_ratio=1.0)
+    return GpuView(index=str(index), uuid=f"GPU-{index}", name="NVIDIA H100 80GB HBM3", **{**healthy, **figures})
+
+
+def gpu_snapshot(ranks=None, gpus=None) -> Snapshot:
+    ranks = ranks or [rank(str(i), uuid=f"GPU-{i}") for i in range(4)]
+    return Snapshot("test", NOW, ranks, gpus or [gpu(i) for i in range(4)])
+
+
+# --- verdicts from snapshots ----------------------------------------------------------------------------------
+
+
+def test_a_healthy_run_has_no_verdict_and_shows_its_figures():
+    snapshot = gpu_snapshot()
+    assert diagnose(snapshot, LIMITS) == []
+    shown = figures(snapshot)
+    assert shown["ranks"] == 4 and shown["samples_per_second"] == 4 * 48.0
+    assert shown["straggler_ratio_max"] == pytest.approx(1.0)
+
+
+def test_input_bound_names_the_waiting_ranks():
+    verdicts = diagnose(gpu_snapshot([rank("0", uuid="GPU-0"), rank("1", uuid="GPU-1", data_wait_ratio=0.45)],
+                                     [gpu(0), gpu(1)]), LIMITS)
+    assert kinds(verdicts) == ["input-bound"]
+    assert "rank 1" in verdicts[0].summary and "rank 0" not in verdicts[0].summary
+    assert "45%" in verdicts[0].evidence[0] and "--num-workers" in verdicts[0].fix
+
+
+def test_straggler_is_named_by_forward_time_not_step_time():
+    ranks = [rank("0", forward_seconds=0.001), rank("1", forward_seconds=0.051), rank("2", forward_seconds=0.002)]
+    verdicts = diagnose(Snapshot("test", NOW, ranks), LIMITS)
+    assert kinds(verdicts) == ["straggler"]
+    assert verdicts[0].summary.startswith("rank 1 is a straggler: its forward time per step is 25.50x")
+    assert "the others wait 49 ms of each 300 ms step for it" in verdicts[0].summary
+    # Without forward time, equal DDP step times name no one.
+    equal_steps = [rank(str(i), forward_seconds=None) for i in range(3)]
+    assert diagnose(Snapshot("test", NOW, equal_steps), LIMITS) == []
+
+
+def test_noise_in_a_tiny_forward_pass_is_no_straggler():
+    # 1.23x the median, but 3 ms of a 900 ms step: a slow loader's run on a busy CPU looks like this.
+    ranks = [rank("0", forward_seconds=0.016, step_seconds=0.9), rank("1", forward_seconds=0.010, step_seconds=0.9)]
+    assert Snapshot("test", NOW, ranks).straggler_ratios()["0"] > LIMITS.straggler_ratio
+    assert diagnose(Snapshot("test", NOW, ranks), LIMITS) == []
+
+
+def test_stalled_names_the_rank_whose_gpu_idles_while_the_others_spin_in_nccl():
+    ranks = [rank(str(i), uuid=f"GPU-{i}", steps=57, last_step_time=NOW - 700, steps_per_second=0.0,
+                  samples_per_second=0.0, data_wait_ratio=0.0, step_seconds=None, forward_seconds=None)
+             for i in range(4)]
+    verdicts = diagnose(gpu_snapshot(ranks, [gpu(0), gpu(1), gpu(2, utilization=0.0), gpu(3)]), LIMITS)
+    assert kinds(verdicts) == ["stalled"]
+    assert "for 700 s (threshold 600 s)" in verdicts[0].summary
+    assert "rank 2: GPU idle while the other ranks' GPUs are busy" in verdicts[0].evidence[-1]
+
+
+def test_stalled_names_ranks_that_stopped_first():
+    ranks = [rank("0", steps=57, last_step_time=NOW - 30), rank("1", steps=55, last_step_time=NOW - 40)]
+    verdicts = diagnose(Snapshot("test", NOW, ranks), Thresholds(stall_seconds=20))
+    assert kinds(verdicts) == ["stalled"] and "rank 1 stopped first (57 steps elsewhere)" in verdicts[0].evidence
+
+
+@pytest.mark.parametrize(
+    ("ranks", "idle", "phrase"),
+    [([rank("0", uuid="GPU-0"), rank("1", uuid="GPU-1")], ["2", "3"], "2 rank(s) use 2 GPU(s); 2 of 4"),
+     ([rank("0"), rank("1")], ["2", "3"], "the ranks run on CPU while 2 of 4")],
+)
+def test_gpus_no_rank_uses_are_named(ranks, idle, phrase):
+    gpus = [gpu(0), gpu(1), gpu(2, utilization=0.0), gpu(3, utilization=0.01)]
+    verdicts = diagnose(Snapshot("test", NOW, ranks, gpus), LIMITS)
+    assert kinds(verdicts) == ["gpus-unused"] and phrase in verdicts[0].summary
+    assert [item.split(" (")[0] for item in verdicts[0].evidence] == [f"GPU {i}" for i in idle]
+
+
+@pytest.mark.parametrize(
+    ("changes", "kind", "phrase"),
+    [({"thermal_throttle_ratio": 0.3}, "throttled", "held down by temperature 30%"),
+     ({"power_throttle_ratio": 0.9, "sm_clock_ratio": 0.6}, "throttled", "power cap 90% of the time, SM clock 60%"),
+     ({"memory_used_ratio": 0.97}, "memory-full", "97% of its memory used")],
+)
+def test_gpu_verdicts(changes, kind, phrase):
+    verdicts = diagnose(gpu_snapshot(gpus=[gpu(0), gpu(1), gpu(2, **changes), gpu(3)]), LIMITS)
+    assert kinds(verdicts) == [kind]
+    assert len(verdicts[0].evidence) == 1 and verdicts[0].evidence[0].startswith("GPU 2: ")
+    assert phrase in verdicts[0].evidence[0]
+
+
+def test_at_the_power_cap_with_full_clocks_is_not_throttling():
+    gpus = [gpu(0, power_throttle_ratio=0.9, sm_clock_ratio=0.95), gpu(1), gpu(2), gpu(3)]
+    assert diagnose(gpu_snapshot(gpus=gpus), LIMITS) == []
+
+
+def test_low_mfu():
+    ranks = [rank("0", uuid="GPU-0", mfu=0.08), rank("1", uuid="GPU-1", mfu=0.12)]
+    verdicts = diagnose(gpu_snapshot(ranks, [gpu(0), gpu(1)]), LIMITS)
+    assert kinds(verdicts) == ["low-mfu"] and "10% of the GPUs' peak" in verdicts[0].summary
+    ranks = [rank("0", uuid="GPU-0", mfu=0.41), rank("1", uuid="GPU-1", mfu=0.39)]
+    assert diagnose(gpu_snapshot(ranks, [gpu(0), gpu(1)]), LIMITS) == []
+
+
+def test_nothing_to_read_and_nothing_stepped_yet():
+    assert kinds(diagnose(Snapshot("test", NOW, [], [gpu(0)]), LIMITS)) == ["no-training"]
+    fresh = [rank("0", last_step_time=None, steps=0), rank("1", last_step_time=None, steps=0)]
+    assert kinds(diagnose(Snapshot("test", NOW, fresh), LIMITS)) == ["no-step-yet"]
+
+
+def test_thresholds_must_be_positive():
+    with pytest.raises(ConfigError, match="stall-seconds must be positive"):
+        Thresholds(stall_seconds=0)
+
+
+# --- GPU series through the real exporter (fake NVML) ---------------------------------------------------------
+
+
+def fake_host() -> dict:
+    """Four H100s of the fake's DGX: GPU 1 power-capped at a low clock, GPU 2 idle, GPU 3 hot and nearly full."""
+    host = json.loads((REPO / "tests/nvml_fake/hosts/dgx_h100.json").read_text())
+    host["gpus"] = host["gpus"][:4]
+    # NVML's violation counters are in nanoseconds: 0.9e9 per second is 90% of the time.
+    host["gpus"][1]["overrides"] = {
+        "nvmlDeviceGetViolationStatus": {"NVML_PERF_POLICY_POWER": {"start": 0, "per_second": 0.9e9}},
+        "nvmlDeviceGetClockInfo": {"NVML_CLOCK_SM": 1200}}
+    host["gpus"][2]["overrides"] = {"nvmlDeviceGetUtilizationRates": {"gpu": 0, "memory": 0}}
+    host["gpus"][3]["overrides"] = {
+        "nvmlDeviceGetViolationStatus": {"NVML_PERF_POLICY_THERMAL": {"start": 0, "per_second": 0.5e9}},
+        "nvmlDeviceGetMemoryInfo": {"used": 83_000_000_000}}
+    return host
+
+
+def test_gpu_verdicts_through_the_real_exporter(cpu_run):
+    from monitoring.exporter.app import Exporter
+    from monitoring.exporter.config import ExporterConfig
+    from tests import nvml_fake
+
+    nvml_fake.load(fake_host())
+    exporter = Exporter(ExporterConfig(port=0, metrics_dir=cpu_run / "metrics" / "node-0",
+                                       nvml_module="tests.nvml_fake"))
+    exporter.start()
+    try:
+        source = ExporterSource(f"http://127.0.0.1:{exporter.server.port}/metrics", interval=1.0)
+    finally:
+        exporter.stop()
+        nvml_fake.load(None)
+    snapshot = read_snapshot(source)
+    assert [r.rank for r in snapshot.ranks] == ["0", "1"] and [g.index for g in snapshot.gpus] == list("0123")
+    verdicts = {v.kind: v for v in diagnose(snapshot, Thresholds(stall_seconds=1e9))}
+    assert set(verdicts) == {"gpus-unused", "throttled", "memory-full"}
+    assert "the ranks run on CPU while 1 of 4 visible GPU(s) sit idle" in verdicts["gpus-unused"].summary
+    throttling = verdicts["throttled"].evidence
+    assert throttling[0].startswith("GPU 1: at its power cap 9") and "SM clock 61% of its maximum" in throttling[0]
+    assert throttling[1].startswith("GPU 3: clocks held down by temperature 5")
+    assert verdicts["memory-full"].evidence == ("GPU 3: 97% of its memory used",)
+
+
+# --- real runs, read live -------------------------------------------------------------------------------------
+
+
+def scrape(url: str) -> dict[str, dict[str, float]]:
+    """sample name -> rank -> value."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    values: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values.setdefault(sample.name, {})[sample.labels.get("rank", "")] = sample.value
+    return values
+
+
+@contextlib.contextmanager
+def live_run(folder: Path, *args: str, env: dict[str, str] | None = None, steps: int = 2) -> Iterator[str]:
+    """A 2-rank CPU run that trains until the test ends; yields its exporter's /metrics URL once every rank has
+    made `steps` steps. Stopped by killing the launcher and its descendants, each by PID."""
+    port = free_port()
+    log_path = folder / "train.log"
+    with log_path.open("w") as log:
+        launcher = subprocess.Popen(
+            trainstack_command("train", "--output-dir", str(folder / "run"), "--max-steps", "100000",
+                               "--exporter-port", str(port), "--checkpoint-every", "0", "--log-every", "2",
+                               "--batch-size", "8", *args),
+            cwd=REPO, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert launcher.poll() is None, f"the run ended early:\n{log_path.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, f"no steps within 300 s:\n{log_path.read_text()[-4000:]}"
+            with contextlib.suppress(OSError):
+                done = scrape(url).get("trainstack_train_steps_total", {})
+                if len(done) == 2 and min(done.values()) >= steps:
+                    break
+            time.sleep(0.5)
+        yield url
+    finally:
+        family = [launcher.pid, *(child.pid for child in psutil.Process(launcher.pid).children(recursive=True))]
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        launcher.wait()
+
+
+def diagnose_url(url: str, interval: float = 4.0, **limits) -> list:
+    return diagnose(read_snapshot(open_source(url, "auto", interval, "")), Thresholds(**limits))
+
+
+def test_healthy_run(tmp_path):
+    # No loader workers: two ranks already fill the two cores of a small CI machine, and a rank starved of CPU
+    # by its neighbours' workers is a real straggler.
+    with live_run(tmp_path, "--num-workers", "0") as url:
+        result = run_trainstack("diagnose", "--url", url.removesuffix("/metrics"), "--interval", "6")
+    assert result.returncode == 0, result.stdout + result.stderr
+    verdict = result.stdout.splitlines()[1]
+    assert verdict.startswith("HEALTHY  2 rank(s), ") and "samples/s in all" in verdict
+
+
+@pytest.fixture
+def prometheus(tmp_path) -> Iterator[callable]:
+    """A function that starts Debian's Prometheus on loopback, scraping one target every second."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not found: install Debian's `prometheus` package (make system-deps)")
+    started: list[subprocess.Popen] = []
+
+    def start(target: str) -> str:
+        port = free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "scrape_configs": [{"job_name": "trainstack", "static_configs": [{"targets": [target]}]}]}))
+        log = (tmp_path / "prometheus.log").open("w")
+        started.append(subprocess.Popen(
+            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT))
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for process in started:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_slowed_loader_is_input_bound_through_the_exporter_and_prometheus(tmp_path, prometheus):
+    slow = {"TRAINSTACK_TEST_SAMPLE_DELAY": "0.1"}
+    with live_run(tmp_path, "--dataset", "tests.factories:slow_dataset", "--num-workers", "0", env=slow) as url:
+        from_exporter = diagnose_url(url)
+        server = prometheus(url.removeprefix("http://").removesuffix("/metrics"))
+        source = PrometheusSource(server)
+
+        def both_ranks_have_rates() -> bool:
+            # rate() needs two scrapes of each rank's counters inside its window
+            try:
+                return len(source.rate("trainstack_train_data_wait_seconds_total")) == 2
+            except ConfigError:  # Prometheus is still starting
+                return False
+
+        deadline = time.monotonic() + 120
+        while not both_ranks_have_rates():
+            assert time.monotonic() < deadline, f"Prometheus has no rates after 120 s: {server}"
+            time.sleep(1)
+        from_prometheus = diagnose(read_snapshot(source), LIMITS)
+    for verdicts in (from_exporter, from_prometheus):
+        assert kinds(verdicts) == ["input-bound"]
+        assert "rank 0, rank 1 wait(s) for the data loader" in verdicts[0].summary
+
+
+def test_a_slowed_rank_is_named_the_straggler(tmp_path):
+    slow_rank = {"TRAINSTACK_TEST_SLOW_RANK": "1", "TRAINSTACK_TEST_SLOW_SECONDS": "0.3"}
+    with live_run(tmp_path, "--model", "tests.factories:pausing_gpt", "--num-workers", "1", env=slow_rank) as url:
+        if FORWARD_METRIC not in scrape(url):
+            pytest.skip(f"the trainer does not export {FORWARD_METRIC}, which names a straggler: DDP makes every "
+                        "rank's step time equal (docs/diagnostics.md)")
+        verdicts = diagnose_url(url)
+    assert kinds(verdicts) == ["straggler"]
+    assert verdicts[0].summary.startswith("rank 1 is a straggler: its forward time per step")
+
+
+def test_a_hung_rank_is_stalled(tmp_path):
+    hang = {"TRAINSTACK_TEST_SLOW_RANK": "1", "TRAINSTACK_TEST_SLOW_AFTER": "3",
+            "TRAINSTACK_TEST_SLOW_SECONDS": "3600"}
+    with live_run(tmp_path, "--model", "tests.factories:pausing_gpt", "--num-workers", "1", env=hang,
+                  steps=1) as url:
+        deadline = time.monotonic() + 120
+        while "stalled" not in kinds(verdicts := diagnose_url(url, interval=1.0, stall_seconds=3)):
+            assert time.monotonic() < deadline, f"never stalled: {verdicts}"
+        result = run_trainstack("diagnose", "--url", url, "--interval", "1", "--stall-seconds", "3", "--json")
+    assert kinds(verdicts) == ["stalled"]
+    assert [item.split(":")[0] for item in verdicts[0].evidence] == ["rank 0", "rank 1"]
+    assert result.returncode == 1 and '"kind": "stalled"' in result.stdout
+
+
+def test_an_unreachable_source_is_one_line_and_exit_2():
+    result = run_trainstack("diagnose", "--url", f"127.0.0.1:{free_port()}", "--interval", "0.1")
+    assert result.returncode == 2
+    assert result.stderr.startswith("trainstack diagnose: error: cannot read http://127.0.0.1:")
+    assert len(result.stderr.splitlines()) == 1
