@@ -41,7 +41,10 @@ esac
 
 # The other trainer (from an earlier `make up` on this host) would hold the exporter port.
 compose rm --stop --force "$other" >/dev/null 2>&1 || true
-compose up --detach --build "$@" "$trainer" prometheus grafana
+# Rebuild by default so the image has the checkout's code (cached layers make that quick); --no-build skips it.
+build=--build
+for option in "$@"; do [ "$option" = --no-build ] && build=; done
+compose up --detach ${build} "$@" "$trainer" prometheus grafana
 
 container=$(compose ps -q "$trainer")
 [ -n "$container" ] || { echo "make up: compose started no $trainer container; see make logs" >&2; exit 1; }
