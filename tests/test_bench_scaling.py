@@ -1,0 +1,75 @@
+"""bench scaling: a real DDP run on 1 and 2 CPU ranks with a table, JSON and a plot; the DataParallel script's
+loop on the CPU; the figures and the GPU-host plot from given measurements."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from bench.scaling.config import ScalingConfig, default_device_counts
+from bench.scaling.results import plot, rows, table
+from bench.scaling.runs import DATAPARALLEL_SCRIPT, Measurement
+from tests.conftest import REPO, explain
+from train.errors import ConfigError
+
+TINY = ["--max-steps", "3", "--batch-size", "4", "--num-workers", "0", "--seq-len", "32"]
+
+
+def test_cpu_host_runs_ddp_on_one_and_two_ranks(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "bench.scaling", "--output-dir", str(tmp_path), *TINY],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, explain(done)
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["mode", "CPU", "ranks", "samples/s", "speed-up", "efficiency"]
+    assert [line.split()[:2] for line in lines[1:3]] == [["DDP", "1"], ["DDP", "2"]]
+    assert lines[3].startswith("nn.DataParallel comparison needs GPUs")
+    results = json.loads((tmp_path / "scaling.json").read_text())
+    assert results["gpus"] == 0 and [r["devices"] for r in results["results"]] == [1, 2]
+    assert all(r["samples_per_second"] > 0 for r in results["results"])
+    assert results["results"][0]["efficiency"] == 1.0
+    for devices in (1, 2):
+        assert json.loads((tmp_path / f"ddp-{devices}" / "summary.json").read_text())["world_size"] == devices
+    assert Image.open(tmp_path / "scaling.png").format == "PNG"
+
+
+def test_dataparallel_loop_runs_unsplit_on_the_cpu():
+    done = subprocess.run([sys.executable, str(DATAPARALLEL_SCRIPT), "--gpus", "0", *TINY], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, explain(done)
+    assert json.loads(done.stdout.splitlines()[-1])["samples_per_second"] > 0
+
+
+GPU_HOST = [Measurement("DDP", 1, 100.0), Measurement("DDP", 2, 190.0), Measurement("DDP", 4, 360.0),
+            Measurement("DataParallel", 1, 98.0), Measurement("DataParallel", 2, 150.0),
+            Measurement("DataParallel", 4, 200.0)]
+
+
+def test_speedup_and_efficiency_are_against_ddp_per_device():
+    by_mode = {(r["mode"], r["devices"]): r for r in rows(GPU_HOST)}
+    assert by_mode[("DDP", 4)]["speedup"] == pytest.approx(3.6)
+    assert by_mode[("DDP", 4)]["efficiency"] == pytest.approx(0.9)
+    assert by_mode[("DataParallel", 4)]["efficiency"] == pytest.approx(0.5)
+    text = table(GPU_HOST, gpus=4)
+    assert "DataParallel          4      200.0     2.00x        50%" in text
+    assert "needs GPUs" not in text
+
+
+def test_gpu_host_plot_has_both_modes(tmp_path):
+    plot(GPU_HOST, 4, tmp_path / "scaling.png")
+    colours = {colour for _count, colour in Image.open(tmp_path / "scaling.png").convert("RGB").getcolors(1 << 20)}
+    assert (31, 119, 180) in colours and (255, 127, 14) in colours  # matplotlib's first two lines: DDP, DataParallel
+
+
+def test_device_counts():
+    assert default_device_counts(8) == (1, 2, 4, 8)
+    assert default_device_counts(6) == (1, 2, 4, 6)
+    assert default_device_counts(1) == (1,)
+    assert ScalingConfig(gpus=0).devices == (1, 2)
+    with pytest.raises(ConfigError, match="asks for 16 GPUs but this host has 8"):
+        ScalingConfig(gpus=8, devices=(1, 16))
+    with pytest.raises(ConfigError, match="fp16 needs GPUs"):
+        ScalingConfig(gpus=0, mixed_precision="fp16")
