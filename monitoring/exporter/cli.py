@@ -45,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
     exporter.start()
     session = exporter.session
     nvml = (f"NVML up, driver {session.driver_version}, {session.health().gpus} GPU(s)" if session.up
-            else f"NVML down ({session.down_reason}); serving training metrics only")
-    log.info("serving http://%s:%d/metrics (%s)", _url_host(config.host), exporter.server.port, nvml)
+            else f"NVML down ({session.down_reason})")
+    training = f"training metrics from {config.metrics_dir}" if config.metrics_dir else "no --metrics-dir"
+    log.info("serving http://%s:%d/metrics (%s; %s)", _url_host(config.host), exporter.server.port, nvml, training)
     stop.wait()
     exporter.stop()
     return EXIT_OK
