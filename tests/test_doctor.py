@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import explain, run_trainstack
 from train.doctor import (
     CheckResult,
     DoctorConfig,
@@ -392,3 +393,56 @@ def test_run_checks_covers_every_concern(small_shm, tmp_path):
     assert {r.name for r in results if r.status is Status.FAIL} == {
         "shm"
     }  # 16 MiB cannot hold NCCL's buffers
+
+
+# --- the command and the launcher ---------------------------------------------------------------------------
+
+
+def test_cli_json_fails_on_a_read_only_output_dir(tmp_path):
+    with tmpfs(tmp_path / "ro", "1m", "ro") as mount:
+        done = run_trainstack("doctor", "--json", "--output-dir", str(mount / "run"), "--exporter-port", "0")
+    assert done.returncode == 2, explain(done)
+    document = json.loads(done.stdout)
+    assert document["ok"] is False
+    assert {c["name"]: c["status"] for c in document["checks"]}["output-dir"] == "FAIL"
+
+
+def test_cli_table_takes_the_train_flags_and_environment(tmp_path):
+    done = run_trainstack("doctor", "--output-dir", str(tmp_path / "run"), "--exporter-port", "0",
+                          "--num-workers", "1", "--batch-size", "8", env={"NCCL_DEBUG": "INFO"})
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["STATUS", "CHECK", "DETAIL"] and lines[-1].startswith("doctor: ")
+    assert any(line.startswith("WARN    debug-switches   NCCL_DEBUG=INFO") for line in lines), done.stdout
+    failed = any(line.startswith("FAIL") for line in lines)
+    assert done.returncode == (2 if failed else 0), explain(done)
+
+
+def test_cli_bad_input_is_one_line():
+    done = run_trainstack("doctor", "--nnodes", "2", "--node-rank", "5", "--exporter-port", "0")
+    assert done.returncode == 2
+    assert done.stderr.startswith("trainstack doctor: error: --node-rank") and len(done.stderr.splitlines()) == 1
+
+
+def launcher_runs_the_doctor() -> bool:
+    import argparse
+
+    from train import launch
+
+    parser = argparse.ArgumentParser()
+    launch.add_arguments(parser)
+    return "--skip-doctor" in parser._option_string_actions
+
+
+@pytest.mark.skipif(not launcher_runs_the_doctor(), reason="the launcher does not run the doctor yet "
+                    "(train/launch.py has no --skip-doctor)")
+def test_launcher_refuses_to_start_on_a_fail_unless_told(tmp_path):
+    # 64 MiB of disk: the doctor wants room for a 1 GiB checkpoint (FAIL); the tiny model's fits.
+    with tmpfs(tmp_path / "disk", "64m") as disk:
+        refused = run_trainstack("train", "--output-dir", str(disk / "run"), "--max-steps", "2",
+                                 "--exporter-port", "0", "--num-workers", "0")
+        assert refused.returncode == 2, explain(refused)
+        assert "FAIL    output-dir" in refused.stdout + refused.stderr
+        assert not list(disk.glob("run/telemetry/rank-*.jsonl"))  # no rank started
+        allowed = run_trainstack("train", "--output-dir", str(disk / "run"), "--max-steps", "2",
+                                 "--exporter-port", "0", "--num-workers", "0", "--skip-doctor")
+        assert allowed.returncode == 0, explain(allowed)
