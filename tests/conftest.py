@@ -18,7 +18,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 # Small and quick, but still 2 ranks over gloo with loader workers: every rank code path runs.
-FAST = ["--batch-size", "8", "--num-workers", "1", "--log-every", "5", "--exporter-port", "0"]
+FAST = ["--batch-size", "8", "--num-workers", "1", "--log-every", "5", "--exporter-port", "0", "--no-report"]
 
 
 def free_port() -> int:
@@ -53,6 +53,6 @@ def explain(result: subprocess.CompletedProcess) -> str:
 def cpu_run(tmp_path_factory) -> Path:
     """One finished 2-rank CPU run of the default model: read it, never write to it."""
     run_dir = tmp_path_factory.mktemp("cpu-run") / "run"
-    result = train(run_dir, "--max-steps", "40")
+    result = train(run_dir, "--max-steps", "40", "--report")
     assert result.returncode == 0, explain(result)
     return run_dir

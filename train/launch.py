@@ -133,6 +133,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"metrics exporter port (default: {DEFAULT_EXPORTER_PORT}; 0 turns it off)")
     group.add_argument("--exporter-host", default="127.0.0.1",
                        help="address the exporter binds (default: 127.0.0.1; 0.0.0.0 in containers)")
+    group.add_argument("--skip-doctor", action="store_true",
+                       help="start even if a preflight check FAILs (trainstack doctor shows them)")
+    group.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
+                       help="write RUN_DIR/report.html when the ranks exit (default: on)")
 
 
 def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> Path | None:
@@ -306,8 +310,32 @@ class Launch:
         return EXIT_FAILED
 
 
+def run_doctor(config: train_config.TrainConfig, launch: LaunchConfig, skip: bool) -> None:
+    """The doctor's findings that need attention; a FAIL stops the launch before any rank starts."""
+    from train.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
+
+    results = run_checks(DoctorConfig.for_run(config, launch))
+    if any(result.status != Status.PASS for result in results):
+        print(render_table(results), file=sys.stderr)
+    if has_failures(results) and not skip:
+        raise ConfigError("preflight checks failed (FAIL above); fix them, or pass --skip-doctor to start anyway")
+
+
+def write_report(run_dir: Path) -> None:
+    from monitoring.report import write_report as render
+
+    try:
+        print(f"trainstack train: report: {render(run_dir)}", file=sys.stderr)
+    except ConfigError as problem:
+        print(f"trainstack train: warning: no report: {problem}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     config = train_config.from_sources(args)
     launch = LaunchConfig.from_args(args)
     resume_from = preflight(config, launch)
-    return Launch(config, launch, resume_from).run()
+    run_doctor(config, launch, args.skip_doctor)
+    code = Launch(config, launch, resume_from).run()
+    if args.report and launch.node_rank == 0:
+        write_report(config.run_dir)
+    return code
