@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -36,6 +35,9 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a script: tests.nvml_fake comes from the checkout
+from tests.nvml_fake.ranks import write_rank  # noqa: E402
+
 GPUS = RANKS = 8
 P99_TARGET_SECONDS = 0.025
 CPU_TARGET_SHARE = 0.01
@@ -47,37 +49,10 @@ PROMETHEUS_HEADERS = {
     "Accept-Encoding": "gzip",
 }
 
-# One rank's metrics as train/telemetry.py writes them on a GPU (so the memory and MFU gauges exist too).
-RANK_WRITER = textwrap.dedent("""
-    import sys, time
-    from prometheus_client import Counter, Gauge, Histogram
-    rank = sys.argv[1]
-    buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)  # train/telemetry.py
-    def gauge(name, labels=("rank",)):
-        return Gauge(name, name, list(labels), multiprocess_mode="mostrecent")
-    for name in ("steps", "samples", "tokens", "data_wait_seconds", "forward_seconds"):
-        Counter(f"trainstack_train_{name}", name, ["rank"]).labels(rank).inc(1000)
-    step = Histogram("trainstack_train_step_duration_seconds", "step", ["rank"], buckets=buckets)
-    for i in range(1000):
-        step.labels(rank).observe(0.02 * (1 + i % 7))
-    for name in ("loss", "learning_rate", "last_step_timestamp_seconds", "epoch",
-                 "last_checkpoint_timestamp_seconds", "checkpoint_duration_seconds",
-                 "memory_allocated_peak_bytes", "memory_reserved_peak_bytes", "mfu_ratio"):
-        gauge(f"trainstack_train_{name}").labels(rank).set(time.time())
-    gauge("trainstack_train_rank_info", ("rank", "local_rank", "node", "uuid")).labels(rank, rank, "0", "x").set(1)
-    gauge("trainstack_train_run_info", ("rank", "run_id", "world_size", "nodes", "mixed_precision", "model",
-          "dataset")).labels(rank, "bench", "8", "1", "bf16", "builtin:tiny-gpt", "builtin:sequences").set(1)
-""")
-
 
 def write_ranks(metrics_dir: Path) -> list[int]:
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
-    pids = []
-    for rank in range(RANKS):
-        process = subprocess.Popen([sys.executable, "-c", RANK_WRITER, str(rank)], env=env)
-        process.wait()
-        pids.append(process.pid)
-    return pids
+    """8 ranks' multiprocess files, as ranks on GPUs leave them (stand-ins: tests/nvml_fake/ranks.py)."""
+    return [write_rank(metrics_dir, rank, steps=1000, on_gpu=True, world_size=RANKS) for rank in range(RANKS)]
 
 
 def host_with_ranks(rank_pids: list[int]) -> dict:

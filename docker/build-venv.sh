@@ -17,6 +17,10 @@ fi
 case "$step" in
   deps)
     if [ "${TORCH_FROM_BASE:-0}" = 1 ]; then
+      # NGC images pin their own packages through pip constraints; in this venv the lock's versions win
+      # (they shadow the system's), while torch and its CUDA libraries stay the base image's.
+      unset PIP_CONSTRAINT
+      export PIP_CONFIG_FILE=/dev/null
       python3 -m venv --system-site-packages /opt/venv
       grep -v '^torch==' "$deps/requirements.lock" > /tmp/requirements.txt
     else

@@ -2,10 +2,11 @@
 # Downloads every wheel the image installs (requirements.lock, its dependencies, and the build backend for
 # trainstack itself) into a directory, for `--build-arg WHEELHOUSE=<dir>` builds that must not reach an index.
 #
-# Usage: docker/wheelhouse.sh [DIR] [PYTHON_VERSION]
+# Usage: docker/wheelhouse.sh [DIR] [PYTHON_VERSION GLIBC_VERSION]
 #   DIR             where the wheels go, inside the build context (default: wheelhouse)
-#   PYTHON_VERSION  the image's Python when it differs from this machine's, e.g. 3.12 for the default CUDA base
-#                   (Ubuntu 24.04); the wheels are then picked for manylinux x86_64 and that version.
+#   PYTHON_VERSION  the image's Python and glibc when they differ from this machine's: 3.12 2.39 for the default
+#   GLIBC_VERSION   CUDA base (Ubuntu 24.04), 3.11 2.36 for Debian 12; wheels are then picked for x86_64 Linux
+#                   with that Python and at most that glibc
 # Extra pip options pass through PIP_* variables, e.g. PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
 # for the CPU build of torch.
 set -euo pipefail
@@ -15,9 +16,11 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] && python=${PYTHON:-.venv/bin/python}
 target=()
 if [ -n "${2:-}" ]; then
-  # pip matches --platform literally, so list every manylinux level an x86_64 wheel may be tagged with.
+  glibc_minor=${3:?give the glibc version of the image too, e.g. 2.39 (ldd --version in the image)}
+  glibc_minor=${glibc_minor#2.}
+  # pip matches --platform literally, so list every manylinux level the image's glibc can load.
   target=(--python-version "$2" --implementation cp --platform manylinux2014_x86_64)
-  for level in $(seq 17 39); do target+=(--platform "manylinux_2_${level}_x86_64"); done
+  for level in $(seq 17 "$glibc_minor"); do target+=(--platform "manylinux_2_${level}_x86_64"); done
 fi
 # pip builds trainstack itself in an isolated environment: its build backend must be in the wheelhouse too.
 mapfile -t build_requires < <("$python" -c \

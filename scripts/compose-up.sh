@@ -46,7 +46,7 @@ build=--build
 for option in "$@"; do [ "$option" = --no-build ] && build=; done
 compose up --detach ${build} "$@" "$trainer" prometheus grafana
 
-container=$(compose ps -q "$trainer")
+container=$(compose ps --all --quiet "$trainer")
 [ -n "$container" ] || { echo "make up: compose started no $trainer container; see make logs" >&2; exit 1; }
 deadline=$((SECONDS + ${TRAINSTACK_UP_TIMEOUT:-600}))
 echo "make up: waiting for the trainer's exporter to answer (first start: model setup and preflight checks)"

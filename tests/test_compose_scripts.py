@@ -20,7 +20,7 @@ case "$*" in
   "info --format {{json .Runtimes}}") echo "$RUNTIMES" ;;
   info) ;;
   "compose version") ;;
-  *" ps -q "*) echo container-id ;;
+  *" ps --all --quiet "*) echo container-id ;;
   inspect*) echo "$TRAINER_STATE" ;;
   *" logs "*) echo "trainer log line" ;;
 esac

@@ -24,6 +24,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -34,20 +35,24 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, free_port
+from tests.test_compose import size_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 CACHE = Path(os.environ.get("TRAINSTACK_TEST_CACHE", "/var/cache/trainstack-test"))
 SUITE = "bookworm"
-SUITE_PYTHON = "3.11"  # bookworm's python3: the wheelhouse is downloaded for it
+SUITE_PYTHON, SUITE_GLIBC = "3.11", "2.36"  # bookworm's: the wheelhouse is downloaded for them
 BASE_PACKAGES = ("python3", "python3-venv", "tini")  # what docker/install-os-packages.sh would otherwise apt-get
 TEST_IMAGE = "trainstack-test/trainer:latest"
+BUILDER_IMAGE = "trainstack-test/builder:latest"
 SERVICE = "trainer-cpu"
+PID_FILE = CACHE / "dockerd.pid"
 
 
 @dataclass
 class Engine:
     env: dict[str, str]
+    own_daemon: bool  # started by this test: its images are the test's to prune
 
     def docker(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
@@ -64,13 +69,23 @@ def _answers(env: dict[str, str]) -> bool:
     return probe.returncode == 0
 
 
+def _leftover_dockerd() -> int | None:
+    """The test dockerd of a run that was killed before its teardown, if it is still alive."""
+    try:
+        pid = int(PID_FILE.read_text())
+        alive = b"dockerd" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if alive else None
+
+
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
     if shutil.which("docker") is None:
         pytest.skip("no docker CLI (Debian: apt-get install docker.io, or make system-deps)")
     env = dict(os.environ)
     if _answers(env):
-        yield Engine(env)
+        yield Engine(env, own_daemon=False)
         return
     if os.geteuid() != 0:
         pytest.skip("no Docker daemon answers, and starting dockerd needs root")
@@ -80,6 +95,11 @@ def engine() -> Iterator[Engine]:
     # One test dockerd per data root: a concurrent session waits here rather than corrupting it.
     lock = (CACHE / "dockerd.lock").open("w")
     fcntl.flock(lock, fcntl.LOCK_EX)
+    leftover = _leftover_dockerd()
+    if leftover:
+        lock.close()
+        pytest.skip(f"dockerd pid {leftover}, left by an interrupted test run, still uses {CACHE / 'docker'}; "
+                    f"stop it (kill {leftover}) and rerun")
     # Short paths: containerd's sockets live under the exec root and unix socket paths are limited to 108 bytes.
     exec_root = Path(tempfile.mkdtemp(prefix="tsdocker-", dir="/tmp"))
     socket_path = exec_root / "docker.sock"
@@ -91,6 +111,7 @@ def engine() -> Iterator[Engine]:
              "--bridge", "none", "--iptables=false", "--ip-masq=false"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
+    PID_FILE.write_text(str(daemon.pid))
     env["DOCKER_HOST"] = f"unix://{socket_path}"
     try:
         deadline = time.monotonic() + 90
@@ -99,7 +120,7 @@ def engine() -> Iterator[Engine]:
                 tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
                 pytest.skip("dockerd could not start here: " + " | ".join(tail))
             time.sleep(1)
-        yield Engine(env)
+        yield Engine(env, own_daemon=True)
     finally:
         daemon.terminate()
         try:
@@ -107,6 +128,7 @@ def engine() -> Iterator[Engine]:
         except subprocess.TimeoutExpired:
             daemon.kill()
             daemon.wait()
+        PID_FILE.unlink(missing_ok=True)
         shutil.rmtree(exec_root, ignore_errors=True)
         lock.close()
 
@@ -164,16 +186,20 @@ def base_image(engine: Engine) -> str:
 def wheelhouse() -> Path:
     """Every wheel the image installs, for bookworm's Python, made once per lock file by docker/wheelhouse.sh."""
     script = REPO / "docker" / "wheelhouse.sh"
-    key = _key(SUITE_PYTHON, (REPO / "requirements.lock").read_bytes(), (REPO / "pyproject.toml").read_bytes(),
-               script.read_bytes())
+    build_requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    lock = (REPO / "requirements.lock").read_bytes()
+    key = _key(SUITE_PYTHON, SUITE_GLIBC, lock, build_requires, script.read_bytes())
     folder = CACHE / f"wheelhouse-py{SUITE_PYTHON}-{key}"
     if not folder.is_dir():
         CACHE.mkdir(parents=True, exist_ok=True)
-        partial = Path(tempfile.mkdtemp(prefix="wheelhouse-", dir=CACHE))
-        result = subprocess.run(["bash", str(script), str(partial), SUITE_PYTHON], capture_output=True, text=True,
-                                timeout=1200)
-        assert result.returncode == 0, f"docker/wheelhouse.sh failed:\n{result.stderr[-4000:]}"
-        partial.rename(folder)
+        with tempfile.TemporaryDirectory(prefix="partial-wheelhouse-", dir=CACHE) as scratch:
+            result = subprocess.run(["bash", str(script), f"{scratch}/wheels", SUITE_PYTHON, SUITE_GLIBC],
+                                    capture_output=True, text=True, timeout=1200)
+            assert result.returncode == 0, f"docker/wheelhouse.sh failed:\n{result.stderr[-4000:]}"
+            Path(scratch, "wheels").rename(folder)
+        for outdated in CACHE.glob(f"wheelhouse-py{SUITE_PYTHON}-*"):
+            if outdated != folder:
+                shutil.rmtree(outdated, ignore_errors=True)
     return folder
 
 
@@ -202,10 +228,16 @@ def image(engine: Engine, base_image: str, wheelhouse: Path, tmp_path_factory) -
     args = {**build.get("args", {}), "BASE_IMAGE": base_image, "WHEELHOUSE": "wheelhouse"}
     context = tmp_path_factory.mktemp("context")
     build_context(context, wheelhouse)
-    command = ["build", "--network", "host", "--file", str(context / build["dockerfile"]), "--tag", TEST_IMAGE]
+    command = ["build", "--network", "host", "--file", str(context / build["dockerfile"])]
     for name, value in args.items():
         command += ["--build-arg", f"{name}={value}"]
-    engine.docker(*command, str(context / build["context"]), timeout=1500)
+    # The build stage gets a tag of its own, so that pruning the previous images keeps its cached layers
+    # (PyTorch and the other pinned packages) for the next run.
+    engine.docker(*command, "--target", "builder", "--tag", BUILDER_IMAGE, str(context / build["context"]),
+                  timeout=1500)
+    engine.docker(*command, "--tag", TEST_IMAGE, str(context / build["context"]), timeout=1500)
+    if engine.own_daemon:
+        engine.docker("image", "prune", "--force", timeout=600)
     return TEST_IMAGE
 
 
@@ -249,12 +281,14 @@ def steps_by_rank(port: int) -> dict[str, float]:
             for rank, value in re.findall(r'^trainstack_train_steps_total\{rank="(\d+)"\} (\S+)$', text, re.M)}
 
 
-def test_image_runs_as_non_root_with_tini_as_pid_1(engine: Engine, image: str):
+def test_image_is_offline_by_default(engine: Engine, image: str):
     config = json.loads(engine.docker("image", "inspect", image).stdout)[0]["Config"]
-    assert config["User"] not in ("", "0", "root")
-    assert config["Entrypoint"] == ["tini", "--", "trainstack", "train"]
     env = dict(item.split("=", 1) for item in config["Env"])
     assert env["HF_HUB_OFFLINE"] == "1" and env["HF_DATASETS_OFFLINE"] == "1"
+
+
+def inside(engine: Engine, name: str, code: str) -> str:
+    return engine.docker("exec", name, "python", "-c", code).stdout.strip()
 
 
 def test_trainer_serves_metrics_checkpoints_on_docker_stop_and_resumes(engine: Engine, image: str, tmp_path):
@@ -262,6 +296,7 @@ def test_trainer_serves_metrics_checkpoints_on_docker_stop_and_resumes(engine: E
     run_dir = tmp_path / "runs"
     run_dir.mkdir()
     uid = int(json.loads(engine.docker("image", "inspect", image).stdout)[0]["Config"]["User"])
+    assert uid != 0, "the image runs as root"
     os.chown(run_dir, uid, uid)
     port = free_port()
     name = f"trainstack-test-{os.getpid()}-{port}"
@@ -279,6 +314,13 @@ def test_trainer_serves_metrics_checkpoints_on_docker_stop_and_resumes(engine: E
             assert time.monotonic() < deadline, "the exporter never showed 10 steps on both ranks"
             time.sleep(1)
             steps = steps_by_rank(port)
+        # The running container: tini as PID 1 (signals, reaping), a non-root user, the service's /dev/shm and stack.
+        assert inside(engine, name, "print(open('/proc/1/comm').read())") == "tini"
+        assert inside(engine, name, "import os; print(os.getuid())") == str(uid) != "0"
+        shm = inside(engine, name, "import os; s = os.statvfs('/dev/shm'); print(s.f_blocks * s.f_frsize)")
+        assert int(shm) == size_bytes(service["shm_size"])
+        stack = inside(engine, name, "import resource; print(resource.getrlimit(resource.RLIMIT_STACK)[0])")
+        assert int(stack) == service["ulimits"]["stack"]
         engine.docker("stop", "--time", "240", name, timeout=300)
         state = json.loads(engine.docker("inspect", name).stdout)[0]["State"]
         logs = engine.docker("logs", name, check=False)

@@ -55,7 +55,8 @@ def test_build_is_multi_stage_and_the_final_stage_takes_only_the_venv_and_the_wh
     stage = final_stage()
     copies = [args for op, args in stage if op == "COPY" and args.startswith("--from=")]
     assert copies == ["--from=builder /opt/venv /opt/venv", "--from=builder /build/wheels /tmp/wheels"]
-    assert sum(op == "FROM" for op, _ in instructions()) == 2
+    assert [args for op, args in instructions() if op == "FROM"] == [
+        "${BASE_IMAGE} AS base", "base AS builder", "base"]
 
 
 def test_final_stage_runs_as_a_numeric_non_root_user():

@@ -1,8 +1,8 @@
 """The exporter as a server: HTTP endpoints, training metrics from a multiprocess directory, promtool on a live
 scrape, the command line (flags, bad input, SIGTERM), and the GPU log for the run report.
 
-Training metrics come from small processes that write prometheus_client multiprocess files under the names of
-docs/architecture.md, the way train/telemetry.py does; tests/test_exporter_live.py scrapes a real training run.
+Training metrics come from stand-in ranks (tests/nvml_fake/ranks.py) that write prometheus_client multiprocess
+files the way train/telemetry.py does; tests/test_exporter_live.py scrapes a real training run.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +28,7 @@ from monitoring.exporter.app import Exporter
 from monitoring.exporter.config import ExporterConfig
 from monitoring.exporter.training import job_pids
 from tests.conftest import REPO
+from tests.nvml_fake.ranks import write_rank
 
 TRAINING_METRICS = [
     "trainstack_train_steps_total", "trainstack_train_samples_total", "trainstack_train_tokens_total",
@@ -39,37 +39,6 @@ TRAINING_METRICS = [
     "trainstack_train_last_checkpoint_timestamp_seconds", "trainstack_train_checkpoint_duration_seconds",
     "trainstack_train_rank_info", "trainstack_train_run_info",
 ]
-RANK_WRITER = textwrap.dedent("""
-    import sys, time
-    from prometheus_client import Counter, Gauge, Histogram
-    rank, steps = sys.argv[1], int(sys.argv[2])
-    def gauge(name, labels=("rank",)):
-        return Gauge(name, name, list(labels), multiprocess_mode="mostrecent")
-    labels = ["rank"]
-    Counter("trainstack_train_steps", "steps", labels).labels(rank).inc(steps)
-    Counter("trainstack_train_samples", "samples", labels).labels(rank).inc(8 * steps)
-    Counter("trainstack_train_tokens", "tokens", labels).labels(rank).inc(512 * steps)
-    Counter("trainstack_train_data_wait_seconds", "wait", labels).labels(rank).inc(0.01 * steps)
-    Counter("trainstack_train_forward_seconds", "forward", labels).labels(rank).inc(0.02 * steps)
-    step = Histogram("trainstack_train_step_duration_seconds", "step", labels, buckets=(0.01, 0.1, 1))
-    for _ in range(steps):
-        step.labels(rank).observe(0.05)
-    gauge("trainstack_train_loss").labels(rank).set(2.5)
-    gauge("trainstack_train_learning_rate").labels(rank).set(3e-4)
-    gauge("trainstack_train_last_step_timestamp_seconds").labels(rank).set(time.time())
-    gauge("trainstack_train_epoch").labels(rank).set(0)
-    gauge("trainstack_train_last_checkpoint_timestamp_seconds").labels(rank).set(time.time())
-    gauge("trainstack_train_checkpoint_duration_seconds").labels(rank).set(0.2)
-    gauge("trainstack_train_rank_info", ("rank", "local_rank", "node", "uuid")).labels(rank, rank, "0", "").set(1)
-    gauge("trainstack_train_run_info", ("rank", "run_id", "world_size", "nodes", "mixed_precision", "model",
-          "dataset")).labels(rank, "test-run", "2", "1", "no", "builtin:tiny-gpt", "builtin:sequences").set(1)
-""")
-
-
-def write_rank_metrics(metrics_dir: Path, rank: int, steps: int) -> None:
-    """Run one process that writes a rank's metrics into `metrics_dir` the way a rank does, and exits."""
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
-    subprocess.run([sys.executable, "-c", RANK_WRITER, str(rank), str(steps)], env=env, check=True)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +47,7 @@ def metrics_dir(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("run") / "metrics"
     directory.mkdir()
     for rank, steps in ((0, 20), (1, 19)):
-        write_rank_metrics(directory, rank, steps)
+        write_rank(directory, rank, steps)
     return directory
 
 
@@ -199,7 +168,7 @@ def test_a_new_metrics_directory_is_picked_up_without_a_restart(tmp_path, fake_h
     try:
         before = parse(get(exporter.server.port, "/metrics")[2])
         metrics.mkdir()
-        write_rank_metrics(metrics, rank=0, steps=3)
+        write_rank(metrics, rank=0, steps=3)
         after = parse(get(exporter.server.port, "/metrics")[2])
     finally:
         exporter.stop()

@@ -15,7 +15,7 @@ SUBCOMMANDS = {
     "doctor": ("train.doctor.cli", "preflight checks: GPUs, CUDA, /dev/shm, ulimits, NCCL switches, ports, disk"),
     "report": ("monitoring.report.cli", "write RUN_DIR/report.html: loss, throughput, step times, data wait, GPUs"),
     "diagnose": ("monitoring.diagnose.cli", "why a live run leaves GPUs idle: reads its exporter or Prometheus"),
-    "bench": ("bench.scaling.cli", "benchmarks: scaling = DDP vs DataParallel samples/s and efficiency on 1..N devices"),
+    "bench": ("bench.scaling.cli", "benchmarks: scaling = DDP vs DataParallel samples/s, efficiency on 1..N devices"),
 }
 
 
