@@ -10,7 +10,7 @@ over the global batch).
 
 Target (issue 3): on/off >= 0.99.
 
-    .venv/bin/python bench/telemetry_overhead.py [--steps 200] [--repeats 3]
+    .venv/bin/python bench/telemetry_overhead.py [--steps 200] [--repeats 4]
 """
 
 from __future__ import annotations
