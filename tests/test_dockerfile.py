@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,14 @@ def test_offline_build_installs_from_the_wheelhouse_only():
     script = (REPO / "docker" / "build-venv.sh").read_text()
     assert "--no-index --find-links" in script
     assert "requirements.lock" in script
+
+
+def test_every_package_trainstack_ships_is_copied_into_the_build():
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = {pattern.rstrip("*") for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    sources = [args.split() for op, args in instructions() if op == "COPY" and not args.startswith("--")]
+    copied = {source for source, *_, destination in sources if destination == f"/build/src/{source}"}
+    assert packages <= copied, f"pyproject.toml ships {sorted(packages - copied)}, which the Dockerfile does not copy"
 
 
 def test_dockerignore_keeps_the_context_small_and_secrets_out():
