@@ -28,7 +28,8 @@ ensure_setting COMPOSE_PROJECT_NAME "$PROJECT" || true
 
 device=${TRAINSTACK_DEVICE:-}
 if [ -z "$device" ]; then
-  if docker info --format '{{json .Runtimes}}' | grep -q '"nvidia"'; then device=gpu; else device=cpu; fi
+  runtimes=$(docker info --format '{{json .Runtimes}}')
+  if [[ $runtimes == *'"nvidia"'* ]]; then device=gpu; else device=cpu; fi
   detected=" (detected from docker info's runtimes; TRAINSTACK_DEVICE=gpu|cpu overrides)"
 fi
 case "$device" in
