@@ -61,6 +61,16 @@ class Engine:
         return result
 
 
+def writable_cache() -> Path:
+    try:
+        CACHE.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        pytest.skip(f"cannot use the cache {CACHE} ({error.strerror}); set TRAINSTACK_TEST_CACHE to a writable folder")
+    if not os.access(CACHE, os.W_OK):
+        pytest.skip(f"the cache {CACHE} is not writable; set TRAINSTACK_TEST_CACHE to a writable folder")
+    return CACHE
+
+
 def _answers(env: dict[str, str]) -> bool:
     try:
         probe = subprocess.run(["docker", "info"], env=env, capture_output=True, timeout=30)
@@ -91,7 +101,7 @@ def engine() -> Iterator[Engine]:
         pytest.skip("no Docker daemon answers, and starting dockerd needs root")
     if shutil.which("dockerd") is None:
         pytest.skip("no Docker daemon answers and no dockerd to start (Debian: apt-get install docker.io)")
-    CACHE.mkdir(parents=True, exist_ok=True)
+    writable_cache()
     # One test dockerd per data root: a concurrent session waits here rather than corrupting it.
     lock = (CACHE / "dockerd.lock").open("w")
     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -167,8 +177,7 @@ def base_image(engine: Engine) -> str:
             urllib.request.urlopen(f"{mirror}/dists/{SUITE}/Release", timeout=20).close()
         except (urllib.error.URLError, OSError) as error:
             pytest.skip(f"Debian mirror {mirror} unreachable ({error}); set TRAINSTACK_TEST_DEBIAN_MIRROR")
-        CACHE.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=CACHE) as scratch:
+        with tempfile.TemporaryDirectory(dir=writable_cache()) as scratch:
             rootfs = Path(scratch) / "rootfs"
             result = subprocess.run(
                 ["debootstrap", "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES), SUITE, str(rootfs),
@@ -191,8 +200,7 @@ def wheelhouse() -> Path:
     key = _key(SUITE_PYTHON, SUITE_GLIBC, lock, build_requires, script.read_bytes())
     folder = CACHE / f"wheelhouse-py{SUITE_PYTHON}-{key}"
     if not folder.is_dir():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="partial-wheelhouse-", dir=CACHE) as scratch:
+        with tempfile.TemporaryDirectory(prefix="partial-wheelhouse-", dir=writable_cache()) as scratch:
             result = subprocess.run(["bash", str(script), f"{scratch}/wheels", SUITE_PYTHON, SUITE_GLIBC],
                                     capture_output=True, text=True, timeout=1200)
             assert result.returncode == 0, f"docker/wheelhouse.sh failed:\n{result.stderr[-4000:]}"
