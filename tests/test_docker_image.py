@@ -79,6 +79,14 @@ def _answers(env: dict[str, str]) -> bool:
     return probe.returncode == 0
 
 
+def remove_exec_root(exec_root: Path) -> None:
+    """dockerd leaves its network namespace file bind-mounted under the exec root: unmount, then delete."""
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for mount in sorted((m for m in mounts if m.startswith(f"{exec_root}/")), reverse=True):
+        subprocess.run(["umount", mount], capture_output=True)
+    shutil.rmtree(exec_root, ignore_errors=True)
+
+
 def _leftover_dockerd() -> int | None:
     """The test dockerd of a run that was killed before its teardown, if it is still alive."""
     try:
@@ -139,7 +147,7 @@ def engine() -> Iterator[Engine]:
             daemon.kill()
             daemon.wait()
         PID_FILE.unlink(missing_ok=True)
-        shutil.rmtree(exec_root, ignore_errors=True)
+        remove_exec_root(exec_root)
         lock.close()
 
 
