@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,16 +26,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from bench.side_by_side import free_port, halves_for_pair, pinned, report
+
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
 WORLD_SIZE = 2
 TARGET = 0.99
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Scraper:
@@ -71,9 +65,7 @@ class Run:
     def __init__(self, telemetry: bool, cpus: set[int], args: argparse.Namespace):
         self._tmp = tempfile.TemporaryDirectory(prefix="telemetry-overhead-")
         self.run_dir = Path(self._tmp.name) / "run"
-        # taskset, not preexec_fn: a scraper thread may be running, and forking with threads is unsafe there.
-        command = ["taskset", "--cpu-list", ",".join(map(str, sorted(cpus))),
-                   sys.executable, "-m", "train.cli", "train", "--output-dir", str(self.run_dir),
+        command = [sys.executable, "-m", "train.cli", "train", "--output-dir", str(self.run_dir),
                    "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
                    "--num-workers", str(args.num_workers), "--checkpoint-every", "0", "--resume", "never"]
         self.scraper = None
@@ -83,7 +75,7 @@ class Run:
             self.scraper = Scraper(port)
         else:
             command += ["--no-telemetry", "--exporter-port", "0"]
-        self.process = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
+        self.process = subprocess.Popen(pinned(command, cpus), cwd=REPO, env=ENV, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, text=True)
 
     def steps_per_second(self, batch_size: int) -> tuple[float, int]:
@@ -107,27 +99,17 @@ def main() -> int:
     parser.add_argument("--num-workers", type=int, default=2)
     args = parser.parse_args()
 
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        sys.exit("needs at least 2 CPUs: the two runs train side by side, one half of the CPUs each")
-    halves = (set(cpus[: len(cpus) // 2]), set(cpus[len(cpus) // 2:]))
-    ratios, on_rates, off_rates = [], [], []
+    on_rates, off_rates = [], []
     for repeat in range(args.repeats):
-        on_cpus, off_cpus = halves if repeat % 2 == 0 else halves[::-1]
+        on_cpus, off_cpus = halves_for_pair(repeat)
         on, off = Run(True, on_cpus, args), Run(False, off_cpus, args)
         (on_rate, scrapes), (off_rate, _) = on.steps_per_second(args.batch_size), off.steps_per_second(args.batch_size)
         on_rates.append(on_rate)
         off_rates.append(off_rate)
-        ratios.append(on_rate / off_rate)
         print(f"pair {repeat + 1}: on {on_rate:.3f} steps/s (CPUs {sorted(on_cpus)}, {scrapes} scrapes), "
-              f"off {off_rate:.3f} steps/s (CPUs {sorted(off_cpus)}), ratio {ratios[-1]:.3f}  "
+              f"off {off_rate:.3f} steps/s (CPUs {sorted(off_cpus)}), ratio {on_rate / off_rate:.3f}  "
               f"(load average {os.getloadavg()[0]:.1f})", flush=True)
-    # Geometric mean: with the halves swapped in every other pair, a faster half's factor cancels out.
-    ratio = statistics.geometric_mean(ratios)
-    print(f"telemetry on + exporter scraped 1/s: {statistics.median(on_rates):.3f} steps/s (median of {args.repeats})")
-    print(f"telemetry off                      : {statistics.median(off_rates):.3f} steps/s (median of {args.repeats})")
-    print(f"ratio on/off: {ratio:.3f} (geometric mean of {args.repeats} pairs, spread {min(ratios):.3f}-"
-          f"{max(ratios):.3f}); target >= {TARGET}: {'met' if ratio >= TARGET else 'MISSED'}")
+    print(report("telemetry on, scraped 1/s", "telemetry off", on_rates, off_rates, TARGET))
     return 0
 
 

@@ -1,10 +1,11 @@
-"""trainstack's loop against the minimal Accelerate loop: same model, data, batch, 2 CPU ranks, one run.
+"""trainstack's loop against the minimal Accelerate loop: same model, data and batch, 2 CPU ranks each.
 
-Prints steps/s for each (median of alternating repeats) and their ratio. Target: trainstack >= 0.98 x minimal.
-trainstack's steps are timed from its own telemetry records (rank 0), after the same warm-up, so start-up,
-final checkpoint and evaluation are outside both timings.
+The two train side by side, one half of the CPUs each (bench/side_by_side.py), for the same number of steps;
+both are timed over the steps after the same warm-up, so start-up, the final checkpoint and evaluation are
+outside both timings. trainstack is `trainstack train` as a user runs it (telemetry on, loss reduced every 10
+steps, exporter off); the reference is bench/minimal_loop.py. Target (issue 2): trainstack/minimal >= 0.98.
 
-    .venv/bin/python bench/train_overhead.py [--steps 300] [--repeats 3]
+    .venv/bin/python bench/train_overhead.py [--steps 300] [--repeats 4]
 """
 
 from __future__ import annotations
@@ -12,64 +13,72 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from bench.side_by_side import free_port, halves_for_pair, pinned, report
+
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
-       "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) // 2))}
+       "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+TARGET = 0.98
 
 
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def minimal_command(args: argparse.Namespace) -> list[str]:
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--main_process_port", str(free_port()), "bench/minimal_loop.py", "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--num-workers",
+            str(args.num_workers)]
 
 
-def minimal(steps: int, warmup: int, batch: int, workers: int) -> float:
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--main_process_port", str(_port()), "bench/minimal_loop.py", "--steps", str(steps),
-               "--warmup", str(warmup), "--batch-size", str(batch), "--num-workers", str(workers)]
-    out = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, check=True).stdout
-    result = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+def trainstack_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "train.cli", "train", "--output-dir", str(run_dir), "--max-steps",
+            str(args.steps), "--batch-size", str(args.batch_size), "--num-workers", str(args.num_workers),
+            "--checkpoint-every", "0", "--exporter-port", "0", "--no-report"]
+
+
+def trainstack_rate(run_dir: Path, warmup: int) -> float:
+    records = [json.loads(line) for line in (run_dir / "telemetry/rank-0.jsonl").read_text().splitlines()]
+    timed = [seconds for record in records if record["step"] > warmup for seconds in record["step_seconds"]]
+    return len(timed) / sum(timed)
+
+
+def minimal_rate(stdout: str) -> float:
+    result = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
     return result["steps"] / result["seconds"]
 
 
-def trainstack(steps: int, warmup: int, batch: int, workers: int, log_every: int) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        run_dir = Path(tmp) / "run"
-        subprocess.run([sys.executable, "-m", "train.cli", "train", "--output-dir", str(run_dir), "--max-steps",
-                        str(steps), "--batch-size", str(batch), "--num-workers", str(workers), "--log-every",
-                        str(log_every), "--checkpoint-every", "0", "--exporter-port", "0"],
-                       cwd=REPO, env=ENV, capture_output=True, text=True, check=True)
-        records = [json.loads(line) for line in (run_dir / "telemetry/rank-0.jsonl").read_text().splitlines()]
-        timed = [s for r in records if r["step"] > warmup for s in r["step_seconds"]]
-        # step_seconds holds one entry per step; the records past warm-up cover exactly steps - warmup steps.
-        return len(timed) / sum(timed)
+def finish(process: subprocess.Popen, what: str) -> str:
+    stdout, stderr = process.communicate()
+    if process.returncode != 0:
+        sys.exit(f"{what} failed (exit {process.returncode}):\n{stderr[-4000:]}")
+    return stdout
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--warmup", type=int, default=50, help="steps excluded from timing (a multiple of 10)")
+    parser.add_argument("--warmup", type=int, default=50, help="steps left out of the timing (a multiple of 10)")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--num-workers", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--num-workers", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=4, help="pairs (the CPU halves swap each time)")
     args = parser.parse_args()
-    reference, ours = [], []
-    for repeat in range(args.repeats):  # alternate, so drift in machine load hits both sides alike
-        reference.append(minimal(args.steps, args.warmup, args.batch_size, args.num_workers))
-        ours.append(trainstack(args.steps, args.warmup, args.batch_size, args.num_workers, 10))
-        print(f"repeat {repeat + 1}: minimal {reference[-1]:.2f} steps/s, trainstack {ours[-1]:.2f} steps/s",
-              flush=True)
-    ratio = statistics.median(ours) / statistics.median(reference)
-    print(f"minimal Accelerate loop : {statistics.median(reference):.2f} steps/s (median of {args.repeats})")
-    print(f"trainstack train        : {statistics.median(ours):.2f} steps/s (median of {args.repeats})")
-    print(f"ratio trainstack/minimal: {ratio:.3f}  (target >= 0.98)")
+    ours, theirs = [], []
+    for pair in range(args.repeats):
+        our_cpus, their_cpus = halves_for_pair(pair)
+        with tempfile.TemporaryDirectory(prefix="train-overhead-") as tmp:
+            run_dir = Path(tmp) / "run"
+            launch = dict(cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            trainstack = subprocess.Popen(pinned(trainstack_command(args, run_dir), our_cpus), **launch)
+            minimal = subprocess.Popen(pinned(minimal_command(args), their_cpus), **launch)
+            theirs.append(minimal_rate(finish(minimal, "the minimal loop")))
+            finish(trainstack, "trainstack train")
+            ours.append(trainstack_rate(run_dir, args.warmup))
+        print(f"pair {pair + 1}: trainstack {ours[-1]:.3f} steps/s (CPUs {sorted(our_cpus)}), minimal "
+              f"{theirs[-1]:.3f} steps/s (CPUs {sorted(their_cpus)}), ratio {ours[-1] / theirs[-1]:.3f}", flush=True)
+    print(report("trainstack train", "minimal Accelerate loop", ours, theirs, TARGET))
 
 
 if __name__ == "__main__":

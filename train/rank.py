@@ -39,8 +39,8 @@ from train.telemetry import (
     RankIdentity,
     Telemetry,
     device_uuid,
-    last_steps_by_rank,
     peak_flops,
+    progress_by_rank,
 )
 
 RUN_ID_ENV = "TRAINSTACK_RUN_ID"
@@ -370,7 +370,10 @@ class Trainer:
                 self.accelerator.print(f"eval loss {eval_loss:.4f}")
             code = EXIT_OK if exit_reason == "completed" else EXIT_PREEMPTED
             self.write_summary(exit_reason, code, eval_loss, None)
-            self.accelerator.end_training()  # destroy_process_group(): no NCCL/gloo resources leak at exit
+            # Tear down together: a rank that leaves while a peer still has collective work in flight can make
+            # the peer's gloo threads abort at interpreter exit. destroy_process_group() frees NCCL/gloo state.
+            self.accelerator.wait_for_everyone()
+            self.accelerator.end_training()
             return code
         except ConfigError as error:
             self._fail(EXIT_CONFIG, str(error))
@@ -402,10 +405,13 @@ def explain_runtime_error(error: RuntimeError, config: TrainConfig) -> str | Non
                 "from the model")
     lowered = text.lower()
     if "timed out" in lowered or "timeout" in lowered or "connection closed by peer" in lowered:
-        ranks = last_steps_by_rank(os.environ.get(METRICS_DIR_ENV))
+        me = str(int(os.environ.get("RANK", "0")))
+        # This rank timed out waiting, so it is not the one that stopped: of the others, the one with the
+        # fewest completed steps, then forward passes, then the oldest last step.
+        peers = {r: p for r, p in progress_by_rank(os.environ.get(METRICS_DIR_ENV)).items() if r != me}
         culprit = ""
-        if ranks:
-            rank, (steps, last) = min(ranks.items(), key=lambda item: item[1][1])
+        if peers:
+            rank, (steps, forwards, last) = min(peers.items(), key=lambda item: item[1])
             culprit = (f"; rank {rank} stopped first (last step {int(steps)}, {time.time() - last:.0f} s ago): "
                        "it is hung or died, see its log")
         return (f"a collective waited longer than --collective-timeout {config.collective_timeout:g} s for a "

@@ -95,6 +95,8 @@ class Telemetry:
             "steps": Counter("trainstack_train_steps", "Optimizer steps completed.", labels).labels(self.rank),
             "samples": Counter("trainstack_train_samples", "Samples consumed.", labels).labels(self.rank),
             "tokens": Counter("trainstack_train_tokens", "Non-padding tokens consumed.", labels).labels(self.rank),
+            "forward_passes": Counter("trainstack_train_forward_passes", "Forward passes (micro-batches) completed.",
+                                      labels).labels(self.rank),
             "forward": Counter("trainstack_train_forward_seconds", "Time in the forward pass, before any collective.",
                                labels).labels(self.rank),
             "data_wait": Counter("trainstack_train_data_wait_seconds", "Time blocked waiting for the data loader.",
@@ -138,6 +140,8 @@ class Telemetry:
             self._forward_start = time.perf_counter()
 
     def forward_done(self) -> None:
+        if self._metrics:
+            self._metrics["forward_passes"].inc()
         if self.device.type == "cuda":
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -205,17 +209,18 @@ class Telemetry:
         self._records.close()
 
 
-def last_steps_by_rank(metrics_dir: str | None) -> dict[str, tuple[float, float]]:
-    """rank -> (steps completed, last step unix time), read from every rank's files: names a hung peer."""
+def progress_by_rank(metrics_dir: str | None) -> dict[str, tuple[float, float, float]]:
+    """rank -> (steps, forward passes, last step unix time), from every rank's files on this node: how a rank
+    that timed out in a collective names the peer that stopped, with no collective of its own."""
     if not metrics_dir or not Path(metrics_dir).is_dir():
         return {}
     from prometheus_client.multiprocess import MultiProcessCollector
 
-    steps, last = {}, {}
+    wanted = {"trainstack_train_steps_total": 0, "trainstack_train_forward_passes_total": 1,
+              "trainstack_train_last_step_timestamp_seconds": 2}
+    progress: dict[str, list[float]] = {}
     for family in MultiProcessCollector(None, metrics_dir).collect():
         for sample in family.samples:
-            if sample.name == "trainstack_train_steps_total":
-                steps[sample.labels["rank"]] = sample.value
-            elif sample.name == "trainstack_train_last_step_timestamp_seconds":
-                last[sample.labels["rank"]] = sample.value
-    return {rank: (steps.get(rank, 0.0), last[rank]) for rank in last}
+            if sample.name in wanted:
+                progress.setdefault(sample.labels["rank"], [0.0, 0.0, 0.0])[wanted[sample.name]] = sample.value
+    return {rank: tuple(values) for rank, values in progress.items()}
