@@ -45,6 +45,17 @@ def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def stop_process(process: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM a process the test started, SIGKILL it if it does not exit in time, and reap it."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def explain(result: subprocess.CompletedProcess) -> str:
     return f"exit {result.returncode}\n--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-8000:]}"
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, stop_process
 from tests.test_compose import size_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -140,12 +140,7 @@ def engine() -> Iterator[Engine]:
             time.sleep(1)
         yield Engine(env, own_daemon=True)
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+        stop_process(daemon)
         PID_FILE.unlink(missing_ok=True)
         remove_exec_root(exec_root)
         lock.close()

@@ -25,7 +25,7 @@ from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitoring.exporter.training import job_pids
-from tests.conftest import FAST, REPO, explain, free_port, run_trainstack, trainstack_command
+from tests.conftest import FAST, REPO, explain, free_port, run_trainstack, stop_process, trainstack_command
 
 pytestmark = pytest.mark.slow
 DEADLINE_SECONDS = 240  # generous: a loaded 2-core machine starts 2 ranks slowly; nothing here asserts speed
@@ -85,13 +85,7 @@ class LiveRun:
 
     def stop(self) -> None:
         for process in (self.launcher, self.standalone):
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_process(process)
 
     def output(self) -> str:
         self.stop()
