@@ -1,0 +1,18 @@
+"""The code style the project holds itself to (pyproject.toml's ruff settings), checked with the tests."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def test_ruff_is_clean():
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff not installed: make setup installs it from requirements-dev.lock")
+    result = subprocess.run([ruff, "check", "."], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-4000:]
