@@ -212,6 +212,8 @@ class Launch:
         env = dict(os.environ)
         env[METRICS_DIR_ENV] = str(self.metrics_dir.resolve())
         env[RUN_ID_ENV] = self.run_id
+        if self.resume_from:
+            env[checkpoint.VERIFIED_ENV] = str(self.resume_from)  # hashed in preflight; ranks check sizes only
         env["NNODES"] = str(self.launch.nnodes)
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed NCCL collective aborts, not hangs
         if self.launch.use_cpu:
