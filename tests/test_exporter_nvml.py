@@ -118,6 +118,7 @@ def test_unsupported_fields_are_omitted_and_asked_once():
     assert all(v >= 0 for (name, _), v in samples.items() if name.startswith("trainstack_gpu_"))
     # NotSupported is counted once per GPU, however many scrapes follow.
     assert errors(samples) == {
+        ("nvmlDeviceGetFieldValues/NVML_FI_DEV_POWER_AVERAGE", "NotSupported"): 3,  # A100 (GA100), T4, P4
         ("nvmlDeviceGetFieldValues/NVML_FI_DEV_MEMORY_TEMP", "NotSupported"): 2,
         ("nvmlDeviceGetFieldValues/NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "NotSupported"): 1,
         ("nvmlDeviceGetFieldValues/NVML_FI_DEV_ECC_SBE_VOL_TOTAL", "NotSupported"): 1,
@@ -137,6 +138,44 @@ def test_static_answers_are_read_once_not_per_scrape():
     assert calls["nvmlDeviceGetUtilizationRates"] == 8 * 5
     assert calls["nvmlDeviceGetFieldValues"] == 8 * (1 + 5)  # NVLink count at start, then one per scrape
     assert calls["nvmlDeviceGetPcieThroughput"] == 0  # opt-in
+
+
+def test_power_and_violation_counters_come_with_the_other_fields_in_one_call():
+    _, registry = exporter("dgx_h100")
+    at_start = fake.call_counts()
+    for _ in range(3):
+        samples = scrape(registry)
+    per_scrape = {call: n / 3 for call, n in (fake.call_counts() - at_start).items()}
+    # Per GPU: utilization, memory, temperature, 2 clocks, clock events and one field-values call for the rest
+    # (no process listing: no metrics directory, so no job pids); per host: the Xid event poll.
+    assert per_scrape == {"nvmlDeviceGetUtilizationRates": 8, "nvmlDeviceGetMemoryInfo": 8,
+                          "nvmlDeviceGetTemperature": 8, "nvmlDeviceGetClockInfo": 16,
+                          "nvmlDeviceGetCurrentClocksEventReasons": 8, "nvmlDeviceGetFieldValues": 8,
+                          "nvmlEventSetWait_v2": 1}
+    gpu0 = {"gpu": "0", "uuid": H100_UUID}
+    assert value(samples, "trainstack_gpu_power_watts", **gpu0) == pytest.approx(612.845)
+    assert value(samples, "trainstack_gpu_power_violation_seconds_total", **gpu0) == 4120
+    assert value(samples, "trainstack_gpu_thermal_violation_seconds_total", **gpu0) == 0
+
+
+@pytest.mark.parametrize("host, gpu, uuid, lacking, field_error", [
+    # A100 (GA100), T4 and P4 have no 1 s power average; the H100 of the mixed host has.
+    ("mixed", "1", "GPU-5f1c0a0b-1a36-4c3d-8e5a-9a0b1c2d3e0b", 3, "NotSupported"),
+    # An R470 driver predates the power fields: it answers InvalidArgument for an id it does not know.
+    ("legacy_driver", "0", "GPU-5f1c0a14-1a3f-4c3d-8e63-9a0b1c2d3e14", 2, "InvalidArgument"),
+])
+def test_a_field_the_gpu_or_driver_lacks_is_read_with_its_own_call(host, gpu, uuid, lacking, field_error):
+    _, registry = exporter(host)
+    answers = fake._require_host().gpus[int(gpu)].answers
+    for _ in range(3):
+        samples = scrape(registry)
+    assert value(samples, "trainstack_gpu_power_watts", gpu=gpu, uuid=uuid) == pytest.approx(
+        answers["nvmlDeviceGetPowerUsage"] / 1000)
+    assert value(samples, "trainstack_gpu_power_limit_watts", gpu=gpu, uuid=uuid) == pytest.approx(
+        answers["nvmlDeviceGetEnforcedPowerLimit"] / 1000)
+    assert fake.call_counts()["nvmlDeviceGetPowerUsage"] == 3 * lacking
+    # The field is asked once per GPU that lacks it, then only the call is.
+    assert errors(samples)[("nvmlDeviceGetFieldValues/NVML_FI_DEV_POWER_AVERAGE", field_error)] == lacking
 
 
 def test_pcie_throughput_when_asked_for():
@@ -163,15 +202,15 @@ def test_legacy_driver_uses_the_older_calls():
 
 def test_a_failing_call_is_counted_each_time_and_only_its_field_is_missing():
     _, registry = exporter("dgx_h100")
-    fake.fail("nvmlDeviceGetPowerUsage", "Unknown", gpu=1, times=2)
+    fake.fail("nvmlDeviceGetTemperature", "Unknown", gpu=1, times=2)
     first, second, third = scrape(registry), scrape(registry), scrape(registry)
     gpu1 = {"gpu": "1", "uuid": "GPU-5f1c0a01-1a2c-4c3d-8e50-9a0b1c2d3e01"}
-    assert value(first, "trainstack_gpu_power_watts", **gpu1) is None
+    assert value(first, "trainstack_gpu_temperature_celsius", **gpu1) is None
     assert value(first, "trainstack_gpu_utilization_ratio", **gpu1) == 0.98
-    assert value(first, "trainstack_gpu_power_watts", gpu="0", uuid=H100_UUID) is not None
-    assert errors(first) == {("nvmlDeviceGetPowerUsage", "Unknown"): 1}
-    assert errors(second) == {("nvmlDeviceGetPowerUsage", "Unknown"): 2}
-    assert value(third, "trainstack_gpu_power_watts", **gpu1) == pytest.approx(612.845)
+    assert value(first, "trainstack_gpu_temperature_celsius", gpu="0", uuid=H100_UUID) is not None
+    assert errors(first) == {("nvmlDeviceGetTemperature", "Unknown"): 1}
+    assert errors(second) == {("nvmlDeviceGetTemperature", "Unknown"): 2}
+    assert value(third, "trainstack_gpu_temperature_celsius", **gpu1) is not None
 
 
 def test_a_lost_gpu_drops_out_and_is_not_asked_again():

@@ -30,13 +30,19 @@ MEMORY_INFO_V2 = 0x02000028  # pynvml.nvmlMemory_v2: the version of nvmlMemory_v
 SCOPE_ALL_LINKS = 0xFFFFFFFF  # field scope UINT_MAX: "summed over all NVLinks" (nvml.h)
 
 FI_ECC_SBE_VOL_TOTAL, FI_ECC_DBE_VOL_TOTAL = 3, 4
+FI_PERF_POLICY_POWER, FI_PERF_POLICY_THERMAL = 74, 75
 FI_MEMORY_TEMP, FI_TOTAL_ENERGY_CONSUMPTION = 82, 83
 FI_NVLINK_LINK_COUNT, FI_PCIE_REPLAY_COUNTER = 91, 94
 FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX = 138, 139
+FI_POWER_AVERAGE, FI_POWER_CURRENT_LIMIT = 185, 190
 
-# Counters and sensors read with one nvmlDeviceGetFieldValues call per GPU instead of one call each:
-# field id -> (GpuSample attribute, factor to base units).
+# Counters and sensors read with one nvmlDeviceGetFieldValues call per GPU instead of one call each (a scrape's
+# CPU cost is mostly its number of NVML calls): field id -> (GpuSample attribute, factor to base units).
 FIELD_TARGETS = {
+    FI_POWER_AVERAGE: ("power_watts", 1e-3),  # mW over 1 s: what nvmlDeviceGetPowerUsage answers on these GPUs
+    FI_POWER_CURRENT_LIMIT: ("power_limit_watts", 1e-3),  # mW, the limit enforced, whoever set it
+    FI_PERF_POLICY_POWER: ("power_violation_seconds", 1e-9),  # ns
+    FI_PERF_POLICY_THERMAL: ("thermal_violation_seconds", 1e-9),
     FI_MEMORY_TEMP: ("memory_temperature_celsius", 1.0),
     FI_TOTAL_ENERGY_CONSUMPTION: ("energy_joules", 1e-3),  # mJ since the driver loaded
     FI_PCIE_REPLAY_COUNTER: ("pcie_replays", 1.0),
@@ -45,7 +51,18 @@ FIELD_TARGETS = {
     FI_NVLINK_THROUGHPUT_DATA_TX: ("nvlink_transmit_bytes", 1024.0),  # KiB
     FI_NVLINK_THROUGHPUT_DATA_RX: ("nvlink_receive_bytes", 1024.0),
 }
+# Where a GPU or driver lacks one of these fields, the call that answers the same value, asked on its own instead:
+# GA100 and older GPUs have no 1 s power average (nvmlDeviceGetPowerUsage is instantaneous there), and drivers
+# older than a field do not know it.
+FALLBACK_CALLS = {
+    FI_POWER_AVERAGE: ("nvmlDeviceGetPowerUsage", ()),
+    FI_POWER_CURRENT_LIMIT: ("nvmlDeviceGetEnforcedPowerLimit", ()),
+    FI_PERF_POLICY_POWER: ("nvmlDeviceGetViolationStatus", (PERF_POLICY_POWER,)),
+    FI_PERF_POLICY_THERMAL: ("nvmlDeviceGetViolationStatus", (PERF_POLICY_THERMAL,)),
+}
 FIELD_NAMES = {
+    FI_PERF_POLICY_POWER: "NVML_FI_DEV_PERF_POLICY_POWER", FI_PERF_POLICY_THERMAL: "NVML_FI_DEV_PERF_POLICY_THERMAL",
+    FI_POWER_AVERAGE: "NVML_FI_DEV_POWER_AVERAGE", FI_POWER_CURRENT_LIMIT: "NVML_FI_DEV_POWER_CURRENT_LIMIT",
     FI_ECC_SBE_VOL_TOTAL: "NVML_FI_DEV_ECC_SBE_VOL_TOTAL", FI_ECC_DBE_VOL_TOTAL: "NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
     FI_MEMORY_TEMP: "NVML_FI_DEV_MEMORY_TEMP", FI_TOTAL_ENERGY_CONSUMPTION: "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
     FI_NVLINK_LINK_COUNT: "NVML_FI_DEV_NVLINK_LINK_COUNT", FI_PCIE_REPLAY_COUNTER: "NVML_FI_DEV_PCIE_REPLAY_COUNTER",
@@ -57,6 +74,8 @@ VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 
 # Answers that say "this GPU or driver has no such thing": static, so asked once and then omitted.
 UNSUPPORTED_ERRORS = {"NotSupported", "FunctionNotFound"}
+# A field's own answer can also be InvalidArgument: a field id newer than the driver, or a scope the GPU lacks.
+UNSUPPORTED_FIELD_ERRORS = UNSUPPORTED_ERRORS | {"InvalidArgument"}
 MAX_EVENTS_PER_READ = 1000
 # Threads reading GPUs. Measured with 8 GPUs at 100 us per call (bench/scrape_cost.py's fake): 4 threads read them
 # in a third of the sequential time at no more CPU; 8 threads are barely faster and cost 50% more CPU in GIL
@@ -220,7 +239,7 @@ class NvmlSession:
                 continue
             name = error_name(self._nvml.NVMLError(answer.nvmlReturn))
             self._count(f"nvmlDeviceGetFieldValues/{FIELD_NAMES.get(answer.fieldId, answer.fieldId)}", name)
-            if name in UNSUPPORTED_ERRORS:
+            if name in UNSUPPORTED_FIELD_ERRORS:
                 gpu.unsupported.add(("field", answer.fieldId, answer.scopeId))
             elif name == "GpuIsLost":
                 raise _GpuLost()
@@ -267,8 +286,9 @@ class NvmlSession:
         memory_max = self._ask(gpu, "nvmlDeviceGetMaxClockInfo", CLOCK_MEM)
         gpu.sm_clock_max_hertz = sm_max * 1e6 if sm_max is not None else None
         gpu.memory_clock_max_hertz = memory_max * 1e6 if memory_max is not None else None
-        requests = [(FI_MEMORY_TEMP, 0), (FI_TOTAL_ENERGY_CONSUMPTION, 0), (FI_PCIE_REPLAY_COUNTER, 0),
-                    (FI_ECC_SBE_VOL_TOTAL, 0), (FI_ECC_DBE_VOL_TOTAL, 0)]
+        requests = [(FI_POWER_AVERAGE, 0), (FI_POWER_CURRENT_LIMIT, 0), (FI_PERF_POLICY_POWER, 0),
+                    (FI_PERF_POLICY_THERMAL, 0), (FI_MEMORY_TEMP, 0), (FI_TOTAL_ENERGY_CONSUMPTION, 0),
+                    (FI_PCIE_REPLAY_COUNTER, 0), (FI_ECC_SBE_VOL_TOTAL, 0), (FI_ECC_DBE_VOL_TOTAL, 0)]
         if self._active_nvlinks(gpu):
             requests += [(FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS),
                          (FI_NVLINK_THROUGHPUT_DATA_RX, SCOPE_ALL_LINKS)]
@@ -322,19 +342,18 @@ class NvmlSession:
             sample.memory_total_bytes = memory.total
             sample.memory_used_bytes = memory.used
             sample.memory_reserved_bytes = getattr(memory, "reserved", None)
-        sample.power_watts = _scaled(self._ask(gpu, "nvmlDeviceGetPowerUsage"), 1e-3)  # mW
-        sample.power_limit_watts = _scaled(self._ask(gpu, "nvmlDeviceGetEnforcedPowerLimit"), 1e-3)
         sample.temperature_celsius = self._ask(gpu, "nvmlDeviceGetTemperature", TEMPERATURE_GPU)
         sample.sm_clock_hertz = _scaled(self._ask(gpu, "nvmlDeviceGetClockInfo", CLOCK_SM), 1e6)  # MHz
         sample.memory_clock_hertz = _scaled(self._ask(gpu, "nvmlDeviceGetClockInfo", CLOCK_MEM), 1e6)
         sample.clock_event_reasons = self._ask_first(gpu, ("nvmlDeviceGetCurrentClocksEventReasons", (), {}),
                                                      ("nvmlDeviceGetCurrentClocksThrottleReasons", (), {}))
-        for policy, attribute in ((PERF_POLICY_POWER, "power_violation_seconds"),
-                                  (PERF_POLICY_THERMAL, "thermal_violation_seconds")):
-            violation = self._ask(gpu, "nvmlDeviceGetViolationStatus", policy)
-            if violation is not None:
-                setattr(sample, attribute, violation.violationTime * 1e-9)  # ns
-        for field_id, value in self._field_values(gpu, gpu.field_requests).items():
+        values = self._field_values(gpu, gpu.field_requests)
+        for field_id, (call, args) in FALLBACK_CALLS.items():
+            if ("field", field_id, 0) in gpu.unsupported:
+                answer = self._ask(gpu, call, *args)
+                if answer is not None:
+                    values[field_id] = getattr(answer, "violationTime", answer)  # a violation status: its ns
+        for field_id, value in values.items():
             attribute, factor = FIELD_TARGETS[field_id]
             setattr(sample, attribute, value * factor)
         if self._pcie_throughput:  # each call blocks ~20 ms while NVML measures

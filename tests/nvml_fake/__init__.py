@@ -50,7 +50,17 @@ _FIELD_VALUE_TYPES = {
     _real.NVML_FI_DEV_NVLINK_LINK_COUNT: (_real.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal"),
     _real.NVML_FI_DEV_PCIE_REPLAY_COUNTER: (_real.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal"),
 }
+_FIELD_VALUE_TYPES |= {field: (_real.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal")
+                       for field in (_real.NVML_FI_DEV_POWER_AVERAGE, _real.NVML_FI_DEV_POWER_CURRENT_LIMIT)}
 _FIELD_NAMES = {getattr(_real, name): name for name in dir(_real) if name.startswith("NVML_FI_DEV_")}
+# Fields that report what a call of their own reports: answered from that call's data, unless a model's "fields"
+# answer them itself (e.g. "NVMLError_NotSupported" where the GPU has the call but not the field).
+_FIELDS_FROM_CALLS = {
+    _real.NVML_FI_DEV_POWER_AVERAGE: ("nvmlDeviceGetPowerUsage",),
+    _real.NVML_FI_DEV_POWER_CURRENT_LIMIT: ("nvmlDeviceGetEnforcedPowerLimit",),
+    _real.NVML_FI_DEV_PERF_POLICY_POWER: ("nvmlDeviceGetViolationStatus", "NVML_PERF_POLICY_POWER"),
+    _real.NVML_FI_DEV_PERF_POLICY_THERMAL: ("nvmlDeviceGetViolationStatus", "NVML_PERF_POLICY_THERMAL"),
+}
 
 
 class _Gpu:
@@ -69,6 +79,7 @@ class _Host:
         self.driver_version = spec["driver_version"]
         self.init_error = spec.get("init_error")
         self.missing_functions = set(spec.get("missing_functions", ()))
+        self.missing_fields = {getattr(_real, name) for name in spec.get("missing_fields", ())}
         self.gpus = []
         for index, gpu_spec in enumerate(spec["gpus"]):
             answers = json.loads((DATA_DIR / "gpus" / f"{gpu_spec['model']}.json").read_text())
@@ -419,8 +430,14 @@ def nvmlDeviceGetFieldValues(handle, field_ids):
         value.timestamp = int(time.time() * 1e6)
         value_type, member = _FIELD_VALUE_TYPES.get(field_id, (_real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal"))
         value.valueType = value_type
+        name = _FIELD_NAMES.get(field_id, str(field_id))
         try:
-            spec = _answer(gpu, "fields", _FIELD_NAMES.get(field_id, str(field_id)))
+            if field_id in _require_host().missing_fields:  # newer than the driver
+                raise _error("InvalidArgument")
+            if field_id in _FIELDS_FROM_CALLS and name not in _value(gpu.answers.get("fields", {})):
+                spec = _answer(gpu, *_FIELDS_FROM_CALLS[field_id])
+            else:
+                spec = _answer(gpu, "fields", name)
             if field_id in _NVLINK_FIELDS:
                 links = spec["per_link"]
                 if scope == _UINT_MAX:  # the links' counters summed into one counter, read once
