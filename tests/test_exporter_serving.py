@@ -21,12 +21,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
+import monitoring.exporter.training as training
 import tests.nvml_fake as fake
 from monitoring.exporter.app import Exporter
 from monitoring.exporter.config import ExporterConfig
-from monitoring.exporter.training import job_pids
+from monitoring.exporter.training import TrainingCollector, job_pids
 from tests.conftest import REPO
 from tests.nvml_fake.ranks import write_rank
 
@@ -145,6 +147,37 @@ def test_job_pids_come_from_the_multiprocess_file_names(metrics_dir):
     assert len(pids) == 2
     assert all(any(p.name.endswith(f"_{pid}.db") for p in metrics_dir.iterdir()) for pid in pids)
     assert job_pids(metrics_dir / "missing") == frozenset()
+
+
+OTHER_MULTIPROCESS_METRICS = """
+from prometheus_client import Gauge, Summary
+for mode in ("all", "liveall", "min", "max", "sum", "livesum", "mostrecent"):
+    Gauge(f"user_{mode}", "A user metric in the run's directory.", ["k"], multiprocess_mode=mode).labels("v").set(
+        float(__import__("os").getpid() % 97))
+Summary("user_latency_seconds", "A summary.").observe(0.25)
+"""
+
+
+def merged(families) -> dict:
+    return {(f.name, f.type, f.documentation): sorted((s.name, sorted(s.labels.items()), s.value) for s in f.samples)
+            for f in families}
+
+
+@pytest.mark.parametrize("remembered_keys", [20_000, 3])
+def test_training_files_merge_as_prometheus_client_merges_them(metrics_dir, tmp_path, monkeypatch,
+                                                              remembered_keys):
+    directory = tmp_path / "metrics"
+    shutil.copytree(metrics_dir, directory)
+    write_rank(directory, rank=2, steps=7, on_gpu=True)
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    for _ in range(2):  # two pids: the gauge modes have something to choose between
+        subprocess.run([sys.executable, "-c", OTHER_MULTIPROCESS_METRICS], env=env, check=True)
+    monkeypatch.setattr(training, "MAX_REMEMBERED_KEYS", remembered_keys)
+    collector = TrainingCollector(directory)
+    expected = merged(MultiProcessCollector(None, path=str(directory)).collect())
+    assert len(expected) > 20
+    for _ in range(3):  # later scrapes from remembered keys
+        assert merged(collector.collect()) == expected
 
 
 def test_no_driver_still_serves_training_metrics(metrics_dir):

@@ -1,17 +1,28 @@
 """Training collector: the ranks' prometheus_client multiprocess files, merged fresh at each scrape.
 
-The ranks write memory-mapped files named `<type>_<pid>.db` into the run's metrics directory (docs/architecture.md
-lists the metrics); prometheus_client's MultiProcessCollector merges them. The directory is read at every scrape,
-so a directory the launcher makes fresh for a new run is picked up, and a rank that died keeps its last values.
+The ranks write memory-mapped files named `<type>[_<gauge mode>]_<pid>.db` into the run's metrics directory
+(docs/architecture.md lists the metrics). The directory is read at every scrape, so a directory the launcher makes
+fresh for a new run is picked up, and a rank that died keeps its last values.
+
+Files are read and merged as prometheus_client's MultiProcessCollector does (its file reader, its accumulation),
+with one difference: the key naming each value (JSON of metric, sample and labels) is parsed once and remembered
+across scrapes instead of at every scrape, a third of the merge's CPU (bench/scrape_cost.py: 2.1 -> 1.3 ms for 8
+ranks). prometheus_client is pinned exactly, and tests/test_exporter_serving.py compares the result with
+MultiProcessCollector's.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
 from prometheus_client.core import Metric
+from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import MultiProcessCollector
+
+# Keys seen in a run's files; a new run or many pids in one directory start the memory again from empty.
+MAX_REMEMBERED_KEYS = 20_000
 
 
 class TrainingCollector:
@@ -19,11 +30,43 @@ class TrainingCollector:
 
     def __init__(self, metrics_dir: Path | None):
         self._metrics_dir = metrics_dir
+        self._keys: dict[str, tuple] = {}
 
     def collect(self) -> Iterable[Metric]:
         if self._metrics_dir is None or not self._metrics_dir.is_dir():
             return []
-        return MultiProcessCollector(None, path=str(self._metrics_dir)).collect()
+        return MultiProcessCollector._accumulate_metrics(self._read(self._metrics_dir.glob("*.db")), True)
+
+    def _read(self, files: Iterable[Path]) -> dict[str, Metric]:
+        """Every value of every file as an unmerged sample of its metric (MultiProcessCollector._read_metrics)."""
+        if len(self._keys) >= MAX_REMEMBERED_KEYS:
+            self._keys.clear()
+        metrics: dict[str, Metric] = {}
+        for path in files:
+            kind, _, rest = path.name.partition("_")
+            try:
+                values = MmapedDict.read_all_values_from_file(str(path))
+            except FileNotFoundError:  # removed since the directory was listed (a new run clears it)
+                continue
+            for key, value, timestamp, _ in values:
+                metric_name, sample_name, labels, documentation = self._parse(key)
+                metric = metrics.get(metric_name)
+                if metric is None:
+                    metric = metrics[metric_name] = Metric(metric_name, documentation, kind)
+                if kind == "gauge":
+                    mode, _, pid = rest.removesuffix(".db").partition("_")
+                    metric._multiprocess_mode = mode
+                    metric.add_sample(sample_name, (*labels, ("pid", pid)), value, timestamp)
+                else:
+                    metric.add_sample(sample_name, labels, value)
+        return metrics
+
+    def _parse(self, key: str) -> tuple:
+        parsed = self._keys.get(key)
+        if parsed is None:
+            metric_name, sample_name, labels, documentation = json.loads(key)
+            parsed = self._keys[key] = (metric_name, sample_name, tuple(sorted(labels.items())), documentation)
+        return parsed
 
 
 def job_pids(metrics_dir: Path | None) -> frozenset[int]:
