@@ -158,6 +158,21 @@ def test_power_and_violation_counters_come_with_the_other_fields_in_one_call():
     assert value(samples, "trainstack_gpu_thermal_violation_seconds_total", **gpu0) == 0
 
 
+def test_without_the_field_values_call_power_comes_from_the_dedicated_calls():
+    host = {"driver_version": "384.183", "missing_functions": ["nvmlDeviceGetFieldValues"],
+            "gpus": [{"model": "p4", "uuid": "GPU-5f1c0a15-1a40-4c3d-8e64-9a0b1c2d3e15",
+                      "pci_bus_id": "00000000:2A:00.0"}]}
+    _, registry = exporter(host)
+    for _ in range(2):
+        samples = scrape(registry)
+    p4 = {"gpu": "0", "uuid": "GPU-5f1c0a15-1a40-4c3d-8e64-9a0b1c2d3e15"}
+    assert value(samples, "trainstack_gpu_power_watts", **p4) == pytest.approx(41.23)
+    assert value(samples, "trainstack_gpu_power_limit_watts", **p4) == 75
+    assert value(samples, "trainstack_gpu_thermal_violation_seconds_total", **p4) == 0
+    assert "trainstack_gpu_pcie_replays_total" not in names_for_gpu(samples, "0")  # a field with no fallback
+    assert errors(samples) == {("nvmlDeviceGetFieldValues", "FunctionNotFound"): 1}
+
+
 @pytest.mark.parametrize("host, gpu, uuid, lacking, field_error", [
     # A100 (GA100), T4 and P4 have no 1 s power average; the H100 of the mixed host has.
     ("mixed", "1", "GPU-5f1c0a0b-1a36-4c3d-8e5a-9a0b1c2d3e0b", 3, "NotSupported"),

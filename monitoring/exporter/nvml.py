@@ -234,6 +234,8 @@ class NvmlSession:
         if not requests:
             return {}
         answers = self._ask(gpu, "nvmlDeviceGetFieldValues", requests)
+        if answers is None and ("nvmlDeviceGetFieldValues",) in gpu.unsupported:  # so each field's fallback runs
+            gpu.unsupported.update(("field", *request) for request in requests)
         values = {}
         for answer in answers or ():
             if answer.nvmlReturn == 0:
