@@ -49,9 +49,9 @@ _FIELD_VALUE_TYPES = {
     _real.NVML_FI_DEV_MEMORY_TEMP: (_real.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal"),
     _real.NVML_FI_DEV_NVLINK_LINK_COUNT: (_real.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal"),
     _real.NVML_FI_DEV_PCIE_REPLAY_COUNTER: (_real.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal"),
+    _real.NVML_FI_DEV_POWER_AVERAGE: (_real.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal"),
+    _real.NVML_FI_DEV_POWER_CURRENT_LIMIT: (_real.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal"),
 }
-_FIELD_VALUE_TYPES |= {field: (_real.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal")
-                       for field in (_real.NVML_FI_DEV_POWER_AVERAGE, _real.NVML_FI_DEV_POWER_CURRENT_LIMIT)}
 _FIELD_NAMES = {getattr(_real, name): name for name in dir(_real) if name.startswith("NVML_FI_DEV_")}
 # Fields that report what a call of their own reports: answered from that call's data, unless a model's "fields"
 # answer them itself (e.g. "NVMLError_NotSupported" where the GPU has the call but not the field).
