@@ -44,6 +44,8 @@ from train.telemetry import (
 )
 
 RUN_ID_ENV = "TRAINSTACK_RUN_ID"
+# "0" makes the copy of each batch to the GPU blocking again: for measuring what non-blocking copies are worth.
+NON_BLOCKING_COPY_ENV = "TRAINSTACK_NON_BLOCKING_COPY"
 
 
 class StopRequested:
@@ -89,6 +91,10 @@ class Trainer:
             dataloader_config=DataLoaderConfiguration(
                 use_seedable_sampler=True,  # the order depends on (seed, epoch) only: resumes replay it exactly
                 even_batches=True,  # every rank gets as many batches as the others: an uneven tail never hangs
+                # A blocking copy of the (pinned) batch to the GPU waits for all the work queued on the stream,
+                # so the host stalls in next() while the GPU still has work; non-blocking, it queues behind it.
+                # On a CPU device the batch is already there and nothing is copied.
+                non_blocking=os.environ.get(NON_BLOCKING_COPY_ENV, "1") != "0",
             ),
             kwargs_handlers=[
                 InitProcessGroupKwargs(timeout=timedelta(seconds=config.collective_timeout)),
@@ -204,10 +210,11 @@ class Trainer:
                 loader = accelerator.skip_first_batches(self.train_loader, p.batch_in_epoch)
             batches = iter(loader)
             while True:
-                waited = time.perf_counter()
+                if self.telemetry:
+                    self.telemetry.data_wait_started()
                 batch = next(batches, None)
                 if self.telemetry:
-                    self.telemetry.waited_for_data(time.perf_counter() - waited)
+                    self.telemetry.data_ready()
                 if batch is None:
                     break
                 with accelerator.accumulate(self.model):
@@ -269,10 +276,13 @@ class Trainer:
         samples = self.config.batch_size * micro_batches * accelerator.num_processes
         p.samples += samples
         lr = self.scheduler.get_last_lr()[0]
+        postfix = dict(loss=f"{loss:.4f}", lr=f"{lr:.2e}", epoch=p.epoch)
         if self.telemetry:
-            self.telemetry.interval_done(p.step, p.epoch, loss, lr, local_tokens)
+            share = self.telemetry.interval_done(p.step, p.epoch, loss, lr, local_tokens)
+            # Named for what it measures: a GPU starved of batches, or a CPU rank blocked in the loader.
+            postfix["gpu_starved" if self.telemetry.clock == "gpu" else "data_wait"] = f"{share:.0%}"
         bar.update(p.step - bar.n)
-        bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", epoch=p.epoch)
+        bar.set_postfix(**postfix)
         return total[3] > 0
 
     def save(self) -> None:

@@ -11,9 +11,12 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
+
+from train.timeline import DeviceTimeline
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -70,6 +73,11 @@ class Telemetry:
         self.flops_per_token = flops_per_token
         self.peak = peak
         self.device = device
+        # Where step, forward and data-wait times are measured: on a GPU its own timeline (train/timeline.py),
+        # since the host's clock there says when work was queued, not when it ran.
+        self._timeline = DeviceTimeline(partial(torch.cuda.Event, enable_timing=True)) \
+            if device.type == "cuda" else None
+        self.clock = "gpu" if self._timeline else "host"
         self._metrics = self._make_metrics(identity) if os.environ.get(METRICS_DIR_ENV) else None
         telemetry_dir = run_dir / "telemetry"
         telemetry_dir.mkdir(parents=True, exist_ok=True)
@@ -78,9 +86,10 @@ class Telemetry:
         self._last_step_end = time.perf_counter()
         self._step_seconds: list[float] = []
         self._data_wait = 0.0
+        self._host_data_wait = 0.0
+        self._wait_start = 0.0
         self._samples = 0
-        self._forward_start: float | torch.cuda.Event = 0.0
-        self._forward_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._forward_start = 0.0
 
     def _make_metrics(self, identity: RankIdentity) -> dict:
         # Imported here: prometheus_client picks its multiprocess mode from the environment at import time.
@@ -99,8 +108,12 @@ class Telemetry:
                                       labels).labels(self.rank),
             "forward": Counter("trainstack_train_forward_seconds", "Time in the forward pass, before any collective.",
                                labels).labels(self.rank),
-            "data_wait": Counter("trainstack_train_data_wait_seconds", "Time blocked waiting for the data loader.",
-                                 labels).labels(self.rank),
+            "data_wait": Counter("trainstack_train_data_wait_seconds",
+                                 "Time the rank's device sat idle for want of the next batch (GPU: on its own "
+                                 "timeline; CPU: the host's time in the loader).", labels).labels(self.rank),
+            "host_data_wait": Counter("trainstack_train_host_data_wait_seconds",
+                                      "Host time blocked in the data loader's next(), on every device.",
+                                      labels).labels(self.rank),
             "step_duration": Histogram("trainstack_train_step_duration_seconds", "Wall time per optimizer step.",
                                        labels, buckets=STEP_BUCKETS).labels(self.rank),
             "loss": gauge("trainstack_train_loss", "Training loss, mean over all ranks, at the last log interval."),
@@ -122,68 +135,96 @@ class Telemetry:
         Gauge("trainstack_train_rank_info", "Joins a rank to its GPU.",
               ["rank", "local_rank", "node", "uuid"], multiprocess_mode="mostrecent").labels(
             self.rank, str(identity.local_rank), identity.node, identity.uuid).set(1)
-        Gauge("trainstack_train_run_info", "The run.",
-              ["rank", "run_id", "world_size", "nodes", "mixed_precision", "model", "dataset"],
+        Gauge("trainstack_train_run_info", "The run; clock: where step, forward and data-wait times are measured.",
+              ["rank", "run_id", "world_size", "nodes", "mixed_precision", "model", "dataset", "clock"],
               multiprocess_mode="mostrecent").labels(
             self.rank, identity.run_id, str(identity.world_size), str(identity.nodes), identity.mixed_precision,
-            identity.model, identity.dataset).set(1)
+            identity.model, identity.dataset, self.clock).set(1)
         return metrics
 
     def forward_started(self) -> None:
         """Forward time tells a straggler apart: in DDP every rank's step lasts as long as the slowest one's,
-        because the others wait in backward's all-reduce, but only the straggler's forward is slow. On a GPU
-        the host returns before the kernels finish, so CUDA events time it and are read once per interval."""
-        if self.device.type == "cuda":
-            self._forward_start = torch.cuda.Event(enable_timing=True)
-            self._forward_start.record()
+        because the others wait in backward's all-reduce, but only the straggler's forward is slow."""
+        if self._timeline:
+            self._timeline.forward_started()
         else:
             self._forward_start = time.perf_counter()
 
     def forward_done(self) -> None:
         if self._metrics:
             self._metrics["forward_passes"].inc()
-        if self.device.type == "cuda":
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._forward_events.append((self._forward_start, end))
+        if self._timeline:
+            self._timeline.forward_done()
         elif self._metrics:
             self._metrics["forward"].inc(time.perf_counter() - self._forward_start)
 
-    def waited_for_data(self, seconds: float) -> None:
+    def data_wait_started(self) -> None:
+        """The loop is about to ask the loader for the next batch."""
+        self._wait_start = time.perf_counter()
+        if self._timeline:
+            self._timeline.data_wait_started()
+
+    def data_ready(self) -> None:
+        """The loader answered (a batch, now on the device, or the end of the epoch)."""
+        seconds = time.perf_counter() - self._wait_start
+        self._host_data_wait += seconds
+        if self._metrics:
+            self._metrics["host_data_wait"].inc(seconds)
+        if self._timeline:
+            self._timeline.data_ready()
+            return
         self._data_wait += seconds
         if self._metrics:
             self._metrics["data_wait"].inc(seconds)
 
     def step_done(self, samples: int) -> None:
-        now = time.perf_counter()
-        duration = now - self._last_step_end
-        self._last_step_end = now
-        self._step_seconds.append(duration)
         self._samples += samples
+        if self._timeline:
+            self._timeline.step_done()
+        else:
+            now = time.perf_counter()
+            duration = now - self._last_step_end
+            self._last_step_end = now
+            self._step_seconds.append(duration)
+            if self._metrics:
+                self._metrics["step_duration"].observe(duration)
         if self._metrics:
             self._metrics["steps"].inc()
             self._metrics["samples"].inc(samples)
-            self._metrics["step_duration"].observe(duration)
             self._metrics["last_step"].set(time.time())
 
     def resync_clock(self) -> None:
         """After a checkpoint or evaluation: that pause is not a step, so it must not count as one."""
         self._last_step_end = time.perf_counter()
+        if self._timeline:
+            self._timeline.restart_step_clock()
 
-    def interval_done(self, step: int, epoch: int, loss: float, lr: float, tokens: int) -> None:
+    def _read_timeline(self) -> None:
+        """The interval's device times. The loop's loss reduction has just synchronised, so nothing waits."""
+        times = self._timeline.read()
+        self._data_wait, self._step_seconds = times.data_wait_seconds, times.step_seconds
+        if self._metrics:
+            self._metrics["data_wait"].inc(times.data_wait_seconds)
+            self._metrics["forward"].inc(times.forward_seconds)
+            for duration in times.step_seconds:
+                self._metrics["step_duration"].observe(duration)
+
+    def interval_done(self, step: int, epoch: int, loss: float, lr: float, tokens: int) -> float:
+        """Records the interval; returns its data-wait share of step time (for the progress bar)."""
         now = time.time()
         interval = max(now - self._interval_start, 1e-9)
+        if self._timeline:
+            self._read_timeline()
+        stepped = sum(self._step_seconds) or interval
         record = {
             "time": now, "rank": int(self.rank), "step": step, "epoch": epoch, "loss": loss, "lr": lr,
             "samples": self._samples, "tokens": tokens, "interval_seconds": interval,
             "data_wait_seconds": self._data_wait, "step_seconds": self._step_seconds,
+            "host_data_wait_seconds": self._host_data_wait, "clock": self.clock,
         }
         self._records.write(json.dumps(record) + "\n")
         if self._metrics:
             m = self._metrics
-            if self._forward_events:
-                self._forward_events[-1][1].synchronize()  # already done: the loss reduction just synchronized
-                m["forward"].inc(sum(start.elapsed_time(end) for start, end in self._forward_events) / 1000)
             m["tokens"].inc(tokens)
             m["loss"].set(loss)
             m["lr"].set(lr)
@@ -192,12 +233,16 @@ class Telemetry:
                 m["allocated"].set(torch.cuda.max_memory_allocated(self.device))
                 m["reserved"].set(torch.cuda.max_memory_reserved(self.device))
             if "mfu" in m:
-                m["mfu"].set(self.flops_per_token * tokens / interval / self.peak)
+                # Tokens this rank trained on over the time its steps took (a checkpoint or evaluation pause
+                # in the interval is no step): docs/metrics.md.
+                m["mfu"].set(self.flops_per_token * tokens / stepped / self.peak)
+        share = min(1.0, self._data_wait / stepped)
         self._interval_start = now
         self._step_seconds = []
         self._data_wait = 0.0
+        self._host_data_wait = 0.0
         self._samples = 0
-        self._forward_events = []
+        return share
 
     def checkpoint_done(self, duration: float) -> None:
         if self._metrics:

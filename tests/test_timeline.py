@@ -1,0 +1,176 @@
+"""Device-timeline times (train/timeline.py) against a fake GPU: one stream that runs queued work in order while
+the host runs ahead, and timing events that take the GPU's time when the stream reaches them. The loops below
+are the training loop's order of marks; the figures they must give follow from the fake's schedule by hand."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from train.telemetry import RankIdentity, Telemetry
+from train.timeline import DeviceTimeline
+
+
+class FakeGpu:
+    """A host clock and one stream: work queued at host time t starts when the stream is free and t has come."""
+
+    def __init__(self) -> None:
+        self.host = 0.0
+        self.stream_free = 0.0
+        self.events_made = 0
+        self.synchronized = 0
+
+    def host_works(self, seconds: float) -> None:
+        self.host += seconds
+
+    def queue(self, seconds: float) -> None:
+        self.stream_free = max(self.stream_free, self.host) + seconds
+
+    def drain(self) -> None:
+        """The host blocks until the stream has run everything queued (a blocking copy, .item())."""
+        self.host = max(self.host, self.stream_free)
+
+    def new_event(self) -> FakeEvent:
+        self.events_made += 1
+        return FakeEvent(self)
+
+
+class FakeEvent:
+    def __init__(self, gpu: FakeGpu):
+        self.gpu = gpu
+        self.time: float | None = None
+
+    def record(self) -> None:
+        self.gpu.stream_free = self.time = max(self.gpu.stream_free, self.gpu.host)
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.time is not None and end.time is not None, "elapsed_time of an event never recorded"
+        return 1000 * (end.time - self.time)
+
+    def synchronize(self) -> None:
+        self.gpu.synchronized += 1
+        self.gpu.host = max(self.gpu.host, self.time)
+
+
+def train_steps(gpu: FakeGpu, timeline: DeviceTimeline, loader_seconds: list[float], forward: float = 0.02,
+                backward: float = 0.04, launch: float = 0.0005, blocking_copy: bool = False) -> list[float]:
+    """The loop's marks, one step per loader time; the host spends `launch` seconds queueing each pass.
+    Returns the host's time in next() at each step."""
+    host_waits = []
+    for loader in loader_seconds:
+        timeline.data_wait_started()
+        started = gpu.host
+        if blocking_copy:
+            gpu.drain()  # Accelerate copies the batch first: a blocking copy waits for the queued steps
+        gpu.host_works(loader)
+        host_waits.append(gpu.host - started)
+        timeline.data_ready()
+        timeline.forward_started()
+        gpu.host_works(launch)
+        gpu.queue(forward)
+        timeline.forward_done()
+        gpu.host_works(launch)
+        gpu.queue(backward)
+        timeline.step_done()
+    return host_waits
+
+
+@pytest.fixture
+def gpu() -> FakeGpu:
+    return FakeGpu()
+
+
+def test_a_gpu_busy_the_whole_time_never_starves(gpu):
+    timeline = DeviceTimeline(gpu.new_event)
+    train_steps(gpu, timeline, [0.003] * 10)  # the loader answers well within a step: the host runs ahead
+    gpu.drain()  # the loss reduction's .item()
+    times = timeline.read()
+    assert times.data_wait_seconds == pytest.approx(0.003)  # only the first batch, before the GPU had any work
+    assert times.step_seconds == pytest.approx([0.003 + 0.0005 + 0.06] + [0.06] * 9)
+    assert times.forward_seconds == pytest.approx(0.0005 + 10 * 0.02)
+
+
+def test_a_gpu_idle_while_the_loader_is_slow_starves_for_the_difference(gpu):
+    timeline = DeviceTimeline(gpu.new_event)
+    # A batch takes 0.1 s; a step is 0.06 s of GPU work queued over 0.001 s. In its stride the host takes
+    # 0.101 s a step and the GPU is done 0.0605 s after the batch came: it waits 0.0405 s for the next one.
+    train_steps(gpu, timeline, [0.1] * 20)
+    gpu.drain()
+    times = timeline.read()
+    assert times.step_seconds == pytest.approx([0.1 + 0.0005 + 0.06] + [0.101] * 19)
+    assert times.data_wait_seconds == pytest.approx(0.1 + 19 * 0.0405)  # the first wait: idle from the start
+    share = times.data_wait_seconds / sum(times.step_seconds)
+    fast_step = 0.06  # the same steps with a quick loader (above): all GPU work, back to back
+    assert share == pytest.approx(1 - fast_step / 0.101, abs=0.02)
+
+
+def test_a_mixture_counts_only_the_waits_the_gpu_could_not_hide(gpu):
+    timeline = DeviceTimeline(gpu.new_event)
+    train_steps(gpu, timeline, [0.003] * 5)  # the host gets ahead: ~0.28 s of queued work
+    ahead = gpu.stream_free - gpu.host
+    train_steps(gpu, timeline, [0.4])  # one slow batch: the queue covers all but `0.4 - ahead` of it
+    train_steps(gpu, timeline, [0.003] * 4)
+    gpu.drain()
+    times = timeline.read()
+    assert 0.2 < ahead < 0.4
+    assert times.data_wait_seconds == pytest.approx(0.003 + 0.4 - ahead)
+    assert len(times.step_seconds) == 10
+
+
+def test_a_blocking_copy_makes_the_host_wait_but_the_gpu_does_not_starve(gpu):
+    """The run of the issue: the host sits in next() while the copy waits for the queue; the GPU keeps busy."""
+    timeline = DeviceTimeline(gpu.new_event)
+    host_waits = train_steps(gpu, timeline, [0.0005] * 20, blocking_copy=True)
+    gpu.drain()
+    times = timeline.read()
+    assert sum(host_waits[1:]) / sum(times.step_seconds[1:]) > 0.9  # what the host's clock says
+    assert times.data_wait_seconds / sum(times.step_seconds) < 0.02  # what the GPU's says
+
+
+def test_intervals_read_only_their_own_steps_and_reuse_the_events(gpu):
+    timeline = DeviceTimeline(gpu.new_event)
+    intervals = []
+    for _ in range(30):
+        train_steps(gpu, timeline, [0.1, 0.003, 0.003])
+        gpu.drain()
+        intervals.append(timeline.read())
+    assert all(len(t.step_seconds) == 3 for t in intervals)
+    # the step that straddles a read still counts from the previous step's end
+    assert intervals[5].step_seconds[0] == pytest.approx(0.1 + 0.0005 + 0.06)
+    assert gpu.events_made <= 5 * 3 + 2  # a pool: one interval's worth of events, not one set per step
+    assert gpu.synchronized == 30  # one wait per read, on the newest event; none per step
+
+
+def test_a_pause_between_steps_is_not_a_step(gpu):
+    timeline = DeviceTimeline(gpu.new_event)
+    train_steps(gpu, timeline, [0.003] * 2)
+    gpu.drain()
+    gpu.host_works(5.0)  # a checkpoint
+    timeline.restart_step_clock()
+    train_steps(gpu, timeline, [0.003])
+    gpu.drain()
+    times = timeline.read()
+    assert times.step_seconds[-1] == pytest.approx(0.003 + 0.0005 + 0.06)
+
+
+def test_cpu_telemetry_counts_the_host_wait_as_data_wait(tmp_path, monkeypatch):
+    """On a CPU rank the host's clock is the right one: both counters get the same time, and the record says so."""
+    import json
+
+    import torch
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    identity = RankIdentity(rank=0, local_rank=0, node="n", uuid="", run_id="r", world_size=1, nodes=1,
+                            mixed_precision="no", model="m", dataset="d")
+    telemetry = Telemetry(tmp_path, identity, 1.0, None, torch.device("cpu"))
+    telemetry.data_wait_started()
+    time.sleep(0.05)
+    telemetry.data_ready()
+    telemetry.step_done(4)
+    share = telemetry.interval_done(1, 0, 2.0, 0.1, 40)
+    telemetry.close()
+    record = json.loads((tmp_path / "telemetry" / "rank-0.jsonl").read_text())
+    assert record["clock"] == "host" and telemetry.clock == "host"
+    assert record["data_wait_seconds"] == record["host_data_wait_seconds"] >= 0.05
+    assert share == pytest.approx(record["data_wait_seconds"] / sum(record["step_seconds"]))

@@ -1,0 +1,103 @@
+"""Step, forward and data-wait times on a device's own clock, from timing events read once per log interval.
+
+On a GPU the host runs ahead: it queues a step's kernels and moves on, so its clock says when work was queued,
+not when it ran. A host blocked in the loader's `next()` while the GPU still works through the previous steps
+is no loss; what costs throughput is the GPU running out of queued work. So the loop marks the stream when the
+host starts waiting for a batch and again once it has the batch (Accelerate copies it to the device inside
+`next()`): on the GPU's timeline the first mark runs when the work queued before it is done and the second when
+the host got past `next()`, so the gap between them is the time the GPU sat idle for want of a batch, and zero
+when it still had work. Events are only read after the loop's loss reduction has synchronised anyway, so no step
+waits on this. The events come from a small pool: the loop marks a handful per step.
+
+Anything with torch.cuda.Event's `record()`, `elapsed_time(end)` (milliseconds) and `synchronize()` will do,
+which is how the tests drive this with a fake GPU clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class TimingEvent(Protocol):
+    def record(self) -> None: ...
+
+    def elapsed_time(self, end: TimingEvent) -> float:
+        """Milliseconds from this event to `end`, on the device's clock; both must have run."""
+
+    def synchronize(self) -> None:
+        """Wait until the device has reached this event."""
+
+
+@dataclass(frozen=True)
+class IntervalTimes:
+    data_wait_seconds: float
+    """Device idle time while the host waited for batches (starvation)."""
+    step_seconds: list[float]
+    """Each optimizer step's duration, end of the previous step (or of a pause) to the end of this one."""
+    forward_seconds: float
+
+
+Span = tuple[TimingEvent, TimingEvent]
+
+
+class DeviceTimeline:
+    def __init__(self, new_event: Callable[[], TimingEvent]):
+        self._new_event = new_event
+        self._free: list[TimingEvent] = []
+        self._step_start = self._mark()
+        self._open: TimingEvent | None = None
+        self._waits: list[Span] = []
+        self._forwards: list[Span] = []
+        self._steps: list[Span] = []
+        self._newest = self._step_start
+
+    def _mark(self) -> TimingEvent:
+        event = self._free.pop() if self._free else self._new_event()
+        event.record()
+        self._newest = event
+        return event
+
+    def _open_span(self) -> None:
+        self._open = self._mark()
+
+    def _close_span(self, spans: list[Span]) -> None:
+        spans.append((self._open, self._mark()))
+        self._open = None
+
+    def data_wait_started(self) -> None:
+        self._open_span()
+
+    def data_ready(self) -> None:
+        self._close_span(self._waits)
+
+    def forward_started(self) -> None:
+        self._open_span()
+
+    def forward_done(self) -> None:
+        self._close_span(self._forwards)
+
+    def step_done(self) -> None:
+        end = self._mark()
+        self._steps.append((self._step_start, end))
+        self._step_start = end
+
+    def restart_step_clock(self) -> None:
+        """After a checkpoint or evaluation: that pause is not a step, so the next step starts now."""
+        self._step_start = self._mark()
+
+    def read(self) -> IntervalTimes:
+        """The times since the last read. Call it only with no wait or forward pass half-marked, ideally just
+        after something synchronised the device, so that waiting for the newest event costs nothing."""
+        self._newest.synchronize()
+
+        def seconds(spans: list[Span]) -> list[float]:
+            return [start.elapsed_time(end) / 1000 for start, end in spans]
+
+        times = IntervalTimes(sum(seconds(self._waits)), seconds(self._steps), sum(seconds(self._forwards)))
+        used = {id(event): event for span in (*self._waits, *self._forwards, *self._steps) for event in span}
+        used.pop(id(self._step_start), None)  # still the start of the next step
+        self._free.extend(used.values())
+        self._waits, self._forwards, self._steps = [], [], []
+        return times
