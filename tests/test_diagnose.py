@@ -73,6 +73,62 @@ def test_input_bound_names_the_waiting_ranks():
     assert "45%" in verdicts[0].evidence[0] and "--num-workers" in verdicts[0].fix
 
 
+def test_a_gpu_rank_is_input_bound_by_its_gpu_starvation_not_its_host_wait():
+    # The issue's H100 run: the host sat in next() 21% of the step while the GPU still had queued work.
+    busy = rank("0", uuid="GPU-0", clock="gpu", data_wait_ratio=0.01, host_data_wait_ratio=0.21)
+    assert diagnose(gpu_snapshot([busy], [gpu(0)]), LIMITS) == []
+    starved = rank("0", uuid="GPU-0", clock="gpu", data_wait_ratio=0.35, host_data_wait_ratio=0.4)
+    verdicts = diagnose(gpu_snapshot([starved], [gpu(0)]), LIMITS)
+    assert kinds(verdicts) == ["input-bound"]
+    assert verdicts[0].evidence == ("rank 0: its GPU sat idle for want of the next batch 35% of its step time "
+                                    "(GPU timeline; its host waited in the loader 40%)",)
+
+
+def test_figures_say_which_clock_measured_the_data_wait():
+    from monitoring.diagnose.render import render_text
+
+    on_gpu = gpu_snapshot([rank("0", uuid="GPU-0", clock="gpu", data_wait_ratio=0.01, host_data_wait_ratio=0.21)],
+                          [gpu(0)])
+    shown = figures(on_gpu)
+    assert shown["data_wait_clock"] == "gpu" and shown["host_data_wait_ratio_max"] == 0.21
+    assert "GPU starved for data at most 1% (host in the loader at most 21%)" in render_text("t", [], shown)
+    on_cpu = figures(Snapshot("test", NOW, [rank("0"), rank("1")]))
+    assert on_cpu["data_wait_clock"] == "host"
+    assert "data wait at most 2%" in render_text("t", [], on_cpu)
+
+
+class CountersSource:
+    """A Source of fixed rates and instants, shaped as the exporter serves a rank's series."""
+
+    description = "test"
+    now = NOW
+
+    def __init__(self, instants: dict[str, list], rates: dict[str, list]):
+        self.instants, self.rates = instants, rates
+
+    def instant(self, name: str) -> list:
+        return self.instants.get(name, [])
+
+    def rate(self, name: str) -> list:
+        return self.rates.get(name, [])
+
+
+def test_the_snapshot_reads_each_ranks_clock_and_both_waits():
+    def series(**by_rank):
+        return [({"rank": r.removeprefix("r")}, value) for r, value in by_rank.items()]
+
+    info = [({"rank": "0", "run_id": "x", "clock": "gpu"}, 1.0), ({"rank": "1", "run_id": "x"}, 1.0)]
+    source = CountersSource(
+        {"trainstack_train_run_info": info, "trainstack_train_steps_total": series(r0=50, r1=50)},
+        {"trainstack_train_step_duration_seconds_sum": series(r0=1.0, r1=1.0),
+         "trainstack_train_data_wait_seconds_total": series(r0=0.02, r1=0.3),
+         "trainstack_train_host_data_wait_seconds_total": series(r0=0.25, r1=0.3)})
+    gpu_rank, older_rank = read_snapshot(source).ranks
+    assert (gpu_rank.clock, gpu_rank.data_wait_ratio, gpu_rank.host_data_wait_ratio) == ("gpu", 0.02, 0.25)
+    # a rank from before the clock label: the host's clock, as it was then
+    assert (older_rank.clock, older_rank.data_wait_ratio) == ("host", 0.3)
+
+
 def test_straggler_is_named_by_forward_time_not_step_time():
     ranks = [rank("0", forward_seconds=0.001), rank("1", forward_seconds=0.051), rank("2", forward_seconds=0.002)]
     verdicts = diagnose(Snapshot("test", NOW, ranks), LIMITS)

@@ -122,3 +122,24 @@ def test_cli_writes_the_report_and_refuses_a_non_run(cpu_run, tmp_path):
     assert refused.stderr.startswith("trainstack report: error: ") and len(refused.stderr.splitlines()) == 1
     with pytest.raises(ConfigError, match="is not a directory"):
         report_cli.run(argparse.Namespace(run_dir=str(tmp_path / "absent")))
+
+
+def test_a_gpu_run_shows_its_gpu_starvation_with_the_host_wait_beside_it(tmp_path):
+    from monitoring.report.figures import data_wait
+    from monitoring.report.runfiles import RunFiles
+    from monitoring.report.tables import rank_rows
+
+    def record(step: int, clock: str | None) -> dict:
+        fields = {"time": 1000.0 + step, "step": step, "samples": 160, "interval_seconds": 0.4,
+                  "data_wait_seconds": 0.004, "step_seconds": [0.04] * 10, "host_data_wait_seconds": 0.08}
+        return {**fields, "clock": clock} if clock else fields
+
+    on_gpu = RunFiles(tmp_path, {0: [record(10, "gpu"), record(20, "gpu")]}, {}, {})
+    row = rank_rows(on_gpu)[0]
+    assert row["data-wait ratio"] == pytest.approx(0.01) and row["host-wait ratio"] == pytest.approx(0.2)
+    assert row["data wait measured on"] == "GPU timeline"
+    assert "on the GPU's timeline" in data_wait(on_gpu).axes[0].get_title()
+    # records from before the clock field were all timed on the host: the table is as it was
+    older = RunFiles(tmp_path, {0: [record(10, None)]}, {}, {})
+    assert "host-wait ratio" not in rank_rows(older)[0]
+    assert "blocked on the loader" in data_wait(older).axes[0].get_title()

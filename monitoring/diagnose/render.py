@@ -14,7 +14,11 @@ def _figure_line(figures: dict) -> str:
         parts.append(f"{figures['steps_per_second']:.2f} steps/s per rank")
     if figures["samples_per_second"] is not None:
         parts.append(f"{figures['samples_per_second']:.1f} samples/s in all")
-    if figures["data_wait_ratio_max"] is not None:
+    if figures["data_wait_ratio_max"] is not None and figures["data_wait_clock"] == "gpu":
+        host = figures["host_data_wait_ratio_max"]
+        parts.append(f"GPU starved for data at most {100 * figures['data_wait_ratio_max']:.0f}%"
+                     + ("" if host is None else f" (host in the loader at most {100 * host:.0f}%)"))
+    elif figures["data_wait_ratio_max"] is not None:
         parts.append(f"data wait at most {100 * figures['data_wait_ratio_max']:.0f}%")
     if figures["straggler_ratio_max"] is not None:
         parts.append(f"slowest rank's forward time {figures['straggler_ratio_max']:.2f}x the median")

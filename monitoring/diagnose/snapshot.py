@@ -20,7 +20,12 @@ class RankView:
     steps_per_second: float | None = None
     samples_per_second: float | None = None
     data_wait_ratio: float | None = None
-    """Share of step time blocked on the data loader (rank:trainstack_train_data_wait:ratio_rate2m)."""
+    """Share of step time the rank's device idled for want of a batch (rank:trainstack_train_data_wait:ratio_rate2m):
+    on a GPU rank measured on the GPU's timeline, on a CPU rank the host's time blocked in the loader."""
+    host_data_wait_ratio: float | None = None
+    """Share of step time the host spent blocked in the loader's next(); the same as data_wait_ratio on CPU."""
+    clock: str = "host"
+    """Where the rank measures step, forward and data-wait times: gpu or host (trainstack_train_run_info)."""
     step_seconds: float | None = None
     """Mean wall time per optimizer step over the window; the same on every DDP rank."""
     forward_seconds: float | None = None
@@ -64,6 +69,10 @@ def _by(label: str, samples: list[Sample]) -> dict[str, float]:
     return {labels[label]: value for labels, value in samples if label in labels}
 
 
+def _labels_by_rank(samples: list[Sample]) -> dict[str, dict[str, str]]:
+    return {labels["rank"]: labels for labels, _ in samples if "rank" in labels}
+
+
 def _ratio(numerators: dict[str, float], denominators: dict[str, float]) -> dict[str, float]:
     return {key: value / denominators[key] for key, value in numerators.items() if denominators.get(key)}
 
@@ -73,7 +82,9 @@ def read_snapshot(source: Source) -> Snapshot:
 
 
 def _ranks(source: Source) -> list[RankView]:
-    info = {labels["rank"]: labels for labels, _ in source.instant("trainstack_train_rank_info") if "rank" in labels}
+    info = _labels_by_rank(source.instant("trainstack_train_rank_info"))
+    clocks = {rank: labels["clock"] for rank, labels in
+              _labels_by_rank(source.instant("trainstack_train_run_info")).items() if labels.get("clock")}
     steps = _by("rank", source.instant("trainstack_train_steps_total"))
     step_rate = _by("rank", source.rate("trainstack_train_steps_total"))
     samples_rate = _by("rank", source.rate("trainstack_train_samples_total"))
@@ -85,6 +96,9 @@ def _ranks(source: Source) -> list[RankView]:
     wait = {name: min(1.0, ratio)
             for name, ratio in _ratio(_by("rank", source.rate("trainstack_train_data_wait_seconds_total")),
                                       step_time_rate).items()}
+    host_wait = {name: min(1.0, ratio)
+                 for name, ratio in _ratio(_by("rank", source.rate("trainstack_train_host_data_wait_seconds_total")),
+                                           step_time_rate).items()}
     forward = _ratio(_by("rank", source.rate("trainstack_train_forward_seconds_total")), step_rate)
     last = _by("rank", source.instant("trainstack_train_last_step_timestamp_seconds"))
     mfu = _by("rank", source.instant("trainstack_train_mfu_ratio"))
@@ -94,7 +108,8 @@ def _ranks(source: Source) -> list[RankView]:
         views.append(RankView(
             rank=rank, uuid=labels.get("uuid", ""), node=labels.get("node", ""), steps=steps.get(rank, 0.0),
             steps_per_second=step_rate.get(rank), samples_per_second=samples_rate.get(rank),
-            data_wait_ratio=wait.get(rank), step_seconds=step_seconds.get(rank),
+            data_wait_ratio=wait.get(rank), host_data_wait_ratio=host_wait.get(rank),
+            clock=clocks.get(rank, "host"), step_seconds=step_seconds.get(rank),
             forward_seconds=forward.get(rank), last_step_time=last.get(rank) or None, mfu=mfu.get(rank),
         ))
     return views

@@ -99,7 +99,18 @@ def gpus_unused(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     )
 
 
+def _data_wait_evidence(rank: RankView) -> str:
+    if rank.clock != "gpu":
+        return f"rank {rank.rank}: blocked on the loader {_percent(rank.data_wait_ratio)} of its step time"
+    # The host's wait is no evidence on a GPU: it can sit in next() while the GPU works through queued steps.
+    host = "" if rank.host_data_wait_ratio is None else \
+        f"; its host waited in the loader {_percent(rank.host_data_wait_ratio)}"
+    return (f"rank {rank.rank}: its GPU sat idle for want of the next batch {_percent(rank.data_wait_ratio)} of "
+            f"its step time (GPU timeline{host})")
+
+
 def input_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    """Reads each rank's data wait on its own device's clock: on a GPU, the time the GPU starved."""
     waiting = [r for r in snapshot.ranks
                if r.data_wait_ratio is not None and r.data_wait_ratio > limits.input_bound_ratio]
     if not waiting:
@@ -107,8 +118,7 @@ def input_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     return Verdict(
         "input-bound", f"input-bound: {_ranks_list(waiting)} wait(s) for the data loader more than "
         f"{_percent(limits.input_bound_ratio)} of the time",
-        tuple(f"rank {r.rank}: blocked on the loader {_percent(r.data_wait_ratio)} of its step time"
-              for r in waiting),
+        tuple(_data_wait_evidence(r) for r in waiting),
         "raise --num-workers, pre-tokenize or move decoding out of __getitem__, or put the data on faster "
         "storage; in DDP every other rank waits for the slowest loader",
     )
@@ -203,6 +213,8 @@ def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
         return statistics.fmean(values) if values else None
 
     waits = {r.rank: r.data_wait_ratio for r in ranks if r.data_wait_ratio is not None}
+    host_waits = [r.host_data_wait_ratio for r in ranks if r.host_data_wait_ratio is not None]
+    clocks = {r.clock for r in ranks}
     ratios = snapshot.straggler_ratios()
     last = [r.last_step_time for r in ranks if r.last_step_time]
     return {
@@ -210,6 +222,8 @@ def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
         "steps_per_second": mean(r.steps_per_second for r in ranks),
         "samples_per_second": sum(r.samples_per_second or 0.0 for r in ranks) if ranks else None,
         "data_wait_ratio_max": max(waits.values()) if waits else None,
+        "data_wait_clock": clocks.pop() if len(clocks) == 1 else ("mixed" if clocks else None),
+        "host_data_wait_ratio_max": max(host_waits) if host_waits else None,
         "straggler_ratio_max": max(ratios.values()) if ratios else None,
         "last_step_age_seconds": snapshot.now - max(last) if last else None,
         "mfu_mean": mean(r.mfu for r in ranks),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from matplotlib.figure import Figure
 
-from monitoring.report.runfiles import RunFiles, data_wait_ratio
+from monitoring.report.runfiles import RunFiles, data_wait_ratio, on_gpu_clock
 
 # The same threshold as the TrainstackInputBound alert (monitoring/prometheus/rules/alerts.yml).
 INPUT_BOUND_RATIO = 0.2
@@ -61,7 +61,11 @@ def step_times(run: RunFiles) -> Figure:
 
 
 def data_wait(run: RunFiles) -> Figure:
-    figure, axes = _figure("Data-wait ratio per rank (time blocked on the loader / step time)", "step", "ratio")
+    if any(on_gpu_clock(records) for records in run.ranks.values()):
+        title = "Data-wait ratio per rank (GPU idle for want of a batch / step time, on the GPU's timeline)"
+    else:
+        title = "Data-wait ratio per rank (time blocked on the loader / step time)"
+    figure, axes = _figure(title, "step", "ratio")
     for rank, records in run.ranks.items():
         axes.plot([r["step"] for r in records], [data_wait_ratio([r]) for r in records],
                   marker=".", label=f"rank {rank}")

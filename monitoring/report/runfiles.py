@@ -30,10 +30,23 @@ class RunFiles:
 
 
 def data_wait_ratio(records: list[dict]) -> float:
-    """Share of step time blocked on the loader, as the alert's recording rule computes it."""
+    """Share of step time the device idled for want of a batch, as the alert's recording rule computes it: on a GPU
+    rank its starvation on the GPU's timeline, on a CPU rank the host's time blocked in the loader."""
     waited = sum(r["data_wait_seconds"] for r in records)
     stepped = sum(sum(r["step_seconds"]) for r in records) or sum(r["interval_seconds"] for r in records)
     return min(1.0, waited / stepped)
+
+
+def host_data_wait_ratio(records: list[dict]) -> float:
+    """Share of step time the host spent blocked in the loader; records older than the field only had that."""
+    waited = sum(r.get("host_data_wait_seconds", r["data_wait_seconds"]) for r in records)
+    stepped = sum(sum(r["step_seconds"]) for r in records) or sum(r["interval_seconds"] for r in records)
+    return min(1.0, waited / stepped)
+
+
+def on_gpu_clock(records: list[dict]) -> bool:
+    """Whether the rank timed its steps and data wait on its GPU's timeline (docs/metrics.md)."""
+    return any(r.get("clock") == "gpu" for r in records)
 
 
 def read_jsonl(path: Path) -> list[dict]:

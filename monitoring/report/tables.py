@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from monitoring.report.runfiles import RunFiles, data_wait_ratio
+from monitoring.report.runfiles import RunFiles, data_wait_ratio, host_data_wait_ratio, on_gpu_clock
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -25,6 +25,11 @@ def rank_rows(run: RunFiles) -> list[dict[str, object]]:
             "p95 step (ms)": 1000 * _percentile(steps, 0.95) if steps else None,
             "data-wait ratio": data_wait_ratio(records),
         })
+        if on_gpu_clock(records):
+            # The data wait above is the GPU's starvation; the host's own wait, which alone would mislead on a
+            # GPU (it can wait while the GPU works through queued steps), goes beside it.
+            rows[-1]["data wait measured on"] = "GPU timeline"
+            rows[-1]["host-wait ratio"] = host_data_wait_ratio(records)
     return rows
 
 
