@@ -273,9 +273,11 @@ def scrape(url: str) -> dict[str, dict[str, float]]:
 
 
 @contextlib.contextmanager
-def live_run(folder: Path, *args: str, env: dict[str, str] | None = None, steps: int = 2) -> Iterator[str]:
-    """A 2-rank CPU run that trains until the test ends; yields its exporter's /metrics URL once every rank has
-    made `steps` steps. Stopped by killing the launcher and its descendants, each by PID."""
+def live_run(folder: Path, *args: str, env: dict[str, str] | None = None, steps: int = 2,
+             ranks: int = 2) -> Iterator[str]:
+    """A run (2 CPU ranks unless the host has GPUs) that trains until the test ends; yields its exporter's
+    /metrics URL once all `ranks` ranks have made `steps` steps. Stopped by killing the launcher and its
+    descendants, each by PID. Later `args` override the defaults."""
     port = free_port()
     log_path = folder / "train.log"
     with log_path.open("w") as log:
@@ -292,7 +294,7 @@ def live_run(folder: Path, *args: str, env: dict[str, str] | None = None, steps:
             assert time.monotonic() < deadline, f"no steps within 300 s:\n{log_path.read_text()[-4000:]}"
             with contextlib.suppress(OSError):
                 done = scrape(url).get("trainstack_train_steps_total", {})
-                if len(done) == 2 and min(done.values()) >= steps:
+                if len(done) == ranks and min(done.values()) >= steps:
                     break
             time.sleep(0.5)
         yield url
