@@ -174,3 +174,34 @@ def test_cpu_telemetry_counts_the_host_wait_as_data_wait(tmp_path, monkeypatch):
     assert record["clock"] == "host" and telemetry.clock == "host"
     assert record["data_wait_seconds"] == record["host_data_wait_seconds"] >= 0.05
     assert share == pytest.approx(record["data_wait_seconds"] / sum(record["step_seconds"]))
+
+
+def test_gpu_telemetry_records_the_gpus_starvation_and_the_hosts_wait_apart(tmp_path, monkeypatch, gpu):
+    """Telemetry's CUDA path with the fake GPU's events: the host sleeps in next() while the GPU has work."""
+    import json
+
+    import torch
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing: gpu.new_event())
+    identity = RankIdentity(rank=0, local_rank=0, node="n", uuid="GPU-0", run_id="r", world_size=1, nodes=1,
+                            mixed_precision="bf16", model="m", dataset="d")
+    telemetry = Telemetry(tmp_path, identity, 1.0, None, torch.device("cuda"))
+    gpu.queue(0.5)  # work queued before the loop: the GPU is busy throughout
+    for _ in range(3):
+        telemetry.data_wait_started()
+        time.sleep(0.02)
+        telemetry.data_ready()
+        telemetry.forward_started()
+        gpu.queue(0.05)
+        telemetry.forward_done()
+        gpu.queue(0.1)
+        telemetry.step_done(16)
+    gpu.drain()
+    share = telemetry.interval_done(3, 0, 2.0, 0.1, 3 * 16 * 1024)
+    telemetry.close()
+    record = json.loads((tmp_path / "telemetry" / "rank-0.jsonl").read_text())
+    assert record["clock"] == "gpu" and telemetry.clock == "gpu"
+    assert record["data_wait_seconds"] == 0 and share == 0
+    assert record["host_data_wait_seconds"] >= 3 * 0.02
+    assert record["step_seconds"] == pytest.approx([0.5 + 0.15, 0.15, 0.15])
