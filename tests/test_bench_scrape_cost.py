@@ -30,3 +30,18 @@ def test_scrape_cost_benchmark_reports_1_8_and_16_gpus_side_by_side():
     assert list(series) == [1, 8, 16] and series[1] > 250 and series[1] < series[8] < series[16]
     assert re.search(r"scrape p99 < 5 ms at every GPU count: (met|MISSED)", targets)
     assert re.search(r"sampler < 0.3% of one core at 8 GPUs: (met|MISSED) \([\d.]+%\)", targets)
+
+
+def test_nvml_cost_benchmark_prints_the_driver_next_to_the_profile():
+    done = subprocess.run([sys.executable, "bench/nvml_cost.py", "--calls", "3"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, explain(done)
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("  this machine: ")  # a driver's version, or why there is none
+    assert lines[2] == "  profile h100_driver580 (the NVML fake): driver 580.159.04, NVIDIA H100 80GB HBM3, GPU 0 of 1"
+    rows = {re.split(r"\s{2,}", line.strip())[0]: line.split()[-2:] for line in lines[4:-1]}
+    for row in ("nvmlDeviceGetTotalEnergyConsumption", "per GPU: a fast sample (NvmlSession.read)",
+                "per GPU: a slow sample (fast + slow part)"):
+        assert all(re.fullmatch(r"[\d.]+", figure) for figure in rows[row]), (row, rows[row])
+    assert any(name.startswith("field 83 alone") for name in rows)
+    assert re.search(r"8 GPUs: .*[\d.]+% \(profile\) of one core \(target < 0.3%: ", lines[-1])
