@@ -201,7 +201,7 @@ class NvmlSession:
 
     def _ask(self, gpu: Gpu | None, call: str, *args, **kwargs):
         """One NVML call (on `gpu`'s handle when given). Returns None when it failed or is unsupported."""
-        key = _call_key(call, args, kwargs)
+        key = _call_key(call, args, kwargs) if args or kwargs else (call,)  # most calls take only the handle
         unsupported = gpu.unsupported if gpu is not None else self._unsupported
         if key in unsupported:
             return None

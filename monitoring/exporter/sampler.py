@@ -12,7 +12,6 @@ The snapshot is a frozen object replaced whole, so a scrape reads one consistent
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import threading
@@ -101,10 +100,13 @@ class Sampler:
             return self._snapshot
 
     def _with_slow_values(self, sample: GpuSample, slow: bool) -> GpuSample:
+        """The sample, which is not published yet, with the slow values of the latest slow read."""
         if slow:
             self._slow_values[sample.index] = {name: getattr(sample, name) for name in SLOW_ATTRIBUTES}
-            return sample
-        return dataclasses.replace(sample, **self._slow_values.get(sample.index, {}))
+        else:
+            for name, value in self._slow_values.get(sample.index, {}).items():
+                setattr(sample, name, value)
+        return sample
 
     def start(self) -> None:
         """The first sample now, so the endpoint never serves an empty one; then the thread, where NVML is up."""
