@@ -2,13 +2,17 @@
 
 On one GPU (--gpu): each NVML call the exporter's sampler makes, --calls times: its mean CPU time (of the calling
 thread) and wall time; the field-values call with the GPU's slow request and with each of its fields alone. Then
-`NvmlSession.read` per GPU, through the exporter's own session: a fast sample and a slow sample. Then the sampler's
-share of one core at one sample a second with the slow fields every 30 s (the exporter's defaults), for 8 GPUs.
+`NvmlSession.read` per GPU, through the exporter's own session, back to back: a fast sample and a slow sample.
+Then the exporter's sampler itself, run as the exporter runs it (a sample a second, on its own thread, so each
+sample finds the caches as cold as in production) for --sampler-seconds with the slow part every 10 s: its own
+counters give a fast and a slow sample's CPU on this host. For 8 GPUs, each GPU beyond this host's adds its
+back-to-back cost; that gives the sampler's share of one core at the exporter's defaults (a sample a second, slow
+fields every 30 s).
 The same measurement runs in the same process on the NVML fake loaded with the profile
 (tests/nvml_fake/hosts/h100_driver580.json), printed next to the driver's figures, so a profile that has drifted
 from the driver shows. Without a driver the driver's column says so and the profile's is still measured.
 
-Target (issue 14): the sampler under 0.3% of one core at 1 Hz for 8 GPUs. Under a minute on an H100.
+Target (issue 14): the sampler under 0.3% of one core at 1 Hz for 8 GPUs. About 55 s on an H100.
 
     python3 bench/nvml_cost.py [--calls 200] [--gpu 0] [--profile h100_driver580]
 """
@@ -33,6 +37,7 @@ from monitoring.exporter.nvml import (  # noqa: E402
     NvmlSession,
     error_name,
 )
+from monitoring.exporter.sampler import Sampler  # noqa: E402
 
 TARGET_GPUS = 8
 SAMPLER_TARGET_SHARE = 0.003
@@ -60,7 +65,19 @@ def per_gpu_sample(session: NvmlSession, slow: bool, reads: int) -> tuple[float,
     return ((time.thread_time() - cpu) / reads / gpus * 1e3, (time.perf_counter() - wall) / reads / gpus * 1e3)
 
 
-def measure(nvml, gpu_index: int, calls: int) -> dict:
+def sampler_samples(session: NvmlSession, seconds: float) -> tuple[float, float]:
+    """CPU ms of one fast and one slow sample of all GPUs, from the exporter's sampler running at one sample a
+    second for `seconds`."""
+    sampler = Sampler(session, frozenset, DEFAULT_SAMPLE_INTERVAL, min(10.0, max(seconds / 2, 1.0)))
+    sampler.start()
+    time.sleep(seconds)
+    sampler.stop()
+    cost = sampler.cost()
+    fast, slow = (cost.cpu_seconds[c] / max(1, cost.samples[c]) * 1e3 for c in ("fast", "slow"))
+    return fast, slow
+
+
+def measure(nvml, gpu_index: int, calls: int, sampler_seconds: float) -> dict:
     """Every figure for one NVML module (the driver's pynvml or the fake), keyed by row name."""
     session = NvmlSession(nvml)
     if not session.up:
@@ -92,9 +109,15 @@ def measure(nvml, gpu_index: int, calls: int) -> dict:
     slow = per_gpu_sample(session, slow=True, reads=max(5, calls // 10))
     rows["per GPU: a fast sample (NvmlSession.read)"] = tuple(f"{ms:.4f}" for ms in fast)
     rows["per GPU: a slow sample (fast + slow part)"] = tuple(f"{ms:.4f}" for ms in slow)
-    # Per second: one sample, of which one in slow/interval reads the slow part as well.
-    per_slow = DEFAULT_SLOW_SAMPLE_INTERVAL / DEFAULT_SAMPLE_INTERVAL
-    share = TARGET_GPUS * (fast[0] * (per_slow - 1) + slow[0]) / 1e3 / DEFAULT_SLOW_SAMPLE_INTERVAL
+    sampler_fast, sampler_slow = sampler_samples(session, sampler_seconds)
+    rows[f"the sampler's fast sample of {len(gpus)} GPU(s), 1 a second"] = (f"{sampler_fast:.4f}", NO_FIGURE)
+    rows[f"the sampler's slow sample of {len(gpus)} GPU(s)"] = (f"{sampler_slow:.4f}", NO_FIGURE)
+    # 8 GPUs: what this host's sample costs (its first GPU's reads with cold caches, the sample's fixed part) and
+    # the back-to-back cost of each further GPU.
+    more = TARGET_GPUS - len(gpus)
+    fast_8, slow_8 = sampler_fast + more * fast[0], sampler_slow + more * slow[0]
+    per_slow = DEFAULT_SLOW_SAMPLE_INTERVAL / DEFAULT_SAMPLE_INTERVAL  # samples per slow read, the last one slow
+    share = (fast_8 * (per_slow - 1) + slow_8) / 1e3 / DEFAULT_SLOW_SAMPLE_INTERVAL
     about = f"driver {session.driver_version}, {gpu.name}, GPU {gpu.index} of {len(gpus)}"
     session.close()
     return {"about": about, "rows": rows, "share": share}
@@ -106,16 +129,18 @@ def main() -> int:
     parser.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU measured (default 0)")
     parser.add_argument("--profile", default="h100_driver580", help="host cost profile in tests/nvml_fake/hosts")
     parser.add_argument("--nvml-module", default="pynvml", help="the driver's NVML module (default pynvml)")
+    parser.add_argument("--sampler-seconds", type=float, default=20.0,
+                        help="how long the sampler runs at one sample a second, per column (default 20)")
     args = parser.parse_args()
 
     try:
-        driver = measure(importlib.import_module(args.nvml_module), args.gpu, args.calls)
+        driver = measure(importlib.import_module(args.nvml_module), args.gpu, args.calls, args.sampler_seconds)
     except ImportError as error:
         driver = {"about": f"{args.nvml_module} cannot be imported ({error})"}
     import tests.nvml_fake as fake  # after the driver's measurement: nothing of the fake is loaded during it
 
     fake.load(args.profile)
-    profile = measure(fake, 0, args.calls)
+    profile = measure(fake, 0, args.calls, args.sampler_seconds)
     fake.load(None)
 
     print(f"NVML cost, mean of {args.calls} calls, CPU ms / wall ms per call")
