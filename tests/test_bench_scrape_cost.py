@@ -1,6 +1,7 @@
-"""bench/scrape_cost.py runs end to end: the exporter process, 8 fake GPUs, 8 stand-in ranks, a parsed report.
-Its figures are not asserted (tests never assert timings); what is checked is that every series it is meant to
-scrape is there, so the benchmark measures the full exporter."""
+"""bench/scrape_cost.py runs end to end: the exporter process on the h100_driver580 cost profile at 1, 8 and 16
+fake GPUs, 8 stand-in ranks, a parsed report. Its figures are not asserted (tests never assert timings); what is
+checked is that every series it is meant to scrape is there and that it reports each figure the issue asks for,
+so the benchmark measures the full exporter."""
 
 from __future__ import annotations
 
@@ -11,13 +12,36 @@ import sys
 from tests.conftest import REPO, explain
 
 
-def test_scrape_cost_benchmark_scrapes_8_gpus_and_8_ranks():
+def test_scrape_cost_benchmark_reports_1_8_and_16_gpus_side_by_side():
     done = subprocess.run([sys.executable, "bench/scrape_cost.py", "--scrapes", "3", "--idle-seconds", "0.2",
-                           "--delay-us", "10"], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           "--slow-sample-interval", "2"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, explain(done)
-    header, latency, collectors, cpu = done.stdout.splitlines()
-    assert "8 fake GPUs" in header and "8 ranks" in header
-    assert int(re.search(r"(\d+) series", header).group(1)) > 500  # GPU, process, training and exporter series
-    assert re.search(r"p50 [\d.]+ ms, p99 [\d.]+ ms", latency)
-    assert re.search(r"gpu [\d.]+ ms, training [\d.]+ ms", collectors)
-    assert re.search(r"CPU [\d.]+ ms per scrape", cpu)
+    header, *per_count, targets = done.stdout.splitlines()
+    assert "profile h100_driver580" in header and "8 ranks" in header
+    assert len(per_count) == 6
+    series = {}
+    for scrape_line, sampler_line in zip(per_count[::2], per_count[1::2], strict=True):
+        gpus, count = re.match(r"\s+(\d+) GPU\(s\): (\d+) series; scrape p50 [\d.]+ ms, p99 [\d.]+ ms",
+                               scrape_line).groups()
+        series[int(gpus)] = int(count)
+        assert re.search(r"CPU [\d.]+ ms per scrape", scrape_line)
+        assert re.search(r"fast sample [\d.]+ ms CPU, slow sample [\d.]+ ms CPU .* = [\d.]+% of one core", sampler_line)
+    # GPU, process, training and exporter series; each GPU adds its own.
+    assert list(series) == [1, 8, 16] and series[1] > 250 and series[1] < series[8] < series[16]
+    assert re.search(r"scrape p99 < 5 ms at every GPU count: (met|MISSED)", targets)
+    assert re.search(r"sampler < 0.3% of one core at 8 GPUs: (met|MISSED) \([\d.]+%\)", targets)
+
+
+def test_nvml_cost_benchmark_prints_the_driver_next_to_the_profile():
+    done = subprocess.run([sys.executable, "bench/nvml_cost.py", "--calls", "3", "--sampler-seconds", "2"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, explain(done)
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("  this machine: ")  # a driver's version, or why there is none
+    assert lines[2] == "  profile h100_driver580 (the NVML fake): driver 580.159.04, NVIDIA H100 80GB HBM3, GPU 0 of 1"
+    rows = {re.split(r"\s{2,}", line.strip())[0]: line.split()[-2:] for line in lines[4:-1]}
+    for row in ("nvmlDeviceGetTotalEnergyConsumption", "per GPU: a fast sample (NvmlSession.read)",
+                "per GPU: a slow sample (fast + slow part)", "the sampler's slow sample of 1 GPU(s)"):
+        assert re.fullmatch(r"[\d.]+", rows[row][0]), (row, rows[row])  # the profile's CPU ms
+    assert any(name.startswith("field 83 alone") for name in rows)
+    assert re.search(r"8 GPUs: .*[\d.]+% \(profile\) of one core \(target < 0.3%: ", lines[-1])

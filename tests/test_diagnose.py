@@ -207,6 +207,15 @@ def test_nothing_to_read_and_nothing_stepped_yet():
     assert kinds(diagnose(Snapshot("test", NOW, fresh), LIMITS)) == ["no-step-yet"]
 
 
+def test_stale_gpu_data_is_said_to_be_stale():
+    ages = {"node0:9450 fast": (12.0, 1.0), "node0:9450 slow": (20.0, 30.0)}
+    verdicts = diagnose(Snapshot("test", NOW, [rank("0", uuid="GPU-0")], [gpu(0)], ages), LIMITS)
+    assert kinds(verdicts) == ["gpu-data-stale"]
+    assert verdicts[0].evidence == ("node0:9450 fast: sample 12 s old, read every 1 s",)
+    fresh = {"node0:9450 fast": (0.5, 1.0), "node0:9450 slow": (80.0, 30.0)}
+    assert diagnose(Snapshot("test", NOW, [rank("0", uuid="GPU-0")], [gpu(0)], fresh), LIMITS) == []
+
+
 def test_thresholds_must_be_positive():
     with pytest.raises(ConfigError, match="stall-seconds must be positive"):
         Thresholds(stall_seconds=0)
@@ -237,7 +246,8 @@ def test_gpu_verdicts_through_the_real_exporter(cpu_run):
 
     nvml_fake.load(fake_host())
     exporter = Exporter(ExporterConfig(port=0, metrics_dir=cpu_run / "metrics" / "node-0",
-                                       nvml_module="tests.nvml_fake"))
+                                       nvml_module="tests.nvml_fake", sample_interval_seconds=0.1,
+                                       slow_sample_interval_seconds=0.2))
     exporter.start()
     try:
         source = ExporterSource(f"http://127.0.0.1:{exporter.server.port}/metrics", interval=1.0)
@@ -256,6 +266,28 @@ def test_gpu_verdicts_through_the_real_exporter(cpu_run):
     assert power and 80 <= int(power[1]) <= 100 and "SM clock 61% of its maximum" in throttling[0], throttling
     assert thermal and 40 <= int(thermal[1]) <= 65, throttling
     assert verdicts["memory-full"].evidence == ("GPU 3: 97% of its memory used",)
+
+
+def test_slow_gpu_counters_have_no_rate_until_the_exporter_reads_them_again():
+    from monitoring.exporter.app import Exporter
+    from monitoring.exporter.config import ExporterConfig
+    from tests import nvml_fake
+
+    nvml_fake.load(fake_host())
+    exporter = Exporter(ExporterConfig(port=0, nvml_module="tests.nvml_fake", sample_interval_seconds=0.1,
+                                       slow_sample_interval_seconds=600))
+    exporter.start()
+    try:
+        source = ExporterSource(f"http://127.0.0.1:{exporter.server.port}/metrics", interval=0.3)
+    finally:
+        exporter.stop()
+        nvml_fake.load(None)
+    # GPU 1's power violation counter rises 0.9 s per second, but the exporter read it once, at its start: a
+    # rate over the scrapes would say 0, so there is none, and the throttling figure falls back to clock reasons.
+    assert source.rate("trainstack_gpu_power_violation_seconds_total") == []
+    snapshot = read_snapshot(source)
+    assert [g.power_throttle_ratio for g in snapshot.gpus] == [0.0] * 4
+    assert set(snapshot.gpu_sample_ages) == {"fast", "slow"}
 
 
 # --- real runs, read live -------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from prometheus_client.core import (
 
 import monitoring.exporter.exposition as exposition
 import tests.nvml_fake as fake
-from monitoring.exporter.app import build_registry
+from monitoring.exporter.app import build_registry, build_sampler
 from monitoring.exporter.config import ExporterConfig
 from monitoring.exporter.exposition import TextEncoder
 from monitoring.exporter.nvml import NvmlSession
@@ -56,15 +56,18 @@ def test_the_exporters_own_scrape_encodes_identically(tmp_path):
     fake.load(host)
     try:
         session = NvmlSession(fake)
-        registry = build_registry(ExporterConfig(port=0, nvml_module="tests.nvml_fake", metrics_dir=metrics_dir),
-                                  session)
+        config = ExporterConfig(port=0, nvml_module="tests.nvml_fake", metrics_dir=metrics_dir)
+        sampler = build_sampler(config, session)
+        sampler.sample_now()
+        registry = build_registry(config, sampler)
         families = list(registry.collect())
         session.close()
     finally:
         fake.load(None)
     names = {family.name for family in families}
     assert {"trainstack_gpu_power_watts", "trainstack_train_step_duration_seconds", "trainstack_gpu_xid_errors",
-            "trainstack_gpu_process_memory_used_bytes", "trainstack_exporter_nvml_errors"} <= names
+            "trainstack_gpu_process_memory_used_bytes", "trainstack_exporter_nvml_errors",
+            "trainstack_exporter_gpu_sample_age_seconds", "trainstack_exporter_gpu_sample_cpu_seconds"} <= names
     replay = registry_of(families)
     encoder = TextEncoder()
     for _ in range(2):  # the second time from the label cache

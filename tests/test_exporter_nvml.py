@@ -1,10 +1,14 @@
-"""The exporter's NVML side, on the NVML fake: what each GPU model exports, what is omitted, how failures count.
+"""The exporter's NVML side, on the NVML fake: what each GPU model exports, what is omitted, how failures count,
+and the sampler: scrapes served from its snapshot, the slow fields at their own cadence, a hung call.
 
 The exporter code under test is the production code; only the `pynvml` module underneath is the fake
-(tests/nvml_fake), answering from data shaped like real NVML answers.
+(tests/nvml_fake), answering from data shaped like real NVML answers. The sampler is driven synchronously
+(`sample_now`) on a clock the test moves, not by its thread and real sleeps.
 """
 
 from __future__ import annotations
+
+import random
 
 import pytest
 from prometheus_client import generate_latest
@@ -15,6 +19,8 @@ from monitoring.exporter.app import build_registry
 from monitoring.exporter.config import ExporterConfig
 from monitoring.exporter.gpu import CLOCK_EVENT_REASONS, COUNTERS, GAUGES
 from monitoring.exporter.nvml import NvmlSession
+from monitoring.exporter.sampler import Sampler
+from monitoring.exporter.training import job_pids
 
 H100_UUID = "GPU-5f1c0a00-1a2b-4c3d-8e4f-9a0b1c2d3e00"
 
@@ -25,17 +31,45 @@ def no_fake_host_left_behind():
     fake.load(None)
 
 
-def exporter(host, pcie_throughput=False, metrics_dir=None):
-    """An NVML session and registry on the fake `host`, as the exporter builds them."""
-    fake.load(host)
-    config = ExporterConfig(port=0, nvml_module="tests.nvml_fake", pcie_throughput=pcie_throughput,
-                            metrics_dir=metrics_dir)
-    session = NvmlSession(fake, pcie_throughput=pcie_throughput)
-    return session, build_registry(config, session)
+class ManualClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def scrape(registry) -> dict[tuple[str, frozenset], float]:
-    """One scrape through the exposition format: (sample name, labels) -> value."""
+class Rig:
+    """An NVML session, sampler and registry on the fake `host`, as the exporter builds them, with the sampler on a
+    clock the test moves. By default the slow fields are read at every sample, as every scrape read them before."""
+
+    def __init__(self, host, pcie_throughput=False, metrics_dir=None, interval=1.0, slow_interval=1.0):
+        fake.load(host)
+        config = ExporterConfig(port=0, nvml_module="tests.nvml_fake", pcie_throughput=pcie_throughput,
+                                metrics_dir=metrics_dir, sample_interval_seconds=interval,
+                                slow_sample_interval_seconds=slow_interval)
+        self.clock = ManualClock()
+        self.session = NvmlSession(fake, pcie_throughput=pcie_throughput)
+        self.sampler = Sampler(self.session, lambda: job_pids(metrics_dir), interval, slow_interval, self.clock)
+        self.registry = build_registry(config, self.sampler)
+
+    def sample(self) -> None:
+        """One tick of the sampler: the clock moves on by the interval and the sampler reads NVML."""
+        self.clock.now += self.sampler.interval_seconds
+        self.sampler.sample_now()
+
+    def scrape(self) -> dict[tuple[str, frozenset], float]:
+        """A fresh sample, then one scrape through the exposition format: (sample name, labels) -> value."""
+        self.sample()
+        return render(self.registry)
+
+
+def exporter(host, pcie_throughput=False, metrics_dir=None) -> Rig:
+    return Rig(host, pcie_throughput, metrics_dir)
+
+
+def render(registry) -> dict[tuple[str, frozenset], float]:
+    """A scrape of what the registry serves now, without sampling."""
     text = generate_latest(registry).decode()
     return {(s.name, frozenset(s.labels.items())): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
@@ -55,8 +89,8 @@ def errors(samples) -> dict[tuple[str, str], float]:
 
 
 def test_h100_exports_every_field_in_base_units():
-    _, registry = exporter("dgx_h100")
-    samples = scrape(registry)
+    rig = exporter("dgx_h100")
+    samples = rig.scrape()
     gpu0 = {"gpu": "0", "uuid": H100_UUID}
     assert value(samples, "trainstack_gpu_info", **gpu0, name="NVIDIA H100 80GB HBM3",
                  pci_bus_id="00000000:18:00.0", driver_version="550.90.07") == 1
@@ -83,10 +117,10 @@ def test_h100_exports_every_field_in_base_units():
 
 
 def test_gpu_series_carry_only_gpu_and_uuid():
-    _, registry = exporter("mixed")
+    rig = exporter("mixed")
     dimensions = {"trainstack_gpu_info": {"name", "pci_bus_id", "driver_version"},
                   "trainstack_gpu_clock_event_active": {"reason"}}
-    for (name, labels) in scrape(registry):
+    for (name, labels) in rig.scrape():
         if name.startswith("trainstack_gpu_"):
             assert {k for k, _ in labels} == {"gpu", "uuid"} | dimensions.get(name, set()), name
 
@@ -96,16 +130,16 @@ def test_nvlink_traffic_is_summed_over_all_links():
     host = {"driver_version": "550.90.07", "gpus": [{
         "model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0",
         "overrides": {"fields": {"NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX": {"per_link": per_link}}}}]}
-    _, registry = exporter(host)
+    rig = exporter(host)
     total_kib = sum(1000 * (link + 1) for link in range(18))
-    assert value(scrape(registry), "trainstack_gpu_nvlink_transmit_bytes_total", gpu="0",
+    assert value(rig.scrape(), "trainstack_gpu_nvlink_transmit_bytes_total", gpu="0",
                  uuid=H100_UUID) == total_kib * 1024
 
 
 def test_unsupported_fields_are_omitted_and_asked_once():
-    _, registry = exporter("mixed")  # 0: H100, 1: A100 PCIe (no active NVLink), 2: T4 (GDDR6), 3: P4 (Pascal)
+    rig = exporter("mixed")  # 0: H100, 1: A100 PCIe (no active NVLink), 2: T4 (GDDR6), 3: P4 (Pascal)
     for _ in range(3):
-        samples = scrape(registry)
+        samples = rig.scrape()
     assert "trainstack_gpu_memory_temperature_celsius" not in names_for_gpu(samples, "2")
     assert "trainstack_gpu_memory_temperature_celsius" in names_for_gpu(samples, "1")
     assert "trainstack_gpu_energy_joules_total" not in names_for_gpu(samples, "3")
@@ -116,9 +150,9 @@ def test_unsupported_fields_are_omitted_and_asked_once():
     assert "trainstack_gpu_nvlink_transmit_bytes_total" not in names_for_gpu(samples, "2")
     # Never a sentinel: no GPU value is negative.
     assert all(v >= 0 for (name, _), v in samples.items() if name.startswith("trainstack_gpu_"))
-    # NotSupported is counted once per GPU, however many scrapes follow.
+    # NotSupported is counted once per GPU, however many scrapes follow. (The 1 s power average, which the A100
+    # (GA100), T4 and P4 lack, is not asked for: nvmlDeviceGetPowerUsage answers the same where the GPU has it.)
     assert errors(samples) == {
-        ("nvmlDeviceGetFieldValues/NVML_FI_DEV_POWER_AVERAGE", "NotSupported"): 3,  # A100 (GA100), T4, P4
         ("nvmlDeviceGetFieldValues/NVML_FI_DEV_MEMORY_TEMP", "NotSupported"): 2,
         ("nvmlDeviceGetFieldValues/NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "NotSupported"): 1,
         ("nvmlDeviceGetFieldValues/NVML_FI_DEV_ECC_SBE_VOL_TOTAL", "NotSupported"): 1,
@@ -128,9 +162,9 @@ def test_unsupported_fields_are_omitted_and_asked_once():
 
 
 def test_static_answers_are_read_once_not_per_scrape():
-    _, registry = exporter("dgx_h100")
+    rig = exporter("dgx_h100")
     for _ in range(5):
-        scrape(registry)
+        rig.scrape()
     calls = fake.call_counts()
     for once in ("nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo_v3"):
         assert calls[once] == 8, once
@@ -140,31 +174,66 @@ def test_static_answers_are_read_once_not_per_scrape():
     assert calls["nvmlDeviceGetPcieThroughput"] == 0  # opt-in
 
 
-def test_power_and_violation_counters_come_with_the_other_fields_in_one_call():
-    _, registry = exporter("dgx_h100")
+FAST_SAMPLE_CALLS = {"nvmlDeviceGetUtilizationRates": 8, "nvmlDeviceGetMemoryInfo": 8, "nvmlDeviceGetTemperature": 8,
+                     "nvmlDeviceGetClockInfo": 16, "nvmlDeviceGetCurrentClocksEventReasons": 8,
+                     "nvmlDeviceGetPowerUsage": 8, "nvmlEventSetWait_v2": 1}
+
+
+def test_a_slow_sample_reads_power_limit_and_violation_counters_with_the_other_fields_in_one_call():
+    rig = exporter("dgx_h100")
     at_start = fake.call_counts()
     for _ in range(3):
-        samples = scrape(registry)
+        samples = rig.scrape()
     per_scrape = {call: n / 3 for call, n in (fake.call_counts() - at_start).items()}
-    # Per GPU: utilization, memory, temperature, 2 clocks, clock events and one field-values call for the rest
-    # (no process listing: no metrics directory, so no job pids); per host: the Xid event poll.
-    assert per_scrape == {"nvmlDeviceGetUtilizationRates": 8, "nvmlDeviceGetMemoryInfo": 8,
-                          "nvmlDeviceGetTemperature": 8, "nvmlDeviceGetClockInfo": 16,
-                          "nvmlDeviceGetCurrentClocksEventReasons": 8, "nvmlDeviceGetFieldValues": 8,
-                          "nvmlEventSetWait_v2": 1}
+    # Per GPU: utilization, memory, temperature, 2 clocks, clock events, power, and one field-values call for the
+    # rest (no process listing: no metrics directory, so no job pids); per host: the Xid event poll.
+    assert per_scrape == FAST_SAMPLE_CALLS | {"nvmlDeviceGetFieldValues": 8}
     gpu0 = {"gpu": "0", "uuid": H100_UUID}
     assert value(samples, "trainstack_gpu_power_watts", **gpu0) == pytest.approx(612.845)
+    assert value(samples, "trainstack_gpu_power_limit_watts", **gpu0) == 700
     assert value(samples, "trainstack_gpu_power_violation_seconds_total", **gpu0) == 4120
     assert value(samples, "trainstack_gpu_thermal_violation_seconds_total", **gpu0) == 0
+
+
+def test_slow_fields_are_read_at_their_own_cadence_and_keep_their_last_exact_value():
+    rig = Rig("dgx_h100", interval=1.0, slow_interval=30.0)
+    rig.sampler.sample_now()  # the first sample reads both parts
+    first = render(rig.registry)
+    at_start = fake.call_counts()
+    counted = []
+    for second in range(1, 61):
+        rig.sample()
+        counted.append(fake.call_counts() - at_start)
+        at_start = fake.call_counts()
+        if second < 30:  # between slow reads: the counters served are the first read's, unchanged
+            samples = render(rig.registry)
+            for name in ("trainstack_gpu_energy_joules_total", "trainstack_gpu_power_violation_seconds_total",
+                         "trainstack_gpu_memory_temperature_celsius", "trainstack_gpu_nvlink_transmit_bytes_total"):
+                assert value(samples, name, gpu="0", uuid=H100_UUID) == value(first, name, gpu="0", uuid=H100_UUID)
+    slow_seconds = [second for second, calls in enumerate(counted, 1) if calls["nvmlDeviceGetFieldValues"]]
+    assert slow_seconds == [30, 60]
+    assert all(dict(calls) == FAST_SAMPLE_CALLS for second, calls in enumerate(counted, 1) if second % 30)
+    assert dict(counted[29]) == FAST_SAMPLE_CALLS | {"nvmlDeviceGetFieldValues": 8}
+    samples = render(rig.registry)
+    energy = value(samples, "trainstack_gpu_energy_joules_total", gpu="0", uuid=H100_UUID)
+    assert energy > value(first, "trainstack_gpu_energy_joules_total", gpu="0", uuid=H100_UUID)  # read again
+    assert value(samples, "trainstack_exporter_gpu_sample_age_seconds", cadence="fast") == 0
+    assert value(samples, "trainstack_exporter_gpu_sample_age_seconds", cadence="slow") == 0
+    rig.clock.now += 7  # no sample for 7 s: both parts age
+    samples = render(rig.registry)
+    assert value(samples, "trainstack_exporter_gpu_sample_age_seconds", cadence="fast") == 7
+    assert value(samples, "trainstack_exporter_gpu_sample_interval_seconds", cadence="slow") == 30
+    assert value(samples, "trainstack_exporter_gpu_samples_total", cadence="slow") == 3
+    assert value(samples, "trainstack_exporter_gpu_samples_total", cadence="fast") == 58
 
 
 def test_without_the_field_values_call_power_comes_from_the_dedicated_calls():
     host = {"driver_version": "384.183", "missing_functions": ["nvmlDeviceGetFieldValues"],
             "gpus": [{"model": "p4", "uuid": "GPU-5f1c0a15-1a40-4c3d-8e64-9a0b1c2d3e15",
                       "pci_bus_id": "00000000:2A:00.0"}]}
-    _, registry = exporter(host)
+    rig = exporter(host)
     for _ in range(2):
-        samples = scrape(registry)
+        samples = rig.scrape()
     p4 = {"gpu": "0", "uuid": "GPU-5f1c0a15-1a40-4c3d-8e64-9a0b1c2d3e15"}
     assert value(samples, "trainstack_gpu_power_watts", **p4) == pytest.approx(41.23)
     assert value(samples, "trainstack_gpu_power_limit_watts", **p4) == 75
@@ -173,37 +242,42 @@ def test_without_the_field_values_call_power_comes_from_the_dedicated_calls():
     assert errors(samples) == {("nvmlDeviceGetFieldValues", "FunctionNotFound"): 1}
 
 
+H100_WITHOUT_LIMIT_FIELD = {"driver_version": "550.90.07", "gpus": [{
+    "model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0",
+    "overrides": {"fields": {"NVML_FI_DEV_POWER_CURRENT_LIMIT": "NVMLError_NotSupported"}}}]}
+
+
 @pytest.mark.parametrize("host, gpu, uuid, lacking, field_error", [
-    # A100 (GA100), T4 and P4 have no 1 s power average; the H100 of the mixed host has.
-    ("mixed", "1", "GPU-5f1c0a0b-1a36-4c3d-8e5a-9a0b1c2d3e0b", 3, "NotSupported"),
+    # A GPU whose driver has the field but not for this GPU answers NotSupported.
+    (H100_WITHOUT_LIMIT_FIELD, "0", H100_UUID, 1, "NotSupported"),
     # An R470 driver predates the power fields: it answers InvalidArgument for an id it does not know.
     ("legacy_driver", "0", "GPU-5f1c0a14-1a3f-4c3d-8e63-9a0b1c2d3e14", 2, "InvalidArgument"),
 ])
 def test_a_field_the_gpu_or_driver_lacks_is_read_with_its_own_call(host, gpu, uuid, lacking, field_error):
-    _, registry = exporter(host)
+    rig = exporter(host)
     answers = fake._require_host().gpus[int(gpu)].answers
     for _ in range(3):
-        samples = scrape(registry)
+        samples = rig.scrape()
     assert value(samples, "trainstack_gpu_power_watts", gpu=gpu, uuid=uuid) == pytest.approx(
         answers["nvmlDeviceGetPowerUsage"] / 1000)
     assert value(samples, "trainstack_gpu_power_limit_watts", gpu=gpu, uuid=uuid) == pytest.approx(
         answers["nvmlDeviceGetEnforcedPowerLimit"] / 1000)
-    assert fake.call_counts()["nvmlDeviceGetPowerUsage"] == 3 * lacking
+    assert fake.call_counts()["nvmlDeviceGetEnforcedPowerLimit"] == 3 * lacking
     # The field is asked once per GPU that lacks it, then only the call is.
-    assert errors(samples)[("nvmlDeviceGetFieldValues/NVML_FI_DEV_POWER_AVERAGE", field_error)] == lacking
+    assert errors(samples)[("nvmlDeviceGetFieldValues/NVML_FI_DEV_POWER_CURRENT_LIMIT", field_error)] == lacking
 
 
 def test_pcie_throughput_when_asked_for():
-    _, registry = exporter("mixed", pcie_throughput=True)
-    samples = scrape(registry)
+    rig = exporter("mixed", pcie_throughput=True)
+    samples = rig.scrape()
     assert value(samples, "trainstack_gpu_pcie_receive_bytes_per_second", gpu="2",
                  uuid="GPU-5f1c0a0c-1a37-4c3d-8e5b-9a0b1c2d3e0c") == 345678 * 1024
 
 
 def test_legacy_driver_uses_the_older_calls():
-    _, registry = exporter("legacy_driver")  # 0: T4 at its power cap, 1: P4
+    rig = exporter("legacy_driver")  # 0: T4 at its power cap, 1: P4
     for _ in range(3):
-        samples = scrape(registry)
+        samples = rig.scrape()
     t4 = {"gpu": "0", "uuid": "GPU-5f1c0a14-1a3f-4c3d-8e63-9a0b1c2d3e14"}
     assert value(samples, "trainstack_gpu_clock_event_active", **t4, reason="sw_power_cap") == 1
     assert value(samples, "trainstack_gpu_memory_total_bytes", **t4) == 16106127360
@@ -216,9 +290,9 @@ def test_legacy_driver_uses_the_older_calls():
 
 
 def test_a_failing_call_is_counted_each_time_and_only_its_field_is_missing():
-    _, registry = exporter("dgx_h100")
+    rig = exporter("dgx_h100")
     fake.fail("nvmlDeviceGetTemperature", "Unknown", gpu=1, times=2)
-    first, second, third = scrape(registry), scrape(registry), scrape(registry)
+    first, second, third = rig.scrape(), rig.scrape(), rig.scrape()
     gpu1 = {"gpu": "1", "uuid": "GPU-5f1c0a01-1a2c-4c3d-8e50-9a0b1c2d3e01"}
     assert value(first, "trainstack_gpu_temperature_celsius", **gpu1) is None
     assert value(first, "trainstack_gpu_utilization_ratio", **gpu1) == 0.98
@@ -229,14 +303,14 @@ def test_a_failing_call_is_counted_each_time_and_only_its_field_is_missing():
 
 
 def test_a_lost_gpu_drops_out_and_is_not_asked_again():
-    session, registry = exporter("dgx_h100")
+    rig = exporter("dgx_h100")
     fake.raise_xid(3, 79)
-    before = scrape(registry)
+    before = rig.scrape()
     assert "trainstack_gpu_power_watts" in names_for_gpu(before, "3")
     fake.lose_gpu(3)
-    after = scrape(registry)
+    after = rig.scrape()
     calls = fake.call_counts()
-    again = scrape(registry)
+    again = rig.scrape()
     gpu3 = {"gpu": "3", "uuid": "GPU-5f1c0a03-1a2e-4c3d-8e52-9a0b1c2d3e03"}
     assert names_for_gpu(after, "3") == {"trainstack_gpu_xid_errors_total"}  # the Xid that preceded it stays
     assert value(after, "trainstack_gpu_xid_errors_total", **gpu3, xid="79") == 1
@@ -245,19 +319,19 @@ def test_a_lost_gpu_drops_out_and_is_not_asked_again():
     assert value(after, "trainstack_exporter_gpus_lost") == 1
     assert errors(again) == {("nvmlDeviceGetUtilizationRates", "GpuIsLost"): 1}
     assert fake.call_counts()["nvmlDeviceGetUtilizationRates"] == calls["nvmlDeviceGetUtilizationRates"] + 7
-    assert session.health().gpus == 7
+    assert rig.session.health().gpus == 7
 
 
 def test_xid_events_are_counted_by_code():
     host = {"driver_version": "550.90.07",
             "gpus": [{"model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0"}],
             "xid_events": [{"gpu": 0, "xid": 48, "after_seconds": 0}]}
-    _, registry = exporter(host)
+    rig = exporter(host)
     fake.raise_xid(0, 13)
     fake.raise_xid(0, 13)
-    first = scrape(registry)
+    first = rig.scrape()
     fake.raise_xid(0, 13)
-    second = scrape(registry)
+    second = rig.scrape()
     assert value(first, "trainstack_gpu_xid_errors_total", gpu="0", uuid=H100_UUID, xid="13") == 2
     assert value(first, "trainstack_gpu_xid_errors_total", gpu="0", uuid=H100_UUID, xid="48") == 1
     assert value(second, "trainstack_gpu_xid_errors_total", gpu="0", uuid=H100_UUID, xid="13") == 3
@@ -278,23 +352,23 @@ def test_process_memory_only_for_the_jobs_processes():
 
 @pytest.mark.parametrize("host, error", [(None, "LibraryNotFound"), ("driver_not_loaded", "DriverNotLoaded")])
 def test_no_driver_reports_nvml_down(host, error):
-    session, registry = exporter(host)
-    samples = scrape(registry)
+    rig = exporter(host)
+    samples = rig.scrape()
     assert value(samples, "trainstack_exporter_nvml_up") == 0
     assert errors(samples) == {("nvmlInit", error): 1}
     assert not any(name.startswith("trainstack_gpu_") for name, _ in samples)
     assert value(samples, "trainstack_exporter_collector_success", collector="gpu") == 1
-    assert error in session.down_reason
+    assert error in rig.session.down_reason
 
 
 def test_random_failures_never_fail_a_scrape_and_are_all_counted():
-    _, registry = exporter("mixed")
+    rig = exporter("mixed")
     transient = ["Unknown", "Timeout", "NoPermission", "InsufficientSize", "NotSupported", "Memory"]
     fake.fail_randomly(0.05, transient, seed=20240611)
     for scrape_number in range(230):
         if scrape_number == 200:  # then GPUs start falling off the bus as well
             fake.fail_randomly(0.05, [*transient, "GpuIsLost"], seed=7)
-        samples = scrape(registry)  # raises if a scrape failed or produced unparsable text
+        samples = rig.scrape()  # raises if a scrape failed or produced unparsable text
         assert value(samples, "trainstack_exporter_collector_success", collector="gpu") == 1
         assert value(samples, "trainstack_exporter_nvml_up") == 1
     injected = fake.injected_failures()
@@ -305,3 +379,29 @@ def test_random_failures_never_fail_a_scrape_and_are_all_counted():
     lost = sum(times for (_, error), times in injected.items() if error == "GpuIsLost")
     assert lost > 0
     assert value(samples, "trainstack_exporter_gpus_lost") == lost  # a lost GPU is never asked again
+
+
+def test_a_thousand_random_failure_patterns_fail_no_scrape_and_no_counter_goes_back():
+    rng = random.Random(14)
+    errors_pool = ["Unknown", "Timeout", "NoPermission", "InsufficientSize", "NotSupported", "Memory",
+                   "GpuIsLost", "Uninitialized", "FunctionNotFound"]
+    calls = sorted(FAST_SAMPLE_CALLS) + ["nvmlDeviceGetFieldValues", "nvmlDeviceGetComputeRunningProcesses"]
+    served: dict[tuple[str, frozenset], float] = {}
+    for pattern in range(1000):
+        if pattern % 100 == 0:  # a fresh exporter now and then, before lost GPUs leave nothing to read
+            rig = Rig("mixed", interval=1.0, slow_interval=rng.choice([1.0, 3.0]))
+            served = {}
+        # Each pattern: a failure rate and a mix of errors on every device call, plus a run of one call failing.
+        fake.fail_randomly(rng.choice([0.0, 0.02, 0.2, 0.6, 1.0]), rng.sample(errors_pool, rng.randint(1, 3)),
+                           seed=pattern)
+        if rng.random() < 0.3:
+            fake.fail(rng.choice(calls), rng.choice(errors_pool), gpu=rng.choice([None, 0, 1, 2, 3]),
+                      times=rng.randint(1, 5))
+        samples = rig.scrape()  # raises if a scrape failed or produced unparsable text
+        assert value(samples, "trainstack_exporter_collector_success", collector="gpu") == 1, pattern
+        assert value(samples, "trainstack_exporter_nvml_up") == 1, pattern
+        for key, number in samples.items():
+            if key[0].startswith("trainstack_gpu_") and key[0].endswith("_total"):
+                assert number >= served.get(key, number), (pattern, key)  # exact values, never one going back
+                served[key] = number
+    assert sum(fake.injected_failures().values()) > 100

@@ -142,6 +142,33 @@ def test_gpu_snapshots_are_logged_for_the_run_report(running):
     assert h100["utilization_ratio"] == 0.98 and h100["memory_total_bytes"] == 85520809984
 
 
+def test_a_scrape_while_an_nvml_call_hangs_answers_from_the_last_sample_and_its_age_grows(metrics_dir, fake_host):
+    exporter = Exporter(ExporterConfig(port=0, nvml_module="tests.nvml_fake", metrics_dir=metrics_dir,
+                                       sample_interval_seconds=0.05, slow_sample_interval_seconds=0.05))
+    exporter.start()
+    entered, release = fake.hang("nvmlDeviceGetUtilizationRates")
+    try:
+        assert entered.wait(60), "the sampler never called NVML again"
+        # The sampler's thread is now inside the hung call, and stays there until `release` is set.
+        ages = []
+        for _ in range(1200):  # until the age has grown (what is asserted is the order, not how fast)
+            if len(ages) >= 2 and ages[-1] > ages[0]:
+                break
+            samples = parse(get(exporter.server.port, "/metrics")[2])
+            ages.append(series(samples, "trainstack_exporter_gpu_sample_age_seconds")[
+                frozenset({("cadence", "fast")})])
+            assert len(series(samples, "trainstack_gpu_utilization_ratio")) == 4  # the last sample, all GPUs
+            assert series(samples, "trainstack_exporter_collector_success")[frozenset({("collector", "gpu")})] == 1
+            time.sleep(0.05)
+        assert ages[-1] > ages[0]
+        assert not release.is_set() and entered.is_set()  # every scrape above answered during the hang
+        assert json.loads(get(exporter.server.port, "/healthz")[2])["nvml"] == "up"
+    finally:
+        release.set()
+        exporter.stop()
+    assert ages == sorted(ages)
+
+
 def test_job_pids_come_from_the_multiprocess_file_names(metrics_dir):
     pids = job_pids(metrics_dir)
     assert len(pids) == 2
@@ -261,6 +288,8 @@ def test_promtool_check_metrics_on_a_live_scrape_is_clean(metrics_dir):
     (["--port", "70000"], "--port 70000 is not a TCP port"),
     (["--metrics-dir", "pyproject.toml"], "--metrics-dir pyproject.toml is a file"),
     (["--nvml-module", "no_such_nvml_module"], "--nvml-module 'no_such_nvml_module' cannot be imported"),
+    (["--sample-interval", "0"], "--sample-interval 0 is not positive"),
+    (["--sample-interval", "2", "--slow-sample-interval", "1"], "--slow-sample-interval 1 is shorter than"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     result = subprocess.run([sys.executable, "-m", "monitoring.exporter", *args], cwd=REPO, capture_output=True,
@@ -287,5 +316,6 @@ def test_trainstack_exporter_subcommand_is_wired(capsys):
         main(["exporter", "--help"])
     assert exit_.value.code == 0
     usage = capsys.readouterr().out
-    for flag in ("--host", "--port", "--metrics-dir", "--run-dir", "--pcie-throughput", "--nvml-module"):
+    for flag in ("--host", "--port", "--metrics-dir", "--run-dir", "--pcie-throughput", "--nvml-module",
+                 "--sample-interval", "--slow-sample-interval"):
         assert flag in usage

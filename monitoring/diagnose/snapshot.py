@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from monitoring.diagnose.sources import Sample, Source
+from monitoring.diagnose.sources import GPU_SAMPLE_AGE, GPU_SAMPLE_INTERVAL, Sample, Source
 
 THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown")
 POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")
@@ -53,6 +53,8 @@ class Snapshot:
     now: float
     ranks: list[RankView] = field(default_factory=list)
     gpus: list[GpuView] = field(default_factory=list)
+    gpu_sample_ages: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Exporter instance and cadence ("node0:9450 fast") -> (age of its GPU sample, its sampling interval), s."""
 
     def straggler_ratios(self) -> dict[str, float]:
         """Each rank's forward time per step over the ranks' median (rank:trainstack_train_straggler:ratio).
@@ -78,7 +80,16 @@ def _ratio(numerators: dict[str, float], denominators: dict[str, float]) -> dict
 
 
 def read_snapshot(source: Source) -> Snapshot:
-    return Snapshot(source.description, source.now, _ranks(source), _gpus(source))
+    return Snapshot(source.description, source.now, _ranks(source), _gpus(source), _gpu_sample_ages(source))
+
+
+def _gpu_sample_ages(source: Source) -> dict[str, tuple[float, float]]:
+    def key(labels: dict[str, str]) -> str:
+        return " ".join(filter(None, (labels.get("instance"), labels.get("cadence"))))
+
+    intervals = {key(labels): value for labels, value in source.instant(GPU_SAMPLE_INTERVAL)}
+    return {key(labels): (age, intervals[key(labels)]) for labels, age in source.instant(GPU_SAMPLE_AGE)
+            if key(labels) in intervals}
 
 
 def _ranks(source: Source) -> list[RankView]:

@@ -15,10 +15,18 @@ from typing import Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from monitoring.exporter.gpu import COUNTERS
+from monitoring.exporter.nvml import SLOW_ATTRIBUTES
 from train.errors import ConfigError
 
 Sample = tuple[dict[str, str], float]
 PROMETHEUS_WINDOW = "2m"  # the recording rules' window (monitoring/prometheus/rules/recording.yml)
+GPU_SAMPLE_AGE = "trainstack_exporter_gpu_sample_age_seconds"
+GPU_SAMPLE_INTERVAL = "trainstack_exporter_gpu_sample_interval_seconds"
+GPU_SAMPLES = "trainstack_exporter_gpu_samples_total"
+# The exporter reads these at its slow cadence (docs/metrics.md): between two of its reads they do not move.
+SLOW_GPU_COUNTERS = frozenset(f"{name}_total" for attribute, (name, _) in COUNTERS.items()
+                              if attribute in SLOW_ATTRIBUTES)
 
 
 class Source(Protocol):
@@ -52,6 +60,14 @@ class ExporterSource:
         time.sleep(interval)
         self._second, self.now = self._scrape(), time.time()
         self.window_seconds = self.now - first_time
+        # The slow counters' own window: between the exporter's two reads of them, not between the scrapes.
+        first_read, second_read = _slow_read(self._first, first_time), _slow_read(self._second, self.now)
+        if first_read is None or second_read is None:  # an exporter that reads every field at every scrape
+            self.slow_window_seconds = self.window_seconds
+        elif first_read[0] == second_read[0]:  # the same read served twice
+            self.slow_window_seconds = 0.0
+        else:
+            self.slow_window_seconds = second_read[1] - first_read[1]
 
     def _scrape(self) -> dict[str, list[Sample]]:
         text = _get(self.url, self.timeout).decode()
@@ -69,6 +85,9 @@ class ExporterSource:
         return list(self._second.get(name, []))
 
     def rate(self, name: str) -> list[Sample]:
+        window = self.slow_window_seconds if name in SLOW_GPU_COUNTERS else self.window_seconds
+        if window <= 0:
+            return []  # the exporter did not read these counters again between the scrapes: no rate to tell
         before = {frozenset(labels.items()): value for labels, value in self._first.get(name, [])}
         rates = []
         for labels, value in self._second.get(name, []):
@@ -76,8 +95,16 @@ class ExporterSource:
             if previous is None:
                 continue  # a series born between the scrapes has no rate yet
             increase = value - previous if value >= previous else value  # a counter reset starts from 0
-            rates.append((labels, increase / self.window_seconds))
+            rates.append((labels, increase / window))
         return rates
+
+
+def _slow_read(samples: dict[str, list[Sample]], scraped_at: float) -> tuple[float, float] | None:
+    """(how many slow reads the exporter has made, when it made the last one on this host's clock); None from an
+    exporter without a sampler."""
+    ages = [age for labels, age in samples.get(GPU_SAMPLE_AGE, []) if labels.get("cadence") == "slow"]
+    reads = [n for labels, n in samples.get(GPU_SAMPLES, []) if labels.get("cadence") == "slow"]
+    return (reads[0], scraped_at - ages[0]) if ages and reads else None
 
 
 class PrometheusSource:

@@ -31,6 +31,8 @@ class Thresholds:
     """...with the SM clock under this share of its maximum."""
     low_mfu_ratio: float = 0.2
     """No alert: well-tuned transformer training reaches 0.35-0.55 of dense peak; under 0.2 leaves most unused."""
+    gpu_sample_stale_intervals: float = 3.0
+    """TrainstackGPUDataStale: the exporter's GPU sample is older than this many of its sampling intervals."""
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():

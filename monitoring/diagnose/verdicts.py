@@ -194,8 +194,24 @@ def low_mfu(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     )
 
 
+def gpu_data_stale(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    stale = {where: (age, interval) for where, (age, interval) in snapshot.gpu_sample_ages.items()
+             if age > limits.gpu_sample_stale_intervals * interval}
+    if not stale:
+        return None
+    return Verdict(
+        "gpu-data-stale", f"the exporter's GPU data is stale: no GPU sample for more than "
+        f"{limits.gpu_sample_stale_intervals:g} sampling intervals, so the GPU figures here are old",
+        tuple(f"{where}: sample {age:.0f} s old, read every {interval:g} s"
+              for where, (age, interval) in sorted(stale.items())),
+        "an NVML call hangs in the driver or the host is starved of CPU: check nvidia-smi and the kernel log for "
+        "Xid errors on the node; drain it if nvidia-smi hangs too, else restart the exporter",
+    )
+
+
 CHECKS: tuple[Callable[[Snapshot, Thresholds], Verdict | None], ...] = (
     no_training, not_started, stalled, gpus_unused, input_bound, straggler, throttled, memory_full, low_mfu,
+    gpu_data_stale,
 )
 
 

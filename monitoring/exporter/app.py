@@ -1,4 +1,4 @@
-"""The exporter assembled from its parts: NVML session, collectors, HTTP server, GPU log."""
+"""The exporter assembled from its parts: NVML session, GPU sampler, collectors, HTTP server, GPU log."""
 
 from __future__ import annotations
 
@@ -11,19 +11,25 @@ from monitoring.exporter.gpu import GpuCollector
 from monitoring.exporter.gpu_log import GpuLog
 from monitoring.exporter.health import CollectorRuns, ExporterCollector, Timed
 from monitoring.exporter.nvml import NvmlSession
+from monitoring.exporter.sampler import Sampler
 from monitoring.exporter.server import MetricsServer, make_app
 from monitoring.exporter.training import TrainingCollector, job_pids
 from train.errors import ConfigError
 
 
-def build_registry(config: ExporterConfig, session: NvmlSession) -> CollectorRegistry:
+def build_sampler(config: ExporterConfig, session: NvmlSession) -> Sampler:
+    return Sampler(session, lambda: job_pids(config.metrics_dir), config.sample_interval_seconds,
+                   config.slow_sample_interval_seconds)
+
+
+def build_registry(config: ExporterConfig, sampler: Sampler) -> CollectorRegistry:
     """One registry, collectors registered once; each builds its metric families fresh at every scrape."""
-    # auto_describe=False: registering must not run a collection (that would call NVML at start-up for nothing).
+    # auto_describe=False: registering must not run a collection at start-up for nothing.
     registry = CollectorRegistry(auto_describe=False)
     runs = CollectorRuns()
-    registry.register(Timed(GpuCollector(session, lambda: job_pids(config.metrics_dir)), runs))
+    registry.register(Timed(GpuCollector(sampler), runs))
     registry.register(Timed(TrainingCollector(config.metrics_dir), runs))
-    registry.register(ExporterCollector(session, runs))  # last: reports the runs of the two above
+    registry.register(ExporterCollector(sampler.session, runs, sampler))  # last: reports the runs of the two above
     return registry
 
 
@@ -35,7 +41,8 @@ class Exporter:
         except ImportError as error:
             raise ConfigError(f"--nvml-module {config.nvml_module!r} cannot be imported ({error})") from None
         self.session = NvmlSession(nvml, pcie_throughput=config.pcie_throughput)
-        self.registry = build_registry(config, self.session)
+        self.sampler = build_sampler(config, self.session)
+        self.registry = build_registry(config, self.sampler)
         try:
             self.server = MetricsServer(config.host, config.port, make_app(self.registry, self.health))
         except ConfigError:
@@ -43,7 +50,7 @@ class Exporter:
             raise
         self.gpu_log = None
         if config.run_dir is not None and self.session.up:
-            self.gpu_log = GpuLog(self.session, config.run_dir / "telemetry" / "gpu.jsonl",
+            self.gpu_log = GpuLog(self.sampler, config.run_dir / "telemetry" / "gpu.jsonl",
                                   config.gpu_log_interval_seconds)
 
     def health(self) -> dict:
@@ -60,6 +67,7 @@ class Exporter:
         }
 
     def start(self) -> None:
+        self.sampler.start()
         self.server.start()
         if self.gpu_log is not None:
             self.gpu_log.start()
@@ -68,4 +76,5 @@ class Exporter:
         if self.gpu_log is not None:
             self.gpu_log.stop()
         self.server.stop()
+        self.sampler.stop()
         self.session.close()

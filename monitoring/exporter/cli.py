@@ -10,7 +10,13 @@ import threading
 from pathlib import Path
 
 from monitoring.exporter.app import Exporter
-from monitoring.exporter.config import DEFAULT_HOST, DEFAULT_PORT, ExporterConfig
+from monitoring.exporter.config import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEFAULT_SAMPLE_INTERVAL,
+    DEFAULT_SLOW_SAMPLE_INTERVAL,
+    ExporterConfig,
+)
 from train.errors import EXIT_CONFIG, EXIT_OK, ConfigError
 
 log = logging.getLogger("trainstack.exporter")
@@ -28,6 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run directory: with a GPU, snapshots are appended to RUN_DIR/telemetry/gpu.jsonl")
     parser.add_argument("--pcie-throughput", action="store_true",
                         help="also export PCIe throughput (each NVML call for it blocks ~20 ms per GPU)")
+    parser.add_argument("--sample-interval", type=float, default=DEFAULT_SAMPLE_INTERVAL, metavar="SECONDS",
+                        help=f"seconds between GPU samples (default {DEFAULT_SAMPLE_INTERVAL:g}); a scrape serves the "
+                             "latest sample and never waits for NVML")
+    parser.add_argument("--slow-sample-interval", type=float, default=DEFAULT_SLOW_SAMPLE_INTERVAL, metavar="SECONDS",
+                        help=f"seconds between reads of the costly fields: energy, violation time, PCIe replays, "
+                             f"ECC, NVLink, power limit, memory temperature (default {DEFAULT_SLOW_SAMPLE_INTERVAL:g})")
     parser.add_argument("--nvml-module", default="pynvml",
                         help="for testing: the module that provides the NVML API (e.g. tests.nvml_fake)")
 
@@ -35,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="trainstack exporter: %(message)s")
     config = ExporterConfig(host=args.host, port=args.port, metrics_dir=args.metrics_dir, run_dir=args.run_dir,
-                            pcie_throughput=args.pcie_throughput, nvml_module=args.nvml_module)
+                            pcie_throughput=args.pcie_throughput, nvml_module=args.nvml_module,
+                            sample_interval_seconds=args.sample_interval,
+                            slow_sample_interval_seconds=args.slow_sample_interval)
     if config.metrics_dir is not None and not config.metrics_dir.exists():
         log.warning("%s does not exist yet; training metrics appear once a run creates it", config.metrics_dir)
     exporter = Exporter(config)
@@ -44,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     exporter.start()
     session = exporter.session
-    nvml = (f"NVML up, driver {session.driver_version}, {session.health().gpus} GPU(s)" if session.up
+    nvml = (f"NVML up, driver {session.driver_version}, {session.health().gpus} GPU(s), sampled every "
+            f"{config.sample_interval_seconds:g} s, slow fields every {config.slow_sample_interval_seconds:g} s"
+            if session.up
             else f"NVML down ({session.down_reason})")
     training = f"training metrics from {config.metrics_dir}" if config.metrics_dir else "no --metrics-dir"
     log.info("serving http://%s:%d/metrics (%s; %s)", _url_host(config.host), exporter.server.port, nvml, training)

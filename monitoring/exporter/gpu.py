@@ -1,4 +1,5 @@
-"""GPU collector: turns one NVML reading into `trainstack_gpu_*` metric families, fresh at each scrape.
+"""GPU collector: turns the sampler's latest snapshot into `trainstack_gpu_*` metric families at each scrape,
+without calling NVML (monitoring/exporter/sampler.py reads it).
 
 Every GPU series carries `gpu` (the NVML index) and `uuid` and nothing else that identifies the GPU; name, driver
 and PCI bus are on `trainstack_gpu_info`. A field that is None in the sample is omitted (docs/metrics.md).
@@ -6,11 +7,11 @@ and PCI bus are on `trainstack_gpu_info`. A field that is None in the sample is 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
-from monitoring.exporter.nvml import NvmlSession
+from monitoring.exporter.sampler import Sampler
 
 GPU_LABELS = ["gpu", "uuid"]
 
@@ -65,12 +66,11 @@ CLOCK_EVENT_REASONS = {
 class GpuCollector:
     name = "gpu"
 
-    def __init__(self, session: NvmlSession, job_pids: Callable[[], frozenset[int]]):
-        self._session = session
-        self._job_pids = job_pids
+    def __init__(self, sampler: Sampler):
+        self._sampler = sampler
 
     def collect(self) -> Iterator[Metric]:
-        reading = self._session.read(self._job_pids())
+        reading = self._sampler.snapshot()
         info = InfoMetricFamily("trainstack_gpu", "The GPU: model name, PCI bus id and driver version.",
                                 labels=GPU_LABELS)
         sm_max = GaugeMetricFamily("trainstack_gpu_sm_clock_max_hertz", "Maximum SM clock.", labels=GPU_LABELS)

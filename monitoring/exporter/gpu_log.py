@@ -1,4 +1,5 @@
-"""GPU snapshots for the run report: one JSON line per GPU every few seconds in RUN_DIR/telemetry/gpu.jsonl."""
+"""GPU snapshots for the run report: one JSON line per GPU every few seconds in RUN_DIR/telemetry/gpu.jsonl, from
+the sampler's latest snapshot (no NVML call of its own)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ import threading
 import time
 from pathlib import Path
 
-from monitoring.exporter.nvml import NvmlSession
+from monitoring.exporter.sampler import Sampler
 
 FIELDS = ("utilization_ratio", "memory_used_bytes", "memory_total_bytes", "power_watts")
 
 
 class GpuLog:
-    def __init__(self, session: NvmlSession, path: Path, interval_seconds: float):
-        self._session = session
+    def __init__(self, sampler: Sampler, path: Path, interval_seconds: float):
+        self._sampler = sampler
         self._path = path
         self._interval = interval_seconds
         self._stop = threading.Event()
@@ -32,7 +33,7 @@ class GpuLog:
         with self._path.open("a", buffering=1) as out:
             while True:
                 now = time.time()
-                for sample in self._session.read().samples:
+                for sample in self._sampler.snapshot().samples:
                     record = {"time": now, "gpu": sample.index, "uuid": sample.uuid}
                     record |= {name: getattr(sample, name) for name in FIELDS}
                     out.write(json.dumps(record) + "\n")

@@ -1,4 +1,5 @@
-"""The exporter's own metrics: is NVML up, how NVML calls fail, how long and how well each collector ran."""
+"""The exporter's own metrics: is NVML up, how NVML calls fail, how old the GPU sample is and what sampling costs,
+how long and how well each collector ran."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from monitoring.exporter.nvml import NvmlSession
+from monitoring.exporter.sampler import CADENCES, Sampler
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +64,10 @@ class Timed:
 class ExporterCollector:
     name = "exporter"
 
-    def __init__(self, session: NvmlSession, runs: CollectorRuns):
+    def __init__(self, session: NvmlSession, runs: CollectorRuns, sampler: Sampler):
         self._session = session
         self._runs = runs
+        self._sampler = sampler
 
     def collect(self) -> Iterator[Metric]:
         health = self._session.health()
@@ -80,6 +83,8 @@ class ExporterCollector:
             errors.add_metric([call, error], count)
         if errors.samples:
             yield errors
+        if health.up:
+            yield from self._sampling()
         durations = GaugeMetricFamily("trainstack_exporter_collector_duration_seconds",
                                       "Time the collector took in its latest run.", labels=["collector"])
         successes = GaugeMetricFamily("trainstack_exporter_collector_success",
@@ -90,3 +95,29 @@ class ExporterCollector:
         if durations.samples:
             yield durations
             yield successes
+
+    def _sampling(self) -> Iterator[Metric]:
+        labels = ["cadence"]
+        age = GaugeMetricFamily("trainstack_exporter_gpu_sample_age_seconds",
+                                "Time since the GPU sample served started: fast, every GPU metric; slow, the "
+                                "counters and slow sensors read at the slow cadence (docs/metrics.md).", labels=labels)
+        for cadence, seconds in sorted(self._sampler.ages().items()):
+            age.add_metric([cadence], seconds)
+        interval = GaugeMetricFamily("trainstack_exporter_gpu_sample_interval_seconds",
+                                     "How often the sampler reads that part of the GPU sample (its flag).",
+                                     labels=labels)
+        interval.add_metric(["fast"], self._sampler.interval_seconds)
+        interval.add_metric(["slow"], self._sampler.slow_interval_seconds)
+        cost = self._sampler.cost()
+        samples = CounterMetricFamily("trainstack_exporter_gpu_samples",
+                                      "GPU samples taken, by cadence (a slow sample reads both parts).",
+                                      labels=labels)
+        cpu = CounterMetricFamily("trainstack_exporter_gpu_sample_cpu_seconds",
+                                  "CPU time the GPU sampler spent in samples of that cadence.", labels=labels)
+        duration = GaugeMetricFamily("trainstack_exporter_gpu_sample_duration_seconds",
+                                     "Wall time the latest GPU sample of that cadence took.", labels=labels)
+        for cadence in CADENCES:
+            samples.add_metric([cadence], cost.samples[cadence])
+            cpu.add_metric([cadence], cost.cpu_seconds[cadence])
+            duration.add_metric([cadence], cost.latest_seconds[cadence])
+        yield from (family for family in (age, interval, samples, cpu, duration) if family.samples)

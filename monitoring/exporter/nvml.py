@@ -3,13 +3,19 @@
 Every NVML call goes through `NvmlSession._ask`, where the rules live: a call a GPU does not support is remembered
 and never made again (its field is omitted, never a sentinel), every failure is counted by call and error, a GPU
 that answers NVMLError_GpuIsLost drops out for good, and nothing raises to the caller, so no NVML failure can fail
-a scrape. What cannot change while the exporter runs (name, UUID, PCI bus, maximum clocks, NVLinks) is read once,
-and every counter or sensor NVML offers as a field is read in one nvmlDeviceGetFieldValues call per GPU: a scrape's
-CPU goes mostly into its number of NVML calls, 8 per GPU here.
+a read. What cannot change while the exporter runs (name, UUID, PCI bus, maximum clocks, NVLinks) is read once.
 
-GPUs are read in parallel by a few threads: a scrape then waits for a share of the GPUs rather than for all of them
-in turn when the driver answers calls on different GPUs concurrently, and for no longer than reading them one by
-one when it does not (pynvml's ctypes calls release the GIL while in the driver).
+A read has two parts, priced from a real driver (H100, driver 580; docs/metrics.md has the table). The fast part is
+the calls that cost 1-7 us each (utilization, memory, temperature, clocks, clock events, power, processes) and is
+read every sample. The slow part is the counters and slow sensors NVML offers as fields, in one
+nvmlDeviceGetFieldValues call per GPU: that call costs about 5 ms, 4.3 ms of it the energy counter alone, so
+monitoring/exporter/sampler.py reads it at a slower cadence. Power is read with nvmlDeviceGetPowerUsage rather than
+the field NVML_FI_DEV_POWER_AVERAGE: where the GPU has that field the call answers the same 1 s average (NVML's
+documentation: Ampere except GA100, and newer), and it keeps the fast part free of the field-values call, whose own
+price (~0.12 ms) would be most of a fast read.
+
+GPUs are read one after the other on the sampler's thread: a read no longer holds up a scrape, and one thread
+spends the least CPU.
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -36,12 +41,11 @@ FI_PERF_POLICY_POWER, FI_PERF_POLICY_THERMAL = 74, 75
 FI_MEMORY_TEMP, FI_TOTAL_ENERGY_CONSUMPTION = 82, 83
 FI_NVLINK_LINK_COUNT, FI_PCIE_REPLAY_COUNTER = 91, 94
 FI_NVLINK_THROUGHPUT_DATA_TX, FI_NVLINK_THROUGHPUT_DATA_RX = 138, 139
-FI_POWER_AVERAGE, FI_POWER_CURRENT_LIMIT = 185, 190
+FI_POWER_CURRENT_LIMIT = 190
 
-# Counters and sensors read with one nvmlDeviceGetFieldValues call per GPU instead of one call each:
-# field id -> (GpuSample attribute, factor to base units).
+# The slow part of a read: counters and slow sensors read with one nvmlDeviceGetFieldValues call per GPU instead of
+# one call each: field id -> (GpuSample attribute, factor to base units).
 FIELD_TARGETS = {
-    FI_POWER_AVERAGE: ("power_watts", 1e-3),  # mW over 1 s: what nvmlDeviceGetPowerUsage answers on these GPUs
     FI_POWER_CURRENT_LIMIT: ("power_limit_watts", 1e-3),  # mW, the limit enforced, whoever set it
     FI_PERF_POLICY_POWER: ("power_violation_seconds", 1e-9),  # ns
     FI_PERF_POLICY_THERMAL: ("thermal_violation_seconds", 1e-9),
@@ -53,18 +57,18 @@ FIELD_TARGETS = {
     FI_NVLINK_THROUGHPUT_DATA_TX: ("nvlink_transmit_bytes", 1024.0),  # KiB
     FI_NVLINK_THROUGHPUT_DATA_RX: ("nvlink_receive_bytes", 1024.0),
 }
+# GpuSample attributes of the slow part: a sample read without it has None there.
+SLOW_ATTRIBUTES = frozenset(attribute for attribute, _ in FIELD_TARGETS.values())
 # Where a GPU or driver lacks one of these fields, the call that answers the same value, asked on its own instead:
-# GA100 and older GPUs have no 1 s power average (nvmlDeviceGetPowerUsage is instantaneous there), and drivers
-# older than a field do not know it.
+# drivers older than a field do not know it, and some drivers have no nvmlDeviceGetFieldValues at all.
 FALLBACK_CALLS = {
-    FI_POWER_AVERAGE: ("nvmlDeviceGetPowerUsage", ()),
     FI_POWER_CURRENT_LIMIT: ("nvmlDeviceGetEnforcedPowerLimit", ()),
     FI_PERF_POLICY_POWER: ("nvmlDeviceGetViolationStatus", (PERF_POLICY_POWER,)),
     FI_PERF_POLICY_THERMAL: ("nvmlDeviceGetViolationStatus", (PERF_POLICY_THERMAL,)),
 }
 FIELD_NAMES = {
     FI_PERF_POLICY_POWER: "NVML_FI_DEV_PERF_POLICY_POWER", FI_PERF_POLICY_THERMAL: "NVML_FI_DEV_PERF_POLICY_THERMAL",
-    FI_POWER_AVERAGE: "NVML_FI_DEV_POWER_AVERAGE", FI_POWER_CURRENT_LIMIT: "NVML_FI_DEV_POWER_CURRENT_LIMIT",
+    FI_POWER_CURRENT_LIMIT: "NVML_FI_DEV_POWER_CURRENT_LIMIT",
     FI_ECC_SBE_VOL_TOTAL: "NVML_FI_DEV_ECC_SBE_VOL_TOTAL", FI_ECC_DBE_VOL_TOTAL: "NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
     FI_MEMORY_TEMP: "NVML_FI_DEV_MEMORY_TEMP", FI_TOTAL_ENERGY_CONSUMPTION: "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
     FI_NVLINK_LINK_COUNT: "NVML_FI_DEV_NVLINK_LINK_COUNT", FI_PCIE_REPLAY_COUNTER: "NVML_FI_DEV_PCIE_REPLAY_COUNTER",
@@ -79,10 +83,6 @@ UNSUPPORTED_ERRORS = {"NotSupported", "FunctionNotFound"}
 # A field's own answer can also be InvalidArgument: a field id newer than the driver, or a scope the GPU lacks.
 UNSUPPORTED_FIELD_ERRORS = UNSUPPORTED_ERRORS | {"InvalidArgument"}
 MAX_EVENTS_PER_READ = 1000
-# Threads reading GPUs. Measured with 8 GPUs at 100 us per call (bench/scrape_cost.py's fake): 4 threads read them
-# in a third of the sequential time (4.5 vs 13 ms) for the same CPU within the noise; 2 threads take 8 ms, and 8
-# threads are no faster than 4.
-READ_THREADS = 4
 
 
 @dataclass
@@ -173,14 +173,14 @@ def _address(handle) -> int | None:
 
 
 class NvmlSession:
-    """Owns NVML for the process: init once at construction, `read()` per scrape, `close()` at exit. Thread-safe."""
+    """Owns NVML for the process: init once at construction, `read()` per sample, `close()` at exit. Thread-safe:
+    reads are one at a time, and `health()` never waits for a read (a hung NVML call must not hang a scrape)."""
 
     def __init__(self, nvml: ModuleType, pcie_throughput: bool = False):
         self._nvml = nvml
         self._pcie_throughput = pcie_throughput
         self._lock = threading.Lock()
         self._count_lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
         self._errors: Counter[tuple[str, str]] = Counter()
         self._xid_errors: Counter[tuple[int, str, int]] = Counter()
         self._unsupported: set[tuple] = set()
@@ -196,12 +196,12 @@ class NvmlSession:
     # --- the one place NVML is called ---------------------------------------------------------------------------
 
     def _count(self, call: str, error: str) -> None:
-        with self._count_lock:  # GPUs are read from several threads
+        with self._count_lock:  # health() copies the counts from a scrape's thread
             self._errors[(call, error)] += 1
 
     def _ask(self, gpu: Gpu | None, call: str, *args, **kwargs):
         """One NVML call (on `gpu`'s handle when given). Returns None when it failed or is unsupported."""
-        key = _call_key(call, args, kwargs)
+        key = _call_key(call, args, kwargs) if args or kwargs else (call,)  # most calls take only the handle
         unsupported = gpu.unsupported if gpu is not None else self._unsupported
         if key in unsupported:
             return None
@@ -277,8 +277,6 @@ class NvmlSession:
             if gpu.uuid or gpu.lost:
                 self._gpus.append(gpu)
                 self._gpus_by_address[_address(handle)] = gpu
-        if len(self._gpus) > 1:
-            self._pool = ThreadPoolExecutor(min(len(self._gpus), READ_THREADS), thread_name_prefix="nvml")
 
     def _describe(self, gpu: Gpu) -> None:
         gpu.uuid = self._ask(gpu, "nvmlDeviceGetUUID") or ""
@@ -290,7 +288,7 @@ class NvmlSession:
         memory_max = self._ask(gpu, "nvmlDeviceGetMaxClockInfo", CLOCK_MEM)
         gpu.sm_clock_max_hertz = sm_max * 1e6 if sm_max is not None else None
         gpu.memory_clock_max_hertz = memory_max * 1e6 if memory_max is not None else None
-        requests = [(FI_POWER_AVERAGE, 0), (FI_POWER_CURRENT_LIMIT, 0), (FI_PERF_POLICY_POWER, 0),
+        requests = [(FI_POWER_CURRENT_LIMIT, 0), (FI_PERF_POLICY_POWER, 0),
                     (FI_PERF_POLICY_THERMAL, 0), (FI_MEMORY_TEMP, 0), (FI_TOTAL_ENERGY_CONSUMPTION, 0),
                     (FI_PCIE_REPLAY_COUNTER, 0), (FI_ECC_SBE_VOL_TOTAL, 0), (FI_ECC_DBE_VOL_TOTAL, 0)]
         if self._active_nvlinks(gpu):
@@ -305,36 +303,35 @@ class NvmlSession:
         links = int(self._field_values(gpu, ((FI_NVLINK_LINK_COUNT, 0),)).get(FI_NVLINK_LINK_COUNT, 0))
         return sum(self._ask(gpu, "nvmlDeviceGetNvLinkState", link) == FEATURE_ENABLED for link in range(links))
 
-    # --- every scrape -----------------------------------------------------------------------------------------
+    # --- every sample ----------------------------------------------------------------------------------------
 
-    def read(self, job_pids: frozenset[int] = frozenset()) -> NvmlReading:
-        """Sample every GPU still present. `job_pids`: the processes whose GPU memory is reported."""
+    def read(self, job_pids: frozenset[int] = frozenset(), slow: bool = True) -> NvmlReading:
+        """Sample every GPU still present. `job_pids`: the processes whose GPU memory is reported; `slow`: read the
+        slow part too (else its attributes, SLOW_ATTRIBUTES, are None)."""
         with self._lock:
             samples = []
             if self.up:
                 self._poll_events()
-                present = [gpu for gpu in self._gpus if not gpu.lost]
-                if self._pool is not None and len(present) > 1:
-                    read = self._pool.map(lambda gpu: self._sample_present(gpu, job_pids), present)
-                else:
-                    read = (self._sample_present(gpu, job_pids) for gpu in present)
-                samples = [sample for sample in read if sample is not None]
+                for gpu in self._gpus:
+                    if not gpu.lost and (sample := self._sample_present(gpu, job_pids, slow)) is not None:
+                        samples.append(sample)
             return NvmlReading(self.up, self.driver_version, [g for g in self._gpus if not g.lost], samples,
                                dict(self._xid_errors))
 
     def health(self) -> NvmlHealth:
-        with self._lock:
-            lost = sum(gpu.lost for gpu in self._gpus)
-            return NvmlHealth(self.up, len(self._gpus) - lost, lost, dict(self._errors))
+        with self._count_lock:
+            errors = dict(self._errors)
+        lost = sum(gpu.lost for gpu in self._gpus)
+        return NvmlHealth(self.up, len(self._gpus) - lost, lost, errors)
 
-    def _sample_present(self, gpu: Gpu, job_pids: frozenset[int]) -> GpuSample | None:
+    def _sample_present(self, gpu: Gpu, job_pids: frozenset[int], slow: bool) -> GpuSample | None:
         try:
-            return self._sample(gpu, job_pids)
+            return self._sample(gpu, job_pids, slow)
         except _GpuLost:
             gpu.lost = True
             return None
 
-    def _sample(self, gpu: Gpu, job_pids: frozenset[int]) -> GpuSample:
+    def _sample(self, gpu: Gpu, job_pids: frozenset[int], slow: bool) -> GpuSample:
         sample = GpuSample(gpu.index, gpu.uuid)
         rates = self._ask(gpu, "nvmlDeviceGetUtilizationRates")
         if rates is not None:
@@ -351,15 +348,9 @@ class NvmlSession:
         sample.memory_clock_hertz = _scaled(self._ask(gpu, "nvmlDeviceGetClockInfo", CLOCK_MEM), 1e6)
         sample.clock_event_reasons = self._ask_first(gpu, ("nvmlDeviceGetCurrentClocksEventReasons", (), {}),
                                                      ("nvmlDeviceGetCurrentClocksThrottleReasons", (), {}))
-        values = self._field_values(gpu, gpu.field_requests)
-        for field_id, (call, args) in FALLBACK_CALLS.items():
-            if ("field", field_id, 0) in gpu.unsupported:
-                answer = self._ask(gpu, call, *args)
-                if answer is not None:
-                    values[field_id] = getattr(answer, "violationTime", answer)  # a violation status: its ns
-        for field_id, value in values.items():
-            attribute, factor = FIELD_TARGETS[field_id]
-            setattr(sample, attribute, value * factor)
+        sample.power_watts = _scaled(self._ask(gpu, "nvmlDeviceGetPowerUsage"), 1e-3)  # mW
+        if slow:
+            self._sample_slow(gpu, sample)
         if self._pcie_throughput:  # each call blocks ~20 ms while NVML measures
             sample.pcie_transmit_bytes_per_second = _scaled(
                 self._ask(gpu, "nvmlDeviceGetPcieThroughput", PCIE_UTIL_TX_BYTES), 1024.0)  # KiB/s
@@ -370,6 +361,17 @@ class NvmlSession:
                 if process.pid in job_pids and process.usedGpuMemory is not None:
                     sample.process_memory_bytes[process.pid] = process.usedGpuMemory
         return sample
+
+    def _sample_slow(self, gpu: Gpu, sample: GpuSample) -> None:
+        values = self._field_values(gpu, gpu.field_requests)
+        for field_id, (call, args) in FALLBACK_CALLS.items():
+            if ("field", field_id, 0) in gpu.unsupported:
+                answer = self._ask(gpu, call, *args)
+                if answer is not None:
+                    values[field_id] = getattr(answer, "violationTime", answer)  # a violation status: its ns
+        for field_id, value in values.items():
+            attribute, factor = FIELD_TARGETS[field_id]
+            setattr(sample, attribute, value * factor)
 
     def _poll_events(self) -> None:
         """Drain the Xid events queued since the last read, without waiting for new ones."""
@@ -386,16 +388,20 @@ class NvmlSession:
             if event.eventType & EVENT_TYPE_XID_CRITICAL_ERROR and gpu is not None:
                 self._xid_errors[(gpu.index, gpu.uuid, int(event.eventData))] += 1
 
-    def close(self) -> None:
-        with self._lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
+    def close(self, timeout: float = 5.0) -> None:
+        """Shut NVML down, unless a read is stuck in the driver for `timeout` s: the process is exiting, and
+        nvmlShutdown under a hung call could hang it too."""
+        if not self._lock.acquire(timeout=timeout):
+            return
+        try:
             if not self.up:
                 return
             if self._events is not None:
                 self._ask(None, "nvmlEventSetFree", self._events)
             self._ask(None, "nvmlShutdown")
             self.up = False
+        finally:
+            self._lock.release()
 
 
 def _call_key(call: str, args: tuple, kwargs: dict) -> tuple:

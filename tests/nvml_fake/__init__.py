@@ -10,12 +10,18 @@ the call raises on that GPU ("NVMLError_NotSupported"), or a counter {"start": N
 with wall time. With no host loaded the fake behaves like a machine without a driver: nvmlInit raises
 NVMLError_LibraryNotFound.
 
-Driven in-process by `load()`, `lose_gpu()`, `raise_xid()`, `fail()`, `fail_randomly()` and `set_delay()`, or,
-in another process, from the environment at import: NVML_FAKE_HOST (a host name or a JSON path),
-NVML_FAKE_DELAY_US (how long every call takes, like a round trip into the driver: "100", or with overrides
-"100,nvmlDeviceGetComputeRunningProcesses=500") and NVML_FAKE_DELAY_MODE: "sleep" (the default: the time is
-spent blocked, and calls on different GPUs overlap, as with a driver that locks per GPU), "serial" (blocked, but
-one call at a time for the whole driver, as with a driver-wide lock) or "spin" (the time is spent on the CPU).
+What a call costs: a host file may carry a cost profile measured on a real driver ("costs": the default cost of a
+call, costs of particular calls, and the cost of each field inside nvmlDeviceGetFieldValues on top of that call's
+own; hosts/h100_driver580.json), and `set_delay()` or NVML_FAKE_DELAY_US replace the calls' costs (the fields'
+stay). A cost is spent as the profile or the delay mode says: "sleep" (blocked, and calls on different GPUs
+overlap, as with a driver that locks per GPU), "serial" (blocked, but one call at a time for the whole driver, as
+with a driver-wide lock) or "spin" (on the CPU, counted in the calling thread's CPU time, so a busy machine does
+not shorten it: what the real driver's costs are).
+
+Driven in-process by `load()`, `lose_gpu()`, `raise_xid()`, `fail()`, `fail_randomly()`, `hang()` and
+`set_delay()`, or, in another process, from the environment at import: NVML_FAKE_HOST (a host name or a JSON
+path), NVML_FAKE_DELAY_US (how long every call takes: "100", or with overrides
+"100,nvmlDeviceGetComputeRunningProcesses=500") and NVML_FAKE_DELAY_MODE (sleep, serial or spin).
 """
 
 from __future__ import annotations
@@ -93,9 +99,12 @@ class _Host:
         self.scheduled_xids = [dict(event) for event in spec.get("xid_events", ())]
         self.failures: list[dict] = []
         self.random_failures: tuple[float, random.Random, list[str]] | None = None
-        self.delay_seconds = 0.0
-        self.delay_overrides: dict[str, float] = {}
-        self.delay_mode = "sleep"
+        costs = spec.get("costs", {})
+        self.delay_seconds = costs.get("default_ms", 0.0) / 1e3
+        self.delay_overrides: dict[str, float] = {call: ms / 1e3 for call, ms in costs.get("calls_ms", {}).items()}
+        self.field_delays = {getattr(_real, name): ms / 1e3 for name, ms in costs.get("fields_ms", {}).items()}
+        self.delay_mode = costs.get("mode", "sleep")
+        self.hangs: dict[str, tuple[threading.Event, threading.Event]] = {}
         self.calls: Counter[str] = Counter()
         self.injected: Counter[tuple[str, str]] = Counter()
 
@@ -127,6 +136,7 @@ def load(host: str | Path | dict | None) -> None:
         path = Path(host) if str(host).endswith(".json") else DATA_DIR / "hosts" / f"{host}.json"
         spec = json.loads(path.read_text())
     _host = _Host(spec)
+    _check_mode(_host.delay_mode)
 
 
 def lose_gpu(index: int) -> None:
@@ -153,12 +163,24 @@ def fail_randomly(rate: float, errors: list[str], seed: int) -> None:
     _require_host().random_failures = (rate, random.Random(seed), list(errors))
 
 
+def hang(call: str) -> tuple[threading.Event, threading.Event]:
+    """The next call of `call` blocks inside the fake, as a driver call that hangs: returns (entered, release);
+    `entered` is set once a caller is blocked, and the call goes on when the test sets `release`."""
+    entered, release = threading.Event(), threading.Event()
+    _require_host().hangs[call] = (entered, release)
+    return entered, release
+
+
 def set_delay(seconds: float, overrides: dict[str, float] | None = None, mode: str = "sleep") -> None:
     """Every call takes `seconds` (`overrides`: call name -> seconds); `mode`: sleep, serial or spin (above)."""
-    if mode not in ("sleep", "serial", "spin"):
-        raise ValueError(f"delay mode {mode!r}: use sleep, serial or spin")
     host = _require_host()
     host.delay_seconds, host.delay_overrides, host.delay_mode = seconds, dict(overrides or {}), mode
+    _check_mode(mode)
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("sleep", "serial", "spin"):
+        raise ValueError(f"delay mode {mode!r}: use sleep, serial or spin")
     # Linux lets a sleep overrun by the thread's timer slack (50 us by default), which would add half a call to
     # every 100 us call; threads started from now on inherit the 1 ns slack set here.
     libc = ctypes.CDLL(None, use_errno=True)
@@ -200,16 +222,12 @@ def _enter(call: str, handle=None) -> _Gpu | None:
         raise _error("Uninitialized")
     with _lock:
         host.calls[call] += 1
-    delay = host.delay_overrides.get(call, host.delay_seconds)
-    if delay and host.delay_mode == "spin":
-        end = time.perf_counter() + delay
-        while time.perf_counter() < end:
-            pass
-    elif delay and host.delay_mode == "serial":
-        with _driver_lock:
-            time.sleep(delay)
-    elif delay:
-        time.sleep(delay)
+        hung = host.hangs.pop(call, None)
+    if hung is not None:
+        entered, release = hung
+        entered.set()
+        release.wait()
+    _spend(host, host.delay_overrides.get(call, host.delay_seconds))
     if call in host.missing_functions:
         raise _error("FunctionNotFound")
     gpu = None
@@ -232,6 +250,18 @@ def _enter(call: str, handle=None) -> _Gpu | None:
                 host.injected[(call, error)] += 1
                 raise _error(error)
     return gpu
+
+
+def _spend(host: _Host, seconds: float) -> None:
+    if seconds and host.delay_mode == "spin":
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+    elif seconds and host.delay_mode == "serial":
+        with _driver_lock:
+            time.sleep(seconds)
+    elif seconds:
+        time.sleep(seconds)
 
 
 def _value(spec):
@@ -423,6 +453,8 @@ def nvmlDeviceGetNvLinkState(handle, link: int) -> int:
 def nvmlDeviceGetFieldValues(handle, field_ids):
     """Like NVML: one answer per requested field, each with its own nvmlReturn; the call itself succeeds."""
     gpu = _enter("nvmlDeviceGetFieldValues", handle)
+    host = _require_host()
+    _spend(host, sum(host.field_delays.get(r[0] if isinstance(r, tuple) else r, 0.0) for r in field_ids))
     values = (_real.c_nvmlFieldValue_t * len(field_ids))()
     for value, requested in zip(values, field_ids, strict=True):
         field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
