@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import http.client
 import json
 import os
 import statistics
@@ -31,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+import urllib.parse
 from pathlib import Path
 
 import psutil
@@ -99,8 +100,15 @@ def running_threads_cpu_seconds(pid: int) -> float:
 
 
 def scrape(url: str) -> str:
-    with urllib.request.urlopen(urllib.request.Request(url, headers=PROMETHEUS_HEADERS), timeout=30) as response:
-        return gzip.decompress(response.read()).decode()
+    """One GET on a new connection, as Prometheus scrapes; http.client, since urllib's own overhead (~0.8 ms a
+    request on the 2-core CI machine) would count as the exporter's."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        connection.request("GET", parts.path, headers=PROMETHEUS_HEADERS)
+        return gzip.decompress(connection.getresponse().read()).decode()
+    finally:
+        connection.close()
 
 
 def by_cadence(text: str, name: str) -> dict[str, float]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import hashlib
 import json
 import os
 import random
@@ -252,9 +253,16 @@ def _enter(call: str, handle=None) -> _Gpu | None:
     return gpu
 
 
+# Hashing a buffer this large releases the GIL, as the real driver's ctypes calls do: a spinning call keeps its
+# core busy without holding up a scrape in another thread, which a pure-Python busy loop would.
+_SPIN_BUFFER = bytes(16384)
+
+
 def _spend(host: _Host, seconds: float) -> None:
     if seconds and host.delay_mode == "spin":
         end = time.thread_time() + seconds
+        while end - time.thread_time() > 50e-6:
+            hashlib.blake2b(_SPIN_BUFFER)  # ~20 us a hash: only the microseconds left spin holding the GIL
         while time.thread_time() < end:
             pass
     elif seconds and host.delay_mode == "serial":
