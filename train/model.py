@@ -99,7 +99,7 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6N + 12 x layers x width x seq_len (the PaLM appendix formula), where N is
         every parameter but the position embedding, a lookup with no matmul; the token embedding counts once,
-        as the tied output projection it also is. gpt2-small at seq_len 1024, vocabulary 256: N = 85.2M."""
+        as the tied output projection it also is. gpt2-small at seq_len 1024, vocabulary 256: N = 85.3M."""
         embedding = self.position_embedding.weight.numel()
         params = sum(p.numel() for p in self.parameters()) - embedding
         return 6 * params + 12 * self.shape.layers * self.shape.width * seq_len
