@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,11 @@ from train.errors import ConfigError
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
 LR_SCHEDULES = ("cosine", "linear", "constant")
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+# What a run on CUDA GPUs trains when the configuration leaves these out: a GPU-sized model on sequences that
+# need no padding, in bf16 where the GPU has it. CPU runs keep the field defaults (a minute-long `make run`).
+CUDA_DEFAULTS = {"model": "builtin:gpt2-small", "dataset": "builtin:full-sequences", "seq_len": 1024,
+                 "batch_size": 32, "mixed_precision": "bf16 (no on GPUs without bf16)"}
 
 
 def _option(default: Any, help_text: str, flag: str | None = None, **extra: Any) -> Any:
@@ -41,6 +47,14 @@ class TrainConfig:
     weight_decay: float = _option(0.01, "AdamW weight decay")
     max_grad_norm: float = _option(1.0, "clip the gradient norm to this (0: no clipping)")
     mixed_precision: str = _option("no", "no, fp16 (CUDA only) or bf16")
+    compile: bool = _option(False, "compile the model with torch.compile; batches are padded to --bucket-size "
+                                   "multiples so that few shapes compile")
+    compile_backend: str = _option("inductor", "torch.compile backend: inductor (generates kernels), or aot_eager "
+                                               "and eager (no code generation: for debugging)")
+    bucket_size: int = _option(128, "with --compile, pad each batch's length up to a multiple of this (at most "
+                                    "--seq-len): at most seq-len / bucket-size shapes compile")
+    fused_adamw: bool = _option(True, "fused AdamW kernel on CUDA (no effect on CPU)")
+    tf32: bool = _option(True, "TF32 tensor cores for fp32 matmuls and convolutions on CUDA (no effect on CPU)")
     seed: int = _option(1234, "seed for weights, data order and dropout (same on every rank)")
     dataset: str = _option(
         "builtin:sequences",
@@ -65,7 +79,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):
             setattr(self, spec.name, _coerce(spec.name, getattr(self, spec.name), spec.type))
-        positive = ("batch_size", "grad_accum", "seq_len", "keep_checkpoints", "log_every")
+        positive = ("batch_size", "grad_accum", "seq_len", "keep_checkpoints", "log_every", "bucket_size")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
@@ -82,6 +96,7 @@ class TrainConfig:
             raise ConfigError(f"--eval-fraction must be in [0, 1), got {self.eval_fraction}")
         _require_choice("mixed_precision", self.mixed_precision, MIXED_PRECISION)
         _require_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _require_choice("compile_backend", self.compile_backend, COMPILE_BACKENDS)
         if not self.output_dir:
             raise ConfigError("--output-dir must not be empty")
 
@@ -150,7 +165,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         flags = ["--" + spec.name.replace("_", "-")]
         if spec.metadata.get("flag") and spec.metadata["flag"] not in flags:
             flags.insert(0, spec.metadata["flag"])
-        help_text = f"{spec.metadata['help']} (default: {spec.default})"
+        cuda = f"; on CUDA GPUs {CUDA_DEFAULTS[spec.name]}" if spec.name in CUDA_DEFAULTS else ""
+        help_text = f"{spec.metadata['help']} (default: {spec.default}{cuda})"
         if spec.type == "bool":
             group.add_argument(*flags, dest=spec.name, action=argparse.BooleanOptionalAction, default=None,
                                help=help_text)
@@ -159,10 +175,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(*flags, dest=spec.name, type=kind, default=None, help=help_text)
 
 
-def from_sources(args: argparse.Namespace) -> TrainConfig:
+def from_sources(args: argparse.Namespace, on_cuda: bool | None = None) -> TrainConfig:
+    """The file, then the flags, then for what neither sets on CUDA ranks the CUDA defaults. `on_cuda`: whether
+    the ranks will run on CUDA GPUs (the launcher knows; None: this process's ranks, decided here)."""
     values = read_config_file(args.config) if args.config else {}
     for spec in dataclasses.fields(TrainConfig):
         override = getattr(args, spec.name, None)
         if override is not None:
             values[spec.name] = override
+    if not CUDA_DEFAULTS.keys() <= values.keys() and (ranks_use_cuda() if on_cuda is None else on_cuda):
+        values = {**cuda_defaults(), **values}
     return TrainConfig(**values)
+
+
+def ranks_use_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() not in ("1", "true", "yes")
+
+
+def cuda_defaults() -> dict[str, Any]:
+    import torch
+
+    # Asked without emulation: bf16 emulated on a pre-Ampere GPU is slower than fp32.
+    bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+    return {**CUDA_DEFAULTS, "mixed_precision": "bf16" if bf16 else "no"}

@@ -62,7 +62,17 @@ def _builtin_sequences(seq_len: int, seed: int) -> TokenData:
     )
 
 
-BUILTIN_DATASETS = {"sequences": _builtin_sequences}
+def _builtin_full_sequences(seq_len: int, seed: int) -> TokenData:
+    """The CUDA default: every sample exactly seq_len tokens, so no step computes on padding."""
+    vocab = 64
+    return TokenData(
+        train=ArithmeticSequences(4096, vocab, seq_len, seq_len, seed),
+        eval=ArithmeticSequences(256, vocab, seq_len, seq_len, seed + 1),
+        vocab_size=vocab,
+    )
+
+
+BUILTIN_DATASETS = {"sequences": _builtin_sequences, "full-sequences": _builtin_full_sequences}
 
 
 def load_factory(spec: str, what: str):
@@ -190,10 +200,15 @@ def _split(dataset, eval_fraction: float, seed: int, vocab_size: int) -> TokenDa
     return TokenData(subset(dataset, order[eval_count:]), subset(dataset, order[:eval_count]), vocab_size)
 
 
-def collate(samples: list[dict[str, Any]], pad_to_multiple_of: int = 1) -> dict[str, torch.Tensor]:
-    """Right-pad to the batch's longest sample; causal attention never looks right, so the mask is the labels'."""
+def collate(samples: list[dict[str, Any]], pad_to_multiple_of: int = 1,
+            max_width: int | None = None) -> dict[str, torch.Tensor]:
+    """Right-pad to the batch's longest sample rounded up to a multiple of `pad_to_multiple_of`, but not past
+    `max_width` (the model's --seq-len) unless a sample is longer; causal attention never looks right, so the
+    mask is the labels'. With multiples of --bucket-size this is the compiled model's small set of shapes."""
     lengths = [len(s["input_ids"]) for s in samples]
     width = -(-max(lengths) // pad_to_multiple_of) * pad_to_multiple_of
+    if max_width is not None:
+        width = max(min(width, max_width), max(lengths))
     input_ids = torch.zeros(len(samples), width, dtype=torch.long)
     attention_mask = torch.zeros(len(samples), width, dtype=torch.long)
     for row, (sample, length) in enumerate(zip(samples, lengths, strict=True)):

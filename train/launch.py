@@ -25,6 +25,7 @@ from train import config as train_config
 from train.data import check_dataset_spec
 from train.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
 from train.model import check_model_spec
+from train.performance import missing_compiler
 from train.rank import RUN_ID_ENV
 from train.telemetry import METRICS_DIR_ENV
 
@@ -147,6 +148,8 @@ def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> Path | 
     check_model_spec(config.model)
     if launch.use_cpu and config.mixed_precision == "fp16":
         raise ConfigError("--mixed-precision fp16 needs CUDA GPUs; use bf16 or no for CPU ranks")
+    if problem := missing_compiler(config, on_cuda=not launch.use_cpu):
+        raise ConfigError(problem)
     if launch.use_cpu and config.sync_batchnorm and launch.world_size > 1:
         raise ConfigError("--sync-batchnorm needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel); turn it "
                           "off for CPU ranks")
@@ -333,8 +336,8 @@ def write_report(run_dir: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = train_config.from_sources(args)
     launch = LaunchConfig.from_args(args)
+    config = train_config.from_sources(args, on_cuda=not launch.use_cpu)
     resume_from = preflight(config, launch)
     run_doctor(config, launch, args.skip_doctor)
     code = Launch(config, launch, resume_from).run()

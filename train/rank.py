@@ -34,6 +34,14 @@ from train.config import TrainConfig
 from train.data import collate, load_token_data
 from train.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
 from train.model import build_model, estimate_flops_per_token, loss_of
+from train.performance import (
+    CompileWatch,
+    bucket_count,
+    compile_in_place,
+    make_optimizer,
+    missing_compiler,
+    use_tf32,
+)
 from train.telemetry import (
     METRICS_DIR_ENV,
     RankIdentity,
@@ -86,6 +94,7 @@ class Trainer:
         self.started = time.time()
         self.accelerator = Accelerator(
             mixed_precision=config.mixed_precision,
+            dynamo_backend="no",  # --compile compiles the model itself; Accelerate must not compile it again
             gradient_accumulation_steps=config.grad_accum,
             step_scheduler_with_optimizer=False,  # the loop steps it once per optimizer step, on every rank
             dataloader_config=DataLoaderConfiguration(
@@ -104,6 +113,7 @@ class Trainer:
         self.progress = Progress()
         self.run_id = os.environ.get(RUN_ID_ENV, "manual")
         self.telemetry: Telemetry | None = None
+        self.compile_watch: CompileWatch | None = None
         self.throughput: dict[str, float] = {}
 
     # ---- building -------------------------------------------------------------------------------------------
@@ -114,6 +124,9 @@ class Trainer:
             raise ConfigError("--mixed-precision fp16 needs a CUDA GPU; use bf16 or no on this device")
         if config.mixed_precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ConfigError(f"{torch.cuda.get_device_name(device)} has no bf16; use --mixed-precision fp16")
+        if problem := missing_compiler(config, device.type == "cuda"):
+            raise ConfigError(problem)
+        use_tf32(config, device)
         # Every node's launcher names the run; rank 0's name wins, so all ranks label their series alike.
         self.run_id = broadcast_object_list([os.environ.get(RUN_ID_ENV, "manual")])[0]
         set_seed(config.seed)
@@ -128,19 +141,33 @@ class Trainer:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self.flops_per_token = estimate_flops_per_token(model, config.seq_len)
         on_gpu = device.type == "cuda"
+        if config.compile:
+            compile_in_place(model, config)
+            self.compile_watch = CompileWatch(bucket_count(config))
+            # Evaluation runs eagerly: it is rare, and compiled it would add graphs for eval mode and its shapes.
+            self.evaluate = torch.compiler.set_stance("force_eager")(self.evaluate)
+            # A compiled model meets few shapes: lengths in --bucket-size steps, and no short last batch.
+            padding = partial(collate, pad_to_multiple_of=config.bucket_size, max_width=config.seq_len)
+        else:
+            padding = partial(collate, pad_to_multiple_of=8 if on_gpu else 1)  # tensor cores like multiples of 8
         loader_options = dict(
             batch_size=config.batch_size,
-            collate_fn=partial(collate, pad_to_multiple_of=8 if on_gpu else 1),  # tensor cores like multiples of 8
+            collate_fn=padding,
             num_workers=config.num_workers,
             pin_memory=on_gpu,  # page-locked host memory: the copy to the GPU overlaps compute
             persistent_workers=config.num_workers > 0,  # no worker start-up cost at each epoch
         )
-        train_loader = torch.utils.data.DataLoader(data.train, shuffle=True, **loader_options)
+        train_loader = torch.utils.data.DataLoader(data.train, shuffle=True, drop_last=config.compile,
+                                                   **loader_options)
         eval_loader = torch.utils.data.DataLoader(data.eval, shuffle=False, **loader_options) if len(
             data.eval) else None
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-        self.steps_per_epoch = math.ceil(math.ceil(len(data.train) / (config.batch_size * accelerator.num_processes))
-                                         / config.grad_accum)
+        optimizer = make_optimizer(model, config, device)
+        batches = len(data.train) // config.batch_size if config.compile else math.ceil(
+            len(data.train) / config.batch_size)
+        if not batches:
+            raise ConfigError(f"--compile drops each epoch's incomplete last batch, and the {len(data.train)} "
+                              f"training samples do not fill one batch of {config.batch_size}; lower --batch-size")
+        self.steps_per_epoch = math.ceil(math.ceil(batches / accelerator.num_processes) / config.grad_accum)
         self.total_steps = min(s for s in (config.max_steps, config.epochs * self.steps_per_epoch) if s > 0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self._lr_factor)
         prepared = accelerator.prepare(model, optimizer, train_loader, scheduler, *([eval_loader] if eval_loader
@@ -171,7 +198,7 @@ class Trainer:
             mixed_precision=config.mixed_precision, model=config.model, dataset=config.dataset,
         )
         return Telemetry(self.run_dir, identity, self.flops_per_token,
-                         peak_flops(accelerator.device, config.mixed_precision), accelerator.device)
+                         peak_flops(accelerator.device, config.mixed_precision, config.tf32), accelerator.device)
 
     def resume(self) -> None:
         config, accelerator = self.config, self.accelerator
@@ -203,6 +230,8 @@ class Trainer:
         if p.step >= self.total_steps:
             return "completed"
         self.model.train()
+        if self.compile_watch:
+            self.compile_watch.resync()
         while config.epochs == 0 or p.epoch < config.epochs:
             self.train_loader.set_epoch(p.epoch)  # a different shuffle each epoch, the same on every rank
             loader = self.train_loader
@@ -236,7 +265,10 @@ class Trainer:
                     continue
                 self.scheduler.step()
                 p.step += 1
-                if self.telemetry:
+                compiled = self.compile_watch.step_done() if self.compile_watch else None
+                if self.telemetry and compiled:
+                    self.telemetry.step_compiled(batch["input_ids"].shape[0] * config.grad_accum, *compiled)
+                elif self.telemetry:
                     self.telemetry.step_done(batch["input_ids"].shape[0] * config.grad_accum)
                 last = p.step >= self.total_steps
                 if last or p.step % config.log_every == 0 or p.step == 1:
@@ -306,6 +338,8 @@ class Trainer:
         accelerator.wait_for_everyone()
         if self.telemetry:
             self.telemetry.checkpoint_done(time.time() - started)
+        if self.compile_watch:
+            self.compile_watch.resync()
 
     @torch.no_grad()
     def evaluate(self) -> float | None:
@@ -330,6 +364,8 @@ class Trainer:
         self.model.train()
         if self.telemetry:
             self.telemetry.resync_clock()
+        if self.compile_watch:
+            self.compile_watch.resync()
         return (totals[0] / totals[1].clamp(min=1)).item()
 
     # ---- outcome --------------------------------------------------------------------------------------------
@@ -352,6 +388,8 @@ class Trainer:
             "eval_loss": eval_loss,
             "samples_per_second": self.throughput.get("samples_per_second"),
             "tokens_per_second": self.throughput.get("tokens_per_second"),
+            "compile_seconds": self.compile_watch.seconds if self.compile_watch else None,
+            "recompiles": self.compile_watch.recompiles if self.compile_watch else None,
             "wall_seconds": time.time() - self.started,
             "resumed_from": p.resumed_from,
             "exit_reason": exit_reason,
@@ -369,7 +407,8 @@ class Trainer:
             self.resume()
             start_samples, start_tokens, loop_started = self.progress.samples, self.progress.tokens, time.time()
             exit_reason = self.train()
-            loop_seconds = max(time.time() - loop_started, 1e-9)
+            compiling = self.compile_watch.seconds if self.compile_watch else 0.0  # not training time
+            loop_seconds = max(time.time() - loop_started - compiling, 1e-9)
             self.throughput = {
                 "samples_per_second": (self.progress.samples - start_samples) / loop_seconds,
                 "tokens_per_second": (self.progress.tokens - start_tokens) / loop_seconds,
@@ -397,6 +436,8 @@ class Trainer:
         finally:
             if self.telemetry:
                 self.telemetry.close()
+            if self.compile_watch:
+                self.compile_watch.close()
 
     def _fail(self, code: int, message: str) -> None:
         print(f"trainstack rank {self.accelerator.process_index}: error: {message}", file=sys.stderr, flush=True)

@@ -21,28 +21,29 @@ from train.timeline import DeviceTimeline
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
-# Dense peak FLOP/s by (device name fragment, precision). "no" is fp32 on the CUDA cores (TF32 off).
+# Dense peak FLOP/s by (device name fragment, precision). "no" is fp32 on the CUDA cores (TF32 off); "tf32" is fp32
+# matmuls on the tensor cores, what precision "no" runs at with --tf32 (GPUs without TF32 have no entry).
 PEAK_FLOPS = {
-    "H200": {"bf16": 989.4e12, "fp16": 989.4e12, "no": 66.9e12},
-    "H100 SXM": {"bf16": 989.4e12, "fp16": 989.4e12, "no": 66.9e12},
-    "H100 PCIe": {"bf16": 756.5e12, "fp16": 756.5e12, "no": 51.2e12},
-    "H100": {"bf16": 989.4e12, "fp16": 989.4e12, "no": 66.9e12},
-    "A100": {"bf16": 312e12, "fp16": 312e12, "no": 19.5e12},
-    "L40S": {"bf16": 362.05e12, "fp16": 362.05e12, "no": 91.6e12},
-    "L4": {"bf16": 121e12, "fp16": 121e12, "no": 30.3e12},
-    "A10": {"bf16": 125e12, "fp16": 125e12, "no": 31.2e12},
+    "H200": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "no": 66.9e12},
+    "H100 SXM": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "no": 66.9e12},
+    "H100 PCIe": {"bf16": 756.5e12, "fp16": 756.5e12, "tf32": 378e12, "no": 51.2e12},
+    "H100": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "no": 66.9e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "no": 19.5e12},
+    "L40S": {"bf16": 362.05e12, "fp16": 362.05e12, "tf32": 183e12, "no": 91.6e12},
+    "L4": {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "no": 30.3e12},
+    "A10": {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "no": 31.2e12},
     "V100": {"fp16": 125e12, "no": 15.7e12},
     "T4": {"fp16": 65e12, "no": 8.1e12},
 }
 
 
-def peak_flops(device: torch.device, precision: str) -> float | None:
+def peak_flops(device: torch.device, precision: str, tf32: bool = False) -> float | None:
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
     for fragment, peaks in PEAK_FLOPS.items():
         if fragment in name:
-            return peaks.get(precision)
+            return peaks.get("tf32" if precision == "no" and tf32 and "tf32" in peaks else precision)
     return None
 
 
@@ -125,6 +126,10 @@ class Telemetry:
                                      "Unix time the last checkpoint finished."),
             "checkpoint_duration": gauge("trainstack_train_checkpoint_duration_seconds",
                                          "Duration of the last checkpoint."),
+            "compile": Counter("trainstack_train_compile_seconds", "Wall time of the steps that ran torch.compile.",
+                               labels).labels(self.rank),
+            "recompiles": Counter("trainstack_train_recompiles", "Frames torch.compile compiled again for a new "
+                                  "batch shape (or a failed guard) after the first step's.", labels).labels(self.rank),
         }
         if self.device.type == "cuda":
             metrics["allocated"] = gauge("trainstack_train_memory_allocated_peak_bytes",
@@ -179,16 +184,27 @@ class Telemetry:
             self._metrics["data_wait"].inc(seconds)
 
     def step_done(self, samples: int) -> None:
-        self._samples += samples
+        self._count_step(samples)
         if self._timeline:
             self._timeline.step_done()
-        else:
-            now = time.perf_counter()
-            duration = now - self._last_step_end
-            self._last_step_end = now
-            self._step_seconds.append(duration)
-            if self._metrics:
-                self._metrics["step_duration"].observe(duration)
+            return
+        now = time.perf_counter()
+        duration = now - self._last_step_end
+        self._last_step_end = now
+        self._step_seconds.append(duration)
+        if self._metrics:
+            self._metrics["step_duration"].observe(duration)
+
+    def step_compiled(self, samples: int, seconds: float, recompiles: int) -> None:
+        """A step that compiled counts as a step, but its time is compile time, not a step time."""
+        self._count_step(samples)
+        self.resync_clock()
+        if self._metrics:
+            self._metrics["compile"].inc(seconds)
+            self._metrics["recompiles"].inc(recompiles)
+
+    def _count_step(self, samples: int) -> None:
+        self._samples += samples
         if self._metrics:
             self._metrics["steps"].inc()
             self._metrics["samples"].inc(samples)

@@ -18,7 +18,8 @@ def run(args: argparse.Namespace) -> int:
     from train import config as train_config
     from train.doctor import DoctorConfig, has_failures, render_json, render_table, run_checks
 
-    config = DoctorConfig.for_run(train_config.from_sources(args), train_launch.LaunchConfig.from_args(args))
+    launch = train_launch.LaunchConfig.from_args(args)
+    config = DoctorConfig.for_run(train_config.from_sources(args, on_cuda=not launch.use_cpu), launch)
     results = run_checks(config)
     print(render_json(results) if args.json else render_table(results), flush=True)
     return EXIT_CONFIG if has_failures(results) else EXIT_OK

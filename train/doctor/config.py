@@ -60,7 +60,8 @@ class DoctorConfig:
     exporter_port: int = 9450
     """The exporter's port on this node (0: no exporter)."""
     loader_batch_bytes: int = token_batch_bytes(16, 128)
-    """Bytes one loader batch takes in shared memory (`token_batch_bytes` for trainstack's token batches)."""
+    """Bytes one loader batch takes in shared memory (`token_batch_bytes` for trainstack's token batches); the
+    default is `trainstack train`'s CPU batch, `for_run` gives the run's own (the CUDA defaults included)."""
     checkpoint_bytes: int = GiB
     """Room one checkpoint needs (model + optimizer state); 1 GiB when the caller cannot estimate it."""
     keep_checkpoints: int = 3
