@@ -20,6 +20,7 @@ from train.errors import ConfigError
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
 LR_SCHEDULES = ("cosine", "linear", "constant")
+STRATEGIES = ("ddp", "fsdp")
 
 
 def _option(default: Any, help_text: str, flag: str | None = None, **extra: Any) -> Any:
@@ -58,6 +59,10 @@ class TrainConfig:
     resume: str = _option("auto", "auto (latest valid checkpoint in the run directory), never, or a checkpoint path")
     sync_batchnorm: bool = _option(False, "convert BatchNorm layers to SyncBatchNorm (CUDA only)")
     find_unused_parameters: bool = _option(False, "let DDP tolerate parameters that get no gradient (slower)")
+    strategy: str = _option("ddp", "ddp (a full model, gradients and optimizer state on every rank) or fsdp "
+                                   "(FSDP2: all three sharded across the ranks, for models that outgrow one device)")
+    fsdp_wrap: str = _option("", "with --strategy fsdp: module class names, comma-separated, that become FSDP "
+                                 "units (default: the built-in models' Block, a factory model's _no_split_modules)")
     collective_timeout: float = _option(600.0, "seconds a collective may wait for a peer before the run fails")
     log_every: int = _option(10, "steps between loss reductions, telemetry records and progress updates")
     telemetry: bool = _option(True, "write per-rank metrics for the exporter")
@@ -82,8 +87,27 @@ class TrainConfig:
             raise ConfigError(f"--eval-fraction must be in [0, 1), got {self.eval_fraction}")
         _require_choice("mixed_precision", self.mixed_precision, MIXED_PRECISION)
         _require_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _require_choice("strategy", self.strategy, STRATEGIES)
+        self._check_strategy_options()
         if not self.output_dir:
             raise ConfigError("--output-dir must not be empty")
+
+    def _check_strategy_options(self) -> None:
+        """The DDP-only switches mean nothing under FSDP: refuse them rather than ignore them."""
+        if self.strategy == "fsdp" and self.sync_batchnorm:
+            raise ConfigError("--sync-batchnorm works with --strategy ddp only (FSDP does not convert BatchNorm); "
+                              "drop --sync-batchnorm or use --strategy ddp")
+        if self.strategy == "fsdp" and self.find_unused_parameters:
+            raise ConfigError("--find-unused-parameters is a DDP option; FSDP reduces only the gradients that "
+                              "exist, so drop it with --strategy fsdp")
+        if self.fsdp_wrap and self.strategy != "fsdp":
+            raise ConfigError(f"--fsdp-wrap {self.fsdp_wrap} needs --strategy fsdp (DDP does not shard the model)")
+        if any(not name.isidentifier() for name in self.fsdp_wrap_classes):
+            raise ConfigError(f"--fsdp-wrap must be Python class names separated by commas, got {self.fsdp_wrap!r}")
+
+    @property
+    def fsdp_wrap_classes(self) -> list[str]:
+        return [name.strip() for name in self.fsdp_wrap.split(",")] if self.fsdp_wrap else []
 
     @property
     def run_dir(self) -> Path:
