@@ -115,3 +115,19 @@ def test_sigterm_then_resume_equals_an_uninterrupted_fsdp_run(tmp_path, monkeypa
     assert expected.keys() == got.keys()
     for name in expected:
         assert torch.equal(expected[name], got[name]), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_one_gpu_fsdp_run_in_bf16_learns_and_reports_its_memory(tmp_path):
+    run_dir = tmp_path / "run"
+    result = train(run_dir, *FSDP, "--model", "builtin:small-gpt", "--mixed-precision", "bf16", "--max-steps", "50",
+                   "--nproc-per-node", "1", "--batch-size", "16", "--num-workers", "2", "--log-every", "10")
+    assert result.returncode == 0, explain(result)
+    done = summary(run_dir)
+    assert done["distributed_type"] == "FSDP" and done["world_size"] == 1 and done["device"] == "cuda"
+    assert done["final_loss"] < done["initial_loss"], done
+    last = _records(run_dir, 0)[-1]
+    # One rank holds everything: fp32 master weights and gradients, AdamW's two fp32 moments.
+    assert last["grad_bytes"] == last["param_bytes"] and last["optimizer_state_bytes"] >= 2 * last["param_bytes"]
+    print(json.dumps({key: last[key] for key in ("param_bytes", "grad_bytes", "optimizer_state_bytes")}))
