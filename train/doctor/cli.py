@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from train import launch as train_launch
+from train import sharding
 from train.errors import EXIT_CONFIG, EXIT_OK
 
 
@@ -18,7 +19,9 @@ def run(args: argparse.Namespace) -> int:
     from train import config as train_config
     from train.doctor import DoctorConfig, has_failures, render_json, render_table, run_checks
 
-    config = DoctorConfig.for_run(train_config.from_sources(args), train_launch.LaunchConfig.from_args(args))
+    train = train_config.from_sources(args)  # refuses what the trainer refuses (e.g. --strategy fsdp --sync-batchnorm)
+    sharding.check_units_before_launch(train)
+    config = DoctorConfig.for_run(train, train_launch.LaunchConfig.from_args(args))
     results = run_checks(config)
     print(render_json(results) if args.json else render_table(results), flush=True)
     return EXIT_CONFIG if has_failures(results) else EXIT_OK
