@@ -133,7 +133,7 @@ class Trainer:
                 raise ConfigError("--sync-batchnorm needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel); "
                                   "turn it off for CPU ranks")
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        self.flops_per_token = estimate_flops_per_token(model, config.seq_len)  # of the whole model: before sharding
+        self.flops_per_token = estimate_flops_per_token(model, config.seq_len)
         if config.strategy == "fsdp":
             sharding.set_units(accelerator, config, model)
         on_gpu = device.type == "cuda"
