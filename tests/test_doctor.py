@@ -446,3 +446,15 @@ def test_launcher_refuses_to_start_on_a_fail_unless_told(tmp_path):
         allowed = run_trainstack("train", "--output-dir", str(disk / "run"), "--max-steps", "2",
                                  "--exporter-port", "0", "--num-workers", "0", "--skip-doctor")
         assert allowed.returncode == 0, explain(allowed)
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--strategy", "fsdp", "--fsdp-wrap", "Blok"], "--fsdp-wrap Blok: no such module class"),
+    (["--strategy", "fsdp", "--sync-batchnorm"], "--sync-batchnorm works with --strategy ddp only"),
+])
+def test_doctor_refuses_what_the_fsdp_trainer_refuses(flags, expected, capsys):
+    from train.cli import main
+
+    assert main(["doctor", *flags]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trainstack doctor: error: ") and expected in lines[0], lines

@@ -94,10 +94,11 @@ def _kill_tree(process: subprocess.Popen) -> None:
     process.wait(timeout=30)
 
 
-def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(tmp_path, strategy):
     run_dir = tmp_path / "run"
     root = run_dir / "checkpoints"
-    args = ("--checkpoint-every", "1", "--keep-checkpoints", "2", "--max-steps", "100000")
+    args = ("--checkpoint-every", "1", "--keep-checkpoints", "2", "--max-steps", "100000", "--strategy", strategy)
     for _ in range(5):  # the kill must land while a checkpoint is half-written; retry if the save won the race
         process = _start(run_dir, *args)
         _wait_for(lambda: len(checkpoint.complete_checkpoints(root)) >= 1 and any(root.glob(".tmp-step-*")),
@@ -109,7 +110,7 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(
         pytest.fail("never caught a checkpoint mid-write in 5 tries")
     latest = checkpoint.complete_checkpoints(root)[-1]
     step = checkpoint.read_train_state(latest)["step"]
-    result = train(run_dir, "--checkpoint-every", "0", "--max-steps", str(step + 3))
+    result = train(run_dir, "--checkpoint-every", "0", "--max-steps", str(step + 3), "--strategy", strategy)
     assert result.returncode == 0, explain(result)
     finished = summary(run_dir)
     assert finished["resumed_from"] == str(latest) and finished["steps"] == step + 3

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_trainstack
+from train import checkpoint
 from train.cli import main
 from train.config import TrainConfig, read_config_file
 from train.errors import ConfigError
@@ -35,6 +36,12 @@ def damaged_runs(tmp_path, cpu_run):
             data[len(data) // 2] ^= 0xFF
         target.write_bytes(bytes(data))
         runs[kind] = run_dir
+    # An intact checkpoint that says FSDP wrote it, resealed so that it verifies.
+    written_by_fsdp = tmp_path / "fsdp-written" / "checkpoints" / "step-00000040"
+    shutil.copytree(cpu_run / "checkpoints" / "step-00000040", written_by_fsdp)
+    (written_by_fsdp / checkpoint.MANIFEST).unlink()
+    checkpoint.seal(written_by_fsdp, {**checkpoint.read_train_state(written_by_fsdp), "strategy": "fsdp"})
+    runs["fsdp-written"] = written_by_fsdp.parent.parent
     return runs
 
 
@@ -71,6 +78,18 @@ def _cases(tmp_path: Path, damaged: dict[str, Path]) -> dict[str, tuple[list[str
         "fp16 on CPU": (["--output-dir", run, "--mixed-precision", "fp16"], "fp16 needs CUDA"),
         "SyncBatchNorm on CPU": (["--output-dir", run, "--sync-batchnorm"], "SyncBatchNorm has no CPU kernel"),
         "no stopping condition": (["--output-dir", run, "--max-steps", "0"], "set --max-steps or --epochs"),
+        "FSDP with SyncBatchNorm": (["--output-dir", run, "--strategy", "fsdp", "--sync-batchnorm"],
+                                    "--sync-batchnorm works with --strategy ddp only"),
+        "FSDP with find_unused_parameters": (["--output-dir", run, "--strategy", "fsdp",
+                                              "--find-unused-parameters"], "--find-unused-parameters is a DDP option"),
+        "unknown class to shard": (["--output-dir", run, "--strategy", "fsdp", "--fsdp-wrap", "Block,Blok"],
+                                   "--fsdp-wrap Blok: no such module class in builtin:tiny-gpt"),
+        "class to shard without FSDP": (["--output-dir", run, "--fsdp-wrap", "Block"], "needs --strategy fsdp"),
+        "compile with FSDP": (["--output-dir", run, "--strategy", "fsdp", "--compile"],
+                              "--compile with --strategy fsdp is not supported yet"),
+        "unknown strategy": (["--output-dir", run, "--strategy", "zero3"], "--strategy must be one of ddp, fsdp"),
+        "FSDP checkpoint resumed as DDP": (["--output-dir", str(damaged["fsdp-written"])],
+                                           "was written with --strategy fsdp; resume it with --strategy fsdp"),
         "bad node rank": (["--output-dir", run, "--nnodes", "2", "--node-rank", "2"], "--node-rank must be in 0..1"),
     }
 

@@ -4,6 +4,10 @@
 adds the training position (`train_state.json`) and a manifest of every file's size and SHA-256, written last.
 A folder named `step-<N>` therefore always holds a complete checkpoint, and a truncated or edited file is caught
 before anything is loaded. Accelerate loads with `torch.load(weights_only=True)`, so no code in a checkpoint runs.
+
+Under --strategy fsdp, save_state writes the model and the optimizer as torch.distributed.checkpoint shards, each
+rank its own (`pytorch_model_fsdp_0/`, `optimizer_0/`): the manifest covers them like any other file. DCP reads
+each folder's `.metadata` with pickle, though, so load FSDP checkpoints only from where you trust the writer.
 """
 
 from __future__ import annotations
@@ -98,6 +102,23 @@ def verify(folder: Path, hashes: bool = True) -> dict:
 
 def read_train_state(folder: Path) -> dict:
     return json.loads((folder / TRAIN_STATE).read_text())
+
+
+def require_strategy(folder: Path, train_state: dict, strategy: str) -> None:
+    """A DDP checkpoint holds the full model in model.safetensors, an FSDP one DCP shards: neither loads as the
+    other. Checkpoints from before --strategy existed are DDP's."""
+    saved = train_state.get("strategy", "ddp")
+    if saved != strategy:
+        raise ConfigError(f"checkpoint {folder} was written with --strategy {saved}; resume it with --strategy "
+                          f"{saved}, or start a new --output-dir from its weights (`trainstack export`)")
+
+
+def batches_per_rank(train_state: dict, world_size: int) -> int:
+    """Where each rank of this world resumes reading the epoch. The ranks take the epoch's batches in turns (rank
+    r reads batches r, r + W, ...) from an order that depends on the seed and epoch only, so a resume at another
+    world size starts at the same global batch; when the count does not divide, up to W - 1 batches are reread."""
+    saved_world = train_state.get("world_size", world_size)
+    return train_state["batch_in_epoch"] * saved_world // world_size
 
 
 def complete_checkpoints(root: Path) -> list[Path]:

@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "train": ("train.launch", "launch the training ranks (one per GPU; 2 CPU ranks without a GPU)"),
     "exporter": ("monitoring.exporter.cli", "serve per-GPU NVML and per-rank training metrics"),
     "doctor": ("train.doctor.cli", "preflight checks: GPUs, CUDA, /dev/shm, ulimits, NCCL switches, ports, disk"),
+    "export": ("train.export", "write a checkpoint's full model weights as one safetensors file (DDP or FSDP)"),
     "report": ("monitoring.report.cli", "write RUN_DIR/report.html: loss, throughput, step times, data wait, GPUs"),
     "diagnose": ("monitoring.diagnose.cli", "why a live run leaves GPUs idle: reads its exporter or Prometheus"),
     "bench": ("bench.scaling.cli", "benchmarks: scaling = DDP vs DataParallel samples/s, efficiency on 1..N devices"),

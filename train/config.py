@@ -26,6 +26,7 @@ COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 # need no padding, in bf16 where the GPU has it. CPU runs keep the field defaults (a minute-long `make run`).
 CUDA_DEFAULTS = {"model": "builtin:gpt2-small", "dataset": "builtin:full-sequences", "seq_len": 1024,
                  "batch_size": 32, "mixed_precision": "bf16 (no on GPUs without bf16)"}
+STRATEGIES = ("ddp", "fsdp")
 
 
 def _option(default: Any, help_text: str, flag: str | None = None, **extra: Any) -> Any:
@@ -72,6 +73,10 @@ class TrainConfig:
     resume: str = _option("auto", "auto (latest valid checkpoint in the run directory), never, or a checkpoint path")
     sync_batchnorm: bool = _option(False, "convert BatchNorm layers to SyncBatchNorm (CUDA only)")
     find_unused_parameters: bool = _option(False, "let DDP tolerate parameters that get no gradient (slower)")
+    strategy: str = _option("ddp", "ddp (a full model, gradients and optimizer state on every rank) or fsdp "
+                                   "(FSDP2: all three sharded across the ranks, for models that outgrow one device)")
+    fsdp_wrap: str = _option("", "with --strategy fsdp: module class names, comma-separated, that become FSDP "
+                                 "units (default: the built-in models' Block, a factory model's _no_split_modules)")
     collective_timeout: float = _option(600.0, "seconds a collective may wait for a peer before the run fails")
     log_every: int = _option(10, "steps between loss reductions, telemetry records and progress updates")
     telemetry: bool = _option(True, "write per-rank metrics for the exporter")
@@ -97,8 +102,30 @@ class TrainConfig:
         _require_choice("mixed_precision", self.mixed_precision, MIXED_PRECISION)
         _require_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _require_choice("compile_backend", self.compile_backend, COMPILE_BACKENDS)
+        _require_choice("strategy", self.strategy, STRATEGIES)
+        self._check_strategy_options()
         if not self.output_dir:
             raise ConfigError("--output-dir must not be empty")
+
+    def _check_strategy_options(self) -> None:
+        """The DDP-only switches mean nothing under FSDP: refuse them rather than ignore them."""
+        if self.strategy == "fsdp" and self.sync_batchnorm:
+            raise ConfigError("--sync-batchnorm works with --strategy ddp only (FSDP does not convert BatchNorm); "
+                              "drop --sync-batchnorm or use --strategy ddp")
+        if self.strategy == "fsdp" and self.find_unused_parameters:
+            raise ConfigError("--find-unused-parameters is a DDP option; FSDP reduces only the gradients that "
+                              "exist, so drop it with --strategy fsdp")
+        if self.strategy == "fsdp" and self.compile:
+            raise ConfigError("--compile with --strategy fsdp is not supported yet (compiling before Accelerate "
+                              "shards the model is untested); drop --compile or use --strategy ddp")
+        if self.fsdp_wrap and self.strategy != "fsdp":
+            raise ConfigError(f"--fsdp-wrap {self.fsdp_wrap} needs --strategy fsdp (DDP does not shard the model)")
+        if any(not name.isidentifier() for name in self.fsdp_wrap_classes):
+            raise ConfigError(f"--fsdp-wrap must be Python class names separated by commas, got {self.fsdp_wrap!r}")
+
+    @property
+    def fsdp_wrap_classes(self) -> list[str]:
+        return [name.strip() for name in self.fsdp_wrap.split(",")] if self.fsdp_wrap else []
 
     @property
     def run_dir(self) -> Path:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from train import checkpoint
+from train import checkpoint, sharding
 from train import config as train_config
 from train.data import check_dataset_spec
 from train.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
@@ -146,6 +146,7 @@ def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> Path | 
         sys.path.insert(0, os.getcwd())  # the ranks run `python -m`, which imports factories from here too
     check_dataset_spec(config.dataset)
     check_model_spec(config.model)
+    sharding.check_units_before_launch(config)
     if launch.use_cpu and config.mixed_precision == "fp16":
         raise ConfigError("--mixed-precision fp16 needs CUDA GPUs; use bf16 or no for CPU ranks")
     if problem := missing_compiler(config, on_cuda=not launch.use_cpu):
@@ -162,8 +163,11 @@ def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> Path | 
                 raise ConfigError(f"--output-dir {run_dir}: {existing} is not writable; choose another path")
             break
     checkpoint.remove_unsealed(run_dir / "checkpoints")  # a save killed part-way: never loadable
-    return checkpoint.resolve_resume(config.resume, run_dir / "checkpoints",
-                                     lambda line: print(f"trainstack train: warning: {line}", file=sys.stderr))
+    folder = checkpoint.resolve_resume(config.resume, run_dir / "checkpoints",
+                                       lambda line: print(f"trainstack train: warning: {line}", file=sys.stderr))
+    if folder:
+        checkpoint.require_strategy(folder, checkpoint.read_train_state(folder), config.strategy)
+    return folder
 
 
 def wait_for_rendezvous_host(launch: LaunchConfig) -> None:
@@ -233,7 +237,11 @@ class Launch:
                    "--machine_rank", str(launch.node_rank), "--main_process_ip", launch.master_addr,
                    "--main_process_port", str(launch.master_port), "--mixed_precision", self.config.mixed_precision,
                    "--dynamo_backend", "no"]
-        if launch.world_size > 1:
+        if self.config.strategy == "fsdp":
+            # Accelerate's FSDP launch starts torchrun even for one rank: FSDP needs the process group that a
+            # plain one-process launch does not create. CPU ranks: ACCELERATE_USE_CPU=1 as below.
+            command += ["--use_fsdp", "--fsdp_version", "2"]
+        elif launch.world_size > 1:
             # Not --cpu: that silently starts one process. With ACCELERATE_USE_CPU=1 this is MULTI_CPU over gloo.
             command.append("--multi_gpu")
         elif launch.use_cpu:

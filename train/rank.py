@@ -29,7 +29,7 @@ from accelerate.utils import (
 )
 from tqdm import tqdm
 
-from train import checkpoint
+from train import checkpoint, sharding
 from train.config import TrainConfig
 from train.data import collate, load_token_data
 from train.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
@@ -49,6 +49,7 @@ from train.telemetry import (
     device_uuid,
     peak_flops,
     progress_by_rank,
+    training_state_bytes,
 )
 
 RUN_ID_ENV = "TRAINSTACK_RUN_ID"
@@ -92,6 +93,7 @@ class Trainer:
         self.run_dir = config.run_dir
         self.checkpoints = self.run_dir / "checkpoints"
         self.started = time.time()
+        fsdp_plugin = sharding.plugin_for(config)
         self.accelerator = Accelerator(
             mixed_precision=config.mixed_precision,
             dynamo_backend="no",  # --compile compiles the model itself; Accelerate must not compile it again
@@ -109,7 +111,10 @@ class Trainer:
                 InitProcessGroupKwargs(timeout=timedelta(seconds=config.collective_timeout)),
                 DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters),
             ],
+            fsdp_plugin=fsdp_plugin,
         )
+        if fsdp_plugin:
+            sharding.enable_on_cpu_ranks(self.accelerator, fsdp_plugin)
         self.progress = Progress()
         self.run_id = os.environ.get(RUN_ID_ENV, "manual")
         self.telemetry: Telemetry | None = None
@@ -127,6 +132,8 @@ class Trainer:
         if problem := missing_compiler(config, device.type == "cuda"):
             raise ConfigError(problem)
         use_tf32(config, device)
+        if config.strategy == "fsdp":
+            sharding.require_fsdp(accelerator)
         # Every node's launcher names the run; rank 0's name wins, so all ranks label their series alike.
         self.run_id = broadcast_object_list([os.environ.get(RUN_ID_ENV, "manual")])[0]
         set_seed(config.seed)
@@ -140,6 +147,8 @@ class Trainer:
                                   "turn it off for CPU ranks")
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self.flops_per_token = estimate_flops_per_token(model, config.seq_len)
+        if config.strategy == "fsdp":
+            sharding.set_units(accelerator, config, model)
         on_gpu = device.type == "cuda"
         if config.compile:
             compile_in_place(model, config)
@@ -175,6 +184,13 @@ class Trainer:
         self.model, self.optimizer, self.train_loader, self.scheduler = prepared[:4]
         self.eval_loader = prepared[4] if eval_loader else None
         self.telemetry = self._make_telemetry() if config.telemetry else None
+        if self.telemetry:
+            self._state_hook = self.optimizer.optimizer.register_step_post_hook(self._measure_state)
+
+    def _measure_state(self, optimizer, args, kwargs) -> None:
+        """Once, at the first optimizer step: the sizes stay the same for the rest of the run."""
+        self._state_hook.remove()
+        self.telemetry.state_measured(training_state_bytes(self.model, optimizer))
 
     def _lr_factor(self, step: int) -> float:
         warmup = self.config.warmup_steps
@@ -196,6 +212,7 @@ class Trainer:
             world_size=accelerator.num_processes,
             nodes=int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")) or 1),
             mixed_precision=config.mixed_precision, model=config.model, dataset=config.dataset,
+            strategy=config.strategy,
         )
         return Telemetry(self.run_dir, identity, self.flops_per_token,
                          peak_flops(accelerator.device, config.mixed_precision, config.tf32), accelerator.device)
@@ -211,9 +228,11 @@ class Trainer:
         if folder is None:
             return
         state = checkpoint.read_train_state(folder)
-        accelerator.load_state(str(folder))
+        checkpoint.require_strategy(folder, state, config.strategy)
+        accelerator.load_state(str(folder))  # FSDP: each rank reads the shards it now owns, at any world size
         p = self.progress
-        p.step, p.epoch, p.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        p.step, p.epoch = state["step"], state["epoch"]
+        p.batch_in_epoch = checkpoint.batches_per_rank(state, accelerator.num_processes)
         p.initial_loss, p.last_loss = state["initial_loss"], state["last_loss"]
         p.samples, p.tokens = state["samples"], state["tokens"]
         p.resumed_from = str(folder)
@@ -332,7 +351,8 @@ class Trainer:
         accelerator.save_state(str(temporary))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            checkpoint.seal(temporary, p.state())
+            checkpoint.seal(temporary, {**p.state(), "world_size": accelerator.num_processes,
+                                        "strategy": self.config.strategy})
             checkpoint.publish(temporary, final)
             checkpoint.rotate(self.checkpoints, self.config.keep_checkpoints)
         accelerator.wait_for_everyone()

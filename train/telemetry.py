@@ -19,6 +19,8 @@ import torch
 from train.timeline import DeviceTimeline
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# training_state_bytes keys -> what they count; each is the gauge trainstack_train_<key>.
+STATE_BYTES = {"param_bytes": "parameters", "grad_bytes": "gradients", "optimizer_state_bytes": "optimizer state"}
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 # Dense peak FLOP/s by (device name fragment, precision). "no" is fp32 on the CUDA cores (TF32 off); "tf32" is fp32
@@ -65,6 +67,7 @@ class RankIdentity:
     mixed_precision: str
     model: str
     dataset: str
+    strategy: str = "ddp"
 
 
 class Telemetry:
@@ -91,6 +94,7 @@ class Telemetry:
         self._wait_start = 0.0
         self._samples = 0
         self._forward_start = 0.0
+        self._state_bytes: dict[str, int] = {}
 
     def _make_metrics(self, identity: RankIdentity) -> dict:
         # Imported here: prometheus_client picks its multiprocess mode from the environment at import time.
@@ -138,14 +142,18 @@ class Telemetry:
                                         "Peak accelerator memory reserved.")
         if self.peak:
             metrics["mfu"] = gauge("trainstack_train_mfu_ratio", "Model FLOPs utilization.")
+        for key, what in STATE_BYTES.items():
+            metrics[key] = gauge(f"trainstack_train_{key}", f"Bytes of {what} this rank holds at an optimizer step "
+                                 "(its shards under FSDP), where they peak.")
         Gauge("trainstack_train_rank_info", "Joins a rank to its GPU.",
               ["rank", "local_rank", "node", "uuid"], multiprocess_mode="mostrecent").labels(
             self.rank, str(identity.local_rank), identity.node, identity.uuid).set(1)
-        Gauge("trainstack_train_run_info", "The run; clock: where step, forward and data-wait times are measured.",
-              ["rank", "run_id", "world_size", "nodes", "mixed_precision", "model", "dataset", "clock"],
+        Gauge("trainstack_train_run_info", "The run; clock: where step, forward and data-wait times are measured; "
+              "strategy: ddp or fsdp.",
+              ["rank", "run_id", "world_size", "nodes", "mixed_precision", "model", "dataset", "clock", "strategy"],
               multiprocess_mode="mostrecent").labels(
             self.rank, identity.run_id, str(identity.world_size), str(identity.nodes), identity.mixed_precision,
-            identity.model, identity.dataset, self.clock).set(1)
+            identity.model, identity.dataset, self.clock, identity.strategy).set(1)
         return metrics
 
     def forward_started(self) -> None:
@@ -237,7 +245,7 @@ class Telemetry:
             "time": now, "rank": int(self.rank), "step": step, "epoch": epoch, "loss": loss, "lr": lr,
             "samples": self._samples, "tokens": tokens, "interval_seconds": interval,
             "data_wait_seconds": self._data_wait, "step_seconds": self._step_seconds,
-            "host_data_wait_seconds": self._host_data_wait, "clock": self.clock,
+            "host_data_wait_seconds": self._host_data_wait, "clock": self.clock, **self._state_bytes,
         }
         self._records.write(json.dumps(record) + "\n")
         if self._metrics:
@@ -261,6 +269,13 @@ class Telemetry:
         self._samples = 0
         return share
 
+    def state_measured(self, sizes: dict[str, int]) -> None:
+        """The rank's parameter, gradient and optimizer-state bytes (`training_state_bytes`)."""
+        self._state_bytes = sizes
+        if self._metrics:
+            for key, value in sizes.items():
+                self._metrics[key].set(value)
+
     def checkpoint_done(self, duration: float) -> None:
         if self._metrics:
             self._metrics["last_checkpoint"].set(time.time())
@@ -269,6 +284,29 @@ class Telemetry:
 
     def close(self) -> None:
         self._records.close()
+
+
+def local_bytes(tensors) -> int:
+    """Bytes of the tensors this rank holds: a sharded parameter (a DTensor) counts its local shard only."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for tensor in tensors:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        total += local.numel() * local.element_size()
+    return total
+
+
+def training_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Measured right after an optimizer step: gradients are not yet freed and the optimizer state exists.
+    model.parameters() lists a tied weight once, as it is stored once."""
+    parameters = list(model.parameters())
+    return {
+        "param_bytes": local_bytes(parameters),
+        "grad_bytes": local_bytes(p.grad for p in parameters if p.grad is not None),
+        "optimizer_state_bytes": local_bytes(value for state in optimizer.state.values() for value in state.values()
+                                             if isinstance(value, torch.Tensor)),
+    }
 
 
 def progress_by_rank(metrics_dir: str | None) -> dict[str, tuple[float, float, float]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from train import launch as train_launch
+from train import sharding
 from train.errors import EXIT_CONFIG, EXIT_OK
 
 
@@ -19,7 +20,10 @@ def run(args: argparse.Namespace) -> int:
     from train.doctor import DoctorConfig, has_failures, render_json, render_table, run_checks
 
     launch = train_launch.LaunchConfig.from_args(args)
-    config = DoctorConfig.for_run(train_config.from_sources(args, on_cuda=not launch.use_cpu), launch)
+    # Refuses what the trainer refuses (e.g. --strategy fsdp --sync-batchnorm).
+    train = train_config.from_sources(args, on_cuda=not launch.use_cpu)
+    sharding.check_units_before_launch(train)
+    config = DoctorConfig.for_run(train, launch)
     results = run_checks(config)
     print(render_json(results) if args.json else render_table(results), flush=True)
     return EXIT_CONFIG if has_failures(results) else EXIT_OK
