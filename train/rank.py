@@ -34,6 +34,7 @@ from train.config import TrainConfig
 from train.data import collate, load_token_data
 from train.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
 from train.model import build_model, estimate_flops_per_token, loss_of
+from train.segments import SEGMENTS_KEY, RunRecord
 from train.telemetry import (
     METRICS_DIR_ENV,
     RankIdentity,
@@ -95,7 +96,11 @@ class Trainer:
                 DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters),
             ],
         )
+        # Tied weights (the GPT's head is its embedding) are saved once, without safetensors' warning.
+        self.accelerator.register_save_state_pre_hook(checkpoint.drop_tied_aliases)
         self.progress = Progress()
+        self.record: RunRecord | None = None
+        self.restored_segments: list[dict] = []
         self.run_id = os.environ.get(RUN_ID_ENV, "manual")
         self.telemetry: Telemetry | None = None
         self.throughput: dict[str, float] = {}
@@ -184,6 +189,7 @@ class Trainer:
         p.initial_loss, p.last_loss = state["initial_loss"], state["last_loss"]
         p.samples, p.tokens = state["samples"], state["tokens"]
         p.resumed_from = str(folder)
+        self.restored_segments = state.get(SEGMENTS_KEY, [])
         self.accelerator.print(f"resumed from {folder} at step {p.step}")
 
     # ---- the loop -------------------------------------------------------------------------------------------
@@ -290,7 +296,7 @@ class Trainer:
         accelerator.save_state(str(temporary))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            checkpoint.seal(temporary, p.state())
+            checkpoint.seal(temporary, {**p.state(), SEGMENTS_KEY: self.record.segments(p) if self.record else []})
             checkpoint.publish(temporary, final)
             checkpoint.rotate(self.checkpoints, self.config.keep_checkpoints)
         accelerator.wait_for_everyone()
@@ -340,13 +346,14 @@ class Trainer:
             "initial_loss": p.initial_loss,
             "final_loss": p.last_loss,
             "eval_loss": eval_loss,
-            "samples_per_second": self.throughput.get("samples_per_second"),
+            "samples_per_second": self.throughput.get("samples_per_second"),  # over all segments
             "tokens_per_second": self.throughput.get("tokens_per_second"),
             "wall_seconds": time.time() - self.started,
             "resumed_from": p.resumed_from,
             "exit_reason": exit_reason,
             "exit_code": exit_code,
             "error": error,
+            SEGMENTS_KEY: self.record.segments(p, exit_reason) if self.record else [],
         }
         path = self.run_dir / "summary.json"
         temporary = path.with_suffix(".json.tmp")
@@ -357,13 +364,11 @@ class Trainer:
         try:
             self.build()
             self.resume()
-            start_samples, start_tokens, loop_started = self.progress.samples, self.progress.tokens, time.time()
+            self.record = RunRecord(self.run_id, self.progress, self.restored_segments)
+            self.record.loop_begins()
             exit_reason = self.train()
-            loop_seconds = max(time.time() - loop_started, 1e-9)
-            self.throughput = {
-                "samples_per_second": (self.progress.samples - start_samples) / loop_seconds,
-                "tokens_per_second": (self.progress.tokens - start_tokens) / loop_seconds,
-            }
+            self.record.loop_ends(exit_reason)
+            self.throughput = self.record.throughput(self.progress)
             self.save()
             eval_loss = self.evaluate() if exit_reason == "completed" else None
             if exit_reason == "completed" and eval_loss is not None:
