@@ -57,7 +57,8 @@ def _wait_for(predicate, process: subprocess.Popen, timeout: float = 120) -> Non
 def _logged_steps(run_dir: Path) -> int:
     records = run_dir / "telemetry" / "rank-0.jsonl"
     lines = records.read_text().splitlines() if records.exists() else []
-    return json.loads(lines[-1])["step"] if lines else 0
+    # Each launch's first line marks its segment and has no step.
+    return max((json.loads(line).get("step", 0) for line in lines if line.endswith("}")), default=0)
 
 
 SLOW_RANK = {"TRAINSTACK_TEST_SLOW_RANK": "0", "TRAINSTACK_TEST_SLOW_SECONDS": "0.1"}
