@@ -215,3 +215,24 @@ def test_waiting_gives_up_after_the_time_given(tmp_path):
         with pytest.raises(LeaseHeld):
             lease(tmp_path, "second").acquire(wait=0.5)
         assert time.monotonic() - started >= 0.5
+
+
+def test_a_fresh_start_sets_an_earlier_attempts_record_aside_and_a_resume_keeps_it(tmp_path):
+    from train.config import TrainConfig
+    from train.launch import Launch, LaunchConfig
+
+    launch = LaunchConfig(nproc_per_node=2, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
+                          use_cpu=True, exporter_port=0, exporter_host="127.0.0.1", rendezvous_timeout=1.0)
+    config = TrainConfig(output_dir=str(tmp_path))
+    old = {"telemetry/rank-0.jsonl": b'{"time": 1}\n', "telemetry/rank-1.jsonl": b'{"time": 2}\n',
+           "summary.json": b"{}", "report.html": b"<html>"}
+    for name, data in old.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    Launch(config, launch, tmp_path / "checkpoints/step-00000005", "resumed").prepare_run_dir()
+    assert {name: (tmp_path / name).read_bytes() for name in old} == old  # a resume appends to the record
+    Launch(config, launch, None, "fresh").prepare_run_dir()
+    aside = tmp_path / "previous" / "before-fresh"
+    assert {name: (aside / name).read_bytes() for name in old} == old
+    assert not any((tmp_path / name).exists() for name in old)
+    assert (tmp_path / "config.yaml").is_file()

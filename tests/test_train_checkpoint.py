@@ -134,7 +134,9 @@ def test_rotation_keeps_the_newest_and_they_load(tmp_path):
     assert summary(tmp_path / "from-15")["resumed_from"] == str(kept[0])
 
 
-def test_tied_weights_are_saved_once_quietly_and_reload_exactly(tmp_path, caplog):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def test_tied_weights_are_saved_once_quietly_and_reload_exactly(tmp_path, caplog, device):
     """The GPT's head is its token embedding. The checkpoint stores it once with no "Removed shared tensor"
     warning, and loading restores every parameter bit for bit with the tie intact."""
     from accelerate import Accelerator
@@ -143,13 +145,15 @@ def test_tied_weights_are_saved_once_quietly_and_reload_exactly(tmp_path, caplog
 
     def prepared(seed: int):
         torch.manual_seed(seed)
-        accelerator = Accelerator(cpu=True)
+        accelerator = Accelerator(cpu=device == "cpu")
         accelerator.register_save_state_pre_hook(checkpoint.drop_tied_aliases)
         model = GPT(BUILTIN_MODELS["tiny-gpt"], vocab_size=64, max_len=16)
         optimizer = torch.optim.AdamW(model.parameters())
-        model(torch.randint(0, 64, (2, 16)), labels=torch.randint(0, 64, (2, 16))).loss.backward()
+        model, optimizer = accelerator.prepare(model, optimizer)
+        tokens = torch.randint(0, 64, (2, 16), device=accelerator.device)
+        model(tokens, labels=tokens).loss.backward()
         optimizer.step()
-        return accelerator, *accelerator.prepare(model, optimizer)
+        return accelerator, model, optimizer
 
     saver, saved, _ = prepared(seed=1)
     with caplog.at_level("WARNING"):

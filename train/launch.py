@@ -360,8 +360,10 @@ class Launch:
         """Rank 0's verdict from summary.json when this launch wrote one (node 0), else the ranks' exit status."""
         summary_path = self.run_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-        # A fixed TRAINSTACK_RUN_ID names every launch of the run alike: only a summary written since counts.
-        if summary.get("run_id") == self.run_id and summary_path.stat().st_mtime >= self.started:
+        # Every node of a run (and, with a fixed TRAINSTACK_RUN_ID, every launch) shares the run id: the summary
+        # is this launch's verdict only on node 0, where rank 0 runs, and only when written since it started.
+        if (self.launch.node_rank == 0 and summary.get("run_id") == self.run_id
+                and summary_path.stat().st_mtime >= self.started):
             print(f"trainstack train: {summary['exit_reason']} after {summary['steps']} steps; {summary_path}",
                   file=sys.stderr)
             if summary["exit_reason"] == "preempted":
