@@ -236,3 +236,25 @@ def test_a_fresh_start_sets_an_earlier_attempts_record_aside_and_a_resume_keeps_
     assert {name: (aside / name).read_bytes() for name in old} == old
     assert not any((tmp_path / name).exists() for name in old)
     assert (tmp_path / "config.yaml").is_file()
+
+
+def test_sigterm_while_waiting_for_the_lease_leaves_at_once_and_writes_nothing(tmp_path):
+    from tests.conftest import FAST, trainstack_command
+
+    with lease(tmp_path, "holder") as held:
+        held.acquire()
+        before = snapshot(tmp_path)
+        waiting = subprocess.Popen(trainstack_command("train", "--output-dir", str(tmp_path), *FAST,
+                                                      "--wait-for-lease", "600"),
+                                   cwd=REPO, stderr=subprocess.PIPE, text=True)
+        try:
+            first = waiting.stderr.readline()
+            assert "is in use by" in first and "waiting up to 600 s" in first, first
+            waiting.send_signal(signal.SIGTERM)
+            assert waiting.wait(timeout=60) == 75
+        finally:
+            if waiting.poll() is None:
+                waiting.kill()
+                waiting.wait()
+        assert "stopped by SIGTERM before any rank started" in waiting.stderr.read()
+        assert snapshot(tmp_path) == before

@@ -394,6 +394,12 @@ def write_report(run_dir: Path) -> None:
         print(f"trainstack train: warning: no report: {problem}", file=sys.stderr)
 
 
+def _stop_before_ranks(signum, frame) -> None:
+    """SIGTERM while waiting for the lease or in preflight: leave at once, giving the lease back on the way."""
+    print(f"trainstack train: stopped by {signal.Signals(signum).name} before any rank started", file=sys.stderr)
+    raise SystemExit(EXIT_PREEMPTED)
+
+
 def run(args: argparse.Namespace) -> int:
     config = train_config.from_sources(args)
     launch = LaunchConfig.from_args(args)
@@ -401,6 +407,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--wait-for-lease must be 0 or more seconds, got {args.wait_for_lease:g}")
     preflight(config, launch)
     run_id = new_run_id()
+    signal.signal(signal.SIGTERM, _stop_before_ranks)  # Launch.run handles it while ranks run
     # Before anything writes to the run directory, and held until the last rank has exited and the report is
     # written: a second launcher on a live run directory exits 2 having written nothing.
     with RunDirLease(config.run_dir, run_id, launch.node_rank, lease_timeout(args.lease_timeout)) as lease:
