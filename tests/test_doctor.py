@@ -360,6 +360,37 @@ def test_output_dir_room_for_checkpoints(tmp_path, checkpoint_mib, keep, status,
     assert result.status is status and phrase in result.detail
 
 
+def test_checkpoint_estimate_is_the_models_real_size():
+    from train.config import TrainConfig
+    from train.data import load_token_data
+    from train.model import build_model
+
+    tiny = TrainConfig(model="builtin:tiny-gpt")
+    model = build_model(tiny, load_token_data(tiny.dataset, "text", tiny.seq_len, 0.05, tiny.seed, tiny).vocab_size)
+    parameters = sum(p.numel() for p in model.parameters())
+    assert model.head.weight is model.token_embedding.weight  # counted once: tied
+    estimate = DoctorConfig.for_run(tiny, launch_config()).checkpoint_bytes
+    assert estimate == parameters * 4 * 3  # fp32 weights and AdamW's two moments
+    assert 4 * MiB < estimate < 6 * MiB  # a real tiny-gpt checkpoint is 4.9 MB, not ~1 GiB
+    assert DoctorConfig.for_run(TrainConfig(model="builtin:small-gpt"), launch_config()).checkpoint_bytes > 200 * MiB
+
+
+def test_no_checkpoint_estimate_for_a_factory_model_says_so(tmp_path):
+    from train.config import TrainConfig
+
+    factory = DoctorConfig.for_run(TrainConfig(model="tests.factories:pausing_gpt"), launch_config())
+    assert factory.checkpoint_bytes is None
+    result = check_output_dir(config(output_dir=tmp_path / "run"), CPU_HOST)
+    assert result.status is Status.PASS and "no checkpoint-size estimate" in result.detail
+
+
+def launch_config():
+    from train.launch import LaunchConfig
+
+    return LaunchConfig(nproc_per_node=2, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
+                        use_cpu=True, exporter_port=0, exporter_host="127.0.0.1", rendezvous_timeout=1.0)
+
+
 def test_output_dir_that_is_a_file_fails(tmp_path):
     (tmp_path / "file").write_text("")
     assert check_output_dir(config(output_dir=tmp_path / "file" / "run"), CPU_HOST).status is Status.FAIL
@@ -436,15 +467,17 @@ def launcher_runs_the_doctor() -> bool:
 @pytest.mark.skipif(not launcher_runs_the_doctor(), reason="the launcher does not run the doctor yet "
                     "(train/launch.py has no --skip-doctor)")
 def test_launcher_refuses_to_start_on_a_fail_unless_told(tmp_path):
-    # 64 MiB of disk: the doctor wants room for a 1 GiB checkpoint (FAIL); the tiny model's fits.
-    with tmpfs(tmp_path / "disk", "64m") as disk:
-        refused = run_trainstack("train", "--output-dir", str(disk / "run"), "--max-steps", "2",
-                                 "--exporter-port", "0", "--num-workers", "0")
+    # The exporter's port is taken (FAIL); told to start anyway, the ranks train without an exporter.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        flags = ("--output-dir", str(tmp_path / "run"), "--max-steps", "2", "--num-workers", "0",
+                 "--exporter-port", str(taken.getsockname()[1]), "--no-report")
+        refused = run_trainstack("train", *flags)
         assert refused.returncode == 2, explain(refused)
-        assert "FAIL    output-dir" in refused.stdout + refused.stderr
-        assert not list(disk.glob("run/telemetry/rank-*.jsonl"))  # no rank started
-        allowed = run_trainstack("train", "--output-dir", str(disk / "run"), "--max-steps", "2",
-                                 "--exporter-port", "0", "--num-workers", "0", "--skip-doctor")
+        assert "FAIL    exporter-port" in refused.stdout + refused.stderr
+        assert not (tmp_path / "run").exists()  # no rank started, and the run directory is left as it was
+        allowed = run_trainstack("train", *flags, "--skip-doctor")
         assert allowed.returncode == 0, explain(allowed)
 
 

@@ -21,6 +21,8 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 
 from train.config import TrainConfig, read_config_file
+from train.lease import DEFAULT_TIMEOUT_SECONDS
+from train.rank import RUN_ID_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAYS_DIR = ROOT / "k8s/overlays"
@@ -255,6 +257,20 @@ def test_trainer_runs_trainstack_with_its_config_and_checkpoints_on_the_volumes(
         assert claim["spec"]["accessModes"] == ["ReadWriteMany"], "every node writes its part of a checkpoint"
     assert "--resume" not in args or arg_value(args, "--resume") == "auto", "a replacement pod must resume"
     assert arg_value(args, "--exporter-host") == "0.0.0.0", "Prometheus scrapes the pod IP, not loopback"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_replacement_pod_waits_for_the_pod_holding_the_run_directory(rendered, overlay):
+    pod, container = trainer_pod(rendered[overlay])
+    wait = float(arg_value(container["args"], "--wait-for-lease"))
+    # An old pod SIGKILLed at the end of its grace period is taken over once its heartbeat is a timeout old.
+    assert wait >= pod["spec"]["terminationGracePeriodSeconds"] + DEFAULT_TIMEOUT_SECONDS
+    run_id = next(e for e in container["env"] if e["name"] == RUN_ID_ENV)
+    # The Job's uid: one run for all its nodes and their replacements, another run for another Job.
+    assert run_id["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['batch.kubernetes.io/controller-uid']"
+    if "startupProbe" in container:  # the exporter starts only once the lease is held
+        probe = container["startupProbe"]
+        assert probe["periodSeconds"] * probe["failureThreshold"] >= wait + 120
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

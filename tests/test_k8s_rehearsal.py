@@ -11,17 +11,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from tests.test_k8s_manifests import OVERLAYS_DIR, arg_value, needs_kubectl, only, render
+from train.lease import LEASE_DIR
 
 VENV_BIN = Path(sys.executable).parent
 MAX_STEPS = 6
+JOB_UID = "5b7e6f0e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"  # what the Job controller labels its pods with
 # Variables a developer's shell may hold that would leak into the rehearsal's rendezvous.
 DISTRIBUTED_ENV = re.compile(r"^(MASTER_ADDR|MASTER_PORT|NNODES|NODE_RANK|NPROC_PER_NODE|JOB_COMPLETION_INDEX|"
                              r"RANK|LOCAL_RANK|WORLD_SIZE|GROUP_RANK|PET_.*|ACCELERATE_.*|PROMETHEUS_MULTIPROC_DIR)$")
@@ -39,7 +44,8 @@ def expand(value: str, variables: dict[str, str]) -> str:
 
 def pod_environment(job: dict, container: dict, index: int) -> dict[str, str]:
     """The container's environment in pod <index> of the Indexed Job, as the kubelet builds it."""
-    labels = {**job["spec"]["template"]["metadata"]["labels"], "batch.kubernetes.io/job-name": job["metadata"]["name"]}
+    labels = {**job["spec"]["template"]["metadata"]["labels"], "batch.kubernetes.io/job-name": job["metadata"]["name"],
+              "batch.kubernetes.io/controller-uid": JOB_UID}
     env = {"JOB_COMPLETION_INDEX": str(index)}  # injected by the Job controller in Indexed mode
     for variable in container["env"]:
         if "value" in variable:
@@ -81,13 +87,11 @@ def test_expansion_follows_kubernetes_rules():
     assert expand("$(UNSET) $$(A) $(A", {"A": "x"}) == "$(UNSET) $(A) $(A"
 
 
-@needs_kubectl
-@pytest.mark.slow
-def test_multi_node_job_trains_as_one_world_across_two_pods(multi_node_job, tmp_path):
-    job, container, docs = multi_node_job
+def pod_volumes(job: dict, container: dict, docs: list[dict], tmp_path: Path):
+    """The pod's volumes as folders (the ConfigMap's files, one checkpoint claim every pod mounts); returns the
+    function that maps a path in the container to its folder."""
     pod_spec = job["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod_spec["volumes"]}
-    # The pods' volumes as folders: the ConfigMap's files, and one checkpoint claim both pods mount.
     mounts = {}
     for mount in container["volumeMounts"]:
         volume = volumes[mount["name"]]
@@ -110,25 +114,42 @@ def test_multi_node_job_trains_as_one_world_across_two_pods(multi_node_job, tmp_
                 return folder + arg[len(mount_path):]
         return arg
 
+    return local_path
+
+
+def pod_command(container: dict, local_path) -> list[str]:
+    """The container's command and arguments for a short local run: one CPU rank per pod, loopback only."""
     args = [local_path(a) for a in container["args"]]
     assert arg_value(args, "--exporter-host") == "0.0.0.0"
     args[args.index("--exporter-host") + 1] = "127.0.0.1"  # tests listen on loopback only
+    args[args.index("--exporter-port") + 1] = str(free_port())
     args += ["--nproc-per-node", "1", "--max-steps", str(MAX_STEPS), "--model", "builtin:tiny-gpt",
              "--mixed-precision", "no", "--batch-size", "4", "--num-workers", "0", "--log-every", "2"]
+    return container["command"] + args
+
+
+def pod_process_environment(job: dict, container: dict, index: int, master_port: str) -> dict[str, str]:
+    env = pod_environment(job, container, index)
+    env["MASTER_ADDR"] = "127.0.0.1"  # what <job>-0.<service> resolves to: pod 0's address
+    env["MASTER_PORT"] = master_port
+    environment = {k: v for k, v in os.environ.items() if not DISTRIBUTED_ENV.match(k)}
+    environment.update(env, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
+                       HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    return environment
+
+
+@needs_kubectl
+@pytest.mark.slow
+def test_multi_node_job_trains_as_one_world_across_two_pods(multi_node_job, tmp_path):
+    job, container, docs = multi_node_job
+    local_path = pod_volumes(job, container, docs, tmp_path)
     master_port = str(free_port())
 
     processes = {}
     for index in (1, 0):  # node 1 first: a pod may well start before node 0 exists
-        env = pod_environment(job, container, index)
-        env["MASTER_ADDR"] = "127.0.0.1"  # what <job>-0.<service> resolves to: pod 0's address
-        env["MASTER_PORT"] = master_port
-        pod_args = list(args)
-        pod_args[pod_args.index("--exporter-port") + 1] = str(free_port())
-        environment = {k: v for k, v in os.environ.items() if not DISTRIBUTED_ENV.match(k)}
-        environment.update(env, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
-                           HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+        environment = pod_process_environment(job, container, index, master_port)
         log = (tmp_path / f"pod-{index}.log").open("w")
-        processes[index] = (subprocess.Popen(container["command"] + pod_args, env=environment, cwd=tmp_path,
+        processes[index] = (subprocess.Popen(pod_command(container, local_path), env=environment, cwd=tmp_path,
                                              stdout=log, stderr=subprocess.STDOUT), log)
     try:
         codes = {index: process.wait(timeout=480) for index, (process, _) in processes.items()}
@@ -153,3 +174,60 @@ def test_multi_node_job_trains_as_one_world_across_two_pods(multi_node_job, tmp_
         assert records[-1]["step"] == MAX_STEPS
     assert f"completed after {MAX_STEPS} steps" in logs[0]
     assert "completed after" not in logs[1]
+
+
+# An old pod in its grace period: it holds the run directory's lease as the Job's node 0, and on SIGTERM spends a
+# few seconds on its "checkpoint" before it exits and lets go.
+OLD_POD = """
+import signal, sys, time
+from train.lease import RunDirLease
+lease = RunDirLease(sys.argv[1], sys.argv[2], 0)
+lease.acquire()
+print("holding", flush=True)
+signal.sigwait([signal.SIGTERM])
+time.sleep(3)
+lease.release()
+"""
+
+
+@needs_kubectl
+@pytest.mark.slow
+def test_a_replacement_pod_waits_for_the_old_pod_to_let_go_then_trains(tmp_path):
+    docs = render(OVERLAYS_DIR / "single-node")
+    job = only(docs, "Job")
+    container = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "trainer")
+    local_path = pod_volumes(job, container, docs, tmp_path)
+    run_dir = Path(local_path(arg_value(container["args"], "--output-dir")))
+    environment = pod_process_environment(job, container, 0, str(free_port()))
+    assert environment["TRAINSTACK_RUN_ID"] == JOB_UID
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # inherited: the old pod takes it with sigwait
+    try:
+        old = subprocess.Popen([sys.executable, "-c", OLD_POD, str(run_dir), JOB_UID], env=environment, cwd=REPO,
+                               stdout=subprocess.PIPE, text=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+    log_path, new = tmp_path / "new-pod.log", None
+    with log_path.open("w") as log:
+        try:
+            assert old.stdout.readline().strip() == "holding"
+            new = subprocess.Popen(pod_command(container, local_path), env=environment, cwd=tmp_path, stdout=log,
+                                   stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + 120
+            while "waiting up to 900 s" not in log_path.read_text():
+                assert new.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.2)
+            assert sorted(p.name for p in run_dir.rglob("*")) == [LEASE_DIR, "node-0.json"]  # nothing written
+            old.send_signal(signal.SIGTERM)  # the old pod finishes its grace period and exits
+            assert old.wait(timeout=60) == 0
+            code = new.wait(timeout=480)
+        finally:
+            for process in (old, new):
+                if process is not None and process.poll() is None:
+                    process.kill()
+                    process.wait()
+    text = log_path.read_text()
+    assert code == 0, text[-3000:]
+    assert text.count("waiting up to 900 s") == 1 and f"(run {JOB_UID}, node 0)" in text
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == MAX_STEPS
+    assert not (run_dir / LEASE_DIR).exists()

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import FAST, REPO, explain, summary, train, trainstack_command
 from train import checkpoint
+from train.lease import LEASE_DIR
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +58,8 @@ def _wait_for(predicate, process: subprocess.Popen, timeout: float = 120) -> Non
 def _logged_steps(run_dir: Path) -> int:
     records = run_dir / "telemetry" / "rank-0.jsonl"
     lines = records.read_text().splitlines() if records.exists() else []
-    return json.loads(lines[-1])["step"] if lines else 0
+    # Each launch's first line marks its segment and has no step.
+    return max((json.loads(line).get("step", 0) for line in lines if line.endswith("}")), default=0)
 
 
 SLOW_RANK = {"TRAINSTACK_TEST_SLOW_RANK": "0", "TRAINSTACK_TEST_SLOW_SECONDS": "0.1"}
@@ -73,6 +75,7 @@ def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes(tmp_path, mon
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 75, output[-4000:]
+    assert not (run_dir / LEASE_DIR).exists()  # released on SIGTERM
     stopped = summary(run_dir)
     assert stopped["exit_reason"] == "preempted" and 5 <= stopped["steps"] < 60
     assert checkpoint.verify(run_dir / "checkpoints" / checkpoint.step_dir_name(stopped["steps"]))
@@ -81,6 +84,7 @@ def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes(tmp_path, mon
     finished = summary(run_dir)
     assert finished["exit_reason"] == "completed" and finished["steps"] == 60
     assert finished["resumed_from"].endswith(checkpoint.step_dir_name(stopped["steps"]))
+    assert [s["exit_reason"] for s in finished["segments"]] == ["preempted", "completed"]
 
 
 def _kill_tree(process: subprocess.Popen) -> None:
@@ -129,3 +133,38 @@ def test_rotation_keeps_the_newest_and_they_load(tmp_path):
     again = train(tmp_path / "from-15", "--resume", str(kept[0]), "--max-steps", "20")
     assert again.returncode == 0, explain(again)
     assert summary(tmp_path / "from-15")["resumed_from"] == str(kept[0])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def test_tied_weights_are_saved_once_quietly_and_reload_exactly(tmp_path, caplog, device):
+    """The GPT's head is its token embedding. The checkpoint stores it once with no "Removed shared tensor"
+    warning, and loading restores every parameter bit for bit with the tie intact."""
+    from accelerate import Accelerator
+
+    from train.model import BUILTIN_MODELS, GPT
+
+    def prepared(seed: int):
+        torch.manual_seed(seed)
+        accelerator = Accelerator(cpu=device == "cpu")
+        accelerator.register_save_state_pre_hook(checkpoint.drop_tied_aliases)
+        model = GPT(BUILTIN_MODELS["tiny-gpt"], vocab_size=64, max_len=16)
+        optimizer = torch.optim.AdamW(model.parameters())
+        model, optimizer = accelerator.prepare(model, optimizer)
+        tokens = torch.randint(0, 64, (2, 16), device=accelerator.device)
+        model(tokens, labels=tokens).loss.backward()
+        optimizer.step()
+        return accelerator, model, optimizer
+
+    saver, saved, _ = prepared(seed=1)
+    with caplog.at_level("WARNING"):
+        saver.save_state(str(tmp_path))
+    assert "shared tensor" not in caplog.text
+    stored = weights(tmp_path)
+    assert "token_embedding.weight" in stored and "head.weight" not in stored
+    loader, loaded, _ = prepared(seed=2)
+    assert not torch.equal(loaded.head.weight, saved.head.weight)
+    loader.load_state(str(tmp_path))
+    for (name, expected), (_, actual) in zip(saved.named_parameters(), loaded.named_parameters(), strict=True):
+        assert torch.equal(expected, actual), name
+    assert loaded.head.weight is loaded.token_embedding.weight

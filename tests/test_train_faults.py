@@ -7,6 +7,7 @@ import torch
 
 from tests.conftest import explain, summary, train
 from tests.factories import BatchNormLM
+from train.lease import LEASE_DIR
 
 pytestmark = pytest.mark.slow
 
@@ -16,6 +17,7 @@ def test_unused_parameter_error_names_the_flag_and_exits_2(tmp_path):
     assert result.returncode == 2, explain(result)
     assert "find_unused_parameters" in result.stderr and "--find-unused-parameters" in result.stderr
     assert summary(tmp_path / "run")["exit_reason"] == "failed"
+    assert not (tmp_path / "run" / LEASE_DIR).exists()  # released on a failure
 
 
 def test_unused_parameter_trains_with_the_flag(tmp_path):

@@ -24,6 +24,7 @@ from train import checkpoint, sharding
 from train import config as train_config
 from train.data import check_dataset_spec
 from train.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
+from train.lease import TIMEOUT_ENV, RunDirLease, lease_timeout
 from train.model import check_model_spec
 from train.performance import missing_compiler
 from train.rank import RUN_ID_ENV
@@ -138,10 +139,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="start even if a preflight check FAILs (trainstack doctor shows them)")
     group.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
                        help="write RUN_DIR/report.html when the ranks exit (default: on)")
+    group.add_argument("--wait-for-lease", type=float, default=0.0, metavar="SECONDS",
+                       help="when another launcher holds the run directory, wait this long for it to finish "
+                       "instead of exiting 2 (default: 0)")
+    group.add_argument("--lease-timeout", type=float, metavar="SECONDS",
+                       help=f"a holder on another host whose heartbeat is older than this is taken over (env "
+                       f"{TIMEOUT_ENV}; default: 60)")
 
 
-def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> Path | None:
-    """Everything checkable before a rank starts. Returns the checkpoint to resume from."""
+def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> None:
+    """Everything checkable before a rank starts that writes nothing: it runs before the run directory's lease."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # the ranks run `python -m`, which imports factories from here too
     check_dataset_spec(config.dataset)
@@ -162,12 +169,39 @@ def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> Path | 
             if not os.access(existing, os.W_OK):
                 raise ConfigError(f"--output-dir {run_dir}: {existing} is not writable; choose another path")
             break
-    checkpoint.remove_unsealed(run_dir / "checkpoints")  # a save killed part-way: never loadable
-    folder = checkpoint.resolve_resume(config.resume, run_dir / "checkpoints",
+
+
+def resume_point(config: train_config.TrainConfig) -> Path | None:
+    """The checkpoint to resume from, after tidying the checkpoints folder: only under the lease."""
+    checkpoint.remove_unsealed(config.run_dir / "checkpoints")  # a save killed part-way: never loadable
+    folder = checkpoint.resolve_resume(config.resume, config.run_dir / "checkpoints",
                                        lambda line: print(f"trainstack train: warning: {line}", file=sys.stderr))
     if folder:
         checkpoint.require_strategy(folder, checkpoint.read_train_state(folder), config.strategy)
     return folder
+
+
+def completed_before(config: train_config.TrainConfig) -> str | None:
+    """Why there is nothing to train, when the run directory holds a completed run with the same stopping point
+    (--max-steps, --epochs): rerunning the command that finished it must change nothing. None otherwise."""
+    run_dir = config.run_dir
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        saved = train_config.read_config_file(str(run_dir / "config.yaml"))
+    except (OSError, ValueError, ConfigError):
+        return None
+    latest = checkpoint.complete_checkpoints(run_dir / "checkpoints")
+    if config.resume != "auto" or summary.get("exit_reason") != "completed" or not latest:
+        return None
+    steps = summary.get("steps")
+    if checkpoint.read_train_state(latest[-1]).get("step") != steps:
+        return None  # trained further since that summary
+    same_target = (saved.get("max_steps"), saved.get("epochs")) == (config.max_steps, config.epochs)
+    lower_step_limit = config.epochs == saved.get("epochs") == 0 and 0 < config.max_steps <= steps
+    if not (same_target or lower_step_limit):
+        return None
+    return (f"{run_dir} already holds a completed run ({steps} steps, run {summary.get('run_id')}); nothing "
+            "changed: raise --max-steps or --epochs to train further, or choose another --output-dir")
 
 
 def wait_for_rendezvous_host(launch: LaunchConfig) -> None:
@@ -188,12 +222,19 @@ def wait_for_rendezvous_host(launch: LaunchConfig) -> None:
             time.sleep(2)
 
 
+def new_run_id() -> str:
+    """Set TRAINSTACK_RUN_ID (e.g. to the Kubernetes Job uid) to name a multi-node run: its nodes share the run
+    directory's lease, and the ranks adopt rank 0's id."""
+    return os.environ.get(RUN_ID_ENV) or time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
 class Launch:
-    def __init__(self, config: train_config.TrainConfig, launch: LaunchConfig, resume_from: Path | None):
+    def __init__(self, config: train_config.TrainConfig, launch: LaunchConfig, resume_from: Path | None,
+                 run_id: str, lease: RunDirLease | None = None):
         self.config, self.launch, self.resume_from = config, launch, resume_from
         self.run_dir = config.run_dir
-        # Set TRAINSTACK_RUN_ID (e.g. to the Kubernetes Job uid) to name a multi-node run; the ranks adopt rank 0's.
-        self.run_id = os.environ.get(RUN_ID_ENV) or time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+        self.run_id = run_id
+        self.lease = lease
         # Per node: prometheus_client names files by PID, which repeats across pods on a shared volume, and each
         # node's exporter must serve only its own ranks.
         self.metrics_dir = self.run_dir / "metrics" / f"node-{launch.node_rank}"
@@ -203,17 +244,31 @@ class Launch:
         self.signalled_pids: set[int] = set()
 
     def prepare_run_dir(self) -> None:
-        """Metrics and telemetry belong to one launch: a previous run's series must never show up in this one.
-        Only this node's files go: on a shared volume the other nodes are writing theirs."""
+        """Metrics belong to one launch: a previous launch's series must never show up in this one. Telemetry
+        belongs to the run: a resumed run appends to it. Only this node's files are touched: on a shared volume
+        the other nodes are writing theirs."""
         shutil.rmtree(self.metrics_dir, ignore_errors=True)
         self.metrics_dir.mkdir(parents=True)
         telemetry = self.run_dir / "telemetry"
         telemetry.mkdir(exist_ok=True)
-        first = self.launch.node_rank * self.launch.nproc_per_node
-        for rank in range(first, first + self.launch.nproc_per_node):
-            (telemetry / f"rank-{rank}.jsonl").unlink(missing_ok=True)
+        if self.resume_from is None:
+            self.set_aside_previous_record()
         if self.launch.node_rank == 0:
             self.config.save(self.run_dir / "config.yaml")
+
+    def set_aside_previous_record(self) -> None:
+        """A fresh start in a directory that holds an earlier attempt's record (it never saved a checkpoint, or
+        its checkpoints were deleted): that record moves to RUN_DIR/previous/before-<run id>/, never deleted."""
+        first = self.launch.node_rank * self.launch.nproc_per_node
+        names = [f"telemetry/rank-{rank}.jsonl" for rank in range(first, first + self.launch.nproc_per_node)]
+        if self.launch.node_rank == 0:
+            names += ["summary.json", "report.html"]
+        aside = self.run_dir / "previous" / f"before-{self.run_id}"
+        for name in names:
+            if (self.run_dir / name).is_file():
+                (aside / name).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(self.run_dir / name, aside / name)
+                print(f"trainstack train: fresh start: kept the earlier {name} as {aside / name}", file=sys.stderr)
 
     def rank_environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -282,6 +337,7 @@ class Launch:
                     pass
 
     def run(self) -> int:
+        self.started = time.time()
         self.prepare_run_dir()
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -289,7 +345,10 @@ class Launch:
             if self.launch.nnodes > 1:
                 wait_for_rendezvous_host(self.launch)
             # Own session: a terminal's Ctrl-C reaches only the launcher, which stops the ranks in order.
-            self.ranks = subprocess.Popen(self.rank_command(), env=self.rank_environment(), start_new_session=True)
+            # The agent inherits the lease file, so its flock holds while ranks may still write, even if this
+            # launcher is killed alone.
+            self.ranks = subprocess.Popen(self.rank_command(), env=self.rank_environment(), start_new_session=True,
+                                          pass_fds=(self.lease.fd,) if self.lease and self.lease.fd else ())
             while self.ranks.poll() is None:
                 if self.stop_signal is not None:
                     self._forward_stop()
@@ -312,7 +371,10 @@ class Launch:
         """Rank 0's verdict from summary.json when this launch wrote one (node 0), else the ranks' exit status."""
         summary_path = self.run_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-        if summary.get("run_id") == self.run_id:
+        # Every node of a run (and, with a fixed TRAINSTACK_RUN_ID, every launch) shares the run id: the summary
+        # is this launch's verdict only on node 0, where rank 0 runs, and only when written since it started.
+        if (self.launch.node_rank == 0 and summary.get("run_id") == self.run_id
+                and summary_path.stat().st_mtime >= self.started):
             print(f"trainstack train: {summary['exit_reason']} after {summary['steps']} steps; {summary_path}",
                   file=sys.stderr)
             if summary["exit_reason"] == "preempted":
@@ -343,12 +405,31 @@ def write_report(run_dir: Path) -> None:
         print(f"trainstack train: warning: no report: {problem}", file=sys.stderr)
 
 
+def _stop_before_ranks(signum, frame) -> None:
+    """SIGTERM while waiting for the lease or in preflight: leave at once, giving the lease back on the way."""
+    print(f"trainstack train: stopped by {signal.Signals(signum).name} before any rank started", file=sys.stderr)
+    raise SystemExit(EXIT_PREEMPTED)
+
+
 def run(args: argparse.Namespace) -> int:
     launch = LaunchConfig.from_args(args)
     config = train_config.from_sources(args, on_cuda=not launch.use_cpu)
-    resume_from = preflight(config, launch)
-    run_doctor(config, launch, args.skip_doctor)
-    code = Launch(config, launch, resume_from).run()
-    if args.report and launch.node_rank == 0:
-        write_report(config.run_dir)
-    return code
+    if args.wait_for_lease < 0:
+        raise ConfigError(f"--wait-for-lease must be 0 or more seconds, got {args.wait_for_lease:g}")
+    preflight(config, launch)
+    run_id = new_run_id()
+    signal.signal(signal.SIGTERM, _stop_before_ranks)  # Launch.run handles it while ranks run
+    # Before anything writes to the run directory, and held until the last rank has exited and the report is
+    # written: a second launcher on a live run directory exits 2 having written nothing.
+    with RunDirLease(config.run_dir, run_id, launch.node_rank, lease_timeout(args.lease_timeout)) as lease:
+        lease.acquire(wait=args.wait_for_lease)
+        done = completed_before(config)
+        if done:
+            print(f"trainstack train: {done}", file=sys.stderr)
+            return EXIT_OK
+        resume_from = resume_point(config)
+        run_doctor(config, launch, args.skip_doctor)
+        code = Launch(config, launch, resume_from, run_id, lease).run()
+        if args.report and launch.node_rank == 0:
+            write_report(config.run_dir)
+        return code

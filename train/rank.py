@@ -42,6 +42,7 @@ from train.performance import (
     missing_compiler,
     use_tf32,
 )
+from train.segments import SEGMENTS_KEY, RunRecord
 from train.telemetry import (
     METRICS_DIR_ENV,
     RankIdentity,
@@ -115,7 +116,11 @@ class Trainer:
         )
         if fsdp_plugin:
             sharding.enable_on_cpu_ranks(self.accelerator, fsdp_plugin)
+        # Tied weights (the GPT's head is its embedding) are saved once, without safetensors' warning.
+        self.accelerator.register_save_state_pre_hook(checkpoint.drop_tied_aliases)
         self.progress = Progress()
+        self.record: RunRecord | None = None
+        self.restored_segments: list[dict] = []
         self.run_id = os.environ.get(RUN_ID_ENV, "manual")
         self.telemetry: Telemetry | None = None
         self.compile_watch: CompileWatch | None = None
@@ -236,6 +241,7 @@ class Trainer:
         p.initial_loss, p.last_loss = state["initial_loss"], state["last_loss"]
         p.samples, p.tokens = state["samples"], state["tokens"]
         p.resumed_from = str(folder)
+        self.restored_segments = state.get(SEGMENTS_KEY, [])
         self.accelerator.print(f"resumed from {folder} at step {p.step}")
 
     # ---- the loop -------------------------------------------------------------------------------------------
@@ -352,7 +358,8 @@ class Trainer:
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             checkpoint.seal(temporary, {**p.state(), "world_size": accelerator.num_processes,
-                                        "strategy": self.config.strategy})
+                                        "strategy": self.config.strategy,
+                                        SEGMENTS_KEY: self.record.segments(p) if self.record else []})
             checkpoint.publish(temporary, final)
             checkpoint.rotate(self.checkpoints, self.config.keep_checkpoints)
         accelerator.wait_for_everyone()
@@ -406,7 +413,7 @@ class Trainer:
             "initial_loss": p.initial_loss,
             "final_loss": p.last_loss,
             "eval_loss": eval_loss,
-            "samples_per_second": self.throughput.get("samples_per_second"),
+            "samples_per_second": self.throughput.get("samples_per_second"),  # over all segments
             "tokens_per_second": self.throughput.get("tokens_per_second"),
             "compile_seconds": self.compile_watch.seconds if self.compile_watch else None,
             "recompiles": self.compile_watch.recompiles if self.compile_watch else None,
@@ -415,6 +422,7 @@ class Trainer:
             "exit_reason": exit_reason,
             "exit_code": exit_code,
             "error": error,
+            SEGMENTS_KEY: self.record.segments(p, exit_reason) if self.record else [],
         }
         path = self.run_dir / "summary.json"
         temporary = path.with_suffix(".json.tmp")
@@ -425,14 +433,12 @@ class Trainer:
         try:
             self.build()
             self.resume()
-            start_samples, start_tokens, loop_started = self.progress.samples, self.progress.tokens, time.time()
+            self.record = RunRecord(self.run_id, self.progress, self.restored_segments,
+                                    lambda: self.compile_watch.seconds if self.compile_watch else 0.0)
+            self.record.loop_begins()
             exit_reason = self.train()
-            compiling = self.compile_watch.seconds if self.compile_watch else 0.0  # not training time
-            loop_seconds = max(time.time() - loop_started - compiling, 1e-9)
-            self.throughput = {
-                "samples_per_second": (self.progress.samples - start_samples) / loop_seconds,
-                "tokens_per_second": (self.progress.tokens - start_tokens) / loop_seconds,
-            }
+            self.record.loop_ends(exit_reason)
+            self.throughput = self.record.throughput(self.progress)
             self.save()
             eval_loss = self.evaluate() if exit_reason == "completed" else None
             if exit_reason == "completed" and eval_loss is not None:

@@ -21,6 +21,7 @@ from train.timeline import DeviceTimeline
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # training_state_bytes keys -> what they count; each is the gauge trainstack_train_<key>.
 STATE_BYTES = {"param_bytes": "parameters", "grad_bytes": "gradients", "optimizer_state_bytes": "optimizer state"}
+SEGMENT_MARKER = "segment_started"  # the first line each launch appends to a rank's records
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 # Dense peak FLOP/s by (device name fragment, precision). "no" is fp32 on the CUDA cores (TF32 off); "tf32" is fp32
@@ -85,7 +86,7 @@ class Telemetry:
         self._metrics = self._make_metrics(identity) if os.environ.get(METRICS_DIR_ENV) else None
         telemetry_dir = run_dir / "telemetry"
         telemetry_dir.mkdir(parents=True, exist_ok=True)
-        self._records = (telemetry_dir / f"rank-{identity.rank}.jsonl").open("a", buffering=1)
+        self._records = open_records(telemetry_dir / f"rank-{identity.rank}.jsonl", identity)
         self._interval_start = time.time()
         self._last_step_end = time.perf_counter()
         self._step_seconds: list[float] = []
@@ -307,6 +308,19 @@ def training_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimize
         "optimizer_state_bytes": local_bytes(value for state in optimizer.state.values() for value in state.values()
                                              if isinstance(value, torch.Tensor)),
     }
+
+
+def open_records(path: Path, identity: RankIdentity):
+    """A resumed run appends: its file starts each launch (segment) with a marker line. The marker has no "time"
+    key, so readers of records alone skip it; a record cut off by a kill is ended first, never glued to it."""
+    records = path.open("a", buffering=1)
+    if records.tell():
+        with path.open("rb") as existing:
+            existing.seek(-1, os.SEEK_END)
+            if existing.read(1) != b"\n":
+                records.write("\n")
+    records.write(json.dumps({SEGMENT_MARKER: time.time(), "rank": identity.rank, "run_id": identity.run_id}) + "\n")
+    return records
 
 
 def progress_by_rank(metrics_dir: str | None) -> dict[str, tuple[float, float, float]]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from matplotlib.figure import Figure
 
-from monitoring.report.runfiles import RunFiles, data_wait_ratio, on_gpu_clock
+from monitoring.report.runfiles import RunFiles, by_segment, data_wait_ratio, on_gpu_clock
 
 # The same threshold as the TrainstackInputBound alert (monitoring/prometheus/rules/alerts.yml).
 INPUT_BOUND_RATIO = 0.2
@@ -32,9 +32,13 @@ def _legend(axes, count: int) -> None:
 
 def loss(run: RunFiles) -> Figure:
     # The logged loss is already the mean over all ranks, so one rank's records carry it.
-    records = run.ranks[min(run.ranks)]
+    segments = by_segment(run.ranks[min(run.ranks)])
     figure, axes = _figure("Training loss (mean over ranks)", "step", "loss")
-    axes.plot([r["step"] for r in records], [r["loss"] for r in records], marker=".", color="tab:blue")
+    for number, records in enumerate(segments, start=1):
+        axes.plot([r["step"] for r in records], [r["loss"] for r in records], marker=".",
+                  label=f"segment {number}" if len(segments) > 1 else None)
+    if len(segments) > 1:  # one line per launch: a resumed run retrains the steps its killed launch lost
+        _legend(axes, len(segments))
     return figure
 
 

@@ -8,7 +8,7 @@ import html
 import time
 
 from monitoring.report.runfiles import RunFiles
-from monitoring.report.tables import cell, rank_rows
+from monitoring.report.tables import cell, rank_rows, segment_rows
 
 STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 1040px; color: #222; }
@@ -36,7 +36,11 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
              f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}</p>",
              "<h2>Summary</h2>"]
     if run.summary:
-        parts.append(_table([{"field": key, "value": value} for key, value in run.summary.items()]))
+        parts.append(_table([{"field": key, "value": value} for key, value in run.summary.items()
+                             if key != "segments"]))
+        if run.summary.get("segments"):
+            parts += ["<h2>Segments</h2>", "<p class='note'>One per launch that trained the run; samples/s and "
+                      "tokens/s above are over all of them.</p>", _table(segment_rows(run.summary["segments"]))]
     else:
         parts.append("<p class='note'>No summary.json: the run is still going, or rank 0 stopped before "
                      "writing it.</p>")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train.errors import ConfigError
+from train.telemetry import SEGMENT_MARKER
 
 RANK_FILE = re.compile(r"rank-(\d+)\.jsonl")
 
@@ -17,7 +18,8 @@ RANK_FILE = re.compile(r"rank-(\d+)\.jsonl")
 class RunFiles:
     run_dir: Path
     ranks: dict[int, list[dict]]
-    """rank -> its telemetry records in time order."""
+    """rank -> its telemetry records in time order, over every segment (launch) of the run; each record's
+    "segment" numbers the launch that wrote it, from 0."""
     gpus: dict[tuple[int, str], list[dict]]
     """(NVML index, uuid) -> the exporter's snapshots of that GPU in time order; empty without a GPU."""
     summary: dict
@@ -62,11 +64,36 @@ def read_jsonl(path: Path) -> list[dict]:
     return sorted(records, key=lambda record: record["time"])
 
 
+def read_rank_records(path: Path) -> list[dict]:
+    """A rank's records, each tagged with its segment: a resumed run appends after a marker line per launch."""
+    segment, records = -1, []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if SEGMENT_MARKER in record:
+            segment += 1
+        elif "time" in record:
+            records.append({**record, "segment": max(segment, 0)})
+    return sorted(records, key=lambda record: record["time"])
+
+
+def by_segment(records: list[dict]) -> list[list[dict]]:
+    """Records split where the segment changes: a resumed run's steps repeat those its killed launch lost."""
+    segments: dict[int, list[dict]] = {}
+    for record in records:
+        segments.setdefault(record.get("segment", 0), []).append(record)
+    return list(segments.values())
+
+
 def load_run(run_dir: Path) -> RunFiles:
     telemetry = run_dir / "telemetry"
     rank_files = {int(m.group(1)): path for path in telemetry.glob("rank-*.jsonl")
                   if (m := RANK_FILE.fullmatch(path.name))}
-    ranks = {rank: records for rank, path in sorted(rank_files.items()) if (records := read_jsonl(path))}
+    ranks = {rank: records for rank, path in sorted(rank_files.items()) if (records := read_rank_records(path))}
     if not ranks:
         raise ConfigError(
             f"{run_dir} has no telemetry records (telemetry/rank-<r>.jsonl): pass a trainstack run directory "

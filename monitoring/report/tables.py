@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 
 from monitoring.report.runfiles import RunFiles, data_wait_ratio, host_data_wait_ratio, on_gpu_clock
 
@@ -31,6 +32,19 @@ def rank_rows(run: RunFiles) -> list[dict[str, object]]:
             rows[-1]["data wait measured on"] = "GPU timeline"
             rows[-1]["host-wait ratio"] = host_data_wait_ratio(records)
     return rows
+
+
+def segment_rows(segments: list[dict]) -> list[dict[str, object]]:
+    """summary.json's segments: one row per launch."""
+    return [{
+        "segment": number,
+        "run id": segment.get("run_id"),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(segment["started"])),
+        "steps": f"{segment.get('first_step')} to {segment.get('last_step')}",
+        "training (s)": segment.get("train_seconds"),
+        "samples/s": segment["samples"] / segment["train_seconds"] if segment.get("train_seconds") else None,
+        "ended": segment.get("exit_reason"),
+    } for number, segment in enumerate(segments, start=1)]
 
 
 def cell(value: object) -> str:

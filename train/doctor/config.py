@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from train.doctor.checkpoint_size import estimate_checkpoint_bytes
 from train.doctor.inventory import GpuInventory
 from train.errors import ConfigError
 
@@ -62,8 +63,8 @@ class DoctorConfig:
     loader_batch_bytes: int = token_batch_bytes(16, 128)
     """Bytes one loader batch takes in shared memory (`token_batch_bytes` for trainstack's token batches); the
     default is `trainstack train`'s CPU batch, `for_run` gives the run's own (the CUDA defaults included)."""
-    checkpoint_bytes: int = GiB
-    """Room one checkpoint needs (model + optimizer state); 1 GiB when the caller cannot estimate it."""
+    checkpoint_bytes: int | None = None
+    """Room one checkpoint needs (model + optimizer state); None when it cannot be estimated."""
     keep_checkpoints: int = 3
     """Checkpoints kept; one more is written before the oldest is deleted."""
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
@@ -84,7 +85,6 @@ class DoctorConfig:
             "exporter_port": 0,
             "cpu_count": 1,
             "loader_batch_bytes": 0,
-            "checkpoint_bytes": 0,
             "keep_checkpoints": 1,
             "master_port": 1,
         }
@@ -93,6 +93,8 @@ class DoctorConfig:
                 raise ConfigError(
                     f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}"
                 )
+        if self.checkpoint_bytes is not None and self.checkpoint_bytes < 0:
+            raise ConfigError(f"checkpoint_bytes must be 0 or more, got {self.checkpoint_bytes}")
         if self.nproc_per_node is not None and self.nproc_per_node < 1:
             raise ConfigError(f"--nproc-per-node must be at least 1, got {self.nproc_per_node}")
         if self.node_rank >= self.nnodes:
@@ -108,6 +110,7 @@ class DoctorConfig:
             output_dir=Path(train.output_dir),
             num_workers=train.num_workers,
             keep_checkpoints=train.keep_checkpoints,
+            checkpoint_bytes=estimate_checkpoint_bytes(train),
             loader_batch_bytes=token_batch_bytes(train.batch_size, train.seq_len),
             nproc_per_node=launch.nproc_per_node,
             nnodes=launch.nnodes,

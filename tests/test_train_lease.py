@@ -1,0 +1,98 @@
+"""The run directory's lease and record with real 2-rank CPU runs: an intruder is refused and writes nothing, a
+SIGKILLed run's lease is taken over and its record kept, a completed run's rerun changes no byte."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from monitoring.report import write_report
+from monitoring.report.runfiles import by_segment, load_run
+from tests.conftest import explain, summary, train
+from tests.test_train_checkpoint import _kill_tree, _logged_steps, _start, _wait_for
+from train import checkpoint
+from train.lease import LEASE_DIR
+
+pytestmark = pytest.mark.slow
+
+
+def tree(root: Path) -> dict[str, tuple[bytes | None, int]]:
+    """Every path under root: its bytes (None for a folder) and modification time. The lease file's time is its
+    heartbeat, so it is left out of the times."""
+    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes(),
+                                       0 if p.parent.name == LEASE_DIR else p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*"))}
+
+
+def test_an_intruder_changes_nothing_and_a_sigkilled_run_is_taken_over_and_resumed(tmp_path, monkeypatch):
+    # Rank 1 hangs in its 8th forward pass: the run is alive and holds its directory, but writes nothing more.
+    for name, value in {"TRAINSTACK_TEST_SLOW_RANK": "1", "TRAINSTACK_TEST_SLOW_AFTER": "7",
+                        "TRAINSTACK_TEST_SLOW_SECONDS": "3600"}.items():
+        monkeypatch.setenv(name, value)
+    run_dir = tmp_path / "run"
+    args = ("--model", "tests.factories:pausing_gpt", "--checkpoint-every", "5")
+    first = _start(run_dir, *args, "--max-steps", "12")
+    try:
+        _wait_for(lambda: _logged_steps(run_dir) >= 5 and checkpoint.complete_checkpoints(run_dir / "checkpoints"),
+                  first)
+        frozen, deadline = None, time.monotonic() + 60
+        while frozen != (frozen := tree(run_dir)):  # settled: two looks a second apart agree
+            assert time.monotonic() < deadline, "the paused run kept writing"
+            time.sleep(1)
+        holder = json.loads((run_dir / LEASE_DIR / "node-0.json").read_text())
+        intruder = train(run_dir, *args, "--max-steps", "12", env={"TRAINSTACK_TEST_SLOW_RANK": "-1"})
+        assert intruder.returncode == 2, explain(intruder)
+        assert len(intruder.stderr.splitlines()) == 1, explain(intruder)
+        assert f"PID {holder['pid']} (run {holder['run_id']}, node 0)" in intruder.stderr
+        assert "--wait-for-lease" in intruder.stderr
+        assert tree(run_dir) == frozen
+    finally:
+        _kill_tree(first)  # the whole tree at once: the lease file stays behind, held by nobody
+
+    monkeypatch.setenv("TRAINSTACK_TEST_SLOW_RANK", "-1")
+    taker = train(run_dir, *args, "--max-steps", "12")
+    assert taker.returncode == 0, explain(taker)
+    assert f"took over the lease of {run_dir} from host" in taker.stderr
+    assert f"PID {holder['pid']} is gone" in taker.stderr
+    assert "Removed shared tensor" not in taker.stdout + taker.stderr  # tied weights are saved quietly
+    assert not (run_dir / LEASE_DIR).exists()  # released on completion
+
+    finished = summary(run_dir)
+    assert finished["resumed_from"].endswith("step-00000005") and finished["steps"] == 12
+    killed, resumed = finished["segments"]
+    assert (killed["run_id"], killed["first_step"], killed["last_step"]) == (holder["run_id"], 0, 5)
+    assert killed["exit_reason"] == "interrupted" and resumed["exit_reason"] == "completed"
+    assert (resumed["first_step"], resumed["last_step"]) == (5, 12)
+    assert finished["samples_per_second"] == pytest.approx(
+        (killed["samples"] + resumed["samples"]) / (killed["train_seconds"] + resumed["train_seconds"]))
+    # The killed launch's records are kept: the report reads both segments.
+    run = load_run(run_dir)
+    for records in run.ranks.values():
+        first_segment, second_segment = by_segment(records)
+        assert [r["step"] for r in first_segment][:2] == [1, 5] and second_segment[-1]["step"] == 12
+    assert "<h2>Segments</h2>" in write_report(run_dir).read_text()
+
+
+def test_rerunning_a_completed_run_changes_no_byte_and_a_higher_target_trains_on(tmp_path):
+    run_dir = tmp_path / "run"
+    done = train(run_dir, "--max-steps", "4", "--report")
+    assert done.returncode == 0, explain(done)
+    before = tree(run_dir)
+    again = train(run_dir, "--max-steps", "4", "--report")
+    assert again.returncode == 0, explain(again)
+    assert again.stderr.splitlines() == [
+        f"trainstack train: {run_dir} already holds a completed run (4 steps, run {summary(run_dir)['run_id']}); "
+        "nothing changed: raise --max-steps or --epochs to train further, or choose another --output-dir"]
+    assert tree(run_dir) == before
+
+    further = train(run_dir, "--max-steps", "6")
+    assert further.returncode == 0, explain(further)
+    finished = summary(run_dir)
+    assert finished["steps"] == 6 and [s["last_step"] for s in finished["segments"]] == [4, 6]
+    for rank in (0, 1):
+        lines = [json.loads(line) for line in (run_dir / f"telemetry/rank-{rank}.jsonl").read_text().splitlines()]
+        assert sum("segment_started" in line for line in lines) == 2
+        assert [line["step"] for line in lines if "step" in line] == [1, 4, 5, 6]
