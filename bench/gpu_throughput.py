@@ -30,6 +30,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a script: the report's record reader comes from the checkout
+from monitoring.report.runfiles import read_rank_records  # noqa: E402
+
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 MODEL = "gpt2-small"
@@ -66,7 +69,7 @@ def trainstack(args: argparse.Namespace, data: Path, run_dir: Path, compile_: bo
                str(args.warmup + args.steps), "--checkpoint-every", "0", "--log-every", "10", "--eval-fraction",
                str(EVAL_FRACTION), "--exporter-port", "0", "--no-report", *(["--compile"] if compile_ else [])]
     run(command, "trainstack train")
-    records = {r["step"]: r for r in map(json.loads, (run_dir / "telemetry/rank-0.jsonl").read_text().splitlines())}
+    records = {r["step"]: r for r in read_rank_records(run_dir / "telemetry/rank-0.jsonl")}
     first, last = records[args.warmup], records[args.warmup + args.steps]
     timed = [r for step, r in records.items() if step > args.warmup]
     full = sum(r["tokens"] for r in timed) == args.steps * args.batch_size * args.seq_len
