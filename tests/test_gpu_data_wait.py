@@ -34,7 +34,13 @@ def diagnose_live(folder: Path, workers: int, sample_delay: float = 0.0) -> tupl
                   ranks=1) as url:
         snapshot = read_snapshot(ExporterSource(url, WINDOW_SECONDS))
     assert len(snapshot.ranks) == 1 and snapshot.ranks[0].steps_per_second, snapshot
-    return snapshot, diagnose(snapshot, Thresholds())
+    verdicts = diagnose(snapshot, Thresholds())
+    rank = snapshot.ranks[0]
+    # The figures docs/benchmarks.md records: shown with `pytest -s`.
+    print(f"\n{workers} worker(s), {sample_delay * 1e3:.2f} ms a sample: {rank.steps_per_second:.2f} steps/s, GPU "
+          f"starved {rank.data_wait_ratio:.4f}, host waited {rank.host_data_wait_ratio:.4f}, verdicts "
+          f"{sorted(kinds(verdicts))}")
+    return snapshot, verdicts
 
 
 @pytest.fixture(scope="module")
