@@ -17,10 +17,10 @@ from collections.abc import Callable
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, ThreadingWSGIServer, gzip_accepted
 
 from monitoring.exporter.exposition import TextEncoder
-from train.errors import ConfigError
+from trainstack.errors import ConfigError, RuntimeFailure
+from trainstack.promcompat import TEXT_CONTENT_TYPE, ThreadingWSGIServer, gzip_accepted
 
 INDEX = b"trainstack exporter: /metrics (Prometheus text format), /healthz (JSON)\n"
 
@@ -38,7 +38,7 @@ def make_app(registry: CollectorRegistry, health: Callable[[], dict]):
 
     def metrics(environ, start_response):
         body = encoder.encode(registry)
-        headers = [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4)]
+        headers = [("Content-Type", TEXT_CONTENT_TYPE)]
         if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)
             headers.append(("Content-Encoding", "gzip"))
@@ -72,8 +72,8 @@ class MetricsServer:
         server_class = type("ExporterHTTPServer", (ThreadingWSGIServer,), {"address_family": family})
         try:
             self._server = make_server(host, port, app, server_class, _QuietHandler)
-        except OSError as error:
-            raise ConfigError(f"cannot listen on {host}:{port} ({error.strerror}): pick another --port, "
+        except OSError as error:  # the port is taken, or not ours to open: not a typo in the flags
+            raise RuntimeFailure(f"cannot listen on {host}:{port} ({error.strerror}): pick another --port, "
                               "or stop what is using it") from None
         self.host = host
         self.port = self._server.server_port
