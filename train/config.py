@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from trainstack.errors import ConfigError
+from trainstack.rundir import SUMMARY_FILE
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
 LR_SCHEDULES = ("cosine", "linear", "constant")
@@ -37,7 +38,7 @@ def _option(default: Any, help_text: str, flag: str | None = None, **extra: Any)
 class TrainConfig:
     """What to train and how. Every field is a config-file key and a `--kebab-case` flag."""
 
-    output_dir: str = _option("runs/default", "run directory: config, checkpoints, metrics, summary.json")
+    output_dir: str = _option("runs/default", f"run directory: config, checkpoints, metrics, {SUMMARY_FILE}")
     max_steps: int = _option(300, "stop after this many optimizer steps (0: no step limit, use --epochs)")
     epochs: int = _option(0, "stop after this many passes over the data (0: no epoch limit, use --max-steps)")
     batch_size: int = _option(16, "samples per rank per micro-batch (global batch = this x ranks x grad-accum)")
