@@ -22,8 +22,9 @@ from tests.conftest import REPO
 
 PACKAGES = ("trainstack", "train", "monitoring", "bench")
 # The processes that must stay torch-free: every module of these packages, __main__ aside (it runs the command).
-TORCH_FREE = ("monitoring.exporter", "monitoring.diagnose")
+TORCH_FREE = ("monitoring.exporter", "monitoring.diagnose", "trainstack")
 APART = ("train", "monitoring")  # neither imports the other
+COMPOSER = "trainstack.cli"  # the one trainstack module that imports train/ and monitoring/: it composes them
 
 
 def project_modules(root: Path, packages=PACKAGES) -> dict[str, Path]:
@@ -162,6 +163,13 @@ def test_the_exporter_and_diagnose_never_import_torch():
 
 def test_train_and_monitoring_never_import_each_other():
     assert crossings(REPO) == []
+
+
+def test_trainstack_imports_only_itself_but_for_the_cli():
+    found = [f"{name} -> {target}" for name, path in project_modules(REPO, ("trainstack",)).items()
+             if name != COMPOSER for target in sorted(imported_names(name, path))
+             if target.partition(".")[0] in ("train", "monitoring", "bench")]
+    assert found == []
 
 
 def test_the_project_has_no_import_cycles():
