@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run as a script: the report's record reader comes from the checkout
+sys.path.insert(0, str(REPO))  # run as a script: trainstack and the report's record reader come from the checkout
 from monitoring.report.runfiles import read_rank_records  # noqa: E402
+from trainstack.rundir import RunDir, read_summary  # noqa: E402
 
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -63,17 +64,17 @@ def minimal(args: argparse.Namespace, data: Path, tuned: bool) -> dict:
 
 
 def trainstack(args: argparse.Namespace, data: Path, run_dir: Path, compile_: bool) -> dict:
-    command = [sys.executable, "-m", "train.cli", "train", "--output-dir", str(run_dir), "--model",
+    command = [sys.executable, "-m", "trainstack", "train", "--output-dir", str(run_dir), "--model",
                f"builtin:{MODEL}", "--dataset", str(data), "--seq-len", str(args.seq_len), "--batch-size",
                str(args.batch_size), "--num-workers", str(args.num_workers), "--max-steps",
                str(args.warmup + args.steps), "--checkpoint-every", "0", "--log-every", "10", "--eval-fraction",
                str(EVAL_FRACTION), "--exporter-port", "0", "--no-report", *(["--compile"] if compile_ else [])]
     run(command, "trainstack train")
-    records = {r["step"]: r for r in read_rank_records(run_dir / "telemetry/rank-0.jsonl")}
+    records = {r["step"]: r for r in read_rank_records(RunDir(run_dir).rank_records(0))}
     first, last = records[args.warmup], records[args.warmup + args.steps]
     timed = [r for step, r in records.items() if step > args.warmup]
     full = sum(r["tokens"] for r in timed) == args.steps * args.batch_size * args.seq_len
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = read_summary(RunDir(run_dir).summary)
     return {"steps_per_second": args.steps / (last["time"] - first["time"]), "full_length_batches": full,
             "mixed_precision": summary["mixed_precision"], "compile_seconds": summary.get("compile_seconds"),
             "recompiles": summary.get("recompiles")}

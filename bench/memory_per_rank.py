@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from trainstack.rundir import RunDir
+
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
        "PYTHONPATH": str(REPO)}
@@ -31,7 +33,7 @@ MiB = 1 << 20
 
 
 def train(args: argparse.Namespace, strategy: str, run_dir: Path) -> int:
-    command = [sys.executable, "-m", "train.cli", "train", "--output-dir", str(run_dir), "--strategy", strategy,
+    command = [sys.executable, "-m", "trainstack", "train", "--output-dir", str(run_dir), "--strategy", strategy,
                "--model", args.model, "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
                "--seq-len", str(args.seq_len), "--num-workers", "0", "--log-every", "1", "--checkpoint-every", "0",
                "--eval-fraction", "0", "--exporter-port", "0", "--no-report", "--cpu", "--nproc-per-node", "2"]
@@ -47,7 +49,7 @@ def gauges(run_dir: Path) -> dict[str, dict[str, float]]:
     from prometheus_client.multiprocess import MultiProcessCollector
 
     values: dict[str, dict[str, float]] = {}
-    for family in MultiProcessCollector(None, str(run_dir / "metrics" / "node-0")).collect():
+    for family in MultiProcessCollector(None, str(RunDir(run_dir).node_metrics(0))).collect():
         for sample in family.samples:
             key = sample.name.removeprefix("trainstack_train_")
             if key in STATE:

@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: tests.nvml_fake comes from the checkout
 from monitoring.exporter.config import DEFAULT_SAMPLE_INTERVAL, DEFAULT_SLOW_SAMPLE_INTERVAL  # noqa: E402
 from tests.nvml_fake.ranks import write_rank  # noqa: E402
+from trainstack.rundir import RunDir  # noqa: E402
 
 RANKS = 8
 TARGET_GPUS = 8
@@ -174,8 +175,8 @@ def main() -> int:
 
     results = {}
     with tempfile.TemporaryDirectory(prefix="scrape-cost-") as tmp:
-        metrics_dir = Path(tmp) / "metrics"
-        metrics_dir.mkdir()
+        metrics_dir = RunDir(Path(tmp)).node_metrics(0)  # where the launcher puts node 0's files
+        metrics_dir.mkdir(parents=True)
         rank_pids = write_ranks(metrics_dir)
         for gpus in counts:
             host_file = Path(tmp) / f"host-{gpus}.json"

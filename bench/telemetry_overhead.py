@@ -23,7 +23,6 @@ the ratios are taken within each round. A third variant, telemetry on with block
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -34,7 +33,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.side_by_side import free_port, halves_for_pair, pinned, report
-from train.rank import NON_BLOCKING_COPY_ENV
+from trainstack.rundir import NON_BLOCKING_COPY_ENV, RunDir, read_summary
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
@@ -77,7 +76,7 @@ class Run:
         self._tmp = tempfile.TemporaryDirectory(prefix="telemetry-overhead-")
         self.run_dir = Path(self._tmp.name) / "run"
         self.world_size = 1 if args.gpu else 2
-        command = [sys.executable, "-m", "train.cli", "train", "--output-dir", str(self.run_dir),
+        command = [sys.executable, "-m", "trainstack", "train", "--output-dir", str(self.run_dir),
                    "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
                    "--num-workers", str(args.num_workers), "--checkpoint-every", "0", "--resume", "never",
                    *(GPU_RUN if args.gpu else [])]
@@ -99,7 +98,7 @@ class Run:
         try:
             if self.process.returncode != 0:
                 sys.exit(f"training run failed (exit {self.process.returncode}):\n{stderr[-4000:]}")
-            summary = json.loads((self.run_dir / "summary.json").read_text())
+            summary = read_summary(RunDir(self.run_dir).summary)
             return summary["samples_per_second"] / (batch_size * self.world_size), scrapes
         finally:
             self._tmp.cleanup()

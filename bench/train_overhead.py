@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from bench.side_by_side import free_port, halves_for_pair, pinned, report
+from trainstack.rundir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
@@ -34,13 +35,13 @@ def minimal_command(args: argparse.Namespace) -> list[str]:
 
 
 def trainstack_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "train.cli", "train", "--output-dir", str(run_dir), "--max-steps",
+    return [sys.executable, "-m", "trainstack", "train", "--output-dir", str(run_dir), "--max-steps",
             str(args.steps), "--batch-size", str(args.batch_size), "--num-workers", str(args.num_workers),
             "--checkpoint-every", "0", "--exporter-port", "0", "--no-report"]
 
 
 def trainstack_rate(run_dir: Path, warmup: int) -> float:
-    records = [json.loads(line) for line in (run_dir / "telemetry/rank-0.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in RunDir(run_dir).rank_records(0).read_text().splitlines()]
     timed = [seconds for record in records if record["step"] > warmup for seconds in record["step_seconds"]]
     return len(timed) / sum(timed)
 

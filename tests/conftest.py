@@ -28,7 +28,7 @@ def free_port() -> int:
 
 
 def trainstack_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "train.cli", *args]
+    return [sys.executable, "-m", "trainstack", *args]
 
 
 def run_trainstack(*args: str, timeout: float = 300, env: dict | None = None,

@@ -14,7 +14,7 @@ from bench.scaling.config import ScalingConfig, default_device_counts
 from bench.scaling.results import plot, rows, table
 from bench.scaling.runs import DATAPARALLEL_SCRIPT, Measurement
 from tests.conftest import REPO, explain
-from train.errors import ConfigError
+from trainstack.errors import ConfigError
 
 TINY = ["--max-steps", "3", "--batch-size", "4", "--num-workers", "0", "--seq-len", "32"]
 

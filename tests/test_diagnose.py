@@ -26,7 +26,7 @@ from monitoring.diagnose.sources import ExporterSource, PrometheusSource, open_s
 from monitoring.diagnose.thresholds import Thresholds
 from monitoring.diagnose.verdicts import diagnose, figures
 from tests.conftest import REPO, free_port, run_trainstack, trainstack_command
-from train.errors import ConfigError
+from trainstack.errors import EXIT_RUNTIME, ConfigError, RuntimeFailure
 
 FORWARD_METRIC = "trainstack_train_forward_seconds_total"
 NOW = 1_800_000_000.0
@@ -388,7 +388,7 @@ def test_slowed_loader_is_input_bound_through_the_exporter_and_prometheus(tmp_pa
             # rate() needs two scrapes of each rank's counters inside its window
             try:
                 return len(source.rate("trainstack_train_data_wait_seconds_total")) == 2
-            except ConfigError:  # Prometheus is still starting
+            except (ConfigError, RuntimeFailure):  # Prometheus is still starting
                 return False
 
         deadline = time.monotonic() + 120
@@ -426,8 +426,8 @@ def test_a_hung_rank_is_stalled(tmp_path):
     assert result.returncode == 1 and '"kind": "stalled"' in result.stdout
 
 
-def test_an_unreachable_source_is_one_line_and_exit_2():
+def test_an_unreachable_source_is_one_line_and_the_runtime_failure_exit_code():
     result = run_trainstack("diagnose", "--url", f"127.0.0.1:{free_port()}", "--interval", "0.1")
-    assert result.returncode == 2
+    assert result.returncode == EXIT_RUNTIME == 69
     assert result.stderr.startswith("trainstack diagnose: error: cannot read http://127.0.0.1:")
     assert len(result.stderr.splitlines()) == 1

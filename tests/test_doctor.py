@@ -106,7 +106,7 @@ def test_table_shows_fixes_under_problems_and_json_says_not_ok():
 
 
 def test_bad_inputs_are_config_errors():
-    from train.errors import ConfigError
+    from trainstack.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--node-rank 2 must be below --nnodes 2"):
         config(nnodes=2, node_rank=2)
@@ -385,7 +385,7 @@ def test_no_checkpoint_estimate_for_a_factory_model_says_so(tmp_path):
 
 
 def launch_config():
-    from train.launch import LaunchConfig
+    from train.launch_config import LaunchConfig
 
     return LaunchConfig(nproc_per_node=2, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
                         use_cpu=True, exporter_port=0, exporter_host="127.0.0.1", rendezvous_timeout=1.0)
@@ -457,10 +457,10 @@ def test_cli_bad_input_is_one_line():
 def launcher_runs_the_doctor() -> bool:
     import argparse
 
-    from train import launch
+    from train import launch_config
 
     parser = argparse.ArgumentParser()
-    launch.add_arguments(parser)
+    launch_config.add_arguments(parser)
     return "--skip-doctor" in parser._option_string_actions
 
 
@@ -486,7 +486,7 @@ def test_launcher_refuses_to_start_on_a_fail_unless_told(tmp_path):
     (["--strategy", "fsdp", "--sync-batchnorm"], "--sync-batchnorm works with --strategy ddp only"),
 ])
 def test_doctor_refuses_what_the_fsdp_trainer_refuses(flags, expected, capsys):
-    from train.cli import main
+    from trainstack.cli import main
 
     assert main(["doctor", *flags]) == 2
     lines = capsys.readouterr().err.strip().splitlines()

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitoring.exporter.training import job_pids
 from tests.conftest import FAST, REPO, explain, free_port, run_trainstack, stop_process, trainstack_command
+from trainstack import promcompat
 
 pytestmark = pytest.mark.slow
 DEADLINE_SECONDS = 240  # generous: a loaded 2-core machine starts 2 ranks slowly; nothing here asserts speed
@@ -61,7 +61,7 @@ def rank_pids(metrics_dir: Path) -> dict[str, int]:
     ranks = {}
     for pid in job_pids(metrics_dir):
         for path in metrics_dir.glob(f"gauge_*_{pid}.db"):
-            for key, _, _, _ in MmapedDict.read_all_values_from_file(str(path)):
+            for key, _, _, _ in promcompat.read_values(str(path)):
                 rank = json.loads(key)[2].get("rank")
                 if rank is not None:
                     ranks[rank] = pid

@@ -22,7 +22,7 @@ from kubernetes_validate.utils import SchemaNotFoundError
 
 from train.config import TrainConfig, read_config_file
 from train.lease import DEFAULT_TIMEOUT_SECONDS
-from train.rank import RUN_ID_ENV
+from trainstack.rundir import RUN_ID_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAYS_DIR = ROOT / "k8s/overlays"

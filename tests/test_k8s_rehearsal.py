@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.test_k8s_manifests import OVERLAYS_DIR, arg_value, needs_kubectl, only, render
-from train.lease import LEASE_DIR
+from trainstack.rundir import LEASE_DIR
 
 VENV_BIN = Path(sys.executable).parent
 MAX_STEPS = 6

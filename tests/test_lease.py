@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from train.lease import LEASE_DIR, Holder, LeaseHeld, RunDirLease, this_machine
+from train.lease import Holder, LeaseHeld, RunDirLease, this_machine
+from trainstack.rundir import LEASE_DIR
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:
@@ -219,7 +220,8 @@ def test_waiting_gives_up_after_the_time_given(tmp_path):
 
 def test_a_fresh_start_sets_an_earlier_attempts_record_aside_and_a_resume_keeps_it(tmp_path):
     from train.config import TrainConfig
-    from train.launch import Launch, LaunchConfig
+    from train.launch import Launch
+    from train.launch_config import LaunchConfig
 
     launch = LaunchConfig(nproc_per_node=2, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
                           use_cpu=True, exporter_port=0, exporter_host="127.0.0.1", rendezvous_timeout=1.0)

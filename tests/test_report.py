@@ -20,7 +20,7 @@ from monitoring.report import cli as report_cli
 from monitoring.report import write_report
 from monitoring.report.figures import FIGURES
 from tests.conftest import run_trainstack
-from train.errors import ConfigError
+from trainstack.errors import ConfigError
 
 GPU_FIGURES = {"gpu-utilization", "gpu-memory"}
 

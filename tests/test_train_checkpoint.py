@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import FAST, REPO, explain, summary, train, trainstack_command
 from train import checkpoint
-from train.lease import LEASE_DIR
+from trainstack.rundir import LEASE_DIR, step_dir_name
 
 pytestmark = pytest.mark.slow
 
@@ -78,12 +78,12 @@ def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes(tmp_path, mon
     assert not (run_dir / LEASE_DIR).exists()  # released on SIGTERM
     stopped = summary(run_dir)
     assert stopped["exit_reason"] == "preempted" and 5 <= stopped["steps"] < 60
-    assert checkpoint.verify(run_dir / "checkpoints" / checkpoint.step_dir_name(stopped["steps"]))
+    assert checkpoint.verify(run_dir / "checkpoints" / step_dir_name(stopped["steps"]))
     resumed = train(run_dir, *command)
     assert resumed.returncode == 0, explain(resumed)
     finished = summary(run_dir)
     assert finished["exit_reason"] == "completed" and finished["steps"] == 60
-    assert finished["resumed_from"].endswith(checkpoint.step_dir_name(stopped["steps"]))
+    assert finished["resumed_from"].endswith(step_dir_name(stopped["steps"]))
     assert [s["exit_reason"] for s in finished["segments"]] == ["preempted", "completed"]
 
 

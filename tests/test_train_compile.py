@@ -16,12 +16,12 @@ import torch
 
 from tests.conftest import REPO, explain, free_port, summary, train
 from train import config as train_config
-from train.cli import main
 from train.config import TrainConfig
 from train.data import ArithmeticSequences, collate, load_token_data
 from train.model import BUILTIN_MODELS, GPT
 from train.performance import CompileWatch, bucket_count, compile_in_place, missing_compiler
 from train.telemetry import peak_flops
+from trainstack.cli import main
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import explain, summary, train
 from tests.factories import BatchNormLM
-from train.lease import LEASE_DIR
+from trainstack.rundir import LEASE_DIR
 
 pytestmark = pytest.mark.slow
 

@@ -15,6 +15,7 @@ from tests.test_train_checkpoint import EXACT, SLOW_RANK, _logged_steps, _start,
 from train import checkpoint
 from train.export import read_dcp
 from train.model import BUILTIN_MODELS, GPT
+from trainstack.rundir import step_dir_name
 
 pytestmark = pytest.mark.slow
 
@@ -105,11 +106,11 @@ def test_sigterm_then_resume_equals_an_uninterrupted_fsdp_run(tmp_path, monkeypa
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 75, output[-4000:]
     at = summary(stopped)["steps"]
-    assert 3 <= at < 12 and checkpoint.verify(stopped / "checkpoints" / checkpoint.step_dir_name(at))
+    assert 3 <= at < 12 and checkpoint.verify(stopped / "checkpoints" / step_dir_name(at))
     resumed = train(stopped, *command)
     assert resumed.returncode == 0, explain(resumed)
-    assert summary(stopped)["resumed_from"].endswith(checkpoint.step_dir_name(at))
-    last = checkpoint.step_dir_name(12)
+    assert summary(stopped)["resumed_from"].endswith(step_dir_name(at))
+    last = step_dir_name(12)
     expected = _export(straight / "checkpoints" / last, tmp_path / "straight.safetensors")
     got = _export(stopped / "checkpoints" / last, tmp_path / "stopped.safetensors")
     assert expected.keys() == got.keys()

@@ -10,9 +10,9 @@ import pytest
 
 from tests.conftest import run_trainstack
 from train import checkpoint
-from train.cli import main
 from train.config import TrainConfig, read_config_file
-from train.errors import ConfigError
+from trainstack.cli import main
+from trainstack.errors import ConfigError
 
 
 def _fingerprint(folder: Path) -> dict[str, str]:

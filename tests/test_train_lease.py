@@ -14,7 +14,7 @@ from monitoring.report.runfiles import by_segment, load_run
 from tests.conftest import explain, summary, train
 from tests.test_train_checkpoint import _kill_tree, _logged_steps, _start, _wait_for
 from train import checkpoint
-from train.lease import LEASE_DIR
+from trainstack.rundir import LEASE_DIR
 
 pytestmark = pytest.mark.slow
 

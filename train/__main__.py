@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from train.config import add_arguments, from_sources
-from train.errors import EXIT_CONFIG, ConfigError
+from trainstack.errors import EXIT_CONFIG, ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:

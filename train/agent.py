@@ -10,7 +10,7 @@ import sys
 from accelerate.commands.launch import main
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from train.errors import EXIT_PREEMPTED
+from trainstack.errors import EXIT_PREEMPTED
 
 
 def run() -> int:

@@ -15,24 +15,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
 import torch
 
-from train.errors import ConfigError
+from trainstack.errors import ConfigError
+from trainstack.rundir import SHOWN, STEP_DIR, UNSEALED_GLOB, VERIFIED_CHECKPOINT_ENV
 
 MANIFEST = "trainstack.json"
 TRAIN_STATE = "train_state.json"
-STEP_DIR = re.compile(r"^step-(\d{8})$")
-# Set by the launcher to the checkpoint it has just verified in full, so that every rank does not hash it again.
-VERIFIED_ENV = "TRAINSTACK_VERIFIED_CHECKPOINT"
 MANIFEST_VERSION = 1
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
 
 
 def _sha256(path: Path) -> str:
@@ -73,7 +66,7 @@ def verify(folder: Path, hashes: bool = True) -> dict:
     """Return the training position of a complete, untouched checkpoint; raise ConfigError saying what is wrong."""
     manifest_path = folder / MANIFEST
     if not folder.is_dir():
-        raise ConfigError(f"checkpoint {folder} does not exist; pass a step-N folder under RUN_DIR/checkpoints")
+        raise ConfigError(f"checkpoint {folder} does not exist; pass a step-N folder under {SHOWN.checkpoints}")
     if not manifest_path.is_file():
         raise ConfigError(
             f"{folder} is not a complete trainstack checkpoint (no {MANIFEST}); pick another with --resume PATH "
@@ -165,7 +158,7 @@ def resolve_resume(resume: str, root: Path, warn) -> Path | None:
     if resume == "auto":
         return latest_valid(root, warn)
     folder = Path(resume)
-    verify(folder, hashes=os.environ.get(VERIFIED_ENV) != str(folder))
+    verify(folder, hashes=os.environ.get(VERIFIED_CHECKPOINT_ENV) != str(folder))
     return folder
 
 
@@ -195,5 +188,5 @@ def drop_tied_aliases(models, weights: list[dict], output_dir: str) -> None:
 def remove_unsealed(root: Path) -> None:
     """Leftovers of a save that was killed part-way: never loadable, safe to delete."""
     if root.is_dir():
-        for folder in root.glob(".tmp-step-*"):
+        for folder in root.glob(UNSEALED_GLOB):
             shutil.rmtree(folder, ignore_errors=True)

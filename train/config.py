@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-from train.errors import ConfigError
+from trainstack.errors import ConfigError
+from trainstack.rundir import SUMMARY_FILE
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
 LR_SCHEDULES = ("cosine", "linear", "constant")
@@ -37,7 +38,7 @@ def _option(default: Any, help_text: str, flag: str | None = None, **extra: Any)
 class TrainConfig:
     """What to train and how. Every field is a config-file key and a `--kebab-case` flag."""
 
-    output_dir: str = _option("runs/default", "run directory: config, checkpoints, metrics, summary.json")
+    output_dir: str = _option("runs/default", f"run directory: config, checkpoints, metrics, {SUMMARY_FILE}")
     max_steps: int = _option(300, "stop after this many optimizer steps (0: no step limit, use --epochs)")
     epochs: int = _option(0, "stop after this many passes over the data (0: no epoch limit, use --max-steps)")
     batch_size: int = _option(16, "samples per rank per micro-batch (global batch = this x ranks x grad-accum)")
@@ -227,3 +228,17 @@ def cuda_defaults() -> dict[str, Any]:
     # Asked without emulation: bf16 emulated on a pre-Ampere GPU is slower than fp32.
     bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
     return {**CUDA_DEFAULTS, "mixed_precision": "bf16" if bf16 else "no"}
+
+
+def require_device_support(config: TrainConfig, on_cuda: bool, world_size: int) -> None:
+    """What the ranks' device must offer for this configuration: the launcher asks before any rank starts, each
+    rank again on the device Accelerate gave it."""
+    if config.mixed_precision == "fp16" and not on_cuda:
+        raise ConfigError("--mixed-precision fp16 needs CUDA GPUs; use bf16 or no for CPU ranks")
+    from train.performance import missing_compiler  # torch: not before a configuration typo is answered
+
+    if problem := missing_compiler(config, on_cuda):
+        raise ConfigError(problem)
+    if config.sync_batchnorm and world_size > 1 and not on_cuda:
+        raise ConfigError("--sync-batchnorm needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel); turn it "
+                          "off for CPU ranks")

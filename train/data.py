@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from train.errors import ConfigError
+from trainstack.errors import ConfigError
 
 BUILTIN_PREFIX = "builtin:"
 LOCAL_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from train import checkpoint
-from train.errors import ConfigError
+from trainstack.errors import ConfigError
+from trainstack.rundir import SHOWN, RunDir
 
 FSDP_MODEL_DIR = "pytorch_model_fsdp_0"  # where Accelerate's save_state puts the first model's DCP shards
 DDP_MODEL_FILE = "model.safetensors"
@@ -22,16 +23,16 @@ COMPILED_PREFIX = "_orig_mod."  # torch.compile's wrapper: the plain model has n
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="a checkpoint folder (RUN_DIR/checkpoints/step-N) or a run directory "
+    parser.add_argument("checkpoint", help=f"a checkpoint folder ({SHOWN.checkpoints}/step-N) or a run directory "
                                            "(its newest checkpoint)")
-    parser.add_argument("--output", help="safetensors file to write (default: RUN_DIR/exports/step-N.safetensors); "
-                                         "an existing file is never overwritten")
+    parser.add_argument("--output", help=f"safetensors file to write (default: {SHOWN.exports}/step-N.safetensors);"
+                                         " an existing file is never overwritten")
 
 
 def run(args: argparse.Namespace) -> int:
     folder = _checkpoint_folder(Path(args.checkpoint))
     state = checkpoint.verify(folder)  # every file against its recorded SHA-256, before anything is read
-    output = Path(args.output) if args.output else folder.parent.parent / "exports" / f"{folder.name}.safetensors"
+    output = Path(args.output) if args.output else RunDir(folder.parent.parent).exports / f"{folder.name}.safetensors"
     if output.exists():
         raise ConfigError(f"{output} already exists; pass another --output or move it away (nothing was written)")
     weights = full_weights(folder, state)
@@ -43,10 +44,10 @@ def run(args: argparse.Namespace) -> int:
 def _checkpoint_folder(path: Path) -> Path:
     if (path / checkpoint.MANIFEST).is_file():
         return path
-    found = checkpoint.complete_checkpoints(path / "checkpoints")
+    found = checkpoint.complete_checkpoints(RunDir(path).checkpoints)
     if not found:
         raise ConfigError(f"{path} is neither a checkpoint nor a run directory with checkpoints; pass "
-                          "RUN_DIR/checkpoints/step-N")
+                          f"{SHOWN.checkpoints}/step-N")
     return found[-1]
 
 

@@ -8,7 +8,6 @@ waits for them to agree, checkpoint and exit, and turns the outcome into a docum
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import shutil
@@ -17,134 +16,26 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 from train import checkpoint, sharding
 from train import config as train_config
 from train.data import check_dataset_spec
-from train.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
-from train.lease import TIMEOUT_ENV, RunDirLease, lease_timeout
+from train.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
+from train.launch_config import LaunchConfig
+from train.lease import RunDirLease, lease_timeout
 from train.model import check_model_spec
-from train.performance import missing_compiler
-from train.rank import RUN_ID_ENV
-from train.telemetry import METRICS_DIR_ENV
-
-DEFAULT_EXPORTER_PORT = 9450
-DEFAULT_MASTER_PORT = 29500
-CPU_STAND_IN_RANKS = 2  # without a GPU: two gloo ranks, the smallest world that exercises DDP for real
-
-
-def _env_int(*names: str) -> int | None:
-    for name in names:
-        value = os.environ.get(name)
-        if value not in (None, ""):
-            try:
-                return int(value)
-            except ValueError:
-                raise ConfigError(f"environment variable {name}={value!r} must be an integer") from None
-    return None
-
-
-def _env_str(*names: str) -> str | None:
-    return next((os.environ[n] for n in names if os.environ.get(n)), None)
-
-
-@dataclass
-class LaunchConfig:
-    """Where the ranks run. Flags win over the torchrun / Kubernetes / Kubeflow environment variables."""
-
-    nproc_per_node: int
-    nnodes: int
-    node_rank: int
-    master_addr: str
-    master_port: int
-    use_cpu: bool
-    exporter_port: int
-    exporter_host: str
-    rendezvous_timeout: float
-
-    def __post_init__(self) -> None:
-        if self.nproc_per_node < 1:
-            raise ConfigError(f"--nproc-per-node must be at least 1, got {self.nproc_per_node}")
-        if self.nnodes < 1:
-            raise ConfigError(f"--nnodes must be at least 1, got {self.nnodes}")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ConfigError(f"--node-rank must be in 0..{self.nnodes - 1} for {self.nnodes} nodes, got "
-                              f"{self.node_rank}")
-        for name in ("master_port", "exporter_port"):
-            port = getattr(self, name)
-            if not 0 <= port <= 65535 or (name == "master_port" and port == 0):
-                raise ConfigError(f"--{name.replace('_', '-')} must be a TCP port (1-65535), got {port}")
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc_per_node * self.nnodes
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> LaunchConfig:
-        import torch
-
-        gpus = torch.cuda.device_count()
-        use_cpu = args.cpu or gpus == 0
-        # Kubeflow Trainer's runtimes set PET_NPROC_PER_NODE=auto|gpu|cpu: all mean "the default for this node".
-        if os.environ.get("PET_NPROC_PER_NODE") in ("auto", "gpu", "cpu"):
-            use_cpu = use_cpu or os.environ["PET_NPROC_PER_NODE"] == "cpu"
-            os.environ.pop("PET_NPROC_PER_NODE")
-        nproc = args.nproc_per_node or _env_int("NPROC_PER_NODE", "PET_NPROC_PER_NODE")
-        if nproc is None:
-            nproc = CPU_STAND_IN_RANKS if use_cpu else gpus
-        elif not use_cpu and nproc > gpus:
-            raise ConfigError(f"--nproc-per-node {nproc} but only {gpus} GPU(s) are visible; one rank per GPU "
-                              "(check CUDA_VISIBLE_DEVICES) or pass --cpu")
-        nnodes = args.nnodes or _env_int("NNODES", "PET_NNODES") or 1
-        node_rank = args.node_rank if args.node_rank is not None else _env_int(
-            "NODE_RANK", "PET_NODE_RANK", "JOB_COMPLETION_INDEX") or 0
-        master_port = args.master_port or _env_int("MASTER_PORT", "PET_MASTER_PORT")
-        if master_port is None:
-            master_port = DEFAULT_MASTER_PORT if nnodes > 1 else _free_port()
-        return cls(
-            nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank,
-            master_addr=args.master_addr or _env_str("MASTER_ADDR", "PET_MASTER_ADDR") or "127.0.0.1",
-            master_port=master_port, use_cpu=use_cpu,
-            exporter_port=args.exporter_port, exporter_host=args.exporter_host,
-            rendezvous_timeout=args.rendezvous_timeout,
-        )
-
-
-def _free_port() -> int:
-    """A single-node job needs no fixed port; a free one lets several jobs share a host."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    train_config.add_arguments(parser)
-    group = parser.add_argument_group("launch (flags win over torchrun/Kubernetes environment variables)")
-    group.add_argument("--nproc-per-node", type=int, help="ranks on this node (default: one per GPU, 2 on CPU)")
-    group.add_argument("--nnodes", type=int, help="nodes in the job (env NNODES; default 1)")
-    group.add_argument("--node-rank", type=int, help="this node's rank (env NODE_RANK or JOB_COMPLETION_INDEX)")
-    group.add_argument("--master-addr", help="rendezvous host: node 0's address (env MASTER_ADDR)")
-    group.add_argument("--master-port", type=int, help="rendezvous port (env MASTER_PORT; default: 29500 "
-                       "multi-node, a free port single-node)")
-    group.add_argument("--rendezvous-timeout", type=float, default=600.0,
-                       help="seconds to wait for the rendezvous host's name to resolve (default: 600)")
-    group.add_argument("--cpu", action="store_true", help="run CPU ranks over gloo even if GPUs are present")
-    group.add_argument("--exporter-port", type=int, default=DEFAULT_EXPORTER_PORT,
-                       help=f"metrics exporter port (default: {DEFAULT_EXPORTER_PORT}; 0 turns it off)")
-    group.add_argument("--exporter-host", default="127.0.0.1",
-                       help="address the exporter binds (default: 127.0.0.1; 0.0.0.0 in containers)")
-    group.add_argument("--skip-doctor", action="store_true",
-                       help="start even if a preflight check FAILs (trainstack doctor shows them)")
-    group.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
-                       help="write RUN_DIR/report.html when the ranks exit (default: on)")
-    group.add_argument("--wait-for-lease", type=float, default=0.0, metavar="SECONDS",
-                       help="when another launcher holds the run directory, wait this long for it to finish "
-                       "instead of exiting 2 (default: 0)")
-    group.add_argument("--lease-timeout", type=float, metavar="SECONDS",
-                       help=f"a holder on another host whose heartbeat is older than this is taken over (env "
-                       f"{TIMEOUT_ENV}; default: 60)")
+from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
+from trainstack.rundir import (
+    METRICS_DIR_ENV,
+    NNODES_ENV,
+    RUN_ID_ENV,
+    USE_CPU_ENV,
+    VERIFIED_CHECKPOINT_ENV,
+    RunDir,
+    read_summary,
+)
 
 
 def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> None:
@@ -154,13 +45,7 @@ def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> None:
     check_dataset_spec(config.dataset)
     check_model_spec(config.model)
     sharding.check_units_before_launch(config)
-    if launch.use_cpu and config.mixed_precision == "fp16":
-        raise ConfigError("--mixed-precision fp16 needs CUDA GPUs; use bf16 or no for CPU ranks")
-    if problem := missing_compiler(config, on_cuda=not launch.use_cpu):
-        raise ConfigError(problem)
-    if launch.use_cpu and config.sync_batchnorm and launch.world_size > 1:
-        raise ConfigError("--sync-batchnorm needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel); turn it "
-                          "off for CPU ranks")
+    train_config.require_device_support(config, on_cuda=not launch.use_cpu, world_size=launch.world_size)
     run_dir = config.run_dir
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--output-dir {run_dir} is a file; choose a directory path")
@@ -173,8 +58,9 @@ def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> None:
 
 def resume_point(config: train_config.TrainConfig) -> Path | None:
     """The checkpoint to resume from, after tidying the checkpoints folder: only under the lease."""
-    checkpoint.remove_unsealed(config.run_dir / "checkpoints")  # a save killed part-way: never loadable
-    folder = checkpoint.resolve_resume(config.resume, config.run_dir / "checkpoints",
+    checkpoints = RunDir(config.run_dir).checkpoints
+    checkpoint.remove_unsealed(checkpoints)  # a save killed part-way: never loadable
+    folder = checkpoint.resolve_resume(config.resume, checkpoints,
                                        lambda line: print(f"trainstack train: warning: {line}", file=sys.stderr))
     if folder:
         checkpoint.require_strategy(folder, checkpoint.read_train_state(folder), config.strategy)
@@ -184,13 +70,13 @@ def resume_point(config: train_config.TrainConfig) -> Path | None:
 def completed_before(config: train_config.TrainConfig) -> str | None:
     """Why there is nothing to train, when the run directory holds a completed run with the same stopping point
     (--max-steps, --epochs): rerunning the command that finished it must change nothing. None otherwise."""
-    run_dir = config.run_dir
+    run_dir = RunDir(config.run_dir)
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-        saved = train_config.read_config_file(str(run_dir / "config.yaml"))
+        summary = read_summary(run_dir.summary)
+        saved = train_config.read_config_file(str(run_dir.config))
     except (OSError, ValueError, ConfigError):
         return None
-    latest = checkpoint.complete_checkpoints(run_dir / "checkpoints")
+    latest = checkpoint.complete_checkpoints(run_dir.checkpoints)
     if config.resume != "auto" or summary.get("exit_reason") != "completed" or not latest:
         return None
     steps = summary.get("steps")
@@ -200,7 +86,7 @@ def completed_before(config: train_config.TrainConfig) -> str | None:
     lower_step_limit = config.epochs == saved.get("epochs") == 0 and 0 < config.max_steps <= steps
     if not (same_target or lower_step_limit):
         return None
-    return (f"{run_dir} already holds a completed run ({steps} steps, run {summary.get('run_id')}); nothing "
+    return (f"{run_dir.path} already holds a completed run ({steps} steps, run {summary.get('run_id')}); nothing "
             "changed: raise --max-steps or --epochs to train further, or choose another --output-dir")
 
 
@@ -232,12 +118,12 @@ class Launch:
     def __init__(self, config: train_config.TrainConfig, launch: LaunchConfig, resume_from: Path | None,
                  run_id: str, lease: RunDirLease | None = None):
         self.config, self.launch, self.resume_from = config, launch, resume_from
-        self.run_dir = config.run_dir
+        self.run_dir = RunDir(config.run_dir)
         self.run_id = run_id
         self.lease = lease
         # Per node: prometheus_client names files by PID, which repeats across pods on a shared volume, and each
         # node's exporter must serve only its own ranks.
-        self.metrics_dir = self.run_dir / "metrics" / f"node-{launch.node_rank}"
+        self.metrics_dir = self.run_dir.node_metrics(launch.node_rank)
         self.ranks: subprocess.Popen | None = None
         self.exporter: subprocess.Popen | None = None
         self.stop_signal: int | None = None
@@ -249,37 +135,38 @@ class Launch:
         the other nodes are writing theirs."""
         shutil.rmtree(self.metrics_dir, ignore_errors=True)
         self.metrics_dir.mkdir(parents=True)
-        telemetry = self.run_dir / "telemetry"
-        telemetry.mkdir(exist_ok=True)
+        self.run_dir.telemetry.mkdir(exist_ok=True)
         if self.resume_from is None:
             self.set_aside_previous_record()
         if self.launch.node_rank == 0:
-            self.config.save(self.run_dir / "config.yaml")
+            self.config.save(self.run_dir.config)
 
     def set_aside_previous_record(self) -> None:
         """A fresh start in a directory that holds an earlier attempt's record (it never saved a checkpoint, or
-        its checkpoints were deleted): that record moves to RUN_DIR/previous/before-<run id>/, never deleted."""
+        its checkpoints were deleted): that record moves to `RunDir.previous(run id)`, never deleted."""
         first = self.launch.node_rank * self.launch.nproc_per_node
-        names = [f"telemetry/rank-{rank}.jsonl" for rank in range(first, first + self.launch.nproc_per_node)]
+        aside = self.run_dir.previous(self.run_id)
+        moves = [(self.run_dir.rank_records(r), aside.rank_records(r))
+                 for r in range(first, first + self.launch.nproc_per_node)]
         if self.launch.node_rank == 0:
-            names += ["summary.json", "report.html"]
-        aside = self.run_dir / "previous" / f"before-{self.run_id}"
-        for name in names:
-            if (self.run_dir / name).is_file():
-                (aside / name).parent.mkdir(parents=True, exist_ok=True)
-                os.replace(self.run_dir / name, aside / name)
-                print(f"trainstack train: fresh start: kept the earlier {name} as {aside / name}", file=sys.stderr)
+            moves += [(self.run_dir.summary, aside.summary), (self.run_dir.report, aside.report)]
+        for earlier, kept in moves:
+            if earlier.is_file():
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(earlier, kept)
+                name = earlier.relative_to(self.run_dir.path)
+                print(f"trainstack train: fresh start: kept the earlier {name} as {kept}", file=sys.stderr)
 
     def rank_environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env[METRICS_DIR_ENV] = str(self.metrics_dir.resolve())
         env[RUN_ID_ENV] = self.run_id
         if self.resume_from:
-            env[checkpoint.VERIFIED_ENV] = str(self.resume_from)  # hashed in preflight; ranks check sizes only
-        env["NNODES"] = str(self.launch.nnodes)
+            env[VERIFIED_CHECKPOINT_ENV] = str(self.resume_from)  # hashed in preflight; ranks check sizes only
+        env[NNODES_ENV] = str(self.launch.nnodes)
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed NCCL collective aborts, not hangs
         if self.launch.use_cpu:
-            env["ACCELERATE_USE_CPU"] = "1"
+            env[USE_CPU_ENV] = "1"
             cores = len(os.sched_getaffinity(0))
             # Ranks share the cores: oversubscribed intra-op threads make every rank slower than one.
             env.setdefault("OMP_NUM_THREADS", str(max(1, cores // self.launch.nproc_per_node)))
@@ -301,7 +188,7 @@ class Launch:
             command.append("--multi_gpu")
         elif launch.use_cpu:
             command.append("--cpu")
-        command += ["-m", "train", "--config", str(self.run_dir / "config.yaml"),
+        command += ["-m", "train", "--config", str(self.run_dir.config),
                     "--resume", str(self.resume_from) if self.resume_from else "never"]
         return command
 
@@ -311,7 +198,7 @@ class Launch:
         self.exporter = subprocess.Popen(
             [sys.executable, "-m", "monitoring.exporter", "--host", self.launch.exporter_host,
              "--port", str(self.launch.exporter_port), "--metrics-dir", str(self.metrics_dir),
-             "--run-dir", str(self.run_dir)],
+             "--run-dir", str(self.run_dir.path)],
             env={**os.environ, METRICS_DIR_ENV: str(self.metrics_dir.resolve())},
         )
         print(f"trainstack train: metrics at http://{self.launch.exporter_host}:{self.launch.exporter_port}/metrics",
@@ -369,8 +256,8 @@ class Launch:
 
     def outcome(self, returncode: int) -> int:
         """Rank 0's verdict from summary.json when this launch wrote one (node 0), else the ranks' exit status."""
-        summary_path = self.run_dir / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        summary_path = self.run_dir.summary
+        summary = read_summary(summary_path)
         # Every node of a run (and, with a fixed TRAINSTACK_RUN_ID, every launch) shares the run id: the summary
         # is this launch's verdict only on node 0, where rank 0 runs, and only when written since it started.
         if (self.launch.node_rank == 0 and summary.get("run_id") == self.run_id
@@ -387,8 +274,6 @@ class Launch:
 
 def run_doctor(config: train_config.TrainConfig, launch: LaunchConfig, skip: bool) -> None:
     """The doctor's findings that need attention; a FAIL stops the launch before any rank starts."""
-    from train.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
-
     results = run_checks(DoctorConfig.for_run(config, launch))
     if any(result.status != Status.PASS for result in results):
         print(render_table(results), file=sys.stderr)
@@ -396,9 +281,8 @@ def run_doctor(config: train_config.TrainConfig, launch: LaunchConfig, skip: boo
         raise ConfigError("preflight checks failed (FAIL above); fix them, or pass --skip-doctor to start anyway")
 
 
-def write_report(run_dir: Path) -> None:
-    from monitoring.report import write_report as render
-
+def write_report(run_dir: Path, render: Callable[[Path], Path]) -> None:
+    """`render` (monitoring.report.write_report, which `trainstack train` passes in) writes the report."""
     try:
         print(f"trainstack train: report: {render(run_dir)}", file=sys.stderr)
     except ConfigError as problem:
@@ -411,7 +295,8 @@ def _stop_before_ranks(signum, frame) -> None:
     raise SystemExit(EXIT_PREEMPTED)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | None = None) -> int:
+    """The launch; then, with --report on node 0, `write_report_with(run_dir)` while the lease is still held."""
     launch = LaunchConfig.from_args(args)
     config = train_config.from_sources(args, on_cuda=not launch.use_cpu)
     if args.wait_for_lease < 0:
@@ -430,6 +315,6 @@ def run(args: argparse.Namespace) -> int:
         resume_from = resume_point(config)
         run_doctor(config, launch, args.skip_doctor)
         code = Launch(config, launch, resume_from, run_id, lease).run()
-        if args.report and launch.node_rank == 0:
-            write_report(config.run_dir)
+        if args.report and launch.node_rank == 0 and write_report_with:
+            write_report(config.run_dir, write_report_with)
         return code

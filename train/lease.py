@@ -1,9 +1,10 @@
 """The run-directory lease: one writer per run directory, on local disks and network volumes (NFS, RWX claims).
 
-Each node's launcher holds `RUN_DIR/lease/node-<n>.json`, created with O_CREAT|O_EXCL (atomic on local disks and
-on NFS) and removed when the launcher is done. The file names its holder: run id, node rank, host, PID and the
-PID's start time. Nodes of one job share a run id (`TRAINSTACK_RUN_ID`), so they are one holder; a launcher with
-another run id is refused while any node of the holding run is alive.
+Each node's launcher holds its lease file (`RunDir.lease_file`, trainstack/rundir.py: RUN_DIR/lease/node-<n>.json),
+created with O_CREAT|O_EXCL (atomic on local disks and on NFS) and removed when the launcher is done. The file
+names its holder: run id, node rank, host, PID and the PID's start time. Nodes of one job share a run id
+(`TRAINSTACK_RUN_ID`), so they are one holder; a launcher with another run id is refused while any node of the
+holding run is alive.
 
 Alive means, in this order:
 - the holder's flock on its file is held (the kernel drops it when the holder dies; where a filesystem does not
@@ -31,11 +32,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from train.errors import ConfigError
+from trainstack.errors import ConfigError
+from trainstack.rundir import LEASE_TIMEOUT_ENV, RunDir
 
-LEASE_DIR = "lease"
 DEFAULT_TIMEOUT_SECONDS = 60.0
-TIMEOUT_ENV = "TRAINSTACK_LEASE_TIMEOUT"
 HEARTBEATS_PER_TIMEOUT = 12  # a holder misses 11 heartbeats in a row before it is judged stale
 GUARD_STALE_SECONDS = 30.0  # a takeover takes milliseconds; a guard this old belongs to a taker that died
 POLL_SECONDS = 1.0
@@ -93,11 +93,11 @@ def process_alive(pid: int, started: float) -> bool:
 def lease_timeout(value: float | None) -> float:
     """The flag wins over TRAINSTACK_LEASE_TIMEOUT, which wins over the default."""
     if value is None:
-        raw = os.environ.get(TIMEOUT_ENV)
+        raw = os.environ.get(LEASE_TIMEOUT_ENV)
         try:
             value = float(raw) if raw else DEFAULT_TIMEOUT_SECONDS
         except ValueError:
-            raise ConfigError(f"{TIMEOUT_ENV}={raw!r} must be a number of seconds") from None
+            raise ConfigError(f"{LEASE_TIMEOUT_ENV}={raw!r} must be a number of seconds") from None
     if not value > 0:
         raise ConfigError(f"--lease-timeout must be positive seconds, got {value:g}")
     return value
@@ -111,8 +111,8 @@ class RunDirLease:
                  machine: str | None = None, pid: int | None = None,
                  alive: Callable[[int, float], bool] = process_alive):
         self.run_dir = Path(run_dir)
-        self.folder = self.run_dir / LEASE_DIR
-        self.path = self.folder / f"node-{node_rank}.json"
+        self.folder = RunDir(self.run_dir).lease
+        self.path = RunDir(self.run_dir).lease_file(node_rank)
         self.timeout = timeout
         self.say = say or (lambda line: print(f"trainstack train: {line}", file=sys.stderr, flush=True))
         self.clock, self.alive = clock, alive
@@ -251,7 +251,7 @@ class RunDirLease:
         This node's own file is judged when creating it fails."""
         if not self.folder.is_dir():
             return None
-        for path in sorted(self.folder.glob("node-*.json")):
+        for path in RunDir(self.run_dir).lease_files():
             if path == self.path:
                 continue
             seen = self._inspect(path)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from train.data import BUILTIN_PREFIX, IGNORE_INDEX, is_factory, load_factory
-from train.errors import ConfigError
+from trainstack.errors import ConfigError
 
 
 @dataclass

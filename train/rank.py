@@ -7,7 +7,6 @@ token count and the stop flag together.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -30,21 +29,18 @@ from accelerate.utils import (
 from tqdm import tqdm
 
 from train import checkpoint, sharding
-from train.config import TrainConfig
+from train.config import TrainConfig, require_device_support
 from train.data import collate, load_token_data
-from train.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
 from train.model import build_model, estimate_flops_per_token, loss_of
 from train.performance import (
     CompileWatch,
     bucket_count,
     compile_in_place,
     make_optimizer,
-    missing_compiler,
     use_tf32,
 )
 from train.segments import SEGMENTS_KEY, RunRecord
 from train.telemetry import (
-    METRICS_DIR_ENV,
     RankIdentity,
     Telemetry,
     device_uuid,
@@ -52,10 +48,8 @@ from train.telemetry import (
     progress_by_rank,
     training_state_bytes,
 )
-
-RUN_ID_ENV = "TRAINSTACK_RUN_ID"
-# "0" makes the copy of each batch to the GPU blocking again: for measuring what non-blocking copies are worth.
-NON_BLOCKING_COPY_ENV = "TRAINSTACK_NON_BLOCKING_COPY"
+from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
+from trainstack.rundir import METRICS_DIR_ENV, NNODES_ENV, NON_BLOCKING_COPY_ENV, RUN_ID_ENV, RunDir, write_summary
 
 
 class StopRequested:
@@ -91,8 +85,8 @@ class Trainer:
     def __init__(self, config: TrainConfig):
         self.config = config
         self.stop = StopRequested()
-        self.run_dir = config.run_dir
-        self.checkpoints = self.run_dir / "checkpoints"
+        self.run_dir = RunDir(config.run_dir)
+        self.checkpoints = self.run_dir.checkpoints
         self.started = time.time()
         fsdp_plugin = sharding.plugin_for(config)
         self.accelerator = Accelerator(
@@ -130,12 +124,9 @@ class Trainer:
     def build(self) -> None:
         config, accelerator = self.config, self.accelerator
         device = accelerator.device
-        if config.mixed_precision == "fp16" and device.type != "cuda":
-            raise ConfigError("--mixed-precision fp16 needs a CUDA GPU; use bf16 or no on this device")
+        require_device_support(config, device.type == "cuda", accelerator.num_processes)
         if config.mixed_precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ConfigError(f"{torch.cuda.get_device_name(device)} has no bf16; use --mixed-precision fp16")
-        if problem := missing_compiler(config, device.type == "cuda"):
-            raise ConfigError(problem)
         use_tf32(config, device)
         if config.strategy == "fsdp":
             sharding.require_fsdp(accelerator)
@@ -147,9 +138,6 @@ class Trainer:
                                    config.seed, config)
         model = build_model(config, data.vocab_size)
         if config.sync_batchnorm and accelerator.num_processes > 1:
-            if device.type != "cuda":
-                raise ConfigError("--sync-batchnorm needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel); "
-                                  "turn it off for CPU ranks")
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self.flops_per_token = estimate_flops_per_token(model, config.seq_len)
         if config.strategy == "fsdp":
@@ -215,11 +203,11 @@ class Trainer:
             rank=accelerator.process_index, local_rank=accelerator.local_process_index, node=socket.gethostname(),
             uuid=device_uuid(accelerator.device), run_id=self.run_id,
             world_size=accelerator.num_processes,
-            nodes=int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")) or 1),
+            nodes=int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get(NNODES_ENV, "1")) or 1),
             mixed_precision=config.mixed_precision, model=config.model, dataset=config.dataset,
             strategy=config.strategy,
         )
-        return Telemetry(self.run_dir, identity, self.flops_per_token,
+        return Telemetry(self.run_dir.path, identity, self.flops_per_token,
                          peak_flops(accelerator.device, config.mixed_precision, config.tf32), accelerator.device)
 
     def resume(self) -> None:
@@ -345,11 +333,11 @@ class Trainer:
     def save(self) -> None:
         """Every rank writes its part into a temporary folder; the main process seals and publishes it."""
         accelerator, p = self.accelerator, self.progress
-        final = self.checkpoints / checkpoint.step_dir_name(p.step)
+        final = self.run_dir.checkpoint(p.step)
         if final.exists():  # resumed here and stopped again before the next step: already saved
             return
         started = time.time()
-        temporary = self.checkpoints / f".tmp-{final.name}"
+        temporary = self.run_dir.unsealed_checkpoint(p.step)
         if accelerator.is_main_process:
             checkpoint.remove_unsealed(self.checkpoints)
             temporary.mkdir(parents=True)
@@ -424,10 +412,7 @@ class Trainer:
             "error": error,
             SEGMENTS_KEY: self.record.segments(p, exit_reason) if self.record else [],
         }
-        path = self.run_dir / "summary.json"
-        temporary = path.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(temporary, path)
+        write_summary(self.run_dir.summary, summary)
 
     def run(self) -> int:
         try:

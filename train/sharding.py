@@ -21,8 +21,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from train.config import TrainConfig
 from train.data import BUILTIN_PREFIX
-from train.errors import ConfigError
 from train.model import Block
+from trainstack.errors import ConfigError
 
 BUILTIN_UNITS = [Block.__name__]
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

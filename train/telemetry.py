@@ -17,11 +17,10 @@ from pathlib import Path
 import torch
 
 from train.timeline import DeviceTimeline
+from trainstack.rundir import METRICS_DIR_ENV, SEGMENT_MARKER, RunDir
 
-METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # training_state_bytes keys -> what they count; each is the gauge trainstack_train_<key>.
 STATE_BYTES = {"param_bytes": "parameters", "grad_bytes": "gradients", "optimizer_state_bytes": "optimizer state"}
-SEGMENT_MARKER = "segment_started"  # the first line each launch appends to a rank's records
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 # Dense peak FLOP/s by (device name fragment, precision). "no" is fp32 on the CUDA cores (TF32 off); "tf32" is fp32
@@ -84,9 +83,9 @@ class Telemetry:
             if device.type == "cuda" else None
         self.clock = "gpu" if self._timeline else "host"
         self._metrics = self._make_metrics(identity) if os.environ.get(METRICS_DIR_ENV) else None
-        telemetry_dir = run_dir / "telemetry"
-        telemetry_dir.mkdir(parents=True, exist_ok=True)
-        self._records = open_records(telemetry_dir / f"rank-{identity.rank}.jsonl", identity)
+        records = RunDir(run_dir).rank_records(identity.rank)
+        records.parent.mkdir(parents=True, exist_ok=True)
+        self._records = open_records(records, identity)
         self._interval_start = time.time()
         self._last_step_end = time.perf_counter()
         self._step_seconds: list[float] = []

@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from bench.scaling import cli
-from train.errors import EXIT_CONFIG, ConfigError
+from trainstack.errors import EXIT_CONFIG, ConfigError
 
 parser = argparse.ArgumentParser(prog="python -m bench.scaling", description=cli.__doc__)
 cli.add_options(parser)

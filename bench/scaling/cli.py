@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from train.errors import EXIT_FAILED, EXIT_OK
+from trainstack.errors import EXIT_FAILED, EXIT_OK
 
 
 def _counts(text: str) -> tuple[int, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train.errors import ConfigError
+from trainstack.errors import ConfigError
 
 
 def default_device_counts(available: int) -> tuple[int, ...]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.scaling.config import ScalingConfig
+from trainstack.rundir import RunDir, read_summary
 
 DATAPARALLEL_SCRIPT = Path(__file__).with_name("dataparallel.py")
 
@@ -37,10 +38,10 @@ def _run(command: list[str], log: Path, what: str) -> None:
 def run_ddp(config: ScalingConfig, devices: int) -> Measurement:
     run_dir = config.output_dir / f"ddp-{devices}"
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: never resume a previous benchmark's checkpoint
-    _run([sys.executable, "-m", "train.cli", "train", "--output-dir", str(run_dir), "--nproc-per-node",
+    _run([sys.executable, "-m", "trainstack", "train", "--output-dir", str(run_dir), "--nproc-per-node",
           str(devices), "--exporter-port", "0", "--checkpoint-every", "0", "--resume", "never",
           *config.training_flags], config.output_dir / f"ddp-{devices}.log", f"DDP on {devices} device(s)")
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = read_summary(RunDir(run_dir).summary)
     return Measurement("DDP", devices, summary["samples_per_second"])
 
 

@@ -1,6 +1,7 @@
 """`trainstack diagnose`: why a live run is not using its GPUs well, from its exporter or from Prometheus.
 
-Exit status: 0 healthy, 1 a problem was found (the verdicts say which), 2 the source cannot be read.
+Exit status: 0 healthy, 1 a problem was found (the verdicts say which), 2 the source is not an exporter or a
+Prometheus server (or a flag is wrong), 69 the source cannot be reached.
 """
 
 from __future__ import annotations
@@ -8,10 +9,11 @@ from __future__ import annotations
 import argparse
 
 from monitoring.diagnose.sources import PROMETHEUS_WINDOW
-from train.errors import EXIT_OK, ConfigError
+from trainstack.errors import EXIT_OK, ConfigError
+from trainstack.rundir import exporter_url
 
 EXIT_PROBLEM = 1
-DEFAULT_URL = "http://127.0.0.1:9450"
+DEFAULT_URL = exporter_url()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitoring.exporter.gpu import COUNTERS
 from monitoring.exporter.nvml import SLOW_ATTRIBUTES
-from train.errors import ConfigError
+from trainstack.errors import ConfigError, RuntimeFailure
+from trainstack.rundir import DEFAULT_EXPORTER_HOST, DEFAULT_EXPORTER_PORT
 
 Sample = tuple[dict[str, str], float]
 PROMETHEUS_WINDOW = "2m"  # the recording rules' window (monitoring/prometheus/rules/recording.yml)
@@ -47,8 +48,9 @@ def _get(url: str, timeout: float) -> bytes:
             return response.read()
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
-        raise ConfigError(f"cannot read {url} ({reason}); is the run going? The launcher's exporter listens on "
-                          "127.0.0.1:9450 unless --exporter-port says otherwise: pass its address to --url") from None
+        raise RuntimeFailure(f"cannot read {url} ({reason}); is the run going? The launcher's exporter listens on "
+                             f"{DEFAULT_EXPORTER_HOST}:{DEFAULT_EXPORTER_PORT} unless --exporter-port says "
+                             "otherwise: pass its address to --url") from None
 
 
 class ExporterSource:
@@ -147,7 +149,7 @@ def is_prometheus(url: str, timeout: float = 10.0) -> bool:
     """Prometheus answers its build-info API; an exporter answers only /metrics and /healthz."""
     try:
         answer = json.loads(_get(f"{url.rstrip('/')}/api/v1/status/buildinfo", timeout))
-    except (ConfigError, ValueError):
+    except (RuntimeFailure, ValueError):
         return False
     return isinstance(answer, dict) and answer.get("status") == "success"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from train.errors import ConfigError
+from trainstack.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from monitoring.exporter.nvml import NvmlSession
 from monitoring.exporter.sampler import Sampler
 from monitoring.exporter.server import MetricsServer, make_app
 from monitoring.exporter.training import TrainingCollector, job_pids
-from train.errors import ConfigError
+from trainstack.errors import ConfigError, RuntimeFailure
+from trainstack.rundir import RunDir
 
 
 def build_sampler(config: ExporterConfig, session: NvmlSession) -> Sampler:
@@ -45,12 +46,12 @@ class Exporter:
         self.registry = build_registry(config, self.sampler)
         try:
             self.server = MetricsServer(config.host, config.port, make_app(self.registry, self.health))
-        except ConfigError:
+        except (ConfigError, RuntimeFailure):
             self.session.close()
             raise
         self.gpu_log = None
         if config.run_dir is not None and self.session.up:
-            self.gpu_log = GpuLog(self.sampler, config.run_dir / "telemetry" / "gpu.jsonl",
+            self.gpu_log = GpuLog(self.sampler, RunDir(config.run_dir).gpu_log,
                                   config.gpu_log_interval_seconds)
 
     def health(self) -> dict:

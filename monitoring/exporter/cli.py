@@ -9,29 +9,24 @@ import sys
 import threading
 from pathlib import Path
 
-from monitoring.exporter.app import Exporter
-from monitoring.exporter.config import (
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-    DEFAULT_SAMPLE_INTERVAL,
-    DEFAULT_SLOW_SAMPLE_INTERVAL,
-    ExporterConfig,
-)
-from train.errors import EXIT_CONFIG, EXIT_OK, ConfigError
+from monitoring.exporter.config import DEFAULT_SAMPLE_INTERVAL, DEFAULT_SLOW_SAMPLE_INTERVAL, ExporterConfig
+from trainstack.errors import EXIT_OK, ConfigError, RuntimeFailure, exit_code
+from trainstack.rundir import DEFAULT_EXPORTER_HOST, DEFAULT_EXPORTER_PORT, SHOWN
 
 log = logging.getLogger("trainstack.exporter")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default=DEFAULT_HOST,
-                        help=f"address to listen on (default {DEFAULT_HOST}; 0.0.0.0 to let a remote Prometheus in)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                        help=f"port for /metrics and /healthz (default {DEFAULT_PORT}; 0 picks a free one)")
+    parser.add_argument("--host", default=DEFAULT_EXPORTER_HOST,
+                        help=f"address to listen on (default {DEFAULT_EXPORTER_HOST}; 0.0.0.0 to let a remote "
+                             "Prometheus in)")
+    parser.add_argument("--port", type=int, default=DEFAULT_EXPORTER_PORT,
+                        help=f"port for /metrics and /healthz (default {DEFAULT_EXPORTER_PORT}; 0 picks a free one)")
     parser.add_argument("--metrics-dir", type=Path, default=None,
-                        help="the ranks' prometheus_client multiprocess directory (RUN_DIR/metrics/node-<n>); "
+                        help=f"the ranks' prometheus_client multiprocess directory ({SHOWN.node_metrics('<n>')}); "
                              "without it only GPU metrics are served")
     parser.add_argument("--run-dir", type=Path, default=None,
-                        help="run directory: with a GPU, snapshots are appended to RUN_DIR/telemetry/gpu.jsonl")
+                        help=f"run directory: with a GPU, snapshots are appended to {SHOWN.gpu_log}")
     parser.add_argument("--pcie-throughput", action="store_true",
                         help="also export PCIe throughput (each NVML call for it blocks ~20 ms per GPU)")
     parser.add_argument("--sample-interval", type=float, default=DEFAULT_SAMPLE_INTERVAL, metavar="SECONDS",
@@ -45,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: `trainstack --help` and the other subcommands need none of the exporter's machinery.
+    from monitoring.exporter.app import Exporter
+
     logging.basicConfig(level=logging.INFO, format="trainstack exporter: %(message)s")
     config = ExporterConfig(host=args.host, port=args.port, metrics_dir=args.metrics_dir, run_dir=args.run_dir,
                             pcie_throughput=args.pcie_throughput, nvml_module=args.nvml_module,
@@ -79,6 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args)
-    except ConfigError as error:
+    except (ConfigError, RuntimeFailure) as error:
         print(f"trainstack exporter: error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
+        return exit_code(error)

@@ -6,30 +6,29 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.errors import ConfigError
+from trainstack.errors import ConfigError
+from trainstack.rundir import DEFAULT_EXPORTER_HOST, DEFAULT_EXPORTER_PORT, check_port
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 9450
 DEFAULT_SAMPLE_INTERVAL = 1.0
 DEFAULT_SLOW_SAMPLE_INTERVAL = 30.0
 
 
 @dataclass(frozen=True)
 class ExporterConfig:
-    host: str = DEFAULT_HOST
+    host: str = DEFAULT_EXPORTER_HOST
     """Address to listen on. 127.0.0.1 keeps the endpoint private to the host; 0.0.0.0 lets Prometheus in."""
-    port: int = DEFAULT_PORT
+    port: int = DEFAULT_EXPORTER_PORT
     """TCP port; 0 picks a free one (the chosen port is printed)."""
     metrics_dir: Path | None = None
-    """prometheus_client multiprocess directory the ranks write (RUN_DIR/metrics/node-<n>); None serves NVML only."""
+    """prometheus_client multiprocess directory the ranks write (`SHOWN.node_metrics`); None serves NVML only."""
     run_dir: Path | None = None
-    """Run directory: when set and NVML is up, GPU snapshots go to RUN_DIR/telemetry/gpu.jsonl."""
+    """Run directory: when set and NVML is up, GPU snapshots go to its `gpu_log` (trainstack/rundir.py)."""
     pcie_throughput: bool = False
     """Export PCIe throughput. Off by default: each of the two NVML calls blocks about 20 ms."""
     nvml_module: str = "pynvml"
     """Module that provides the NVML API. Tests and benchmarks pass `tests.nvml_fake`."""
     gpu_log_interval_seconds: float = 5.0
-    """How often a GPU snapshot is appended to gpu.jsonl."""
+    """How often a GPU snapshot is appended to the run directory's GPU log."""
     sample_interval_seconds: float = DEFAULT_SAMPLE_INTERVAL
     """How often the sampler reads NVML's fast part (every GPU metric but the slow ones); scrapes serve the latest."""
     slow_sample_interval_seconds: float = DEFAULT_SLOW_SAMPLE_INTERVAL
@@ -39,8 +38,7 @@ class ExporterConfig:
     def __post_init__(self) -> None:
         if not self.host:
             raise ConfigError("--host is empty: give an address to listen on, e.g. 127.0.0.1 or 0.0.0.0")
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"--port {self.port} is not a TCP port: use 1-65535 (or 0 for any free port)")
+        check_port("--port", self.port, zero_means="for any free port")
         for flag, path in (("--metrics-dir", self.metrics_dir), ("--run-dir", self.run_dir)):
             if path is not None and path.exists() and not path.is_dir():
                 raise ConfigError(f"{flag} {path} is a file, not a directory: pass the directory instead")

@@ -4,14 +4,15 @@ prometheus_client's `generate_latest` escapes and validates every label name and
 scrape: with 8 GPUs and 8 ranks (~530 series) that was 3-4 ms, a quarter of a scrape's CPU. `TextEncoder` writes
 the same bytes (tests/test_exporter_exposition.py compares them) but renders a series' label set once and reuses
 the text while the series exists, so a sample costs a dictionary lookup and a float format. The metric families
-still come from prometheus_client collectors; the escaping rules are prometheus_client's own functions.
+still come from prometheus_client collectors; the escaping rules are prometheus_client's own functions
+(through trainstack/promcompat.py).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.openmetrics.exposition import UNDERSCORES, escape_label_name, escape_metric_name
-from prometheus_client.utils import floatToGoString
+
+from trainstack import promcompat
 
 # OpenMetrics family type -> (suffix of the exposed name, text-format type), as generate_latest maps them.
 TEXT_TYPES = {
@@ -42,13 +43,13 @@ class TextEncoder:
             for sample in metric.samples:
                 timestamp = "" if sample.timestamp is None else f" {int(float(sample.timestamp) * 1000):d}"
                 lines.append(f"{self._name(sample.name)}{self._labels(sample.labels)} "
-                             f"{floatToGoString(sample.value)}{timestamp}\n")
+                             f"{promcompat.sample_value(sample.value)}{timestamp}\n")
         return "".join(lines).encode()
 
     def _name(self, name: str) -> str:
         escaped = self._names.get(name)
         if escaped is None:
-            escaped = self._names[name] = escape_metric_name(name, UNDERSCORES)
+            escaped = self._names[name] = promcompat.metric_name(name)
         return escaped
 
     def _labels(self, labels: dict[str, str]) -> str:
@@ -57,7 +58,7 @@ class TextEncoder:
         if text is None:
             if len(self._label_sets) >= MAX_CACHED_LABEL_SETS:
                 self._label_sets.clear()
-            pairs = ",".join(f'{escape_label_name(k, UNDERSCORES)}="{_escape_value(v)}"'
+            pairs = ",".join(f'{promcompat.label_name(k)}="{_escape_value(v)}"'
                              for k, v in sorted(labels.items()))
             text = self._label_sets[key] = f"{{{pairs}}}" if pairs else ""
         return text

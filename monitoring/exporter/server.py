@@ -23,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, gzip_accepted
 
 from monitoring.exporter.exposition import TextEncoder
-from train.errors import ConfigError
+from trainstack.errors import ConfigError, RuntimeFailure
+from trainstack.promcompat import TEXT_CONTENT_TYPE, gzip_accepted
 
 INDEX = b"trainstack exporter: /metrics (Prometheus text format), /healthz (JSON)\n"
 GZIP_LEVEL = 1
@@ -44,9 +44,9 @@ def make_app(registry: CollectorRegistry, health: Callable[[], dict]) -> Callabl
         if path == "/metrics":
             body = encoder.encode(registry)
             if gzip_accepted(accept_encoding):
-                return 200, CONTENT_TYPE_PLAIN_0_0_4, gzip.compress(body, compresslevel=GZIP_LEVEL), [
+                return 200, TEXT_CONTENT_TYPE, gzip.compress(body, compresslevel=GZIP_LEVEL), [
                     ("Content-Encoding", "gzip")]
-            return 200, CONTENT_TYPE_PLAIN_0_0_4, body, []
+            return 200, TEXT_CONTENT_TYPE, body, []
         if path == "/healthz":
             # 200 whenever the exporter can answer: NVML being down is reported in the body and in the metrics,
             # not as a failed probe that would restart a container that is doing its job.
@@ -107,9 +107,9 @@ class MetricsServer:
             raise ConfigError(f"--host {host!r} is not an address this machine can listen on ({error})") from None
         try:
             self._server = _PooledHTTPServer((host, port), _handler_for(app), family)
-        except OSError as error:
-            raise ConfigError(f"cannot listen on {host}:{port} ({error.strerror}): pick another --port, "
-                              "or stop what is using it") from None
+        except OSError as error:  # the port is taken, or not ours to open: not a typo in the flags
+            raise RuntimeFailure(f"cannot listen on {host}:{port} ({error.strerror}): pick another --port, "
+                                 "or stop what is using it") from None
         self.host = host
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="exporter-http", daemon=True)

@@ -4,10 +4,10 @@ The ranks write memory-mapped files named `<type>[_<gauge mode>]_<pid>.db` into 
 (docs/architecture.md lists the metrics). The directory is read at every scrape, so a directory the launcher makes
 fresh for a new run is picked up, and a rank that died keeps its last values.
 
-Files are read and merged as prometheus_client's MultiProcessCollector does (its file reader, its accumulation),
-with one difference: the key naming each value (JSON of metric, sample and labels) is parsed once and remembered
-across scrapes instead of at every scrape, a third of the merge's CPU (bench/scrape_cost.py: 2.1 -> 1.3 ms for 8
-ranks). prometheus_client is pinned exactly, and tests/test_exporter_serving.py compares the result with
+Files are read and merged as prometheus_client's MultiProcessCollector does (its file reader, its accumulation,
+both through trainstack/promcompat.py), with one difference: the key naming each value (JSON of metric, sample and
+labels) is parsed once and remembered across scrapes instead of at every scrape, a third of the merge's CPU
+(bench/scrape_cost.py: 2.1 -> 1.3 ms for 8 ranks). tests/test_exporter_serving.py compares the result with
 MultiProcessCollector's.
 """
 
@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from prometheus_client.core import Metric
-from prometheus_client.mmap_dict import MmapedDict
-from prometheus_client.multiprocess import MultiProcessCollector
+
+from trainstack import promcompat
 
 # Keys seen in a run's files; a new run or many pids in one directory start the memory again from empty.
 MAX_REMEMBERED_KEYS = 20_000
@@ -35,7 +35,7 @@ class TrainingCollector:
     def collect(self) -> Iterable[Metric]:
         if self._metrics_dir is None or not self._metrics_dir.is_dir():
             return []
-        return MultiProcessCollector._accumulate_metrics(self._read(self._metrics_dir.glob("*.db")), True)
+        return promcompat.accumulate(self._read(self._metrics_dir.glob("*.db")))
 
     def _read(self, files: Iterable[Path]) -> dict[str, Metric]:
         """Every value of every file as an unmerged sample of its metric (MultiProcessCollector._read_metrics)."""
@@ -43,9 +43,9 @@ class TrainingCollector:
             self._keys.clear()
         metrics: dict[str, Metric] = {}
         for path in files:
-            kind, _, rest = path.name.partition("_")
+            kind, mode, pid = promcompat.db_file_parts(path.name)
             try:
-                values = MmapedDict.read_all_values_from_file(str(path))
+                values = promcompat.read_values(str(path))
             except FileNotFoundError:  # removed since the directory was listed (a new run clears it)
                 continue
             for key, value, timestamp, _ in values:
@@ -54,8 +54,7 @@ class TrainingCollector:
                 if metric is None:
                     metric = metrics[metric_name] = Metric(metric_name, documentation, kind)
                 if kind == "gauge":
-                    mode, _, pid = rest.removesuffix(".db").partition("_")
-                    metric._multiprocess_mode = mode
+                    promcompat.set_gauge_mode(metric, mode)
                     metric.add_sample(sample_name, (*labels, ("pid", pid)), value, timestamp)
                 else:
                     metric.add_sample(sample_name, labels, value)
@@ -75,7 +74,7 @@ def job_pids(metrics_dir: Path | None) -> frozenset[int]:
         return frozenset()
     pids = set()
     for path in metrics_dir.glob("*.db"):
-        pid = path.stem.rpartition("_")[2]
+        pid = promcompat.db_file_parts(path.name)[2]
         if pid.isdigit():
             pids.add(int(pid))
     return frozenset(pids)

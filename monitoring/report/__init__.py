@@ -1,4 +1,4 @@
-"""The run report: `write_report(run_dir)` turns a run directory's telemetry into RUN_DIR/report.html.
+"""The run report: `write_report(run_dir)` turns a run directory's telemetry into its report.html.
 
 The launcher calls it at the end of every run; `trainstack report RUN_DIR` calls it by hand.
 """
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-REPORT_NAME = "report.html"
+from trainstack.rundir import RunDir
 
 
 def write_report(run_dir: Path | str) -> Path:
-    """Write RUN_DIR/report.html and return its path. Raises train.errors.ConfigError when RUN_DIR holds no
+    """Write the run's report and return its path. Raises trainstack.errors.ConfigError when RUN_DIR holds no
     telemetry records. matplotlib is imported here, not at import time, so the CLI stays quick."""
     import matplotlib
 
@@ -25,7 +25,7 @@ def write_report(run_dir: Path | str) -> Path:
         figure = spec.draw(run)
         if figure is not None:
             images[spec.id] = figures.png(figure)
-    path = run.run_dir / REPORT_NAME
+    path = RunDir(run.run_dir).report
     temporary = path.with_suffix(".html.tmp")
     temporary.write_text(page.render(run, images))
     temporary.replace(path)

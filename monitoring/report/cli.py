@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from train.errors import EXIT_OK, ConfigError
+from trainstack.errors import EXIT_OK, ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

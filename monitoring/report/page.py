@@ -9,6 +9,7 @@ import time
 
 from monitoring.report.runfiles import RunFiles
 from monitoring.report.tables import cell, rank_rows, segment_rows
+from trainstack.rundir import GPU_LOG_FILE, SUMMARY_FILE, TELEMETRY_DIR
 
 STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 1040px; color: #222; }
@@ -42,7 +43,7 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
             parts += ["<h2>Segments</h2>", "<p class='note'>One per launch that trained the run; samples/s and "
                       "tokens/s above are over all of them.</p>", _table(segment_rows(run.summary["segments"]))]
     else:
-        parts.append("<p class='note'>No summary.json: the run is still going, or rank 0 stopped before "
+        parts.append(f"<p class='note'>No {SUMMARY_FILE}: the run is still going, or rank 0 stopped before "
                      "writing it.</p>")
     parts += ["<h2>Per rank</h2>", _table(rank_rows(run)), "<h2>Figures</h2>"]
     for figure_id, image in figures.items():
@@ -50,7 +51,7 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
         parts.append(f"<figure id='{figure_id}'><img alt='{figure_id}' src='data:image/png;base64,{data}'>"
                      "</figure>")
     if not run.gpus:
-        parts.append("<p class='note'>No GPU snapshots (telemetry/gpu.jsonl): the run had no GPU, or no exporter "
-                     "with NVML access; GPU utilization and memory figures are left out.</p>")
+        parts.append(f"<p class='note'>No GPU snapshots ({TELEMETRY_DIR}/{GPU_LOG_FILE}): the run had no GPU, or no "
+                     "exporter with NVML access; GPU utilization and memory figures are left out.</p>")
     parts.append("</body></html>")
     return "\n".join(parts)

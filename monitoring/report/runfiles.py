@@ -4,14 +4,11 @@ Formats: docs/architecture.md (rank records, summary) and docs/metrics.md (gpu.j
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.errors import ConfigError
-from train.telemetry import SEGMENT_MARKER
-
-RANK_FILE = re.compile(r"rank-(\d+)\.jsonl")
+from trainstack.errors import ConfigError
+from trainstack.rundir import SEGMENT_MARKER, SHOWN, RunDir, Summary, read_summary
 
 
 @dataclass(frozen=True)
@@ -22,7 +19,7 @@ class RunFiles:
     "segment" numbers the launch that wrote it, from 0."""
     gpus: dict[tuple[int, str], list[dict]]
     """(NVML index, uuid) -> the exporter's snapshots of that GPU in time order; empty without a GPU."""
-    summary: dict
+    summary: Summary
     """summary.json; empty while the run is still going or when rank 0 died before writing it."""
 
     @property
@@ -90,19 +87,17 @@ def by_segment(records: list[dict]) -> list[list[dict]]:
 
 
 def load_run(run_dir: Path) -> RunFiles:
-    telemetry = run_dir / "telemetry"
-    rank_files = {int(m.group(1)): path for path in telemetry.glob("rank-*.jsonl")
-                  if (m := RANK_FILE.fullmatch(path.name))}
-    ranks = {rank: records for rank, path in sorted(rank_files.items()) if (records := read_rank_records(path))}
+    layout = RunDir(run_dir)
+    ranks = {rank: records for rank, path in layout.all_rank_records().items()
+             if (records := read_rank_records(path))}
     if not ranks:
         raise ConfigError(
-            f"{run_dir} has no telemetry records (telemetry/rank-<r>.jsonl): pass a trainstack run directory "
-            "whose ranks ran at least one log interval with telemetry on"
+            f"{run_dir} has no telemetry records ({SHOWN.rank_records('<r>')}): pass a trainstack run "
+            "directory whose ranks ran at least one log interval with telemetry on"
         )
     gpus: dict[tuple[int, str], list[dict]] = {}
-    if (telemetry / "gpu.jsonl").is_file():
-        for snapshot in read_jsonl(telemetry / "gpu.jsonl"):
+    if layout.gpu_log.is_file():
+        for snapshot in read_jsonl(layout.gpu_log):
             gpus.setdefault((int(snapshot["gpu"]), snapshot.get("uuid", "")), []).append(snapshot)
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = read_summary(layout.summary)
     return RunFiles(run_dir=run_dir, ranks=ranks, gpus=dict(sorted(gpus.items())), summary=summary)

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import argparse
 
-from train import launch as train_launch
-from train import sharding
-from train.errors import EXIT_CONFIG, EXIT_OK
+from train import config as train_config
+from train import launch_config, sharding
+from trainstack.errors import EXIT_CONFIG, EXIT_OK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
-    train_launch.add_arguments(parser)
+    launch_config.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from train import config as train_config
     from train.doctor import DoctorConfig, has_failures, render_json, render_table, run_checks
 
-    launch = train_launch.LaunchConfig.from_args(args)
+    launch = launch_config.LaunchConfig.from_args(args)
     # Refuses what the trainer refuses (e.g. --strategy fsdp --sync-batchnorm).
     train = train_config.from_sources(args, on_cuda=not launch.use_cpu)
     sharding.check_units_before_launch(train)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import resource
@@ -10,14 +11,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from train.config import TrainConfig
 from train.doctor.checkpoint_size import estimate_checkpoint_bytes
 from train.doctor.inventory import GpuInventory
-from train.errors import ConfigError
+from train.launch_config import CPU_STAND_IN_RANKS
+from trainstack.errors import ConfigError
+from trainstack.rundir import DEFAULT_EXPORTER_HOST, DEFAULT_EXPORTER_PORT, DEFAULT_MASTER_PORT, check_port
 
 MiB = 1 << 20
 GiB = 1 << 30
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
-CPU_RANKS_WITHOUT_GPU = 2  # what the launcher starts on a host without a GPU
+TRAIN_DEFAULTS = {spec.name: spec.default for spec in dataclasses.fields(TrainConfig)}  # `trainstack train` alone
 
 
 def token_batch_bytes(batch_size: int, seq_len: int) -> int:
@@ -46,26 +50,26 @@ def memlock_soft_limit() -> int | None:
 
 @dataclass(frozen=True)
 class DoctorConfig:
-    output_dir: Path = Path("runs/default")
+    output_dir: Path = Path(TRAIN_DEFAULTS["output_dir"])
     """Run directory: must be writable with room for checkpoints."""
-    num_workers: int = 2
+    num_workers: int = TRAIN_DEFAULTS["num_workers"]
     """Data-loader worker processes per rank."""
     nproc_per_node: int | None = None
     """Ranks on this node; None: one per visible GPU, or 2 CPU ranks without a GPU (the launcher's rule)."""
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
-    master_port: int = 29500
+    master_port: int = DEFAULT_MASTER_PORT
     """Rendezvous port; node 0 opens it, so it must be free there."""
-    exporter_host: str = "127.0.0.1"
-    exporter_port: int = 9450
+    exporter_host: str = DEFAULT_EXPORTER_HOST
+    exporter_port: int = DEFAULT_EXPORTER_PORT
     """The exporter's port on this node (0: no exporter)."""
-    loader_batch_bytes: int = token_batch_bytes(16, 128)
+    loader_batch_bytes: int = token_batch_bytes(TRAIN_DEFAULTS["batch_size"], TRAIN_DEFAULTS["seq_len"])
     """Bytes one loader batch takes in shared memory (`token_batch_bytes` for trainstack's token batches); the
     default is `trainstack train`'s CPU batch, `for_run` gives the run's own (the CUDA defaults included)."""
     checkpoint_bytes: int | None = None
     """Room one checkpoint needs (model + optimizer state); None when it cannot be estimated."""
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = TRAIN_DEFAULTS["keep_checkpoints"]
     """Checkpoints kept; one more is written before the oldest is deleted."""
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     shm_path: Path = Path("/dev/shm")
@@ -82,11 +86,9 @@ class DoctorConfig:
             "num_workers": 0,
             "nnodes": 1,
             "node_rank": 0,
-            "exporter_port": 0,
             "cpu_count": 1,
             "loader_batch_bytes": 0,
             "keep_checkpoints": 1,
-            "master_port": 1,
         }
         for name, low in at_least.items():
             if getattr(self, name) < low:
@@ -99,9 +101,8 @@ class DoctorConfig:
             raise ConfigError(f"--nproc-per-node must be at least 1, got {self.nproc_per_node}")
         if self.node_rank >= self.nnodes:
             raise ConfigError(f"--node-rank {self.node_rank} must be below --nnodes {self.nnodes}")
-        for name in ("master_port", "exporter_port"):
-            if getattr(self, name) > 65535:
-                raise ConfigError(f"--{name.replace('_', '-')} must be a TCP port (at most 65535)")
+        check_port("--master-port", self.master_port)
+        check_port("--exporter-port", self.exporter_port, zero_means="to run no exporter")
 
     @classmethod
     def for_run(cls, train, launch) -> DoctorConfig:
@@ -124,4 +125,4 @@ class DoctorConfig:
     def ranks_on_this_node(self, gpus: GpuInventory) -> int:
         if self.nproc_per_node is not None:
             return self.nproc_per_node
-        return gpus.torch_device_count or CPU_RANKS_WITHOUT_GPU
+        return gpus.torch_device_count or CPU_STAND_IN_RANKS

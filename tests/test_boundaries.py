@@ -1,0 +1,225 @@
+"""The package boundaries (docs/architecture.md, "Package boundaries"), checked on the source.
+
+- The exporter and diagnose never import torch: they run beside the ranks, on hosts and in containers that may
+  not have it, and torch's import alone costs seconds and hundreds of MB.
+- train/ and monitoring/ never import each other; what they share lives in trainstack/ (errors, the run
+  directory, the metric catalog, the CLI that composes them).
+- No import cycles among the project's modules.
+
+Each check is a function of a source tree, so the tests at the end plant a violation in a scratch tree and see
+the check catch it: a check that cannot fail proves nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGES = ("trainstack", "train", "monitoring", "bench")
+# The processes that must stay torch-free: every module of these packages, __main__ aside (it runs the command).
+TORCH_FREE = ("monitoring.exporter", "monitoring.diagnose", "trainstack")
+APART = ("train", "monitoring")  # neither imports the other
+COMPOSER = "trainstack.cli"  # the one trainstack module that imports train/ and monitoring/: it composes them
+
+
+def project_modules(root: Path, packages=PACKAGES) -> dict[str, Path]:
+    """Dotted module name -> file, for every Python file of the packages (a package is its __init__)."""
+    modules = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def import_statements(name: str, path: Path) -> list[tuple[str, list[str]]]:
+    """(module, names) for every import statement in the file, at any depth: `import a.b` is ("a.b", []),
+    `from a import b, c` is ("a", ["b", "c"]), relative ones resolved. An import inside a function is still a
+    dependency (it runs the first time that function does, and a cycle through it can fail then), so it counts."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    statements = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            statements += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join([*parts[:len(parts) - node.level + 1], *([node.module] if node.module else [])])
+            statements.append((base, [alias.name for alias in node.names]))
+    return statements
+
+
+def imported_names(name: str, path: Path) -> set[str]:
+    """Every module name the file's imports mention (`from p import x`: p and p.x, x may be a submodule)."""
+    return {full for base, names in import_statements(name, path) for full in (base, *(f"{base}.{n}" for n in names))}
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the project modules it imports. `from p import x` depends on p.x when that is a module (p is
+    then only its parent package, initialised first, as for any submodule), else on p. A module imported by a
+    name in a string (importlib.import_module) is not seen: trainstack/cli.py, the one place that does it, is
+    imported by nothing but its __main__."""
+    modules = project_modules(root)
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for base, names in import_statements(name, path):
+            if not names:
+                while base and base not in modules:  # `import a.b.c` of a non-module c: its module
+                    base = base.rpartition(".")[0]
+                targets.add(base)
+            for imported in names:
+                targets.add(f"{base}.{imported}" if f"{base}.{imported}" in modules else base)
+        graph[name] = {target for target in targets if target in modules and target != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def subpackage_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The same imports between components: a subpackage (train.doctor, monitoring.exporter, ...) is one node
+    with all its modules; a top-level package's own modules (train.launch, train.rank) stay nodes of their own.
+    A loop here is a loop between parts of the design even where each module imports fine (train.doctor's
+    cli importing the launcher, which imports train.doctor)."""
+    def component(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    merged: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        merged.setdefault(component(module), set()).update(component(t) for t in targets)
+    return {node: targets - {node} for node, targets in merged.items()}
+
+
+def crossings(root: Path) -> list[str]:
+    """`module -> imported name` for every import from one of APART into the other."""
+    found = []
+    for name, path in project_modules(root, APART).items():
+        mine = name.partition(".")[0]
+        for target in sorted(imported_names(name, path)):
+            theirs = target.partition(".")[0]
+            if theirs in APART and theirs != mine:
+                found.append(f"{name} -> {target}")
+    return found
+
+
+def torch_importers(root: Path, packages=TORCH_FREE) -> list[str]:
+    """Imports every module of the packages in a fresh interpreter (cwd: root) and returns the torch modules
+    that ended up in sys.modules."""
+    names = [name for name in project_modules(root, tuple(p.replace(".", "/") for p in packages))
+             if not name.endswith("__main__")]
+    script = ("import importlib, json, sys\n"
+              f"for name in {names!r}:\n    importlib.import_module(name)\n"
+              "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))")
+    result = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)})
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+# ---- the project ------------------------------------------------------------------------------------------
+def test_the_exporter_and_diagnose_never_import_torch():
+    assert len(project_modules(REPO, ("monitoring/exporter", "monitoring/diagnose"))) > 15  # they were all found
+    assert torch_importers(REPO) == []
+
+
+def test_train_and_monitoring_never_import_each_other():
+    assert crossings(REPO) == []
+
+
+def test_trainstack_imports_only_itself_but_for_the_cli():
+    found = [f"{name} -> {target}" for name, path in project_modules(REPO, ("trainstack",)).items()
+             if name != COMPOSER for target in sorted(imported_names(name, path))
+             if target.partition(".")[0] in ("train", "monitoring", "bench")]
+    assert found == []
+
+
+def test_the_project_has_no_import_cycles():
+    graph = import_graph(REPO)
+    assert "train.launch" in graph and "train.doctor" in graph["train.launch"]  # the graph sees real imports
+    assert cycles(graph) == []
+    assert cycles(subpackage_graph(graph)) == []
+
+
+# ---- the checks catch what they are for -------------------------------------------------------------------
+def plant(root: Path, files: dict[str, str]) -> Path:
+    for name, text in {**{f"{p}/__init__.py": "" for p in PACKAGES}, **files}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_a_planted_torch_import_is_caught(tmp_path):
+    # A stand-in torch: the check looks at sys.modules, so the real one need not load.
+    root = plant(tmp_path, {"torch.py": "", "monitoring/exporter/__init__.py": "",
+                            "monitoring/exporter/cli.py": "def run():\n    import torch\n",
+                            "monitoring/diagnose/__init__.py": "",
+                            "monitoring/diagnose/verdicts.py": "from trainstack import rundir\n",
+                            "trainstack/rundir.py": "import torch\n"})
+    assert torch_importers(root) == ["torch"]  # through trainstack, not the lazy import that never ran
+
+
+def test_a_planted_crossing_is_caught(tmp_path):
+    root = plant(tmp_path, {"monitoring/report/__init__.py": "",
+                            "monitoring/report/runfiles.py": "def load():\n    from train.telemetry import X\n",
+                            "train/launch.py": "import monitoring.report\n",
+                            "train/rank.py": "from trainstack import rundir\n"})
+    assert sorted(crossings(root)) == ["monitoring.report.runfiles -> train.telemetry",
+                               "monitoring.report.runfiles -> train.telemetry.X",
+                               "train.launch -> monitoring.report"]
+
+
+def test_a_planted_cycle_is_caught_through_a_lazy_import(tmp_path):
+    root = plant(tmp_path, {"train/doctor/__init__.py": "from train.doctor.checks import run\n",
+                            "train/doctor/checks.py": "def run():\n    from train import launch\n",
+                            "train/launch.py": "from . import config\nfrom .doctor import run\n",
+                            "train/config.py": ""})
+    assert cycles(import_graph(root)) == [["train.doctor", "train.doctor.checks", "train.launch"]]
+
+
+def test_a_planted_loop_between_a_subpackage_and_a_module_is_caught(tmp_path):
+    # Each module imports fine (the doctor's package does not import its cli), but the parts loop.
+    root = plant(tmp_path, {"train/doctor/__init__.py": "from train.doctor.checks import run\n",
+                            "train/doctor/checks.py": "", "train/doctor/cli.py": "from train import launch\n",
+                            "train/launch.py": "from train.doctor import run\n"})
+    graph = import_graph(root)
+    assert cycles(graph) == []
+    assert cycles(subpackage_graph(graph)) == [["train.doctor", "train.launch"]]

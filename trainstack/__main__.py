@@ -1,0 +1,7 @@
+"""`python -m trainstack`: the same as the `trainstack` command (tests and benchmarks run it so)."""
+
+import sys
+
+from trainstack.cli import main
+
+sys.exit(main())

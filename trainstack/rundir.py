@@ -1,0 +1,216 @@
+"""The run directory and the process contract: every path inside a run directory, the environment the launcher
+hands to the ranks and the exporter, the default ports, and the summary.json schema.
+
+The launcher, the ranks, the exporter, the report, the doctor and the benchmarks all read and write these; this
+module is the one place their names are spelled (docs/architecture.md, "Run directory", shows the layout). It
+imports nothing heavy: the exporter and diagnose import it without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypedDict
+
+from trainstack.errors import ConfigError
+
+# ---- the environment ----------------------------------------------------------------------------------------
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own name: the ranks' multiprocess files go here
+RUN_ID_ENV = "TRAINSTACK_RUN_ID"  # names the run; the nodes of one job share it (e.g. the Kubernetes Job uid)
+LEASE_TIMEOUT_ENV = "TRAINSTACK_LEASE_TIMEOUT"  # seconds without a heartbeat before another host's lease is stale
+# Set by the launcher to the checkpoint it has just verified in full, so that every rank does not hash it again.
+VERIFIED_CHECKPOINT_ENV = "TRAINSTACK_VERIFIED_CHECKPOINT"
+# "0" makes the copy of each batch to the GPU blocking again: for measuring what non-blocking copies are worth.
+NON_BLOCKING_COPY_ENV = "TRAINSTACK_NON_BLOCKING_COPY"
+NNODES_ENV = "NNODES"  # nodes in the job, for the ranks' run-info series (torchrun sets GROUP_WORLD_SIZE too)
+USE_CPU_ENV = "ACCELERATE_USE_CPU"  # "1": Accelerate runs the ranks on the CPU over gloo, even beside a GPU
+
+# ---- ports --------------------------------------------------------------------------------------------------
+DEFAULT_EXPORTER_HOST = "127.0.0.1"
+DEFAULT_EXPORTER_PORT = 9450
+DEFAULT_MASTER_PORT = 29500  # torchrun's default rendezvous port; multi-node jobs need a fixed one
+
+
+def check_port(flag: str, port: int, zero_means: str | None = None) -> int:
+    """`port` when it is a TCP port; else ConfigError. zero_means: what 0 does for this flag (None: 0 is refused)."""
+    if not (0 if zero_means else 1) <= port <= 65535:
+        hint = f" (or 0 {zero_means})" if zero_means else ""
+        raise ConfigError(f"{flag} {port} is not a TCP port: use 1-65535{hint}")
+    return port
+
+
+def exporter_url(host: str = DEFAULT_EXPORTER_HOST, port: int = DEFAULT_EXPORTER_PORT) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+# ---- the run directory --------------------------------------------------------------------------------------
+CONFIG_FILE = "config.yaml"
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.html"
+CHECKPOINTS_DIR = "checkpoints"
+TELEMETRY_DIR = "telemetry"
+GPU_LOG_FILE = "gpu.jsonl"
+METRICS_DIR = "metrics"
+LEASE_DIR = "lease"
+EXPORTS_DIR = "exports"
+PREVIOUS_DIR = "previous"
+RANK_RECORDS_FILE = re.compile(r"rank-(\d+)\.jsonl")
+LEASE_FILE = re.compile(r"node-(\d+)\.json")
+STEP_DIR = re.compile(r"^step-(\d{8})$")  # a sealed checkpoint: complete, verified by its manifest
+UNSEALED_PREFIX = ".tmp-"  # a checkpoint being written: `.tmp-step-<N>`, renamed to `step-<N>` once sealed
+UNSEALED_GLOB = UNSEALED_PREFIX + "step-*"
+# A rank's records: the first line each launch (segment) appends; it has no "time" key, so record readers skip it.
+SEGMENT_MARKER = "segment_started"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory. `SHOWN` spells them for messages and help texts (RUN_DIR/...)."""
+
+    path: Path
+
+    @property
+    def config(self) -> Path:
+        """The resolved configuration the ranks run with (the launcher writes it on node 0)."""
+        return self.path / CONFIG_FILE
+
+    @property
+    def summary(self) -> Path:
+        return self.path / SUMMARY_FILE
+
+    @property
+    def report(self) -> Path:
+        return self.path / REPORT_FILE
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS_DIR
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / step_dir_name(step)
+
+    def unsealed_checkpoint(self, step: int) -> Path:
+        return self.checkpoints / (UNSEALED_PREFIX + step_dir_name(step))
+
+    @property
+    def telemetry(self) -> Path:
+        return self.path / TELEMETRY_DIR
+
+    def rank_records(self, rank: int | str) -> Path:
+        """One JSON line per log interval of global rank `rank`, appended over every segment of the run."""
+        return self.telemetry / f"rank-{rank}.jsonl"
+
+    def all_rank_records(self) -> dict[int, Path]:
+        found = {}
+        for path in self.telemetry.glob("rank-*.jsonl"):
+            if match := RANK_RECORDS_FILE.fullmatch(path.name):
+                found[int(match.group(1))] = path
+        return dict(sorted(found.items()))
+
+    @property
+    def gpu_log(self) -> Path:
+        """The exporter's NVML snapshots (docs/metrics.md)."""
+        return self.telemetry / GPU_LOG_FILE
+
+    def node_metrics(self, node: int | str) -> Path:
+        """Node `node`'s ranks' prometheus_client multiprocess files, made fresh by each launch."""
+        return self.path / METRICS_DIR / f"node-{node}"
+
+    @property
+    def lease(self) -> Path:
+        return self.path / LEASE_DIR
+
+    def lease_file(self, node: int | str) -> Path:
+        return self.lease / f"node-{node}.json"
+
+    def lease_files(self) -> list[Path]:
+        return sorted(p for p in self.lease.glob("node-*.json") if LEASE_FILE.fullmatch(p.name))
+
+    @property
+    def exports(self) -> Path:
+        return self.path / EXPORTS_DIR
+
+    def previous(self, run_id: str) -> RunDir:
+        """Where a fresh start sets aside an earlier attempt's record: the same layout, never deleted."""
+        return RunDir(self.path / PREVIOUS_DIR / f"before-{run_id}")
+
+
+SHOWN = RunDir(Path("RUN_DIR"))
+
+
+# ---- summary.json -------------------------------------------------------------------------------------------
+SUMMARY_VERSION = 1  # summaries written before the field existed are read as version 0: the same keys
+
+
+class Segment(TypedDict):
+    """One launch that trained the run (train/segments.py)."""
+
+    run_id: str
+    started: float
+    ended: float
+    first_step: int
+    last_step: int
+    samples: int
+    tokens: int
+    train_seconds: float
+    exit_reason: str | None
+
+
+class Summary(TypedDict, total=False):
+    """summary.json, written by global rank 0 when its launch ends (docs/training.md, "Exit codes")."""
+
+    version: int
+    run_id: str
+    world_size: int
+    distributed_type: str
+    device: str
+    mixed_precision: str
+    model: str
+    dataset: str
+    steps: int
+    epochs: int
+    initial_loss: float | None
+    final_loss: float | None
+    eval_loss: float | None
+    samples_per_second: float | None  # over every segment's training loop, compile time left out
+    tokens_per_second: float | None
+    compile_seconds: float | None  # None without --compile
+    recompiles: int | None
+    wall_seconds: float  # this launch
+    resumed_from: str | None
+    exit_reason: str  # completed, preempted or failed
+    exit_code: int
+    error: str | None
+    segments: list[Segment]
+
+
+def write_summary(path: Path, summary: Summary) -> None:
+    """Atomically: a reader sees the previous summary or this one, never half of it."""
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps({"version": SUMMARY_VERSION, **summary}, indent=2) + "\n")
+    os.replace(temporary, path)
+
+
+def read_summary(path: Path) -> Summary:
+    """The summary; {} when there is none (the run is going, or rank 0 died before writing it). ConfigError when
+    it is unreadable or written by a newer trainstack."""
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{path} is not a readable summary ({error}); move it away to start afresh") from None
+    if not isinstance(summary, dict):
+        raise ConfigError(f"{path} is not a trainstack summary (not a JSON object); move it away")
+    version = summary.setdefault("version", 0)
+    if not isinstance(version, int) or version > SUMMARY_VERSION:
+        raise ConfigError(f"{path} has summary version {version!r}, newer than this trainstack reads "
+                          f"({SUMMARY_VERSION}); use the trainstack that wrote it")
+    return summary
