@@ -1,0 +1,1 @@
+"""trainstack's contracts: what train/ and monitoring/ share (the CLI, errors, the run directory, metrics)."""
