@@ -74,7 +74,9 @@ identity = RankIdentity(rank=0, local_rank=0, node="fake-gpu-node", uuid=sys.arg
 telemetry = Telemetry(Path(sys.argv[1]), identity, flops_per_token=6e6, peak=1e12, device=torch.device("cpu"))
 step = 0
 while True:
-    telemetry.waited_for_data(0.01)
+    telemetry.data_wait_started()
+    time.sleep(0.01)
+    telemetry.data_ready()
     time.sleep(0.1)
     step += 1
     telemetry.step_done(8)
