@@ -51,6 +51,8 @@ METRIC_NAME = re.compile(r"(?<![\w:])trainstack_(?:train|gpu|exporter)_[a-z0-9_]
 SAMPLES = {sample: metric for metric in catalog.METRICS for sample in metric.sample_names}
 RECORDED = {series.name: series for series in catalog.RECORDED}
 DEADLINE_SECONDS = 120  # a limit on waiting for a loaded machine, never a measured speed
+# Subprocesses import from this checkout, and from whatever else PYTHONPATH names (the GPU machine's wheels).
+PYTHONPATH = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
 
 
 def entry(name: str) -> catalog.Metric | catalog.Recorded:
@@ -245,7 +247,7 @@ telemetry.close()
 
 
 def run_telemetry_rank(tmp_path: Path, metrics_dir: Path, device: str) -> None:
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "PYTHONPATH": PYTHONPATH}
     rank = subprocess.run([sys.executable, "-c", TELEMETRY_RANK, str(tmp_path / "run"), "GPU-catalog", device],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert rank.returncode == 0, rank.stderr[-3000:]
@@ -282,7 +284,7 @@ def test_every_catalog_metric_is_produced_and_nothing_else(tmp_path):
     exporter = subprocess.Popen(
         [sys.executable, "-m", "monitoring.exporter", "--nvml-module", "tests.nvml_fake", "--port", str(port),
          "--metrics-dir", str(metrics_dir), "--pcie-throughput"],
-        cwd=REPO, env={**os.environ, "NVML_FAKE_HOST": str(host_file), "PYTHONPATH": str(REPO)})
+        cwd=REPO, env={**os.environ, "NVML_FAKE_HOST": str(host_file), "PYTHONPATH": PYTHONPATH})
     wanted = set(SAMPLES)
     try:
         deadline = time.monotonic() + DEADLINE_SECONDS
