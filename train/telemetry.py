@@ -111,24 +111,24 @@ class RankMetrics:
         def series(metric: catalog.Metric):
             return catalog.rank_metric(metric).labels(rank)
 
-        c = catalog
         metrics = cls(
-            steps=series(c.TRAIN_STEPS), samples=series(c.TRAIN_SAMPLES), tokens=series(c.TRAIN_TOKENS),
-            forward_passes=series(c.TRAIN_FORWARD_PASSES), forward_seconds=series(c.TRAIN_FORWARD_SECONDS),
-            data_wait=series(c.TRAIN_DATA_WAIT), host_data_wait=series(c.TRAIN_HOST_DATA_WAIT),
-            step_duration=series(c.TRAIN_STEP_DURATION), loss=series(c.TRAIN_LOSS),
-            learning_rate=series(c.TRAIN_LEARNING_RATE), last_step=series(c.TRAIN_LAST_STEP),
-            epoch=series(c.TRAIN_EPOCH), last_checkpoint=series(c.TRAIN_LAST_CHECKPOINT),
-            checkpoint_duration=series(c.TRAIN_CHECKPOINT_DURATION), compile_seconds=series(c.TRAIN_COMPILE_SECONDS),
-            recompiles=series(c.TRAIN_RECOMPILES),
-            memory_allocated_peak=series(c.TRAIN_MEMORY_ALLOCATED_PEAK) if on_cuda else None,
-            memory_reserved_peak=series(c.TRAIN_MEMORY_RESERVED_PEAK) if on_cuda else None,
-            mfu=series(c.TRAIN_MFU) if knows_peak else None,
+            steps=series(catalog.TRAIN_STEPS), samples=series(catalog.TRAIN_SAMPLES),
+            tokens=series(catalog.TRAIN_TOKENS), forward_passes=series(catalog.TRAIN_FORWARD_PASSES),
+            forward_seconds=series(catalog.TRAIN_FORWARD_SECONDS), data_wait=series(catalog.TRAIN_DATA_WAIT),
+            host_data_wait=series(catalog.TRAIN_HOST_DATA_WAIT), step_duration=series(catalog.TRAIN_STEP_DURATION),
+            loss=series(catalog.TRAIN_LOSS), learning_rate=series(catalog.TRAIN_LEARNING_RATE),
+            last_step=series(catalog.TRAIN_LAST_STEP), epoch=series(catalog.TRAIN_EPOCH),
+            last_checkpoint=series(catalog.TRAIN_LAST_CHECKPOINT),
+            checkpoint_duration=series(catalog.TRAIN_CHECKPOINT_DURATION),
+            compile_seconds=series(catalog.TRAIN_COMPILE_SECONDS), recompiles=series(catalog.TRAIN_RECOMPILES),
+            memory_allocated_peak=series(catalog.TRAIN_MEMORY_ALLOCATED_PEAK) if on_cuda else None,
+            memory_reserved_peak=series(catalog.TRAIN_MEMORY_RESERVED_PEAK) if on_cuda else None,
+            mfu=series(catalog.TRAIN_MFU) if knows_peak else None,
             state_bytes={key: series(metric) for key, metric in STATE_BYTES.items()},
         )
-        catalog.rank_metric(c.TRAIN_RANK_INFO).labels(
+        catalog.rank_metric(catalog.TRAIN_RANK_INFO).labels(
             rank=rank, local_rank=str(identity.local_rank), node=identity.node, uuid=identity.uuid).set(1)
-        catalog.rank_metric(c.TRAIN_RUN_INFO).labels(
+        catalog.rank_metric(catalog.TRAIN_RUN_INFO).labels(
             rank=rank, run_id=identity.run_id, world_size=str(identity.world_size), nodes=str(identity.nodes),
             mixed_precision=identity.mixed_precision, model=identity.model, dataset=identity.dataset, clock=clock,
             strategy=identity.strategy).set(1)
