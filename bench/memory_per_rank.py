@@ -1,7 +1,7 @@
 """Memory per rank, DDP vs FSDP: the same model, data and steps on 2 CPU ranks, once per strategy.
 
 Each run is `trainstack train` as a user runs it. The bytes of parameters, gradients and optimizer state per rank
-are the ranks' own gauges (trainstack_train_param_bytes, _grad_bytes, _optimizer_state_bytes: the tensors each
+are the ranks' own gauges (parameter, gradient and optimizer-state bytes, trainstack/catalog.py: the tensors each
 rank holds at an optimizer step, its shards under FSDP). The largest process's peak RSS (getrusage over the whole
 process tree) is printed beside them: it also counts the PyTorch libraries, activations and the data, which
 sharding does not touch. Target (issue 16): FSDP/DDP <= 0.6 for parameters + gradients + optimizer state.
@@ -21,9 +21,14 @@ from pathlib import Path
 from trainstack.rundir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run as a script: the catalog comes from this checkout
+from trainstack import catalog  # noqa: E402
+
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
        "PYTHONPATH": str(REPO)}
-STATE = ("param_bytes", "grad_bytes", "optimizer_state_bytes")
+# The gauge of each, by the key train/telemetry.py's training_state_bytes gives it.
+STATE = {catalog.TRAIN_PARAM_BYTES.name: "param_bytes", catalog.TRAIN_GRAD_BYTES.name: "grad_bytes",
+         catalog.TRAIN_OPTIMIZER_STATE_BYTES.name: "optimizer_state_bytes"}
 TARGET = 0.6
 # Runs a command and prints the peak RSS of the largest process in its tree: RUSAGE_CHILDREN covers every
 # descendant that was waited for, and the launcher, Accelerate's agent and torchrun wait for theirs.
@@ -51,9 +56,8 @@ def gauges(run_dir: Path) -> dict[str, dict[str, float]]:
     values: dict[str, dict[str, float]] = {}
     for family in MultiProcessCollector(None, str(RunDir(run_dir).node_metrics(0))).collect():
         for sample in family.samples:
-            key = sample.name.removeprefix("trainstack_train_")
-            if key in STATE:
-                values.setdefault(sample.labels["rank"], {})[key] = sample.value
+            if sample.name in STATE:
+                values.setdefault(sample.labels["rank"], {})[STATE[sample.name]] = sample.value
     return values
 
 
@@ -74,7 +78,7 @@ def main() -> None:
     ratios = []
     for rank in sorted(measured["ddp"]):
         ddp, fsdp = measured["ddp"][rank], measured["fsdp"][rank]
-        for key in (*STATE, "total"):
+        for key in (*STATE.values(), "total"):
             ddp_bytes = sum(ddp.values()) if key == "total" else ddp[key]
             fsdp_bytes = sum(fsdp.values()) if key == "total" else fsdp[key]
             print(f"{rank:<6}{key.removesuffix('_bytes'):<18}{ddp_bytes / MiB:>10.1f}{fsdp_bytes / MiB:>10.1f}"

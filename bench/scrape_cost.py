@@ -4,13 +4,13 @@ The exporter runs as it does in production (`python -m monitoring.exporter`, its
 with the NVML fake standing in for the driver under a cost profile measured on a real one
 (tests/nvml_fake/hosts/h100_driver580.json: an H100 on driver 580, where each call and each field costs what it
 cost there, spent on the CPU as the real driver spends it), the profile's GPU repeated 1, 8 and 16 times, and a
-metrics directory holding 8 ranks' multiprocess files with every training metric of docs/architecture.md, each
+metrics directory holding 8 ranks' multiprocess files with the training metrics a GPU rank writes, each
 rank's process listed on a GPU so the per-process memory call runs.
 
 For each GPU count: scrape latency p50/p99 and CPU per scrape (the sampler's own CPU in that time taken out);
-then the sampler's CPU, from its own counters (trainstack_exporter_gpu_sample_cpu_seconds_total and
-trainstack_exporter_gpu_samples_total by cadence): the CPU of a fast and of a slow sample (over the idle window
-where it has them), and so its share of one core at one sample a second with the slow part every
+then the sampler's CPU, from its own counters (its CPU seconds and samples taken by cadence,
+catalog.EXPORTER_GPU_SAMPLE_CPU and catalog.EXPORTER_GPU_SAMPLES): the CPU of a fast and of a slow sample (over
+the idle window where it has them), and so its share of one core at one sample a second with the slow part every
 --slow-sample-interval seconds. The process's whole CPU while nothing scrapes it is measured over --idle-seconds
 next to it.
 
@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: tests.nvml_fake comes from the checkout
 from monitoring.exporter.config import DEFAULT_SAMPLE_INTERVAL, DEFAULT_SLOW_SAMPLE_INTERVAL  # noqa: E402
 from tests.nvml_fake.ranks import write_rank  # noqa: E402
+from trainstack import catalog  # noqa: E402
 from trainstack.rundir import RunDir  # noqa: E402
 
 RANKS = 8
@@ -121,7 +122,7 @@ def by_cadence(text: str, name: str) -> dict[str, float]:
 
 
 def sampler_cpu(text: str) -> float:
-    return sum(by_cadence(text, "trainstack_exporter_gpu_sample_cpu_seconds_total").values())
+    return sum(by_cadence(text, catalog.EXPORTER_GPU_SAMPLE_CPU.name).values())
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -145,10 +146,10 @@ def measure(url: str, pid: int, scrapes: int, idle_seconds: float) -> dict:
     time.sleep(idle_seconds)
     idle = (running_threads_cpu_seconds(pid) - idle_start) / idle_seconds
     text = scrape(url)
-    counts = by_cadence(text, "trainstack_exporter_gpu_samples_total")
-    cpus = by_cadence(text, "trainstack_exporter_gpu_sample_cpu_seconds_total")
-    counts_start = by_cadence(samples_start, "trainstack_exporter_gpu_samples_total")
-    cpus_start = by_cadence(samples_start, "trainstack_exporter_gpu_sample_cpu_seconds_total")
+    counts = by_cadence(text, catalog.EXPORTER_GPU_SAMPLES.name)
+    cpus = by_cadence(text, catalog.EXPORTER_GPU_SAMPLE_CPU.name)
+    counts_start = by_cadence(samples_start, catalog.EXPORTER_GPU_SAMPLES.name)
+    cpus_start = by_cadence(samples_start, catalog.EXPORTER_GPU_SAMPLE_CPU.name)
     in_window = {cadence: n - counts_start[cadence] for cadence, n in counts.items()}
     # A sample's CPU from the idle window where it holds samples (warm code, nothing else running), else from all
     # since the start (the slow part is read at start and then every 30 s).

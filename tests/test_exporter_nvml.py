@@ -95,7 +95,7 @@ def test_h100_exports_every_field_in_base_units():
     assert value(samples, "trainstack_gpu_info", **gpu0, name="NVIDIA H100 80GB HBM3",
                  pci_bus_id="00000000:18:00.0", driver_version="550.90.07") == 1
     opt_in = {"trainstack_gpu_pcie_transmit_bytes_per_second", "trainstack_gpu_pcie_receive_bytes_per_second"}
-    expected = {name for name, _ in GAUGES.values()} - opt_in | {f"{name}_total" for name, _ in COUNTERS.values()}
+    expected = {metric.name for metric in GAUGES.values()} - opt_in | {metric.name for metric in COUNTERS.values()}
     assert expected <= names_for_gpu(samples, "0")
     assert value(samples, "trainstack_gpu_utilization_ratio", **gpu0) == 0.98
     assert value(samples, "trainstack_gpu_power_watts", **gpu0) == pytest.approx(612.845)

@@ -13,15 +13,20 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from train.timeline import DeviceTimeline
+from trainstack import catalog
 from trainstack.rundir import METRICS_DIR_ENV, SEGMENT_MARKER, RunDir
 
-# training_state_bytes keys -> what they count; each is the gauge trainstack_train_<key>.
-STATE_BYTES = {"param_bytes": "parameters", "grad_bytes": "gradients", "optimizer_state_bytes": "optimizer state"}
-STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+if TYPE_CHECKING:  # imported for real only once the multiprocess directory is set (catalog.rank_metric)
+    from prometheus_client import Counter, Gauge, Histogram
+
+# training_state_bytes keys (also its record keys) -> the gauge each is exported as.
+STATE_BYTES = {"param_bytes": catalog.TRAIN_PARAM_BYTES, "grad_bytes": catalog.TRAIN_GRAD_BYTES,
+               "optimizer_state_bytes": catalog.TRAIN_OPTIMIZER_STATE_BYTES}
 
 # Dense peak FLOP/s by (device name fragment, precision). "no" is fp32 on the CUDA cores (TF32 off); "tf32" is fp32
 # matmuls on the tensor cores, what precision "no" runs at with --tf32 (GPUs without TF32 have no entry).
@@ -70,6 +75,65 @@ class RankIdentity:
     strategy: str = "ddp"
 
 
+@dataclass(frozen=True)
+class RankMetrics:
+    """A rank's series in its multiprocess files, built from the catalog (trainstack/catalog.py)."""
+
+    steps: Counter
+    samples: Counter
+    tokens: Counter
+    forward_passes: Counter
+    forward_seconds: Counter
+    data_wait: Counter
+    host_data_wait: Counter
+    step_duration: Histogram
+    loss: Gauge
+    learning_rate: Gauge
+    last_step: Gauge
+    epoch: Gauge
+    last_checkpoint: Gauge
+    checkpoint_duration: Gauge
+    compile_seconds: Counter
+    recompiles: Counter
+    state_bytes: dict[str, Gauge]
+    """training_state_bytes key -> its gauge."""
+    memory_allocated_peak: Gauge | None = None
+    """None off CUDA, as the next one."""
+    memory_reserved_peak: Gauge | None = None
+    mfu: Gauge | None = None
+    """None where the device's peak FLOP/s is unknown."""
+
+    @classmethod
+    def build(cls, identity: RankIdentity, clock: str, on_cuda: bool, knows_peak: bool) -> RankMetrics:
+        rank = str(identity.rank)
+
+        def series(metric: catalog.Metric):
+            return catalog.rank_metric(metric).labels(rank)
+
+        metrics = cls(
+            steps=series(catalog.TRAIN_STEPS), samples=series(catalog.TRAIN_SAMPLES),
+            tokens=series(catalog.TRAIN_TOKENS), forward_passes=series(catalog.TRAIN_FORWARD_PASSES),
+            forward_seconds=series(catalog.TRAIN_FORWARD_SECONDS), data_wait=series(catalog.TRAIN_DATA_WAIT),
+            host_data_wait=series(catalog.TRAIN_HOST_DATA_WAIT), step_duration=series(catalog.TRAIN_STEP_DURATION),
+            loss=series(catalog.TRAIN_LOSS), learning_rate=series(catalog.TRAIN_LEARNING_RATE),
+            last_step=series(catalog.TRAIN_LAST_STEP), epoch=series(catalog.TRAIN_EPOCH),
+            last_checkpoint=series(catalog.TRAIN_LAST_CHECKPOINT),
+            checkpoint_duration=series(catalog.TRAIN_CHECKPOINT_DURATION),
+            compile_seconds=series(catalog.TRAIN_COMPILE_SECONDS), recompiles=series(catalog.TRAIN_RECOMPILES),
+            memory_allocated_peak=series(catalog.TRAIN_MEMORY_ALLOCATED_PEAK) if on_cuda else None,
+            memory_reserved_peak=series(catalog.TRAIN_MEMORY_RESERVED_PEAK) if on_cuda else None,
+            mfu=series(catalog.TRAIN_MFU) if knows_peak else None,
+            state_bytes={key: series(metric) for key, metric in STATE_BYTES.items()},
+        )
+        catalog.rank_metric(catalog.TRAIN_RANK_INFO).labels(
+            rank=rank, local_rank=str(identity.local_rank), node=identity.node, uuid=identity.uuid).set(1)
+        catalog.rank_metric(catalog.TRAIN_RUN_INFO).labels(
+            rank=rank, run_id=identity.run_id, world_size=str(identity.world_size), nodes=str(identity.nodes),
+            mixed_precision=identity.mixed_precision, model=identity.model, dataset=identity.dataset, clock=clock,
+            strategy=identity.strategy).set(1)
+        return metrics
+
+
 class Telemetry:
     def __init__(self, run_dir: Path, identity: RankIdentity, flops_per_token: float, peak: float | None,
                  device: torch.device):
@@ -82,7 +146,8 @@ class Telemetry:
         self._timeline = DeviceTimeline(partial(torch.cuda.Event, enable_timing=True)) \
             if device.type == "cuda" else None
         self.clock = "gpu" if self._timeline else "host"
-        self._metrics = self._make_metrics(identity) if os.environ.get(METRICS_DIR_ENV) else None
+        self._metrics = RankMetrics.build(identity, self.clock, device.type == "cuda", bool(peak)) \
+            if os.environ.get(METRICS_DIR_ENV) else None
         records = RunDir(run_dir).rank_records(identity.rank)
         records.parent.mkdir(parents=True, exist_ok=True)
         self._records = open_records(records, identity)
@@ -96,66 +161,6 @@ class Telemetry:
         self._forward_start = 0.0
         self._state_bytes: dict[str, int] = {}
 
-    def _make_metrics(self, identity: RankIdentity) -> dict:
-        # Imported here: prometheus_client picks its multiprocess mode from the environment at import time.
-        from prometheus_client import Counter, Gauge, Histogram
-
-        labels = ["rank"]
-
-        def gauge(name: str, doc: str):
-            return Gauge(name, doc, labels, multiprocess_mode="mostrecent").labels(self.rank)
-
-        metrics = {
-            "steps": Counter("trainstack_train_steps", "Optimizer steps completed.", labels).labels(self.rank),
-            "samples": Counter("trainstack_train_samples", "Samples consumed.", labels).labels(self.rank),
-            "tokens": Counter("trainstack_train_tokens", "Non-padding tokens consumed.", labels).labels(self.rank),
-            "forward_passes": Counter("trainstack_train_forward_passes", "Forward passes (micro-batches) completed.",
-                                      labels).labels(self.rank),
-            "forward": Counter("trainstack_train_forward_seconds", "Time in the forward pass, before any collective.",
-                               labels).labels(self.rank),
-            "data_wait": Counter("trainstack_train_data_wait_seconds",
-                                 "Time the rank's device sat idle for want of the next batch (GPU: on its own "
-                                 "timeline; CPU: the host's time in the loader).", labels).labels(self.rank),
-            "host_data_wait": Counter("trainstack_train_host_data_wait_seconds",
-                                      "Host time blocked in the data loader's next(), on every device.",
-                                      labels).labels(self.rank),
-            "step_duration": Histogram("trainstack_train_step_duration_seconds",
-                                       "Time per optimizer step (a GPU rank's on its GPU's timeline).",
-                                       labels, buckets=STEP_BUCKETS).labels(self.rank),
-            "loss": gauge("trainstack_train_loss", "Training loss, mean over all ranks, at the last log interval."),
-            "lr": gauge("trainstack_train_learning_rate", "Current learning rate."),
-            "last_step": gauge("trainstack_train_last_step_timestamp_seconds", "Unix time of the last step."),
-            "epoch": gauge("trainstack_train_epoch", "Current epoch (0-based)."),
-            "last_checkpoint": gauge("trainstack_train_last_checkpoint_timestamp_seconds",
-                                     "Unix time the last checkpoint finished."),
-            "checkpoint_duration": gauge("trainstack_train_checkpoint_duration_seconds",
-                                         "Duration of the last checkpoint."),
-            "compile": Counter("trainstack_train_compile_seconds", "Wall time of the steps that ran torch.compile.",
-                               labels).labels(self.rank),
-            "recompiles": Counter("trainstack_train_recompiles", "Frames torch.compile compiled again for a new "
-                                  "batch shape (or a failed guard) after the first step's.", labels).labels(self.rank),
-        }
-        if self.device.type == "cuda":
-            metrics["allocated"] = gauge("trainstack_train_memory_allocated_peak_bytes",
-                                         "Peak accelerator memory allocated.")
-            metrics["reserved"] = gauge("trainstack_train_memory_reserved_peak_bytes",
-                                        "Peak accelerator memory reserved.")
-        if self.peak:
-            metrics["mfu"] = gauge("trainstack_train_mfu_ratio", "Model FLOPs utilization.")
-        for key, what in STATE_BYTES.items():
-            metrics[key] = gauge(f"trainstack_train_{key}", f"Bytes of {what} this rank holds at an optimizer step "
-                                 "(its shards under FSDP), where they peak.")
-        Gauge("trainstack_train_rank_info", "Joins a rank to its GPU.",
-              ["rank", "local_rank", "node", "uuid"], multiprocess_mode="mostrecent").labels(
-            self.rank, str(identity.local_rank), identity.node, identity.uuid).set(1)
-        Gauge("trainstack_train_run_info", "The run; clock: where step, forward and data-wait times are measured; "
-              "strategy: ddp or fsdp.",
-              ["rank", "run_id", "world_size", "nodes", "mixed_precision", "model", "dataset", "clock", "strategy"],
-              multiprocess_mode="mostrecent").labels(
-            self.rank, identity.run_id, str(identity.world_size), str(identity.nodes), identity.mixed_precision,
-            identity.model, identity.dataset, self.clock, identity.strategy).set(1)
-        return metrics
-
     def forward_started(self) -> None:
         """Forward time tells a straggler apart: in DDP every rank's step lasts as long as the slowest one's,
         because the others wait in backward's all-reduce, but only the straggler's forward is slow."""
@@ -166,11 +171,11 @@ class Telemetry:
 
     def forward_done(self) -> None:
         if self._metrics:
-            self._metrics["forward_passes"].inc()
+            self._metrics.forward_passes.inc()
         if self._timeline:
             self._timeline.forward_done()
         elif self._metrics:
-            self._metrics["forward"].inc(time.perf_counter() - self._forward_start)
+            self._metrics.forward_seconds.inc(time.perf_counter() - self._forward_start)
 
     def data_wait_started(self) -> None:
         """The loop is about to ask the loader for the next batch."""
@@ -183,13 +188,13 @@ class Telemetry:
         seconds = time.perf_counter() - self._wait_start
         self._host_data_wait += seconds
         if self._metrics:
-            self._metrics["host_data_wait"].inc(seconds)
+            self._metrics.host_data_wait.inc(seconds)
         if self._timeline:
             self._timeline.data_ready()
             return
         self._data_wait += seconds
         if self._metrics:
-            self._metrics["data_wait"].inc(seconds)
+            self._metrics.data_wait.inc(seconds)
 
     def step_done(self, samples: int) -> None:
         self._count_step(samples)
@@ -201,22 +206,22 @@ class Telemetry:
         self._last_step_end = now
         self._step_seconds.append(duration)
         if self._metrics:
-            self._metrics["step_duration"].observe(duration)
+            self._metrics.step_duration.observe(duration)
 
     def step_compiled(self, samples: int, seconds: float, recompiles: int) -> None:
         """A step that compiled counts as a step, but its time is compile time, not a step time."""
         self._count_step(samples)
         self.resync_clock()
         if self._metrics:
-            self._metrics["compile"].inc(seconds)
-            self._metrics["recompiles"].inc(recompiles)
+            self._metrics.compile_seconds.inc(seconds)
+            self._metrics.recompiles.inc(recompiles)
 
     def _count_step(self, samples: int) -> None:
         self._samples += samples
         if self._metrics:
-            self._metrics["steps"].inc()
-            self._metrics["samples"].inc(samples)
-            self._metrics["last_step"].set(time.time())
+            self._metrics.steps.inc()
+            self._metrics.samples.inc(samples)
+            self._metrics.last_step.set(time.time())
 
     def resync_clock(self) -> None:
         """After a checkpoint or evaluation: that pause is not a step, so it must not count as one."""
@@ -229,10 +234,10 @@ class Telemetry:
         times = self._timeline.read()
         self._data_wait, self._step_seconds = times.data_wait_seconds, times.step_seconds
         if self._metrics:
-            self._metrics["data_wait"].inc(times.data_wait_seconds)
-            self._metrics["forward"].inc(times.forward_seconds)
+            self._metrics.data_wait.inc(times.data_wait_seconds)
+            self._metrics.forward_seconds.inc(times.forward_seconds)
             for duration in times.step_seconds:
-                self._metrics["step_duration"].observe(duration)
+                self._metrics.step_duration.observe(duration)
 
     def interval_done(self, step: int, epoch: int, loss: float, lr: float, tokens: int) -> float:
         """Records the interval; returns its data-wait share of step time (for the progress bar)."""
@@ -250,17 +255,17 @@ class Telemetry:
         self._records.write(json.dumps(record) + "\n")
         if self._metrics:
             m = self._metrics
-            m["tokens"].inc(tokens)
-            m["loss"].set(loss)
-            m["lr"].set(lr)
-            m["epoch"].set(epoch)
-            if "allocated" in m:
-                m["allocated"].set(torch.cuda.max_memory_allocated(self.device))
-                m["reserved"].set(torch.cuda.max_memory_reserved(self.device))
-            if "mfu" in m:
+            m.tokens.inc(tokens)
+            m.loss.set(loss)
+            m.learning_rate.set(lr)
+            m.epoch.set(epoch)
+            if m.memory_allocated_peak is not None:
+                m.memory_allocated_peak.set(torch.cuda.max_memory_allocated(self.device))
+                m.memory_reserved_peak.set(torch.cuda.max_memory_reserved(self.device))
+            if m.mfu is not None:
                 # Tokens this rank trained on over the time its steps took (a checkpoint or evaluation pause
                 # in the interval is no step): docs/metrics.md.
-                m["mfu"].set(self.flops_per_token * tokens / stepped / self.peak)
+                m.mfu.set(self.flops_per_token * tokens / stepped / self.peak)
         share = min(1.0, self._data_wait / stepped)
         self._interval_start = now
         self._step_seconds = []
@@ -274,12 +279,12 @@ class Telemetry:
         self._state_bytes = sizes
         if self._metrics:
             for key, value in sizes.items():
-                self._metrics[key].set(value)
+                self._metrics.state_bytes[key].set(value)
 
     def checkpoint_done(self, duration: float) -> None:
         if self._metrics:
-            self._metrics["last_checkpoint"].set(time.time())
-            self._metrics["checkpoint_duration"].set(duration)
+            self._metrics.last_checkpoint.set(time.time())
+            self._metrics.checkpoint_duration.set(duration)
         self.resync_clock()
 
     def close(self) -> None:
@@ -329,8 +334,7 @@ def progress_by_rank(metrics_dir: str | None) -> dict[str, tuple[float, float, f
         return {}
     from prometheus_client.multiprocess import MultiProcessCollector
 
-    wanted = {"trainstack_train_steps_total": 0, "trainstack_train_forward_passes_total": 1,
-              "trainstack_train_last_step_timestamp_seconds": 2}
+    wanted = {catalog.TRAIN_STEPS.name: 0, catalog.TRAIN_FORWARD_PASSES.name: 1, catalog.TRAIN_LAST_STEP.name: 2}
     progress: dict[str, list[float]] = {}
     for family in MultiProcessCollector(None, metrics_dir).collect():
         for sample in family.samples:

@@ -6,6 +6,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from monitoring.diagnose.sources import GPU_SAMPLE_AGE, GPU_SAMPLE_INTERVAL, Sample, Source
+from trainstack import catalog
 
 THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown")
 POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")
@@ -20,12 +21,12 @@ class RankView:
     steps_per_second: float | None = None
     samples_per_second: float | None = None
     data_wait_ratio: float | None = None
-    """Share of step time the rank's device idled for want of a batch (rank:trainstack_train_data_wait:ratio_rate2m):
+    """Share of step time the rank's device idled for want of a batch (catalog.RANK_DATA_WAIT_RATIO):
     on a GPU rank measured on the GPU's timeline, on a CPU rank the host's time blocked in the loader."""
     host_data_wait_ratio: float | None = None
     """Share of step time the host spent blocked in the loader's next(); the same as data_wait_ratio on CPU."""
     clock: str = "host"
-    """Where the rank measures step, forward and data-wait times: gpu or host (trainstack_train_run_info)."""
+    """Where the rank measures step, forward and data-wait times: gpu or host (catalog.TRAIN_RUN_INFO)."""
     step_seconds: float | None = None
     """Mean wall time per optimizer step over the window; the same on every DDP rank."""
     forward_seconds: float | None = None
@@ -57,7 +58,7 @@ class Snapshot:
     """Exporter instance and cadence ("node0:9450 fast") -> (age of its GPU sample, its sampling interval), s."""
 
     def straggler_ratios(self) -> dict[str, float]:
-        """Each rank's forward time per step over the ranks' median (rank:trainstack_train_straggler:ratio).
+        """Each rank's forward time per step over the ranks' median (catalog.RANK_STRAGGLER_RATIO).
         Forward time, not step time: in DDP the fast ranks wait for the slow one inside the gradient all-reduce,
         so every rank's step takes the same time. Empty when the ranks do not export forward time."""
         speeds = {r.rank: r.forward_seconds for r in self.ranks if r.forward_seconds is not None}
@@ -93,26 +94,26 @@ def _gpu_sample_ages(source: Source) -> dict[str, tuple[float, float]]:
 
 
 def _ranks(source: Source) -> list[RankView]:
-    info = _labels_by_rank(source.instant("trainstack_train_rank_info"))
+    info = _labels_by_rank(source.instant(catalog.TRAIN_RANK_INFO.name))
     clocks = {rank: labels["clock"] for rank, labels in
-              _labels_by_rank(source.instant("trainstack_train_run_info")).items() if labels.get("clock")}
-    steps = _by("rank", source.instant("trainstack_train_steps_total"))
-    step_rate = _by("rank", source.rate("trainstack_train_steps_total"))
-    samples_rate = _by("rank", source.rate("trainstack_train_samples_total"))
-    step_time_rate = _by("rank", source.rate("trainstack_train_step_duration_seconds_sum"))
-    step_seconds = _ratio(step_time_rate, _by("rank", source.rate("trainstack_train_step_duration_seconds_count")))
+              _labels_by_rank(source.instant(catalog.TRAIN_RUN_INFO.name)).items() if labels.get("clock")}
+    steps = _by("rank", source.instant(catalog.TRAIN_STEPS.name))
+    step_rate = _by("rank", source.rate(catalog.TRAIN_STEPS.name))
+    samples_rate = _by("rank", source.rate(catalog.TRAIN_SAMPLES.name))
+    step_time_rate = _by("rank", source.rate(catalog.TRAIN_STEP_DURATION.sample("sum")))
+    step_seconds = _ratio(step_time_rate, _by("rank", source.rate(catalog.TRAIN_STEP_DURATION.sample("count"))))
     # As the recording rule: the share of step time spent waiting for the batch, a ratio of two rates so that a
     # run younger than the window reads true. A wait is counted when it ends, so a window can catch a little
     # more of it than of the step: cap at 1.
     wait = {name: min(1.0, ratio)
-            for name, ratio in _ratio(_by("rank", source.rate("trainstack_train_data_wait_seconds_total")),
+            for name, ratio in _ratio(_by("rank", source.rate(catalog.TRAIN_DATA_WAIT.name)),
                                       step_time_rate).items()}
     host_wait = {name: min(1.0, ratio)
-                 for name, ratio in _ratio(_by("rank", source.rate("trainstack_train_host_data_wait_seconds_total")),
+                 for name, ratio in _ratio(_by("rank", source.rate(catalog.TRAIN_HOST_DATA_WAIT.name)),
                                            step_time_rate).items()}
-    forward = _ratio(_by("rank", source.rate("trainstack_train_forward_seconds_total")), step_rate)
-    last = _by("rank", source.instant("trainstack_train_last_step_timestamp_seconds"))
-    mfu = _by("rank", source.instant("trainstack_train_mfu_ratio"))
+    forward = _ratio(_by("rank", source.rate(catalog.TRAIN_FORWARD_SECONDS.name)), step_rate)
+    last = _by("rank", source.instant(catalog.TRAIN_LAST_STEP.name))
+    mfu = _by("rank", source.instant(catalog.TRAIN_MFU.name))
     views = []
     for rank in sorted(set(info) | set(steps), key=lambda r: int(r) if r.isdigit() else r):
         labels = info.get(rank, {})
@@ -128,7 +129,7 @@ def _ranks(source: Source) -> list[RankView]:
 
 def _active_reasons(source: Source) -> dict[str, set[str]]:
     active: dict[str, set[str]] = {}
-    for labels, value in source.instant("trainstack_gpu_clock_event_active"):
+    for labels, value in source.instant(catalog.GPU_CLOCK_EVENT_ACTIVE.name):
         if "uuid" in labels:
             reasons = active.setdefault(labels["uuid"], set())
             if value:
@@ -146,14 +147,14 @@ def _throttle(rates: dict[str, float], active: dict[str, set[str]], uuid: str, r
 
 
 def _gpus(source: Source) -> list[GpuView]:
-    info = {labels["uuid"]: labels for labels, _ in source.instant("trainstack_gpu_info") if "uuid" in labels}
-    utilization = _by("uuid", source.instant("trainstack_gpu_utilization_ratio"))
-    memory = _ratio(_by("uuid", source.instant("trainstack_gpu_memory_used_bytes")),
-                    _by("uuid", source.instant("trainstack_gpu_memory_total_bytes")))
-    thermal = _by("uuid", source.rate("trainstack_gpu_thermal_violation_seconds_total"))
-    power = _by("uuid", source.rate("trainstack_gpu_power_violation_seconds_total"))
-    clock = _ratio(_by("uuid", source.instant("trainstack_gpu_sm_clock_hertz")),
-                   _by("uuid", source.instant("trainstack_gpu_sm_clock_max_hertz")))
+    info = {labels["uuid"]: labels for labels, _ in source.instant(catalog.GPU_INFO.name) if "uuid" in labels}
+    utilization = _by("uuid", source.instant(catalog.GPU_UTILIZATION.name))
+    memory = _ratio(_by("uuid", source.instant(catalog.GPU_MEMORY_USED.name)),
+                    _by("uuid", source.instant(catalog.GPU_MEMORY_TOTAL.name)))
+    thermal = _by("uuid", source.rate(catalog.GPU_THERMAL_VIOLATION.name))
+    power = _by("uuid", source.rate(catalog.GPU_POWER_VIOLATION.name))
+    clock = _ratio(_by("uuid", source.instant(catalog.GPU_SM_CLOCK.name)),
+                   _by("uuid", source.instant(catalog.GPU_SM_CLOCK_MAX.name)))
     # GPUs without violation counters: whether a throttle reason holds the clocks down right now.
     active = _active_reasons(source)
     views = []

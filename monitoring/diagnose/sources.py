@@ -17,17 +17,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitoring.exporter.gpu import COUNTERS
 from monitoring.exporter.nvml import SLOW_ATTRIBUTES
+from trainstack import catalog
 from trainstack.errors import ConfigError, RuntimeFailure
 from trainstack.rundir import DEFAULT_EXPORTER_HOST, DEFAULT_EXPORTER_PORT
 
 Sample = tuple[dict[str, str], float]
 PROMETHEUS_WINDOW = "2m"  # the recording rules' window (monitoring/prometheus/rules/recording.yml)
-GPU_SAMPLE_AGE = "trainstack_exporter_gpu_sample_age_seconds"
-GPU_SAMPLE_INTERVAL = "trainstack_exporter_gpu_sample_interval_seconds"
-GPU_SAMPLES = "trainstack_exporter_gpu_samples_total"
+GPU_SAMPLE_AGE = catalog.EXPORTER_GPU_SAMPLE_AGE.name
+GPU_SAMPLE_INTERVAL = catalog.EXPORTER_GPU_SAMPLE_INTERVAL.name
+GPU_SAMPLES = catalog.EXPORTER_GPU_SAMPLES.name
 # The exporter reads these at its slow cadence (docs/metrics.md): between two of its reads they do not move.
-SLOW_GPU_COUNTERS = frozenset(f"{name}_total" for attribute, (name, _) in COUNTERS.items()
-                              if attribute in SLOW_ATTRIBUTES)
+SLOW_GPU_COUNTERS = frozenset(metric.name for attribute, metric in COUNTERS.items() if attribute in SLOW_ATTRIBUTES)
 
 
 class Source(Protocol):

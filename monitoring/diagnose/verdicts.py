@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from monitoring.diagnose.snapshot import RankView, Snapshot
 from monitoring.diagnose.thresholds import Thresholds
+from trainstack import catalog
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ def no_training(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
                 if g.utilization is not None]
     return Verdict(
         "no-training", "the source has no training series: no rank has started, or the exporter reads the "
-        "wrong metrics directory", tuple(evidence) or ("no trainstack_train_* series at all",),
+        "wrong metrics directory", tuple(evidence) or (f"no {catalog.TRAIN_PREFIX}* series at all",),
         "start the run with trainstack train (its exporter reads RUN_DIR/metrics); for a separate exporter pass "
         "--metrics-dir RUN_DIR/metrics; with Prometheus, check --job and the target on its /targets page",
     )
@@ -45,7 +46,7 @@ def not_started(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         return None
     return Verdict(
         "no-step-yet", f"{len(snapshot.ranks)} rank(s) registered but none has completed a step",
-        ("trainstack_train_last_step_timestamp_seconds is 0 on every rank",),
+        (f"{catalog.TRAIN_LAST_STEP.name} is 0 on every rank",),
         "wait for the first step (model build, data loading, rendezvous); if it never comes, the ranks hang "
         "before the loop: read the ranks' logs, or py-spy dump --pid <rank pid>",
     )

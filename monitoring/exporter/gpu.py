@@ -1,53 +1,45 @@
-"""GPU collector: turns the sampler's latest snapshot into `trainstack_gpu_*` metric families at each scrape,
+"""GPU collector: turns the sampler's latest snapshot into the GPU metric families at each scrape,
 without calling NVML (monitoring/exporter/sampler.py reads it).
 
 Every GPU series carries `gpu` (the NVML index) and `uuid` and nothing else that identifies the GPU; name, driver
-and PCI bus are on `trainstack_gpu_info`. A field that is None in the sample is omitted (docs/metrics.md).
+and PCI bus are on the info metric. A field that is None in the sample is omitted (docs/metrics.md). The metrics
+themselves (names, help, labels) are trainstack/catalog.py's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from monitoring.exporter.sampler import Sampler
+from trainstack import catalog
 
-GPU_LABELS = ["gpu", "uuid"]
-
-# GpuSample attribute -> (metric name, help). Counter names get `_total` from prometheus_client.
+# GpuSample attribute -> the metric it is served as.
 GAUGES = {
-    "utilization_ratio": ("trainstack_gpu_utilization_ratio",
-                          "Share of the last sample period in which a kernel was running (not SM occupancy)."),
-    "memory_busy_ratio": ("trainstack_gpu_memory_busy_ratio",
-                          "Share of the last sample period in which device memory was read or written."),
-    "memory_used_bytes": ("trainstack_gpu_memory_used_bytes", "Device memory in use."),
-    "memory_total_bytes": ("trainstack_gpu_memory_total_bytes", "Device memory installed."),
-    "memory_reserved_bytes": ("trainstack_gpu_memory_reserved_bytes", "Device memory the driver reserves."),
-    "power_watts": ("trainstack_gpu_power_watts", "Power draw."),
-    "power_limit_watts": ("trainstack_gpu_power_limit_watts", "Enforced power limit."),
-    "temperature_celsius": ("trainstack_gpu_temperature_celsius", "GPU core temperature."),
-    "memory_temperature_celsius": ("trainstack_gpu_memory_temperature_celsius", "Device memory (HBM) temperature."),
-    "sm_clock_hertz": ("trainstack_gpu_sm_clock_hertz", "Current SM clock."),
-    "memory_clock_hertz": ("trainstack_gpu_memory_clock_hertz", "Current memory clock."),
-    "pcie_transmit_bytes_per_second": ("trainstack_gpu_pcie_transmit_bytes_per_second",
-                                       "PCIe transmit throughput over NVML's 20 ms window (opt-in)."),
-    "pcie_receive_bytes_per_second": ("trainstack_gpu_pcie_receive_bytes_per_second",
-                                      "PCIe receive throughput over NVML's 20 ms window (opt-in)."),
+    "utilization_ratio": catalog.GPU_UTILIZATION,
+    "memory_busy_ratio": catalog.GPU_MEMORY_BUSY,
+    "memory_used_bytes": catalog.GPU_MEMORY_USED,
+    "memory_total_bytes": catalog.GPU_MEMORY_TOTAL,
+    "memory_reserved_bytes": catalog.GPU_MEMORY_RESERVED,
+    "power_watts": catalog.GPU_POWER,
+    "power_limit_watts": catalog.GPU_POWER_LIMIT,
+    "temperature_celsius": catalog.GPU_TEMPERATURE,
+    "memory_temperature_celsius": catalog.GPU_MEMORY_TEMPERATURE,
+    "sm_clock_hertz": catalog.GPU_SM_CLOCK,
+    "memory_clock_hertz": catalog.GPU_MEMORY_CLOCK,
+    "pcie_transmit_bytes_per_second": catalog.GPU_PCIE_TRANSMIT,
+    "pcie_receive_bytes_per_second": catalog.GPU_PCIE_RECEIVE,
 }
 COUNTERS = {
-    "energy_joules": ("trainstack_gpu_energy_joules", "Energy consumed since the driver was loaded."),
-    "power_violation_seconds": ("trainstack_gpu_power_violation_seconds",
-                                "Time the clocks were held down by the power limit."),
-    "thermal_violation_seconds": ("trainstack_gpu_thermal_violation_seconds",
-                                  "Time the clocks were held down by temperature."),
-    "pcie_replays": ("trainstack_gpu_pcie_replays", "PCIe packets retransmitted."),
-    "ecc_corrected_errors": ("trainstack_gpu_ecc_corrected_errors",
-                             "Single-bit ECC errors corrected since the driver was loaded."),
-    "ecc_uncorrected_errors": ("trainstack_gpu_ecc_uncorrected_errors",
-                               "Double-bit ECC errors since the driver was loaded."),
-    "nvlink_transmit_bytes": ("trainstack_gpu_nvlink_transmit_bytes", "Data sent over all NVLinks."),
-    "nvlink_receive_bytes": ("trainstack_gpu_nvlink_receive_bytes", "Data received over all NVLinks."),
+    "energy_joules": catalog.GPU_ENERGY,
+    "power_violation_seconds": catalog.GPU_POWER_VIOLATION,
+    "thermal_violation_seconds": catalog.GPU_THERMAL_VIOLATION,
+    "pcie_replays": catalog.GPU_PCIE_REPLAYS,
+    "ecc_corrected_errors": catalog.GPU_ECC_CORRECTED,
+    "ecc_uncorrected_errors": catalog.GPU_ECC_UNCORRECTED,
+    "nvlink_transmit_bytes": catalog.GPU_NVLINK_TRANSMIT,
+    "nvlink_receive_bytes": catalog.GPU_NVLINK_RECEIVE,
 }
 # Bits of nvmlDeviceGetCurrentClocksEventReasons (NVML's clocks-event / throttle reasons).
 CLOCK_EVENT_REASONS = {
@@ -71,11 +63,9 @@ class GpuCollector:
 
     def collect(self) -> Iterator[Metric]:
         reading = self._sampler.snapshot()
-        info = InfoMetricFamily("trainstack_gpu", "The GPU: model name, PCI bus id and driver version.",
-                                labels=GPU_LABELS)
-        sm_max = GaugeMetricFamily("trainstack_gpu_sm_clock_max_hertz", "Maximum SM clock.", labels=GPU_LABELS)
-        memory_max = GaugeMetricFamily("trainstack_gpu_memory_clock_max_hertz", "Maximum memory clock.",
-                                       labels=GPU_LABELS)
+        info = catalog.family(catalog.GPU_INFO, labels=catalog.GPU_LABELS)  # name, bus, driver come with each value
+        sm_max = catalog.family(catalog.GPU_SM_CLOCK_MAX)
+        memory_max = catalog.family(catalog.GPU_MEMORY_CLOCK_MAX)
         for gpu in reading.gpus:
             labels = [str(gpu.index), gpu.uuid]
             info.add_metric(labels, {"name": gpu.name, "pci_bus_id": gpu.pci_bus_id,
@@ -83,17 +73,12 @@ class GpuCollector:
             _add(sm_max, labels, gpu.sm_clock_max_hertz)
             _add(memory_max, labels, gpu.memory_clock_max_hertz)
 
-        gauges = {a: GaugeMetricFamily(n, h, labels=GPU_LABELS) for a, (n, h) in GAUGES.items()}
-        counters = {a: CounterMetricFamily(n, h, labels=GPU_LABELS) for a, (n, h) in COUNTERS.items()}
-        reasons = GaugeMetricFamily("trainstack_gpu_clock_event_active",
-                                    "1 while this reason holds the clocks down (clocks event / throttle reason).",
-                                    labels=[*GPU_LABELS, "reason"])
-        processes = GaugeMetricFamily("trainstack_gpu_process_memory_used_bytes",
-                                      "Device memory used by one process of the training job.",
-                                      labels=[*GPU_LABELS, "pid"])
+        fields = {attribute: catalog.family(metric) for attribute, metric in (GAUGES | COUNTERS).items()}
+        reasons = catalog.family(catalog.GPU_CLOCK_EVENT_ACTIVE)
+        processes = catalog.family(catalog.GPU_PROCESS_MEMORY_USED)
         for sample in reading.samples:
             labels = [str(sample.index), sample.uuid]
-            for attribute, family in (gauges | counters).items():
+            for attribute, family in fields.items():
                 _add(family, labels, getattr(sample, attribute))
             if sample.clock_event_reasons is not None:
                 for reason, bit in CLOCK_EVENT_REASONS.items():
@@ -101,13 +86,11 @@ class GpuCollector:
             for pid, used in sorted(sample.process_memory_bytes.items()):
                 processes.add_metric([*labels, str(pid)], used)
 
-        xids = CounterMetricFamily("trainstack_gpu_xid_errors",
-                                   "Xid errors the driver reported (NVML critical Xid events), by Xid code.",
-                                   labels=[*GPU_LABELS, "xid"])
+        xids = catalog.family(catalog.GPU_XID_ERRORS)
         for (index, uuid, xid), count in sorted(reading.xid_errors.items()):
             xids.add_metric([str(index), uuid, str(xid)], count)
 
-        for family in (info, sm_max, memory_max, *gauges.values(), *counters.values(), reasons, processes, xids):
+        for family in (info, sm_max, memory_max, *fields.values(), reasons, processes, xids):
             if family.samples:
                 yield family
 

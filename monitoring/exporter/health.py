@@ -9,10 +9,11 @@ import time
 from collections.abc import Iterator
 from typing import Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from monitoring.exporter.nvml import NvmlSession
 from monitoring.exporter.sampler import CADENCES, Sampler
+from trainstack import catalog
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ class Collector(Protocol):
 
 
 class CollectorRuns:
-    """Duration and outcome of each collector's latest run, for trainstack_exporter_collector_*."""
+    """Duration and outcome of each collector's latest run, for the exporter's collector metrics."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -71,24 +72,17 @@ class ExporterCollector:
 
     def collect(self) -> Iterator[Metric]:
         health = self._session.health()
-        yield GaugeMetricFamily("trainstack_exporter_nvml_up",
-                                "1 when NVML initialised (a driver is present), else 0.", value=float(health.up))
-        yield GaugeMetricFamily("trainstack_exporter_gpus_lost",
-                                "GPUs that answered NVMLError_GpuIsLost and dropped out (need a reset).",
-                                value=health.gpus_lost)
-        errors = CounterMetricFamily("trainstack_exporter_nvml_errors",
-                                     "Failed NVML calls by call and error (NotSupported: counted once, then "
-                                     "the field is omitted).", labels=["call", "error"])
+        yield catalog.family(catalog.EXPORTER_NVML_UP, value=float(health.up))
+        yield catalog.family(catalog.EXPORTER_GPUS_LOST, value=health.gpus_lost)
+        errors = catalog.family(catalog.EXPORTER_NVML_ERRORS)
         for (call, error), count in sorted(health.errors.items()):
             errors.add_metric([call, error], count)
         if errors.samples:
             yield errors
         if health.up:
             yield from self._sampling()
-        durations = GaugeMetricFamily("trainstack_exporter_collector_duration_seconds",
-                                      "Time the collector took in its latest run.", labels=["collector"])
-        successes = GaugeMetricFamily("trainstack_exporter_collector_success",
-                                      "1 when the collector's latest run succeeded, else 0.", labels=["collector"])
+        durations = catalog.family(catalog.EXPORTER_COLLECTOR_DURATION)
+        successes = catalog.family(catalog.EXPORTER_COLLECTOR_SUCCESS)
         for name, (seconds, succeeded) in sorted(self._runs.latest().items()):
             durations.add_metric([name], seconds)
             successes.add_metric([name], float(succeeded))
@@ -97,25 +91,16 @@ class ExporterCollector:
             yield successes
 
     def _sampling(self) -> Iterator[Metric]:
-        labels = ["cadence"]
-        age = GaugeMetricFamily("trainstack_exporter_gpu_sample_age_seconds",
-                                "Time since the GPU sample served started: fast, every GPU metric; slow, the "
-                                "counters and slow sensors read at the slow cadence (docs/metrics.md).", labels=labels)
+        age = catalog.family(catalog.EXPORTER_GPU_SAMPLE_AGE)
         for cadence, seconds in sorted(self._sampler.ages().items()):
             age.add_metric([cadence], seconds)
-        interval = GaugeMetricFamily("trainstack_exporter_gpu_sample_interval_seconds",
-                                     "How often the sampler reads that part of the GPU sample (its flag).",
-                                     labels=labels)
+        interval = catalog.family(catalog.EXPORTER_GPU_SAMPLE_INTERVAL)
         interval.add_metric(["fast"], self._sampler.interval_seconds)
         interval.add_metric(["slow"], self._sampler.slow_interval_seconds)
         cost = self._sampler.cost()
-        samples = CounterMetricFamily("trainstack_exporter_gpu_samples",
-                                      "GPU samples taken, by cadence (a slow sample reads both parts).",
-                                      labels=labels)
-        cpu = CounterMetricFamily("trainstack_exporter_gpu_sample_cpu_seconds",
-                                  "CPU time the GPU sampler spent in samples of that cadence.", labels=labels)
-        duration = GaugeMetricFamily("trainstack_exporter_gpu_sample_duration_seconds",
-                                     "Wall time the latest GPU sample of that cadence took.", labels=labels)
+        samples = catalog.family(catalog.EXPORTER_GPU_SAMPLES)
+        cpu = catalog.family(catalog.EXPORTER_GPU_SAMPLE_CPU)
+        duration = catalog.family(catalog.EXPORTER_GPU_SAMPLE_DURATION)
         for cadence in CADENCES:
             samples.add_metric([cadence], cost.samples[cadence])
             cpu.add_metric([cadence], cost.cpu_seconds[cadence])

@@ -1,7 +1,7 @@
 """The GPU sampler: NVML is read on a thread of its own, at its own cadence; a scrape renders the latest snapshot.
 
 A scrape never calls NVML, so its cost does not grow with the number of GPUs, and a hung or slow NVML call ages the
-snapshot (`trainstack_exporter_gpu_sample_age_seconds`) instead of hanging the scrape (the anchors: dcgm-exporter
+snapshot (the exporter's GPU sample age metric) instead of hanging the scrape (the anchors: dcgm-exporter
 serves DCGM's cached samples; nvidia_gpu_exporter moved to a collect interval with a cached snapshot after scrape
 hangs). Each sample reads the fast part of every GPU; every `slow_interval_seconds` a sample also reads the slow part
 (monitoring/exporter/nvml.py). Between slow reads a snapshot carries the slow values of the last slow read as NVML

@@ -21,6 +21,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a script: the catalog comes from this checkout
+from trainstack import catalog  # noqa: E402
+
 DASHBOARDS_DIR = ROOT / "monitoring/grafana/dashboards"
 ALERTS_FILE = ROOT / "monitoring/prometheus/rules/alerts.yml"
 DOCS_FILE = ROOT / "docs/monitoring.md"
@@ -92,113 +95,113 @@ def training_overview() -> Dashboard:
     memory_full = alert_threshold("TrainstackGPUMemoryNearlyFull")
     overview = Row("Overview", (
         Panel("stat", "Samples/s", "Training samples consumed per second by all ranks of the job.",
-              "count:samples/s", (Query(f"sum(job:trainstack_train_samples:rate2m{{{JOB}}})", "samples/s"),),
+              "count:samples/s", (Query(f"sum({catalog.JOB_SAMPLES_RATE.name}{{{JOB}}})", "samples/s"),),
               width=4, height=4),
         Panel("stat", "Tokens/s", "Non-padding tokens consumed per second by all ranks of the job.",
-              "count:tokens/s", (Query(f"sum(job:trainstack_train_tokens:rate2m{{{JOB}}})", "tokens/s"),),
+              "count:tokens/s", (Query(f"sum({catalog.JOB_TOKENS_RATE.name}{{{JOB}}})", "tokens/s"),),
               width=4, height=4),
         Panel("stat", "MFU", "Model FLOPs utilization, the mean over ranks: the share of the GPUs' peak FLOP/s "
               "that the model's own arithmetic uses (absent on CPU and on GPUs of unknown peak).",
-              "percentunit", (Query(f"avg(job:trainstack_train_mfu:avg_ratio{{{JOB}}})", "MFU"),),
+              "percentunit", (Query(f"avg({catalog.JOB_MFU.name}{{{JOB}}})", "MFU"),),
               width=4, height=4),
         Panel("stat", "Data-wait ratio", "Share of step time the ranks spend blocked on the data loader, the mean "
               "over ranks; red above the input-bound alert threshold.",
-              "percentunit", (Query(f"max(job:trainstack_train_data_wait:ratio_rate2m{{{JOB}}})", "data wait"),),
+              "percentunit", (Query(f"max({catalog.JOB_DATA_WAIT_RATIO.name}{{{JOB}}})", "data wait"),),
               width=4, height=4, threshold=input_bound),
         Panel("stat", "Straggler ratio", "The slowest rank's forward time per step over the job's median; red "
               "above the straggler alert threshold.",
-              "suffix:×", (Query(f"max(job:trainstack_train_straggler:ratio{{{JOB}}})", "straggler"),),
+              "suffix:×", (Query(f"max({catalog.JOB_STRAGGLER_RATIO.name}{{{JOB}}})", "straggler"),),
               width=4, height=4, threshold=straggler),
         Panel("stat", "Since last step", "Time since the newest training step of any rank; red when the "
               "training-stalled alert would fire.",
-              "s", (Query(f"min(job:trainstack_train_last_step_age:seconds{{{JOB}}})", "since last step"),),
+              "s", (Query(f"min({catalog.JOB_LAST_STEP_AGE.name}{{{JOB}}})", "since last step"),),
               width=4, height=4, threshold=stalled),
     ))
     throughput = Row("Throughput and loss", (
         Panel("timeseries", "Samples/s per rank", "Samples each rank consumes per second, and the job's total; "
               "ranks of one DDP job should sit on top of each other.",
               "count:samples/s",
-              (Query(f"rank:trainstack_train_samples:rate2m{{{RANK}}}", "rank {{rank}}"),
-               Query(f"job:trainstack_train_samples:rate2m{{{JOB}}}", "total {{job}}")),
+              (Query(f"{catalog.RANK_SAMPLES_RATE.name}{{{RANK}}}", "rank {{rank}}"),
+               Query(f"{catalog.JOB_SAMPLES_RATE.name}{{{JOB}}}", "total {{job}}")),
               width=12),
         Panel("timeseries", "Tokens/s per rank", "Non-padding tokens each rank consumes per second, and the "
               "job's total.",
               "count:tokens/s",
-              (Query(f"rank:trainstack_train_tokens:rate2m{{{RANK}}}", "rank {{rank}}"),
-               Query(f"job:trainstack_train_tokens:rate2m{{{JOB}}}", "total {{job}}")),
+              (Query(f"{catalog.RANK_TOKENS_RATE.name}{{{RANK}}}", "rank {{rank}}"),
+               Query(f"{catalog.JOB_TOKENS_RATE.name}{{{JOB}}}", "total {{job}}")),
               width=12),
         Panel("timeseries", "Loss", "Training loss, the mean over all ranks at each log interval.",
-              "none", (Query(f"avg by (job) (trainstack_train_loss{{{RANK}}})", "{{job}}"),), width=12),
+              "none", (Query(f"avg by (job) ({catalog.TRAIN_LOSS.name}{{{RANK}}})", "{{job}}"),), width=12),
         Panel("timeseries", "Learning rate", "The optimizer's learning rate (warm-up, then decay).",
-              "none", (Query(f"avg by (job) (trainstack_train_learning_rate{{{RANK}}})", "{{job}}"),),
+              "none", (Query(f"avg by (job) ({catalog.TRAIN_LEARNING_RATE.name}{{{RANK}}})", "{{job}}"),),
               width=12),
     ))
     steps = Row("Step time, data wait, stragglers", (
         Panel("timeseries", "Step time per rank", "Median and 90th percentile wall time per optimizer step, per "
               "rank; in DDP all ranks show the pace of the slowest.",
               "s",
-              (Query(f'rank:trainstack_train_step_duration_seconds:quantile_rate2m{{{RANK}, quantile="0.5"}}',
+              (Query(f'{catalog.RANK_STEP_DURATION_QUANTILE.name}{{{RANK}, quantile="0.5"}}',
                      "rank {{rank}} p50"),
-               Query(f'rank:trainstack_train_step_duration_seconds:quantile_rate2m{{{RANK}, quantile="0.9"}}',
+               Query(f'{catalog.RANK_STEP_DURATION_QUANTILE.name}{{{RANK}, quantile="0.9"}}',
                      "rank {{rank}} p90")),
               minimum=0),
         Panel("timeseries", "Data-wait ratio per rank", "Share of each rank's step time spent blocked on its data "
               "loader; the red line is the input-bound alert threshold.",
-              "percentunit", (Query(f"rank:trainstack_train_data_wait:ratio_rate2m{{{RANK}}}", "rank {{rank}}"),),
+              "percentunit", (Query(f"{catalog.RANK_DATA_WAIT_RATIO.name}{{{RANK}}}", "rank {{rank}}"),),
               threshold=input_bound, minimum=0, maximum=1),
         Panel("timeseries", "Straggler ratio per rank", "Each rank's forward time per step over the job's median: "
               "the rank above the red line is the one the others wait for.",
-              "suffix:×", (Query(f"rank:trainstack_train_straggler:ratio{{{RANK}}}", "rank {{rank}}"),),
+              "suffix:×", (Query(f"{catalog.RANK_STRAGGLER_RATIO.name}{{{RANK}}}", "rank {{rank}}"),),
               threshold=straggler, minimum=0),
         Panel("timeseries", "MFU per rank", "Model FLOPs utilization of each rank at each log interval.",
-              "percentunit", (Query(f"trainstack_train_mfu_ratio{{{RANK}}}", "rank {{rank}}"),),
+              "percentunit", (Query(f"{catalog.TRAIN_MFU.name}{{{RANK}}}", "rank {{rank}}"),),
               width=12, minimum=0),
         Panel("timeseries", "GPU utilization by rank", "Utilization of the GPU each rank runs on, joined by GPU "
               "UUID: shows which GPU belongs to which rank.",
               "percentunit",
-              (Query(f"trainstack_train_rank_info{{{RANK}}} * on (job, instance, uuid) group_left (gpu) "
-                     "trainstack_gpu_utilization_ratio", "rank {{rank}} (GPU {{gpu}})"),),
+              (Query(f"{catalog.TRAIN_RANK_INFO.name}{{{RANK}}} * on (job, instance, uuid) group_left (gpu) "
+                     f"{catalog.GPU_UTILIZATION.name}", "rank {{rank}} (GPU {{gpu}})"),),
               width=12, minimum=0, maximum=1),
     ))
     gpus = Row("GPUs", (
         Panel("timeseries", "GPU utilization", "Share of time a kernel ran on each GPU (not SM occupancy: a GPU "
               "stuck in a collective also reads 100%).",
               "percentunit",
-              (Query(f"trainstack_gpu_utilization_ratio{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
+              (Query(f"{catalog.GPU_UTILIZATION.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
               minimum=0, maximum=1),
         Panel("timeseries", "GPU memory used", "Device memory in use on each GPU, including PyTorch's cache.",
-              "bytes", (Query(f"trainstack_gpu_memory_used_bytes{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
+              "bytes", (Query(f"{catalog.GPU_MEMORY_USED.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
               minimum=0),
         Panel("timeseries", "GPU memory used share", "Used over installed device memory per GPU; the red line is "
               "the memory-nearly-full alert threshold.",
-              "percentunit", (Query(f"gpu:trainstack_gpu_memory_used:ratio{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
+              "percentunit", (Query(f"{catalog.GPU_MEMORY_USED_RATIO.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
               threshold=memory_full, minimum=0, maximum=1),
         Panel("timeseries", "Power draw and limit", "Power each GPU draws, and the power limit it is held to.",
               "watt",
-              (Query(f"trainstack_gpu_power_watts{{{GPU}}}", "{{instance}} GPU {{gpu}}"),
-               Query(f"trainstack_gpu_power_limit_watts{{{GPU}}}", "{{instance}} GPU {{gpu}} limit")),
+              (Query(f"{catalog.GPU_POWER.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),
+               Query(f"{catalog.GPU_POWER_LIMIT.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} limit")),
               minimum=0),
         Panel("timeseries", "Energy per sample", "Joules all of the job's GPUs draw per training sample: the cost "
               "of a sample, lower is better.",
-              "joule", (Query(f"job:trainstack_gpu_energy_per_sample:joules{{{JOB}}}", "{{job}}"),), minimum=0),
+              "joule", (Query(f"{catalog.JOB_GPU_ENERGY_PER_SAMPLE.name}{{{JOB}}}", "{{job}}"),), minimum=0),
         Panel("timeseries", "Temperature", "GPU core temperature.",
-              "celsius", (Query(f"trainstack_gpu_temperature_celsius{{{GPU}}}", "{{instance}} GPU {{gpu}}"),)),
+              "celsius", (Query(f"{catalog.GPU_TEMPERATURE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),)),
         Panel("timeseries", "SM clock", "Current SM clock of each GPU, and its maximum: a clock held low while busy "
               "means throttling.",
               "hertz",
-              (Query(f"trainstack_gpu_sm_clock_hertz{{{GPU}}}", "{{instance}} GPU {{gpu}}"),
-               Query(f"trainstack_gpu_sm_clock_max_hertz{{{GPU}}}", "{{instance}} GPU {{gpu}} max")),
+              (Query(f"{catalog.GPU_SM_CLOCK.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),
+               Query(f"{catalog.GPU_SM_CLOCK_MAX.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} max")),
               minimum=0),
         Panel("timeseries", "Throttled time share", "Share of time each GPU's clocks were held down by temperature "
               "or by the power limit.",
               "percentunit",
-              (Query(f"gpu:trainstack_gpu_thermal_throttle:ratio_rate2m{{{GPU}}}", "{{instance}} GPU {{gpu}} thermal"),
-               Query(f"gpu:trainstack_gpu_power_throttle:ratio_rate2m{{{GPU}}}", "{{instance}} GPU {{gpu}} power")),
+              (Query(f"{catalog.GPU_THERMAL_THROTTLE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} thermal"),
+               Query(f"{catalog.GPU_POWER_THROTTLE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} power")),
               minimum=0, maximum=1),
         Panel("timeseries", "Throttle reasons", "How many of the selected GPUs have each clock-event (throttle) "
               "reason active, idle excluded.",
               "suffix: GPUs",
-              (Query(f'sum by (reason) (trainstack_gpu_clock_event_active{{{GPU}, reason!="gpu_idle"}})',
+              (Query(f'sum by (reason) ({catalog.GPU_CLOCK_EVENT_ACTIVE.name}{{{GPU}, reason!="gpu_idle"}})',
                      "{{reason}}"),),
               minimum=0),
     ))
@@ -210,18 +213,19 @@ def training_overview() -> Dashboard:
               width=12, height=6, stat_text="name"),
         Panel("stat", "NVML up", "Whether each exporter can read its GPUs through NVML (down on a host without an "
               "NVIDIA driver).",
-              "bool:up/down", (Query(f'trainstack_exporter_nvml_up{{{JOB}, instance=~"$instance"}}', "{{instance}}"),),
+              "bool:up/down",
+              (Query(f'{catalog.EXPORTER_NVML_UP.name}{{{JOB}, instance=~"$instance"}}', "{{instance}}"),),
               width=4, height=6),
         Panel("timeseries", "Exporter collector time", "Time each of the exporter's collectors took in its latest "
               "scrape.",
               "s",
-              (Query(f'trainstack_exporter_collector_duration_seconds{{{JOB}, instance=~"$instance"}}',
+              (Query(f'{catalog.EXPORTER_COLLECTOR_DURATION.name}{{{JOB}, instance=~"$instance"}}',
                      "{{instance}} {{collector}}"),),
               width=8, height=6, minimum=0),
         Panel("timeseries", "NVML errors", "Failed NVML calls per second, by call and error (NotSupported is "
               "counted once per field, then the field is left out).",
               "count:errors/s",
-              (Query(f'sum by (instance, call, error) (rate(trainstack_exporter_nvml_errors_total{{{JOB}, '
+              (Query(f'sum by (instance, call, error) (rate({catalog.EXPORTER_NVML_ERRORS.name}{{{JOB}, '
                      'instance=~"$instance"}[$__rate_interval]))', "{{instance}} {{call}} {{error}}"),),
               width=12, height=6, minimum=0),
     ))
@@ -250,12 +254,12 @@ def _variables() -> list[dict]:
     return [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
          "current": {"text": "Prometheus", "value": DATASOURCE_UID}, "refresh": 1, "regex": "", "hide": 0},
-        # every trainstack exporter serves trainstack_exporter_nvml_up, with or without GPUs and ranks
-        _variable("job", "Job", "label_values(trainstack_exporter_nvml_up, job)"),
-        _variable("instance", "Instance", 'label_values(trainstack_exporter_nvml_up{job=~"$job"}, instance)'),
-        _variable("gpu", "GPU", 'label_values(trainstack_gpu_info{job=~"$job", instance=~"$instance"}, gpu)'),
+        # every trainstack exporter serves the NVML-up gauge, with or without GPUs and ranks
+        _variable("job", "Job", f"label_values({catalog.EXPORTER_NVML_UP.name}, job)"),
+        _variable("instance", "Instance", f'label_values({catalog.EXPORTER_NVML_UP.name}{{job=~"$job"}}, instance)'),
+        _variable("gpu", "GPU", f'label_values({catalog.GPU_INFO.name}{{job=~"$job", instance=~"$instance"}}, gpu)'),
         _variable("rank", "Rank",
-                  'label_values(trainstack_train_rank_info{job=~"$job", instance=~"$instance"}, rank)'),
+                  f'label_values({catalog.TRAIN_RANK_INFO.name}{{job=~"$job", instance=~"$instance"}}, rank)'),
     ]
 
 

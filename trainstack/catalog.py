@@ -1,0 +1,493 @@
+"""Every metric trainstack exports, as data: the one place a metric name is written in Python.
+
+Each entry says what a metric is (name, type, unit, labels, help), where its value comes from (the ranks'
+telemetry, an NVML call or field, the exporter itself), when it is absent, and who reads it: the recording
+rules and alerts (monitoring/prometheus/rules/), the Grafana panels (monitoring/grafana/) and `trainstack diagnose`
+(monitoring/diagnose/). The producers build their metrics from these entries (train/telemetry.py, the exporter's
+collectors, the NVML fake's stand-in ranks), the readers take the names from here, and docs/metrics.md's tables
+are generated from them (scripts/metrics-docs.py). tests/test_catalog.py holds the files that cannot import this
+module (rules, dashboards) to it, and checks that every entry is produced. The approach is dcgm-exporter's
+(etc/default-counters.csv parsed into Counter structs, every collector built from that one table).
+
+A reader is written "record <series>", "alert <name>", "panel <title>", "variable <name>" (a dashboard variable)
+or "diagnose <verdict kind>" ("diagnose figures": the figures a healthy diagnosis shows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COUNTER = "counter"
+GAUGE = "gauge"
+HISTOGRAM = "histogram"
+INFO = "info"
+
+TELEMETRY = "rank telemetry"  # written by each rank into its multiprocess files (train/telemetry.py)
+NVML = "nvml"  # read from NVML by the exporter's sampler (monitoring/exporter/sampler.py, nvml.py)
+EXPORTER = "exporter"  # the exporter's own health (monitoring/exporter/health.py)
+
+PREFIX = "trainstack_"
+TRAIN_PREFIX = f"{PREFIX}train_"
+GPU_PREFIX = f"{PREFIX}gpu_"
+EXPORTER_PREFIX = f"{PREFIX}exporter_"
+PREFIXES = {TELEMETRY: TRAIN_PREFIX, NVML: GPU_PREFIX, EXPORTER: EXPORTER_PREFIX}
+
+RANK_LABELS = ("rank",)
+GPU_LABELS = ("gpu", "uuid")
+CADENCE_LABELS = ("cadence",)
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    """The name a query uses: a counter's ends in `_total`, an info metric's in `_info`."""
+    type: str
+    help: str
+    """The HELP line the exporter serves."""
+    labels: tuple[str, ...]
+    source: str
+    """TELEMETRY, NVML or EXPORTER."""
+    origin: str
+    """Where the value comes from in detail: the NVML call or field, or what the rank or exporter measures."""
+    unit: str = ""
+    """As docs/metrics.md writes it ("s", "bytes", "0..1"...); empty for a count."""
+    values: str = ""
+    """"1" for an info-style gauge, "0/1" for a yes/no gauge."""
+    absent_when: str = ""
+    readers: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    """A histogram's bucket bounds."""
+
+    @property
+    def family_name(self) -> str:
+        """The name prometheus_client's constructors take: without a counter's `_total`, an info's `_info`."""
+        if self.type == COUNTER:
+            return self.name.removesuffix("_total")
+        if self.type == INFO:
+            return self.name.removesuffix("_info")
+        return self.name
+
+    @property
+    def sample_names(self) -> tuple[str, ...]:
+        """The series names a scrape shows for this metric."""
+        if self.type == HISTOGRAM:
+            return tuple(f"{self.name}_{suffix}" for suffix in ("bucket", "sum", "count"))
+        return (self.name,)
+
+    def sample(self, suffix: str) -> str:
+        """One of a histogram's series: `sum`, `count` or `bucket`."""
+        name = f"{self.name}_{suffix}"
+        if name not in self.sample_names:
+            raise ValueError(f"{self.name} has no series {name}")
+        return name
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A series the recording rules (monitoring/prometheus/rules/recording.yml) make from the metrics."""
+
+    name: str
+    help: str
+    readers: tuple[str, ...] = ()
+
+
+# --- training: written by each rank (train/telemetry.py) -----------------------------------------------------
+
+TRAIN_STEPS = Metric(
+    "trainstack_train_steps_total", COUNTER, "Optimizer steps completed.", RANK_LABELS, TELEMETRY,
+    "optimizer steps completed",
+    readers=("record rank:trainstack_train_steps:rate2m", "record rank:trainstack_train_forward_seconds:mean_rate2m",
+             "diagnose no-training", "diagnose stalled", "diagnose straggler", "diagnose figures"))
+TRAIN_SAMPLES = Metric(
+    "trainstack_train_samples_total", COUNTER, "Samples consumed.", RANK_LABELS, TELEMETRY,
+    "samples (sequences) consumed",
+    readers=("record rank:trainstack_train_samples:rate2m", "diagnose figures"))
+TRAIN_TOKENS = Metric(
+    "trainstack_train_tokens_total", COUNTER, "Non-padding tokens consumed.", RANK_LABELS, TELEMETRY,
+    "non-padding tokens consumed",
+    readers=("record rank:trainstack_train_tokens:rate2m",))
+TRAIN_STEP_DURATION = Metric(
+    "trainstack_train_step_duration_seconds", HISTOGRAM,
+    "Time per optimizer step (a GPU rank's on its GPU's timeline).", RANK_LABELS, TELEMETRY,
+    "time per optimizer step, end of the previous step to the end of this one; on a GPU rank on the GPU's "
+    "timeline, observed at each log interval ([which clock](#which-clock-data-wait-on-gpu-and-cpu-ranks))",
+    unit="s", buckets=STEP_BUCKETS,
+    readers=("record rank:trainstack_train_step_duration_seconds:mean_rate2m",
+             "record rank:trainstack_train_step_duration_seconds:quantile_rate2m",
+             "record job:trainstack_train_step_duration_seconds:quantile_rate2m",
+             "record rank:trainstack_train_data_wait:ratio_rate2m", "diagnose input-bound", "diagnose straggler",
+             "diagnose figures"))
+TRAIN_FORWARD_SECONDS = Metric(
+    "trainstack_train_forward_seconds_total", COUNTER, "Time in the forward pass, before any collective.",
+    RANK_LABELS, TELEMETRY,
+    "time in the forward pass, before any collective (a straggler's is the longest); on a GPU rank on the GPU's "
+    "timeline, added at each log interval",
+    unit="s", readers=("record rank:trainstack_train_forward_seconds:mean_rate2m", "diagnose straggler"))
+TRAIN_FORWARD_PASSES = Metric(
+    "trainstack_train_forward_passes_total", COUNTER, "Forward passes (micro-batches) completed.", RANK_LABELS,
+    TELEMETRY,
+    "forward passes (micro-batches) completed; a rank that timed out names the peer with the fewest")
+TRAIN_DATA_WAIT = Metric(
+    "trainstack_train_data_wait_seconds_total", COUNTER,
+    "Time the rank's device sat idle for want of the next batch (GPU: on its own timeline; CPU: the host's time "
+    "in the loader).", RANK_LABELS, TELEMETRY,
+    "time the rank's device sat idle for want of the next batch: on a GPU rank the GPU's starvation, measured on "
+    "its timeline and added at each log interval; on a CPU rank the host's time blocked in the loader "
+    "([which clock](#which-clock-data-wait-on-gpu-and-cpu-ranks)). The input-bound alert and `trainstack "
+    "diagnose` read this one",
+    unit="s", readers=("record rank:trainstack_train_data_wait:ratio_rate2m", "diagnose input-bound",
+                       "diagnose figures"))
+TRAIN_HOST_DATA_WAIT = Metric(
+    "trainstack_train_host_data_wait_seconds_total", COUNTER,
+    "Host time blocked in the data loader's next(), on every device.", RANK_LABELS, TELEMETRY,
+    "the host's time blocked in the loader's `next()`, on every device (equal to the data wait on a CPU rank)",
+    unit="s", readers=("diagnose input-bound", "diagnose figures"))
+TRAIN_LOSS = Metric(
+    "trainstack_train_loss", GAUGE, "Training loss, mean over all ranks, at the last log interval.", RANK_LABELS,
+    TELEMETRY, "training loss, mean over all ranks, at the last log interval",
+    absent_when="before the first log interval", readers=("panel Loss",))
+TRAIN_LEARNING_RATE = Metric(
+    "trainstack_train_learning_rate", GAUGE, "Current learning rate.", RANK_LABELS, TELEMETRY,
+    "current learning rate", absent_when="before the first log interval", readers=("panel Learning rate",))
+TRAIN_LAST_STEP = Metric(
+    "trainstack_train_last_step_timestamp_seconds", GAUGE, "Unix time of the last step.", RANK_LABELS, TELEMETRY,
+    "when the last step completed", unit="s (unix)", absent_when="before the first step",
+    readers=("record job:trainstack_train_last_step_age:seconds", "diagnose no-step-yet", "diagnose stalled",
+             "diagnose figures"))
+TRAIN_EPOCH = Metric(
+    "trainstack_train_epoch", GAUGE, "Current epoch (0-based).", RANK_LABELS, TELEMETRY, "current epoch (0-based)")
+TRAIN_LAST_CHECKPOINT = Metric(
+    "trainstack_train_last_checkpoint_timestamp_seconds", GAUGE, "Unix time the last checkpoint finished.",
+    RANK_LABELS, TELEMETRY, "when the last checkpoint finished", unit="s (unix)",
+    absent_when="before the first checkpoint")
+TRAIN_CHECKPOINT_DURATION = Metric(
+    "trainstack_train_checkpoint_duration_seconds", GAUGE, "Duration of the last checkpoint.", RANK_LABELS,
+    TELEMETRY, "how long the last checkpoint took", unit="s", absent_when="before the first checkpoint")
+TRAIN_COMPILE_SECONDS = Metric(
+    "trainstack_train_compile_seconds_total", COUNTER, "Wall time of the steps that ran torch.compile.", RANK_LABELS,
+    TELEMETRY,
+    "wall time of the steps during which `torch.compile` compiled (left out of the step durations)", unit="s")
+TRAIN_RECOMPILES = Metric(
+    "trainstack_train_recompiles_total", COUNTER,
+    "Frames torch.compile compiled again for a new batch shape (or a failed guard) after the first step's.",
+    RANK_LABELS, TELEMETRY,
+    "frames compiled again after the first step's: each new batch shape (at most one per length bucket) or a "
+    "failed guard")
+TRAIN_MEMORY_ALLOCATED_PEAK = Metric(
+    "trainstack_train_memory_allocated_peak_bytes", GAUGE, "Peak accelerator memory allocated.", RANK_LABELS,
+    TELEMETRY, "peak accelerator memory allocated", unit="bytes", absent_when="on CPU")
+TRAIN_MEMORY_RESERVED_PEAK = Metric(
+    "trainstack_train_memory_reserved_peak_bytes", GAUGE, "Peak accelerator memory reserved.", RANK_LABELS,
+    TELEMETRY, "peak accelerator memory reserved", unit="bytes", absent_when="on CPU")
+TRAIN_PARAM_BYTES = Metric(
+    "trainstack_train_param_bytes", GAUGE,
+    "Bytes of parameters this rank holds at an optimizer step (its shards under FSDP), where they peak.",
+    RANK_LABELS, TELEMETRY,
+    "bytes of parameters this rank holds (its shards under `--strategy fsdp`; a tied weight once), measured at "
+    "the first optimizer step", unit="bytes", absent_when="before the first optimizer step")
+TRAIN_GRAD_BYTES = Metric(
+    "trainstack_train_grad_bytes", GAUGE,
+    "Bytes of gradients this rank holds at an optimizer step (its shards under FSDP), where they peak.",
+    RANK_LABELS, TELEMETRY, "bytes of gradients this rank holds at an optimizer step, where they peak",
+    unit="bytes", absent_when="before the first optimizer step")
+TRAIN_OPTIMIZER_STATE_BYTES = Metric(
+    "trainstack_train_optimizer_state_bytes", GAUGE,
+    "Bytes of optimizer state this rank holds at an optimizer step (its shards under FSDP), where they peak.",
+    RANK_LABELS, TELEMETRY,
+    "bytes of optimizer state (AdamW: two moments and a step count per parameter) this rank holds", unit="bytes",
+    absent_when="before the first optimizer step")
+TRAIN_MFU = Metric(
+    "trainstack_train_mfu_ratio", GAUGE, "Model FLOPs utilization.", RANK_LABELS, TELEMETRY,
+    "model FLOPs utilization over the last log interval ([formula and peaks](#mfu))", unit="0..1",
+    absent_when="the device peak is unknown (e.g. CPU)",
+    readers=("record job:trainstack_train_mfu:avg_ratio", "panel MFU per rank", "diagnose low-mfu",
+             "diagnose figures"))
+TRAIN_RANK_INFO = Metric(
+    "trainstack_train_rank_info", GAUGE, "Joins a rank to its GPU.", ("rank", "local_rank", "node", "uuid"),
+    TELEMETRY, "joins a rank to its GPU (`uuid` empty on CPU)", values="1",
+    readers=("alert TrainstackGPUUnused", "alert TrainstackNVMLUnavailable", "panel GPU utilization by rank",
+             "variable rank", "diagnose no-training", "diagnose gpus-unused", "diagnose stalled"))
+TRAIN_RUN_INFO = Metric(
+    "trainstack_train_run_info", GAUGE,
+    "The run; clock: where step, forward and data-wait times are measured; strategy: ddp or fsdp.",
+    ("rank", "run_id", "world_size", "nodes", "mixed_precision", "model", "dataset", "clock", "strategy"),
+    TELEMETRY,
+    "the run; `clock` is where the rank measures step, forward and data-wait times: `gpu` (its GPU's timeline) "
+    "or `host`; `strategy`: `ddp` or `fsdp`", values="1",
+    readers=("diagnose input-bound", "diagnose figures"))
+
+# --- GPUs: read from NVML by the exporter (monitoring/exporter/gpu.py) ---------------------------------------
+
+GPU_INFO = Metric(
+    "trainstack_gpu_info", INFO, "The GPU: model name, PCI bus id and driver version.",
+    (*GPU_LABELS, "name", "pci_bus_id", "driver_version"), NVML,
+    "`nvmlDeviceGetName`, `nvmlDeviceGetPciInfo`, `nvmlSystemGetDriverVersion` (read once)", values="1",
+    readers=("variable gpu", "diagnose gpus-unused", "diagnose throttled", "diagnose memory-full",
+             "diagnose figures"))
+GPU_UTILIZATION = Metric(
+    "trainstack_gpu_utilization_ratio", GAUGE,
+    "Share of the last sample period in which a kernel was running (not SM occupancy).", GPU_LABELS, NVML,
+    "`nvmlDeviceGetUtilizationRates().gpu` / 100", unit="0..1",
+    readers=("record job:trainstack_gpu_utilization:avg_ratio", "alert TrainstackGPUUnused", "panel GPU utilization",
+             "panel GPU utilization by rank", "diagnose no-training", "diagnose stalled", "diagnose gpus-unused",
+             "diagnose figures"))
+GPU_MEMORY_BUSY = Metric(
+    "trainstack_gpu_memory_busy_ratio", GAUGE,
+    "Share of the last sample period in which device memory was read or written.", GPU_LABELS, NVML,
+    "`nvmlDeviceGetUtilizationRates().memory` / 100", unit="0..1")
+GPU_MEMORY_USED = Metric(
+    "trainstack_gpu_memory_used_bytes", GAUGE, "Device memory in use.", GPU_LABELS, NVML,
+    "`nvmlDeviceGetMemoryInfo(version=v2).used` (v1 on old drivers, where it includes the reserved memory)",
+    unit="bytes",
+    readers=("record gpu:trainstack_gpu_memory_used:ratio", "panel GPU memory used", "diagnose memory-full",
+             "diagnose figures"))
+GPU_MEMORY_TOTAL = Metric(
+    "trainstack_gpu_memory_total_bytes", GAUGE, "Device memory installed.", GPU_LABELS, NVML,
+    "`nvmlDeviceGetMemoryInfo().total`", unit="bytes",
+    readers=("record gpu:trainstack_gpu_memory_used:ratio", "diagnose memory-full", "diagnose figures"))
+GPU_MEMORY_RESERVED = Metric(
+    "trainstack_gpu_memory_reserved_bytes", GAUGE, "Device memory the driver reserves.", GPU_LABELS, NVML,
+    "`nvmlDeviceGetMemoryInfo(version=v2).reserved`", unit="bytes",
+    absent_when="driver without the v2 call (< R510)")
+GPU_POWER = Metric(
+    "trainstack_gpu_power_watts", GAUGE, "Power draw.", GPU_LABELS, NVML,
+    "`nvmlDeviceGetPowerUsage` (mW averaged over 1 s on Ampere except GA100 and newer, the same as field "
+    "`NVML_FI_DEV_POWER_AVERAGE` there; instantaneous on GA100 and older, which lack that field)", unit="W",
+    readers=("record job:trainstack_gpu_power_watts:sum", "record job:trainstack_gpu_energy_joules:rate2m",
+             "panel Power draw and limit"))
+GPU_POWER_LIMIT = Metric(
+    "trainstack_gpu_power_limit_watts", GAUGE, "Enforced power limit.", GPU_LABELS, NVML,
+    "field `NVML_FI_DEV_POWER_CURRENT_LIMIT` (mW, the limit enforced, whoever set it); "
+    "`nvmlDeviceGetEnforcedPowerLimit` on drivers without the field", unit="W",
+    readers=("panel Power draw and limit",))
+GPU_ENERGY = Metric(
+    "trainstack_gpu_energy_joules_total", COUNTER, "Energy consumed since the driver was loaded.", GPU_LABELS, NVML,
+    "field `NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION` (mJ since the driver loaded)", unit="J",
+    absent_when="before Volta", readers=("record job:trainstack_gpu_energy_joules:rate2m",))
+GPU_TEMPERATURE = Metric(
+    "trainstack_gpu_temperature_celsius", GAUGE, "GPU core temperature.", GPU_LABELS, NVML,
+    "`nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)`", unit="°C", readers=("panel Temperature",))
+GPU_MEMORY_TEMPERATURE = Metric(
+    "trainstack_gpu_memory_temperature_celsius", GAUGE, "Device memory (HBM) temperature.", GPU_LABELS, NVML,
+    "field `NVML_FI_DEV_MEMORY_TEMP`", unit="°C",
+    absent_when="GPUs without an HBM sensor (GDDR: T4, L4, P4...)")
+GPU_SM_CLOCK = Metric(
+    "trainstack_gpu_sm_clock_hertz", GAUGE, "Current SM clock.", GPU_LABELS, NVML,
+    "`nvmlDeviceGetClockInfo(NVML_CLOCK_SM)` (MHz)", unit="Hz",
+    readers=("alert TrainstackGPUPowerThrottling", "panel SM clock", "diagnose throttled"))
+GPU_SM_CLOCK_MAX = Metric(
+    "trainstack_gpu_sm_clock_max_hertz", GAUGE, "Maximum SM clock.", GPU_LABELS, NVML,
+    "`nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM)` (read once)", unit="Hz",
+    readers=("alert TrainstackGPUPowerThrottling", "panel SM clock", "diagnose throttled"))
+GPU_MEMORY_CLOCK = Metric(
+    "trainstack_gpu_memory_clock_hertz", GAUGE, "Current memory clock.", GPU_LABELS, NVML,
+    "`nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)`", unit="Hz")
+GPU_MEMORY_CLOCK_MAX = Metric(
+    "trainstack_gpu_memory_clock_max_hertz", GAUGE, "Maximum memory clock.", GPU_LABELS, NVML,
+    "`nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM)` (read once)", unit="Hz")
+GPU_CLOCK_EVENT_ACTIVE = Metric(
+    "trainstack_gpu_clock_event_active", GAUGE,
+    "1 while this reason holds the clocks down (clocks event / throttle reason).", (*GPU_LABELS, "reason"), NVML,
+    "`nvmlDeviceGetCurrentClocksEventReasons` (`…ThrottleReasons` on drivers before R535): one series per reason, "
+    "1 while it holds the clocks down", values="0/1",
+    readers=("record gpu:trainstack_gpu_thermal_throttle:ratio_rate2m",
+             "record gpu:trainstack_gpu_power_throttle:ratio_rate2m", "panel Throttle reasons", "diagnose throttled"))
+GPU_POWER_VIOLATION = Metric(
+    "trainstack_gpu_power_violation_seconds_total", COUNTER, "Time the clocks were held down by the power limit.",
+    GPU_LABELS, NVML,
+    "field `NVML_FI_DEV_PERF_POLICY_POWER` (ns); `nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_POWER)"
+    ".violationTime` where the field is missing", unit="s",
+    readers=("record gpu:trainstack_gpu_power_throttle:ratio_rate2m", "diagnose throttled"))
+GPU_THERMAL_VIOLATION = Metric(
+    "trainstack_gpu_thermal_violation_seconds_total", COUNTER, "Time the clocks were held down by temperature.",
+    GPU_LABELS, NVML,
+    "field `NVML_FI_DEV_PERF_POLICY_THERMAL` (ns); `nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_THERMAL)"
+    ".violationTime` where the field is missing", unit="s",
+    readers=("record gpu:trainstack_gpu_thermal_throttle:ratio_rate2m", "diagnose throttled"))
+GPU_PCIE_REPLAYS = Metric(
+    "trainstack_gpu_pcie_replays_total", COUNTER, "PCIe packets retransmitted.", GPU_LABELS, NVML,
+    "field `NVML_FI_DEV_PCIE_REPLAY_COUNTER`")
+GPU_ECC_CORRECTED = Metric(
+    "trainstack_gpu_ecc_corrected_errors_total", COUNTER,
+    "Single-bit ECC errors corrected since the driver was loaded.", GPU_LABELS, NVML,
+    "field `NVML_FI_DEV_ECC_SBE_VOL_TOTAL` (volatile: since the driver loaded)",
+    absent_when="ECC disabled or absent")
+GPU_ECC_UNCORRECTED = Metric(
+    "trainstack_gpu_ecc_uncorrected_errors_total", COUNTER, "Double-bit ECC errors since the driver was loaded.",
+    GPU_LABELS, NVML, "field `NVML_FI_DEV_ECC_DBE_VOL_TOTAL`", absent_when="ECC disabled or absent")
+GPU_XID_ERRORS = Metric(
+    "trainstack_gpu_xid_errors_total", COUNTER,
+    "Xid errors the driver reported (NVML critical Xid events), by Xid code.", (*GPU_LABELS, "xid"), NVML,
+    "NVML event set registered for `nvmlEventTypeXidCriticalError`, drained at each scrape without waiting",
+    absent_when="until the first Xid on that GPU (alert on the series existing, not only on `increase()`)",
+    readers=("alert TrainstackGPUXidError",))
+GPU_NVLINK_TRANSMIT = Metric(
+    "trainstack_gpu_nvlink_transmit_bytes_total", COUNTER, "Data sent over all NVLinks.", GPU_LABELS, NVML,
+    "field `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`, scope `UINT_MAX` = summed over all links (KiB)", unit="bytes",
+    absent_when="no active NVLink (PCIe cards without a bridge)")
+GPU_NVLINK_RECEIVE = Metric(
+    "trainstack_gpu_nvlink_receive_bytes_total", COUNTER, "Data received over all NVLinks.", GPU_LABELS, NVML,
+    "field `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX`, scope `UINT_MAX`", unit="bytes",
+    absent_when="no active NVLink")
+GPU_PCIE_TRANSMIT = Metric(
+    "trainstack_gpu_pcie_transmit_bytes_per_second", GAUGE,
+    "PCIe transmit throughput over NVML's 20 ms window (opt-in).", GPU_LABELS, NVML,
+    "`nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES)` (KiB/s over 20 ms)", unit="B/s",
+    absent_when="unless `--pcie-throughput`")
+GPU_PCIE_RECEIVE = Metric(
+    "trainstack_gpu_pcie_receive_bytes_per_second", GAUGE,
+    "PCIe receive throughput over NVML's 20 ms window (opt-in).", GPU_LABELS, NVML,
+    "`nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES)`", unit="B/s", absent_when="unless `--pcie-throughput`")
+GPU_PROCESS_MEMORY_USED = Metric(
+    "trainstack_gpu_process_memory_used_bytes", GAUGE, "Device memory used by one process of the training job.",
+    (*GPU_LABELS, "pid"), NVML,
+    "`nvmlDeviceGetComputeRunningProcesses`, kept for the job's processes (the pids in the `<type>_<pid>.db` file "
+    "names of `--metrics-dir`)", unit="bytes",
+    absent_when="no `--metrics-dir`; a container without the host PID namespace (NVML reports host pids)")
+
+# --- the exporter's own (monitoring/exporter/health.py) -------------------------------------------------------
+
+EXPORTER_NVML_UP = Metric(
+    "trainstack_exporter_nvml_up", GAUGE, "1 when NVML initialised (a driver is present), else 0.", (), EXPORTER,
+    "1 when `nvmlInit` succeeded at start (a driver is present); 0 on a CPU host or a broken driver, and then no "
+    "GPU metric is served", values="0/1",
+    readers=("alert TrainstackNVMLUnavailable", "panel NVML up", "variable job", "variable instance"))
+EXPORTER_NVML_ERRORS = Metric(
+    "trainstack_exporter_nvml_errors_total", COUNTER,
+    "Failed NVML calls by call and error (NotSupported: counted once, then the field is omitted).",
+    ("call", "error"), EXPORTER,
+    "failed NVML calls: `call` is the pynvml function (`nvmlDeviceGetFieldValues/<field>` for one field), `error` "
+    "the `NVMLError_` class without its prefix (`NotSupported`, `FunctionNotFound`, `GpuIsLost`, `Unknown`, "
+    "`Timeout`, `NoPermission`, `LibraryNotFound`, `DriverNotLoaded`...). `NotSupported`/`FunctionNotFound` are "
+    "counted once per GPU and call", absent_when="until the first error", readers=("panel NVML errors",))
+EXPORTER_GPUS_LOST = Metric(
+    "trainstack_exporter_gpus_lost", GAUGE, "GPUs that answered NVMLError_GpuIsLost and dropped out (need a reset).",
+    (), EXPORTER,
+    "GPUs that answered `NVMLError_GpuIsLost` since the exporter started (they need a reset)")
+EXPORTER_COLLECTOR_DURATION = Metric(
+    "trainstack_exporter_collector_duration_seconds", GAUGE, "Time the collector took in its latest run.",
+    ("collector",), EXPORTER,
+    "time the `gpu` / `training` collector took in its latest run (scrape cost)", unit="s",
+    readers=("panel Exporter collector time",))
+EXPORTER_COLLECTOR_SUCCESS = Metric(
+    "trainstack_exporter_collector_success", GAUGE, "1 when the collector's latest run succeeded, else 0.",
+    ("collector",), EXPORTER,
+    "0 when the collector's latest run raised (its metrics were left out of that scrape; the rest was served)",
+    values="0/1")
+EXPORTER_GPU_SAMPLE_AGE = Metric(
+    "trainstack_exporter_gpu_sample_age_seconds", GAUGE,
+    "Time since the GPU sample served started: fast, every GPU metric; slow, the counters and slow sensors read "
+    "at the slow cadence (docs/metrics.md).", CADENCE_LABELS, EXPORTER,
+    "time since the GPU sample served started: `fast` for every GPU metric, `slow` for the slow ones "
+    "([freshness](#freshness-and-cost-of-the-gpu-metrics)). It grows while an NVML call hangs; the "
+    "`TrainstackGPUDataStale` alert fires past 3 intervals", unit="s", absent_when="NVML is down",
+    readers=("alert TrainstackGPUDataStale", "diagnose gpu-data-stale", "diagnose throttled"))
+EXPORTER_GPU_SAMPLE_INTERVAL = Metric(
+    "trainstack_exporter_gpu_sample_interval_seconds", GAUGE,
+    "How often the sampler reads that part of the GPU sample (its flag).", CADENCE_LABELS, EXPORTER,
+    "the sampler's cadences (`--sample-interval`, `--slow-sample-interval`)", unit="s", absent_when="NVML is down",
+    readers=("alert TrainstackGPUDataStale", "diagnose gpu-data-stale"))
+EXPORTER_GPU_SAMPLES = Metric(
+    "trainstack_exporter_gpu_samples_total", COUNTER,
+    "GPU samples taken, by cadence (a slow sample reads both parts).", CADENCE_LABELS, EXPORTER,
+    "samples taken; a `slow` sample reads both parts", absent_when="NVML is down",
+    readers=("diagnose throttled",))
+EXPORTER_GPU_SAMPLE_CPU = Metric(
+    "trainstack_exporter_gpu_sample_cpu_seconds_total", COUNTER,
+    "CPU time the GPU sampler spent in samples of that cadence.", CADENCE_LABELS, EXPORTER,
+    "CPU the sampler spent in samples of that cadence (its thread's CPU time): `rate()` of the sum is its share of "
+    "a core", unit="s", absent_when="NVML is down")
+EXPORTER_GPU_SAMPLE_DURATION = Metric(
+    "trainstack_exporter_gpu_sample_duration_seconds", GAUGE,
+    "Wall time the latest GPU sample of that cadence took.", CADENCE_LABELS, EXPORTER,
+    "wall time the latest sample of that cadence took", unit="s", absent_when="NVML is down")
+
+# --- recorded series (monitoring/prometheus/rules/recording.yml) ----------------------------------------------
+
+RANK_STEPS_RATE = Recorded(
+    "rank:trainstack_train_steps:rate2m", "optimizer steps per second", readers=("alert TrainstackGPUUnused",))
+RANK_SAMPLES_RATE = Recorded(
+    "rank:trainstack_train_samples:rate2m", "samples per second",
+    readers=("record job:trainstack_train_samples:rate2m", "panel Samples/s per rank"))
+RANK_TOKENS_RATE = Recorded(
+    "rank:trainstack_train_tokens:rate2m", "non-padding tokens per second",
+    readers=("record job:trainstack_train_tokens:rate2m", "panel Tokens/s per rank"))
+JOB_SAMPLES_RATE = Recorded(
+    "job:trainstack_train_samples:rate2m", "the job's samples per second",
+    readers=("record job:trainstack_gpu_energy_per_sample:joules", "panel Samples/s", "panel Samples/s per rank"))
+JOB_TOKENS_RATE = Recorded(
+    "job:trainstack_train_tokens:rate2m", "the job's non-padding tokens per second",
+    readers=("panel Tokens/s", "panel Tokens/s per rank"))
+RANK_STEP_DURATION_MEAN = Recorded(
+    "rank:trainstack_train_step_duration_seconds:mean_rate2m", "mean wall time per optimizer step")
+RANK_STEP_DURATION_QUANTILE = Recorded(
+    "rank:trainstack_train_step_duration_seconds:quantile_rate2m",
+    "step time quantiles (`quantile` 0.5, 0.9, 0.99)", readers=("panel Step time per rank",))
+JOB_STEP_DURATION_QUANTILE = Recorded(
+    "job:trainstack_train_step_duration_seconds:quantile_rate2m", "the job's step time quantiles")
+RANK_DATA_WAIT_RATIO = Recorded(
+    "rank:trainstack_train_data_wait:ratio_rate2m", "share of step time the device idled for want of a batch",
+    readers=("record job:trainstack_train_data_wait:ratio_rate2m", "alert TrainstackInputBound",
+             "panel Data-wait ratio per rank"))
+JOB_DATA_WAIT_RATIO = Recorded(
+    "job:trainstack_train_data_wait:ratio_rate2m", "the ranks' mean data-wait ratio",
+    readers=("panel Data-wait ratio",))
+RANK_FORWARD_MEAN = Recorded(
+    "rank:trainstack_train_forward_seconds:mean_rate2m", "mean forward time per step",
+    readers=("record rank:trainstack_train_straggler:ratio",))
+RANK_STRAGGLER_RATIO = Recorded(
+    "rank:trainstack_train_straggler:ratio", "forward time per step over the job's median",
+    readers=("record job:trainstack_train_straggler:ratio", "alert TrainstackStragglerRank",
+             "panel Straggler ratio per rank"))
+JOB_STRAGGLER_RATIO = Recorded(
+    "job:trainstack_train_straggler:ratio", "the job's largest straggler ratio", readers=("panel Straggler ratio",))
+JOB_LAST_STEP_AGE = Recorded(
+    "job:trainstack_train_last_step_age:seconds", "seconds since the job's newest step",
+    readers=("alert TrainstackTrainingStalled", "panel Since last step"))
+JOB_MFU = Recorded("job:trainstack_train_mfu:avg_ratio", "the ranks' mean MFU", readers=("panel MFU",))
+GPU_MEMORY_USED_RATIO = Recorded(
+    "gpu:trainstack_gpu_memory_used:ratio", "used over installed device memory",
+    readers=("alert TrainstackGPUMemoryNearlyFull", "panel GPU memory used share"))
+JOB_GPU_UTILIZATION = Recorded("job:trainstack_gpu_utilization:avg_ratio", "the job's mean GPU utilization")
+JOB_GPU_POWER = Recorded("job:trainstack_gpu_power_watts:sum", "the job's GPUs' power draw")
+JOB_GPU_ENERGY_RATE = Recorded(
+    "job:trainstack_gpu_energy_joules:rate2m", "the job's GPUs' energy per second",
+    readers=("record job:trainstack_gpu_energy_per_sample:joules",))
+JOB_GPU_ENERGY_PER_SAMPLE = Recorded(
+    "job:trainstack_gpu_energy_per_sample:joules", "joules per training sample", readers=("panel Energy per sample",))
+GPU_THERMAL_THROTTLE = Recorded(
+    "gpu:trainstack_gpu_thermal_throttle:ratio_rate2m", "share of time the clocks were held down by temperature",
+    readers=("alert TrainstackGPUThermalThrottling", "panel Throttled time share"))
+GPU_POWER_THROTTLE = Recorded(
+    "gpu:trainstack_gpu_power_throttle:ratio_rate2m", "share of time the clocks were held down by the power limit",
+    readers=("alert TrainstackGPUPowerThrottling", "panel Throttled time share"))
+
+METRICS: tuple[Metric, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Metric))
+RECORDED: tuple[Recorded, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Recorded))
+BY_NAME: dict[str, Metric] = {metric.name: metric for metric in METRICS}
+
+
+def rank_metric(metric: Metric):
+    """The prometheus_client metric a rank writes into its multiprocess files. Gauges keep the most recent value
+    (the exporter's merge then carries no `pid`). prometheus_client is imported here, not at the top: it picks
+    its multiprocess mode from PROMETHEUS_MULTIPROC_DIR when first imported."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    if metric.type == COUNTER:
+        return Counter(metric.family_name, metric.help, metric.labels)
+    if metric.type == GAUGE:
+        return Gauge(metric.family_name, metric.help, metric.labels, multiprocess_mode="mostrecent")
+    if metric.type == HISTOGRAM:
+        return Histogram(metric.family_name, metric.help, metric.labels, buckets=metric.buckets)
+    raise ValueError(f"{metric.name}: a rank writes no {metric.type} metrics")
+
+
+def family(metric: Metric, labels: tuple[str, ...] | None = None, **value):
+    """An empty metric family for a collector to fill at a scrape. `labels` overrides the entry's (an info
+    family takes its identifying labels; the rest come with each value); `value=` for an unlabelled one."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+    kind = {COUNTER: CounterMetricFamily, GAUGE: GaugeMetricFamily, INFO: InfoMetricFamily}[metric.type]
+    labels = metric.labels if labels is None else labels
+    return kind(metric.family_name, metric.help, labels=list(labels) if labels else None, **value)
