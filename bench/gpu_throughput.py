@@ -66,7 +66,8 @@ def trainstack(args: argparse.Namespace, data: Path, run_dir: Path, compile_: bo
                str(args.warmup + args.steps), "--checkpoint-every", "0", "--log-every", "10", "--eval-fraction",
                str(EVAL_FRACTION), "--exporter-port", "0", "--no-report", *(["--compile"] if compile_ else [])]
     run(command, "trainstack train")
-    records = {r["step"]: r for r in map(json.loads, (run_dir / "telemetry/rank-0.jsonl").read_text().splitlines())}
+    lines = map(json.loads, (run_dir / "telemetry/rank-0.jsonl").read_text().splitlines())
+    records = {r["step"]: r for r in lines if "time" in r}  # not the launch's segment marker line
     first, last = records[args.warmup], records[args.warmup + args.steps]
     timed = [r for step, r in records.items() if step > args.warmup]
     full = sum(r["tokens"] for r in timed) == args.steps * args.batch_size * args.seq_len
