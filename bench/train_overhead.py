@@ -41,7 +41,8 @@ def trainstack_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
 
 
 def trainstack_rate(run_dir: Path, warmup: int) -> float:
-    records = [json.loads(line) for line in RunDir(run_dir).rank_records(0).read_text().splitlines()]
+    lines = [json.loads(line) for line in RunDir(run_dir).rank_records(0).read_text().splitlines()]
+    records = [line for line in lines if "time" in line]  # not the launch's segment marker line
     timed = [seconds for record in records if record["step"] > warmup for seconds in record["step_seconds"]]
     return len(timed) / sum(timed)
 

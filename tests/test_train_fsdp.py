@@ -24,7 +24,9 @@ INDEXED_37_VOCAB = 39  # tests.factories.IndexedSequences(37).vocab_size
 
 
 def _records(run_dir: Path, rank: int) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "telemetry" / f"rank-{rank}.jsonl").read_text().splitlines()]
+    """The rank's telemetry records, without the launch's segment marker line (train/telemetry.py)."""
+    lines = [json.loads(line) for line in (run_dir / "telemetry" / f"rank-{rank}.jsonl").read_text().splitlines()]
+    return [line for line in lines if "time" in line]
 
 
 def _export(folder: Path, output: Path) -> dict[str, torch.Tensor]:

@@ -1,0 +1,159 @@
+"""The Trainer's parts on their own (train/hooks.py, schedule.py, step.py, evaluation.py, outcome.py), with a
+stand-in accelerator where one is needed: one process, no process group. The 2-rank tests (test_train_*.py) run
+them together in the real Trainer."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from train.config import TrainConfig
+from train.data import IGNORE_INDEX, collate
+from train.evaluation import mean_loss
+from train.hooks import NoCompileWatch, NoTelemetry
+from train.outcome import EXIT_CODES, Failure, explain_runtime_error, summary
+from train.performance import CompileWatch
+from train.progress import Progress
+from train.schedule import lr_factor, lr_scheduler
+from train.step import IntervalSums
+from train.telemetry import Telemetry
+from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
+from trainstack.rundir import METRICS_DIR_ENV, SUMMARY_VERSION, write_summary
+
+
+def public_methods(cls) -> dict[str, list[str]]:
+    return {name: list(inspect.signature(member).parameters) for name, member in vars(cls).items()
+            if callable(member) and not name.startswith("_")}
+
+
+def test_no_telemetry_has_every_telemetry_method_with_its_parameters():
+    assert public_methods(NoTelemetry) == public_methods(Telemetry)
+
+
+def test_no_compile_watch_answers_what_the_loop_and_the_summary_ask():
+    watch = NoCompileWatch()
+    for name in ("step_done", "resync", "close"):
+        assert inspect.signature(getattr(NoCompileWatch, name)).parameters.keys() == \
+            inspect.signature(getattr(CompileWatch, name)).parameters.keys(), name
+    assert isinstance(CompileWatch.recompiles, property)
+    assert watch.step_done() is None  # no step compiled: the loop records a plain step
+    assert (watch.seconds, watch.recompiles) == (None, None)  # summary.json: null without --compile
+
+
+def test_no_telemetry_gives_the_progress_bar_no_data_wait_share():
+    assert NoTelemetry().interval_done(step=1, epoch=0, loss=1.0, lr=0.1, tokens=10) is None
+
+
+@pytest.mark.parametrize("schedule, middle, end", [("cosine", 0.5, 0.0), ("linear", 0.5, 0.0),
+                                                   ("constant", 1.0, 1.0)])
+def test_lr_factor_warms_up_linearly_then_decays(schedule, middle, end):
+    factor = {step: lr_factor(step, warmup_steps=10, total_steps=110, schedule=schedule)
+              for step in (0, 4, 9, 10, 60, 110, 500)}
+    assert (factor[0], factor[4], factor[9]) == (0.1, 0.5, 1.0)
+    assert factor[10] == 1.0
+    assert math.isclose(factor[60], middle, abs_tol=1e-12)
+    assert math.isclose(factor[110], end, abs_tol=1e-12) and factor[500] == factor[110]
+
+
+def test_a_resumed_schedule_follows_this_launchs_total_steps():
+    """A checkpoint's scheduler state must not bring back the old --max-steps: raising it trains on the new
+    schedule. LambdaLR saves an empty dict for the schedule, as it did for the Trainer's bound method."""
+    model = torch.nn.Linear(2, 2)
+    config = TrainConfig(warmup_steps=0, lr_schedule="linear")
+    saved = lr_scheduler(torch.optim.AdamW(model.parameters()), config, total_steps=100).state_dict()
+    assert saved["lr_lambdas"] == [{}]
+    resumed = lr_scheduler(torch.optim.AdamW(model.parameters()), config, total_steps=200)
+    resumed.load_state_dict(saved)
+    assert resumed.lr_lambdas[0](100) == 0.5
+
+
+class SumAccelerator:
+    """One process standing in for all: its reduction and gather return what they get."""
+
+    device = torch.device("cpu")
+
+    def reduce(self, tensor, reduction):
+        assert reduction == "sum"
+        return tensor
+
+    def gather_for_metrics(self, tensor):
+        return tensor
+
+
+def test_interval_sums_reduce_to_the_mean_loss_and_start_over():
+    sums = IntervalSums(torch.device("cpu"))
+    batch = collate([{"input_ids": [1, 2, 3]}, {"input_ids": [4]}])
+    sums.add(torch.tensor(2.0), batch)
+    sums.add(torch.tensor(4.0, dtype=torch.bfloat16), batch)
+    totals = sums.reduce(SumAccelerator(), stop_requested=True)
+    assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches, totals.stop) == (3.0, 8, 8, 2,
+                                                                                                    True)
+    assert sums.reduce(SumAccelerator(), stop_requested=False).micro_batches == 0
+
+
+class FixedLogits(torch.nn.Module):
+    def __init__(self, vocab: int, with_logits: bool):
+        super().__init__()
+        self.table = torch.nn.Embedding(vocab, vocab)
+        self.with_logits = with_logits
+
+    def forward(self, input_ids, attention_mask, labels):
+        logits = self.table(input_ids)
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:],
+                                                 ignore_index=IGNORE_INDEX)
+        return SimpleNamespace(logits=logits, loss=loss) if self.with_logits else {"loss": loss}
+
+
+def test_evaluation_counts_every_real_token_once_and_no_padding():
+    torch.manual_seed(0)
+    model = FixedLogits(8, with_logits=True)
+    batches = [collate([{"input_ids": [1, 2, 3, 4, 5]}, {"input_ids": [6, 7]}]), collate([{"input_ids": [3, 1]}])]
+    logits = [model.table(batch["input_ids"]) for batch in batches]
+    expected = torch.cat([torch.nn.functional.cross_entropy(
+        lg[:, :-1].transpose(1, 2), b["labels"][:, 1:], ignore_index=IGNORE_INDEX, reduction="none")[
+        b["labels"][:, 1:] != IGNORE_INDEX] for lg, b in zip(logits, batches, strict=True)]).mean().item()
+    assert math.isclose(mean_loss(SumAccelerator(), model, batches), expected, rel_tol=1e-6)
+    assert model.training  # evaluation hands the model back in training mode
+
+
+def test_evaluation_without_logits_weighs_each_batch_by_its_tokens():
+    model = FixedLogits(8, with_logits=False)
+    batches = [collate([{"input_ids": [1, 2, 3, 4, 5]}]), collate([{"input_ids": [6, 7]}])]
+    with torch.no_grad():
+        losses = [model(**batch)["loss"].item() for batch in batches]
+    assert math.isclose(mean_loss(SumAccelerator(), model, batches), (4 * losses[0] + 1 * losses[1]) / 5,
+                        rel_tol=1e-6)
+
+
+def test_the_exit_code_comes_with_the_explanation_not_from_its_words(monkeypatch):
+    monkeypatch.delenv(METRICS_DIR_ENV, raising=False)
+    config = TrainConfig(collective_timeout=5)
+    unused = explain_runtime_error(RuntimeError("Expected to have finished reduction ... find_unused_parameters"),
+                                   config)
+    assert unused.exit_code == EXIT_CONFIG and "--find-unused-parameters" in unused.message
+    grad = explain_runtime_error(RuntimeError("parameter 3 did not receive grad for rank 0"), config)
+    assert grad.exit_code == EXIT_CONFIG
+    hung = explain_runtime_error(RuntimeError("[gloo] Timed out waiting 5000ms for recv"), config)
+    assert hung == Failure("a collective waited longer than --collective-timeout 5 s for a peer rank", EXIT_FAILED)
+    assert explain_runtime_error(RuntimeError("shape mismatch"), config) is None
+    assert EXIT_CODES == {"completed": EXIT_OK, "preempted": EXIT_PREEMPTED}
+
+
+def test_summary_says_null_for_compile_figures_without_compile(tmp_path):
+    accelerator = SimpleNamespace(num_processes=2, distributed_type="DistributedType.MULTI_CPU",
+                                  device=torch.device("cpu"))
+    progress = Progress(step=7, epoch=1, batch_in_epoch=3, initial_loss=4.0, last_loss=1.0)
+    fields = summary(accelerator, TrainConfig(), progress, run_id="r1", started=0.0, throughput={},
+                     compile_watch=NoCompileWatch(), segments=[], exit_reason="completed", exit_code=EXIT_OK,
+                     eval_loss=None, error=None)
+    assert (fields["compile_seconds"], fields["recompiles"]) == (None, None)
+    assert (fields["distributed_type"], fields["steps"], fields["epochs"]) == ("MULTI_CPU", 7, 2)
+    path = tmp_path / "summary.json"
+    write_summary(path, fields)
+    assert json.loads(path.read_text()) == {"version": SUMMARY_VERSION, **fields}
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
