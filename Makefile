@@ -34,10 +34,11 @@ lint: setup ## ruff
 doctor: setup ## preflight checks: GPUs, CUDA, /dev/shm, ulimits, NCCL switches, ports, disk
 	$(BIN)/trainstack doctor $(ARGS)
 
-bench: setup ## benchmarks that print side-by-side ratios (docs/benchmarks.md)
+bench: setup ## benchmarks that print side-by-side ratios (docs/benchmarks.md; the GPU ones are listed there)
 	$(BIN)/python bench/train_overhead.py
 	$(BIN)/python bench/telemetry_overhead.py
 	$(BIN)/python bench/scrape_cost.py
+	$(BIN)/python bench/memory_per_rank.py
 
 up: ## GPU host with Docker: build the image, train on every GPU, Prometheus + Grafana (docs/docker.md)
 	@bash scripts/compose-up.sh $(ARGS)
