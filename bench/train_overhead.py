@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from bench.side_by_side import free_port, halves_for_pair, pinned, report
+from monitoring.report.runfiles import read_rank_records
 from trainstack.rundir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,8 +42,7 @@ def trainstack_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
 
 
 def trainstack_rate(run_dir: Path, warmup: int) -> float:
-    lines = [json.loads(line) for line in RunDir(run_dir).rank_records(0).read_text().splitlines()]
-    records = [line for line in lines if "time" in line]  # not the launch's segment marker line
+    records = read_rank_records(RunDir(run_dir).rank_records(0))
     timed = [seconds for record in records if record["step"] > warmup for seconds in record["step_seconds"]]
     return len(timed) / sum(timed)
 

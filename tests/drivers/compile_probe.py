@@ -3,24 +3,17 @@
 Run under `accelerate launch`; writes PROBE_DIR/rank-<r>.json.
 """
 
-import argparse
 import json
 import os
 import sys
 
 from torch._dynamo.eval_frame import OptimizedModule
 
-from train.config import add_arguments, from_sources
-from train.rank import Trainer
+from tests.drivers import run_trainer_from_command_line
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    parser.add_argument("--probe-dir", required=True)
-    args = parser.parse_args()
-    trainer = Trainer(from_sources(args))
-    code = trainer.run()
+    trainer, code, probe_dir = run_trainer_from_command_line()
     wrapper = trainer.model
     inner = trainer.accelerator.unwrap_model(wrapper)
     facts = {
@@ -34,7 +27,7 @@ def main() -> int:
         "compiles": trainer.compile_watch.compiles,
         "recompiles": trainer.compile_watch.recompiles,
     }
-    with open(os.path.join(args.probe_dir, f"rank-{trainer.accelerator.process_index}.json"), "w") as out:
+    with open(os.path.join(probe_dir, f"rank-{trainer.accelerator.process_index}.json"), "w") as out:
         json.dump(facts, out)
     return code
 

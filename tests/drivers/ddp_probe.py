@@ -3,23 +3,16 @@
 Run under `accelerate launch`; writes PROBE_DIR/rank-<r>.pt (parameters, world facts, sample order per epoch).
 """
 
-import argparse
 import os
 import sys
 
 import torch
 
-from train.config import add_arguments, from_sources
-from train.rank import Trainer
+from tests.drivers import run_trainer_from_command_line
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    parser.add_argument("--probe-dir", required=True)
-    args = parser.parse_args()
-    trainer = Trainer(from_sources(args))
-    code = trainer.run()
+    trainer, code, probe_dir = run_trainer_from_command_line()
     accelerator = trainer.accelerator
     orders = {}
     for epoch in (0, 1):
@@ -31,7 +24,7 @@ def main() -> int:
         "distributed_type": str(accelerator.distributed_type),
         "parameters": {k: v.detach().clone() for k, v in accelerator.unwrap_model(trainer.model).state_dict().items()},
         "orders": orders,
-    }, os.path.join(args.probe_dir, f"rank-{accelerator.process_index}.pt"))
+    }, os.path.join(probe_dir, f"rank-{accelerator.process_index}.pt"))
     return code
 
 
