@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -135,6 +136,17 @@ def test_a_held_flock_keeps_a_holder_alive_whatever_else_says(tmp_path):
         forgetful = lease(tmp_path, "new-run", alive=lambda pid, started: False, clock=lambda: time.time() + 3600)
         with pytest.raises(LeaseHeld):
             forgetful.acquire()
+
+
+def test_another_launchers_probe_of_a_stale_lease_is_no_sign_of_life(tmp_path):
+    """A launcher judging a lease file locks it for a moment, as each probe does; a second taker that met that
+    lock must not take it for a live holder (two takers each seeing the other's probe both backed off)."""
+    probe = os.open(write_holder(tmp_path, pid=2**22 + 7), os.O_RDWR)  # no such PID: stale
+    fcntl.flock(probe, fcntl.LOCK_EX)
+    threading.Timer(0.03, os.close, args=(probe,)).start()
+    with lease(tmp_path, "taker") as taker:
+        taker.acquire()
+        assert json.loads((tmp_path / LEASE_DIR / "node-0.json").read_text())["run_id"] == "taker"
 
 
 def _race(takers: dict[str, RunDirLease]) -> dict[str, str]:

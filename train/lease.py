@@ -275,7 +275,9 @@ class RunDirLease:
             fd = os.open(path, os.O_RDONLY)
         try:
             heartbeat = os.fstat(fd).st_mtime
-            locked = not self._lock(fd, blocking_tries=0)
+            # Retried: another launcher judging the same file holds it for microseconds while it probes, as this
+            # probe does; only a holder keeps it (two takers that each saw the other's probe both backed off).
+            locked = not self._lock(fd, blocking_tries=20)
             text = os.read(fd, 1 << 16).decode(errors="replace")
         finally:
             os.close(fd)  # also drops the probe's lock
