@@ -8,6 +8,7 @@ files the way train/telemetry.py does; tests/test_exporter_live.py scrapes a rea
 from __future__ import annotations
 
 import gzip
+import http.client
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +30,7 @@ import monitoring.exporter.training as training
 import tests.nvml_fake as fake
 from monitoring.exporter.app import Exporter
 from monitoring.exporter.config import ExporterConfig
+from monitoring.exporter.prerender import MIN_PERIOD_SECONDS
 from monitoring.exporter.training import TrainingCollector, job_pids
 from tests.conftest import REPO
 from tests.nvml_fake.ranks import write_rank
@@ -125,6 +128,78 @@ def test_healthz_index_and_unknown_paths(running):
     assert get(running.server.port, "/")[0] == 200
     status, _, body = get(running.server.port, "/nothing-here")
     assert status == 404 and "/metrics" in body
+
+
+def kept_alive_get(connection: http.client.HTTPConnection, path: str = "/metrics") -> tuple[str, str]:
+    """(body, how it was rendered) over a connection that stays open, as Prometheus scrapes."""
+    connection.request("GET", path, headers={"Accept-Encoding": "gzip"})
+    response = connection.getresponse()
+    assert response.status == 200 and not response.will_close
+    return gzip.decompress(response.read()).decode(), response.getheader("Trainstack-Rendered")
+
+
+def test_scrapes_on_one_kept_alive_connection_are_each_answered(running):
+    connection = http.client.HTTPConnection("127.0.0.1", running.server.port, timeout=30)
+    try:
+        for _ in range(3):
+            text, rendered = kept_alive_get(connection)
+            assert rendered == "on-request"  # back to back: faster than a schedule the renderer would learn
+            assert len(series(parse(text), "trainstack_train_steps_total")) == 2
+    finally:
+        connection.close()
+
+
+def test_scrapes_on_a_schedule_are_served_bodies_rendered_ahead_of_them(running):
+    """Three scrapes teach the schedule; the next ones find their body rendered (monitoring/exporter/prerender.py).
+    A body rendered ahead is the same exposition as one rendered on request."""
+    connection = http.client.HTTPConnection("127.0.0.1", running.server.port, timeout=30)
+    pause, served, period, start = threading.Event(), [], MIN_PERIOD_SECONDS + 0.15, time.monotonic()
+    try:
+        for k in range(1, 7):  # on a fixed schedule, as Prometheus scrapes
+            pause.wait(max(0.0, start + k * period - time.monotonic()))
+            served.append(kept_alive_get(connection))
+    finally:
+        connection.close()
+    assert [rendered for _, rendered in served[:3]] == ["on-request"] * 3
+    ahead = [text for text, rendered in served[3:] if rendered == "ahead"]
+    assert ahead, [rendered for _, rendered in served]  # at least one, on a host too busy to keep every schedule
+    assert set(parse(ahead[-1])) == set(parse(served[0][0]))
+
+
+def raw_request(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        client.sendall(request)
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_bad_requests_get_an_http_error_and_stalled_clients_hold_up_no_scrape(running):
+    port = running.server.port
+    idle = socket.create_connection(("127.0.0.1", port), timeout=30)  # says nothing
+    half = socket.create_connection(("127.0.0.1", port), timeout=30)
+    half.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finishes its request
+    try:
+        assert get(port, "/metrics")[0] == 200
+        post = raw_request(port, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+        assert post.startswith(b"HTTP/1.1 405 ") and b"Allow: GET" in post
+        assert raw_request(port, b"NOT HTTP AT ALL\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+        assert get(port, "/metrics")[0] == 200
+    finally:
+        idle.close()
+        half.close()
+
+
+def test_stopping_closes_kept_alive_connections(metrics_dir, fake_host):
+    exporter = Exporter(ExporterConfig(port=0, nvml_module="tests.nvml_fake", metrics_dir=metrics_dir))
+    exporter.start()
+    connection = http.client.HTTPConnection("127.0.0.1", exporter.server.port, timeout=30)
+    kept_alive_get(connection)
+    exporter.stop()
+    assert not exporter.server._thread.is_alive()
+    assert connection.sock.recv(1) == b""  # the server closed it
+    connection.close()
 
 
 def test_gpu_snapshots_are_logged_for_the_run_report(running):

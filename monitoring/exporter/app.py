@@ -1,4 +1,5 @@
-"""The exporter assembled from its parts: NVML session, GPU sampler, collectors, HTTP server, GPU log."""
+"""The exporter assembled from its parts: NVML session, GPU sampler, collectors, ahead renderer, HTTP server,
+GPU log."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import importlib
 from prometheus_client import CollectorRegistry
 
 from monitoring.exporter.config import ExporterConfig
+from monitoring.exporter.exposition import TextEncoder
 from monitoring.exporter.gpu import GpuCollector
 from monitoring.exporter.gpu_log import GpuLog
 from monitoring.exporter.health import CollectorRuns, ExporterCollector, Timed
 from monitoring.exporter.nvml import NvmlSession
+from monitoring.exporter.prerender import AheadRenderer
 from monitoring.exporter.sampler import Sampler
-from monitoring.exporter.server import MetricsServer, make_app
+from monitoring.exporter.server import MetricsServer
 from monitoring.exporter.training import TrainingCollector, job_pids
 from trainstack.errors import ConfigError, RuntimeFailure
 from trainstack.rundir import RunDir
@@ -44,8 +47,10 @@ class Exporter:
         self.session = NvmlSession(nvml, pcie_throughput=config.pcie_throughput)
         self.sampler = build_sampler(config, self.session)
         self.registry = build_registry(config, self.sampler)
+        encoder = TextEncoder()
+        self.metrics = AheadRenderer(lambda: encoder.encode(self.registry))
         try:
-            self.server = MetricsServer(config.host, config.port, make_app(self.registry, self.health))
+            self.server = MetricsServer(config.host, config.port, self.metrics, self.health)
         except (ConfigError, RuntimeFailure):
             self.session.close()
             raise
@@ -69,6 +74,7 @@ class Exporter:
 
     def start(self) -> None:
         self.sampler.start()
+        self.metrics.start()
         self.server.start()
         if self.gpu_log is not None:
             self.gpu_log.start()
@@ -77,5 +83,6 @@ class Exporter:
         if self.gpu_log is not None:
             self.gpu_log.stop()
         self.server.stop()
+        self.metrics.stop()
         self.sampler.stop()
         self.session.close()
