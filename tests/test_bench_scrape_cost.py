@@ -1,7 +1,7 @@
 """bench/scrape_cost.py runs end to end: the exporter process on the h100_driver580 cost profile at 1, 8 and 16
-fake GPUs, 8 stand-in ranks, a parsed report. Its figures are not asserted (tests never assert timings); what is
-checked is that every series it is meant to scrape is there and that it reports each figure the issue asks for,
-so the benchmark measures the full exporter."""
+fake GPUs, 8 stand-in ranks, scheduled and back-to-back scrapes, a parsed report. Its figures are not asserted
+(tests never assert timings); what is checked is that every series it is meant to scrape is there and that it
+reports each figure the issue asks for, so the benchmark measures the full exporter."""
 
 from __future__ import annotations
 
@@ -13,18 +13,21 @@ from tests.conftest import REPO, explain
 
 
 def test_scrape_cost_benchmark_reports_1_8_and_16_gpus_side_by_side():
-    done = subprocess.run([sys.executable, "bench/scrape_cost.py", "--scrapes", "3", "--idle-seconds", "0.2",
-                           "--slow-sample-interval", "2"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "bench/scrape_cost.py", "--scrapes", "3", "--renders", "3",
+                           "--idle-seconds", "0.2", "--slow-sample-interval", "2"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, explain(done)
     header, *per_count, targets = done.stdout.splitlines()
     assert "profile h100_driver580" in header and "8 ranks" in header
-    assert len(per_count) == 6
+    assert len(per_count) == 9
     series = {}
-    for scrape_line, sampler_line in zip(per_count[::2], per_count[1::2], strict=True):
-        gpus, count = re.match(r"\s+(\d+) GPU\(s\): (\d+) series; scrape p50 [\d.]+ ms, p99 [\d.]+ ms",
-                               scrape_line).groups()
+    for scrape_line, render_line, sampler_line in zip(per_count[::3], per_count[1::3], per_count[2::3], strict=True):
+        gpus, count = re.match(r"\s+(\d+) GPU\(s\): (\d+) series; scheduled scrapes p50 [\d.]+ ms, "
+                               r"p99 [\d.]+ ms", scrape_line).groups()
         series[int(gpus)] = int(count)
-        assert re.search(r"CPU [\d.]+ ms per scrape", scrape_line)
+        assert re.search(r"\(\d of 3 rendered ahead, not \[[\d, ]*\]\); a constant body beside them: "
+                         r"p50 [\d.]+ ms, p99 [\d.]+ ms", scrape_line)
+        assert re.search(r"rendered on request: p50 [\d.]+ ms, p99 [\d.]+ ms, CPU [\d.]+ ms per scrape", render_line)
         assert re.search(r"fast sample [\d.]+ ms CPU, slow sample [\d.]+ ms CPU .* = [\d.]+% of one core", sampler_line)
     # GPU, process, training and exporter series; each GPU adds its own.
     assert list(series) == [1, 8, 16] and series[1] > 250 and series[1] < series[8] < series[16]
