@@ -96,6 +96,21 @@ def test_interval_sums_reduce_to_the_mean_loss_and_start_over():
     assert sums.reduce(SumAccelerator(), stop_requested=False).micro_batches == 0
 
 
+class TwoRanksAccelerator(SumAccelerator):
+    """Another rank that sent the same sums: the reduction doubles them."""
+
+    def reduce(self, tensor, reduction):
+        return super().reduce(tensor, reduction) * 2
+
+
+def test_interval_sums_keep_this_ranks_tokens_apart_from_the_reduced_ones():
+    sums = IntervalSums(torch.device("cpu"))
+    sums.add(torch.tensor(2.0), collate([{"input_ids": [1, 2, 3]}]))
+    totals = sums.reduce(TwoRanksAccelerator(), stop_requested=False)
+    assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches, totals.stop) == (2.0, 6, 3, 1,
+                                                                                                    False)
+
+
 class FixedLogits(torch.nn.Module):
     def __init__(self, vocab: int, with_logits: bool):
         super().__init__()

@@ -51,18 +51,16 @@ class IntervalSums:
         self.micro_batches += 1
 
     def reduce(self, accelerator: Accelerator, stop_requested: bool) -> IntervalTotals:
-        """One all-reduce: the loss mean over all ranks, their tokens, and whether any must stop. Starts the next
-        interval."""
-        local_tokens = int(self.tokens.item())
+        """One all-reduce and one read back to the host (a sync: the GPU idles until the host queues the next
+        step, so there is no second one): the loss mean over all ranks, their tokens, whether any must stop, and
+        this rank's own tokens. Starts the next interval."""
         device = self.loss_sum.device
-        stats = torch.stack([
-            self.loss_sum.double(), torch.tensor(float(self.micro_batches), device=device).double(),
-            torch.tensor(float(local_tokens), device=device).double(),
-            torch.tensor(float(stop_requested), device=device).double(),
-        ])
-        total = accelerator.reduce(stats, reduction="sum").tolist()
-        totals = IntervalTotals(loss=total[0] / max(total[1], 1), tokens=int(total[2]), local_tokens=local_tokens,
-                                micro_batches=self.micro_batches, stop=total[3] > 0)
+        sums = torch.stack([self.loss_sum.double(), self.tokens.double()])
+        counts = torch.tensor([float(self.micro_batches), float(stop_requested)], dtype=torch.float64, device=device)
+        reduced = accelerator.reduce(torch.cat([sums, counts]), reduction="sum")
+        loss, tokens, micro_batches, stop, local_tokens = torch.cat([reduced, sums[1:]]).tolist()
+        totals = IntervalTotals(loss=loss / max(micro_batches, 1), tokens=int(tokens), local_tokens=int(local_tokens),
+                                micro_batches=self.micro_batches, stop=stop > 0)
         self.loss_sum.zero_()
         self.tokens.zero_()
         self.micro_batches = 0
