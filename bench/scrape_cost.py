@@ -98,7 +98,7 @@ def start_exporter(metrics_dir: Path, host_file: Path, interval: float, slow_int
 
 
 def cpu_seconds(process: psutil.Process) -> float:
-    """CPU time of the process, threads that have ended included (each scrape runs in a thread of its own)."""
+    """CPU time of the process, threads that have ended included."""
     times = process.cpu_times()
     return times.user + times.system
 
