@@ -240,7 +240,7 @@ for _ in range(3):
     telemetry.step_done(8)
 telemetry.state_measured({"param_bytes": 1000, "grad_bytes": 1000, "optimizer_state_bytes": 2000})
 drain()
-telemetry.interval_done(4, 0, 2.5, 3e-4, 3 * 8 * 64)
+telemetry.interval_done(telemetry.interval_ended(), 4, 0, 2.5, 3e-4, 3 * 8 * 64)
 telemetry.checkpoint_done(0.5)
 telemetry.close()
 """

@@ -81,7 +81,7 @@ while True:
     step += 1
     telemetry.step_done(8)
     if step % 5 == 0:
-        telemetry.interval_done(step, 0, 2.0, 1e-3, 8 * 100 * 5)
+        telemetry.interval_done(telemetry.interval_ended(), step, 0, 2.0, 1e-3, 8 * 100 * 5)
 """
 
 

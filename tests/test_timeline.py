@@ -85,7 +85,7 @@ def test_a_gpu_busy_the_whole_time_never_starves(gpu):
     timeline = DeviceTimeline(gpu.new_event)
     train_steps(gpu, timeline, [0.003] * 10)  # the loader answers well within a step: the host runs ahead
     gpu.drain()  # the loss reduction's .item()
-    times = timeline.read()
+    times = timeline.cut().times()
     assert times.data_wait_seconds == pytest.approx(0.003)  # only the first batch, before the GPU had any work
     assert times.step_seconds == pytest.approx([0.003 + 0.0005 + 0.06] + [0.06] * 9)
     assert times.forward_seconds == pytest.approx(0.0005 + 10 * 0.02)
@@ -97,7 +97,7 @@ def test_a_gpu_idle_while_the_loader_is_slow_starves_for_the_difference(gpu):
     # 0.101 s a step and the GPU is done 0.0605 s after the batch came: it waits 0.0405 s for the next one.
     train_steps(gpu, timeline, [0.1] * 20)
     gpu.drain()
-    times = timeline.read()
+    times = timeline.cut().times()
     assert times.step_seconds == pytest.approx([0.1 + 0.0005 + 0.06] + [0.101] * 19)
     assert times.data_wait_seconds == pytest.approx(0.1 + 19 * 0.0405)  # the first wait: idle from the start
     share = times.data_wait_seconds / sum(times.step_seconds)
@@ -112,7 +112,7 @@ def test_a_mixture_counts_only_the_waits_the_gpu_could_not_hide(gpu):
     train_steps(gpu, timeline, [0.4])  # one slow batch: the queue covers all but `0.4 - ahead` of it
     train_steps(gpu, timeline, [0.003] * 4)
     gpu.drain()
-    times = timeline.read()
+    times = timeline.cut().times()
     assert 0.2 < ahead < 0.4
     assert times.data_wait_seconds == pytest.approx(0.003 + 0.4 - ahead)
     assert len(times.step_seconds) == 10
@@ -123,7 +123,7 @@ def test_a_blocking_copy_makes_the_host_wait_but_the_gpu_does_not_starve(gpu):
     timeline = DeviceTimeline(gpu.new_event)
     host_waits = train_steps(gpu, timeline, [0.0005] * 20, blocking_copy=True)
     gpu.drain()
-    times = timeline.read()
+    times = timeline.cut().times()
     assert sum(host_waits[1:]) / sum(times.step_seconds[1:]) > 0.9  # what the host's clock says
     assert times.data_wait_seconds / sum(times.step_seconds) < 0.02  # what the GPU's says
 
@@ -134,12 +134,35 @@ def test_intervals_read_only_their_own_steps_and_reuse_the_events(gpu):
     for _ in range(30):
         train_steps(gpu, timeline, [0.1, 0.003, 0.003])
         gpu.drain()
-        intervals.append(timeline.read())
+        intervals.append(timeline.cut().times())
     assert all(len(t.step_seconds) == 3 for t in intervals)
     # the step that straddles a read still counts from the previous step's end
     assert intervals[5].step_seconds[0] == pytest.approx(0.1 + 0.0005 + 0.06)
     assert gpu.events_made <= 5 * 3 + 2  # a pool: one interval's worth of events, not one set per step
     assert gpu.synchronized == 30  # one wait per read, on the newest event; none per step
+
+
+@pytest.mark.parametrize("read_late", [True, False])
+def test_an_interval_read_after_the_next_step_is_queued_leaves_the_gpu_working(gpu, read_late):
+    """The loop's order (train/rank.py): cut at the interval's end, queue the next step, then read. Reading at once
+    drains the GPU, which then idles while the host logs (here 5 ms) and queues again."""
+    timeline = DeviceTimeline(gpu.new_event)
+    logging = 0.005
+    train_steps(gpu, timeline, [0.003] * 3)
+    spans = timeline.cut()
+    if read_late:
+        train_steps(gpu, timeline, [0.003])
+    first = spans.times()
+    assert len(first.step_seconds) == 3
+    assert (gpu.stream_free > gpu.host) is read_late  # the late read waited for step 3 only; step 4 still runs
+    gpu.host_works(logging)
+    train_steps(gpu, timeline, [0.003] * (2 if read_late else 3))
+    gpu.drain()
+    second = timeline.cut().times()
+    assert len(second.step_seconds) == 3  # steps 4-6, step 4 from the end of step 3
+    idle = 0.003 + 0.0005 + logging  # the batch, the launch and the logging, with nothing queued
+    assert second.step_seconds[0] == pytest.approx(0.06 if read_late else 0.06 + idle)
+    assert second.step_seconds[1:] == pytest.approx([0.06] * 2)
 
 
 def test_a_pause_between_steps_is_not_a_step(gpu):
@@ -150,7 +173,7 @@ def test_a_pause_between_steps_is_not_a_step(gpu):
     timeline.restart_step_clock()
     train_steps(gpu, timeline, [0.003])
     gpu.drain()
-    times = timeline.read()
+    times = timeline.cut().times()
     assert times.step_seconds[-1] == pytest.approx(0.003 + 0.0005 + 0.06)
 
 
@@ -168,7 +191,7 @@ def test_cpu_telemetry_counts_the_host_wait_as_data_wait(tmp_path, monkeypatch):
     time.sleep(0.05)
     telemetry.data_ready()
     telemetry.step_done(4)
-    share = telemetry.interval_done(1, 0, 2.0, 0.1, 40)
+    share = telemetry.interval_done(telemetry.interval_ended(), 1, 0, 2.0, 0.1, 40)
     telemetry.close()
     record = json.loads((tmp_path / "telemetry" / "rank-0.jsonl").read_text().splitlines()[-1])  # past the marker
     assert record["clock"] == "host" and telemetry.clock == "host"
@@ -198,7 +221,7 @@ def test_gpu_telemetry_records_the_gpus_starvation_and_the_hosts_wait_apart(tmp_
         gpu.queue(0.1)
         telemetry.step_done(16)
     gpu.drain()
-    share = telemetry.interval_done(3, 0, 2.0, 0.1, 3 * 16 * 1024)
+    share = telemetry.interval_done(telemetry.interval_ended(), 3, 0, 2.0, 0.1, 3 * 16 * 1024)
     telemetry.close()
     record = json.loads((tmp_path / "telemetry" / "rank-0.jsonl").read_text().splitlines()[-1])  # past the marker
     assert record["clock"] == "gpu" and telemetry.clock == "gpu"

@@ -46,7 +46,8 @@ def test_no_compile_watch_answers_what_the_loop_and_the_summary_ask():
 
 
 def test_no_telemetry_gives_the_progress_bar_no_data_wait_share():
-    assert NoTelemetry().interval_done(step=1, epoch=0, loss=1.0, lr=0.1, tokens=10) is None
+    telemetry = NoTelemetry()
+    assert telemetry.interval_done(telemetry.interval_ended(), step=1, epoch=0, loss=1.0, lr=0.1, tokens=10) is None
 
 
 @pytest.mark.parametrize("schedule, middle, end", [("cosine", 0.5, 0.0), ("linear", 0.5, 0.0),
@@ -90,10 +91,10 @@ def test_interval_sums_reduce_to_the_mean_loss_and_start_over():
     batch = collate([{"input_ids": [1, 2, 3]}, {"input_ids": [4]}])
     sums.add(torch.tensor(2.0), batch)
     sums.add(torch.tensor(4.0, dtype=torch.bfloat16), batch)
-    totals = sums.reduce(SumAccelerator(), stop_requested=True)
+    totals = sums.start_reduce(SumAccelerator(), stop_requested=True).result()
     assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches, totals.stop) == (3.0, 8, 8, 2,
                                                                                                     True)
-    assert sums.reduce(SumAccelerator(), stop_requested=False).micro_batches == 0
+    assert sums.start_reduce(SumAccelerator(), stop_requested=False).result().micro_batches == 0
 
 
 class TwoRanksAccelerator(SumAccelerator):
@@ -106,7 +107,7 @@ class TwoRanksAccelerator(SumAccelerator):
 def test_interval_sums_keep_this_ranks_tokens_apart_from_the_reduced_ones():
     sums = IntervalSums(torch.device("cpu"))
     sums.add(torch.tensor(2.0), collate([{"input_ids": [1, 2, 3]}]))
-    totals = sums.reduce(TwoRanksAccelerator(), stop_requested=False)
+    totals = sums.start_reduce(TwoRanksAccelerator(), stop_requested=False).result()
     assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches, totals.stop) == (2.0, 6, 3, 1,
                                                                                                     False)
 

@@ -35,7 +35,10 @@ class NoTelemetry:
     def resync_clock(self) -> None:
         pass
 
-    def interval_done(self, step: int, epoch: int, loss: float, lr: float, tokens: int) -> float | None:
+    def interval_ended(self) -> None:
+        return None
+
+    def interval_done(self, cut: None, step: int, epoch: int, loss: float, lr: float, tokens: int) -> float | None:
         """None: no data-wait share to show on the progress bar."""
         return None
 

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 
@@ -43,14 +44,15 @@ from train.performance import (
 from train.progress import Progress
 from train.schedule import lr_scheduler
 from train.segments import RunRecord
-from train.step import IntervalSums, train_step
-from train.telemetry import RankIdentity, Telemetry, device_uuid, peak_flops
+from train.step import IntervalSums, PendingTotals, train_step
+from train.telemetry import IntervalCut, RankIdentity, Telemetry, device_uuid, peak_flops
 from trainstack.errors import EXIT_CONFIG, ConfigError
 from trainstack.rundir import NNODES_ENV, NON_BLOCKING_COPY_ENV, RUN_ID_ENV, RunDir, write_summary
 
 
 class StopRequested:
-    """SIGTERM/SIGINT only set a flag: the ranks agree on it at the next log interval and stop together."""
+    """SIGTERM/SIGINT only set a flag: the ranks agree on it at the next log interval and stop together after
+    the step that follows it (the step queued while the interval's totals were read)."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -59,6 +61,17 @@ class StopRequested:
 
     def _handle(self, signum, frame) -> None:
         self.requested = True
+
+
+@dataclass(frozen=True)
+class OpenInterval:
+    """A log interval whose totals are on their way to the host."""
+
+    totals: PendingTotals
+    telemetry: IntervalCut | None  # None without telemetry
+    step: int
+    epoch: int
+    lr: float
 
 
 class Trainer:
@@ -104,6 +117,7 @@ class Trainer:
         self.compile_watch: CompileWatch | NoCompileWatch = NoCompileWatch()
         self.evaluator = evaluator(compiled=config.compile)
         self.throughput: dict[str, float] = {}
+        self._open_interval: OpenInterval | None = None
 
     # ---- building -------------------------------------------------------------------------------------------
     def build(self) -> None:
@@ -201,20 +215,26 @@ class Trainer:
                     self.telemetry.step_compiled(samples, *compiled)
                 else:
                     self.telemetry.step_done(samples)
+                # The previous interval's totals, read now that this step is queued behind them.
+                stop = self._log_interval(bar)  # the ranks agreed to stop
                 last = p.step >= self.total_steps
-                if last or p.step % config.log_every == 0 or p.step == 1:
-                    if self._log_interval(sums, bar):  # the ranks agreed to stop
+                if last or stop:
+                    self._log_through_now(sums, bar)
+                    return "completed" if last else "preempted"
+                if p.step % config.log_every == 0 or p.step == 1:
+                    self._end_interval(sums)
+                checkpoint_due = config.checkpoint_every and p.step % config.checkpoint_every == 0
+                eval_due = config.eval_every and p.step % config.eval_every == 0
+                if checkpoint_due or eval_due:
+                    if self._log_through_now(sums, bar):  # both need the progress up to now
                         return "preempted"
-                if last:
-                    return "completed"
-                if config.checkpoint_every and p.step % config.checkpoint_every == 0:
-                    self.save()
-                if config.eval_every and p.step % config.eval_every == 0:
-                    self.evaluate()
+                    if checkpoint_due:
+                        self.save()
+                    if eval_due:
+                        self.evaluate()
             p.epoch += 1
             p.batch_in_epoch = 0
-        if sums.micro_batches:
-            self._log_interval(sums, bar)
+        self._log_through_now(sums, bar)
         return "completed"
 
     def _batches_of_epoch(self):
@@ -232,24 +252,45 @@ class Trainer:
                 return
             yield batch
 
-    def _log_interval(self, sums: IntervalSums, bar) -> bool:
-        """The interval's one all-reduce, then the progress, telemetry and the bar; True when the ranks stop."""
+    def _end_interval(self, sums: IntervalSums) -> None:
+        """Queues the interval's one all-reduce and returns at once; `_log_interval` reads it, normally after the
+        next step is queued (train/step.py says why)."""
+        p = self.progress
+        self._open_interval = OpenInterval(sums.start_reduce(self.accelerator, self.stop.requested),
+                                           self.telemetry.interval_ended(), p.step, p.epoch,
+                                           self.scheduler.get_last_lr()[0])
+
+    def _log_interval(self, bar) -> bool:
+        """The open interval's totals into the progress, telemetry and the bar; True when the ranks agreed to
+        stop. Nothing open: False."""
+        interval, self._open_interval = self._open_interval, None
+        if interval is None:
+            return False
         accelerator, p = self.accelerator, self.progress
-        totals = sums.reduce(accelerator, self.stop.requested)
+        totals = interval.totals.result()
         p.last_loss = totals.loss
         if p.initial_loss is None:
             p.initial_loss = totals.loss
         p.tokens += totals.tokens
         p.samples += self.config.batch_size * totals.micro_batches * accelerator.num_processes
-        lr = self.scheduler.get_last_lr()[0]
-        postfix = dict(loss=f"{totals.loss:.4f}", lr=f"{lr:.2e}", epoch=p.epoch)
-        share = self.telemetry.interval_done(p.step, p.epoch, totals.loss, lr, totals.local_tokens)
+        postfix = dict(loss=f"{totals.loss:.4f}", lr=f"{interval.lr:.2e}", epoch=interval.epoch)
+        share = self.telemetry.interval_done(interval.telemetry, interval.step, interval.epoch, totals.loss,
+                                             interval.lr, totals.local_tokens)
         if share is not None:
             # Named for what it measures: a GPU starved of batches, or a CPU rank blocked in the loader.
             postfix["gpu_starved" if self.telemetry.clock == "gpu" else "data_wait"] = f"{share:.0%}"
-        bar.update(p.step - bar.n)
+        bar.update(interval.step - bar.n)
         bar.set_postfix(**postfix)
         return totals.stop
+
+    def _log_through_now(self, sums: IntervalSums, bar) -> bool:
+        """Logs the open interval and the steps since, waiting for the device (a checkpoint, an evaluation or
+        the end of the loop needs the progress up to now); True when the ranks agreed to stop."""
+        stop = self._log_interval(bar)
+        if sums.micro_batches:
+            self._end_interval(sums)
+            stop = self._log_interval(bar) or stop
+        return stop
 
     def save(self) -> None:
         if (seconds := self.checkpointer.save(self.progress, self.record)) is None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from train.timeline import DeviceTimeline
+from train.timeline import DeviceTimeline, IntervalSpans
 from trainstack import catalog
 from trainstack.rundir import METRICS_DIR_ENV, SEGMENT_MARKER, RunDir
 
@@ -134,6 +134,18 @@ class RankMetrics:
         return metrics
 
 
+@dataclass(frozen=True)
+class IntervalCut:
+    """A log interval's counts, taken between its last step and the next one."""
+
+    ended: float  # host clock (time.time()) at the cut
+    samples: int
+    step_seconds: list[float]  # on the host's clock; on a GPU they come from device_spans
+    data_wait: float  # likewise
+    host_data_wait: float
+    device_spans: IntervalSpans | None  # the interval's marks on the GPU's timeline
+
+
 class Telemetry:
     def __init__(self, run_dir: Path, identity: RankIdentity, flops_per_token: float, peak: float | None,
                  device: torch.device):
@@ -229,28 +241,36 @@ class Telemetry:
         if self._timeline:
             self._timeline.restart_step_clock()
 
-    def _read_timeline(self) -> None:
-        """The interval's device times. The loop's loss reduction has just synchronised, so nothing waits."""
-        times = self._timeline.read()
-        self._data_wait, self._step_seconds = times.data_wait_seconds, times.step_seconds
-        if self._metrics:
-            self._metrics.data_wait.inc(times.data_wait_seconds)
-            self._metrics.forward_seconds.inc(times.forward_seconds)
-            for duration in times.step_seconds:
-                self._metrics.step_duration.observe(duration)
+    def interval_ended(self) -> IntervalCut:
+        """Closes the interval's counts between two steps; `interval_done` records them once its loss is known."""
+        cut = IntervalCut(ended=time.time(), samples=self._samples, step_seconds=self._step_seconds,
+                          data_wait=self._data_wait, host_data_wait=self._host_data_wait,
+                          device_spans=self._timeline.cut() if self._timeline else None)
+        self._samples, self._step_seconds, self._data_wait, self._host_data_wait = 0, [], 0.0, 0.0
+        return cut
 
-    def interval_done(self, step: int, epoch: int, loss: float, lr: float, tokens: int) -> float:
+    def interval_done(self, cut: IntervalCut, step: int, epoch: int, loss: float, lr: float, tokens: int) -> float:
         """Records the interval; returns its data-wait share of step time (for the progress bar)."""
-        now = time.time()
-        interval = max(now - self._interval_start, 1e-9)
-        if self._timeline:
-            self._read_timeline()
-        stepped = sum(self._step_seconds) or interval
+        step_seconds, data_wait, ended = cut.step_seconds, cut.data_wait, cut.ended
+        if cut.device_spans:
+            times = cut.device_spans.times()
+            # The device has just run the interval's last step: on a GPU the host's clock at the cut said only
+            # when that step was queued.
+            ended = time.time()
+            step_seconds, data_wait = times.step_seconds, times.data_wait_seconds
+            if self._metrics:
+                self._metrics.data_wait.inc(data_wait)
+                self._metrics.forward_seconds.inc(times.forward_seconds)
+                for duration in step_seconds:
+                    self._metrics.step_duration.observe(duration)
+        interval = max(ended - self._interval_start, 1e-9)
+        self._interval_start = ended
+        stepped = sum(step_seconds) or interval
         record = {
-            "time": now, "rank": int(self.rank), "step": step, "epoch": epoch, "loss": loss, "lr": lr,
-            "samples": self._samples, "tokens": tokens, "interval_seconds": interval,
-            "data_wait_seconds": self._data_wait, "step_seconds": self._step_seconds,
-            "host_data_wait_seconds": self._host_data_wait, "clock": self.clock, **self._state_bytes,
+            "time": ended, "rank": int(self.rank), "step": step, "epoch": epoch, "loss": loss, "lr": lr,
+            "samples": cut.samples, "tokens": tokens, "interval_seconds": interval,
+            "data_wait_seconds": data_wait, "step_seconds": step_seconds,
+            "host_data_wait_seconds": cut.host_data_wait, "clock": self.clock, **self._state_bytes,
         }
         self._records.write(json.dumps(record) + "\n")
         if self._metrics:
@@ -266,13 +286,7 @@ class Telemetry:
                 # Tokens this rank trained on over the time its steps took (a checkpoint or evaluation pause
                 # in the interval is no step): docs/metrics.md.
                 m.mfu.set(self.flops_per_token * tokens / stepped / self.peak)
-        share = min(1.0, self._data_wait / stepped)
-        self._interval_start = now
-        self._step_seconds = []
-        self._data_wait = 0.0
-        self._host_data_wait = 0.0
-        self._samples = 0
-        return share
+        return min(1.0, data_wait / stepped)
 
     def state_measured(self, sizes: dict[str, int]) -> None:
         """The rank's parameter, gradient and optimizer-state bytes (`training_state_bytes`)."""

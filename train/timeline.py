@@ -6,8 +6,8 @@ is no loss; what costs throughput is the GPU running out of queued work. So the 
 host starts waiting for a batch and again once it has the batch (Accelerate copies it to the device inside
 `next()`): on the GPU's timeline the first mark runs when the work queued before it is done and the second when
 the host got past `next()`, so the gap between them is the time the GPU sat idle for want of a batch, and zero
-when it still had work. Events are only read after the loop's loss reduction has synchronised anyway, so no step
-waits on this. The events come from a small pool: the loop marks a handful per step.
+when it still had work. An interval's events are read when the loop reads its loss totals, after it has queued
+the next step, so no step waits on this. The events come from a small pool: the loop marks a handful per step.
 
 Anything with torch.cuda.Event's `record()`, `elapsed_time(end)` (milliseconds) and `synchronize()` will do,
 which is how the tests drive this with a fake GPU clock.
@@ -87,17 +87,34 @@ class DeviceTimeline:
         """After a checkpoint or evaluation: that pause is not a step, so the next step starts now."""
         self._step_start = self._mark()
 
-    def read(self) -> IntervalTimes:
-        """The times since the last read. Call it only with no wait or forward pass half-marked, ideally just
-        after something synchronised the device, so that waiting for the newest event costs nothing."""
-        self._newest.synchronize()
+    def cut(self) -> IntervalSpans:
+        """Ends the interval here, between steps (no wait or forward pass half-marked); the next one starts
+        with the next mark. Its times are read later, once the device has run its marks."""
+        spans = IntervalSpans(self._waits, self._forwards, self._steps, self._newest, self._step_start, self._free)
+        self._waits, self._forwards, self._steps = [], [], []
+        return spans
+
+
+class IntervalSpans:
+    """One interval's marks, until they are read; then their events go back to the timeline's pool."""
+
+    def __init__(self, waits: list[Span], forwards: list[Span], steps: list[Span], last: TimingEvent,
+                 next_step_start: TimingEvent, pool: list[TimingEvent]):
+        self._waits, self._forwards, self._steps = waits, forwards, steps
+        self._last = last
+        self._next_step_start = next_step_start
+        self._pool = pool
+
+    def times(self) -> IntervalTimes:
+        """Waits until the device has reached the interval's last mark: called once the loop has queued the next
+        step, that wait leaves the device working; called at once, it drains the queue."""
+        self._last.synchronize()
 
         def seconds(spans: list[Span]) -> list[float]:
             return [start.elapsed_time(end) / 1000 for start, end in spans]
 
         times = IntervalTimes(sum(seconds(self._waits)), seconds(self._steps), sum(seconds(self._forwards)))
         used = {id(event): event for span in (*self._waits, *self._forwards, *self._steps) for event in span}
-        used.pop(id(self._step_start), None)  # still the start of the next step
-        self._free.extend(used.values())
-        self._waits, self._forwards, self._steps = [], [], []
+        used.pop(id(self._next_step_start), None)  # the start of the next interval's first step
+        self._pool.extend(used.values())
         return times
