@@ -10,9 +10,10 @@ One run, one after the other on the same GPU, the same model (`builtin:gpt2-smal
 The data is byte text this script writes, every line longer than --seq-len, so every batch is full length (one
 shape: nothing recompiles mid-run). Each is timed over --steps steps after --warmup steps, compilation inside the
 warm-up, with the GPU synchronized at both ends: the minimal loop calls torch.cuda.synchronize(); for trainstack
-the clock is the `time` of its own telemetry records at those two steps, written just after the loss reduction,
-which waits for the GPU. MFU = model FLOPs per token (GPT.flops_per_token: 6N + 12 x layers x width x seq, N
-without the position embedding) x tokens/s / the GPU's dense bf16 peak (train/telemetry.py).
+the clock is the `time` of its own telemetry records at those two steps, taken when the GPU has just run the
+step (the record waits on the step's CUDA event). MFU = model FLOPs per token (GPT.flops_per_token: 6N + 12 x
+layers x width x seq, N without the position embedding) x tokens/s / the GPU's dense bf16 peak
+(train/telemetry.py).
 
     python bench/gpu_throughput.py [--batch-size 64] [--warmup 30] [--steps 120] [--json gpu_throughput.json]
 """
