@@ -173,3 +173,21 @@ def test_summary_says_null_for_compile_figures_without_compile(tmp_path):
     write_summary(path, fields)
     assert json.loads(path.read_text()) == {"version": SUMMARY_VERSION, **fields}
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_interval_totals_on_a_gpu_are_queued_without_waiting_for_it():
+    """On a GPU, start_reduce returns while the interval's work still runs; result() waits for it and is exact."""
+    device = torch.device("cuda")
+    sums = IntervalSums(device)
+    batch = {"attention_mask": torch.ones(2, 3, dtype=torch.long, device=device)}
+    busy = torch.ones(4096, 4096, device=device)
+    for _ in range(50):  # a few hundred milliseconds of queued work before the loss
+        busy = busy @ busy / 4096
+    sums.add(busy[0, 0] * 3, batch)
+    pending = sums.start_reduce(SumAccelerator(), stop_requested=False)
+    queued_ahead = not torch.cuda.current_stream(device).query()
+    totals = pending.result()
+    assert queued_ahead  # start_reduce did not drain the stream
+    assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches) == (3.0, 6, 6, 1)
