@@ -51,12 +51,10 @@ class DeviceTimeline:
         self._waits: list[Span] = []
         self._forwards: list[Span] = []
         self._steps: list[Span] = []
-        self._newest = self._step_start
 
     def _mark(self) -> TimingEvent:
         event = self._free.pop() if self._free else self._new_event()
         event.record()
-        self._newest = event
         return event
 
     def _open_span(self) -> None:
@@ -88,9 +86,9 @@ class DeviceTimeline:
         self._step_start = self._mark()
 
     def cut(self) -> IntervalSpans:
-        """Ends the interval here, between steps (no wait or forward pass half-marked); the next one starts
+        """Ends the interval at the end of a step (no wait or forward pass half-marked); the next one starts
         with the next mark. Its times are read later, once the device has run its marks."""
-        spans = IntervalSpans(self._waits, self._forwards, self._steps, self._newest, self._step_start, self._free)
+        spans = IntervalSpans(self._waits, self._forwards, self._steps, self._step_start, self._free)
         self._waits, self._forwards, self._steps = [], [], []
         return spans
 
@@ -98,23 +96,22 @@ class DeviceTimeline:
 class IntervalSpans:
     """One interval's marks, until they are read; then their events go back to the timeline's pool."""
 
-    def __init__(self, waits: list[Span], forwards: list[Span], steps: list[Span], last: TimingEvent,
-                 next_step_start: TimingEvent, pool: list[TimingEvent]):
+    def __init__(self, waits: list[Span], forwards: list[Span], steps: list[Span], last_step_end: TimingEvent,
+                 pool: list[TimingEvent]):
         self._waits, self._forwards, self._steps = waits, forwards, steps
-        self._last = last
-        self._next_step_start = next_step_start
+        self._last_step_end = last_step_end  # the interval's last mark, and where the next interval's first step starts
         self._pool = pool
 
     def times(self) -> IntervalTimes:
         """Waits until the device has reached the interval's last mark: called once the loop has queued the next
         step, that wait leaves the device working; called at once, it drains the queue."""
-        self._last.synchronize()
+        self._last_step_end.synchronize()
 
         def seconds(spans: list[Span]) -> list[float]:
             return [start.elapsed_time(end) / 1000 for start, end in spans]
 
         times = IntervalTimes(sum(seconds(self._waits)), seconds(self._steps), sum(seconds(self._forwards)))
         used = {id(event): event for span in (*self._waits, *self._forwards, *self._steps) for event in span}
-        used.pop(id(self._next_step_start), None)  # the start of the next interval's first step
+        used.pop(id(self._last_step_end), None)  # still in use: the next interval reads it as a step's start
         self._pool.extend(used.values())
         return times
