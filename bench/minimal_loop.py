@@ -15,8 +15,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, set_seed
 
-from train.data import collate, load_token_data
-from train.model import BUILTIN_MODELS, GPT
+from trainstack.train.rank.data import collate, load_token_data
+from trainstack.train.rank.model import BUILTIN_MODELS, GPT
 
 
 def synchronize(device: torch.device) -> None:

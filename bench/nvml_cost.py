@@ -9,7 +9,7 @@ counters give a fast and a slow sample's CPU on this host. For 8 GPUs, each GPU 
 back-to-back cost; that gives the sampler's share of one core at the exporter's defaults (a sample a second, slow
 fields every 30 s).
 The same measurement runs in the same process on the NVML fake loaded with the profile
-(tests/nvml_fake/hosts/h100_driver580.json), printed next to the driver's figures, so a profile that has drifted
+(monitoring/nvml_fake/hosts/h100_driver580.json), printed next to the driver's figures, so a profile that has drifted
 from the driver shows. Without a driver the driver's column says so and the profile's is still measured.
 
 Target (issue 14): the sampler under 0.3% of one core at 1 Hz for 8 GPUs. About 55 s on an H100.
@@ -27,9 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run as a script: the exporter and tests.nvml_fake come from the checkout
-from monitoring.exporter.config import DEFAULT_SAMPLE_INTERVAL, DEFAULT_SLOW_SAMPLE_INTERVAL  # noqa: E402
-from monitoring.exporter.nvml import (  # noqa: E402
+sys.path.insert(0, str(REPO))  # run as a script: tests/ comes from the checkout
+from trainstack.monitoring.exporter.config import DEFAULT_SAMPLE_INTERVAL, DEFAULT_SLOW_SAMPLE_INTERVAL  # noqa: E402
+from trainstack.monitoring.exporter.nvml import (  # noqa: E402
     CLOCK_SM,
     FIELD_NAMES,
     MEMORY_INFO_V2,
@@ -37,7 +37,7 @@ from monitoring.exporter.nvml import (  # noqa: E402
     NvmlSession,
     error_name,
 )
-from monitoring.exporter.sampler import Sampler  # noqa: E402
+from trainstack.monitoring.exporter.sampler import Sampler  # noqa: E402
 
 TARGET_GPUS = 8
 SAMPLER_TARGET_SHARE = 0.003
@@ -127,7 +127,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=200, help="calls per figure (default 200, as the issue's)")
     parser.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU measured (default 0)")
-    parser.add_argument("--profile", default="h100_driver580", help="host cost profile in tests/nvml_fake/hosts")
+    parser.add_argument("--profile", default="h100_driver580", help="host cost profile in monitoring/nvml_fake/hosts")
     parser.add_argument("--nvml-module", default="pynvml", help="the driver's NVML module (default pynvml)")
     parser.add_argument("--sampler-seconds", type=float, default=20.0,
                         help="how long the sampler runs at one sample a second, per column (default 20)")
@@ -137,7 +137,8 @@ def main() -> int:
         driver = measure(importlib.import_module(args.nvml_module), args.gpu, args.calls, args.sampler_seconds)
     except ImportError as error:
         driver = {"about": f"{args.nvml_module} cannot be imported ({error})"}
-    import tests.nvml_fake as fake  # after the driver's measurement: nothing of the fake is loaded during it
+    # After the driver's measurement: nothing of the fake is loaded during it.
+    import trainstack.monitoring.nvml_fake as fake
 
     fake.load(args.profile)
     profile = measure(fake, 0, args.calls, args.sampler_seconds)

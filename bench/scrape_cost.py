@@ -1,8 +1,8 @@
 """Scrape cost of the exporter and cost of its GPU sampler: 1, 8 and 16 GPUs side by side, 8 ranks.
 
-The exporter runs as it does in production (`python -m monitoring.exporter`, its own process, HTTP on 127.0.0.1)
-with the NVML fake standing in for the driver under a cost profile measured on a real one
-(tests/nvml_fake/hosts/h100_driver580.json: an H100 on driver 580, where each call and each field costs what it
+The exporter runs as it does in production (`python -m trainstack.monitoring.exporter`, its own process, HTTP on
+127.0.0.1) with the NVML fake standing in for the driver under a cost profile measured on a real one
+(monitoring/nvml_fake/hosts/h100_driver580.json: an H100 on driver 580, where each call and each field costs what it
 cost there, spent on the CPU as the real driver spends it), the profile's GPU repeated 1, 8 and 16 times, and a
 metrics directory holding 8 ranks' multiprocess files with the training metrics a GPU rank writes, each
 rank's process listed on a GPU so the per-process memory call runs.
@@ -45,10 +45,11 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run as a script: tests.nvml_fake comes from the checkout
-from monitoring.exporter.config import DEFAULT_SAMPLE_INTERVAL, DEFAULT_SLOW_SAMPLE_INTERVAL  # noqa: E402
-from tests.nvml_fake.ranks import write_rank  # noqa: E402
+sys.path.insert(0, str(REPO))  # run as a script: tests/ comes from the checkout
+import trainstack.monitoring.nvml_fake as fake  # noqa: E402
+from tests.standin_ranks import write_rank  # noqa: E402
 from trainstack import catalog  # noqa: E402
+from trainstack.monitoring.exporter.config import DEFAULT_SAMPLE_INTERVAL, DEFAULT_SLOW_SAMPLE_INTERVAL  # noqa: E402
 from trainstack.rundir import RunDir  # noqa: E402
 
 RANKS = 8
@@ -65,13 +66,13 @@ PROMETHEUS_HEADERS = {
 
 
 def write_ranks(metrics_dir: Path) -> list[int]:
-    """8 ranks' multiprocess files, as ranks on GPUs leave them (stand-ins: tests/nvml_fake/ranks.py)."""
+    """8 ranks' multiprocess files, as ranks on GPUs leave them (stand-ins: tests/standin_ranks.py)."""
     return [write_rank(metrics_dir, rank, steps=1000, on_gpu=True, world_size=RANKS) for rank in range(RANKS)]
 
 
 def host(profile: str, gpus: int, rank_pids: list[int], delay_mode: str | None) -> dict:
     """The profile's host with its GPU repeated `gpus` times; rank i's process on GPU i % gpus."""
-    spec = json.loads((REPO / "tests" / "nvml_fake" / "hosts" / f"{profile}.json").read_text())
+    spec = json.loads((fake.DATA_DIR / "hosts" / f"{profile}.json").read_text())
     model = spec["gpus"][0]
     spec["gpus"] = [{**model, "uuid": f"{model['uuid'][:-4]}{index:04x}",
                      "pci_bus_id": f"00000000:{index + 16:02X}:00.0"} for index in range(gpus)]
@@ -86,8 +87,9 @@ def host(profile: str, gpus: int, rank_pids: list[int], delay_mode: str | None) 
 def start_exporter(metrics_dir: Path, host_file: Path, interval: float, slow_interval: float):
     env = {**os.environ, "PYTHONPATH": str(REPO), "NVML_FAKE_HOST": str(host_file)}
     env.pop("NVML_FAKE_DELAY_US", None)  # the profile's costs, not a flat delay
-    process = subprocess.Popen([sys.executable, "-m", "monitoring.exporter", "--port", "0", "--nvml-module",
-                                "tests.nvml_fake", "--metrics-dir", str(metrics_dir), "--sample-interval",
+    process = subprocess.Popen([sys.executable, "-m", "trainstack.monitoring.exporter", "--port", "0",
+                                "--nvml-module", "trainstack.monitoring.nvml_fake", "--metrics-dir", str(metrics_dir),
+                                "--sample-interval",
                                 str(interval), "--slow-sample-interval", str(slow_interval)],
                                cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
     line = process.stderr.readline()
@@ -151,8 +153,8 @@ class KeptAlive:
 
 def serve_constant(body_file: Path) -> None:
     """The exporter's HTTP server with nothing to render: every scrape is sent the same gzipped body."""
-    from monitoring.exporter.prerender import Body
-    from monitoring.exporter.server import MetricsServer
+    from trainstack.monitoring.exporter.prerender import Body
+    from trainstack.monitoring.exporter.server import MetricsServer
 
     class Constant:
         body = Body(gzip.decompress(body_file.read_bytes()), body_file.read_bytes(), 0.0, ahead=True)
@@ -260,7 +262,7 @@ def main() -> int:
     parser.add_argument("--renders", type=int, default=100, help="back-to-back scrapes rendered on request")
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="how long idle CPU is measured")
     parser.add_argument("--gpus", default="1,8,16", help="GPU counts side by side (default 1,8,16)")
-    parser.add_argument("--profile", default="h100_driver580", help="host cost profile in tests/nvml_fake/hosts")
+    parser.add_argument("--profile", default="h100_driver580", help="host cost profile in monitoring/nvml_fake/hosts")
     parser.add_argument("--delay-mode", choices=("sleep", "serial", "spin"), default=None,
                         help="how the fake spends each cost (default: the profile's, spin)")
     parser.add_argument("--sample-interval", type=float, default=DEFAULT_SAMPLE_INTERVAL)

@@ -32,7 +32,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from bench.side_by_side import free_port, halves_for_pair, pinned, report
+from side_by_side import free_port, halves_for_pair, pinned, report
+
 from trainstack.rundir import NON_BLOCKING_COPY_ENV, RunDir, read_summary
 
 REPO = Path(__file__).resolve().parent.parent

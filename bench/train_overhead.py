@@ -18,8 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.side_by_side import free_port, halves_for_pair, pinned, report
-from monitoring.report.runfiles import read_rank_records
+from side_by_side import free_port, halves_for_pair, pinned, report
+
+from trainstack.monitoring.report.runfiles import read_rank_records
 from trainstack.rundir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent

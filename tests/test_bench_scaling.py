@@ -10,18 +10,18 @@ import sys
 import pytest
 from PIL import Image
 
-from bench.scaling.config import ScalingConfig, default_device_counts
-from bench.scaling.results import plot, rows, table
-from bench.scaling.runs import DATAPARALLEL_SCRIPT, Measurement
 from tests.conftest import REPO, explain
 from trainstack.errors import ConfigError
+from trainstack.train.launcher.scaling.config import ScalingConfig, default_device_counts
+from trainstack.train.launcher.scaling.results import plot, rows, table
+from trainstack.train.launcher.scaling.runs import DATAPARALLEL_SCRIPT, Measurement
 
 TINY = ["--max-steps", "3", "--batch-size", "4", "--num-workers", "0", "--seq-len", "32"]
 
 
 def test_cpu_host_runs_ddp_on_one_and_two_ranks(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "bench.scaling", "--output-dir", str(tmp_path), *TINY],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "trainstack", "bench", "scaling", "--output-dir", str(tmp_path),
+                           *TINY], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, explain(done)
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["mode", "CPU", "ranks", "samples/s", "speed-up", "efficiency"]

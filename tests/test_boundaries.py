@@ -4,6 +4,8 @@
   not have it, and torch's import alone costs seconds and hundreds of MB.
 - train/ and monitoring/ never import each other; what they share lives in trainstack/ (errors, the run
   directory, the metric catalog, the CLI that composes them).
+- No trainstack command that must run beside a user's stack loads torch: `trainstack --help`, `diagnose`,
+  `exporter` and `report` (tests/test_cli_imports.py runs the commands themselves).
 - No import cycles among the project's modules.
 
 Each check is a function of a source tree, so the tests at the end plant a violation in a scratch tree and see
@@ -20,21 +22,32 @@ from pathlib import Path
 
 from tests.conftest import REPO
 
-PACKAGES = ("trainstack", "train", "monitoring", "bench")
+# Source folder -> the package it installs as (pyproject.toml's package-dir).
+LAYOUT = {"trainstack": "trainstack", "train": "trainstack.train", "monitoring": "trainstack.monitoring"}
 # The processes that must stay torch-free: every module of these packages, __main__ aside (it runs the command).
-TORCH_FREE = ("monitoring.exporter", "monitoring.diagnose", "trainstack")
-APART = ("train", "monitoring")  # neither imports the other
+TORCH_FREE = {folder: f"trainstack.{folder.replace('/', '.')}"
+              for folder in ("monitoring/exporter", "monitoring/diagnose", "monitoring/report")}
+TORCH_FREE["trainstack"] = "trainstack"
+APART = ("trainstack.train", "trainstack.monitoring")  # neither imports the other
 COMPOSER = "trainstack.cli"  # the one trainstack module that imports train/ and monitoring/: it composes them
+# Packages whose members are each a part of the design: a module, or a subpackage taken whole.
+GROUPS = {"trainstack", "trainstack.train", "trainstack.train.launcher", "trainstack.train.rank",
+          "trainstack.monitoring"}
 
 
-def project_modules(root: Path, packages=PACKAGES) -> dict[str, Path]:
-    """Dotted module name -> file, for every Python file of the packages (a package is its __init__)."""
+def project_modules(root: Path, layout=LAYOUT) -> dict[str, Path]:
+    """Dotted module name -> file, for every Python file of the source folders (a package is its __init__)."""
     modules = {}
-    for package in packages:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
+    for folder, package in layout.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = (*package.split("."), *path.relative_to(root / folder).with_suffix("").parts)
             modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules
+
+
+def within(modules: dict[str, Path], packages) -> dict[str, Path]:
+    return {name: path for name, path in modules.items()
+            if any(name == package or name.startswith(package + ".") for package in packages)}
 
 
 def import_statements(name: str, path: Path) -> list[tuple[str, list[str]]]:
@@ -116,12 +129,16 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def subpackage_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """The same imports between components: a subpackage (train.doctor, monitoring.exporter, ...) is one node
-    with all its modules; a top-level package's own modules (train.launch, train.rank) stay nodes of their own.
-    A loop here is a loop between parts of the design even where each module imports fine (train.doctor's
-    cli importing the launcher, which imports train.doctor)."""
+    """The same imports between components: a subpackage of a GROUPS package (the doctor, the exporter, ...) is
+    one node with all its modules; a GROUPS package's own modules (the launcher's launch, the rank's trainer) stay
+    nodes of their own. A loop here is a loop between parts of the design even where each module imports fine
+    (the doctor's cli importing the launcher, which imports the doctor)."""
     def component(module: str) -> str:
-        return ".".join(module.split(".")[:2])
+        parts = module.split(".")
+        for end in range(1, len(parts) + 1):
+            if ".".join(parts[:end - 1]) in GROUPS and ".".join(parts[:end]) not in GROUPS:
+                return ".".join(parts[:end])
+        return module
 
     merged: dict[str, set[str]] = {}
     for module, targets in graph.items():
@@ -131,21 +148,23 @@ def subpackage_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 def crossings(root: Path) -> list[str]:
     """`module -> imported name` for every import from one of APART into the other."""
+    def side(module: str) -> str | None:
+        return next((part for part in APART if module == part or module.startswith(part + ".")), None)
+
     found = []
-    for name, path in project_modules(root, APART).items():
-        mine = name.partition(".")[0]
+    for name, path in within(project_modules(root), APART).items():
+        mine = side(name)
         for target in sorted(imported_names(name, path)):
-            theirs = target.partition(".")[0]
-            if theirs in APART and theirs != mine:
+            theirs = side(target)
+            if theirs and theirs != mine:
                 found.append(f"{name} -> {target}")
     return found
 
 
-def torch_importers(root: Path, packages=TORCH_FREE) -> list[str]:
-    """Imports every module of the packages in a fresh interpreter (cwd: root) and returns the torch modules
-    that ended up in sys.modules."""
-    names = [name for name in project_modules(root, tuple(p.replace(".", "/") for p in packages))
-             if not name.endswith("__main__")]
+def torch_importers(root: Path, layout=TORCH_FREE) -> list[str]:
+    """Imports every module of the layout's folders in a fresh interpreter (cwd: root) and returns the torch
+    modules that ended up in sys.modules."""
+    names = [name for name in project_modules(root, layout) if not name.endswith("__main__")]
     script = ("import importlib, json, sys\n"
               f"for name in {names!r}:\n    importlib.import_module(name)\n"
               "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))")
@@ -157,7 +176,7 @@ def torch_importers(root: Path, packages=TORCH_FREE) -> list[str]:
 
 # ---- the project ------------------------------------------------------------------------------------------
 def test_the_exporter_and_diagnose_never_import_torch():
-    assert len(project_modules(REPO, ("monitoring/exporter", "monitoring/diagnose"))) > 15  # they were all found
+    assert len(project_modules(REPO, TORCH_FREE)) > 25  # they were all found
     assert torch_importers(REPO) == []
 
 
@@ -166,60 +185,66 @@ def test_train_and_monitoring_never_import_each_other():
 
 
 def test_trainstack_imports_only_itself_but_for_the_cli():
-    found = [f"{name} -> {target}" for name, path in project_modules(REPO, ("trainstack",)).items()
+    found = [f"{name} -> {target}" for name, path in project_modules(REPO, {"trainstack": "trainstack"}).items()
              if name != COMPOSER for target in sorted(imported_names(name, path))
-             if target.partition(".")[0] in ("train", "monitoring", "bench")]
+             if target.startswith(APART)]
     assert found == []
 
 
 def test_the_project_has_no_import_cycles():
     graph = import_graph(REPO)
-    assert "train.launch" in graph and "train.doctor" in graph["train.launch"]  # the graph sees real imports
+    launch, doctor = "trainstack.train.launcher.launch", "trainstack.train.launcher.doctor"
+    assert launch in graph and doctor in graph[launch]  # the graph sees real imports
     assert cycles(graph) == []
     assert cycles(subpackage_graph(graph)) == []
 
 
 # ---- the checks catch what they are for -------------------------------------------------------------------
 def plant(root: Path, files: dict[str, str]) -> Path:
-    for name, text in {**{f"{p}/__init__.py": "" for p in PACKAGES}, **files}.items():
+    for name, text in {**{f"{p}/__init__.py": "" for p in LAYOUT}, **files}.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
     return root
 
 
 def test_a_planted_torch_import_is_caught(tmp_path):
-    # A stand-in torch: the check looks at sys.modules, so the real one need not load.
-    root = plant(tmp_path, {"torch.py": "", "monitoring/exporter/__init__.py": "",
-                            "monitoring/exporter/cli.py": "def run():\n    import torch\n",
-                            "monitoring/diagnose/__init__.py": "",
-                            "monitoring/diagnose/verdicts.py": "from trainstack import rundir\n",
+    # A stand-in torch: the check looks at sys.modules, so the real one need not load. The planted tree is laid
+    # out as it installs (trainstack/monitoring/...), so it imports from its own folder.
+    root = plant(tmp_path, {"torch.py": "", "trainstack/monitoring/__init__.py": "",
+                            "trainstack/monitoring/exporter/__init__.py": "",
+                            "trainstack/monitoring/exporter/cli.py": "def run():\n    import torch\n",
+                            "trainstack/monitoring/diagnose/__init__.py": "",
+                            "trainstack/monitoring/diagnose/verdicts.py": "from trainstack import rundir\n",
                             "trainstack/rundir.py": "import torch\n"})
-    assert torch_importers(root) == ["torch"]  # through trainstack, not the lazy import that never ran
+    # Found through trainstack, not through the lazy import that never ran.
+    assert torch_importers(root, layout={"trainstack": "trainstack"}) == ["torch"]
 
 
 def test_a_planted_crossing_is_caught(tmp_path):
-    root = plant(tmp_path, {"monitoring/report/__init__.py": "",
-                            "monitoring/report/runfiles.py": "def load():\n    from train.telemetry import X\n",
-                            "train/launch.py": "import monitoring.report\n",
-                            "train/rank.py": "from trainstack import rundir\n"})
-    assert sorted(crossings(root)) == ["monitoring.report.runfiles -> train.telemetry",
-                               "monitoring.report.runfiles -> train.telemetry.X",
-                               "train.launch -> monitoring.report"]
+    root = plant(tmp_path, {"monitoring/report/__init__.py": "", "monitoring/report/runfiles.py":
+                            "def load():\n    from trainstack.train.rank.telemetry import X\n",
+                            "train/launcher/launch.py": "import trainstack.monitoring.report\n",
+                            "train/rank/trainer.py": "from trainstack import rundir\n"})
+    assert sorted(crossings(root)) == ["trainstack.monitoring.report.runfiles -> trainstack.train.rank.telemetry",
+                                       "trainstack.monitoring.report.runfiles -> trainstack.train.rank.telemetry.X",
+                                       "trainstack.train.launcher.launch -> trainstack.monitoring.report"]
 
 
 def test_a_planted_cycle_is_caught_through_a_lazy_import(tmp_path):
-    root = plant(tmp_path, {"train/doctor/__init__.py": "from train.doctor.checks import run\n",
-                            "train/doctor/checks.py": "def run():\n    from train import launch\n",
-                            "train/launch.py": "from . import config\nfrom .doctor import run\n",
-                            "train/config.py": ""})
-    assert cycles(import_graph(root)) == [["train.doctor", "train.doctor.checks", "train.launch"]]
+    root = plant(tmp_path, {"train/launcher/doctor/__init__.py": "from .checks import run\n",
+                            "train/launcher/doctor/checks.py": "def run():\n    from .. import launch\n",
+                            "train/launcher/launch.py": "from ..rank import config\nfrom .doctor import run\n",
+                            "train/rank/config.py": ""})
+    doctor, launch = "trainstack.train.launcher.doctor", "trainstack.train.launcher.launch"
+    assert cycles(import_graph(root)) == [[doctor, f"{doctor}.checks", launch]]
 
 
 def test_a_planted_loop_between_a_subpackage_and_a_module_is_caught(tmp_path):
     # Each module imports fine (the doctor's package does not import its cli), but the parts loop.
-    root = plant(tmp_path, {"train/doctor/__init__.py": "from train.doctor.checks import run\n",
-                            "train/doctor/checks.py": "", "train/doctor/cli.py": "from train import launch\n",
-                            "train/launch.py": "from train.doctor import run\n"})
+    root = plant(tmp_path, {"train/launcher/doctor/__init__.py": "from .checks import run\n",
+                            "train/launcher/doctor/checks.py": "",
+                            "train/launcher/doctor/cli.py": "from trainstack.train.launcher import launch\n",
+                            "train/launcher/launch.py": "from trainstack.train.launcher.doctor import run\n"})
     graph = import_graph(root)
     assert cycles(graph) == []
-    assert cycles(subpackage_graph(graph)) == [["train.doctor", "train.launch"]]
+    assert cycles(subpackage_graph(graph)) == [["trainstack.train.launcher.doctor", "trainstack.train.launcher.launch"]]

@@ -36,7 +36,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, free_port, stop_process
-from tests.nvml_fake.ranks import write_rank
+from tests.standin_ranks import write_rank
 from tests.test_monitoring_promql import PROMETHEUS_SERIES, label_values_metric, metric_names
 from trainstack import catalog
 
@@ -201,7 +201,7 @@ def labels_wrong(found: dict[str, set[frozenset[str]]]) -> list[str]:
 def test_the_stand_in_ranks_write_catalog_metrics(tmp_path, on_gpu):
     write_rank(tmp_path, rank=0, steps=3, on_gpu=on_gpu)
     found = exposed(MultiProcessCollector(None, str(tmp_path)).collect())
-    assert not unknown(set(found)), "tests/nvml_fake/ranks.py writes metrics trainstack/catalog.py lacks"
+    assert not unknown(set(found)), "tests/standin_ranks.py writes metrics trainstack/catalog.py lacks"
     assert not labels_wrong(found)
 
 
@@ -212,7 +212,7 @@ TELEMETRY_RANK = """
 import sys, time
 from pathlib import Path
 import torch
-from train.telemetry import RankIdentity, Telemetry
+from trainstack.train.rank.telemetry import RankIdentity, Telemetry
 
 if sys.argv[3] == "fake-cuda":
     from tests.test_timeline import FakeGpu
@@ -255,8 +255,8 @@ def run_telemetry_rank(tmp_path: Path, metrics_dir: Path, device: str) -> None:
 
 def fake_host(rank_pid: int) -> dict:
     """dgx_h100 with a T4 added (its missing HBM sensor and NVLink make NVML errors), the rank on GPU 0, an Xid."""
-    host = json.loads((REPO / "tests/nvml_fake/hosts/dgx_h100.json").read_text())
-    t4 = next(gpu for gpu in json.loads((REPO / "tests/nvml_fake/hosts/mixed.json").read_text())["gpus"]
+    host = json.loads((REPO / "monitoring/nvml_fake/hosts/dgx_h100.json").read_text())
+    t4 = next(gpu for gpu in json.loads((REPO / "monitoring/nvml_fake/hosts/mixed.json").read_text())["gpus"]
               if gpu["model"] == "t4")
     host["gpus"].append(t4)
     host["processes"] = {"0": [{"pid": rank_pid, "used_gpu_memory": 1 << 30}]}
@@ -282,7 +282,8 @@ def test_every_catalog_metric_is_produced_and_nothing_else(tmp_path):
     host_file.write_text(json.dumps(fake_host(rank_pid)))
     port = free_port()
     exporter = subprocess.Popen(
-        [sys.executable, "-m", "monitoring.exporter", "--nvml-module", "tests.nvml_fake", "--port", str(port),
+        [sys.executable, "-m", "trainstack.monitoring.exporter", "--nvml-module", "trainstack.monitoring.nvml_fake",
+         "--port", str(port),
          "--metrics-dir", str(metrics_dir), "--pcie-throughput"],
         cwd=REPO, env={**os.environ, "NVML_FAKE_HOST": str(host_file), "PYTHONPATH": PYTHONPATH})
     wanted = set(SAMPLES)

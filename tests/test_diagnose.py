@@ -21,12 +21,12 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitoring.diagnose.snapshot import GpuView, RankView, Snapshot, read_snapshot
-from monitoring.diagnose.sources import ExporterSource, PrometheusSource, open_source
-from monitoring.diagnose.thresholds import Thresholds
-from monitoring.diagnose.verdicts import diagnose, figures
 from tests.conftest import REPO, free_port, run_trainstack, trainstack_command
 from trainstack.errors import EXIT_RUNTIME, ConfigError, RuntimeFailure
+from trainstack.monitoring.diagnose.snapshot import GpuView, RankView, Snapshot, read_snapshot
+from trainstack.monitoring.diagnose.sources import ExporterSource, PrometheusSource, open_source
+from trainstack.monitoring.diagnose.thresholds import Thresholds
+from trainstack.monitoring.diagnose.verdicts import diagnose, figures
 
 FORWARD_METRIC = "trainstack_train_forward_seconds_total"
 NOW = 1_800_000_000.0
@@ -85,7 +85,7 @@ def test_a_gpu_rank_is_input_bound_by_its_gpu_starvation_not_its_host_wait():
 
 
 def test_figures_say_which_clock_measured_the_data_wait():
-    from monitoring.diagnose.render import render_text
+    from trainstack.monitoring.diagnose.render import render_text
 
     on_gpu = gpu_snapshot([rank("0", uuid="GPU-0", clock="gpu", data_wait_ratio=0.01, host_data_wait_ratio=0.21)],
                           [gpu(0)])
@@ -226,7 +226,7 @@ def test_thresholds_must_be_positive():
 
 def fake_host() -> dict:
     """Four H100s of the fake's DGX: GPU 1 power-capped at a low clock, GPU 2 idle, GPU 3 hot and nearly full."""
-    host = json.loads((REPO / "tests/nvml_fake/hosts/dgx_h100.json").read_text())
+    host = json.loads((REPO / "monitoring/nvml_fake/hosts/dgx_h100.json").read_text())
     host["gpus"] = host["gpus"][:4]
     # NVML's violation counters are in nanoseconds: 0.9e9 per second is 90% of the time.
     host["gpus"][1]["overrides"] = {
@@ -240,13 +240,13 @@ def fake_host() -> dict:
 
 
 def test_gpu_verdicts_through_the_real_exporter(cpu_run):
-    from monitoring.exporter.app import Exporter
-    from monitoring.exporter.config import ExporterConfig
-    from tests import nvml_fake
+    from trainstack.monitoring import nvml_fake
+    from trainstack.monitoring.exporter.app import Exporter
+    from trainstack.monitoring.exporter.config import ExporterConfig
 
     nvml_fake.load(fake_host())
     exporter = Exporter(ExporterConfig(port=0, metrics_dir=cpu_run / "metrics" / "node-0",
-                                       nvml_module="tests.nvml_fake", sample_interval_seconds=0.1,
+                                       nvml_module="trainstack.monitoring.nvml_fake", sample_interval_seconds=0.1,
                                        slow_sample_interval_seconds=0.2))
     exporter.start()
     try:
@@ -269,13 +269,13 @@ def test_gpu_verdicts_through_the_real_exporter(cpu_run):
 
 
 def test_slow_gpu_counters_have_no_rate_until_the_exporter_reads_them_again():
-    from monitoring.exporter.app import Exporter
-    from monitoring.exporter.config import ExporterConfig
-    from tests import nvml_fake
+    from trainstack.monitoring import nvml_fake
+    from trainstack.monitoring.exporter.app import Exporter
+    from trainstack.monitoring.exporter.config import ExporterConfig
 
     nvml_fake.load(fake_host())
-    exporter = Exporter(ExporterConfig(port=0, nvml_module="tests.nvml_fake", sample_interval_seconds=0.1,
-                                       slow_sample_interval_seconds=600))
+    exporter = Exporter(ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake",
+                                       sample_interval_seconds=0.1, slow_sample_interval_seconds=600))
     exporter.start()
     try:
         source = ExporterSource(f"http://127.0.0.1:{exporter.server.port}/metrics", interval=0.3)

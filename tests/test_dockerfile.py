@@ -88,7 +88,7 @@ def test_offline_build_installs_from_the_wheelhouse_only():
 
 def test_every_package_trainstack_ships_is_copied_into_the_build():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    packages = {pattern.rstrip("*") for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    packages = set(pyproject["tool"]["setuptools"]["package-dir"].values())  # the source folders
     sources = [args.split() for op, args in instructions() if op == "COPY" and not args.startswith("--")]
     copied = {source for source, *_, destination in sources if destination == f"/build/src/{source}"}
     assert packages <= copied, f"pyproject.toml ships {sorted(packages - copied)}, which the Dockerfile does not copy"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import explain, run_trainstack
-from train.doctor import (
+from trainstack.train.launcher.doctor import (
     CheckResult,
     DoctorConfig,
     GpuInventory,
@@ -25,18 +25,18 @@ from train.doctor import (
     render_table,
     run_checks,
 )
-from train.doctor.config import MiB, usable_cpu_count
-from train.doctor.gpu_checks import (
+from trainstack.train.launcher.doctor.config import MiB, usable_cpu_count
+from trainstack.train.launcher.doctor.gpu_checks import (
     check_cuda_version,
     check_gpu_visibility,
     check_ranks_per_gpu,
     devices_cuda_exposes,
 )
-from train.doctor.host_checks import check_cpus, check_memlock, check_shared_memory
-from train.doctor.inventory import probe_gpus
-from train.doctor.port_checks import check_exporter_port, check_rendezvous_port
-from train.doctor.storage_checks import check_output_dir
-from train.doctor.switch_checks import check_debug_switches
+from trainstack.train.launcher.doctor.host_checks import check_cpus, check_memlock, check_shared_memory
+from trainstack.train.launcher.doctor.inventory import probe_gpus
+from trainstack.train.launcher.doctor.port_checks import check_exporter_port, check_rendezvous_port
+from trainstack.train.launcher.doctor.storage_checks import check_output_dir
+from trainstack.train.launcher.doctor.switch_checks import check_debug_switches
 
 CPU_HOST = GpuInventory(driver_found=False, torch_version="2.13.0+cpu")
 UUIDS = ("GPU-aaaa-0", "GPU-bbbb-1", "GPU-cccc-2", "GPU-dddd-3")
@@ -245,7 +245,7 @@ def test_memlock_default_is_the_real_ulimit():
     def lower_memlock():
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (65536, resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]))
 
-    probe = "from train.doctor import DoctorConfig; print(DoctorConfig().memlock_bytes)"
+    probe = "from trainstack.train.launcher.doctor import DoctorConfig; print(DoctorConfig().memlock_bytes)"
     output = subprocess.run(
         [sys.executable, "-c", probe], preexec_fn=lower_memlock, capture_output=True, text=True, check=True
     ).stdout
@@ -361,9 +361,9 @@ def test_output_dir_room_for_checkpoints(tmp_path, checkpoint_mib, keep, status,
 
 
 def test_checkpoint_estimate_is_the_models_real_size():
-    from train.config import TrainConfig
-    from train.data import load_token_data
-    from train.model import build_model
+    from trainstack.train.rank.config import TrainConfig
+    from trainstack.train.rank.data import load_token_data
+    from trainstack.train.rank.model import build_model
 
     tiny = TrainConfig(model="builtin:tiny-gpt")
     model = build_model(tiny, load_token_data(tiny.dataset, "text", tiny.seq_len, 0.05, tiny.seed, tiny).vocab_size)
@@ -376,7 +376,7 @@ def test_checkpoint_estimate_is_the_models_real_size():
 
 
 def test_no_checkpoint_estimate_for_a_factory_model_says_so(tmp_path):
-    from train.config import TrainConfig
+    from trainstack.train.rank.config import TrainConfig
 
     factory = DoctorConfig.for_run(TrainConfig(model="tests.factories:pausing_gpt"), launch_config())
     assert factory.checkpoint_bytes is None
@@ -385,7 +385,7 @@ def test_no_checkpoint_estimate_for_a_factory_model_says_so(tmp_path):
 
 
 def launch_config():
-    from train.launch_config import LaunchConfig
+    from trainstack.train.launcher.launch_config import LaunchConfig
 
     return LaunchConfig(nproc_per_node=2, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
                         use_cpu=True, exporter_port=0, exporter_host="127.0.0.1", rendezvous_timeout=1.0)
@@ -457,7 +457,7 @@ def test_cli_bad_input_is_one_line():
 def launcher_runs_the_doctor() -> bool:
     import argparse
 
-    from train import launch_config
+    from trainstack.train.launcher import launch_config
 
     parser = argparse.ArgumentParser()
     launch_config.add_arguments(parser)
@@ -465,7 +465,7 @@ def launcher_runs_the_doctor() -> bool:
 
 
 @pytest.mark.skipif(not launcher_runs_the_doctor(), reason="the launcher does not run the doctor yet "
-                    "(train/launch.py has no --skip-doctor)")
+                    "(train/launcher/launch.py has no --skip-doctor)")
 def test_launcher_refuses_to_start_on_a_fail_unless_told(tmp_path):
     # The exporter's port is taken (FAIL); told to start anyway, the ranks train without an exporter.
     with socket.socket() as taken:

@@ -21,13 +21,13 @@ from prometheus_client.core import (
     UnknownMetricFamily,
 )
 
-import monitoring.exporter.exposition as exposition
-import tests.nvml_fake as fake
-from monitoring.exporter.app import build_registry, build_sampler
-from monitoring.exporter.config import ExporterConfig
-from monitoring.exporter.exposition import TextEncoder
-from monitoring.exporter.nvml import NvmlSession
-from tests.nvml_fake.ranks import write_rank
+import trainstack.monitoring.exporter.exposition as exposition
+import trainstack.monitoring.nvml_fake as fake
+from tests.standin_ranks import write_rank
+from trainstack.monitoring.exporter.app import build_registry, build_sampler
+from trainstack.monitoring.exporter.config import ExporterConfig
+from trainstack.monitoring.exporter.exposition import TextEncoder
+from trainstack.monitoring.exporter.nvml import NvmlSession
 
 
 class Replay:
@@ -56,7 +56,7 @@ def test_the_exporters_own_scrape_encodes_identically(tmp_path):
     fake.load(host)
     try:
         session = NvmlSession(fake)
-        config = ExporterConfig(port=0, nvml_module="tests.nvml_fake", metrics_dir=metrics_dir)
+        config = ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake", metrics_dir=metrics_dir)
         sampler = build_sampler(config, session)
         sampler.sample_now()
         registry = build_registry(config, sampler)

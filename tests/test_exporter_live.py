@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitoring.exporter.training import job_pids
 from tests.conftest import FAST, REPO, explain, free_port, run_trainstack, stop_process, trainstack_command
 from trainstack import promcompat
+from trainstack.monitoring.exporter.training import job_pids
 
 pytestmark = pytest.mark.slow
 DEADLINE_SECONDS = 240  # generous: a loaded 2-core machine starts 2 ranks slowly; nothing here asserts speed
@@ -80,7 +80,7 @@ class LiveRun:
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         wait_for(self.metrics_dir.is_dir, "the launcher to make the metrics directory")
         self.standalone = subprocess.Popen(
-            [sys.executable, "-m", "monitoring.exporter", "--port", str(self.standalone_port),
+            [sys.executable, "-m", "trainstack.monitoring.exporter", "--port", str(self.standalone_port),
              "--metrics-dir", str(self.metrics_dir)], cwd=REPO, stderr=subprocess.DEVNULL)
 
     def stop(self) -> None:

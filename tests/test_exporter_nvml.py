@@ -2,7 +2,7 @@
 and the sampler: scrapes served from its snapshot, the slow fields at their own cadence, a hung call.
 
 The exporter code under test is the production code; only the `pynvml` module underneath is the fake
-(tests/nvml_fake), answering from data shaped like real NVML answers. The sampler is driven synchronously
+(monitoring/nvml_fake), answering from data shaped like real NVML answers. The sampler is driven synchronously
 (`sample_now`) on a clock the test moves, not by its thread and real sleeps.
 """
 
@@ -14,13 +14,13 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-import tests.nvml_fake as fake
-from monitoring.exporter.app import build_registry
-from monitoring.exporter.config import ExporterConfig
-from monitoring.exporter.gpu import CLOCK_EVENT_REASONS, COUNTERS, GAUGES
-from monitoring.exporter.nvml import NvmlSession
-from monitoring.exporter.sampler import Sampler
-from monitoring.exporter.training import job_pids
+import trainstack.monitoring.nvml_fake as fake
+from trainstack.monitoring.exporter.app import build_registry
+from trainstack.monitoring.exporter.config import ExporterConfig
+from trainstack.monitoring.exporter.gpu import CLOCK_EVENT_REASONS, COUNTERS, GAUGES
+from trainstack.monitoring.exporter.nvml import NvmlSession
+from trainstack.monitoring.exporter.sampler import Sampler
+from trainstack.monitoring.exporter.training import job_pids
 
 H100_UUID = "GPU-5f1c0a00-1a2b-4c3d-8e4f-9a0b1c2d3e00"
 
@@ -45,7 +45,7 @@ class Rig:
 
     def __init__(self, host, pcie_throughput=False, metrics_dir=None, interval=1.0, slow_interval=1.0):
         fake.load(host)
-        config = ExporterConfig(port=0, nvml_module="tests.nvml_fake", pcie_throughput=pcie_throughput,
+        config = ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake", pcie_throughput=pcie_throughput,
                                 metrics_dir=metrics_dir, sample_interval_seconds=interval,
                                 slow_sample_interval_seconds=slow_interval)
         self.clock = ManualClock()

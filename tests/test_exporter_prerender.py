@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from monitoring.exporter.prerender import LEAD_SECONDS, MAX_AGE_SECONDS, MIN_PERIOD_SECONDS, AheadRenderer
+from trainstack.monitoring.exporter.prerender import LEAD_SECONDS, MAX_AGE_SECONDS, MIN_PERIOD_SECONDS, AheadRenderer
 
 
 class Clock:

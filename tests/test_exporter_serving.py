@@ -1,8 +1,8 @@
 """The exporter as a server: HTTP endpoints, training metrics from a multiprocess directory, promtool on a live
 scrape, the command line (flags, bad input, SIGTERM), and the GPU log for the run report.
 
-Training metrics come from stand-in ranks (tests/nvml_fake/ranks.py) that write prometheus_client multiprocess
-files the way train/telemetry.py does; tests/test_exporter_live.py scrapes a real training run.
+Training metrics come from stand-in ranks (tests/standin_ranks.py) that write prometheus_client multiprocess
+files the way train/rank/telemetry.py does; tests/test_exporter_live.py scrapes a real training run.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-import monitoring.exporter.training as training
-import tests.nvml_fake as fake
-from monitoring.exporter.app import Exporter
-from monitoring.exporter.config import ExporterConfig
-from monitoring.exporter.prerender import MIN_PERIOD_SECONDS
-from monitoring.exporter.training import TrainingCollector, job_pids
+import trainstack.monitoring.exporter.training as training
+import trainstack.monitoring.nvml_fake as fake
 from tests.conftest import REPO
-from tests.nvml_fake.ranks import write_rank
+from tests.standin_ranks import write_rank
 from trainstack.errors import EXIT_RUNTIME
+from trainstack.monitoring.exporter.app import Exporter
+from trainstack.monitoring.exporter.config import ExporterConfig
+from trainstack.monitoring.exporter.prerender import MIN_PERIOD_SECONDS
+from trainstack.monitoring.exporter.training import TrainingCollector, job_pids
 
 TRAINING_METRICS = [
     "trainstack_train_steps_total", "trainstack_train_samples_total", "trainstack_train_tokens_total",
@@ -66,7 +66,7 @@ def fake_host():
 
 @pytest.fixture
 def running(metrics_dir, fake_host, tmp_path):
-    exporter = Exporter(ExporterConfig(port=0, nvml_module="tests.nvml_fake", metrics_dir=metrics_dir,
+    exporter = Exporter(ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake", metrics_dir=metrics_dir,
                                        run_dir=tmp_path, gpu_log_interval_seconds=0.05))
     exporter.start()
     yield exporter
@@ -192,7 +192,7 @@ def test_bad_requests_get_an_http_error_and_stalled_clients_hold_up_no_scrape(ru
 
 
 def test_stopping_closes_kept_alive_connections(metrics_dir, fake_host):
-    exporter = Exporter(ExporterConfig(port=0, nvml_module="tests.nvml_fake", metrics_dir=metrics_dir))
+    exporter = Exporter(ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake", metrics_dir=metrics_dir))
     exporter.start()
     connection = http.client.HTTPConnection("127.0.0.1", exporter.server.port, timeout=30)
     kept_alive_get(connection)
@@ -219,7 +219,7 @@ def test_gpu_snapshots_are_logged_for_the_run_report(running):
 
 
 def test_a_scrape_while_an_nvml_call_hangs_answers_from_the_last_sample_and_its_age_grows(metrics_dir, fake_host):
-    exporter = Exporter(ExporterConfig(port=0, nvml_module="tests.nvml_fake", metrics_dir=metrics_dir,
+    exporter = Exporter(ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake", metrics_dir=metrics_dir,
                                        sample_interval_seconds=0.05, slow_sample_interval_seconds=0.05))
     exporter.start()
     entered, release = fake.hang("nvmlDeviceGetUtilizationRates")
@@ -299,7 +299,7 @@ def test_no_driver_still_serves_training_metrics(metrics_dir):
 
 def test_a_new_metrics_directory_is_picked_up_without_a_restart(tmp_path, fake_host):
     metrics = tmp_path / "metrics"
-    exporter = Exporter(ExporterConfig(port=0, nvml_module="tests.nvml_fake", metrics_dir=metrics))
+    exporter = Exporter(ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake", metrics_dir=metrics))
     exporter.start()
     try:
         before = parse(get(exporter.server.port, "/metrics")[2])
@@ -319,7 +319,7 @@ def start_cli(*args: str, host: str | None = "mixed") -> tuple[subprocess.Popen,
     env.pop("NVML_FAKE_HOST", None)
     if host:
         env["NVML_FAKE_HOST"] = host
-    process = subprocess.Popen([sys.executable, "-m", "monitoring.exporter", "--port", "0", *args], cwd=REPO,
+    process = subprocess.Popen([sys.executable, "-m", "trainstack.monitoring.exporter", "--port", "0", *args], cwd=REPO,
                                env=env, stderr=subprocess.PIPE, text=True)
     line = process.stderr.readline()
     if "serving http://" not in line:
@@ -330,7 +330,7 @@ def start_cli(*args: str, host: str | None = "mixed") -> tuple[subprocess.Popen,
 
 
 def test_cli_serves_until_sigterm_and_exits_0(metrics_dir, tmp_path):
-    process, port = start_cli("--nvml-module", "tests.nvml_fake", "--metrics-dir", str(metrics_dir),
+    process, port = start_cli("--nvml-module", "trainstack.monitoring.nvml_fake", "--metrics-dir", str(metrics_dir),
                               "--run-dir", str(tmp_path))
     try:
         samples = parse(get(port, "/metrics")[2])
@@ -346,7 +346,7 @@ def test_promtool_check_metrics_on_a_live_scrape_is_clean(metrics_dir):
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not found: install Debian's prometheus package (make system-deps)")
-    process, port = start_cli("--nvml-module", "tests.nvml_fake", "--metrics-dir", str(metrics_dir),
+    process, port = start_cli("--nvml-module", "trainstack.monitoring.nvml_fake", "--metrics-dir", str(metrics_dir),
                               "--pcie-throughput")
     try:
         for _ in range(2):  # the second scrape also carries the collectors' own durations
@@ -368,8 +368,8 @@ def test_promtool_check_metrics_on_a_live_scrape_is_clean(metrics_dir):
     (["--sample-interval", "2", "--slow-sample-interval", "1"], "--slow-sample-interval 1 is shorter than"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
-    result = subprocess.run([sys.executable, "-m", "monitoring.exporter", *args], cwd=REPO, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "trainstack.monitoring.exporter", *args], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
 
@@ -379,7 +379,7 @@ def test_a_port_in_use_is_a_clear_error_and_a_runtime_failure():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run([sys.executable, "-m", "monitoring.exporter", "--port", str(port)], cwd=REPO,
+        result = subprocess.run([sys.executable, "-m", "trainstack.monitoring.exporter", "--port", str(port)], cwd=REPO,
                                 capture_output=True, text=True, timeout=60)
     assert result.returncode == EXIT_RUNTIME == 69  # not bad input: retrying once the port is free can work
     assert result.stderr.count("\n") == 1

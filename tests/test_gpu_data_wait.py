@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from monitoring.diagnose.snapshot import Snapshot, read_snapshot
-from monitoring.diagnose.sources import ExporterSource
-from monitoring.diagnose.thresholds import Thresholds
-from monitoring.diagnose.verdicts import Verdict, diagnose
 from tests.test_diagnose import kinds, live_run
+from trainstack.monitoring.diagnose.snapshot import Snapshot, read_snapshot
+from trainstack.monitoring.diagnose.sources import ExporterSource
+from trainstack.monitoring.diagnose.thresholds import Thresholds
+from trainstack.monitoring.diagnose.verdicts import Verdict, diagnose
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -20,9 +20,9 @@ import pytest
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 
-from train.config import TrainConfig, read_config_file
-from train.lease import DEFAULT_TIMEOUT_SECONDS
 from trainstack.rundir import RUN_ID_ENV
+from trainstack.train.launcher.lease import DEFAULT_TIMEOUT_SECONDS
+from trainstack.train.rank.config import TrainConfig, read_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAYS_DIR = ROOT / "k8s/overlays"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from train.lease import Holder, LeaseHeld, RunDirLease, this_machine
 from trainstack.rundir import LEASE_DIR
+from trainstack.train.launcher.lease import Holder, LeaseHeld, RunDirLease, this_machine
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:
@@ -93,7 +93,7 @@ def test_a_second_launcher_for_the_same_node_of_the_same_run_is_refused(tmp_path
 
 
 def test_a_sigkilled_holder_is_taken_over_at_once_and_the_taker_says_so(tmp_path):
-    code = ("import sys, time; from train.lease import RunDirLease; "
+    code = ("import sys, time; from trainstack.train.launcher.lease import RunDirLease; "
             f"RunDirLease({str(tmp_path)!r}, 'killed-run').acquire(); print('held', flush=True); time.sleep(600)")
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
@@ -231,9 +231,9 @@ def test_waiting_gives_up_after_the_time_given(tmp_path):
 
 
 def test_a_fresh_start_sets_an_earlier_attempts_record_aside_and_a_resume_keeps_it(tmp_path):
-    from train.config import TrainConfig
-    from train.launch import Launch
-    from train.launch_config import LaunchConfig
+    from trainstack.train.launcher.launch import Launch
+    from trainstack.train.launcher.launch_config import LaunchConfig
+    from trainstack.train.rank.config import TrainConfig
 
     launch = LaunchConfig(nproc_per_node=2, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
                           use_cpu=True, exporter_port=0, exporter_host="127.0.0.1", rendezvous_timeout=1.0)

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS_DIR = ROOT / "monitoring/prometheus"
 RULE_FILES = sorted((PROMETHEUS_DIR / "rules").glob("*.yml"))
 DASHBOARD_FILES = sorted((ROOT / "monitoring/grafana/dashboards").glob("*.json"))
-FAKE_HOST = ROOT / "tests/nvml_fake/hosts/mixed.json"
+FAKE_HOST = ROOT / "monitoring/nvml_fake/hosts/mixed.json"
 TRAINSTACK = Path(sys.executable).with_name("trainstack")
 
 BASELINE, SLOWED, FAKE_GPU = "trainstack", "trainstack-slowed", "trainstack-fake-gpu"
@@ -67,7 +67,7 @@ SYNTHETIC_RANK = """
 import sys, time
 from pathlib import Path
 import torch
-from train.telemetry import RankIdentity, Telemetry
+from trainstack.train.rank.telemetry import RankIdentity, Telemetry
 identity = RankIdentity(rank=0, local_rank=0, node="fake-gpu-node", uuid=sys.argv[2], run_id="synthetic",
                         world_size=1, nodes=1, mixed_precision="bf16", model="builtin:tiny-gpt",
                         dataset="builtin:sequences")
@@ -235,7 +235,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     gpu0_uuid = json.loads(FAKE_HOST.read_text())["gpus"][0]["uuid"]
     try:
         processes.start("fake-gpu-exporter", [
-            sys.executable, "-m", "monitoring.exporter", "--nvml-module", "tests.nvml_fake",
+            sys.executable, "-m", "trainstack.monitoring.exporter", "--nvml-module", "trainstack.monitoring.nvml_fake",
             "--port", str(ports[FAKE_GPU]), "--metrics-dir", str(fake_run / "metrics")],
             env={"NVML_FAKE_HOST": str(FAKE_HOST)})
         processes.start("synthetic-rank", [sys.executable, "-c", SYNTHETIC_RANK, str(fake_run), gpu0_uuid],

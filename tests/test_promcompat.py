@@ -19,7 +19,8 @@ REAL_VERSION = importlib.metadata.version
 
 
 def test_it_was_written_for_the_pinned_version():
-    pinned = next(line for line in (REPO / "pyproject.toml").read_text().splitlines() if "prometheus-client==" in line)
+    pinned = next(line for line in (REPO / "requirements.lock").read_text().splitlines()
+                  if line.startswith("prometheus_client=="))
     assert f"=={promcompat.WRITTEN_FOR}" in pinned and promcompat.installed == promcompat.WRITTEN_FOR
 
 
@@ -42,7 +43,7 @@ def test_the_exporter_stops_on_another_version_with_one_line_and_exit_2():
     script = ("import importlib.metadata as m, sys\n"
               "real = m.version\n"
               "m.version = lambda name: '0.25.1' if name == 'prometheus-client' else real(name)\n"
-              "from monitoring.exporter.cli import main\n"
+              "from trainstack.monitoring.exporter.cli import main\n"
               "sys.exit(main(['--port', '0']))\n")
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == EXIT_CONFIG, result.stderr

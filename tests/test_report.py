@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from monitoring.report import cli as report_cli
-from monitoring.report import write_report
-from monitoring.report.figures import FIGURES
 from tests.conftest import run_trainstack
 from trainstack.errors import ConfigError
+from trainstack.monitoring.report import cli as report_cli
+from trainstack.monitoring.report import write_report
+from trainstack.monitoring.report.figures import FIGURES
 
 GPU_FIGURES = {"gpu-utilization", "gpu-memory"}
 
@@ -29,14 +29,14 @@ GPU_FIGURES = {"gpu-utilization", "gpu-memory"}
 def gpu_run(cpu_run, tmp_path) -> Path:
     """The shared CPU run (a copy: it is read-only) plus the GPU snapshots the real exporter writes to
     telemetry/gpu.jsonl for a DGX H100 (fake NVML)."""
-    from monitoring.exporter.app import Exporter
-    from monitoring.exporter.config import ExporterConfig
-    from tests import nvml_fake
+    from trainstack.monitoring import nvml_fake
+    from trainstack.monitoring.exporter.app import Exporter
+    from trainstack.monitoring.exporter.config import ExporterConfig
 
     run_dir = tmp_path / "run"
     shutil.copytree(cpu_run, run_dir)
     nvml_fake.load("dgx_h100")
-    exporter = Exporter(ExporterConfig(port=0, run_dir=run_dir, nvml_module="tests.nvml_fake",
+    exporter = Exporter(ExporterConfig(port=0, run_dir=run_dir, nvml_module="trainstack.monitoring.nvml_fake",
                                        gpu_log_interval_seconds=0.05))
     exporter.start()
     try:
@@ -125,9 +125,9 @@ def test_cli_writes_the_report_and_refuses_a_non_run(cpu_run, tmp_path):
 
 
 def test_a_gpu_run_shows_its_gpu_starvation_with_the_host_wait_beside_it(tmp_path):
-    from monitoring.report.figures import data_wait
-    from monitoring.report.runfiles import RunFiles
-    from monitoring.report.tables import rank_rows
+    from trainstack.monitoring.report.figures import data_wait
+    from trainstack.monitoring.report.runfiles import RunFiles
+    from trainstack.monitoring.report.tables import rank_rows
 
     def record(step: int, clock: str | None) -> dict:
         fields = {"time": 1000.0 + step, "step": step, "samples": 160, "interval_seconds": 0.4,

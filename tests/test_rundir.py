@@ -103,9 +103,9 @@ def test_port_zero_and_the_ends_of_the_range():
 
 
 def test_every_port_flag_goes_through_the_one_check():
-    from monitoring.exporter.config import ExporterConfig
-    from train.doctor import DoctorConfig
-    from train.launch_config import LaunchConfig
+    from trainstack.monitoring.exporter.config import ExporterConfig
+    from trainstack.train.launcher.doctor import DoctorConfig
+    from trainstack.train.launcher.launch_config import LaunchConfig
 
     world = dict(nproc_per_node=1, nnodes=1, node_rank=0, master_addr="127.0.0.1", use_cpu=True,
                  exporter_host="127.0.0.1", rendezvous_timeout=1.0)
@@ -121,18 +121,18 @@ def test_every_port_flag_goes_through_the_one_check():
 
 
 def test_the_default_ports_are_the_contracts():
-    from monitoring.diagnose.cli import DEFAULT_URL
-    from monitoring.exporter.config import ExporterConfig
-    from train.doctor import DoctorConfig
+    from trainstack.monitoring.diagnose.cli import DEFAULT_URL
+    from trainstack.monitoring.exporter.config import ExporterConfig
+    from trainstack.train.launcher.doctor import DoctorConfig
 
     assert ExporterConfig().port == DoctorConfig().exporter_port == rundir.DEFAULT_EXPORTER_PORT == 9450
     assert DEFAULT_URL == "http://127.0.0.1:9450" and DoctorConfig().master_port == 29500
 
 
 def test_the_doctor_checks_what_train_runs_with_no_flags():
-    from train.config import TrainConfig
-    from train.doctor import DoctorConfig
-    from train.doctor.config import token_batch_bytes
+    from trainstack.train.launcher.doctor import DoctorConfig
+    from trainstack.train.launcher.doctor.config import token_batch_bytes
+    from trainstack.train.rank.config import TrainConfig
 
     train, doctor = TrainConfig(), DoctorConfig()
     assert (str(doctor.output_dir), doctor.num_workers, doctor.keep_checkpoints, doctor.loader_batch_bytes) == (

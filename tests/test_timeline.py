@@ -1,4 +1,4 @@
-"""Device-timeline times (train/timeline.py) against a fake GPU: one stream that runs queued work in order while
+"""Device-timeline times (train/rank/timeline.py) against a fake GPU: one stream that runs queued work in order while
 the host runs ahead, and timing events that take the GPU's time when the stream reaches them. The loops below
 are the training loop's order of marks; the figures they must give follow from the fake's schedule by hand."""
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from train.telemetry import RankIdentity, Telemetry
-from train.timeline import DeviceTimeline
+from trainstack.train.rank.telemetry import RankIdentity, Telemetry
+from trainstack.train.rank.timeline import DeviceTimeline
 
 
 class FakeGpu:
@@ -144,8 +144,8 @@ def test_intervals_read_only_their_own_steps_and_reuse_the_events(gpu):
 
 @pytest.mark.parametrize("read_late", [True, False])
 def test_an_interval_read_after_the_next_step_is_queued_leaves_the_gpu_working(gpu, read_late):
-    """The loop's order (train/rank.py): cut at the interval's end, queue the next step, then read. Reading at once
-    drains the GPU, which then idles while the host logs (here 5 ms) and queues again."""
+    """The loop's order (train/rank/trainer.py): cut at the interval's end, queue the next step, then read. Reading
+    at once drains the GPU, which then idles while the host logs (here 5 ms) and queues again."""
     timeline = DeviceTimeline(gpu.new_event)
     logging = 0.005
     train_steps(gpu, timeline, [0.003] * 3)

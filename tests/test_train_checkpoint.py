@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import FAST, REPO, explain, summary, train, trainstack_command
-from train import checkpoint
 from trainstack.rundir import LEASE_DIR, step_dir_name
+from trainstack.train.rank import checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -142,7 +142,7 @@ def test_tied_weights_are_saved_once_quietly_and_reload_exactly(tmp_path, caplog
     warning, and loading restores every parameter bit for bit with the tie intact."""
     from accelerate import Accelerator
 
-    from train.model import BUILTIN_MODELS, GPT
+    from trainstack.train.rank.model import BUILTIN_MODELS, GPT
 
     def prepared(seed: int):
         torch.manual_seed(seed)

@@ -12,10 +12,10 @@ import torch
 
 from tests.conftest import explain, summary, train
 from tests.test_train_checkpoint import EXACT, SLOW_RANK, _logged_steps, _start, _wait_for
-from train import checkpoint
-from train.export import read_dcp
-from train.model import BUILTIN_MODELS, GPT
 from trainstack.rundir import step_dir_name
+from trainstack.train.launcher.export import read_dcp
+from trainstack.train.rank import checkpoint
+from trainstack.train.rank.model import BUILTIN_MODELS, GPT
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ INDEXED_37_VOCAB = 39  # tests.factories.IndexedSequences(37).vocab_size
 
 
 def _records(run_dir: Path, rank: int) -> list[dict]:
-    """The rank's telemetry records, without the launch's segment marker line (train/telemetry.py)."""
+    """The rank's telemetry records, without the launch's segment marker line (train/rank/telemetry.py)."""
     lines = [json.loads(line) for line in (run_dir / "telemetry" / f"rank-{rank}.jsonl").read_text().splitlines()]
     return [line for line in lines if "time" in line]
 

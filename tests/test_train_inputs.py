@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_trainstack
-from train import checkpoint
-from train.config import TrainConfig, read_config_file
 from trainstack.cli import main
 from trainstack.errors import ConfigError
+from trainstack.train.rank import checkpoint
+from trainstack.train.rank.config import TrainConfig, read_config_file
 
 
 def _fingerprint(folder: Path) -> dict[str, str]:
@@ -144,7 +144,7 @@ def test_training_doc_lists_every_option():
     import dataclasses
 
     from tests.conftest import REPO
-    from train.config import _flag
+    from trainstack.train.rank.config import _flag
 
     doc = (REPO / "docs" / "training.md").read_text()
     missing = [f.name for f in dataclasses.fields(TrainConfig) if f"`{_flag(f.name)}" not in doc]

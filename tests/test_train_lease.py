@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from monitoring.report import write_report
-from monitoring.report.runfiles import by_segment, load_run
 from tests.conftest import explain, summary, train
 from tests.test_train_checkpoint import _kill_tree, _logged_steps, _start, _wait_for
-from train import checkpoint
+from trainstack.monitoring.report import write_report
+from trainstack.monitoring.report.runfiles import by_segment, load_run
 from trainstack.rundir import LEASE_DIR
+from trainstack.train.rank import checkpoint
 
 pytestmark = pytest.mark.slow
 

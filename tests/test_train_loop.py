@@ -1,4 +1,4 @@
-"""The loop's order around a log interval (train/rank.py): an interval's totals are read back only once the next
+"""The loop's order around a log interval (train/rank/trainer.py): an interval's totals are read back only once the next
 step is queued, so on a GPU the host's logging never leaves the device without work; a checkpoint, an evaluation
 or the end of the run reads at once, and a stop the ranks agreed on takes effect after that one queued step with
 none of its tokens lost. One real CPU rank, in a process of its own (Accelerate's state is per process)."""
@@ -15,8 +15,8 @@ from tests.conftest import REPO, explain
 
 LOOP_PROBE = r"""
 import argparse, json, sys
-import train.rank as rank
-from train.config import add_arguments, from_sources
+import trainstack.train.rank.trainer as rank
+from trainstack.train.rank.config import add_arguments, from_sources
 
 stop_after_queued = int(sys.argv[1])
 parser = argparse.ArgumentParser()

@@ -1,4 +1,4 @@
-"""The Trainer's parts on their own (train/hooks.py, schedule.py, step.py, evaluation.py, outcome.py), with a
+"""The Trainer's parts on their own (train/rank/hooks.py, schedule.py, step.py, evaluation.py, outcome.py), with a
 stand-in accelerator where one is needed: one process, no process group. The 2-rank tests (test_train_*.py) run
 them together in the real Trainer."""
 
@@ -12,18 +12,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from train.config import TrainConfig
-from train.data import IGNORE_INDEX, collate
-from train.evaluation import mean_loss
-from train.hooks import NoCompileWatch, NoTelemetry
-from train.outcome import EXIT_CODES, Failure, explain_runtime_error, summary
-from train.performance import CompileWatch
-from train.progress import Progress
-from train.schedule import lr_factor, lr_scheduler
-from train.step import IntervalSums
-from train.telemetry import Telemetry
 from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from trainstack.rundir import METRICS_DIR_ENV, SUMMARY_VERSION, write_summary
+from trainstack.train.rank.config import TrainConfig
+from trainstack.train.rank.data import IGNORE_INDEX, collate
+from trainstack.train.rank.evaluation import mean_loss
+from trainstack.train.rank.hooks import NoCompileWatch, NoTelemetry
+from trainstack.train.rank.outcome import EXIT_CODES, Failure, explain_runtime_error, summary
+from trainstack.train.rank.performance import CompileWatch
+from trainstack.train.rank.progress import Progress
+from trainstack.train.rank.schedule import lr_factor, lr_scheduler
+from trainstack.train.rank.step import IntervalSums
+from trainstack.train.rank.telemetry import Telemetry
 
 
 def public_methods(cls) -> dict[str, list[str]]:

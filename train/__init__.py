@@ -1,1 +1,1 @@
-"""trainstack's training app: one process is one rank (`python -m train`), `trainstack train` launches them."""
+"""trainstack's training app: launcher/ runs once per node (`trainstack train`), rank/ once per device."""

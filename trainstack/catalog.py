@@ -3,7 +3,7 @@
 Each entry says what a metric is (name, type, unit, labels, help), where its value comes from (the ranks'
 telemetry, an NVML call or field, the exporter itself), when it is absent, and who reads it: the recording
 rules and alerts (monitoring/prometheus/rules/), the Grafana panels (monitoring/grafana/) and `trainstack diagnose`
-(monitoring/diagnose/). The producers build their metrics from these entries (train/telemetry.py, the exporter's
+(monitoring/diagnose/). The producers build their metrics from these entries (train/rank/telemetry.py, the exporter's
 collectors, the NVML fake's stand-in ranks), the readers take the names from here, and docs/metrics.md's tables
 are generated from them (scripts/metrics-docs.py). tests/test_catalog.py holds the files that cannot import this
 module (rules, dashboards) to it, and checks that every entry is produced. The approach is dcgm-exporter's
@@ -22,7 +22,7 @@ GAUGE = "gauge"
 HISTOGRAM = "histogram"
 INFO = "info"
 
-TELEMETRY = "rank telemetry"  # written by each rank into its multiprocess files (train/telemetry.py)
+TELEMETRY = "rank telemetry"  # written by each rank into its multiprocess files (train/rank/telemetry.py)
 NVML = "nvml"  # read from NVML by the exporter's sampler (monitoring/exporter/sampler.py, nvml.py)
 EXPORTER = "exporter"  # the exporter's own health (monitoring/exporter/health.py)
 
@@ -92,7 +92,7 @@ class Recorded:
     readers: tuple[str, ...] = ()
 
 
-# --- training: written by each rank (train/telemetry.py) -----------------------------------------------------
+# --- training: written by each rank (train/rank/telemetry.py) -----------------------------------------------------
 
 TRAIN_STEPS = Metric(
     "trainstack_train_steps_total", COUNTER, "Optimizer steps completed.", RANK_LABELS, TELEMETRY,

@@ -1,10 +1,12 @@
-"""`trainstack` console command: one subcommand per concern, each imported only when it runs."""
+"""`trainstack` console command: one subcommand per concern. Only the subcommand that runs is imported (its help
+too), so `trainstack --help`, `diagnose`, `exporter` and `report` start without torch."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+from typing import NamedTuple
 
 from trainstack.errors import (
     EXIT_CONFIG,
@@ -18,17 +20,30 @@ from trainstack.errors import (
 )
 from trainstack.rundir import SHOWN
 
-# name -> (module, one-line help). Each module has add_arguments(parser) and run(args) -> int, except `train`:
-# its flags are the launcher's configuration (train/launch_config.py), and run_train below runs the launcher
-# (train/) and then the run report (monitoring/), which train/ does not import.
+
+class Subcommand(NamedTuple):
+    """`module` has add_arguments(parser) and run(args) -> int; `train` is the exception: its module holds the
+    launcher's flags (train/launcher/launch_config.py), and run_train runs the launcher and then the run report
+    (monitoring/), which train/ does not import."""
+
+    module: str
+    help: str
+
+
 SUBCOMMANDS = {
-    "train": ("train.launch_config", "launch the training ranks (one per GPU; 2 CPU ranks without a GPU)"),
-    "exporter": ("monitoring.exporter.cli", "serve per-GPU NVML and per-rank training metrics"),
-    "doctor": ("train.doctor.cli", "preflight checks: GPUs, CUDA, /dev/shm, ulimits, NCCL switches, ports, disk"),
-    "export": ("train.export", "write a checkpoint's full model weights as one safetensors file (DDP or FSDP)"),
-    "report": ("monitoring.report.cli", f"write {SHOWN.report}: loss, throughput, step times, data wait, GPUs"),
-    "diagnose": ("monitoring.diagnose.cli", "why a live run leaves GPUs idle: reads its exporter or Prometheus"),
-    "bench": ("bench.scaling.cli", "benchmarks: scaling = DDP vs DataParallel samples/s, efficiency on 1..N devices"),
+    "train": Subcommand("trainstack.train.launcher.launch_config",
+                        "launch the training ranks (one per GPU; 2 CPU ranks without a GPU)"),
+    "exporter": Subcommand("trainstack.monitoring.exporter.cli", "serve per-GPU NVML and per-rank training metrics"),
+    "doctor": Subcommand("trainstack.train.launcher.doctor.cli",
+                         "preflight checks: GPUs, CUDA, /dev/shm, ulimits, NCCL switches, ports, disk"),
+    "export": Subcommand("trainstack.train.launcher.export",
+                         "write a checkpoint's full model weights as one safetensors file (DDP or FSDP)"),
+    "report": Subcommand("trainstack.monitoring.report.cli",
+                         f"write {SHOWN.report}: loss, throughput, step times, data wait, GPUs"),
+    "diagnose": Subcommand("trainstack.monitoring.diagnose.cli",
+                           "why a live run leaves GPUs idle: reads its exporter or Prometheus"),
+    "bench": Subcommand("trainstack.train.launcher.scaling.cli",
+                        "benchmarks: scaling = DDP vs DataParallel samples/s, efficiency on 1..N devices"),
 }
 EXIT_CODES = f"""exit codes (docs/training.md): {EXIT_OK} done; {EXIT_FAILED} failed (a rank crashed or timed out; \
 diagnose: a problem found); {EXIT_CONFIG} bad input or a failed preflight check (retrying cannot help); \
@@ -38,25 +53,36 @@ saving a checkpoint (rerun to resume)"""
 
 def run_train(args: argparse.Namespace) -> int:
     """The launcher, then the run report, written while the launcher still holds the run directory."""
-    from monitoring.report import write_report
-    from train import launch
+    from trainstack.monitoring.report import write_report
+    from trainstack.train.launcher import launch
 
     return launch.run(args, write_report_with=write_report)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def overview_parser() -> argparse.ArgumentParser:
+    """`trainstack --help`: the subcommands and what each does, from the table above (nothing imported)."""
     parser = argparse.ArgumentParser(prog="trainstack", description=__doc__, epilog=EXIT_CODES)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
-        sub = commands.add_parser(name, help=help_text, description=help_text, epilog=EXIT_CODES)
-        module = importlib.import_module(module_name)
-        sub.set_defaults(_run=run_train if name == "train" else module.run)
-        module.add_arguments(sub)
+    for name, subcommand in SUBCOMMANDS.items():
+        commands.add_parser(name, help=subcommand.help, add_help=False)
+    return parser
+
+
+def subcommand_parser(name: str) -> argparse.ArgumentParser:
+    subcommand = SUBCOMMANDS[name]
+    parser = argparse.ArgumentParser(prog=f"trainstack {name}", description=subcommand.help, epilog=EXIT_CODES)
+    module = importlib.import_module(subcommand.module)
+    module.add_arguments(parser)
+    parser.set_defaults(command=name, _run=run_train if name == "train" else module.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in SUBCOMMANDS:
+        overview_parser().parse_args(argv)  # prints the overview, or names the unknown command; exits
+        return EXIT_CONFIG
+    args = subcommand_parser(argv[0]).parse_args(argv[1:])
     try:
         return args._run(args)
     except (ConfigError, RuntimeFailure) as error:

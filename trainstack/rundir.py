@@ -150,7 +150,7 @@ SUMMARY_VERSION = 1  # summaries written before the field existed are read as ve
 
 
 class Segment(TypedDict):
-    """One launch that trained the run (train/segments.py)."""
+    """One launch that trained the run (train/rank/segments.py)."""
 
     run_id: str
     started: float

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from monitoring.diagnose.sources import PROMETHEUS_WINDOW
 from trainstack.errors import EXIT_OK, ConfigError
+from trainstack.monitoring.diagnose.sources import PROMETHEUS_WINDOW
 from trainstack.rundir import exporter_url
 
 EXIT_PROBLEM = 1
@@ -35,11 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from monitoring.diagnose.render import render_json, render_text
-    from monitoring.diagnose.snapshot import read_snapshot
-    from monitoring.diagnose.sources import open_source
-    from monitoring.diagnose.thresholds import Thresholds
-    from monitoring.diagnose.verdicts import diagnose, figures
+    from trainstack.monitoring.diagnose.render import render_json, render_text
+    from trainstack.monitoring.diagnose.snapshot import read_snapshot
+    from trainstack.monitoring.diagnose.sources import open_source
+    from trainstack.monitoring.diagnose.thresholds import Thresholds
+    from trainstack.monitoring.diagnose.verdicts import diagnose, figures
 
     if not args.interval > 0:
         raise ConfigError(f"--interval must be positive seconds, got {args.interval}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from monitoring.diagnose.verdicts import Verdict
+from trainstack.monitoring.diagnose.verdicts import Verdict
 
 
 def _figure_line(figures: dict) -> str:

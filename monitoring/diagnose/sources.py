@@ -15,10 +15,10 @@ from typing import Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitoring.exporter.gpu import COUNTERS
-from monitoring.exporter.nvml import SLOW_ATTRIBUTES
 from trainstack import catalog
 from trainstack.errors import ConfigError, RuntimeFailure
+from trainstack.monitoring.exporter.gpu import COUNTERS
+from trainstack.monitoring.exporter.nvml import SLOW_ATTRIBUTES
 from trainstack.rundir import DEFAULT_EXPORTER_HOST, DEFAULT_EXPORTER_PORT
 
 Sample = tuple[dict[str, str], float]

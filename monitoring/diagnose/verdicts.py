@@ -7,9 +7,9 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from monitoring.diagnose.snapshot import RankView, Snapshot
-from monitoring.diagnose.thresholds import Thresholds
 from trainstack import catalog
+from trainstack.monitoring.diagnose.snapshot import RankView, Snapshot
+from trainstack.monitoring.diagnose.thresholds import Thresholds
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
-"""`python -m monitoring.exporter`: what the launcher starts; the same as `trainstack exporter`."""
+"""`python -m trainstack.monitoring.exporter`: what the launcher starts; the same as `trainstack exporter`."""
 
 import sys
 
-from monitoring.exporter.cli import main
+from trainstack.monitoring.exporter.cli import main
 
 sys.exit(main())

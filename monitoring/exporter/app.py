@@ -7,17 +7,17 @@ import importlib
 
 from prometheus_client import CollectorRegistry
 
-from monitoring.exporter.config import ExporterConfig
-from monitoring.exporter.exposition import TextEncoder
-from monitoring.exporter.gpu import GpuCollector
-from monitoring.exporter.gpu_log import GpuLog
-from monitoring.exporter.health import CollectorRuns, ExporterCollector, Timed
-from monitoring.exporter.nvml import NvmlSession
-from monitoring.exporter.prerender import AheadRenderer
-from monitoring.exporter.sampler import Sampler
-from monitoring.exporter.server import MetricsServer
-from monitoring.exporter.training import TrainingCollector, job_pids
 from trainstack.errors import ConfigError, RuntimeFailure
+from trainstack.monitoring.exporter.config import ExporterConfig
+from trainstack.monitoring.exporter.exposition import TextEncoder
+from trainstack.monitoring.exporter.gpu import GpuCollector
+from trainstack.monitoring.exporter.gpu_log import GpuLog
+from trainstack.monitoring.exporter.health import CollectorRuns, ExporterCollector, Timed
+from trainstack.monitoring.exporter.nvml import NvmlSession
+from trainstack.monitoring.exporter.prerender import AheadRenderer
+from trainstack.monitoring.exporter.sampler import Sampler
+from trainstack.monitoring.exporter.server import MetricsServer
+from trainstack.monitoring.exporter.training import TrainingCollector, job_pids
 from trainstack.rundir import RunDir
 
 

@@ -1,4 +1,5 @@
-"""`trainstack exporter` and `python -m monitoring.exporter`: serve GPU and training metrics until SIGTERM."""
+"""`trainstack exporter` and `python -m trainstack.monitoring.exporter`: serve GPU and training metrics until
+SIGTERM."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import sys
 import threading
 from pathlib import Path
 
-from monitoring.exporter.config import DEFAULT_SAMPLE_INTERVAL, DEFAULT_SLOW_SAMPLE_INTERVAL, ExporterConfig
 from trainstack.errors import EXIT_OK, ConfigError, RuntimeFailure, exit_code
+from trainstack.monitoring.exporter.config import DEFAULT_SAMPLE_INTERVAL, DEFAULT_SLOW_SAMPLE_INTERVAL, ExporterConfig
 from trainstack.rundir import DEFAULT_EXPORTER_HOST, DEFAULT_EXPORTER_PORT, SHOWN
 
 log = logging.getLogger("trainstack.exporter")
@@ -37,12 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"seconds between reads of the costly fields: energy, violation time, PCIe replays, "
                              f"ECC, NVLink, power limit, memory temperature (default {DEFAULT_SLOW_SAMPLE_INTERVAL:g})")
     parser.add_argument("--nvml-module", default="pynvml",
-                        help="for testing: the module that provides the NVML API (e.g. tests.nvml_fake)")
+                        help="the module that provides the NVML API; trainstack.monitoring.nvml_fake is a fake "
+                        "host for trying the stack without a GPU (NVML_FAKE_HOST names the host)")
 
 
 def run(args: argparse.Namespace) -> int:
     # Imported here: `trainstack --help` and the other subcommands need none of the exporter's machinery.
-    from monitoring.exporter.app import Exporter
+    from trainstack.monitoring.exporter.app import Exporter
 
     logging.basicConfig(level=logging.INFO, format="trainstack exporter: %(message)s")
     config = ExporterConfig(host=args.host, port=args.port, metrics_dir=args.metrics_dir, run_dir=args.run_dir,
@@ -76,7 +78,7 @@ def _url_host(host: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m monitoring.exporter", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m trainstack.monitoring.exporter", description=__doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -26,7 +26,7 @@ class ExporterConfig:
     pcie_throughput: bool = False
     """Export PCIe throughput. Off by default: each of the two NVML calls blocks about 20 ms."""
     nvml_module: str = "pynvml"
-    """Module that provides the NVML API. Tests and benchmarks pass `tests.nvml_fake`."""
+    """Module that provides the NVML API. Tests and benchmarks pass `trainstack.monitoring.nvml_fake`."""
     gpu_log_interval_seconds: float = 5.0
     """How often a GPU snapshot is appended to the run directory's GPU log."""
     sample_interval_seconds: float = DEFAULT_SAMPLE_INTERVAL
@@ -57,4 +57,4 @@ class ExporterConfig:
             found = False
         if not found:
             raise ConfigError(f"--nvml-module {self.nvml_module!r} cannot be imported: use pynvml "
-                              "(from nvidia-ml-py) or, in tests, tests.nvml_fake run from the repository root")
+                              "(from nvidia-ml-py) or the fake, trainstack.monitoring.nvml_fake")

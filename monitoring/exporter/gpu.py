@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
-from monitoring.exporter.sampler import Sampler
 from trainstack import catalog
+from trainstack.monitoring.exporter.sampler import Sampler
 
 # GpuSample attribute -> the metric it is served as.
 GAUGES = {

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from monitoring.exporter.sampler import Sampler
+from trainstack.monitoring.exporter.sampler import Sampler
 
 FIELDS = ("utilization_ratio", "memory_used_bytes", "memory_total_bytes", "power_watts")
 

@@ -11,9 +11,9 @@ from typing import Protocol
 
 from prometheus_client.core import Metric
 
-from monitoring.exporter.nvml import NvmlSession
-from monitoring.exporter.sampler import CADENCES, Sampler
 from trainstack import catalog
+from trainstack.monitoring.exporter.nvml import NvmlSession
+from trainstack.monitoring.exporter.sampler import CADENCES, Sampler
 
 log = logging.getLogger(__name__)
 

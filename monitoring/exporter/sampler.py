@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from monitoring.exporter.nvml import SLOW_ATTRIBUTES, Gpu, GpuSample, NvmlSession
+from trainstack.monitoring.exporter.nvml import SLOW_ATTRIBUTES, Gpu, GpuSample, NvmlSession
 
 log = logging.getLogger(__name__)
 CADENCES = ("fast", "slow")

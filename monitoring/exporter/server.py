@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import h11
 
-from monitoring.exporter.prerender import AheadRenderer
 from trainstack.errors import ConfigError, RuntimeFailure
+from trainstack.monitoring.exporter.prerender import AheadRenderer
 from trainstack.promcompat import TEXT_CONTENT_TYPE, gzip_accepted
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ def write_report(run_dir: Path | str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
-    from monitoring.report import figures, page
-    from monitoring.report.runfiles import load_run
+    from trainstack.monitoring.report import figures, page
+    from trainstack.monitoring.report.runfiles import load_run
 
     run = load_run(Path(run_dir))
     images = {}

@@ -13,7 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from monitoring.report import write_report
+    from trainstack.monitoring.report import write_report
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from matplotlib.figure import Figure
 
-from monitoring.report.runfiles import RunFiles, by_segment, data_wait_ratio, on_gpu_clock
+from trainstack.monitoring.report.runfiles import RunFiles, by_segment, data_wait_ratio, on_gpu_clock
 
 # The same threshold as the TrainstackInputBound alert (monitoring/prometheus/rules/alerts.yml).
 INPUT_BOUND_RATIO = 0.2

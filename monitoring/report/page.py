@@ -7,8 +7,8 @@ import base64
 import html
 import time
 
-from monitoring.report.runfiles import RunFiles
-from monitoring.report.tables import cell, rank_rows, segment_rows
+from trainstack.monitoring.report.runfiles import RunFiles
+from trainstack.monitoring.report.tables import cell, rank_rows, segment_rows
 from trainstack.rundir import GPU_LOG_FILE, SUMMARY_FILE, TELEMETRY_DIR
 
 STYLE = """

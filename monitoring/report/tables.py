@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from monitoring.report.runfiles import RunFiles, data_wait_ratio, host_data_wait_ratio, on_gpu_clock
+from trainstack.monitoring.report.runfiles import RunFiles, data_wait_ratio, host_data_wait_ratio, on_gpu_clock
 
 
 def _percentile(values: list[float], share: float) -> float:

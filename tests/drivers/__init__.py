@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from train.config import add_arguments, from_sources
-from train.rank import Trainer
+from trainstack.train.rank.config import add_arguments, from_sources
+from trainstack.train.rank.trainer import Trainer
 
 
 def run_trainer_from_command_line() -> tuple[Trainer, int, str]:

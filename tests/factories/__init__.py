@@ -13,8 +13,8 @@ import time
 import torch
 from torch import nn
 
-from train.data import BYTE_VOCAB
-from train.model import BUILTIN_MODELS, GPT, GPTShape
+from trainstack.train.rank.data import BYTE_VOCAB
+from trainstack.train.rank.model import BUILTIN_MODELS, GPT, GPTShape
 
 
 def _rank() -> int:

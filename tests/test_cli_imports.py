@@ -1,0 +1,84 @@
+"""The commands that run beside a user's stack load no torch, and still work where torch is not installed.
+
+Each command runs in a fresh interpreter in which torch, Accelerate and datasets cannot be imported (as on a
+monitoring host that has none of them); the interpreter then reports every module it loaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import REPO, free_port, stop_process
+
+ABSENT = ("torch", "accelerate", "datasets")
+# Runs trainstack's CLI with ABSENT unimportable, then prints the exit code and the heavy modules it loaded.
+WITHOUT_TORCH = f"""
+import json, sys
+for name in {ABSENT!r}:
+    sys.modules[name] = None  # `import torch` now raises ImportError, as where torch is not installed
+from trainstack.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exit:
+    code = exit.code
+loaded = sorted(m for m in sys.modules if m.partition('.')[0] in {ABSENT!r} and sys.modules[m] is not None)
+print(json.dumps({{"exit": code, "loaded": loaded}}))
+"""
+
+
+def run_without_torch(*args: str, timeout: float = 120, **popen) -> dict:
+    result = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, *args], capture_output=True, text=True,
+                            timeout=timeout, cwd=REPO, **popen)
+    assert "Traceback" not in result.stderr, result.stderr
+    outcome = json.loads(result.stdout.splitlines()[-1])
+    return {**outcome, "stdout": result.stdout, "stderr": result.stderr}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [["--help"], ["diagnose", "--help"], ["exporter", "--help"], ["report", "--help"]])
+def test_help_loads_no_torch(args):
+    outcome = run_without_torch(*args)
+    assert outcome["exit"] in (0, None) and outcome["loaded"] == [], outcome
+
+
+@pytest.mark.slow
+def test_report_works_without_torch(tmp_path, cpu_run):
+    run_dir = tmp_path / "run"
+    shutil.copytree(cpu_run, run_dir, ignore=shutil.ignore_patterns("checkpoints", "report.html"))
+    outcome = run_without_torch("report", str(run_dir))
+    assert outcome["exit"] == 0 and outcome["loaded"] == [], outcome
+    assert (run_dir / "report.html").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_exporter_and_diagnose_work_without_torch():
+    port = free_port()
+    env = {**os.environ, "NVML_FAKE_HOST": "dgx_h100"}
+    exporter = subprocess.Popen(
+        [sys.executable, "-c", WITHOUT_TORCH, "exporter", "--port", str(port), "--nvml-module",
+         "trainstack.monitoring.nvml_fake"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                    assert b"trainstack_gpu_utilization_ratio" in response.read()
+                break
+            except OSError:
+                assert exporter.poll() is None and time.monotonic() < deadline, exporter.communicate()
+                time.sleep(0.2)
+        outcome = run_without_torch("diagnose", "--url", f"http://127.0.0.1:{port}/metrics", "--interval", "1")
+        assert outcome["exit"] in (0, 1) and outcome["loaded"] == [], outcome
+        assert "8 GPU" in outcome["stdout"] or "gpu" in outcome["stdout"].lower(), outcome["stdout"]
+    finally:
+        stop_process(exporter)
+    stdout, stderr = exporter.communicate()
+    assert json.loads(stdout.splitlines()[-1])["loaded"] == [], stderr

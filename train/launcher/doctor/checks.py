@@ -1,0 +1,26 @@
+"""run_checks: every doctor check, in the order a person would fix them."""
+
+from __future__ import annotations
+
+from trainstack.train.launcher.doctor import gpu_checks, host_checks, port_checks, storage_checks, switch_checks
+from trainstack.train.launcher.doctor.config import DoctorConfig
+from trainstack.train.launcher.doctor.inventory import probe_gpus
+from trainstack.train.launcher.doctor.result import CheckResult
+
+CHECKS = (
+    gpu_checks.check_gpu_visibility,
+    gpu_checks.check_cuda_version,
+    gpu_checks.check_ranks_per_gpu,
+    host_checks.check_shared_memory,
+    host_checks.check_memlock,
+    host_checks.check_cpus,
+    switch_checks.check_debug_switches,
+    port_checks.check_rendezvous_port,
+    port_checks.check_exporter_port,
+    storage_checks.check_output_dir,
+)
+
+
+def run_checks(config: DoctorConfig) -> list[CheckResult]:
+    gpus = config.gpus if config.gpus is not None else probe_gpus()
+    return [check(config, gpus) for check in CHECKS]

@@ -1,0 +1,93 @@
+"""Ports this node must open: the rendezvous port (node 0 only) and the exporter's."""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import psutil
+
+from trainstack.train.launcher.doctor.config import DoctorConfig
+from trainstack.train.launcher.doctor.inventory import GpuInventory
+from trainstack.train.launcher.doctor.result import CheckResult, Status
+
+
+def bind_error(host: str, port: int) -> OSError | None:
+    """Bind (never listen or connect) the way a server would; SO_REUSEADDR so that a port in TIME_WAIT counts
+    as free, as it does for the servers that will open it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            return error
+    return None
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def listener(port: int) -> str:
+    """Who listens on the port, when the OS tells us (other users' sockets need privileges)."""
+    try:
+        for connection in psutil.net_connections(kind="tcp"):
+            if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid:
+                return f" by pid {connection.pid} ({psutil.Process(connection.pid).name()})"
+    except (psutil.AccessDenied, psutil.NoSuchProcess):
+        pass
+    return ""
+
+
+def _port_result(
+    name: str, host: str, port: int, shown_host: str, port_flag: str, host_flag: str
+) -> CheckResult:
+    error = bind_error(host, port)
+    if error is None:
+        return CheckResult(name, Status.PASS, f"{shown_host}:{port} is free")
+    if isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL:
+        return CheckResult(
+            name,
+            Status.FAIL,
+            f"{shown_host} is not an address of this host",
+            f"pass an address of this host to {host_flag}",
+        )
+    if error.errno == errno.EADDRINUSE:
+        return CheckResult(
+            name,
+            Status.FAIL,
+            f"{shown_host}:{port} is already in use{listener(port)}",
+            f"stop that process, or pass {port_flag} {free_port(host)} (free now)",
+        )
+    return CheckResult(
+        name,
+        Status.FAIL,
+        f"cannot open {shown_host}:{port} ({error.strerror})",
+        f"pass {port_flag} with a port above 1023 this user may open",
+    )
+
+
+def check_rendezvous_port(config: DoctorConfig, gpus: GpuInventory) -> CheckResult:
+    if config.node_rank != 0:
+        return CheckResult(
+            "rendezvous-port",
+            Status.PASS,
+            f"node {config.node_rank} joins {config.master_addr}:{config.master_port}, which node 0 opens",
+        )
+    # The rendezvous store listens on every interface of node 0, whatever MASTER_ADDR names.
+    return _port_result("rendezvous-port", "", config.master_port, "*", "--master-port", "--master-addr")
+
+
+def check_exporter_port(config: DoctorConfig, gpus: GpuInventory) -> CheckResult:
+    if config.exporter_port == 0:
+        return CheckResult("exporter-port", Status.PASS, "no exporter (--exporter-port 0)")
+    return _port_result(
+        "exporter-port",
+        config.exporter_host,
+        config.exporter_port,
+        config.exporter_host,
+        "--exporter-port",
+        "--exporter-host",
+    )

@@ -1,0 +1,320 @@
+"""`trainstack train`: check everything, then start the exporter and one rank per device through Accelerate.
+
+The launcher is the process a container runs as PID 1 (behind tini), so it is the one that gets SIGTERM from
+`docker stop` or a Kubernetes eviction. It passes the signal to the ranks only (not to their loader workers),
+waits for them to agree, checkpoint and exit, and turns the outcome into a documented exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
+from trainstack.rundir import (
+    METRICS_DIR_ENV,
+    NNODES_ENV,
+    RUN_ID_ENV,
+    USE_CPU_ENV,
+    VERIFIED_CHECKPOINT_ENV,
+    RunDir,
+    read_summary,
+)
+from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
+from trainstack.train.launcher.launch_config import LaunchConfig
+from trainstack.train.launcher.lease import RunDirLease, lease_timeout
+from trainstack.train.rank import checkpoint, sharding
+from trainstack.train.rank import config as train_config
+from trainstack.train.rank.data import check_dataset_spec
+from trainstack.train.rank.model import check_model_spec
+
+
+def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> None:
+    """Everything checkable before a rank starts that writes nothing: it runs before the run directory's lease."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the ranks run `python -m`, which imports factories from here too
+    check_dataset_spec(config.dataset)
+    check_model_spec(config.model)
+    sharding.check_units_before_launch(config)
+    train_config.require_device_support(config, on_cuda=not launch.use_cpu, world_size=launch.world_size)
+    run_dir = config.run_dir
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--output-dir {run_dir} is a file; choose a directory path")
+    for existing in (run_dir, *run_dir.parents):
+        if existing.exists():
+            if not os.access(existing, os.W_OK):
+                raise ConfigError(f"--output-dir {run_dir}: {existing} is not writable; choose another path")
+            break
+
+
+def resume_point(config: train_config.TrainConfig) -> Path | None:
+    """The checkpoint to resume from, after tidying the checkpoints folder: only under the lease."""
+    checkpoints = RunDir(config.run_dir).checkpoints
+    checkpoint.remove_unsealed(checkpoints)  # a save killed part-way: never loadable
+    folder = checkpoint.resolve_resume(config.resume, checkpoints,
+                                       lambda line: print(f"trainstack train: warning: {line}", file=sys.stderr))
+    if folder:
+        checkpoint.require_strategy(folder, checkpoint.read_train_state(folder), config.strategy)
+    return folder
+
+
+def completed_before(config: train_config.TrainConfig) -> str | None:
+    """Why there is nothing to train, when the run directory holds a completed run with the same stopping point
+    (--max-steps, --epochs): rerunning the command that finished it must change nothing. None otherwise."""
+    run_dir = RunDir(config.run_dir)
+    try:
+        summary = read_summary(run_dir.summary)
+        saved = train_config.read_config_file(str(run_dir.config))
+    except (OSError, ValueError, ConfigError):
+        return None
+    latest = checkpoint.complete_checkpoints(run_dir.checkpoints)
+    if config.resume != "auto" or summary.get("exit_reason") != "completed" or not latest:
+        return None
+    steps = summary.get("steps")
+    if checkpoint.read_train_state(latest[-1]).get("step") != steps:
+        return None  # trained further since that summary
+    same_target = (saved.get("max_steps"), saved.get("epochs")) == (config.max_steps, config.epochs)
+    lower_step_limit = config.epochs == saved.get("epochs") == 0 and 0 < config.max_steps <= steps
+    if not (same_target or lower_step_limit):
+        return None
+    return (f"{run_dir.path} already holds a completed run ({steps} steps, run {summary.get('run_id')}); nothing "
+            "changed: raise --max-steps or --epochs to train further, or choose another --output-dir")
+
+
+def wait_for_rendezvous_host(launch: LaunchConfig) -> None:
+    """On Kubernetes, pod 0's DNS name appears some seconds after the pods start: wait instead of failing."""
+    deadline = time.monotonic() + launch.rendezvous_timeout
+    announced = False
+    while True:
+        try:
+            socket.getaddrinfo(launch.master_addr, launch.master_port)
+            return
+        except socket.gaierror:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"rendezvous host {launch.master_addr!r} did not resolve within "
+                                  f"{launch.rendezvous_timeout:g} s; check --master-addr / MASTER_ADDR") from None
+            if not announced:
+                print(f"trainstack train: waiting for {launch.master_addr} to resolve", file=sys.stderr)
+                announced = True
+            time.sleep(2)
+
+
+def new_run_id() -> str:
+    """Set TRAINSTACK_RUN_ID (e.g. to the Kubernetes Job uid) to name a multi-node run: its nodes share the run
+    directory's lease, and the ranks adopt rank 0's id."""
+    return os.environ.get(RUN_ID_ENV) or time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+class Launch:
+    def __init__(self, config: train_config.TrainConfig, launch: LaunchConfig, resume_from: Path | None,
+                 run_id: str, lease: RunDirLease | None = None):
+        self.config, self.launch, self.resume_from = config, launch, resume_from
+        self.run_dir = RunDir(config.run_dir)
+        self.run_id = run_id
+        self.lease = lease
+        # Per node: prometheus_client names files by PID, which repeats across pods on a shared volume, and each
+        # node's exporter must serve only its own ranks.
+        self.metrics_dir = self.run_dir.node_metrics(launch.node_rank)
+        self.ranks: subprocess.Popen | None = None
+        self.exporter: subprocess.Popen | None = None
+        self.stop_signal: int | None = None
+        self.signalled_pids: set[int] = set()
+
+    def prepare_run_dir(self) -> None:
+        """Metrics belong to one launch: a previous launch's series must never show up in this one. Telemetry
+        belongs to the run: a resumed run appends to it. Only this node's files are touched: on a shared volume
+        the other nodes are writing theirs."""
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        self.metrics_dir.mkdir(parents=True)
+        self.run_dir.telemetry.mkdir(exist_ok=True)
+        if self.resume_from is None:
+            self.set_aside_previous_record()
+        if self.launch.node_rank == 0:
+            self.config.save(self.run_dir.config)
+
+    def set_aside_previous_record(self) -> None:
+        """A fresh start in a directory that holds an earlier attempt's record (it never saved a checkpoint, or
+        its checkpoints were deleted): that record moves to `RunDir.previous(run id)`, never deleted."""
+        first = self.launch.node_rank * self.launch.nproc_per_node
+        aside = self.run_dir.previous(self.run_id)
+        moves = [(self.run_dir.rank_records(r), aside.rank_records(r))
+                 for r in range(first, first + self.launch.nproc_per_node)]
+        if self.launch.node_rank == 0:
+            moves += [(self.run_dir.summary, aside.summary), (self.run_dir.report, aside.report)]
+        for earlier, kept in moves:
+            if earlier.is_file():
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(earlier, kept)
+                name = earlier.relative_to(self.run_dir.path)
+                print(f"trainstack train: fresh start: kept the earlier {name} as {kept}", file=sys.stderr)
+
+    def rank_environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env[METRICS_DIR_ENV] = str(self.metrics_dir.resolve())
+        env[RUN_ID_ENV] = self.run_id
+        if self.resume_from:
+            env[VERIFIED_CHECKPOINT_ENV] = str(self.resume_from)  # hashed in preflight; ranks check sizes only
+        env[NNODES_ENV] = str(self.launch.nnodes)
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed NCCL collective aborts, not hangs
+        if self.launch.use_cpu:
+            env[USE_CPU_ENV] = "1"
+            cores = len(os.sched_getaffinity(0))
+            # Ranks share the cores: oversubscribed intra-op threads make every rank slower than one.
+            env.setdefault("OMP_NUM_THREADS", str(max(1, cores // self.launch.nproc_per_node)))
+        return env
+
+    def rank_command(self) -> list[str]:
+        launch = self.launch
+        command = [sys.executable, "-m", "trainstack.train.launcher.agent",
+                   "--num_processes", str(launch.world_size), "--num_machines", str(launch.nnodes),
+                   "--machine_rank", str(launch.node_rank), "--main_process_ip", launch.master_addr,
+                   "--main_process_port", str(launch.master_port), "--mixed_precision", self.config.mixed_precision,
+                   "--dynamo_backend", "no"]
+        if self.config.strategy == "fsdp":
+            # Accelerate's FSDP launch starts torchrun even for one rank: FSDP needs the process group that a
+            # plain one-process launch does not create. CPU ranks: ACCELERATE_USE_CPU=1 as below.
+            command += ["--use_fsdp", "--fsdp_version", "2"]
+        elif launch.world_size > 1:
+            # Not --cpu: that silently starts one process. With ACCELERATE_USE_CPU=1 this is MULTI_CPU over gloo.
+            command.append("--multi_gpu")
+        elif launch.use_cpu:
+            command.append("--cpu")
+        command += ["-m", "trainstack.train.rank", "--config", str(self.run_dir.config),
+                    "--resume", str(self.resume_from) if self.resume_from else "never"]
+        return command
+
+    def start_exporter(self) -> None:
+        if not self.launch.exporter_port:
+            return
+        self.exporter = subprocess.Popen(
+            [sys.executable, "-m", "trainstack.monitoring.exporter", "--host", self.launch.exporter_host,
+             "--port", str(self.launch.exporter_port), "--metrics-dir", str(self.metrics_dir),
+             "--run-dir", str(self.run_dir.path)],
+            env={**os.environ, METRICS_DIR_ENV: str(self.metrics_dir.resolve())},
+        )
+        print(f"trainstack train: metrics at http://{self.launch.exporter_host}:{self.launch.exporter_port}/metrics",
+              file=sys.stderr)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_signal = signum
+
+    def _forward_stop(self) -> None:
+        """SIGTERM to each rank (the agent's direct children), once; loader workers are left to their rank."""
+        import psutil
+
+        try:
+            ranks = psutil.Process(self.ranks.pid).children()
+        except psutil.NoSuchProcess:
+            return
+        for rank in ranks:
+            if rank.pid not in self.signalled_pids:
+                self.signalled_pids.add(rank.pid)
+                try:
+                    rank.send_signal(signal.SIGTERM)
+                except psutil.NoSuchProcess:
+                    pass
+
+    def run(self) -> int:
+        self.started = time.time()
+        self.prepare_run_dir()
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start_exporter()
+            if self.launch.nnodes > 1:
+                wait_for_rendezvous_host(self.launch)
+            # Own session: a terminal's Ctrl-C reaches only the launcher, which stops the ranks in order.
+            # The agent inherits the lease file, so its flock holds while ranks may still write, even if this
+            # launcher is killed alone.
+            self.ranks = subprocess.Popen(self.rank_command(), env=self.rank_environment(), start_new_session=True,
+                                          pass_fds=(self.lease.fd,) if self.lease and self.lease.fd else ())
+            while self.ranks.poll() is None:
+                if self.stop_signal is not None:
+                    self._forward_stop()
+                time.sleep(0.2)
+            return self.outcome(self.ranks.returncode)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self.stop_exporter()
+
+    def stop_exporter(self) -> None:
+        if self.exporter and self.exporter.poll() is None:
+            self.exporter.terminate()
+            try:
+                self.exporter.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.exporter.kill()
+
+    def outcome(self, returncode: int) -> int:
+        """Rank 0's verdict from summary.json when this launch wrote one (node 0), else the ranks' exit status."""
+        summary_path = self.run_dir.summary
+        summary = read_summary(summary_path)
+        # Every node of a run (and, with a fixed TRAINSTACK_RUN_ID, every launch) shares the run id: the summary
+        # is this launch's verdict only on node 0, where rank 0 runs, and only when written since it started.
+        if (self.launch.node_rank == 0 and summary.get("run_id") == self.run_id
+                and summary_path.stat().st_mtime >= self.started):
+            print(f"trainstack train: {summary['exit_reason']} after {summary['steps']} steps; {summary_path}",
+                  file=sys.stderr)
+            if summary["exit_reason"] == "preempted":
+                print("trainstack train: checkpoint saved; rerun the same command to resume", file=sys.stderr)
+            return EXIT_FAILED if returncode and summary["exit_code"] == EXIT_OK else summary["exit_code"]
+        if returncode in (EXIT_OK, EXIT_PREEMPTED):  # ranks on every node exit 75 once they agreed to stop
+            return EXIT_PREEMPTED if self.stop_signal is not None else returncode
+        return EXIT_FAILED
+
+
+def run_doctor(config: train_config.TrainConfig, launch: LaunchConfig, skip: bool) -> None:
+    """The doctor's findings that need attention; a FAIL stops the launch before any rank starts."""
+    results = run_checks(DoctorConfig.for_run(config, launch))
+    if any(result.status != Status.PASS for result in results):
+        print(render_table(results), file=sys.stderr)
+    if has_failures(results) and not skip:
+        raise ConfigError("preflight checks failed (FAIL above); fix them, or pass --skip-doctor to start anyway")
+
+
+def write_report(run_dir: Path, render: Callable[[Path], Path]) -> None:
+    """`render` (trainstack.monitoring.report.write_report, which `trainstack train` passes in) writes the report."""
+    try:
+        print(f"trainstack train: report: {render(run_dir)}", file=sys.stderr)
+    except ConfigError as problem:
+        print(f"trainstack train: warning: no report: {problem}", file=sys.stderr)
+
+
+def _stop_before_ranks(signum, frame) -> None:
+    """SIGTERM while waiting for the lease or in preflight: leave at once, giving the lease back on the way."""
+    print(f"trainstack train: stopped by {signal.Signals(signum).name} before any rank started", file=sys.stderr)
+    raise SystemExit(EXIT_PREEMPTED)
+
+
+def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | None = None) -> int:
+    """The launch; then, with --report on node 0, `write_report_with(run_dir)` while the lease is still held."""
+    launch = LaunchConfig.from_args(args)
+    config = train_config.from_sources(args, on_cuda=not launch.use_cpu)
+    if args.wait_for_lease < 0:
+        raise ConfigError(f"--wait-for-lease must be 0 or more seconds, got {args.wait_for_lease:g}")
+    preflight(config, launch)
+    run_id = new_run_id()
+    signal.signal(signal.SIGTERM, _stop_before_ranks)  # Launch.run handles it while ranks run
+    # Before anything writes to the run directory, and held until the last rank has exited and the report is
+    # written: a second launcher on a live run directory exits 2 having written nothing.
+    with RunDirLease(config.run_dir, run_id, launch.node_rank, lease_timeout(args.lease_timeout)) as lease:
+        lease.acquire(wait=args.wait_for_lease)
+        done = completed_before(config)
+        if done:
+            print(f"trainstack train: {done}", file=sys.stderr)
+            return EXIT_OK
+        resume_from = resume_point(config)
+        run_doctor(config, launch, args.skip_doctor)
+        code = Launch(config, launch, resume_from, run_id, lease).run()
+        if args.report and launch.node_rank == 0 and write_report_with:
+            write_report(config.run_dir, write_report_with)
+        return code

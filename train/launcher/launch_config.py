@@ -1,0 +1,137 @@
+"""Where the ranks of `trainstack train` run: the world (ranks per node, nodes, this node's rank, rendezvous),
+from the flags and the torchrun / Kubernetes / Kubeflow environment, and the launcher's flags.
+
+The launcher (train/launcher/launch.py) and `trainstack doctor` (train/launcher/doctor/cli.py) both build it, so
+the doctor checks exactly the world the launcher would start; neither imports the other for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from dataclasses import dataclass
+
+from trainstack.errors import ConfigError
+from trainstack.rundir import (
+    DEFAULT_EXPORTER_HOST,
+    DEFAULT_EXPORTER_PORT,
+    DEFAULT_MASTER_PORT,
+    LEASE_TIMEOUT_ENV,
+    SHOWN,
+    check_port,
+)
+from trainstack.train.launcher.lease import DEFAULT_TIMEOUT_SECONDS
+from trainstack.train.rank import config as train_config
+
+CPU_STAND_IN_RANKS = 2  # without a GPU: two gloo ranks, the smallest world that exercises DDP for real
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                raise ConfigError(f"environment variable {name}={value!r} must be an integer") from None
+    return None
+
+
+def _env_str(*names: str) -> str | None:
+    return next((os.environ[n] for n in names if os.environ.get(n)), None)
+
+
+@dataclass
+class LaunchConfig:
+    """Where the ranks run. Flags win over the torchrun / Kubernetes / Kubeflow environment variables."""
+
+    nproc_per_node: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    use_cpu: bool
+    exporter_port: int
+    exporter_host: str
+    rendezvous_timeout: float
+
+    def __post_init__(self) -> None:
+        if self.nproc_per_node < 1:
+            raise ConfigError(f"--nproc-per-node must be at least 1, got {self.nproc_per_node}")
+        if self.nnodes < 1:
+            raise ConfigError(f"--nnodes must be at least 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"--node-rank must be in 0..{self.nnodes - 1} for {self.nnodes} nodes, got "
+                              f"{self.node_rank}")
+        check_port("--master-port", self.master_port)
+        check_port("--exporter-port", self.exporter_port, zero_means="to run no exporter")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> LaunchConfig:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        use_cpu = args.cpu or gpus == 0
+        # Kubeflow Trainer's runtimes set PET_NPROC_PER_NODE=auto|gpu|cpu: all mean "the default for this node".
+        if os.environ.get("PET_NPROC_PER_NODE") in ("auto", "gpu", "cpu"):
+            use_cpu = use_cpu or os.environ["PET_NPROC_PER_NODE"] == "cpu"
+            os.environ.pop("PET_NPROC_PER_NODE")
+        nproc = args.nproc_per_node or _env_int("NPROC_PER_NODE", "PET_NPROC_PER_NODE")
+        if nproc is None:
+            nproc = CPU_STAND_IN_RANKS if use_cpu else gpus
+        elif not use_cpu and nproc > gpus:
+            raise ConfigError(f"--nproc-per-node {nproc} but only {gpus} GPU(s) are visible; one rank per GPU "
+                              "(check CUDA_VISIBLE_DEVICES) or pass --cpu")
+        nnodes = args.nnodes or _env_int("NNODES", "PET_NNODES") or 1
+        node_rank = args.node_rank if args.node_rank is not None else _env_int(
+            "NODE_RANK", "PET_NODE_RANK", "JOB_COMPLETION_INDEX") or 0
+        master_port = args.master_port or _env_int("MASTER_PORT", "PET_MASTER_PORT")
+        if master_port is None:
+            master_port = DEFAULT_MASTER_PORT if nnodes > 1 else _free_port()
+        return cls(
+            nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank,
+            master_addr=args.master_addr or _env_str("MASTER_ADDR", "PET_MASTER_ADDR") or "127.0.0.1",
+            master_port=master_port, use_cpu=use_cpu,
+            exporter_port=args.exporter_port, exporter_host=args.exporter_host,
+            rendezvous_timeout=args.rendezvous_timeout,
+        )
+
+
+def _free_port() -> int:
+    """A single-node job needs no fixed port; a free one lets several jobs share a host."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    train_config.add_arguments(parser)
+    group = parser.add_argument_group("launch (flags win over torchrun/Kubernetes environment variables)")
+    group.add_argument("--nproc-per-node", type=int, help="ranks on this node (default: one per GPU, 2 on CPU)")
+    group.add_argument("--nnodes", type=int, help="nodes in the job (env NNODES; default 1)")
+    group.add_argument("--node-rank", type=int, help="this node's rank (env NODE_RANK or JOB_COMPLETION_INDEX)")
+    group.add_argument("--master-addr", help="rendezvous host: node 0's address (env MASTER_ADDR)")
+    group.add_argument("--master-port", type=int, help=f"rendezvous port (env MASTER_PORT; default: "
+                       f"{DEFAULT_MASTER_PORT} multi-node, a free port single-node)")
+    group.add_argument("--rendezvous-timeout", type=float, default=600.0,
+                       help="seconds to wait for the rendezvous host's name to resolve (default: 600)")
+    group.add_argument("--cpu", action="store_true", help="run CPU ranks over gloo even if GPUs are present")
+    group.add_argument("--exporter-port", type=int, default=DEFAULT_EXPORTER_PORT,
+                       help=f"metrics exporter port (default: {DEFAULT_EXPORTER_PORT}; 0 turns it off)")
+    group.add_argument("--exporter-host", default=DEFAULT_EXPORTER_HOST,
+                       help=f"address the exporter binds (default: {DEFAULT_EXPORTER_HOST}; 0.0.0.0 in containers)")
+    group.add_argument("--skip-doctor", action="store_true",
+                       help="start even if a preflight check FAILs (trainstack doctor shows them)")
+    group.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
+                       help=f"write {SHOWN.report} when the ranks exit (default: on)")
+    group.add_argument("--wait-for-lease", type=float, default=0.0, metavar="SECONDS",
+                       help="when another launcher holds the run directory, wait this long for it to finish "
+                       "instead of exiting 2 (default: 0)")
+    group.add_argument("--lease-timeout", type=float, metavar="SECONDS",
+                       help=f"a holder on another host whose heartbeat is older than this is taken over (env "
+                       f"{LEASE_TIMEOUT_ENV}; default: {DEFAULT_TIMEOUT_SECONDS:g})")

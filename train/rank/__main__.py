@@ -1,0 +1,25 @@
+"""`python -m trainstack.train.rank`: one rank. Accelerate (or torchrun) starts one of these per device."""
+
+import argparse
+import sys
+
+from trainstack.errors import EXIT_CONFIG, ConfigError
+from trainstack.train.rank.config import add_arguments, from_sources
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainstack.train.rank", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        config = from_sources(args)
+    except ConfigError as error:
+        print(f"trainstack rank: error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    from trainstack.train.rank.trainer import Trainer  # after validation: a config typo answers before torch loads
+
+    return Trainer(config).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The Trainer's checkpoints: every rank saves, the main process seals, publishes and rotates; resume restores.
+
+train/rank/checkpoint.py holds the file-level steps (seal, publish, rotate, verify, resolve); this module runs them
+across the ranks with Accelerate's save_state/load_state, in the order that keeps a checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import time
+
+from accelerate import Accelerator
+
+from trainstack.rundir import RunDir
+from trainstack.train.rank import checkpoint
+from trainstack.train.rank.progress import Progress
+from trainstack.train.rank.segments import SEGMENTS_KEY, RunRecord
+
+
+class Checkpointer:
+    def __init__(self, accelerator: Accelerator, run_dir: RunDir, strategy: str, keep: int):
+        self.accelerator = accelerator
+        self.run_dir = run_dir
+        self.root = run_dir.checkpoints
+        self.strategy = strategy
+        self.keep = keep
+
+    def resume(self, resume: str, progress: Progress) -> list[dict]:
+        """Restores the state and `progress` from the checkpoint `resume` names (config.resume), if any; returns
+        the segments that checkpoint carries."""
+        accelerator = self.accelerator
+        # The main process goes first: it clears unsealed leftovers and sets damaged checkpoints aside, then the
+        # other ranks resolve the same checkpoint from the tidied folder.
+        with accelerator.main_process_first():
+            if resume == "auto" and accelerator.is_main_process:
+                checkpoint.remove_unsealed(self.root)
+            folder = checkpoint.resolve_resume(resume, self.root, accelerator.print)
+        if folder is None:
+            return []
+        state = checkpoint.read_train_state(folder)
+        checkpoint.require_strategy(folder, state, self.strategy)
+        accelerator.load_state(str(folder))  # FSDP: each rank reads the shards it now owns, at any world size
+        p = progress
+        p.step, p.epoch = state["step"], state["epoch"]
+        p.batch_in_epoch = checkpoint.batches_per_rank(state, accelerator.num_processes)
+        p.initial_loss, p.last_loss = state["initial_loss"], state["last_loss"]
+        p.samples, p.tokens = state["samples"], state["tokens"]
+        p.resumed_from = str(folder)
+        accelerator.print(f"resumed from {folder} at step {p.step}")
+        return state.get(SEGMENTS_KEY, [])
+
+    def save(self, progress: Progress, record: RunRecord) -> float | None:
+        """Every rank writes its part into a temporary folder; the main process seals and publishes it. Returns
+        the seconds it took, or None when this step is already saved (resumed here and stopped again)."""
+        accelerator, p = self.accelerator, progress
+        final = self.run_dir.checkpoint(p.step)
+        if final.exists():
+            return None
+        started = time.time()
+        temporary = self.run_dir.unsealed_checkpoint(p.step)
+        if accelerator.is_main_process:
+            checkpoint.remove_unsealed(self.root)
+            temporary.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(temporary))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            checkpoint.seal(temporary, {**p.state(), "world_size": accelerator.num_processes,
+                                        "strategy": self.strategy, SEGMENTS_KEY: record.segments(p)})
+            checkpoint.publish(temporary, final)
+            checkpoint.rotate(self.root, self.keep)
+        accelerator.wait_for_everyone()
+        return time.time() - started

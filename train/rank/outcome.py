@@ -1,0 +1,84 @@
+"""How a rank's run ends: its exit code, one line on a failure, and summary.json (written by the main process).
+
+A failure's exit code is decided where the failure is recognised (`explain_runtime_error` returns it with the
+message), never read back from the message's wording.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
+from trainstack.rundir import METRICS_DIR_ENV
+from trainstack.train.rank.config import TrainConfig
+from trainstack.train.rank.segments import SEGMENTS_KEY
+from trainstack.train.rank.telemetry import progress_by_rank
+
+EXIT_CODES = {"completed": EXIT_OK, "preempted": EXIT_PREEMPTED}  # the loop's exit reasons
+
+
+@dataclass(frozen=True)
+class Failure:
+    message: str  # one line: what went wrong and what to do about it
+    exit_code: int  # EXIT_CONFIG when changing the input fixes it, EXIT_FAILED otherwise
+
+
+def explain_runtime_error(error: RuntimeError, config: TrainConfig) -> Failure | None:
+    """Turn the distributed failures users meet into what to do about them; None means a genuine bug."""
+    text = str(error)
+    if "find_unused_parameters" in text or "did not receive grad" in text:
+        return Failure("some model parameters received no gradient in this step, which DDP cannot reduce; set "
+                       "find_unused_parameters = true (--find-unused-parameters) or remove the unused parameters "
+                       "from the model", EXIT_CONFIG)
+    lowered = text.lower()
+    if "timed out" in lowered or "timeout" in lowered or "connection closed by peer" in lowered:
+        me = str(int(os.environ.get("RANK", "0")))
+        # This rank timed out waiting, so it is not the one that stopped: of the others, the one with the
+        # fewest completed steps, then forward passes, then the oldest last step.
+        peers = {r: p for r, p in progress_by_rank(os.environ.get(METRICS_DIR_ENV)).items() if r != me}
+        culprit = ""
+        if peers:
+            rank, (steps, forwards, last) = min(peers.items(), key=lambda item: item[1])
+            culprit = (f"; rank {rank} stopped first (last step {int(steps)}, {time.time() - last:.0f} s ago): "
+                       "it is hung or died, see its log")
+        return Failure(f"a collective waited longer than --collective-timeout {config.collective_timeout:g} s for "
+                       f"a peer rank{culprit}", EXIT_FAILED)
+    return None
+
+
+def print_failure(rank: int, failure: Failure) -> None:
+    print(f"trainstack rank {rank}: error: {failure.message}", file=sys.stderr, flush=True)
+
+
+def summary(accelerator, config: TrainConfig, progress, *, run_id: str, started: float,
+            throughput: dict[str, float], compile_watch, segments: list[dict], exit_reason: str, exit_code: int,
+            eval_loss: float | None, error: str | None) -> dict:
+    """summary.json's fields (docs/training.md, Exit codes)."""
+    p = progress
+    return {
+        "run_id": run_id,
+        "world_size": accelerator.num_processes,
+        "distributed_type": str(accelerator.distributed_type).split(".")[-1],
+        "device": str(accelerator.device.type),
+        "mixed_precision": config.mixed_precision,
+        "model": config.model,
+        "dataset": config.dataset,
+        "steps": p.step,
+        "epochs": p.epoch + (p.batch_in_epoch > 0),
+        "initial_loss": p.initial_loss,
+        "final_loss": p.last_loss,
+        "eval_loss": eval_loss,
+        "samples_per_second": throughput.get("samples_per_second"),  # over all segments
+        "tokens_per_second": throughput.get("tokens_per_second"),
+        "compile_seconds": compile_watch.seconds,
+        "recompiles": compile_watch.recompiles,
+        "wall_seconds": time.time() - started,
+        "resumed_from": p.resumed_from,
+        "exit_reason": exit_reason,
+        "exit_code": exit_code,
+        "error": error,
+        SEGMENTS_KEY: segments,
+    }

@@ -1,0 +1,357 @@
+"""Per-rank telemetry: prometheus_client multiprocess files for the exporter, JSON lines for the run report.
+
+Nothing here talks to another rank or waits on one: each rank writes its own memory-mapped files (a few
+microseconds per step) and appends one JSON line per log interval. The loss it publishes is the cross-rank mean
+that the training loop already reduced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from trainstack import catalog
+from trainstack.rundir import METRICS_DIR_ENV, SEGMENT_MARKER, RunDir
+from trainstack.train.rank.timeline import DeviceTimeline, IntervalSpans
+
+if TYPE_CHECKING:  # imported for real only once the multiprocess directory is set (catalog.rank_metric)
+    from prometheus_client import Counter, Gauge, Histogram
+
+# training_state_bytes keys (also its record keys) -> the gauge each is exported as.
+STATE_BYTES = {"param_bytes": catalog.TRAIN_PARAM_BYTES, "grad_bytes": catalog.TRAIN_GRAD_BYTES,
+               "optimizer_state_bytes": catalog.TRAIN_OPTIMIZER_STATE_BYTES}
+
+# Dense peak FLOP/s by (device name fragment, precision). "no" is fp32 on the CUDA cores (TF32 off); "tf32" is fp32
+# matmuls on the tensor cores, what precision "no" runs at with --tf32 (GPUs without TF32 have no entry).
+PEAK_FLOPS = {
+    "H200": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "no": 66.9e12},
+    "H100 SXM": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "no": 66.9e12},
+    "H100 PCIe": {"bf16": 756.5e12, "fp16": 756.5e12, "tf32": 378e12, "no": 51.2e12},
+    "H100": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "no": 66.9e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "no": 19.5e12},
+    "L40S": {"bf16": 362.05e12, "fp16": 362.05e12, "tf32": 183e12, "no": 91.6e12},
+    "L4": {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "no": 30.3e12},
+    "A10": {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "no": 31.2e12},
+    "V100": {"fp16": 125e12, "no": 15.7e12},
+    "T4": {"fp16": 65e12, "no": 8.1e12},
+}
+
+
+def peak_flops(device: torch.device, precision: str, tf32: bool = False) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for fragment, peaks in PEAK_FLOPS.items():
+        if fragment in name:
+            return peaks.get("tf32" if precision == "no" and tf32 and "tf32" in peaks else precision)
+    return None
+
+
+def device_uuid(device: torch.device) -> str:
+    if device.type != "cuda":
+        return ""
+    return f"GPU-{torch.cuda.get_device_properties(device).uuid}"  # NVML's spelling, so the two join
+
+
+@dataclass
+class RankIdentity:
+    rank: int
+    local_rank: int
+    node: str
+    uuid: str
+    run_id: str
+    world_size: int
+    nodes: int
+    mixed_precision: str
+    model: str
+    dataset: str
+    strategy: str = "ddp"
+
+
+@dataclass(frozen=True)
+class RankMetrics:
+    """A rank's series in its multiprocess files, built from the catalog (trainstack/catalog.py)."""
+
+    steps: Counter
+    samples: Counter
+    tokens: Counter
+    forward_passes: Counter
+    forward_seconds: Counter
+    data_wait: Counter
+    host_data_wait: Counter
+    step_duration: Histogram
+    loss: Gauge
+    learning_rate: Gauge
+    last_step: Gauge
+    epoch: Gauge
+    last_checkpoint: Gauge
+    checkpoint_duration: Gauge
+    compile_seconds: Counter
+    recompiles: Counter
+    state_bytes: dict[str, Gauge]
+    """training_state_bytes key -> its gauge."""
+    memory_allocated_peak: Gauge | None = None
+    """None off CUDA, as the next one."""
+    memory_reserved_peak: Gauge | None = None
+    mfu: Gauge | None = None
+    """None where the device's peak FLOP/s is unknown."""
+
+    @classmethod
+    def build(cls, identity: RankIdentity, clock: str, on_cuda: bool, knows_peak: bool) -> RankMetrics:
+        rank = str(identity.rank)
+
+        def series(metric: catalog.Metric):
+            return catalog.rank_metric(metric).labels(rank)
+
+        metrics = cls(
+            steps=series(catalog.TRAIN_STEPS), samples=series(catalog.TRAIN_SAMPLES),
+            tokens=series(catalog.TRAIN_TOKENS), forward_passes=series(catalog.TRAIN_FORWARD_PASSES),
+            forward_seconds=series(catalog.TRAIN_FORWARD_SECONDS), data_wait=series(catalog.TRAIN_DATA_WAIT),
+            host_data_wait=series(catalog.TRAIN_HOST_DATA_WAIT), step_duration=series(catalog.TRAIN_STEP_DURATION),
+            loss=series(catalog.TRAIN_LOSS), learning_rate=series(catalog.TRAIN_LEARNING_RATE),
+            last_step=series(catalog.TRAIN_LAST_STEP), epoch=series(catalog.TRAIN_EPOCH),
+            last_checkpoint=series(catalog.TRAIN_LAST_CHECKPOINT),
+            checkpoint_duration=series(catalog.TRAIN_CHECKPOINT_DURATION),
+            compile_seconds=series(catalog.TRAIN_COMPILE_SECONDS), recompiles=series(catalog.TRAIN_RECOMPILES),
+            memory_allocated_peak=series(catalog.TRAIN_MEMORY_ALLOCATED_PEAK) if on_cuda else None,
+            memory_reserved_peak=series(catalog.TRAIN_MEMORY_RESERVED_PEAK) if on_cuda else None,
+            mfu=series(catalog.TRAIN_MFU) if knows_peak else None,
+            state_bytes={key: series(metric) for key, metric in STATE_BYTES.items()},
+        )
+        catalog.rank_metric(catalog.TRAIN_RANK_INFO).labels(
+            rank=rank, local_rank=str(identity.local_rank), node=identity.node, uuid=identity.uuid).set(1)
+        catalog.rank_metric(catalog.TRAIN_RUN_INFO).labels(
+            rank=rank, run_id=identity.run_id, world_size=str(identity.world_size), nodes=str(identity.nodes),
+            mixed_precision=identity.mixed_precision, model=identity.model, dataset=identity.dataset, clock=clock,
+            strategy=identity.strategy).set(1)
+        return metrics
+
+
+@dataclass(frozen=True)
+class IntervalCut:
+    """A log interval's counts, taken between its last step and the next one."""
+
+    ended: float  # host clock (time.time()) at the cut
+    samples: int
+    step_seconds: list[float]  # on the host's clock; on a GPU they come from device_spans
+    data_wait: float  # likewise
+    host_data_wait: float
+    device_spans: IntervalSpans | None  # the interval's marks on the GPU's timeline
+
+
+class Telemetry:
+    def __init__(self, run_dir: Path, identity: RankIdentity, flops_per_token: float, peak: float | None,
+                 device: torch.device):
+        self.rank = str(identity.rank)
+        self.flops_per_token = flops_per_token
+        self.peak = peak
+        self.device = device
+        # Where step, forward and data-wait times are measured: on a GPU its own timeline (train/rank/timeline.py),
+        # since the host's clock there says when work was queued, not when it ran.
+        self._timeline = DeviceTimeline(partial(torch.cuda.Event, enable_timing=True)) \
+            if device.type == "cuda" else None
+        self.clock = "gpu" if self._timeline else "host"
+        self._metrics = RankMetrics.build(identity, self.clock, device.type == "cuda", bool(peak)) \
+            if os.environ.get(METRICS_DIR_ENV) else None
+        records = RunDir(run_dir).rank_records(identity.rank)
+        records.parent.mkdir(parents=True, exist_ok=True)
+        self._records = open_records(records, identity)
+        self._interval_start = time.time()
+        self._last_step_end = time.perf_counter()
+        self._step_seconds: list[float] = []
+        self._data_wait = 0.0
+        self._host_data_wait = 0.0
+        self._wait_start = 0.0
+        self._samples = 0
+        self._forward_start = 0.0
+        self._state_bytes: dict[str, int] = {}
+
+    def forward_started(self) -> None:
+        """Forward time tells a straggler apart: in DDP every rank's step lasts as long as the slowest one's,
+        because the others wait in backward's all-reduce, but only the straggler's forward is slow."""
+        if self._timeline:
+            self._timeline.forward_started()
+        else:
+            self._forward_start = time.perf_counter()
+
+    def forward_done(self) -> None:
+        if self._metrics:
+            self._metrics.forward_passes.inc()
+        if self._timeline:
+            self._timeline.forward_done()
+        elif self._metrics:
+            self._metrics.forward_seconds.inc(time.perf_counter() - self._forward_start)
+
+    def data_wait_started(self) -> None:
+        """The loop is about to ask the loader for the next batch."""
+        self._wait_start = time.perf_counter()
+        if self._timeline:
+            self._timeline.data_wait_started()
+
+    def data_ready(self) -> None:
+        """The loader answered (a batch, now on the device, or the end of the epoch)."""
+        seconds = time.perf_counter() - self._wait_start
+        self._host_data_wait += seconds
+        if self._metrics:
+            self._metrics.host_data_wait.inc(seconds)
+        if self._timeline:
+            self._timeline.data_ready()
+            return
+        self._data_wait += seconds
+        if self._metrics:
+            self._metrics.data_wait.inc(seconds)
+
+    def step_done(self, samples: int) -> None:
+        self._count_step(samples)
+        if self._timeline:
+            self._timeline.step_done()
+            return
+        now = time.perf_counter()
+        duration = now - self._last_step_end
+        self._last_step_end = now
+        self._step_seconds.append(duration)
+        if self._metrics:
+            self._metrics.step_duration.observe(duration)
+
+    def step_compiled(self, samples: int, seconds: float, recompiles: int) -> None:
+        """A step that compiled counts as a step, but its time is compile time, not a step time."""
+        self._count_step(samples)
+        self.resync_clock()
+        if self._metrics:
+            self._metrics.compile_seconds.inc(seconds)
+            self._metrics.recompiles.inc(recompiles)
+
+    def _count_step(self, samples: int) -> None:
+        self._samples += samples
+        if self._metrics:
+            self._metrics.steps.inc()
+            self._metrics.samples.inc(samples)
+            self._metrics.last_step.set(time.time())
+
+    def resync_clock(self) -> None:
+        """After a checkpoint or evaluation: that pause is not a step, so it must not count as one."""
+        self._last_step_end = time.perf_counter()
+        if self._timeline:
+            self._timeline.restart_step_clock()
+
+    def interval_ended(self) -> IntervalCut:
+        """Closes the interval's counts between two steps; `interval_done` records them once its loss is known."""
+        cut = IntervalCut(ended=time.time(), samples=self._samples, step_seconds=self._step_seconds,
+                          data_wait=self._data_wait, host_data_wait=self._host_data_wait,
+                          device_spans=self._timeline.cut() if self._timeline else None)
+        self._samples, self._step_seconds, self._data_wait, self._host_data_wait = 0, [], 0.0, 0.0
+        return cut
+
+    def interval_done(self, cut: IntervalCut, step: int, epoch: int, loss: float, lr: float, tokens: int) -> float:
+        """Records the interval; returns its data-wait share of step time (for the progress bar)."""
+        step_seconds, data_wait, ended = cut.step_seconds, cut.data_wait, cut.ended
+        if cut.device_spans:
+            times = cut.device_spans.times()
+            # The device has just run the interval's last step: on a GPU the host's clock at the cut said only
+            # when that step was queued.
+            ended = time.time()
+            step_seconds, data_wait = times.step_seconds, times.data_wait_seconds
+            if self._metrics:
+                self._metrics.data_wait.inc(data_wait)
+                self._metrics.forward_seconds.inc(times.forward_seconds)
+                for duration in step_seconds:
+                    self._metrics.step_duration.observe(duration)
+        interval = max(ended - self._interval_start, 1e-9)
+        self._interval_start = ended
+        stepped = sum(step_seconds) or interval
+        record = {
+            "time": ended, "rank": int(self.rank), "step": step, "epoch": epoch, "loss": loss, "lr": lr,
+            "samples": cut.samples, "tokens": tokens, "interval_seconds": interval,
+            "data_wait_seconds": data_wait, "step_seconds": step_seconds,
+            "host_data_wait_seconds": cut.host_data_wait, "clock": self.clock, **self._state_bytes,
+        }
+        self._records.write(json.dumps(record) + "\n")
+        if self._metrics:
+            m = self._metrics
+            m.tokens.inc(tokens)
+            m.loss.set(loss)
+            m.learning_rate.set(lr)
+            m.epoch.set(epoch)
+            if m.memory_allocated_peak is not None:
+                m.memory_allocated_peak.set(torch.cuda.max_memory_allocated(self.device))
+                m.memory_reserved_peak.set(torch.cuda.max_memory_reserved(self.device))
+            if m.mfu is not None:
+                # Tokens this rank trained on over the time its steps took (a checkpoint or evaluation pause
+                # in the interval is no step): docs/metrics.md.
+                m.mfu.set(self.flops_per_token * tokens / stepped / self.peak)
+        return min(1.0, data_wait / stepped)
+
+    def state_measured(self, sizes: dict[str, int]) -> None:
+        """The rank's parameter, gradient and optimizer-state bytes (`training_state_bytes`)."""
+        self._state_bytes = sizes
+        if self._metrics:
+            for key, value in sizes.items():
+                self._metrics.state_bytes[key].set(value)
+
+    def checkpoint_done(self, duration: float) -> None:
+        if self._metrics:
+            self._metrics.last_checkpoint.set(time.time())
+            self._metrics.checkpoint_duration.set(duration)
+        self.resync_clock()
+
+    def close(self) -> None:
+        self._records.close()
+
+
+def local_bytes(tensors) -> int:
+    """Bytes of the tensors this rank holds: a sharded parameter (a DTensor) counts its local shard only."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for tensor in tensors:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        total += local.numel() * local.element_size()
+    return total
+
+
+def training_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Measured right after an optimizer step: gradients are not yet freed and the optimizer state exists.
+    model.parameters() lists a tied weight once, as it is stored once."""
+    parameters = list(model.parameters())
+    return {
+        "param_bytes": local_bytes(parameters),
+        "grad_bytes": local_bytes(p.grad for p in parameters if p.grad is not None),
+        "optimizer_state_bytes": local_bytes(value for state in optimizer.state.values() for value in state.values()
+                                             if isinstance(value, torch.Tensor)),
+    }
+
+
+def open_records(path: Path, identity: RankIdentity):
+    """A resumed run appends: its file starts each launch (segment) with a marker line. The marker has no "time"
+    key, so readers of records alone skip it; a record cut off by a kill is ended first, never glued to it."""
+    records = path.open("a", buffering=1)
+    if records.tell():
+        with path.open("rb") as existing:
+            existing.seek(-1, os.SEEK_END)
+            if existing.read(1) != b"\n":
+                records.write("\n")
+    records.write(json.dumps({SEGMENT_MARKER: time.time(), "rank": identity.rank, "run_id": identity.run_id}) + "\n")
+    return records
+
+
+def progress_by_rank(metrics_dir: str | None) -> dict[str, tuple[float, float, float]]:
+    """rank -> (steps, forward passes, last step unix time), from every rank's files on this node: how a rank
+    that timed out in a collective names the peer that stopped, with no collective of its own."""
+    if not metrics_dir or not Path(metrics_dir).is_dir():
+        return {}
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    wanted = {catalog.TRAIN_STEPS.name: 0, catalog.TRAIN_FORWARD_PASSES.name: 1, catalog.TRAIN_LAST_STEP.name: 2}
+    progress: dict[str, list[float]] = {}
+    for family in MultiProcessCollector(None, metrics_dir).collect():
+        for sample in family.samples:
+            if sample.name in wanted:
+                progress.setdefault(sample.labels["rank"], [0.0, 0.0, 0.0])[wanted[sample.name]] = sample.value
+    return {rank: tuple(values) for rank, values in progress.items()}

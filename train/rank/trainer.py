@@ -1,0 +1,357 @@
+"""One rank of a training run: config -> data -> model -> Accelerator.prepare -> loop -> summary.
+
+Every rank runs this same code; Accelerate decides the device and shards the data. The loop's only cross-rank
+traffic besides DDP's gradient all-reduce is one small reduction per log interval, which carries the loss, the
+token count and the stop flag together.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    InitProcessGroupKwargs,
+    broadcast_object_list,
+    set_seed,
+)
+from tqdm import tqdm
+
+from trainstack.errors import EXIT_CONFIG, ConfigError
+from trainstack.rundir import NNODES_ENV, NON_BLOCKING_COPY_ENV, RUN_ID_ENV, RunDir, write_summary
+from trainstack.train.rank import checkpoint, outcome, sharding
+from trainstack.train.rank.checkpointer import Checkpointer
+from trainstack.train.rank.config import TrainConfig, require_device_support
+from trainstack.train.rank.data import collate, load_token_data
+from trainstack.train.rank.evaluation import evaluator
+from trainstack.train.rank.hooks import NoCompileWatch, NoTelemetry, measure_state_once
+from trainstack.train.rank.model import build_model, estimate_flops_per_token
+from trainstack.train.rank.performance import (
+    CompileWatch,
+    bucket_count,
+    compile_in_place,
+    make_optimizer,
+    use_tf32,
+)
+from trainstack.train.rank.progress import Progress
+from trainstack.train.rank.schedule import lr_scheduler
+from trainstack.train.rank.segments import RunRecord
+from trainstack.train.rank.step import IntervalSums, PendingTotals, train_step
+from trainstack.train.rank.telemetry import IntervalCut, RankIdentity, Telemetry, device_uuid, peak_flops
+
+
+class StopRequested:
+    """SIGTERM/SIGINT only set a flag: the ranks agree on it at the next log interval and stop together after
+    the step that follows it (the step queued while the interval's totals were read)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+
+@dataclass(frozen=True)
+class OpenInterval:
+    """A log interval whose totals are on their way to the host."""
+
+    totals: PendingTotals
+    telemetry: IntervalCut | None  # None without telemetry
+    step: int
+    epoch: int
+    lr: float
+
+
+class Trainer:
+    """Its parts, each built once: the accelerator, the checkpointer, telemetry and the compile watch (objects
+    doing nothing while off: `NoTelemetry`, `NoCompileWatch`); the step, the evaluation, the LR schedule and the
+    outcome are functions of their own (train/rank/step.py, evaluation.py, schedule.py, outcome.py)."""
+
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        self.stop = StopRequested()
+        self.run_dir = RunDir(config.run_dir)
+        self.started = time.time()
+        fsdp_plugin = sharding.plugin_for(config)
+        self.accelerator = Accelerator(
+            mixed_precision=config.mixed_precision,
+            dynamo_backend="no",  # --compile compiles the model itself; Accelerate must not compile it again
+            gradient_accumulation_steps=config.grad_accum,
+            step_scheduler_with_optimizer=False,  # the loop steps it once per optimizer step, on every rank
+            dataloader_config=DataLoaderConfiguration(
+                use_seedable_sampler=True,  # the order depends on (seed, epoch) only: resumes replay it exactly
+                even_batches=True,  # every rank gets as many batches as the others: an uneven tail never hangs
+                # A blocking copy of the (pinned) batch to the GPU waits for all the work queued on the stream,
+                # so the host stalls in next() while the GPU still has work; non-blocking, it queues behind it.
+                # On a CPU device the batch is already there and nothing is copied.
+                non_blocking=os.environ.get(NON_BLOCKING_COPY_ENV, "1") != "0",
+            ),
+            kwargs_handlers=[
+                InitProcessGroupKwargs(timeout=timedelta(seconds=config.collective_timeout)),
+                DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters),
+            ],
+            fsdp_plugin=fsdp_plugin,
+        )
+        if fsdp_plugin:
+            sharding.enable_on_cpu_ranks(self.accelerator, fsdp_plugin)
+        # Tied weights (the GPT's head is its embedding) are saved once, without safetensors' warning.
+        self.accelerator.register_save_state_pre_hook(checkpoint.drop_tied_aliases)
+        self.checkpointer = Checkpointer(self.accelerator, self.run_dir, config.strategy,
+                                         config.keep_checkpoints)
+        self.progress = Progress()
+        self.record: RunRecord | None = None
+        self.run_id = os.environ.get(RUN_ID_ENV, "manual")
+        self.telemetry: Telemetry | NoTelemetry = NoTelemetry()
+        self.compile_watch: CompileWatch | NoCompileWatch = NoCompileWatch()
+        self.evaluator = evaluator(compiled=config.compile)
+        self.throughput: dict[str, float] = {}
+        self._open_interval: OpenInterval | None = None
+
+    # ---- building -------------------------------------------------------------------------------------------
+    def build(self) -> None:
+        config, accelerator = self.config, self.accelerator
+        device = accelerator.device
+        require_device_support(config, device.type == "cuda", accelerator.num_processes)
+        if config.mixed_precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ConfigError(f"{torch.cuda.get_device_name(device)} has no bf16; use --mixed-precision fp16")
+        use_tf32(config, device)
+        if config.strategy == "fsdp":
+            sharding.require_fsdp(accelerator)
+        # Every node's launcher names the run; rank 0's name wins, so all ranks label their series alike.
+        self.run_id = broadcast_object_list([os.environ.get(RUN_ID_ENV, "manual")])[0]
+        set_seed(config.seed)
+        with accelerator.main_process_first():  # the main process fills the datasets cache; the others reuse it
+            data = load_token_data(config.dataset, config.text_field, config.seq_len, config.eval_fraction,
+                                   config.seed, config)
+        model = build_model(config, data.vocab_size)
+        if config.sync_batchnorm and accelerator.num_processes > 1:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        self.flops_per_token = estimate_flops_per_token(model, config.seq_len)
+        if config.strategy == "fsdp":
+            sharding.set_units(accelerator, config, model)
+        on_gpu = device.type == "cuda"
+        if config.compile:
+            compile_in_place(model, config)
+            self.compile_watch = CompileWatch(bucket_count(config))
+            # A compiled model meets few shapes: lengths in --bucket-size steps, and no short last batch.
+            padding = partial(collate, pad_to_multiple_of=config.bucket_size, max_width=config.seq_len)
+        else:
+            padding = partial(collate, pad_to_multiple_of=8 if on_gpu else 1)  # tensor cores like multiples of 8
+        loader_options = dict(
+            batch_size=config.batch_size,
+            collate_fn=padding,
+            num_workers=config.num_workers,
+            pin_memory=on_gpu,  # page-locked host memory: the copy to the GPU overlaps compute
+            persistent_workers=config.num_workers > 0,  # no worker start-up cost at each epoch
+        )
+        train_loader = torch.utils.data.DataLoader(data.train, shuffle=True, drop_last=config.compile,
+                                                   **loader_options)
+        eval_loader = torch.utils.data.DataLoader(data.eval, shuffle=False, **loader_options) if len(
+            data.eval) else None
+        optimizer = make_optimizer(model, config, device)
+        batches = len(data.train) // config.batch_size if config.compile else math.ceil(
+            len(data.train) / config.batch_size)
+        if not batches:
+            raise ConfigError(f"--compile drops each epoch's incomplete last batch, and the {len(data.train)} "
+                              f"training samples do not fill one batch of {config.batch_size}; lower --batch-size")
+        self.steps_per_epoch = math.ceil(math.ceil(batches / accelerator.num_processes) / config.grad_accum)
+        self.total_steps = min(s for s in (config.max_steps, config.epochs * self.steps_per_epoch) if s > 0)
+        scheduler = lr_scheduler(optimizer, config, self.total_steps)
+        prepared = accelerator.prepare(model, optimizer, train_loader, scheduler, *([eval_loader] if eval_loader
+                                                                                     else []))
+        self.model, self.optimizer, self.train_loader, self.scheduler = prepared[:4]
+        self.eval_loader = prepared[4] if eval_loader else None
+        if config.telemetry:
+            self.telemetry = self._make_telemetry()
+            measure_state_once(self.model, self.optimizer.optimizer, self.telemetry)
+
+    def _make_telemetry(self) -> Telemetry:
+        accelerator, config = self.accelerator, self.config
+        identity = RankIdentity(
+            rank=accelerator.process_index, local_rank=accelerator.local_process_index, node=socket.gethostname(),
+            uuid=device_uuid(accelerator.device), run_id=self.run_id,
+            world_size=accelerator.num_processes,
+            nodes=int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get(NNODES_ENV, "1")) or 1),
+            mixed_precision=config.mixed_precision, model=config.model, dataset=config.dataset,
+            strategy=config.strategy,
+        )
+        return Telemetry(self.run_dir.path, identity, self.flops_per_token,
+                         peak_flops(accelerator.device, config.mixed_precision, config.tf32), accelerator.device)
+
+    # ---- the loop -------------------------------------------------------------------------------------------
+    def train(self) -> str:
+        config, accelerator, p = self.config, self.accelerator, self.progress
+        bar = tqdm(total=self.total_steps, initial=p.step, disable=not accelerator.is_main_process,
+                   desc="train", unit="step", dynamic_ncols=True)
+        sums = IntervalSums(accelerator.device)
+        if p.step >= self.total_steps:
+            return "completed"
+        self.model.train()
+        self.compile_watch.resync()
+        while config.epochs == 0 or p.epoch < config.epochs:
+            for batch in self._batches_of_epoch():
+                loss = train_step(accelerator, self.model, self.optimizer, batch, config.max_grad_norm,
+                                  self.telemetry)
+                sums.add(loss, batch)
+                p.batch_in_epoch += 1
+                if not accelerator.sync_gradients:
+                    continue
+                self.scheduler.step()
+                p.step += 1
+                samples = batch["input_ids"].shape[0] * config.grad_accum
+                if compiled := self.compile_watch.step_done():
+                    self.telemetry.step_compiled(samples, *compiled)
+                else:
+                    self.telemetry.step_done(samples)
+                # The previous interval's totals, read now that this step is queued behind them.
+                stop = self._log_interval(bar)  # the ranks agreed to stop
+                last = p.step >= self.total_steps
+                if last or stop:
+                    self._log_through_now(sums, bar)
+                    return "completed" if last else "preempted"
+                if p.step % config.log_every == 0 or p.step == 1:
+                    self._end_interval(sums)
+                checkpoint_due = config.checkpoint_every and p.step % config.checkpoint_every == 0
+                eval_due = config.eval_every and p.step % config.eval_every == 0
+                if checkpoint_due or eval_due:
+                    if self._log_through_now(sums, bar):  # both need the progress up to now
+                        return "preempted"
+                    if checkpoint_due:
+                        self.save()
+                    if eval_due:
+                        self.evaluate()
+            p.epoch += 1
+            p.batch_in_epoch = 0
+        self._log_through_now(sums, bar)
+        return "completed"
+
+    def _batches_of_epoch(self):
+        """This epoch's batches from where the run stands in it; telemetry times each wait for the loader."""
+        self.train_loader.set_epoch(self.progress.epoch)  # a different shuffle each epoch, the same on every rank
+        loader = self.train_loader
+        if self.progress.batch_in_epoch:
+            loader = self.accelerator.skip_first_batches(self.train_loader, self.progress.batch_in_epoch)
+        batches = iter(loader)
+        while True:
+            self.telemetry.data_wait_started()
+            batch = next(batches, None)
+            self.telemetry.data_ready()
+            if batch is None:
+                return
+            yield batch
+
+    def _end_interval(self, sums: IntervalSums) -> None:
+        """Queues the interval's one all-reduce and returns at once; `_log_interval` reads it, normally after the
+        next step is queued (train/rank/step.py says why)."""
+        p = self.progress
+        self._open_interval = OpenInterval(sums.start_reduce(self.accelerator, self.stop.requested),
+                                           self.telemetry.interval_ended(), p.step, p.epoch,
+                                           self.scheduler.get_last_lr()[0])
+
+    def _log_interval(self, bar) -> bool:
+        """The open interval's totals into the progress, telemetry and the bar; True when the ranks agreed to
+        stop. Nothing open: False."""
+        interval, self._open_interval = self._open_interval, None
+        if interval is None:
+            return False
+        accelerator, p = self.accelerator, self.progress
+        totals = interval.totals.result()
+        p.last_loss = totals.loss
+        if p.initial_loss is None:
+            p.initial_loss = totals.loss
+        p.tokens += totals.tokens
+        p.samples += self.config.batch_size * totals.micro_batches * accelerator.num_processes
+        postfix = dict(loss=f"{totals.loss:.4f}", lr=f"{interval.lr:.2e}", epoch=interval.epoch)
+        share = self.telemetry.interval_done(interval.telemetry, interval.step, interval.epoch, totals.loss,
+                                             interval.lr, totals.local_tokens)
+        if share is not None:
+            # Named for what it measures: a GPU starved of batches, or a CPU rank blocked in the loader.
+            postfix["gpu_starved" if self.telemetry.clock == "gpu" else "data_wait"] = f"{share:.0%}"
+        bar.update(interval.step - bar.n)
+        bar.set_postfix(**postfix)
+        return totals.stop
+
+    def _log_through_now(self, sums: IntervalSums, bar) -> bool:
+        """Logs the open interval and the steps since, waiting for the device (a checkpoint, an evaluation or
+        the end of the loop needs the progress up to now); True when the ranks agreed to stop."""
+        stop = self._log_interval(bar)
+        if sums.micro_batches:
+            self._end_interval(sums)
+            stop = self._log_interval(bar) or stop
+        return stop
+
+    def save(self) -> None:
+        if (seconds := self.checkpointer.save(self.progress, self.record)) is None:
+            return
+        self.telemetry.checkpoint_done(seconds)
+        self.compile_watch.resync()
+
+    def evaluate(self) -> float | None:
+        if self.eval_loader is None:
+            return None
+        loss = self.evaluator(self.accelerator, self.model, self.eval_loader)
+        # That pause was neither a step nor compiling.
+        self.telemetry.resync_clock()
+        self.compile_watch.resync()
+        return loss
+
+    # ---- outcome --------------------------------------------------------------------------------------------
+    def write_summary(self, exit_reason: str, exit_code: int, eval_loss: float | None, error: str | None) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        write_summary(self.run_dir.summary, outcome.summary(
+            self.accelerator, self.config, self.progress, run_id=self.run_id, started=self.started,
+            throughput=self.throughput, compile_watch=self.compile_watch,
+            segments=self.record.segments(self.progress, exit_reason) if self.record else [],
+            exit_reason=exit_reason, exit_code=exit_code, eval_loss=eval_loss, error=error))
+
+    def run(self) -> int:
+        try:
+            self.build()
+            restored = self.checkpointer.resume(self.config.resume, self.progress)
+            self.record = RunRecord(self.run_id, self.progress, restored, lambda: self.compile_watch.seconds or 0.0)
+            self.record.loop_begins()
+            exit_reason = self.train()
+            self.record.loop_ends(exit_reason)
+            self.throughput = self.record.throughput(self.progress)
+            self.save()
+            eval_loss = self.evaluate() if exit_reason == "completed" else None
+            if exit_reason == "completed" and eval_loss is not None:
+                self.accelerator.print(f"eval loss {eval_loss:.4f}")
+            code = outcome.EXIT_CODES[exit_reason]
+            self.write_summary(exit_reason, code, eval_loss, None)
+            # Tear down together: a rank that leaves while a peer still has collective work in flight can make
+            # the peer's gloo threads abort at interpreter exit. destroy_process_group() frees NCCL/gloo state.
+            self.accelerator.wait_for_everyone()
+            self.accelerator.end_training()
+            return code
+        except ConfigError as error:
+            return self._fail(outcome.Failure(str(error), EXIT_CONFIG))
+        except RuntimeError as error:
+            failure = outcome.explain_runtime_error(error, self.config)
+            if failure is None:
+                raise
+            return self._fail(failure)
+        finally:
+            self.telemetry.close()
+            self.compile_watch.close()
+
+    def _fail(self, failure: outcome.Failure) -> int:
+        outcome.print_failure(self.accelerator.process_index, failure)
+        try:
+            self.write_summary("failed", failure.exit_code, None, failure.message)
+        except OSError:
+            pass
+        return failure.exit_code
