@@ -32,6 +32,10 @@ class Ratio:
     at_most: float | None = None
     """A share counted when its span ends can exceed the whole in a window that catches more of it: capped."""
 
+    @property
+    def series(self) -> tuple[str, ...]:
+        return self.numerator, self.denominator
+
     def of(self, numerator: float, denominator: float) -> float | None:
         if not denominator > 0:
             return None
@@ -97,6 +101,10 @@ class Throttle:
 
     violation_counter: str
     reasons: tuple[str, ...]
+
+    @property
+    def series(self) -> tuple[str, ...]:
+        return self.violation_counter, catalog.GPU_CLOCK_EVENT_ACTIVE.name
 
     def of(self, violation_rate: float | None, active_reasons: set[str] | None) -> float | None:
         """Diagnose's single reading: the counter's rate, else 1 or 0 from whether a matching reason is active."""

@@ -85,11 +85,11 @@ definitions are trainstack/ratios.py's.""", (
                comment="Mean wall time per optimizer step; absent (not NaN) while a rank makes no step."),
         *quantiles(catalog.RANK_STEP_DURATION_QUANTILE, ""),
         *quantiles(catalog.JOB_STEP_DURATION_QUANTILE, "job, le"),
-        Record(catalog.RANK_DATA_WAIT_RATIO, ratios.DATA_WAIT_SHARE.promql(), comment="""\
+        Record(catalog.RANK_DATA_WAIT_RATIO, ratios.DATA_WAIT_SHARE.promql(), comment=f"""\
 Share of the rank's step time spent blocked on the data loader (a step's wall time includes its wait for
 the batch): the time its accelerator had nothing to do because the next batch was not ready. On a GPU rank
 both are on the GPU's timeline (its starvation, not the host's wait in next(), which a GPU with queued work
-hides: trainstack_train_host_data_wait_seconds_total); docs/metrics.md."""),
+hides: {catalog.TRAIN_HOST_DATA_WAIT.name}); docs/metrics.md."""),
         Record(catalog.JOB_DATA_WAIT_RATIO, f"avg by (job) ({catalog.RANK_DATA_WAIT_RATIO.name})"),
         Record(catalog.RANK_FORWARD_MEAN, ratios.FORWARD_SECONDS.promql(), comment="""\
 Straggler: in DDP every rank's step takes the same wall time (the fast ranks wait for the slow one
@@ -216,7 +216,7 @@ change them.""", (
               "warning", "The exporter on {{ $labels.instance }} cannot read the GPUs its ranks train on",
               "The exporter runs without access to the GPUs (no GPU reservation for its container, "
               "NVIDIA_VISIBLE_DEVICES unset) or without libnvidia-ml, so GPU metrics and XID errors are missing. "
-              "Fix: give the exporter's container the GPUs; trainstack_exporter_nvml_errors_total names the "
+              f"Fix: give the exporter's container the GPUs; {catalog.EXPORTER_NVML_ERRORS.name} names the "
               "failing call.", fires_when="ranks run on GPUs but the exporter cannot read NVML",
               for_="5m"),
         Alert("TrainstackGPUDataStale",
