@@ -1,18 +1,18 @@
 """When a figure counts as a problem, as data: the one place a threshold's number is written.
 
-Each entry is read three ways. The alert rules take their numbers from it (monitoring/prometheus/build_rules.py
-writes monitoring/prometheus/rules/alerts.yml, whose PromQL Prometheus loads as it is), `trainstack diagnose`
-takes its defaults from it (monitoring/diagnose/thresholds.py), and the Grafana panels draw it as their red line
-(monitoring/grafana/build_dashboards.py). The rule file is generated rather than read back because Prometheus
-needs concrete numbers in its expressions, and a number read back out of PromQL is a guess at the expression's
-shape; generating keeps the committed file plain PromQL while the number lives here. tests/test_monitoring_rules.py
-fails while alerts.yml differs from what the table gives.
+Each entry is read by every place that judges a figure. The alert rules take their numbers from it
+(monitoring/prometheus/build_rules.py writes monitoring/prometheus/rules/alerts.yml, whose PromQL Prometheus loads
+as it is), `trainstack diagnose` takes its defaults from it (monitoring/diagnose/thresholds.py), and the Grafana
+panels draw it as their red line (monitoring/grafana/build_dashboards.py), as does the report's data-wait figure.
+The rule file is generated rather than read back because Prometheus needs concrete numbers in its expressions, and a
+number read back out of PromQL is a guess at the expression's shape; generating keeps the committed file plain
+PromQL while the number lives here. tests/test_monitoring_rules.py fails while alerts.yml differs from what the
+table gives.
 
-To change a threshold: edit its value here, run `python monitoring/prometheus/build_rules.py` (rules and the
-threshold table in docs/alerts.md), `python monitoring/grafana/build_dashboards.py` and
-`python scripts/k8s-monitoring.py`, and adjust the alert's unit test in monitoring/prometheus/tests/ if it sits
-near the old number. A new check is one entry here: its alert (build_rules.py) and its verdict
-(monitoring/diagnose/verdicts.py) read it by name.
+To change a threshold: edit its value here and run `make generate` (the rule files, the tables of docs/alerts.md,
+the dashboards, k8s/common/generated); move the alert's unit test in monitoring/prometheus/tests/ if its samples
+sat near the old number. A new check is one entry here, which its alert (build_rules.py) and its verdict
+(monitoring/diagnose/verdicts.py) read by name, and diagnose's Thresholds gains a field by itself.
 """
 
 from __future__ import annotations
