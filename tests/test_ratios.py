@@ -19,7 +19,7 @@ def test_a_share_is_undefined_without_step_time_and_capped_at_the_whole():
 def test_the_recording_rule_divides_the_same_rates_and_caps_the_same_way():
     expr = ratios.DATA_WAIT_SHARE.promql("2m")
     assert expr == ("clamp_max(\n  rate(trainstack_train_data_wait_seconds_total[2m])\n"
-                    "/ (rate(trainstack_train_step_duration_seconds_sum[2m]) > 0),\n  1\n)")
+                    "  / (rate(trainstack_train_step_duration_seconds_sum[2m]) > 0),\n  1\n)")
     assert ratios.MEMORY_USED_SHARE.promql() == (
         "trainstack_gpu_memory_used_bytes\n/ (trainstack_gpu_memory_total_bytes > 0)")
 

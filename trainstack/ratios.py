@@ -11,6 +11,7 @@ metric catalog whose names they divide.
 from __future__ import annotations
 
 import statistics
+import textwrap
 from dataclasses import dataclass
 
 from trainstack import catalog
@@ -47,7 +48,7 @@ class Ratio:
             return f"rate({series}[{window}])" if self.counters else series
 
         ratio = f"{term(self.numerator)}\n/ ({term(self.denominator)} > 0)"
-        return ratio if self.at_most is None else f"clamp_max(\n  {ratio},\n  {self.at_most:g}\n)"
+        return ratio if self.at_most is None else f"clamp_max(\n{textwrap.indent(ratio, '  ')},\n  {self.at_most:g}\n)"
 
 
 STEP_SECONDS = Ratio(

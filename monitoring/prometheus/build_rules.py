@@ -89,7 +89,8 @@ definitions are trainstack/ratios.py's.""", (
 Share of the rank's step time spent blocked on the data loader (a step's wall time includes its wait for
 the batch): the time its accelerator had nothing to do because the next batch was not ready. On a GPU rank
 both are on the GPU's timeline (its starvation, not the host's wait in next(), which a GPU with queued work
-hides: {catalog.TRAIN_HOST_DATA_WAIT.name}); docs/metrics.md."""),
+hides: {catalog.TRAIN_HOST_DATA_WAIT.name}); docs/metrics.md. Capped at 1: a wait is counted when it ends, so a
+window can catch more of it than of its step."""),
         Record(catalog.JOB_DATA_WAIT_RATIO, f"avg by (job) ({catalog.RANK_DATA_WAIT_RATIO.name})"),
         Record(catalog.RANK_FORWARD_MEAN, ratios.FORWARD_SECONDS.promql(), comment="""\
 Straggler: in DDP every rank's step takes the same wall time (the fast ranks wait for the slow one
@@ -279,7 +280,7 @@ def _rule(rule: Record | Alert) -> dict:
 
 
 def _comment(text: str, indent: str) -> str:
-    lines = [wrapped for line in text.splitlines() for wrapped in textwrap.wrap(line, WIDTH - len(indent) - 2)]
+    lines = textwrap.wrap(" ".join(text.split()), WIDTH - len(indent) - 2)
     return "".join(f"{indent}# {line}\n" for line in lines)
 
 
