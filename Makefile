@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock requirements-dev.lock | cksum | cut -d' ' -f1)
 ARGS ?=
 
-.PHONY: setup run test system-deps lint bench doctor help up down logs ps k8s-generate
+.PHONY: setup run test system-deps lint bench doctor help up down logs ps generate k8s-generate
 
 help:
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -51,6 +51,12 @@ logs: ## follow the compose stack's logs
 
 ps: ## the compose stack's services and their health
 	@bash scripts/compose-ps.sh $(ARGS)
+
+generate: setup ## rebuild every generated file from its table: rule files, dashboards, docs tables, k8s/common/generated
+	$(BIN)/python monitoring/prometheus/build_rules.py
+	$(BIN)/python monitoring/grafana/build_dashboards.py
+	$(BIN)/python scripts/metrics-docs.py
+	$(BIN)/python scripts/k8s-monitoring.py
 
 k8s-generate: setup ## regenerate k8s/common/generated from monitoring/ (PrometheusRules, dashboard ConfigMaps)
 	$(BIN)/python scripts/k8s-monitoring.py

@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import REPO, free_port, stop_process
 from tests.standin_ranks import write_rank
 from tests.test_monitoring_promql import PROMETHEUS_SERIES, label_values_metric, metric_names
-from trainstack import catalog
+from trainstack import catalog, ratios
 
 RULE_FILES = sorted((REPO / "monitoring/prometheus/rules").glob("*.yml"))
 RULE_TEST_FILES = sorted((REPO / "monitoring/prometheus/tests").glob("*.yml"))
@@ -144,6 +144,15 @@ def catalog_references(path: Path) -> set[str]:
             and isinstance(getattr(catalog, node.attr, None), catalog.Metric)}
 
 
+def ratio_references(path: Path) -> set[str]:
+    """The metrics a module reads through trainstack/ratios.py's definitions (`ratios.DATA_WAIT_SHARE`...)."""
+    used = [getattr(ratios, node.attr, None) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ratios"]
+    samples = {sample: metric.name for metric in catalog.METRICS for sample in metric.sample_names}
+    return {samples[series] for definition in used if isinstance(definition, (ratios.Ratio, ratios.Throttle))
+            for series in definition.series}
+
+
 def verdict_kinds() -> set[str]:
     tree = ast.parse((DIAGNOSE_DIR / "verdicts.py").read_text())
     return {node.args[0].value for node in ast.walk(tree)
@@ -152,6 +161,7 @@ def verdict_kinds() -> set[str]:
 
 def test_diagnose_reads_what_the_catalog_says():
     read = {getattr(catalog, name).name for path in DIAGNOSE_DIR.glob("*.py") for name in catalog_references(path)}
+    read |= {name for path in DIAGNOSE_DIR.glob("*.py") for name in ratio_references(path)}
     declared = {metric.name for metric in catalog.METRICS
                 if any(reader.startswith("diagnose ") for reader in metric.readers)}
     assert read == declared, (f"read by monitoring/diagnose, no diagnose reader in the catalog: "

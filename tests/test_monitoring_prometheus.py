@@ -41,6 +41,7 @@ from tests.test_monitoring_promql import (
     label_values_metric,
     metric_names,
 )
+from trainstack import thresholds
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS_DIR = ROOT / "monitoring/prometheus"
@@ -106,10 +107,6 @@ def raw_inputs(expr: str) -> set[str]:
         else:
             names.add(name)
     return names
-
-
-def alert_threshold(alertname: str) -> float:
-    return float(re.fullmatch(r"\S+ > ([0-9.]+)", ALERT_EXPRS[alertname].strip()).group(1))
 
 
 def free_port() -> int:
@@ -326,7 +323,7 @@ def test_dashboard_variable_has_values(stack: Stack, name: str, definition: str)
 
 
 def test_slowed_loader_shows_data_wait_above_the_input_bound_threshold(stack: Stack) -> None:
-    threshold = alert_threshold("TrainstackInputBound")
+    threshold = thresholds.INPUT_BOUND.value
     ratio = f'rank:trainstack_train_data_wait:ratio_rate2m{{job="{SLOWED}"}}'
     result = stack.eventually(lambda: stack.query(ratio),
                               lambda r: len(r) == 2 and all(float(s["value"][1]) > threshold for s in r))

@@ -1,23 +1,28 @@
-"""Prometheus config and rules: promtool finds them clean, every alert has unit tests that see it fire and stay
+"""Prometheus config and rules: the committed rule files are what monitoring/prometheus/build_rules.py builds from
+the threshold and ratio tables, promtool finds them clean, every alert has unit tests that see it fire and stay
 quiet, and every alert links a runbook section that exists."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.test_monitoring_promql import FORWARD_METRIC, FORWARD_MISSING, metric_names, undocumented
+from trainstack import thresholds
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS_DIR = ROOT / "monitoring/prometheus"
 RULE_FILES = sorted((PROMETHEUS_DIR / "rules").glob("*.yml"))
 UNIT_TEST_FILES = sorted((PROMETHEUS_DIR / "tests").glob("*.yml"))
 RUNBOOKS = ROOT / "docs/alerts.md"
+BUILD_RULES = PROMETHEUS_DIR / "build_rules.py"
 
 needs_promtool = pytest.mark.skipif(
     shutil.which("promtool") is None,
@@ -31,6 +36,46 @@ def rules() -> list[dict]:
 
 def alert_rules() -> list[dict]:
     return [rule for rule in rules() if "alert" in rule]
+
+
+def load_build_rules():
+    spec = importlib.util.spec_from_file_location("build_rules", BUILD_RULES)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_rule_files_and_alert_docs_are_current() -> None:
+    result = subprocess.run([sys.executable, str(BUILD_RULES), "--check"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_check_catches_a_threshold_edited_in_the_rule_file_instead_of_the_table(tmp_path, monkeypatch, capsys):
+    build_rules = load_build_rules()
+    rules_dir = tmp_path / "monitoring/prometheus/rules"
+    shutil.copytree(PROMETHEUS_DIR / "rules", rules_dir)
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    monkeypatch.setattr(build_rules, "ROOT", tmp_path)
+    monkeypatch.setattr(build_rules, "RULES_DIR", rules_dir)
+    monkeypatch.setattr(build_rules, "DOCS_FILE", tmp_path / "docs/alerts.md")
+    assert build_rules.main(["--check"]) == 0
+    alerts = rules_dir / "alerts.yml"
+    planted = alerts.read_text().replace(f"ratio_rate2m > {thresholds.INPUT_BOUND.promql}\n", "ratio_rate2m > 0.3\n")
+    assert planted != alerts.read_text(), "the input-bound alert no longer reads `ratio_rate2m > <threshold>`"
+    alerts.write_text(planted)
+    assert build_rules.main(["--check"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "monitoring/prometheus/rules/alerts.yml is stale: run python monitoring/prometheus/build_rules.py")
+    assert build_rules.main([]) == 0
+    assert build_rules.main(["--check"]) == 0
+
+
+def test_each_threshold_names_an_alert_that_exists() -> None:
+    """docs/alerts.md links each threshold to its alert: a renamed or removed alert must not leave a dead link."""
+    names = {rule["alert"] for rule in alert_rules()}
+    assert {t.alert for t in thresholds.THRESHOLDS if t.alert} <= names
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:

@@ -58,7 +58,7 @@ def test_the_wheel_installs_one_import_package(wheel):
         names = set(archive.namelist())
     assert tops == {"trainstack"}
     # Every module of the source packages is in it, under its namespaced name, and the NVML fake's host files
-    # (monitoring/grafana/build_dashboards.py is a build script, in no package).
+    # (monitoring/grafana/build_dashboards.py and monitoring/prometheus/build_rules.py are build scripts, no modules).
     for folder, package in (("train", "trainstack/train"), ("monitoring", "trainstack/monitoring"),
                             ("trainstack", "trainstack")):
         for path in (REPO / folder).rglob("*.py"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from trainstack import thresholds
 from trainstack.errors import EXIT_OK, ConfigError
 from trainstack.monitoring.diagnose.sources import PROMETHEUS_WINDOW
 from trainstack.rundir import exporter_url
@@ -28,9 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "shorter for a run younger than that)")
     parser.add_argument("--interval", type=float, default=10.0,
                         help="exporter only: seconds between the two scrapes that give the rates (default 10)")
-    parser.add_argument("--stall-seconds", type=float, default=600.0,
-                        help="no step for this long is a stall (default 600, as the TrainstackTrainingStalled "
-                             "alert)")
+    parser.add_argument("--stall-seconds", type=float, default=thresholds.STALL.value,
+                        help=f"no step for this long is a stall (default {thresholds.STALL.promql}, as the "
+                             f"{thresholds.STALL.alert} alert)")
     parser.add_argument("--json", action="store_true", help="print verdicts and figures as JSON")
 
 

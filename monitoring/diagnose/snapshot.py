@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
-from trainstack import catalog
+from trainstack import catalog, ratios
 from trainstack.monitoring.diagnose.sources import GPU_SAMPLE_AGE, GPU_SAMPLE_INTERVAL, Sample, Source
-
-THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown")
-POWER_REASONS = ("sw_power_cap", "hw_power_brake_slowdown")
 
 
 @dataclass(frozen=True)
@@ -58,14 +54,9 @@ class Snapshot:
     """Exporter instance and cadence ("node0:9450 fast") -> (age of its GPU sample, its sampling interval), s."""
 
     def straggler_ratios(self) -> dict[str, float]:
-        """Each rank's forward time per step over the ranks' median (catalog.RANK_STRAGGLER_RATIO).
-        Forward time, not step time: in DDP the fast ranks wait for the slow one inside the gradient all-reduce,
-        so every rank's step takes the same time. Empty when the ranks do not export forward time."""
-        speeds = {r.rank: r.forward_seconds for r in self.ranks if r.forward_seconds is not None}
-        if len(speeds) < 2 or not statistics.median(speeds.values()) > 0:
-            return {}
-        median = statistics.median(speeds.values())
-        return {rank: speed / median for rank, speed in speeds.items()}
+        """Each rank's forward time per step over the ranks' median (ratios.STRAGGLER). Empty when the ranks do
+        not export forward time."""
+        return ratios.STRAGGLER.of({r.rank: r.forward_seconds for r in self.ranks if r.forward_seconds is not None})
 
 
 def _by(label: str, samples: list[Sample]) -> dict[str, float]:
@@ -76,8 +67,12 @@ def _labels_by_rank(samples: list[Sample]) -> dict[str, dict[str, str]]:
     return {labels["rank"]: labels for labels, _ in samples if "rank" in labels}
 
 
-def _ratio(numerators: dict[str, float], denominators: dict[str, float]) -> dict[str, float]:
-    return {key: value / denominators[key] for key, value in numerators.items() if denominators.get(key)}
+def _ratio_of(source: Source, ratio: ratios.Ratio, label: str) -> dict[str, float]:
+    """The ratio per `label` value, from its counters' rates or its gauges' values, where it is defined."""
+    read = source.rate if ratio.counters else source.instant
+    numerators, denominators = _by(label, read(ratio.numerator)), _by(label, read(ratio.denominator))
+    return {key: value for key, numerator in numerators.items()
+            if (value := ratio.of(numerator, denominators.get(key, 0.0))) is not None}
 
 
 def read_snapshot(source: Source) -> Snapshot:
@@ -100,18 +95,10 @@ def _ranks(source: Source) -> list[RankView]:
     steps = _by("rank", source.instant(catalog.TRAIN_STEPS.name))
     step_rate = _by("rank", source.rate(catalog.TRAIN_STEPS.name))
     samples_rate = _by("rank", source.rate(catalog.TRAIN_SAMPLES.name))
-    step_time_rate = _by("rank", source.rate(catalog.TRAIN_STEP_DURATION.sample("sum")))
-    step_seconds = _ratio(step_time_rate, _by("rank", source.rate(catalog.TRAIN_STEP_DURATION.sample("count"))))
-    # As the recording rule: the share of step time spent waiting for the batch, a ratio of two rates so that a
-    # run younger than the window reads true. A wait is counted when it ends, so a window can catch a little
-    # more of it than of the step: cap at 1.
-    wait = {name: min(1.0, ratio)
-            for name, ratio in _ratio(_by("rank", source.rate(catalog.TRAIN_DATA_WAIT.name)),
-                                      step_time_rate).items()}
-    host_wait = {name: min(1.0, ratio)
-                 for name, ratio in _ratio(_by("rank", source.rate(catalog.TRAIN_HOST_DATA_WAIT.name)),
-                                           step_time_rate).items()}
-    forward = _ratio(_by("rank", source.rate(catalog.TRAIN_FORWARD_SECONDS.name)), step_rate)
+    step_seconds = _ratio_of(source, ratios.STEP_SECONDS, "rank")
+    wait = _ratio_of(source, ratios.DATA_WAIT_SHARE, "rank")
+    host_wait = _ratio_of(source, ratios.HOST_DATA_WAIT_SHARE, "rank")
+    forward = _ratio_of(source, ratios.FORWARD_SECONDS, "rank")
     last = _by("rank", source.instant(catalog.TRAIN_LAST_STEP.name))
     mfu = _by("rank", source.instant(catalog.TRAIN_MFU.name))
     views = []
@@ -137,24 +124,13 @@ def _active_reasons(source: Source) -> dict[str, set[str]]:
     return active
 
 
-def _throttle(rates: dict[str, float], active: dict[str, set[str]], uuid: str, reasons: tuple[str, ...]):
-    """The violation counter's rate; else 1 or 0 from whether a matching reason is active now; else unknown."""
-    if uuid in rates:
-        return rates[uuid]
-    if uuid in active:
-        return float(bool(active[uuid] & set(reasons)))
-    return None
-
-
 def _gpus(source: Source) -> list[GpuView]:
     info = {labels["uuid"]: labels for labels, _ in source.instant(catalog.GPU_INFO.name) if "uuid" in labels}
     utilization = _by("uuid", source.instant(catalog.GPU_UTILIZATION.name))
-    memory = _ratio(_by("uuid", source.instant(catalog.GPU_MEMORY_USED.name)),
-                    _by("uuid", source.instant(catalog.GPU_MEMORY_TOTAL.name)))
-    thermal = _by("uuid", source.rate(catalog.GPU_THERMAL_VIOLATION.name))
-    power = _by("uuid", source.rate(catalog.GPU_POWER_VIOLATION.name))
-    clock = _ratio(_by("uuid", source.instant(catalog.GPU_SM_CLOCK.name)),
-                   _by("uuid", source.instant(catalog.GPU_SM_CLOCK_MAX.name)))
+    memory = _ratio_of(source, ratios.MEMORY_USED_SHARE, "uuid")
+    thermal = _by("uuid", source.rate(ratios.THERMAL_THROTTLE.violation_counter))
+    power = _by("uuid", source.rate(ratios.POWER_THROTTLE.violation_counter))
+    clock = _ratio_of(source, ratios.SM_CLOCK_SHARE, "uuid")
     # GPUs without violation counters: whether a throttle reason holds the clocks down right now.
     active = _active_reasons(source)
     views = []
@@ -162,8 +138,8 @@ def _gpus(source: Source) -> list[GpuView]:
         views.append(GpuView(
             index=labels.get("gpu", "?"), uuid=uuid, name=labels.get("name", ""),
             utilization=utilization.get(uuid), memory_used_ratio=memory.get(uuid),
-            thermal_throttle_ratio=_throttle(thermal, active, uuid, THERMAL_REASONS),
-            power_throttle_ratio=_throttle(power, active, uuid, POWER_REASONS),
+            thermal_throttle_ratio=ratios.THERMAL_THROTTLE.of(thermal.get(uuid), active.get(uuid)),
+            power_throttle_ratio=ratios.POWER_THROTTLE.of(power.get(uuid), active.get(uuid)),
             sm_clock_ratio=clock.get(uuid),
         ))
     return views

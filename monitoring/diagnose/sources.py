@@ -15,14 +15,14 @@ from typing import Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainstack import catalog
+from trainstack import catalog, ratios
 from trainstack.errors import ConfigError, RuntimeFailure
 from trainstack.monitoring.exporter.gpu import COUNTERS
 from trainstack.monitoring.exporter.nvml import SLOW_ATTRIBUTES
 from trainstack.rundir import DEFAULT_EXPORTER_HOST, DEFAULT_EXPORTER_PORT
 
 Sample = tuple[dict[str, str], float]
-PROMETHEUS_WINDOW = "2m"  # the recording rules' window (monitoring/prometheus/rules/recording.yml)
+PROMETHEUS_WINDOW = ratios.WINDOW  # the recording rules' window
 GPU_SAMPLE_AGE = catalog.EXPORTER_GPU_SAMPLE_AGE.name
 GPU_SAMPLE_INTERVAL = catalog.EXPORTER_GPU_SAMPLE_INTERVAL.name
 GPU_SAMPLES = catalog.EXPORTER_GPU_SAMPLES.name

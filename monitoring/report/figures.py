@@ -9,10 +9,9 @@ from dataclasses import dataclass
 
 from matplotlib.figure import Figure
 
+from trainstack import thresholds
 from trainstack.monitoring.report.runfiles import RunFiles, by_segment, data_wait_ratio, on_gpu_clock
 
-# The same threshold as the TrainstackInputBound alert (monitoring/prometheus/rules/alerts.yml).
-INPUT_BOUND_RATIO = 0.2
 GiB = 1 << 30
 
 
@@ -73,7 +72,7 @@ def data_wait(run: RunFiles) -> Figure:
     for rank, records in run.ranks.items():
         axes.plot([r["step"] for r in records], [data_wait_ratio([r]) for r in records],
                   marker=".", label=f"rank {rank}")
-    axes.axhline(INPUT_BOUND_RATIO, color="tab:red", linestyle="--", label="input-bound threshold")
+    axes.axhline(thresholds.INPUT_BOUND.value, color="tab:red", linestyle="--", label="input-bound threshold")
     axes.set_ylim(0, 1)
     _legend(axes, len(run.ranks) + 1)
     return figure

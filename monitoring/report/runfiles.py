@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainstack import ratios
 from trainstack.errors import ConfigError
 from trainstack.rundir import SEGMENT_MARKER, SHOWN, RunDir, Summary, read_summary
 
@@ -28,19 +29,21 @@ class RunFiles:
         return min(times)
 
 
-def data_wait_ratio(records: list[dict]) -> float:
-    """Share of step time the device idled for want of a batch, as the alert's recording rule computes it: on a GPU
-    rank its starvation on the GPU's timeline, on a CPU rank the host's time blocked in the loader."""
-    waited = sum(r["data_wait_seconds"] for r in records)
-    stepped = sum(sum(r["step_seconds"]) for r in records) or sum(r["interval_seconds"] for r in records)
-    return min(1.0, waited / stepped)
+def _step_time(records: list[dict]) -> float:
+    """The records' step time; records of steps too short to time count their interval's wall time."""
+    return sum(sum(r["step_seconds"]) for r in records) or sum(r["interval_seconds"] for r in records)
 
 
-def host_data_wait_ratio(records: list[dict]) -> float:
-    """Share of step time the host spent blocked in the loader; records older than the field only had that."""
+def data_wait_ratio(records: list[dict]) -> float | None:
+    """ratios.DATA_WAIT_SHARE over the records, as the input-bound alert's recording rule computes it over its
+    window: on a GPU rank its starvation on the GPU's timeline, on a CPU rank the host's time blocked in the loader."""
+    return ratios.DATA_WAIT_SHARE.of(sum(r["data_wait_seconds"] for r in records), _step_time(records))
+
+
+def host_data_wait_ratio(records: list[dict]) -> float | None:
+    """ratios.HOST_DATA_WAIT_SHARE over the records; records older than the field only had the host's wait."""
     waited = sum(r.get("host_data_wait_seconds", r["data_wait_seconds"]) for r in records)
-    stepped = sum(sum(r["step_seconds"]) for r in records) or sum(r["interval_seconds"] for r in records)
-    return min(1.0, waited / stepped)
+    return ratios.HOST_DATA_WAIT_SHARE.of(waited, _step_time(records))
 
 
 def on_gpu_clock(records: list[dict]) -> bool:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainstack import catalog
+from trainstack import catalog, ratios
 from trainstack.rundir import METRICS_DIR_ENV, SEGMENT_MARKER, RunDir
 from trainstack.train.rank.timeline import DeviceTimeline, IntervalSpans
 
@@ -249,8 +249,10 @@ class Telemetry:
         self._samples, self._step_seconds, self._data_wait, self._host_data_wait = 0, [], 0.0, 0.0
         return cut
 
-    def interval_done(self, cut: IntervalCut, step: int, epoch: int, loss: float, lr: float, tokens: int) -> float:
-        """Records the interval; returns its data-wait share of step time (for the progress bar)."""
+    def interval_done(self, cut: IntervalCut, step: int, epoch: int, loss: float, lr: float,
+                      tokens: int) -> float | None:
+        """Records the interval; returns its data-wait share of step time (ratios.DATA_WAIT_SHARE, for the progress
+        bar)."""
         step_seconds, data_wait, ended = cut.step_seconds, cut.data_wait, cut.ended
         if cut.device_spans:
             times = cut.device_spans.times()
@@ -286,7 +288,7 @@ class Telemetry:
                 # Tokens this rank trained on over the time its steps took (a checkpoint or evaluation pause
                 # in the interval is no step): docs/metrics.md.
                 m.mfu.set(self.flops_per_token * tokens / stepped / self.peak)
-        return min(1.0, data_wait / stepped)
+        return ratios.DATA_WAIT_SHARE.of(data_wait, stepped)
 
     def state_measured(self, sizes: dict[str, int]) -> None:
         """The rank's parameter, gradient and optimizer-state bytes (`training_state_bytes`)."""

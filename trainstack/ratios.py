@@ -1,0 +1,128 @@
+"""The ratios trainstack judges a run by, each defined once: what is divided by what, and how.
+
+The recording rules take their PromQL from these definitions (monitoring/prometheus/build_rules.py), and every
+other place that computes the same figure applies the same arithmetic through them: `trainstack diagnose` on rates
+it reads from an exporter or Prometheus (monitoring/diagnose/snapshot.py), the report on a run's telemetry records
+(monitoring/report/runfiles.py), and each rank for its progress bar (train/rank/telemetry.py). The rank cannot
+import monitoring code and the rules cannot import Python at all, so the definitions live here, next to the
+metric catalog whose names they divide.
+"""
+
+from __future__ import annotations
+
+import statistics
+import textwrap
+from dataclasses import dataclass
+
+from trainstack import catalog
+
+WINDOW = "2m"
+"""The recording rules' rate() range: a 30s scrape interval still gives four samples per window."""
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """numerator / denominator: of two counters' rates over one window (so that neither a run younger than the
+    window nor a pause dilutes it), or of two gauges. Undefined while the denominator is not positive."""
+
+    numerator: str
+    denominator: str
+    meaning: str
+    counters: bool = True
+    """Both are counters: their rates over the window are divided; else two gauges' current values."""
+    at_most: float | None = None
+    """A share counted when its span ends can exceed the whole in a window that catches more of it: capped."""
+
+    @property
+    def series(self) -> tuple[str, ...]:
+        return self.numerator, self.denominator
+
+    def of(self, numerator: float, denominator: float) -> float | None:
+        if not denominator > 0:
+            return None
+        ratio = numerator / denominator
+        return ratio if self.at_most is None else min(self.at_most, ratio)
+
+    def promql(self, window: str = WINDOW) -> str:
+        def term(series: str) -> str:
+            return f"rate({series}[{window}])" if self.counters else series
+
+        ratio = f"{term(self.numerator)}\n/ ({term(self.denominator)} > 0)"
+        return ratio if self.at_most is None else f"clamp_max(\n{textwrap.indent(ratio, '  ')},\n  {self.at_most:g}\n)"
+
+
+STEP_SECONDS = Ratio(
+    catalog.TRAIN_STEP_DURATION.sample("sum"), catalog.TRAIN_STEP_DURATION.sample("count"),
+    "mean wall time per optimizer step")
+DATA_WAIT_SHARE = Ratio(
+    catalog.TRAIN_DATA_WAIT.name, catalog.TRAIN_STEP_DURATION.sample("sum"),
+    "share of the rank's step time its device sat idle for want of the next batch (a step's time includes its "
+    "wait for the batch); on a GPU rank both on the GPU's timeline", at_most=1.0)
+HOST_DATA_WAIT_SHARE = Ratio(
+    catalog.TRAIN_HOST_DATA_WAIT.name, catalog.TRAIN_STEP_DURATION.sample("sum"),
+    "share of the rank's step time its host spent blocked in the loader's next()", at_most=1.0)
+FORWARD_SECONDS = Ratio(
+    catalog.TRAIN_FORWARD_SECONDS.name, catalog.TRAIN_STEPS.name,
+    "mean forward-pass time per optimizer step: the rank's own speed, before any collective")
+MEMORY_USED_SHARE = Ratio(
+    catalog.GPU_MEMORY_USED.name, catalog.GPU_MEMORY_TOTAL.name, "used over installed device memory",
+    counters=False)
+SM_CLOCK_SHARE = Ratio(
+    catalog.GPU_SM_CLOCK.name, catalog.GPU_SM_CLOCK_MAX.name,
+    "the SM clock over its maximum (the power-throttling alert compares its 5m average)", counters=False)
+
+
+@dataclass(frozen=True)
+class OverMedian:
+    """Each member's value over the median of its group's values; undefined for a group of one or a median of 0."""
+
+    group: str
+    """The label the group shares (PromQL); in Python the values passed in are one group."""
+    meaning: str
+
+    def of(self, values: dict[str, float]) -> dict[str, float]:
+        if len(values) < 2 or not statistics.median(values.values()) > 0:
+            return {}
+        median = statistics.median(values.values())
+        return {key: value / median for key, value in values.items()}
+
+    def promql(self, series: str) -> str:
+        return f"{series}\n/ on ({self.group}) group_left ()\n(quantile by ({self.group}) (0.5, {series}) > 0)"
+
+
+STRAGGLER = OverMedian(
+    "job", "a rank's forward time per step over the median of its job's ranks: in DDP the fast ranks wait for the "
+    "slow one inside the gradient all-reduce, so step time is the same on every rank and cannot name it")
+
+
+@dataclass(frozen=True)
+class Throttle:
+    """Share of time a GPU's clocks were held down for one cause: the rate of NVML's violation counter where the
+    GPU has one, else how often one of the matching clock-event reasons was seen active."""
+
+    violation_counter: str
+    reasons: tuple[str, ...]
+
+    @property
+    def series(self) -> tuple[str, ...]:
+        return self.violation_counter, catalog.GPU_CLOCK_EVENT_ACTIVE.name
+
+    def of(self, violation_rate: float | None, active_reasons: set[str] | None) -> float | None:
+        """Diagnose's single reading: the counter's rate, else 1 or 0 from whether a matching reason is active."""
+        if violation_rate is not None:
+            return violation_rate
+        if active_reasons is not None:
+            return float(bool(active_reasons & set(self.reasons)))
+        return None
+
+    def promql(self, window: str = WINDOW) -> str:
+        active = f'{catalog.GPU_CLOCK_EVENT_ACTIVE.name}{{reason=~"{"|".join(self.reasons)}"}}'
+        return (f"rate({self.violation_counter}[{window}])\n"
+                f"or max without (reason) (avg_over_time(\n  {active}[{window}]))")
+
+
+# hw_slowdown counts as thermal: NVML raises it for overheating, a power brake or over-current, and overheating is
+# the usual one.
+THERMAL_THROTTLE = Throttle(
+    catalog.GPU_THERMAL_VIOLATION.name, ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown"))
+POWER_THROTTLE = Throttle(catalog.GPU_POWER_VIOLATION.name, ("sw_power_cap", "hw_power_brake_slowdown"))

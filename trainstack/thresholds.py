@@ -1,0 +1,83 @@
+"""When a figure counts as a problem, as data: the one place a threshold's number is written.
+
+Each entry is read by every place that judges a figure. The alert rules take their numbers from it
+(monitoring/prometheus/build_rules.py writes monitoring/prometheus/rules/alerts.yml, whose PromQL Prometheus loads
+as it is), `trainstack diagnose` takes its defaults from it (monitoring/diagnose/thresholds.py), and the Grafana
+panels draw it as their red line (monitoring/grafana/build_dashboards.py), as does the report's data-wait figure.
+The rule file is generated rather than read back because Prometheus needs concrete numbers in its expressions, and a
+number read back out of PromQL is a guess at the expression's shape; generating keeps the committed file plain
+PromQL while the number lives here. tests/test_monitoring_rules.py fails while alerts.yml differs from what the
+table gives.
+
+To change a threshold: edit its value here and run `make generate` (the rule files, the tables of docs/alerts.md,
+the dashboards, k8s/common/generated); move the alert's unit test in monitoring/prometheus/tests/ if its samples
+sat near the old number. A new check is one entry here, which its alert (build_rules.py) and its verdict
+(monitoring/diagnose/verdicts.py) read by name, and diagnose's Thresholds gains a field by itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Threshold:
+    name: str
+    """The field of diagnose's Thresholds, and the threshold's name in docs/alerts.md."""
+    value: float
+    unit: str
+    """What the number counts, as docs/alerts.md writes it."""
+    meaning: str
+    """When the figure counts as a problem."""
+    alert: str = ""
+    """The alert whose expression compares against it; empty for a diagnose-only threshold."""
+
+    @property
+    def promql(self) -> str:
+        """The number as an alert expression writes it: 0.2, 600, 3."""
+        return f"{self.value:g}"
+
+    @property
+    def percent(self) -> str:
+        """A share as docs and alert texts write it: 0.2 -> 20%."""
+        return f"{100 * self.value:g}%"
+
+
+INPUT_BOUND = Threshold(
+    "input_bound_ratio", 0.2, "share of step time",
+    "a rank's device waits for the next batch more than this share of its step time", "TrainstackInputBound")
+STRAGGLER = Threshold(
+    "straggler_ratio", 1.2, "× the median",
+    "a rank's forward time per step is more than this over the ranks' median", "TrainstackStragglerRank")
+STRAGGLER_STEP_SHARE = Threshold(
+    "straggler_step_share", 0.05, "share of step time",
+    "the straggler's extra forward time is also over this share of its step time (diagnose reads one window where "
+    "the alert waits 10m: a millisecond of noise in a tiny forward pass must name no one)")
+STALL = Threshold(
+    "stall_seconds", 600.0, "s", "no rank of the job has completed a step for this long",
+    "TrainstackTrainingStalled")
+GPU_IDLE = Threshold(
+    "gpu_idle_ratio", 0.05, "utilization", "a GPU no rank uses is busy under this share of the time",
+    "TrainstackGPUUnused")
+MEMORY_FULL = Threshold(
+    "memory_full_ratio", 0.95, "share of memory", "a GPU's used memory is over this share of its installed memory",
+    "TrainstackGPUMemoryNearlyFull")
+THERMAL_THROTTLE = Threshold(
+    "thermal_throttle_ratio", 0.1, "share of time",
+    "a GPU's clocks are held down by temperature more than this share of the time", "TrainstackGPUThermalThrottling")
+POWER_THROTTLE = Threshold(
+    "power_throttle_ratio", 0.5, "share of time", "a GPU sits at its power cap more than this share of the time...",
+    "TrainstackGPUPowerThrottling")
+POWER_THROTTLE_CLOCK = Threshold(
+    "power_throttle_clock_ratio", 0.8, "share of the maximum clock", "...with its SM clock under this share of its "
+    "maximum", "TrainstackGPUPowerThrottling")
+LOW_MFU = Threshold(
+    "low_mfu_ratio", 0.2, "share of peak FLOP/s",
+    "the ranks' mean MFU is under this (well-tuned transformer training reaches 0.35-0.55 of dense peak; under 0.2 "
+    "leaves most of the GPU unused)")
+GPU_SAMPLE_STALE = Threshold(
+    "gpu_sample_stale_intervals", 3.0, "sampling intervals",
+    "the exporter's newest GPU sample is older than this many of its sampling intervals", "TrainstackGPUDataStale")
+
+THRESHOLDS: tuple[Threshold, ...] = tuple(value for value in dict(globals()).values()
+                                          if isinstance(value, Threshold))
