@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from tests.test_monitoring_promql import (
     label_values_metric,
     metric_names,
 )
+from trainstack.rundir import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS_DIR = ROOT / "monitoring/prometheus"
@@ -110,12 +110,6 @@ def raw_inputs(expr: str) -> set[str]:
 
 def alert_threshold(alertname: str) -> float:
     return float(re.fullmatch(r"\S+ > ([0-9.]+)", ALERT_EXPRS[alertname].strip()).group(1))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http_get(url: str) -> str:
