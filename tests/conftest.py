@@ -1,4 +1,5 @@
-"""Shared test helpers: run `trainstack` for real, as a user would, in subprocesses on the CPU."""
+"""Shared test helpers: run `trainstack` for real, as a user would, in subprocesses on the CPU; and the guard that
+keeps those out of the fast tier unless marked `slow`."""
 
 from __future__ import annotations
 
@@ -36,17 +37,15 @@ def process_starts_refused(item: pytest.Item) -> Iterator[None]:
     if item.get_closest_marker("slow"):
         yield
         return
-    refused: list[str] = []
+    refused = []
 
-    def refuse(name: str):
-        def start(*args, **kwargs):
-            refused.append(name)
-            pytest.fail(UNMARKED_PROCESS, pytrace=False)
-        return start
+    def refuse(*args, **kwargs):
+        refused.append(args)
+        pytest.fail(UNMARKED_PROCESS, pytrace=False)
 
     with pytest.MonkeyPatch.context() as patch:
         for owner, name in PROCESS_STARTS:
-            patch.setattr(owner, name, refuse(name))
+            patch.setattr(owner, name, refuse)
         yield
     # Code under test may start its process in a thread, where the raise above ends only that thread.
     if refused:
