@@ -1,4 +1,5 @@
-# trainstack: `make run` trains (any machine), `make test` runs the suite, `make up` brings up the GPU stack.
+# trainstack: `make run` trains (any machine), `make test` runs the suite (`make check` its fast tier), `make up` brings
+# up the GPU stack.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -6,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock requirements-dev.lock | cksum | cut -d' ' -f1)
 ARGS ?=
 
-.PHONY: setup run test system-deps lint bench doctor help up down logs ps generate k8s-generate
+.PHONY: setup run test check system-deps lint bench doctor help up down logs ps generate k8s-generate
 
 help:
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -24,6 +25,9 @@ run: setup ## train the default model on every GPU (2 CPU ranks without one); AR
 
 test: setup ## the whole test suite (no GPU needed)
 	$(BIN)/python -m pytest $(ARGS)
+
+check: setup ## the fast tier for the inner loop: every test that starts no process (-m "not slow"), under 2 minutes
+	$(BIN)/python -m pytest -m "not slow" $(ARGS)
 
 system-deps: ## Debian packages the tests use for real (prometheus/promtool, docker, debootstrap, chromium); needs root
 	@bash scripts/system-deps.sh

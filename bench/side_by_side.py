@@ -6,15 +6,8 @@ after the other, the same command's speed drifted by 0.8x-1.7x here.)"""
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import sys
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def cpu_halves() -> tuple[set[int], set[int]]:

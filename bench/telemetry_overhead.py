@@ -32,9 +32,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from side_by_side import free_port, halves_for_pair, pinned, report
+from side_by_side import halves_for_pair, pinned, report
 
-from trainstack.rundir import NON_BLOCKING_COPY_ENV, RunDir, read_summary
+from trainstack.rundir import NON_BLOCKING_COPY_ENV, RunDir, free_port, read_summary
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}

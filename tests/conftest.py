@@ -1,17 +1,21 @@
-"""Shared test helpers: run `trainstack` for real, as a user would, in subprocesses on the CPU."""
+"""Shared test helpers: run `trainstack` for real, as a user would, in subprocesses on the CPU; and the guard that
+keeps those out of the fast tier unless marked `slow`."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing.process
 import os
-import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+pytest_plugins = ["pytester"]  # tests/test_process_guard.py runs a planted test file through the guard below
 # Nothing in the suite may reach the network; datasets and the hub are told so before anything imports them.
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -21,10 +25,50 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 FAST = ["--batch-size", "8", "--num-workers", "1", "--log-every", "5", "--exporter-port", "0", "--no-report"]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+# The fast tier (`make check`: -m "not slow") is every test that starts no process, so a test that starts one
+# must say so: without the `slow` mark, every way of starting a process fails the test. Threads stay allowed.
+PROCESS_STARTS = [(subprocess.Popen, "_execute_child"), (multiprocessing.process.BaseProcess, "start"),
+                  (os, "fork"), (os, "forkpty"), (os, "posix_spawn"), (os, "posix_spawnp"), (os, "system")]
+UNMARKED_PROCESS = "this test starts a process: mark it slow"
+
+
+@contextmanager
+def process_starts_refused(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("slow"):
+        yield
+        return
+    refused = []
+
+    def refuse(*args, **kwargs):
+        refused.append(args)
+        pytest.fail(UNMARKED_PROCESS, pytrace=False)
+
+    with pytest.MonkeyPatch.context() as patch:
+        for owner, name in PROCESS_STARTS:
+            patch.setattr(owner, name, refuse)
+        yield
+    # Code under test may start its process in a thread, where the raise above ends only that thread.
+    if refused:
+        pytest.fail(UNMARKED_PROCESS, pytrace=False)
+
+
+# Setup and teardown too: a fixture that starts a process (cpu_run) counts for the tests that use it.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    with process_starts_refused(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    with process_starts_refused(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item):
+    with process_starts_refused(item):
+        return (yield)
 
 
 def trainstack_command(*args: str) -> list[str]:

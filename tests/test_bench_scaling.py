@@ -19,6 +19,7 @@ from trainstack.train.launcher.scaling.runs import DATAPARALLEL_SCRIPT, Measurem
 TINY = ["--max-steps", "3", "--batch-size", "4", "--num-workers", "0", "--seq-len", "32"]
 
 
+@pytest.mark.slow
 def test_cpu_host_runs_ddp_on_one_and_two_ranks(tmp_path):
     done = subprocess.run([sys.executable, "-m", "trainstack", "bench", "scaling", "--output-dir", str(tmp_path),
                            *TINY], cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -36,6 +37,7 @@ def test_cpu_host_runs_ddp_on_one_and_two_ranks(tmp_path):
     assert Image.open(tmp_path / "scaling.png").format == "PNG"
 
 
+@pytest.mark.slow
 def test_dataparallel_loop_runs_unsplit_on_the_cpu():
     done = subprocess.run([sys.executable, str(DATAPARALLEL_SCRIPT), "--gpus", "0", *TINY], cwd=REPO,
                           capture_output=True, text=True, timeout=300)

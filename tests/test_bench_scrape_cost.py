@@ -9,7 +9,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO, explain
+
+pytestmark = pytest.mark.slow
 
 
 def test_scrape_cost_benchmark_reports_1_8_and_16_gpus_side_by_side():

@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 # Source folder -> the package it installs as (pyproject.toml's package-dir).
@@ -175,6 +177,7 @@ def torch_importers(root: Path, layout=TORCH_FREE) -> list[str]:
 
 
 # ---- the project ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_exporter_and_diagnose_never_import_torch():
     assert len(project_modules(REPO, TORCH_FREE)) > 25  # they were all found
     assert torch_importers(REPO) == []
@@ -207,6 +210,7 @@ def plant(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_a_planted_torch_import_is_caught(tmp_path):
     # A stand-in torch: the check looks at sys.modules, so the real one need not load. The planted tree is laid
     # out as it installs (trainstack/monitoring/...), so it imports from its own folder.

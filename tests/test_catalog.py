@@ -35,10 +35,11 @@ import yaml
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REPO, free_port, stop_process
+from tests.conftest import REPO, stop_process
 from tests.standin_ranks import write_rank
 from tests.test_monitoring_promql import PROMETHEUS_SERIES, label_values_metric, metric_names
 from trainstack import catalog, ratios
+from trainstack.rundir import free_port
 
 RULE_FILES = sorted((REPO / "monitoring/prometheus/rules").glob("*.yml"))
 RULE_TEST_FILES = sorted((REPO / "monitoring/prometheus/tests").glob("*.yml"))
@@ -173,6 +174,7 @@ def test_diagnose_reads_what_the_catalog_says():
         assert named <= kinds, f"{metric.name}: no verdict {sorted(named - kinds)} in monitoring/diagnose/verdicts.py"
 
 
+@pytest.mark.slow
 def test_the_metrics_docs_are_generated_from_the_catalog():
     result = subprocess.run([sys.executable, str(REPO / "scripts/metrics-docs.py"), "--check"], cwd=REPO,
                             capture_output=True, text=True)
@@ -207,6 +209,7 @@ def labels_wrong(found: dict[str, set[frozenset[str]]]) -> list[str]:
     return wrong
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on_gpu", [False, True])
 def test_the_stand_in_ranks_write_catalog_metrics(tmp_path, on_gpu):
     write_rank(tmp_path, rank=0, steps=3, on_gpu=on_gpu)
@@ -311,6 +314,7 @@ def test_every_catalog_metric_is_produced_and_nothing_else(tmp_path):
     assert not labels_wrong(found)
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_telemetry_writes_its_gpu_only_gauges(tmp_path):

@@ -15,7 +15,8 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import REPO, free_port, stop_process
+from tests.conftest import REPO, stop_process
+from trainstack.rundir import free_port
 
 ABSENT = ("torch", "accelerate", "datasets")
 # Runs trainstack's CLI with ABSENT unimportable, then prints the exit code and the heavy modules it loaded.

@@ -61,6 +61,7 @@ def compose_v2() -> list[str]:
     return ["docker", "compose"]
 
 
+@pytest.mark.slow
 def test_compose_spec_schema():
     checker = Path(sys.executable).parent / "check-jsonschema"
     if not checker.exists():
@@ -70,6 +71,7 @@ def test_compose_spec_schema():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compose", [compose_v1, compose_v2], ids=["docker-compose-1.29", "compose-v2"])
 def test_compose_accepts_the_file_and_refuses_to_start_without_a_grafana_password(compose, tmp_path):
     command = compose()

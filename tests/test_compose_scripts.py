@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow
+
 STAND_IN_DOCKER = r"""#!/usr/bin/env bash
 echo "$*" >> "$DOCKER_CALLS"
 case "$*" in

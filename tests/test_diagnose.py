@@ -21,12 +21,13 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REPO, free_port, run_trainstack, trainstack_command
+from tests.conftest import REPO, run_trainstack, trainstack_command
 from trainstack.errors import EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.monitoring.diagnose.snapshot import GpuView, RankView, Snapshot, read_snapshot
 from trainstack.monitoring.diagnose.sources import ExporterSource, PrometheusSource, open_source
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures
+from trainstack.rundir import free_port
 
 FORWARD_METRIC = "trainstack_train_forward_seconds_total"
 NOW = 1_800_000_000.0
@@ -239,6 +240,7 @@ def fake_host() -> dict:
     return host
 
 
+@pytest.mark.slow
 def test_gpu_verdicts_through_the_real_exporter(cpu_run):
     from trainstack.monitoring import nvml_fake
     from trainstack.monitoring.exporter.app import Exporter
@@ -342,6 +344,7 @@ def diagnose_url(url: str, interval: float = 4.0, **limits) -> list:
     return diagnose(read_snapshot(open_source(url, "auto", interval, "")), Thresholds(**limits))
 
 
+@pytest.mark.slow
 def test_healthy_run(tmp_path):
     # No loader workers: two ranks already fill the two cores of a small CI machine, and a rank starved of CPU
     # by its neighbours' workers is a real straggler.
@@ -377,6 +380,7 @@ def prometheus(tmp_path) -> Iterator[callable]:
         process.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_slowed_loader_is_input_bound_through_the_exporter_and_prometheus(tmp_path, prometheus):
     slow = {"TRAINSTACK_TEST_SAMPLE_DELAY": "0.1"}
     with live_run(tmp_path, "--dataset", "tests.factories:slow_dataset", "--num-workers", "0", env=slow) as url:
@@ -401,6 +405,7 @@ def test_slowed_loader_is_input_bound_through_the_exporter_and_prometheus(tmp_pa
         assert "rank 0, rank 1 wait(s) for the data loader" in verdicts[0].summary
 
 
+@pytest.mark.slow
 def test_a_slowed_rank_is_named_the_straggler(tmp_path):
     slow_rank = {"TRAINSTACK_TEST_SLOW_RANK": "1", "TRAINSTACK_TEST_SLOW_SECONDS": "0.3"}
     with live_run(tmp_path, "--model", "tests.factories:pausing_gpt", "--num-workers", "1", env=slow_rank) as url:
@@ -412,6 +417,7 @@ def test_a_slowed_rank_is_named_the_straggler(tmp_path):
     assert verdicts[0].summary.startswith("rank 1 is a straggler: its forward time per step")
 
 
+@pytest.mark.slow
 def test_a_hung_rank_is_stalled(tmp_path):
     hang = {"TRAINSTACK_TEST_SLOW_RANK": "1", "TRAINSTACK_TEST_SLOW_AFTER": "3",
             "TRAINSTACK_TEST_SLOW_SECONDS": "3600"}
@@ -426,6 +432,7 @@ def test_a_hung_rank_is_stalled(tmp_path):
     assert result.returncode == 1 and '"kind": "stalled"' in result.stdout
 
 
+@pytest.mark.slow
 def test_an_unreachable_source_is_one_line_and_the_runtime_failure_exit_code():
     result = run_trainstack("diagnose", "--url", f"127.0.0.1:{free_port()}", "--interval", "0.1")
     assert result.returncode == EXIT_RUNTIME == 69

@@ -35,6 +35,7 @@ def build_arg_default(name: str) -> str:
     return next(args.split("=", 1)[1] for op, args in instructions() if op == "ARG" and args.startswith(name + "="))
 
 
+@pytest.mark.slow
 def test_hadolint_reports_nothing():
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     if hadolint is None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import explain, run_trainstack
+from trainstack.rundir import free_port
 from trainstack.train.launcher.doctor import (
     CheckResult,
     DoctorConfig,
@@ -193,6 +194,7 @@ def test_probe_on_this_host_matches_what_torch_reports():
 # --- shared memory, memlock, CPUs ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_shm_too_small_for_the_loader_workers_fails(small_shm):
     result = check_shared_memory(
         config(shm_path=small_shm, num_workers=2, loader_batch_bytes=4 * MiB), CPU_HOST
@@ -202,17 +204,20 @@ def test_shm_too_small_for_the_loader_workers_fails(small_shm):
     assert "--shm-size=1g" in result.fix and "shm_size: 1gb" in result.fix and "medium: Memory" in result.fix
 
 
+@pytest.mark.slow
 def test_shm_taken_by_stale_segments_warns(small_shm):
     (small_shm / "torch_12345_stale").write_bytes(b"\0" * (14 * MiB))
     result = check_shared_memory(config(shm_path=small_shm, loader_batch_bytes=MiB // 2), CPU_HOST)
     assert result.status is Status.WARN and "stale" in result.detail
 
 
+@pytest.mark.slow
 def test_shm_with_room_passes(small_shm):
     result = check_shared_memory(config(shm_path=small_shm, loader_batch_bytes=MiB // 2), CPU_HOST)
     assert result.status is Status.PASS and "need ~4.0 MiB" in result.detail
 
 
+@pytest.mark.slow
 def test_dockers_default_shm_is_too_small_for_nccl(tmp_path):
     with tmpfs(tmp_path / "shm", "64m") as shm:
         result = check_shared_memory(config(shm_path=shm), gpu_host(4))
@@ -241,6 +246,7 @@ def test_memlock(limit, gpus, nnodes, status):
         assert "memlock=-1" in result.fix
 
 
+@pytest.mark.slow
 def test_memlock_default_is_the_real_ulimit():
     def lower_memlock():
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (65536, resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]))
@@ -332,6 +338,7 @@ def test_free_ports_pass(busy_port):
 # --- output directory ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_read_only_output_dir_fails(tmp_path):
     with tmpfs(tmp_path / "ro", "1m", "ro") as mount:
         result = check_output_dir(config(output_dir=mount / "run"), CPU_HOST)
@@ -340,6 +347,7 @@ def test_read_only_output_dir_fails(tmp_path):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("checkpoint_mib", "keep", "status", "phrase"),
     [
@@ -399,12 +407,7 @@ def test_output_dir_that_is_a_file_fails(tmp_path):
 # --- all together -------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        return holder.getsockname()[1]
-
-
+@pytest.mark.slow
 def test_run_checks_covers_every_concern(small_shm, tmp_path):
     results = run_checks(
         config(shm_path=small_shm, output_dir=tmp_path / "run", gpus=gpu_host(4), master_port=free_port())
@@ -429,6 +432,7 @@ def test_run_checks_covers_every_concern(small_shm, tmp_path):
 # --- the command and the launcher ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_json_fails_on_a_read_only_output_dir(tmp_path):
     with tmpfs(tmp_path / "ro", "1m", "ro") as mount:
         done = run_trainstack("doctor", "--json", "--output-dir", str(mount / "run"), "--exporter-port", "0")
@@ -438,6 +442,7 @@ def test_cli_json_fails_on_a_read_only_output_dir(tmp_path):
     assert {c["name"]: c["status"] for c in document["checks"]}["output-dir"] == "FAIL"
 
 
+@pytest.mark.slow
 def test_cli_table_takes_the_train_flags_and_environment(tmp_path):
     done = run_trainstack("doctor", "--output-dir", str(tmp_path / "run"), "--exporter-port", "0",
                           "--num-workers", "1", "--batch-size", "8", env={"NCCL_DEBUG": "INFO"})
@@ -448,6 +453,7 @@ def test_cli_table_takes_the_train_flags_and_environment(tmp_path):
     assert done.returncode == (2 if failed else 0), explain(done)
 
 
+@pytest.mark.slow
 def test_cli_bad_input_is_one_line():
     done = run_trainstack("doctor", "--nnodes", "2", "--node-rank", "5", "--exporter-port", "0")
     assert done.returncode == 2
@@ -464,6 +470,7 @@ def launcher_runs_the_doctor() -> bool:
     return "--skip-doctor" in parser._option_string_actions
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not launcher_runs_the_doctor(), reason="the launcher does not run the doctor yet "
                     "(train/launcher/launch.py has no --skip-doctor)")
 def test_launcher_refuses_to_start_on_a_fail_unless_told(tmp_path):

@@ -10,6 +10,7 @@ import json
 import math
 import random
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -46,6 +47,7 @@ def registry_of(families: list[Metric]) -> CollectorRegistry:
     return registry
 
 
+@pytest.mark.slow
 def test_the_exporters_own_scrape_encodes_identically(tmp_path):
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()

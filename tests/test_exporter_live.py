@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import FAST, REPO, explain, free_port, run_trainstack, stop_process, trainstack_command
+from tests.conftest import FAST, REPO, explain, run_trainstack, stop_process, trainstack_command
 from trainstack import promcompat
 from trainstack.monitoring.exporter.training import job_pids
+from trainstack.rundir import free_port
 
 pytestmark = pytest.mark.slow
 DEADLINE_SECONDS = 240  # generous: a loaded 2-core machine starts 2 ranks slowly; nothing here asserts speed

@@ -36,6 +36,8 @@ from trainstack.monitoring.exporter.config import ExporterConfig
 from trainstack.monitoring.exporter.prerender import MIN_PERIOD_SECONDS
 from trainstack.monitoring.exporter.training import TrainingCollector, job_pids
 
+pytestmark = pytest.mark.slow
+
 TRAINING_METRICS = [
     "trainstack_train_steps_total", "trainstack_train_samples_total", "trainstack_train_tokens_total",
     "trainstack_train_step_duration_seconds_bucket", "trainstack_train_step_duration_seconds_count",

@@ -24,6 +24,8 @@ from trainstack.rundir import RUN_ID_ENV
 from trainstack.train.launcher.lease import DEFAULT_TIMEOUT_SECONDS
 from trainstack.train.rank.config import TrainConfig, read_config_file
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAYS_DIR = ROOT / "k8s/overlays"
 OVERLAYS = sorted(p.name for p in OVERLAYS_DIR.iterdir() if (p / "kustomization.yaml").is_file())

@@ -9,6 +9,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,6 +27,7 @@ def generated(name: str) -> list[dict]:
     return [d for d in yaml.safe_load_all((GENERATED / name).read_text()) if d]
 
 
+@pytest.mark.slow
 def test_committed_output_is_current():
     result = run_script(SCRIPT, "--check")
     assert result.returncode == 0, result.stderr
@@ -66,6 +68,7 @@ def _scratch_checkout(tmp_path: Path) -> Path:
     return tmp_path / "scripts" / SCRIPT.name
 
 
+@pytest.mark.slow
 def test_check_fails_once_a_source_changes(tmp_path):
     script = _scratch_checkout(tmp_path)
     assert run_script(script, "--check").returncode == 1  # nothing generated yet
@@ -84,6 +87,7 @@ def test_check_fails_once_a_source_changes(tmp_path):
                                      "scripts/k8s-monitoring.py and commit the result")
 
 
+@pytest.mark.slow
 def test_a_file_that_is_not_a_rule_file_is_refused_in_one_line(tmp_path):
     script = _scratch_checkout(tmp_path)
     (tmp_path / "monitoring/prometheus/rules/tests.yml").write_text("rule_files: [alerts.yml]\ntests: []\n")

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.test_k8s_manifests import OVERLAYS_DIR, arg_value, needs_kubectl, only, render
-from trainstack.rundir import LEASE_DIR
+from trainstack.rundir import LEASE_DIR, free_port
 
 VENV_BIN = Path(sys.executable).parent
 MAX_STEPS = 6
@@ -58,12 +57,6 @@ def pod_environment(job: dict, container: dict, index: int) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def multi_node_job() -> tuple[dict, dict, list[dict]]:
     docs = render(OVERLAYS_DIR / "multi-node")
@@ -72,6 +65,7 @@ def multi_node_job() -> tuple[dict, dict, list[dict]]:
     return job, container, docs
 
 
+@pytest.mark.slow
 @needs_kubectl
 def test_every_pod_finds_node_0_at_its_stable_dns_name(multi_node_job):
     job, container, docs = multi_node_job

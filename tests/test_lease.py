@@ -92,6 +92,7 @@ def test_a_second_launcher_for_the_same_node_of_the_same_run_is_refused(tmp_path
             lease(tmp_path, "job-uid", 0).acquire()
 
 
+@pytest.mark.slow
 def test_a_sigkilled_holder_is_taken_over_at_once_and_the_taker_says_so(tmp_path):
     code = ("import sys, time; from trainstack.train.launcher.lease import RunDirLease; "
             f"RunDirLease({str(tmp_path)!r}, 'killed-run').acquire(); print('held', flush=True); time.sleep(600)")
@@ -252,6 +253,7 @@ def test_a_fresh_start_sets_an_earlier_attempts_record_aside_and_a_resume_keeps_
     assert (tmp_path / "config.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_sigterm_while_waiting_for_the_lease_leaves_at_once_and_writes_nothing(tmp_path):
     from tests.conftest import FAST, trainstack_command
 

@@ -33,6 +33,7 @@ def recorded_series() -> set[str]:
             for rule in group["rules"]}
 
 
+@pytest.mark.slow
 def test_committed_dashboards_and_panel_docs_are_current() -> None:
     result = subprocess.run([sys.executable, str(GRAFANA_DIR / "build_dashboards.py"), "--check"],
                             capture_output=True, text=True, timeout=60)

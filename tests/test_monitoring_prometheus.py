@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ from tests.test_monitoring_promql import (
     metric_names,
 )
 from trainstack import thresholds
+from trainstack.rundir import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS_DIR = ROOT / "monitoring/prometheus"
@@ -107,12 +107,6 @@ def raw_inputs(expr: str) -> set[str]:
         else:
             names.add(name)
     return names
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http_get(url: str) -> str:

@@ -82,6 +82,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["promtool", *args], cwd=PROMETHEUS_DIR, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @needs_promtool
 def test_config_is_clean_and_loads_every_rule_file() -> None:
     result = promtool("check", "config", "--lint=all", "--lint-fatal", "prometheus.yml")
@@ -89,12 +90,14 @@ def test_config_is_clean_and_loads_every_rule_file() -> None:
     assert f"SUCCESS: {len(RULE_FILES)} rule files found" in result.stdout
 
 
+@pytest.mark.slow
 @needs_promtool
 def test_rules_are_clean() -> None:
     result = promtool("check", "rules", "--lint=all", "--lint-fatal", *(str(p) for p in RULE_FILES))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 @needs_promtool
 def test_rule_unit_tests_pass() -> None:
     result = promtool("test", "rules", *(str(p) for p in UNIT_TEST_FILES))

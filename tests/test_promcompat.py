@@ -39,6 +39,7 @@ def test_another_version_is_refused_in_one_line(monkeypatch):
     assert promcompat.installed == "0.26.0"
 
 
+@pytest.mark.slow
 def test_the_exporter_stops_on_another_version_with_one_line_and_exit_2():
     script = ("import importlib.metadata as m, sys\n"
               "real = m.version\n"

@@ -56,6 +56,7 @@ def embedded_figures(report: Path) -> dict[str, Image.Image]:
     return {figure_id: Image.open(io.BytesIO(base64.b64decode(data))) for figure_id, data in found}
 
 
+@pytest.mark.slow
 def test_report_of_a_gpu_run_embeds_every_figure(gpu_run):
     report = write_report(gpu_run)
     assert report == gpu_run / "report.html"
@@ -71,6 +72,7 @@ def test_report_of_a_gpu_run_embeds_every_figure(gpu_run):
     assert "<th>median step (ms)</th>" in text
 
 
+@pytest.mark.slow
 def test_report_of_a_cpu_run_leaves_gpu_figures_out(cpu_run, tmp_path):
     shutil.copytree(cpu_run, tmp_path / "run")
     figures = embedded_figures(write_report(tmp_path / "run"))
@@ -78,6 +80,7 @@ def test_report_of_a_cpu_run_leaves_gpu_figures_out(cpu_run, tmp_path):
     assert "No GPU snapshots" in (tmp_path / "run" / "report.html").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (make system-deps)")
 def test_report_is_not_blank_in_a_browser(gpu_run, tmp_path):
     report = write_report(gpu_run)
@@ -97,6 +100,7 @@ def test_report_is_not_blank_in_a_browser(gpu_run, tmp_path):
     assert (31, 119, 180) in present and (255, 127, 14) in present
 
 
+@pytest.mark.slow
 def test_a_cut_off_last_line_and_unsupported_gpu_fields_are_tolerated(gpu_run):
     with (gpu_run / "telemetry" / "rank-1.jsonl").open("a") as records:
         records.write('{"time": 1, "rank": 1, "st')
@@ -112,6 +116,7 @@ def test_a_directory_without_telemetry_is_a_config_error(tmp_path):
         write_report(tmp_path)
 
 
+@pytest.mark.slow
 def test_cli_writes_the_report_and_refuses_a_non_run(cpu_run, tmp_path):
     shutil.copytree(cpu_run, tmp_path / "run")
     done = run_trainstack("report", str(tmp_path / "run"))

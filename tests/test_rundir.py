@@ -1,5 +1,5 @@
-"""The run-directory contract (trainstack/rundir.py): its names are spelled once, ports are checked alike, and
-summary.json carries a version its readers understand."""
+"""The run-directory contract (trainstack/rundir.py): its names are spelled once, ports are checked alike and free
+ones found by one function, and summary.json carries a version its readers understand."""
 
 from __future__ import annotations
 
@@ -62,6 +62,26 @@ def test_the_scan_catches_a_second_spelling(tmp_path):
         'def paths(run_dir, rank):\n'
         '    return run_dir / "summary.json", run_dir / "telemetry" / f"rank-{rank}.jsonl", "per-rank"\n')
     assert where_spelled(tmp_path) == {name: {"train/report.py"} for name in ("summary.json", "telemetry", "rank-")}
+
+
+
+FREE_PORT_DEFINITION = re.compile(r"^\s*def _?free_port\(", re.MULTILINE)
+
+
+def free_port_definitions(root: Path) -> list[str]:
+    """Where a function named free_port (or _free_port) is defined, tests and benchmarks included."""
+    modules = [path for folder in (*SOURCES, "tests") for path in (root / folder).rglob("*.py")]
+    return sorted(str(path.relative_to(root)) for path in modules if FREE_PORT_DEFINITION.search(path.read_text()))
+
+
+def test_one_free_port_serves_the_launcher_the_doctor_the_tests_and_the_benchmarks():
+    assert free_port_definitions(REPO) == ["trainstack/rundir.py"]
+
+
+def test_the_scan_catches_a_second_free_port(tmp_path):
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "helper.py").write_text("class Ports:\n    def _free_port(self):\n        return 0\n")
+    assert free_port_definitions(tmp_path) == ["bench/helper.py"]
 
 
 def test_the_layout():
@@ -166,6 +186,7 @@ def test_no_summary_is_empty_and_a_bad_or_newer_one_is_one_line(tmp_path):
         assert "\n" not in str(error.value)
 
 
+@pytest.mark.slow
 def test_the_typed_summary_names_every_key_the_trainer_writes(cpu_run):
     written = json.loads((cpu_run / rundir.SUMMARY_FILE).read_text())
     assert set(written) == set(rundir.Summary.__annotations__)

@@ -14,8 +14,9 @@ from functools import partial
 import pytest
 import torch
 
-from tests.conftest import REPO, explain, free_port, summary, train
+from tests.conftest import REPO, explain, summary, train
 from trainstack.cli import main
+from trainstack.rundir import free_port
 from trainstack.train.rank import config as train_config
 from trainstack.train.rank.config import TrainConfig
 from trainstack.train.rank.data import ArithmeticSequences, collate, load_token_data
@@ -164,6 +165,7 @@ def test_two_ddp_ranks_compile_the_module_in_place_with_recompiles_bounded_by_bu
     assert done["recompiles"] == ranks[0]["recompiles"] and done["compile_seconds"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @needs_gpu
 def test_cuda_defaults_train_gpt2_small_in_bf16(tmp_path):
@@ -174,6 +176,7 @@ def test_cuda_defaults_train_gpt2_small_in_bf16(tmp_path):
         "builtin:gpt2-small", "builtin:full-sequences", "bf16" if torch.cuda.is_bf16_supported() else "no")
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @needs_gpu
 def test_compile_on_cuda_keeps_to_the_buckets(tmp_path):

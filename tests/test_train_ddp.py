@@ -11,7 +11,8 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.conftest import REPO, explain, free_port, summary, train
+from tests.conftest import REPO, explain, summary, train
+from trainstack.rundir import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -96,6 +96,7 @@ def _cases(tmp_path: Path, damaged: dict[str, Path]) -> dict[str, tuple[list[str
 
 
 
+@pytest.mark.slow
 def test_every_bad_input_is_one_line_exit_2_and_touches_nothing(tmp_path, damaged_runs, capsys):
     """In-process through the CLI's own entry point (one torch import for all cases); an escaping exception
     would fail the test just as a traceback would."""
@@ -112,6 +113,7 @@ def test_every_bad_input_is_one_line_exit_2_and_touches_nothing(tmp_path, damage
     assert not (tmp_path / "run").exists(), "a refused run must not create its output directory"
 
 
+@pytest.mark.slow
 def test_a_bad_input_from_the_shell_has_no_traceback(tmp_path):
     result = run_trainstack("train", "--output-dir", str(tmp_path / "run"), "--batch-size", "0", timeout=120)
     assert result.returncode == 2

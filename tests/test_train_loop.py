@@ -13,6 +13,8 @@ import pytest
 
 from tests.conftest import REPO, explain
 
+pytestmark = pytest.mark.slow
+
 LOOP_PROBE = r"""
 import argparse, json, sys
 import trainstack.train.rank.trainer as rank

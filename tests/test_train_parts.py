@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.factories import BatchNormLM
 from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from trainstack.rundir import METRICS_DIR_ENV, SUMMARY_VERSION, write_summary
 from trainstack.train.rank.config import TrainConfig
@@ -191,3 +192,9 @@ def test_interval_totals_on_a_gpu_are_queued_without_waiting_for_it():
     totals = pending.result()
     assert queued_ahead  # start_reduce did not drain the stream
     assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches) == (3.0, 6, 6, 1)
+
+
+def test_sync_batchnorm_conversion_replaces_every_batchnorm():
+    converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(BatchNormLM(16))
+    assert isinstance(converted.norm, torch.nn.SyncBatchNorm)
+    assert not any(type(m) is torch.nn.BatchNorm1d for m in converted.modules())

@@ -9,7 +9,8 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import explain, free_port, summary, trainstack_command
+from tests.conftest import explain, summary, trainstack_command
+from trainstack.rundir import free_port
 
 # A user's model factory, as a user would write it: any nn.Module whose forward returns the loss.
 USER_MODEL = '''

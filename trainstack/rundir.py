@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
@@ -40,6 +41,14 @@ def check_port(flag: str, port: int, zero_means: str | None = None) -> int:
         hint = f" (or 0 {zero_means})" if zero_means else ""
         raise ConfigError(f"{flag} {port} is not a TCP port: use 1-65535{hint}")
     return port
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now, picked by the OS: the launcher's rendezvous port, the doctor's suggestion,
+    the tests' and benchmarks' exporters. Another process may take it before it is bound again."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 def exporter_url(host: str = DEFAULT_EXPORTER_HOST, port: int = DEFAULT_EXPORTER_PORT) -> str:

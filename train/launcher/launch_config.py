@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 from dataclasses import dataclass
 
 from trainstack.errors import ConfigError
@@ -20,6 +19,7 @@ from trainstack.rundir import (
     LEASE_TIMEOUT_ENV,
     SHOWN,
     check_port,
+    free_port,
 )
 from trainstack.train.launcher.lease import DEFAULT_TIMEOUT_SECONDS
 from trainstack.train.rank import config as train_config
@@ -92,7 +92,8 @@ class LaunchConfig:
             "NODE_RANK", "PET_NODE_RANK", "JOB_COMPLETION_INDEX") or 0
         master_port = args.master_port or _env_int("MASTER_PORT", "PET_MASTER_PORT")
         if master_port is None:
-            master_port = DEFAULT_MASTER_PORT if nnodes > 1 else _free_port()
+            # A single-node job needs no fixed port; a free one lets several jobs share a host.
+            master_port = DEFAULT_MASTER_PORT if nnodes > 1 else free_port()
         return cls(
             nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank,
             master_addr=args.master_addr or _env_str("MASTER_ADDR", "PET_MASTER_ADDR") or "127.0.0.1",
@@ -100,13 +101,6 @@ class LaunchConfig:
             exporter_port=args.exporter_port, exporter_host=args.exporter_host,
             rendezvous_timeout=args.rendezvous_timeout,
         )
-
-
-def _free_port() -> int:
-    """A single-node job needs no fixed port; a free one lets several jobs share a host."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

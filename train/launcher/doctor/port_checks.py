@@ -7,6 +7,7 @@ import socket
 
 import psutil
 
+from trainstack.rundir import free_port
 from trainstack.train.launcher.doctor.config import DoctorConfig
 from trainstack.train.launcher.doctor.inventory import GpuInventory
 from trainstack.train.launcher.doctor.result import CheckResult, Status
@@ -22,12 +23,6 @@ def bind_error(host: str, port: int) -> OSError | None:
         except OSError as error:
             return error
     return None
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 def listener(port: int) -> str:
