@@ -153,13 +153,14 @@ def test_bad_requests_get_an_http_error_and_stalled_clients_hold_up_no_scrape(ru
         half.close()
 
 
-def test_stopping_frees_the_port(metrics_dir, fake_host):
+def test_stopping_closes_the_listening_socket(metrics_dir, fake_host):
     exporter = Exporter(ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake", metrics_dir=metrics_dir))
     exporter.start()
     assert get(exporter.server.port, "/metrics")[0] == 200
     exporter.stop()
-    with socket.socket() as again:
-        again.bind(("127.0.0.1", exporter.server.port))
+    assert not exporter.server._thread.is_alive()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", exporter.server.port), timeout=30).close()
 
 
 def test_gpu_snapshots_are_logged_for_the_run_report(running):

@@ -36,12 +36,12 @@ class Endpoints:
         self._health = health
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        if environ["REQUEST_METHOD"] != "GET":  # here: make_wsgi_app of 0.20 answers any method
+            return _answer(start_response, "405 Method Not Allowed", TEXT, b"only GET\n", [("Allow", "GET")])
         path = environ.get("PATH_INFO", "")
         if path == "/metrics":
             environ.pop("HTTP_ACCEPT", None)  # the text format, never OpenMetrics (the module's docstring)
             return self._metrics(environ, start_response)
-        if environ["REQUEST_METHOD"] != "GET":
-            return _answer(start_response, "405 Method Not Allowed", TEXT, b"only GET\n", [("Allow", "GET")])
         if path == "/healthz":
             try:
                 health = json.dumps(self._health()).encode() + b"\n"
