@@ -89,7 +89,8 @@ def host(profile: str, gpus: int, rank_pids: list[int]) -> dict:
 
 def install_baseline(ref: str, tmp: Path) -> Path:
     """The exporter of commit `ref`, installed into a folder of its own: what goes on its PYTHONPATH."""
-    source, site = tmp / f"src-{ref}", tmp / f"site-{ref}"
+    folder = Path(tempfile.mkdtemp(prefix="baseline-", dir=tmp))  # a ref may hold slashes: origin/main
+    source, site = folder / "source", folder / "site"
     source.mkdir()
     archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], capture_output=True, check=False)
     if archive.returncode != 0:
