@@ -17,8 +17,9 @@ open; the first WARM_UP_SCRAPES are not counted. Reported:
 - the sampler's share of one core at a sample every --sample-interval seconds with the slow part every
   --slow-sample-interval seconds (from the mean CPU of a fast and of a slow sample);
 - the exporter's share of one core with Prometheus scraping every PROMETHEUS_INTERVAL_SECONDS: the sampler's share
-  plus one scrape's CPU every PROMETHEUS_INTERVAL_SECONDS. The bench scrapes faster to finish sooner; run it with
-  `--scrape-interval 5` and the process's measured share over the window is that figure measured directly.
+  plus one scrape's CPU every PROMETHEUS_INTERVAL_SECONDS. The bench scrapes faster to finish sooner, which
+  understates that share: scrapes 5 s apart find colder caches and cost more CPU each. With `--scrape-interval 5`
+  the process's measured share over the window is that figure measured directly.
 
 --baseline-ref REF runs the exporter of another commit beside this checkout's, in the same run, tick for tick
 (`git archive REF`, installed with pip into a temporary folder and run from there).
