@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -21,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import FAST, REPO, explain, run_trainstack, stop_process, trainstack_command
-from trainstack import promcompat
 from trainstack.monitoring.exporter.training import job_pids
 from trainstack.rundir import free_port
 
@@ -58,14 +59,15 @@ def by_rank(samples, name: str) -> dict[str, float]:
 
 
 def rank_pids(metrics_dir: Path) -> dict[str, int]:
-    """rank -> pid of its process, read from the multiprocess files each rank writes (`<type>_<pid>.db`)."""
+    """rank -> pid of its process: each pid's gauge files (`gauge_<mode>_<pid>.db`), read alone through
+    prometheus_client's own merge, carry its rank."""
     ranks = {}
     for pid in job_pids(metrics_dir):
-        for path in metrics_dir.glob(f"gauge_*_{pid}.db"):
-            for key, _, _, _ in promcompat.read_values(str(path)):
-                rank = json.loads(key)[2].get("rank")
-                if rank is not None:
-                    ranks[rank] = pid
+        with tempfile.TemporaryDirectory() as alone:
+            for path in metrics_dir.glob(f"gauge_*_{pid}.db"):
+                shutil.copy(path, alone)
+            for family in MultiProcessCollector(None, path=alone).collect():
+                ranks.update((sample.labels["rank"], pid) for sample in family.samples if "rank" in sample.labels)
     return ranks
 
 

@@ -7,8 +7,8 @@ files the way train/rank/telemetry.py does; tests/test_exporter_live.py scrapes 
 
 from __future__ import annotations
 
+import glob
 import gzip
-import http.client
 import json
 import os
 import shutil
@@ -16,24 +16,20 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-import trainstack.monitoring.exporter.training as training
 import trainstack.monitoring.nvml_fake as fake
 from tests.conftest import REPO
 from tests.standin_ranks import write_rank
 from trainstack.errors import EXIT_RUNTIME
 from trainstack.monitoring.exporter.app import Exporter
 from trainstack.monitoring.exporter.config import ExporterConfig
-from trainstack.monitoring.exporter.prerender import MIN_PERIOD_SECONDS
 from trainstack.monitoring.exporter.training import TrainingCollector, job_pids
 
 pytestmark = pytest.mark.slow
@@ -132,42 +128,6 @@ def test_healthz_index_and_unknown_paths(running):
     assert status == 404 and "/metrics" in body
 
 
-def kept_alive_get(connection: http.client.HTTPConnection, path: str = "/metrics") -> tuple[str, str]:
-    """(body, how it was rendered) over a connection that stays open, as Prometheus scrapes."""
-    connection.request("GET", path, headers={"Accept-Encoding": "gzip"})
-    response = connection.getresponse()
-    assert response.status == 200 and not response.will_close
-    return gzip.decompress(response.read()).decode(), response.getheader("Trainstack-Rendered")
-
-
-def test_scrapes_on_one_kept_alive_connection_are_each_answered(running):
-    connection = http.client.HTTPConnection("127.0.0.1", running.server.port, timeout=30)
-    try:
-        for _ in range(3):
-            text, rendered = kept_alive_get(connection)
-            assert rendered == "on-request"  # back to back: faster than a schedule the renderer would learn
-            assert len(series(parse(text), "trainstack_train_steps_total")) == 2
-    finally:
-        connection.close()
-
-
-def test_scrapes_on_a_schedule_are_served_bodies_rendered_ahead_of_them(running):
-    """Three scrapes teach the schedule; the next ones find their body rendered (monitoring/exporter/prerender.py).
-    A body rendered ahead is the same exposition as one rendered on request."""
-    connection = http.client.HTTPConnection("127.0.0.1", running.server.port, timeout=30)
-    pause, served, period, start = threading.Event(), [], MIN_PERIOD_SECONDS + 0.15, time.monotonic()
-    try:
-        for k in range(1, 7):  # on a fixed schedule, as Prometheus scrapes
-            pause.wait(max(0.0, start + k * period - time.monotonic()))
-            served.append(kept_alive_get(connection))
-    finally:
-        connection.close()
-    assert [rendered for _, rendered in served[:3]] == ["on-request"] * 3
-    ahead = [text for text, rendered in served[3:] if rendered == "ahead"]
-    assert ahead, [rendered for _, rendered in served]  # at least one, on a host too busy to keep every schedule
-    assert set(parse(ahead[-1])) == set(parse(served[0][0]))
-
-
 def raw_request(port: int, request: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
         client.sendall(request)
@@ -184,24 +144,25 @@ def test_bad_requests_get_an_http_error_and_stalled_clients_hold_up_no_scrape(ru
     half.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finishes its request
     try:
         assert get(port, "/metrics")[0] == 200
-        post = raw_request(port, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
-        assert post.startswith(b"HTTP/1.1 405 ") and b"Allow: GET" in post
-        assert raw_request(port, b"NOT HTTP AT ALL\r\n\r\n").startswith(b"HTTP/1.1 400 ")
+        for path in (b"/metrics", b"/healthz"):
+            post = raw_request(port, b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+            status, headers = post.split(b"\r\n", 1)
+            assert status.split()[1] == b"405" and b"Allow: " in headers and b"GET" in headers, post
+        assert b"Error code: 400" in raw_request(port, b"NOT HTTP AT ALL\r\n\r\n")  # the standard library's page
         assert get(port, "/metrics")[0] == 200
     finally:
         idle.close()
         half.close()
 
 
-def test_stopping_closes_kept_alive_connections(metrics_dir, fake_host):
+def test_stopping_closes_the_listening_socket(metrics_dir, fake_host):
     exporter = Exporter(ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake", metrics_dir=metrics_dir))
     exporter.start()
-    connection = http.client.HTTPConnection("127.0.0.1", exporter.server.port, timeout=30)
-    kept_alive_get(connection)
+    assert get(exporter.server.port, "/metrics")[0] == 200
     exporter.stop()
     assert not exporter.server._thread.is_alive()
-    assert connection.sock.recv(1) == b""  # the server closed it
-    connection.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", exporter.server.port), timeout=30).close()
 
 
 def test_gpu_snapshots_are_logged_for_the_run_report(running):
@@ -254,35 +215,21 @@ def test_job_pids_come_from_the_multiprocess_file_names(metrics_dir):
     assert job_pids(metrics_dir / "missing") == frozenset()
 
 
-OTHER_MULTIPROCESS_METRICS = """
-from prometheus_client import Gauge, Summary
-for mode in ("all", "liveall", "min", "max", "sum", "livesum", "mostrecent"):
-    Gauge(f"user_{mode}", "A user metric in the run's directory.", ["k"], multiprocess_mode=mode).labels("v").set(
-        float(__import__("os").getpid() % 97))
-Summary("user_latency_seconds", "A summary.").observe(0.25)
-"""
+def test_a_file_gone_between_listing_and_reading_fails_no_scrape(metrics_dir, monkeypatch):
+    """A new run clearing the directory while a scrape reads it: the collector lists the files again."""
+    listings = []
+    real_glob = glob.glob
 
+    def listing_with_a_file_since_removed(pattern, *args, **kwargs):
+        found = real_glob(pattern, *args, **kwargs)
+        listings.append(found)
+        return [*found, str(metrics_dir / "counter_999999.db")] if len(listings) == 1 else found
 
-def merged(families) -> dict:
-    return {(f.name, f.type, f.documentation): sorted((s.name, sorted(s.labels.items()), s.value) for s in f.samples)
-            for f in families}
-
-
-@pytest.mark.parametrize("remembered_keys", [20_000, 3])
-def test_training_files_merge_as_prometheus_client_merges_them(metrics_dir, tmp_path, monkeypatch,
-                                                              remembered_keys):
-    directory = tmp_path / "metrics"
-    shutil.copytree(metrics_dir, directory)
-    write_rank(directory, rank=2, steps=7, on_gpu=True)
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
-    for _ in range(2):  # two pids: the gauge modes have something to choose between
-        subprocess.run([sys.executable, "-c", OTHER_MULTIPROCESS_METRICS], env=env, check=True)
-    monkeypatch.setattr(training, "MAX_REMEMBERED_KEYS", remembered_keys)
-    collector = TrainingCollector(directory)
-    expected = merged(MultiProcessCollector(None, path=str(directory)).collect())
-    assert len(expected) > 20
-    for _ in range(3):  # later scrapes from remembered keys
-        assert merged(collector.collect()) == expected
+    monkeypatch.setattr(glob, "glob", listing_with_a_file_since_removed)
+    families = {family.name: family for family in TrainingCollector(metrics_dir).collect()}
+    assert len(listings) == 2
+    steps = {s.labels["rank"]: s.value for s in families["trainstack_train_steps"].samples}
+    assert steps == {"0": 20, "1": 19}
 
 
 def test_no_driver_still_serves_training_metrics(metrics_dir):

@@ -1,5 +1,4 @@
-"""The exporter assembled from its parts: NVML session, GPU sampler, collectors, ahead renderer, HTTP server,
-GPU log."""
+"""The exporter assembled from its parts: NVML session, GPU sampler, collectors, HTTP server, GPU log."""
 
 from __future__ import annotations
 
@@ -9,14 +8,12 @@ from prometheus_client import CollectorRegistry
 
 from trainstack.errors import ConfigError, RuntimeFailure
 from trainstack.monitoring.exporter.config import ExporterConfig
-from trainstack.monitoring.exporter.exposition import TextEncoder
 from trainstack.monitoring.exporter.gpu import GpuCollector
 from trainstack.monitoring.exporter.gpu_log import GpuLog
 from trainstack.monitoring.exporter.health import CollectorRuns, ExporterCollector, Timed
 from trainstack.monitoring.exporter.nvml import NvmlSession
-from trainstack.monitoring.exporter.prerender import AheadRenderer
 from trainstack.monitoring.exporter.sampler import Sampler
-from trainstack.monitoring.exporter.server import MetricsServer
+from trainstack.monitoring.exporter.server import Endpoints, MetricsServer
 from trainstack.monitoring.exporter.training import TrainingCollector, job_pids
 from trainstack.rundir import RunDir
 
@@ -47,10 +44,8 @@ class Exporter:
         self.session = NvmlSession(nvml, pcie_throughput=config.pcie_throughput)
         self.sampler = build_sampler(config, self.session)
         self.registry = build_registry(config, self.sampler)
-        encoder = TextEncoder()
-        self.metrics = AheadRenderer(lambda: encoder.encode(self.registry))
         try:
-            self.server = MetricsServer(config.host, config.port, self.metrics, self.health)
+            self.server = MetricsServer(config.host, config.port, Endpoints(self.registry, self.health))
         except (ConfigError, RuntimeFailure):
             self.session.close()
             raise
@@ -74,7 +69,6 @@ class Exporter:
 
     def start(self) -> None:
         self.sampler.start()
-        self.metrics.start()
         self.server.start()
         if self.gpu_log is not None:
             self.gpu_log.start()
@@ -83,6 +77,5 @@ class Exporter:
         if self.gpu_log is not None:
             self.gpu_log.stop()
         self.server.stop()
-        self.metrics.stop()
         self.sampler.stop()
         self.session.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from trainstack import catalog
 from trainstack.monitoring.exporter.sampler import Sampler
@@ -55,7 +56,7 @@ CLOCK_EVENT_REASONS = {
 }
 
 
-class GpuCollector:
+class GpuCollector(Collector):
     name = "gpu"
 
     def __init__(self, sampler: Sampler):

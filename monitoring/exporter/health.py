@@ -7,23 +7,15 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from typing import Protocol
 
 from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from trainstack import catalog
 from trainstack.monitoring.exporter.nvml import NvmlSession
 from trainstack.monitoring.exporter.sampler import CADENCES, Sampler
 
 log = logging.getLogger(__name__)
-
-
-class Collector(Protocol):
-    """What every collector is: a name for the self-metrics and metric families built fresh at each call."""
-
-    name: str
-
-    def collect(self) -> Iterator[Metric]: ...
 
 
 class CollectorRuns:
@@ -42,8 +34,9 @@ class CollectorRuns:
             return dict(self._latest)
 
 
-class Timed:
-    """Runs a collector, times it, and keeps a failing collector from failing the whole scrape."""
+class Timed(Collector):
+    """Runs a collector (one with a `name` for the self-metrics), times it, and keeps a failing collector from
+    failing the whole scrape."""
 
     def __init__(self, collector: Collector, runs: CollectorRuns):
         self._collector = collector
@@ -62,7 +55,7 @@ class Timed:
         return families
 
 
-class ExporterCollector:
+class ExporterCollector(Collector):
     name = "exporter"
 
     def __init__(self, session: NvmlSession, runs: CollectorRuns, sampler: Sampler):
