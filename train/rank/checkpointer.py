@@ -75,9 +75,11 @@ class Checkpointer:
             failure = write_failure(error, f"checkpoint step {p.step}", temporary)
             if failure is None:
                 raise
-            # Half a checkpoint is never loadable, and its space is what the summary and the report need now.
-            # Another rank may still be writing into it: what it leaves, the next start removes.
-            shutil.rmtree(temporary, ignore_errors=True)
+            # Half a checkpoint is never loadable, and its space is what the summary and the report need now. The
+            # main process made the folder and writes nearly all of it; the others leave it to the main process,
+            # which may still be writing there, or to the next start.
+            if accelerator.is_main_process:
+                shutil.rmtree(temporary, ignore_errors=True)
             raise failure from None
         accelerator.wait_for_everyone()
         return time.time() - started
