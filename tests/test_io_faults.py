@@ -15,14 +15,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from tests.conftest import explain, summary, train
 from trainstack.errors import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
-from trainstack.rundir import ERROR_FILE_ENV, UNSEALED_PREFIX, step_dir_name
+from trainstack.rundir import ERROR_FILE_ENV, METRICS_DIR_ENV, UNSEALED_PREFIX, step_dir_name
 from trainstack.train.launcher import agent, launch
 from trainstack.train.rank import checkpoint, outcome
 from trainstack.train.rank.config import TrainConfig
+from trainstack.train.rank.telemetry import RankIdentity, Telemetry
 from trainstack.write_failure import WriteFailure, write_atomically, write_failure
 
 # One checkpoint of the default model is ~4.8 MiB: two fit in 12 MiB beside the run's other files, a third does not.
@@ -98,7 +100,7 @@ def test_the_path_the_error_names_is_where():
 
 @pytest.mark.parametrize("error", [ValueError("bad"), OSError(errno.ENOENT, "missing"), RuntimeError("shape mismatch")])
 def test_other_errors_are_not_storage_failures(tmp_path, error):
-    assert write_failure(error, "telemetry", tmp_path) is None
+    assert write_failure(error, "the telemetry records", tmp_path) is None
 
 
 def test_torchs_serializer_error_is_a_failed_write_where_space_is_left(tmp_path):
@@ -131,6 +133,21 @@ def test_an_atomic_write_on_a_read_only_file_system_says_so(tmp_path):
         remount(disk, "ro")
         with pytest.raises(WriteFailure, match="^read-only file system writing the report to .*mount it read-write"):
             write_atomically(disk / "report.html", "<html>", "the report")
+
+
+def test_telemetry_on_a_full_disk_is_a_write_failure_and_closes_quietly(tmp_path, monkeypatch):
+    monkeypatch.delenv(METRICS_DIR_ENV, raising=False)
+    identity = RankIdentity(rank=0, local_rank=0, node="n", uuid="", run_id="r", world_size=1, nodes=1,
+                            mixed_precision="no", model="m", dataset="d")
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        telemetry = Telemetry(disk, identity, 1.0, None, torch.device("cpu"))
+        fill(disk)
+        records = disk / "telemetry" / "rank-0.jsonl"
+        with pytest.raises(WriteFailure, match=f"^no space left on device writing the telemetry records to {records}"):
+            for step in range(1, 100):  # the first records still fit in the file's last page
+                telemetry.step_done(4)
+                telemetry.interval_done(telemetry.interval_ended(), step, 0, 2.0, 0.1, 40)
+        telemetry.close()  # the record that failed is still buffered: closing must not raise it again
 
 
 # ---- the checkpoint a rerun resumes from --------------------------------------------------------------------

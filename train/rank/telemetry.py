@@ -311,7 +311,7 @@ class Telemetry:
         try:
             yield
         except OSError as error:
-            failure = write_failure(error, "telemetry", self._records_path)
+            failure = write_failure(error, "the telemetry records", self._records_path)
             if failure is None:
                 raise
             raise failure from None
