@@ -218,10 +218,12 @@ def test_a_report_the_disk_refuses_is_one_line_and_exit_69(tmp_path, capsys):
     def refused(run_dir):
         raise WriteFailure("no space left on device writing the report to x (0 B free of 1.0 MiB); free space there")
 
+    newest = make_checkpoint(tmp_path / "checkpoints", 5)
     assert launch.write_report(tmp_path, refused) == EXIT_RUNTIME
     line = capsys.readouterr().err.strip()
-    assert line.startswith("trainstack train: error: no space left on device writing the report")
-    assert line.endswith("no checkpoint was saved yet: a rerun starts from step 0") and "\n" not in line
+    assert line == ("trainstack train: error: no space left on device writing the report to x (0 B free of 1.0 MiB); "
+                    f"free space there, then `trainstack report {tmp_path}` writes it; the checkpoints are untouched, "
+                    f"the newest intact is {newest}")
     assert launch.write_report(tmp_path, lambda run_dir: run_dir / "report.html") == EXIT_OK
 
 

@@ -319,8 +319,11 @@ def write_report(run_dir: Path, render: Callable[[Path], Path]) -> int:
     except ConfigError as problem:
         print(f"trainstack train: warning: no report: {problem}", file=sys.stderr)
     except WriteFailure as failure:
-        note = checkpoint.resume_note(RunDir(run_dir).checkpoints)
-        print(f"trainstack train: error: {failure}; {note}", file=sys.stderr)
+        # Not "rerun the same command": after a completed run it does nothing, the report command writes it.
+        newest = checkpoint.newest_intact(RunDir(run_dir).checkpoints)
+        kept = f"; the checkpoints are untouched, the newest intact is {newest}" if newest else ""
+        print(f"trainstack train: error: {failure}, then `trainstack report {run_dir}` writes it{kept}",
+              file=sys.stderr)
         return EXIT_RUNTIME
     return EXIT_OK
 
@@ -355,6 +358,6 @@ def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | No
         if args.report and launch.node_rank == 0 and write_report_with:
             report = write_report(config.run_dir, write_report_with)
             code = code or report  # a report the disk refused fails a run that trained to its end
-        if launched.failed_rank:  # last: what the user reads first
+        if launched.failed_rank:  # the last line: the one a user reads first
             print(f"trainstack train: {launched.failed_rank}", file=sys.stderr)
         return code
