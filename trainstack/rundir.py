@@ -9,7 +9,6 @@ imports nothing heavy: the exporter and diagnose import it without torch.
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from trainstack.errors import ConfigError
+from trainstack.write_failure import write_atomically
 
 # ---- the environment ----------------------------------------------------------------------------------------
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own name: the ranks' multiprocess files go here
@@ -27,6 +27,14 @@ VERIFIED_CHECKPOINT_ENV = "TRAINSTACK_VERIFIED_CHECKPOINT"
 # "0" makes the copy of each batch to the GPU blocking again: for measuring what non-blocking copies are worth.
 NON_BLOCKING_COPY_ENV = "TRAINSTACK_NON_BLOCKING_COPY"
 NNODES_ENV = "NNODES"  # nodes in the job, for the ranks' run-info series (torchrun sets GROUP_WORLD_SIZE too)
+# torchrun's: the file where a failed rank leaves its error for the agent. A rank's one-line failure goes there in
+# torchrun's short format ({"message": line, "timestamp": whole seconds}), with FAILURE_NOTE_KEY added:
+# {"time": unix seconds, "peer_lost": true when it only saw another rank go}.
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+FAILURE_NOTE_KEY = "trainstack"
+# A pipe the launcher opens for the agent: the agent writes there the line naming the rank that failed first, and
+# the launcher prints it last. A pipe, not a file: a full or read-only disk cannot lose it.
+FAILURE_FD_ENV = "TRAINSTACK_FAILURE_FD"
 USE_CPU_ENV = "ACCELERATE_USE_CPU"  # "1": Accelerate runs the ranks on the CPU over gloo, even beside a GPU
 
 # ---- ports --------------------------------------------------------------------------------------------------
@@ -201,10 +209,9 @@ class Summary(TypedDict, total=False):
 
 
 def write_summary(path: Path, summary: Summary) -> None:
-    """Atomically: a reader sees the previous summary or this one, never half of it."""
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps({"version": SUMMARY_VERSION, **summary}, indent=2) + "\n")
-    os.replace(temporary, path)
+    """Atomically: a reader sees the previous summary or this one, never half of it. Raises WriteFailure when the
+    storage refuses it, having removed the half-written temporary file."""
+    write_atomically(path, json.dumps({"version": SUMMARY_VERSION, **summary}, indent=2) + "\n", "the summary")
 
 
 def read_summary(path: Path) -> Summary:

@@ -8,11 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainstack.rundir import RunDir
+from trainstack.write_failure import write_atomically
 
 
 def write_report(run_dir: Path | str) -> Path:
     """Write the run's report and return its path. Raises trainstack.errors.ConfigError when RUN_DIR holds no
-    telemetry records. matplotlib is imported here, not at import time, so the CLI stays quick."""
+    telemetry records, trainstack.write_failure.WriteFailure when the storage refuses the page. matplotlib is
+    imported here, not at import time, so the CLI stays quick."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -26,7 +28,5 @@ def write_report(run_dir: Path | str) -> Path:
         if figure is not None:
             images[spec.id] = figures.png(figure)
     path = RunDir(run.run_dir).report
-    temporary = path.with_suffix(".html.tmp")
-    temporary.write_text(page.render(run, images))
-    temporary.replace(path)
+    write_atomically(path, page.render(run, images), "the report")
     return path

@@ -6,6 +6,7 @@ hung rank) is chosen by environment variables, which `accelerate launch` passes 
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import time
@@ -65,6 +66,22 @@ class PausingGPT(GPT):
 
 def pausing_gpt(config, vocab_size: int) -> PausingGPT:
     return PausingGPT(BUILTIN_MODELS["tiny-gpt"], vocab_size, config.seq_len)
+
+
+class DiskFullGPT(GPT):
+    """On the rank named by TRAINSTACK_TEST_DISK_FULL_RANK, every checkpoint after the first
+    TRAINSTACK_TEST_DISK_FULL_AFTER fails as a full disk would (ENOSPC): a full disk where no tmpfs can be mounted."""
+
+    def state_dict(self, *args, **kwargs):
+        if _rank() == int(os.environ.get("TRAINSTACK_TEST_DISK_FULL_RANK", "-1")):
+            self.saves = getattr(self, "saves", 0) + 1
+            if self.saves > int(os.environ.get("TRAINSTACK_TEST_DISK_FULL_AFTER", "0")):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().state_dict(*args, **kwargs)
+
+
+def disk_full_gpt(config, vocab_size: int) -> DiskFullGPT:
+    return DiskFullGPT(BUILTIN_MODELS["tiny-gpt"], vocab_size, config.seq_len)
 
 
 class WithUnusedParameter(GPT):

@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
+from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.rundir import (
+    FAILURE_FD_ENV,
     METRICS_DIR_ENV,
     NNODES_ENV,
     RUN_ID_ENV,
@@ -36,6 +37,7 @@ from trainstack.train.rank import checkpoint, sharding
 from trainstack.train.rank import config as train_config
 from trainstack.train.rank.data import check_dataset_spec
 from trainstack.train.rank.model import check_model_spec
+from trainstack.write_failure import WriteFailure, write_failure
 
 
 def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> None:
@@ -52,7 +54,9 @@ def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> None:
     for existing in (run_dir, *run_dir.parents):
         if existing.exists():
             if not os.access(existing, os.W_OK):
-                raise ConfigError(f"--output-dir {run_dir}: {existing} is not writable; choose another path")
+                read_only = os.statvfs(existing).f_flag & os.ST_RDONLY  # root ignores modes, not this
+                why = "is on a read-only file system" if read_only else "is not writable"
+                raise ConfigError(f"--output-dir {run_dir}: {existing} {why}; choose another path")
             break
 
 
@@ -128,18 +132,25 @@ class Launch:
         self.exporter: subprocess.Popen | None = None
         self.stop_signal: int | None = None
         self.signalled_pids: set[int] = set()
+        self.failed_rank: str | None = None  # the agent's line naming the rank that failed first, and its error
 
     def prepare_run_dir(self) -> None:
         """Metrics belong to one launch: a previous launch's series must never show up in this one. Telemetry
         belongs to the run: a resumed run appends to it. Only this node's files are touched: on a shared volume
         the other nodes are writing theirs."""
         shutil.rmtree(self.metrics_dir, ignore_errors=True)
-        self.metrics_dir.mkdir(parents=True)
-        self.run_dir.telemetry.mkdir(exist_ok=True)
-        if self.resume_from is None:
-            self.set_aside_previous_record()
-        if self.launch.node_rank == 0:
-            self.config.save(self.run_dir.config)
+        try:
+            self.metrics_dir.mkdir(parents=True)
+            self.run_dir.telemetry.mkdir(exist_ok=True)
+            if self.resume_from is None:
+                self.set_aside_previous_record()
+            if self.launch.node_rank == 0:
+                self.config.save(self.run_dir.config)
+        except OSError as error:
+            failure = write_failure(error, "the run directory", self.run_dir.path)
+            if failure is None:
+                raise
+            raise RuntimeFailure(f"{failure}; {checkpoint.resume_note(self.run_dir.checkpoints)}") from None
 
     def set_aside_previous_record(self) -> None:
         """A fresh start in a directory that holds an earlier attempt's record (it never saved a checkpoint, or
@@ -234,12 +245,16 @@ class Launch:
             # Own session: a terminal's Ctrl-C reaches only the launcher, which stops the ranks in order.
             # The agent inherits the lease file, so its flock holds while ranks may still write, even if this
             # launcher is killed alone.
-            self.ranks = subprocess.Popen(self.rank_command(), env=self.rank_environment(), start_new_session=True,
-                                          pass_fds=(self.lease.fd,) if self.lease and self.lease.fd else ())
+            failures, failure_writer = os.pipe()
+            env = {**self.rank_environment(), FAILURE_FD_ENV: str(failure_writer)}
+            self.ranks = subprocess.Popen(self.rank_command(), env=env, start_new_session=True, pass_fds=(
+                failure_writer, *((self.lease.fd,) if self.lease and self.lease.fd else ())))
+            os.close(failure_writer)
             while self.ranks.poll() is None:
                 if self.stop_signal is not None:
                     self._forward_stop()
                 time.sleep(0.2)
+            self.failed_rank = read_failed_rank(failures)
             return self.outcome(self.ranks.returncode)
         finally:
             for signum, handler in previous.items():
@@ -266,10 +281,12 @@ class Launch:
                   file=sys.stderr)
             if summary["exit_reason"] == "preempted":
                 print("trainstack train: checkpoint saved; rerun the same command to resume", file=sys.stderr)
+            if self.failed_rank:  # the agent's exit code is the rank's that failed first, rank 0's may be a peer's
+                return returncode
             return EXIT_FAILED if returncode and summary["exit_code"] == EXIT_OK else summary["exit_code"]
         if returncode in (EXIT_OK, EXIT_PREEMPTED):  # ranks on every node exit 75 once they agreed to stop
             return EXIT_PREEMPTED if self.stop_signal is not None else returncode
-        return EXIT_FAILED
+        return returncode if self.failed_rank else EXIT_FAILED
 
 
 def run_doctor(config: train_config.TrainConfig, launch: LaunchConfig, skip: bool) -> None:
@@ -281,12 +298,34 @@ def run_doctor(config: train_config.TrainConfig, launch: LaunchConfig, skip: boo
         raise ConfigError("preflight checks failed (FAIL above); fix them, or pass --skip-doctor to start anyway")
 
 
-def write_report(run_dir: Path, render: Callable[[Path], Path]) -> None:
-    """`render` (trainstack.monitoring.report.write_report, which `trainstack train` passes in) writes the report."""
+def read_failed_rank(pipe: int) -> str | None:
+    """The agent's line from its pipe, once it has exited. Not waiting for the pipe to close: whatever the agent
+    left running must not hold the launcher up."""
+    os.set_blocking(pipe, False)
+    try:
+        line = os.read(pipe, 1 << 16).decode(errors="replace").strip()
+    except BlockingIOError:
+        line = ""
+    finally:
+        os.close(pipe)
+    return line or None
+
+
+def write_report(run_dir: Path, render: Callable[[Path], Path]) -> int:
+    """`render` (trainstack.monitoring.report.write_report, which `trainstack train` passes in) writes the report.
+    Returns EXIT_RUNTIME when the storage refused it (one line said so), else EXIT_OK."""
     try:
         print(f"trainstack train: report: {render(run_dir)}", file=sys.stderr)
     except ConfigError as problem:
         print(f"trainstack train: warning: no report: {problem}", file=sys.stderr)
+    except WriteFailure as failure:
+        # Not "rerun the same command": after a completed run it does nothing, the report command writes it.
+        newest = checkpoint.newest_intact(RunDir(run_dir).checkpoints)
+        kept = f"; the checkpoints are untouched, the newest intact is {newest}" if newest else ""
+        print(f"trainstack train: error: {failure}, then `trainstack report {run_dir}` writes it{kept}",
+              file=sys.stderr)
+        return EXIT_RUNTIME
+    return EXIT_OK
 
 
 def _stop_before_ranks(signum, frame) -> None:
@@ -314,7 +353,11 @@ def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | No
             return EXIT_OK
         resume_from = resume_point(config)
         run_doctor(config, launch, args.skip_doctor)
-        code = Launch(config, launch, resume_from, run_id, lease).run()
+        launched = Launch(config, launch, resume_from, run_id, lease)
+        code = launched.run()
         if args.report and launch.node_rank == 0 and write_report_with:
-            write_report(config.run_dir, write_report_with)
+            report = write_report(config.run_dir, write_report_with)
+            code = code or report  # a report the disk refused fails a run that trained to its end
+        if launched.failed_rank:  # the last line: the one a user reads first
+            print(f"trainstack train: {launched.failed_rank}", file=sys.stderr)
         return code

@@ -123,6 +123,26 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / MANIFEST).is_file())
 
 
+def newest_intact(root: Path) -> Path | None:
+    """The newest sealed checkpoint whose files all have their recorded sizes. Sizes, not hashes: it is named in a
+    failure's last line, and hashing gigabytes there would delay the exit; the resume hashes it in full."""
+    for folder in reversed(complete_checkpoints(root)):
+        try:
+            verify(folder, hashes=False)
+        except (ConfigError, OSError, ValueError, KeyError):
+            continue
+        return folder
+    return None
+
+
+def resume_note(root: Path) -> str:
+    """What rerunning the same command starts from, for the line a write failure ends on."""
+    folder = newest_intact(root)
+    if folder is None:
+        return "no checkpoint was saved yet: a rerun starts from step 0"
+    return f"a rerun of the same command resumes from {folder} (step {read_train_state(folder)['step']})"
+
+
 def latest_valid(root: Path, warn) -> Path | None:
     """The newest checkpoint that verifies. Newer damaged ones are renamed `<name>.damaged` (never deleted) so
     that training can save those steps again; if none verifies, nothing is touched and the run is refused."""

@@ -6,6 +6,7 @@ across the ranks with Accelerate's save_state/load_state, in the order that keep
 
 from __future__ import annotations
 
+import shutil
 import time
 
 from accelerate import Accelerator
@@ -14,6 +15,7 @@ from trainstack.rundir import RunDir
 from trainstack.train.rank import checkpoint
 from trainstack.train.rank.progress import Progress
 from trainstack.train.rank.segments import SEGMENTS_KEY, RunRecord
+from trainstack.write_failure import write_failure
 
 
 class Checkpointer:
@@ -57,16 +59,27 @@ class Checkpointer:
             return None
         started = time.time()
         temporary = self.run_dir.unsealed_checkpoint(p.step)
-        if accelerator.is_main_process:
-            checkpoint.remove_unsealed(self.root)
-            temporary.mkdir(parents=True)
-        accelerator.wait_for_everyone()
-        accelerator.save_state(str(temporary))
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            checkpoint.seal(temporary, {**p.state(), "world_size": accelerator.num_processes,
-                                        "strategy": self.strategy, SEGMENTS_KEY: record.segments(p)})
-            checkpoint.publish(temporary, final)
-            checkpoint.rotate(self.root, self.keep)
+        try:
+            if accelerator.is_main_process:
+                checkpoint.remove_unsealed(self.root)
+                temporary.mkdir(parents=True)
+            accelerator.wait_for_everyone()
+            accelerator.save_state(str(temporary))
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                checkpoint.seal(temporary, {**p.state(), "world_size": accelerator.num_processes,
+                                            "strategy": self.strategy, SEGMENTS_KEY: record.segments(p)})
+                checkpoint.publish(temporary, final)
+                checkpoint.rotate(self.root, self.keep)
+        except (OSError, RuntimeError) as error:
+            failure = write_failure(error, f"checkpoint step {p.step}", temporary)
+            if failure is None:
+                raise
+            # Half a checkpoint is never loadable, and its space is what the summary and the report need now. The
+            # main process made the folder and writes nearly all of it; the others leave it to the main process,
+            # which may still be writing there, or to the next start.
+            if accelerator.is_main_process:
+                shutil.rmtree(temporary, ignore_errors=True)
+            raise failure from None
         accelerator.wait_for_everyone()
         return time.time() - started

@@ -6,24 +6,32 @@ message), never read back from the message's wording.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
-from trainstack.rundir import METRICS_DIR_ENV
+from trainstack.rundir import ERROR_FILE_ENV, FAILURE_NOTE_KEY, METRICS_DIR_ENV
 from trainstack.train.rank.config import TrainConfig
 from trainstack.train.rank.segments import SEGMENTS_KEY
 from trainstack.train.rank.telemetry import progress_by_rank
+from trainstack.write_failure import WriteFailure, write_atomically
 
 EXIT_CODES = {"completed": EXIT_OK, "preempted": EXIT_PREEMPTED}  # the loop's exit reasons
+
+
+# A peer's process went away under a collective: gloo's socket closed or reset, NCCL's remote error.
+PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote process exit")
 
 
 @dataclass(frozen=True)
 class Failure:
     message: str  # one line: what went wrong and what to do about it
-    exit_code: int  # EXIT_CONFIG when changing the input fixes it, EXIT_FAILED otherwise
+    exit_code: int  # EXIT_CONFIG when changing the input fixes it, EXIT_RUNTIME for I/O, EXIT_FAILED otherwise
+    peer_lost: bool = False  # this rank only saw another one go away: it is not the cause
 
 
 def explain_runtime_error(error: RuntimeError, config: TrainConfig) -> Failure | None:
@@ -34,7 +42,11 @@ def explain_runtime_error(error: RuntimeError, config: TrainConfig) -> Failure |
                        "find_unused_parameters = true (--find-unused-parameters) or remove the unused parameters "
                        "from the model", EXIT_CONFIG)
     lowered = text.lower()
-    if "timed out" in lowered or "timeout" in lowered or "connection closed by peer" in lowered:
+    if any(sign in lowered for sign in PEER_LOST):
+        # The peer's socket closed: it exited (or was killed) a moment ago; nothing waited for a timeout.
+        return Failure("lost the connection to a peer rank, which stopped first; the launcher's last line names "
+                       "the rank that failed and its error", EXIT_FAILED, peer_lost=True)
+    if "timed out" in lowered or "timeout" in lowered:
         me = str(int(os.environ.get("RANK", "0")))
         # This rank timed out waiting, so it is not the one that stopped: of the others, the one with the
         # fewest completed steps, then forward passes, then the oldest last step.
@@ -49,8 +61,21 @@ def explain_runtime_error(error: RuntimeError, config: TrainConfig) -> Failure |
     return None
 
 
-def print_failure(rank: int, failure: Failure) -> None:
+def report_failure(rank: int, failure: Failure) -> None:
+    """One line on stderr, and the same in torchrun's error file, where the agent finds which rank failed first
+    and why (train/launcher/agent.py). That file lies in torchrun's temporary folder, not in the run directory,
+    so a full or read-only run directory does not lose it; if it cannot be written, the line on stderr remains."""
     print(f"trainstack rank {rank}: error: {failure.message}", file=sys.stderr, flush=True)
+    error_file = os.environ.get(ERROR_FILE_ENV)
+    if not error_file:
+        return  # not started by torchrun
+    now = time.time()
+    note = {"message": failure.message, "timestamp": str(int(now)),
+            FAILURE_NOTE_KEY: {"time": now, "peer_lost": failure.peer_lost}}
+    try:
+        write_atomically(Path(error_file), json.dumps(note), "the failure note")
+    except (OSError, WriteFailure):
+        pass
 
 
 def summary(accelerator, config: TrainConfig, progress, *, run_id: str, started: float,

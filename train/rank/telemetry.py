@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 from trainstack import catalog, ratios
 from trainstack.rundir import METRICS_DIR_ENV, SEGMENT_MARKER, RunDir
 from trainstack.train.rank.timeline import DeviceTimeline, IntervalSpans
+from trainstack.write_failure import write_failure
 
 if TYPE_CHECKING:  # imported for real only once the multiprocess directory is set (catalog.rank_metric)
     from prometheus_client import Counter, Gauge, Histogram
@@ -160,9 +162,10 @@ class Telemetry:
         self.clock = "gpu" if self._timeline else "host"
         self._metrics = RankMetrics.build(identity, self.clock, device.type == "cuda", bool(peak)) \
             if os.environ.get(METRICS_DIR_ENV) else None
-        records = RunDir(run_dir).rank_records(identity.rank)
-        records.parent.mkdir(parents=True, exist_ok=True)
-        self._records = open_records(records, identity)
+        self._records_path = RunDir(run_dir).rank_records(identity.rank)
+        with self._storage_failures():
+            self._records_path.parent.mkdir(parents=True, exist_ok=True)
+            self._records = open_records(self._records_path, identity)
         self._interval_start = time.time()
         self._last_step_end = time.perf_counter()
         self._step_seconds: list[float] = []
@@ -274,7 +277,8 @@ class Telemetry:
             "data_wait_seconds": data_wait, "step_seconds": step_seconds,
             "host_data_wait_seconds": cut.host_data_wait, "clock": self.clock, **self._state_bytes,
         }
-        self._records.write(json.dumps(record) + "\n")
+        with self._storage_failures():
+            self._records.write(json.dumps(record) + "\n")
         if self._metrics:
             m = self._metrics
             m.tokens.inc(tokens)
@@ -303,8 +307,22 @@ class Telemetry:
             self._metrics.checkpoint_duration.set(duration)
         self.resync_clock()
 
+    @contextmanager
+    def _storage_failures(self):
+        """A records write the storage refused, as a WriteFailure; a cut-off line is ended by the next start."""
+        try:
+            yield
+        except OSError as error:
+            failure = write_failure(error, "the telemetry records", self._records_path)
+            if failure is None:
+                raise
+            raise failure from None
+
     def close(self) -> None:
-        self._records.close()
+        try:
+            self._records.close()
+        except OSError:
+            pass  # the buffer still held the record whose write failed, and that failure was reported
 
 
 def local_bytes(tensors) -> int:

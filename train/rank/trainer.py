@@ -27,7 +27,7 @@ from accelerate.utils import (
 )
 from tqdm import tqdm
 
-from trainstack.errors import EXIT_CONFIG, ConfigError
+from trainstack.errors import EXIT_CONFIG, EXIT_RUNTIME, ConfigError
 from trainstack.rundir import NNODES_ENV, NON_BLOCKING_COPY_ENV, RUN_ID_ENV, RunDir, write_summary
 from trainstack.train.rank import checkpoint, outcome, sharding
 from trainstack.train.rank.checkpointer import Checkpointer
@@ -48,6 +48,7 @@ from trainstack.train.rank.schedule import lr_scheduler
 from trainstack.train.rank.segments import RunRecord
 from trainstack.train.rank.step import IntervalSums, PendingTotals, train_step
 from trainstack.train.rank.telemetry import IntervalCut, RankIdentity, Telemetry, device_uuid, peak_flops
+from trainstack.write_failure import WriteFailure
 
 
 class StopRequested:
@@ -337,6 +338,9 @@ class Trainer:
             self.accelerator.wait_for_everyone()
             self.accelerator.end_training()
             return code
+        except WriteFailure as error:
+            note = checkpoint.resume_note(self.run_dir.checkpoints)
+            return self._fail(outcome.Failure(f"{error}; {note}", EXIT_RUNTIME))
         except ConfigError as error:
             return self._fail(outcome.Failure(str(error), EXIT_CONFIG))
         except RuntimeError as error:
@@ -349,9 +353,9 @@ class Trainer:
             self.compile_watch.close()
 
     def _fail(self, failure: outcome.Failure) -> int:
-        outcome.print_failure(self.accelerator.process_index, failure)
+        outcome.report_failure(self.accelerator.process_index, failure)
         try:
             self.write_summary("failed", failure.exit_code, None, failure.message)
-        except OSError:
-            pass
+        except (OSError, WriteFailure):
+            pass  # the line above has said what failed
         return failure.exit_code

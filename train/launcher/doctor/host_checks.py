@@ -8,7 +8,7 @@ import os
 from trainstack.train.launcher.doctor.config import DoctorConfig, GiB, MiB
 from trainstack.train.launcher.doctor.inventory import GpuInventory
 from trainstack.train.launcher.doctor.result import CheckResult, Status
-from trainstack.train.launcher.doctor.units import human_bytes
+from trainstack.units import human_bytes
 
 # A DataLoader worker keeps prefetch_factor (default 2) batches in shared memory until the rank takes them.
 PREFETCH_FACTOR = 2

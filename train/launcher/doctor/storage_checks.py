@@ -9,7 +9,7 @@ from pathlib import Path
 from trainstack.train.launcher.doctor.config import DoctorConfig
 from trainstack.train.launcher.doctor.inventory import GpuInventory
 from trainstack.train.launcher.doctor.result import CheckResult, Status
-from trainstack.train.launcher.doctor.units import human_bytes
+from trainstack.units import human_bytes
 
 
 def nearest_existing(path: Path) -> Path:

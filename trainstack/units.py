@@ -1,4 +1,4 @@
-"""Byte counts the way people read them in a doctor line."""
+"""Byte counts the way people read them: a doctor line, a failed write's free space."""
 
 
 def human_bytes(count: float) -> str:
