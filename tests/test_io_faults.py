@@ -108,6 +108,7 @@ def test_torchs_serializer_error_is_a_failed_write_where_space_is_left(tmp_path)
     assert str(write_failure(error, "checkpoint step 15", tmp_path)).startswith("input/output error writing")
 
 
+@pytest.mark.slow  # mounts a tmpfs (mount(8) is a process)
 def test_torchs_serializer_error_on_a_full_disk_is_no_space(tmp_path):
     with tmpfs(tmp_path / "disk", "1m") as disk:
         fill(disk)
@@ -117,6 +118,7 @@ def test_torchs_serializer_error_on_a_full_disk_is_no_space(tmp_path):
     assert "free of 1.0 MiB" in message
 
 
+@pytest.mark.slow  # mounts a tmpfs (mount(8) is a process)
 def test_an_atomic_write_on_a_full_disk_leaves_the_old_file_and_no_temporary(tmp_path):
     with tmpfs(tmp_path / "disk", "1m") as disk:
         summary_path = disk / "summary.json"
@@ -128,6 +130,7 @@ def test_an_atomic_write_on_a_full_disk_leaves_the_old_file_and_no_temporary(tmp
         assert sorted(p.name for p in disk.iterdir()) == ["filler", "summary.json"]
 
 
+@pytest.mark.slow  # mounts a tmpfs (mount(8) is a process)
 def test_an_atomic_write_on_a_read_only_file_system_says_so(tmp_path):
     with tmpfs(tmp_path / "disk", "1m") as disk:
         remount(disk, "ro")
@@ -135,6 +138,7 @@ def test_an_atomic_write_on_a_read_only_file_system_says_so(tmp_path):
             write_atomically(disk / "report.html", "<html>", "the report")
 
 
+@pytest.mark.slow  # mounts a tmpfs (mount(8) is a process)
 def test_telemetry_on_a_full_disk_is_a_write_failure_and_closes_quietly(tmp_path, monkeypatch):
     monkeypatch.delenv(METRICS_DIR_ENV, raising=False)
     identity = RankIdentity(rank=0, local_rank=0, node="n", uuid="", run_id="r", world_size=1, nodes=1,

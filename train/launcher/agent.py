@@ -20,13 +20,13 @@ def first_cause(failure: ChildFailedError) -> int:
     """The global rank whose failure caused the others. A rank that only lost its connection to another is never
     the cause while one that failed on its own is known: of those, the first by the note's clock (torchrun's own
     timestamps are whole seconds, too coarse when the peers follow within one). A rank that left no note (killed,
-    crashed) comes next; then torchrun's first failure."""
+    crashed) comes next, the first by torchrun's clock; then torchrun's first failure."""
     notes = {rank: process.error_file_data.get(FAILURE_NOTE_KEY) for rank, process in failure.failures.items()}
     own = {rank: note["time"] for rank, note in notes.items() if isinstance(note, dict) and not note["peer_lost"]}
     if own:
         return min(own, key=own.get)
-    silent = [rank for rank, note in notes.items() if note is None]
-    return silent[0] if silent else failure.get_first_failure()[0]
+    silent = {rank: failure.failures[rank].timestamp for rank, note in notes.items() if note is None}
+    return min(silent, key=lambda rank: (silent[rank], rank)) if silent else failure.get_first_failure()[0]
 
 
 def failure_line(failure: ChildFailedError, rank: int) -> str:
