@@ -27,6 +27,11 @@ VERIFIED_CHECKPOINT_ENV = "TRAINSTACK_VERIFIED_CHECKPOINT"
 NON_BLOCKING_COPY_ENV = "TRAINSTACK_NON_BLOCKING_COPY"
 NNODES_ENV = "NNODES"  # nodes in the job, for the ranks' run-info series (torchrun sets GROUP_WORLD_SIZE too)
 USE_CPU_ENV = "ACCELERATE_USE_CPU"  # "1": Accelerate runs the ranks on the CPU over gloo, even beside a GPU
+# The PID of the process that started this one and supervises it (launcher -> agent and exporter, agent -> ranks):
+# when it is gone, this process stops as on SIGTERM (trainstack/lifetime.py).
+SUPERVISOR_PID_ENV = "TRAINSTACK_SUPERVISOR_PID"
+# Seconds an orphaned rank or agent has to stop (checkpoint included) before it is killed; default 60.
+STOP_GRACE_ENV = "TRAINSTACK_STOP_GRACE"
 
 # ---- ports --------------------------------------------------------------------------------------------------
 DEFAULT_EXPORTER_HOST = "127.0.0.1"

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
+from trainstack.lifetime import kill_all, signal_new_children, still_running, stop_grace, supervised_by_me
 from trainstack.rundir import (
     METRICS_DIR_ENV,
     NNODES_ENV,
@@ -46,6 +47,7 @@ def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> None:
     check_model_spec(config.model)
     sharding.check_units_before_launch(config)
     train_config.require_device_support(config, on_cuda=not launch.use_cpu, world_size=launch.world_size)
+    stop_grace()  # a bad TRAINSTACK_STOP_GRACE is refused now, not when an orphaned rank first reads it
     run_dir = config.run_dir
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--output-dir {run_dir} is a file; choose a directory path")
@@ -128,6 +130,7 @@ class Launch:
         self.exporter: subprocess.Popen | None = None
         self.stop_signal: int | None = None
         self.signalled_pids: set[int] = set()
+        self.run_processes: list = []  # psutil.Process of everything under the agent, as last seen
 
     def prepare_run_dir(self) -> None:
         """Metrics belong to one launch: a previous launch's series must never show up in this one. Telemetry
@@ -170,7 +173,7 @@ class Launch:
             cores = len(os.sched_getaffinity(0))
             # Ranks share the cores: oversubscribed intra-op threads make every rank slower than one.
             env.setdefault("OMP_NUM_THREADS", str(max(1, cores // self.launch.nproc_per_node)))
-        return env
+        return supervised_by_me(env)
 
     def rank_command(self) -> list[str]:
         launch = self.launch
@@ -199,7 +202,7 @@ class Launch:
             [sys.executable, "-m", "trainstack.monitoring.exporter", "--host", self.launch.exporter_host,
              "--port", str(self.launch.exporter_port), "--metrics-dir", str(self.metrics_dir),
              "--run-dir", str(self.run_dir.path)],
-            env={**os.environ, METRICS_DIR_ENV: str(self.metrics_dir.resolve())},
+            env=supervised_by_me({**os.environ, METRICS_DIR_ENV: str(self.metrics_dir.resolve())}),
         )
         print(f"trainstack train: metrics at http://{self.launch.exporter_host}:{self.launch.exporter_port}/metrics",
               file=sys.stderr)
@@ -211,17 +214,34 @@ class Launch:
         """SIGTERM to each rank (the agent's direct children), once; loader workers are left to their rank."""
         import psutil
 
+        signal_new_children(psutil.Process(self.ranks.pid), signal.SIGTERM, self.signalled_pids)
+
+    def _remember_run_processes(self) -> None:
+        """Everything under the agent: should the agent die, these are what must end before the lease is let go."""
+        import psutil
+
         try:
-            ranks = psutil.Process(self.ranks.pid).children()
+            self.run_processes = psutil.Process(self.ranks.pid).children(recursive=True)
         except psutil.NoSuchProcess:
+            pass
+
+    def _wait_for_orphans(self) -> None:
+        """The agent has ended; processes it started may not have (it was killed). They watch for that and stop as
+        on SIGTERM, within the grace period (trainstack/lifetime.py); the lease is held until they are gone."""
+        import psutil
+
+        left = [process for process in self.run_processes if still_running(process)]
+        if not left:
             return
-        for rank in ranks:
-            if rank.pid not in self.signalled_pids:
-                self.signalled_pids.add(rank.pid)
-                try:
-                    rank.send_signal(signal.SIGTERM)
-                except psutil.NoSuchProcess:
-                    pass
+        grace = stop_grace()
+        print(f"trainstack train: the rank agent (PID {self.ranks.pid}) ended ({describe_exit(self.ranks.returncode)})"
+              f" while {len(left)} of its processes ran; waiting up to {grace:g} s for the ranks to save a checkpoint "
+              "and exit", file=sys.stderr, flush=True)
+        _, alive = psutil.wait_procs(left, timeout=grace + 10)  # the ranks' own deadline comes first
+        if alive:
+            print(f"trainstack train: killing {len(alive)} process(es) of the run that outlived the grace period",
+                  file=sys.stderr, flush=True)
+            kill_all(alive)
 
     def run(self) -> int:
         self.started = time.time()
@@ -236,10 +256,15 @@ class Launch:
             # launcher is killed alone.
             self.ranks = subprocess.Popen(self.rank_command(), env=self.rank_environment(), start_new_session=True,
                                           pass_fds=(self.lease.fd,) if self.lease and self.lease.fd else ())
+            remembered = 0.0
             while self.ranks.poll() is None:
                 if self.stop_signal is not None:
                     self._forward_stop()
+                if time.monotonic() - remembered >= 1.0:  # a scan reads every process's /proc entry
+                    self._remember_run_processes()
+                    remembered = time.monotonic()
                 time.sleep(0.2)
+            self._wait_for_orphans()
             return self.outcome(self.ranks.returncode)
         finally:
             for signum, handler in previous.items():
@@ -270,6 +295,10 @@ class Launch:
         if returncode in (EXIT_OK, EXIT_PREEMPTED):  # ranks on every node exit 75 once they agreed to stop
             return EXIT_PREEMPTED if self.stop_signal is not None else returncode
         return EXIT_FAILED
+
+
+def describe_exit(returncode: int) -> str:
+    return f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exit code {returncode}"
 
 
 def run_doctor(config: train_config.TrainConfig, launch: LaunchConfig, skip: bool) -> None:
