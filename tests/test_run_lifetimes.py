@@ -117,7 +117,7 @@ def test_sigkill_to_the_agent_stops_the_ranks_and_the_launcher_reports_it(tmp_pa
     _child(launcher, "trainstack.train.launcher.agent").kill()
     output, _ = launcher.communicate(timeout=GRACE + 60)
     assert launcher.returncode == 75, output[-4000:]
-    assert re.search(r"the rank agent \(PID \d+\) ended \(killed by SIGKILL\)", output), output[-4000:]
+    assert re.search(r"the rank agent \(PID \d+\) was killed by SIGKILL", output), output[-4000:]
     assert "rerun the same command to resume" in output
     assert not _left_running(run_dir)  # the launcher let go of the lease only after the ranks ended
     assert not (run_dir / LEASE_DIR).exists()

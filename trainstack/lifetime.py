@@ -47,6 +47,13 @@ def stop_grace() -> float:
     return grace
 
 
+def describe_end(returncode: int) -> str:
+    """How a child process ended, from its Popen returncode: "was killed by SIGKILL", "exited with code 1"."""
+    if returncode < 0:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    return f"exited with code {returncode}"
+
+
 def supervised_by_me(env: dict[str, str]) -> dict[str, str]:
     """`env` for a child that must stop when this process is gone."""
     return {**env, SUPERVISOR_PID_ENV: str(os.getpid())}

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
-from trainstack.lifetime import kill_all, signal_new_children, still_running, stop_grace, supervised_by_me
+from trainstack.lifetime import describe_end, kill_all, signal_new_children, still_running, stop_grace, supervised_by_me
 from trainstack.rundir import (
     METRICS_DIR_ENV,
     NNODES_ENV,
@@ -31,6 +31,7 @@ from trainstack.rundir import (
     read_summary,
 )
 from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
+from trainstack.train.launcher.exporter_process import SupervisedExporter
 from trainstack.train.launcher.launch_config import LaunchConfig
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
 from trainstack.train.rank import checkpoint, sharding
@@ -127,7 +128,7 @@ class Launch:
         # node's exporter must serve only its own ranks.
         self.metrics_dir = self.run_dir.node_metrics(launch.node_rank)
         self.ranks: subprocess.Popen | None = None
-        self.exporter: subprocess.Popen | None = None
+        self.exporter: SupervisedExporter | None = None
         self.stop_signal: int | None = None
         self.signalled_pids: set[int] = set()
         self.run_processes: list = []  # psutil.Process of everything under the agent, as last seen
@@ -198,14 +199,15 @@ class Launch:
     def start_exporter(self) -> None:
         if not self.launch.exporter_port:
             return
-        self.exporter = subprocess.Popen(
+        self.exporter = SupervisedExporter(
             [sys.executable, "-m", "trainstack.monitoring.exporter", "--host", self.launch.exporter_host,
              "--port", str(self.launch.exporter_port), "--metrics-dir", str(self.metrics_dir),
              "--run-dir", str(self.run_dir.path)],
             env=supervised_by_me({**os.environ, METRICS_DIR_ENV: str(self.metrics_dir.resolve())}),
-        )
-        print(f"trainstack train: metrics at http://{self.launch.exporter_host}:{self.launch.exporter_port}/metrics",
-              file=sys.stderr)
+            port=self.launch.exporter_port, host=self.launch.exporter_host,
+            url=f"http://{self.launch.exporter_host}:{self.launch.exporter_port}/metrics",
+            say=lambda line: print(f"trainstack train: {line}", file=sys.stderr, flush=True))
+        self.exporter.start()
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_signal = signum
@@ -234,7 +236,7 @@ class Launch:
         if not left:
             return
         grace = stop_grace()
-        print(f"trainstack train: the rank agent (PID {self.ranks.pid}) ended ({describe_exit(self.ranks.returncode)})"
+        print(f"trainstack train: the rank agent (PID {self.ranks.pid}) {describe_end(self.ranks.returncode)}"
               f" while {len(left)} of its processes ran; waiting up to {grace:g} s for the ranks to save a checkpoint "
               "and exit", file=sys.stderr, flush=True)
         _, alive = psutil.wait_procs(left, timeout=grace + 10)  # the ranks' own deadline comes first
@@ -272,12 +274,8 @@ class Launch:
             self.stop_exporter()
 
     def stop_exporter(self) -> None:
-        if self.exporter and self.exporter.poll() is None:
-            self.exporter.terminate()
-            try:
-                self.exporter.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.exporter.kill()
+        if self.exporter:
+            self.exporter.stop()
 
     def outcome(self, returncode: int) -> int:
         """Rank 0's verdict from summary.json when this launch wrote one (node 0), else the ranks' exit status."""
@@ -295,10 +293,6 @@ class Launch:
         if returncode in (EXIT_OK, EXIT_PREEMPTED):  # ranks on every node exit 75 once they agreed to stop
             return EXIT_PREEMPTED if self.stop_signal is not None else returncode
         return EXIT_FAILED
-
-
-def describe_exit(returncode: int) -> str:
-    return f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else f"exit code {returncode}"
 
 
 def run_doctor(config: train_config.TrainConfig, launch: LaunchConfig, skip: bool) -> None:
