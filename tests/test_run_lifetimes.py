@@ -7,7 +7,9 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -19,6 +21,7 @@ import torch
 from tests.conftest import FAST, REPO, explain, free_port, summary, train, trainstack_command
 from tests.test_train_checkpoint import EXACT, _logged_steps, _wait_for, weights
 from trainstack.rundir import LEASE_DIR, METRICS_DIR_ENV, STOP_GRACE_ENV, step_dir_name
+from trainstack.train.launcher.exporter_process import SupervisedExporter
 from trainstack.train.rank import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -27,6 +30,8 @@ GRACE = 40.0  # TRAINSTACK_STOP_GRACE for these runs: what an orphan has to stop
 # Rank 0 pauses in each forward pass, so a kill lands mid-run; the pause changes no number.
 ENV = {"TRAINSTACK_TEST_SLOW_RANK": "0", "TRAINSTACK_TEST_SLOW_SECONDS": "0.2", STOP_GRACE_ENV: f"{GRACE:g}"}
 STEPS = 30
+# torch's own log lines (glog style: level, date, time): a stop that went as planned prints none of them
+TORCH_LOG_LINE = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d", re.MULTILINE)
 COMMAND = (*EXACT, "--model", "tests.factories:pausing_gpt", "--max-steps", str(STEPS))
 
 
@@ -119,6 +124,7 @@ def test_sigkill_to_the_agent_stops_the_ranks_and_the_launcher_reports_it(tmp_pa
     assert launcher.returncode == 75, output[-4000:]
     assert re.search(r"the rank agent \(PID \d+\) was killed by SIGKILL", output), output[-4000:]
     assert "rerun the same command to resume" in output
+    assert not TORCH_LOG_LINE.search(output), output[-4000:]
     assert not _left_running(run_dir)  # the launcher let go of the lease only after the ranks ended
     assert not (run_dir / LEASE_DIR).exists()
     _stopped_with_a_checkpoint(run_dir, at_least=moment)
@@ -136,6 +142,7 @@ def test_a_sigkilled_rank_fails_the_launch_naming_it_and_the_rerun_resumes(tmp_p
     output, _ = launcher.communicate(timeout=GRACE + 60)  # a hang guard: the peer sees the connection drop at once
     assert launcher.returncode not in (0, 75), output[-4000:]
     assert "rank 1" in output, output[-4000:]
+    assert "failed (exitcode: -9) local_rank: 1" in output  # torch's line about a real crash stays
     assert not _left_running(run_dir)
     _resume_and_compare(run_dir, uninterrupted)
 
@@ -170,6 +177,39 @@ def test_a_sigkilled_exporter_is_restarted_and_its_counters_carry_on(tmp_path):
         launcher.send_signal(signal.SIGTERM)
         output, _ = launcher.communicate(timeout=GRACE + 60)
     assert launcher.returncode == 75, output[-4000:]
+    assert not TORCH_LOG_LINE.search(output), output[-4000:]  # a preemption: trainstack's lines only
     restarts = [line for line in output.splitlines() if "exporter" in line and "SIGKILL" in line]
     assert len(restarts) == 1, output[-4000:]
     assert output.count(f"metrics at http://127.0.0.1:{port}/metrics") == 1
+
+
+def test_an_exporter_that_cannot_listen_is_retried_with_a_backoff_and_announced_only_once_it_serves():
+    said: list[str] = []
+    with socket.socket() as taken:  # listens, but answers no HTTP: another program on the port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        url = f"http://127.0.0.1:{port}/metrics"
+        exporter = SupervisedExporter(
+            [sys.executable, "-m", "trainstack.monitoring.exporter", "--port", str(port),
+             "--nvml-module", "trainstack.monitoring.nvml_fake"],
+            env=dict(os.environ), port=port, host="127.0.0.1", url=url, say=said.append)
+        exporter.start()
+        try:
+            _wait_until(lambda: len(said) >= 2)
+            taken.close()  # the port is free again: the next try serves
+            _wait_until(lambda: f"metrics at {url}" in said)
+            health = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read()
+        finally:
+            exporter.stop()
+    assert said[:2] == ["the exporter exited with code 69 before serving; starting it again in 1 s",
+                        "the exporter exited with code 69 before serving; starting it again in 2 s"], said
+    assert said[2:] == [f"metrics at {url}"], said
+    assert b'"status": "ok"' in health
+
+
+def _wait_until(predicate, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)

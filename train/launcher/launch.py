@@ -236,9 +236,10 @@ class Launch:
         if not left:
             return
         grace = stop_grace()
-        print(f"trainstack train: the rank agent (PID {self.ranks.pid}) {describe_end(self.ranks.returncode)}"
-              f" while {len(left)} of its processes ran; waiting up to {grace:g} s for the ranks to save a checkpoint "
-              "and exit", file=sys.stderr, flush=True)
+        if self.ranks.returncode < 0:  # an agent that returned waited for its ranks: at most a loader worker is left
+            print(f"trainstack train: the rank agent (PID {self.ranks.pid}) {describe_end(self.ranks.returncode)} "
+                  f"while {len(left)} of its processes ran; waiting up to {grace:g} s for the ranks to save a "
+                  "checkpoint and exit", file=sys.stderr, flush=True)
         _, alive = psutil.wait_procs(left, timeout=grace + 10)  # the ranks' own deadline comes first
         if alive:
             print(f"trainstack train: killing {len(alive)} process(es) of the run that outlived the grace period",
