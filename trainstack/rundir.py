@@ -36,6 +36,11 @@ FAILURE_NOTE_KEY = "trainstack"
 # the launcher prints it last. A pipe, not a file: a full or read-only disk cannot lose it.
 FAILURE_FD_ENV = "TRAINSTACK_FAILURE_FD"
 USE_CPU_ENV = "ACCELERATE_USE_CPU"  # "1": Accelerate runs the ranks on the CPU over gloo, even beside a GPU
+# The PID of the process that started this one and supervises it (launcher -> agent and exporter, agent -> ranks):
+# when it is gone, this process stops as on SIGTERM (trainstack/lifetime.py).
+SUPERVISOR_PID_ENV = "TRAINSTACK_SUPERVISOR_PID"
+# Seconds an orphaned rank or agent has to stop (checkpoint included) before it is killed; default 60.
+STOP_GRACE_ENV = "TRAINSTACK_STOP_GRACE"
 
 # ---- ports --------------------------------------------------------------------------------------------------
 DEFAULT_EXPORTER_HOST = "127.0.0.1"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 
 from prometheus_client import CollectorRegistry
 
@@ -59,6 +60,7 @@ class Exporter:
         metrics_dir = self.config.metrics_dir
         return {
             "status": "ok",
+            "pid": os.getpid(),  # which exporter answered: the launcher's, not another one on a port it reuses
             "nvml": "up" if nvml.up else "down",
             "nvml_down_reason": self.session.down_reason or None,
             "gpus": nvml.gpus,

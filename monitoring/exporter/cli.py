@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 from trainstack.errors import EXIT_OK, ConfigError, RuntimeFailure, exit_code
+from trainstack.lifetime import watch_supervisor
 from trainstack.monitoring.exporter.config import DEFAULT_SAMPLE_INTERVAL, DEFAULT_SLOW_SAMPLE_INTERVAL, ExporterConfig
 from trainstack.rundir import DEFAULT_EXPORTER_HOST, DEFAULT_EXPORTER_PORT, SHOWN
 
@@ -57,6 +58,12 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+
+    def launcher_gone(launcher: int) -> None:  # started by `trainstack train`, which is gone: nothing to serve
+        log.info("the launcher (PID %d) is gone; stopping", launcher)
+        stop.set()
+
+    watch_supervisor(launcher_gone)
     exporter.start()
     # What start-up made lives as long as the process: kept out of the collector's full passes, which otherwise
     # walk it all (~10-15 ms on the CI machine) and stall whichever thread triggers them, a scrape's included.

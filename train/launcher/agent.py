@@ -3,17 +3,64 @@
 Accelerate ends a failed launch with an uncaught exception; the rank has already printed what went wrong, so the
 agent's own traceback would only bury it. The line names the rank that failed first for a reason of its own, with
 its error, read from torchrun's error files (train/rank/outcome.py, `report_failure`).
+
+The agent runs in its own session (the launcher stops the ranks in order, not a terminal's Ctrl-C) and holds the
+run directory's lease through the file it inherits, so it must never outlive the launcher: when the launcher is
+gone, by any signal, SIGKILL included, the agent does what the launcher would have done on SIGTERM (passes it to
+the ranks, which save a checkpoint and exit), kills what is left after the grace period, and so lets go of the lease
+(trainstack/lifetime.py).
 """
 
+import logging
 import os
+import signal
 import subprocess
 import sys
+import time
 
 from accelerate.commands.launch import main
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from trainstack.errors import EXIT_PREEMPTED
-from trainstack.rundir import FAILURE_FD_ENV, FAILURE_NOTE_KEY
+from trainstack.errors import EXIT_FAILED, EXIT_PREEMPTED
+from trainstack.lifetime import POLL_SECONDS, kill_all, signal_new_children, stop_grace, watch_supervisor
+from trainstack.rundir import FAILURE_FD_ENV, FAILURE_NOTE_KEY, STOP_GRACE_ENV, SUPERVISOR_PID_ENV
+
+# torchrun's process supervision, which logs each rank's end and each signal it sends the others
+ELASTIC_PROCESSES_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+
+class ExpectedStopsOnly(logging.Filter):
+    """Drops torchrun's lines about a stop that went as planned; a crash's lines stay.
+
+    A rank exits 75 only after the ranks agreed to stop and saved the checkpoint, so torchrun's
+    `failed (exitcode: 75)` error says nothing the launcher's own "preempted" line does not. Its "Sending process N
+    closing signal SIGTERM" warnings follow every first rank to end, also when a peer is only a moment behind: what
+    it sends then is recorded by the exit codes, the failed rank's own line and the agent's one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if message.startswith("failed (exitcode: %s)"):
+            return record.args[0] != EXIT_PREEMPTED
+        return not message.startswith("Sending process %s closing signal %s")
+
+
+def stop_ranks_then_leave(launcher_pid: int) -> None:
+    """The launcher is gone: SIGTERM to each rank (those that start later too), as its stop would have sent them;
+    the ranks' exits then end the launch as a preemption. Whatever still runs after the grace period is killed."""
+    grace = stop_grace()
+    print(f"trainstack: the launcher (PID {launcher_pid}) is gone; stopping the ranks: they save a checkpoint and "
+          f"exit within {grace:g} s", file=sys.stderr, flush=True)
+    import psutil
+
+    agent, signalled = psutil.Process(), set()
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        signal_new_children(agent, signal.SIGTERM, signalled)
+        time.sleep(POLL_SECONDS)
+    print(f"trainstack: the ranks did not stop within {grace:g} s ({STOP_GRACE_ENV}); killing them",
+          file=sys.stderr, flush=True)
+    kill_all(agent.children(recursive=True))
+    os._exit(EXIT_FAILED)
 
 
 def first_cause(failure: ChildFailedError) -> int:
@@ -46,6 +93,9 @@ def announce(line: str) -> None:
 
 
 def run() -> int:
+    watch_supervisor(stop_ranks_then_leave)
+    os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())  # the ranks (torchrun copies this environment) watch us
+    logging.getLogger(ELASTIC_PROCESSES_LOGGER).addFilter(ExpectedStopsOnly())
     try:
         main()
     except ChildFailedError as failure:

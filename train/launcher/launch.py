@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_RUNTIME, ConfigError, RuntimeFailure
+from trainstack.lifetime import describe_end, kill_all, signal_new_children, still_running, stop_grace, supervised_by_me
 from trainstack.rundir import (
     FAILURE_FD_ENV,
     METRICS_DIR_ENV,
@@ -31,6 +32,7 @@ from trainstack.rundir import (
     read_summary,
 )
 from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
+from trainstack.train.launcher.exporter_process import SupervisedExporter
 from trainstack.train.launcher.launch_config import LaunchConfig
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
 from trainstack.train.rank import checkpoint, sharding
@@ -48,6 +50,7 @@ def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> None:
     check_model_spec(config.model)
     sharding.check_units_before_launch(config)
     train_config.require_device_support(config, on_cuda=not launch.use_cpu, world_size=launch.world_size)
+    stop_grace()  # a bad TRAINSTACK_STOP_GRACE is refused now, not when an orphaned rank first reads it
     run_dir = config.run_dir
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--output-dir {run_dir} is a file; choose a directory path")
@@ -129,10 +132,11 @@ class Launch:
         # node's exporter must serve only its own ranks.
         self.metrics_dir = self.run_dir.node_metrics(launch.node_rank)
         self.ranks: subprocess.Popen | None = None
-        self.exporter: subprocess.Popen | None = None
+        self.exporter: SupervisedExporter | None = None
         self.stop_signal: int | None = None
         self.signalled_pids: set[int] = set()
         self.failed_rank: str | None = None  # the agent's line naming the rank that failed first, and its error
+        self.run_processes: list = []  # psutil.Process of everything under the agent, as last seen
 
     def prepare_run_dir(self) -> None:
         """Metrics belong to one launch: a previous launch's series must never show up in this one. Telemetry
@@ -181,7 +185,7 @@ class Launch:
             cores = len(os.sched_getaffinity(0))
             # Ranks share the cores: oversubscribed intra-op threads make every rank slower than one.
             env.setdefault("OMP_NUM_THREADS", str(max(1, cores // self.launch.nproc_per_node)))
-        return env
+        return supervised_by_me(env)
 
     def rank_command(self) -> list[str]:
         launch = self.launch
@@ -206,14 +210,15 @@ class Launch:
     def start_exporter(self) -> None:
         if not self.launch.exporter_port:
             return
-        self.exporter = subprocess.Popen(
+        self.exporter = SupervisedExporter(
             [sys.executable, "-m", "trainstack.monitoring.exporter", "--host", self.launch.exporter_host,
              "--port", str(self.launch.exporter_port), "--metrics-dir", str(self.metrics_dir),
              "--run-dir", str(self.run_dir.path)],
-            env={**os.environ, METRICS_DIR_ENV: str(self.metrics_dir.resolve())},
-        )
-        print(f"trainstack train: metrics at http://{self.launch.exporter_host}:{self.launch.exporter_port}/metrics",
-              file=sys.stderr)
+            env=supervised_by_me({**os.environ, METRICS_DIR_ENV: str(self.metrics_dir.resolve())}),
+            port=self.launch.exporter_port, host=self.launch.exporter_host,
+            url=f"http://{self.launch.exporter_host}:{self.launch.exporter_port}/metrics",
+            say=lambda line: print(f"trainstack train: {line}", file=sys.stderr, flush=True))
+        self.exporter.start()
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_signal = signum
@@ -222,17 +227,35 @@ class Launch:
         """SIGTERM to each rank (the agent's direct children), once; loader workers are left to their rank."""
         import psutil
 
+        signal_new_children(psutil.Process(self.ranks.pid), signal.SIGTERM, self.signalled_pids)
+
+    def _remember_run_processes(self) -> None:
+        """Everything under the agent: should the agent die, these are what must end before the lease is let go."""
+        import psutil
+
         try:
-            ranks = psutil.Process(self.ranks.pid).children()
+            self.run_processes = psutil.Process(self.ranks.pid).children(recursive=True)
         except psutil.NoSuchProcess:
+            pass
+
+    def _wait_for_orphans(self) -> None:
+        """The agent has ended; processes it started may not have (it was killed). They watch for that and stop as
+        on SIGTERM, within the grace period (trainstack/lifetime.py); the lease is held until they are gone."""
+        import psutil
+
+        left = [process for process in self.run_processes if still_running(process)]
+        if not left:
             return
-        for rank in ranks:
-            if rank.pid not in self.signalled_pids:
-                self.signalled_pids.add(rank.pid)
-                try:
-                    rank.send_signal(signal.SIGTERM)
-                except psutil.NoSuchProcess:
-                    pass
+        grace = stop_grace()
+        if self.ranks.returncode < 0:  # an agent that returned waited for its ranks: at most a loader worker is left
+            print(f"trainstack train: the rank agent (PID {self.ranks.pid}) {describe_end(self.ranks.returncode)} "
+                  f"while {len(left)} of its processes ran; waiting up to {grace:g} s for the ranks to save a "
+                  "checkpoint and exit", file=sys.stderr, flush=True)
+        _, alive = psutil.wait_procs(left, timeout=grace + 10)  # the ranks' own deadline comes first
+        if alive:
+            print(f"trainstack train: killing {len(alive)} process(es) of the run that outlived the grace period",
+                  file=sys.stderr, flush=True)
+            kill_all(alive)
 
     def run(self) -> int:
         self.started = time.time()
@@ -250,10 +273,15 @@ class Launch:
             self.ranks = subprocess.Popen(self.rank_command(), env=env, start_new_session=True, pass_fds=(
                 failure_writer, *((self.lease.fd,) if self.lease and self.lease.fd else ())))
             os.close(failure_writer)
+            remembered = 0.0
             while self.ranks.poll() is None:
                 if self.stop_signal is not None:
                     self._forward_stop()
+                if time.monotonic() - remembered >= 1.0:  # a scan reads every process's /proc entry
+                    self._remember_run_processes()
+                    remembered = time.monotonic()
                 time.sleep(0.2)
+            self._wait_for_orphans()
             self.failed_rank = read_failed_rank(failures)
             return self.outcome(self.ranks.returncode)
         finally:
@@ -262,12 +290,8 @@ class Launch:
             self.stop_exporter()
 
     def stop_exporter(self) -> None:
-        if self.exporter and self.exporter.poll() is None:
-            self.exporter.terminate()
-            try:
-                self.exporter.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.exporter.kill()
+        if self.exporter:
+            self.exporter.stop()
 
     def outcome(self, returncode: int) -> int:
         """Rank 0's verdict from summary.json when this launch wrote one (node 0), else the ranks' exit status."""

@@ -5,9 +5,11 @@ import sys
 
 from trainstack.errors import EXIT_CONFIG, ConfigError
 from trainstack.train.rank.config import add_arguments, from_sources
+from trainstack.train.rank.stopping import StopRequested
 
 
 def main(argv: list[str] | None = None) -> int:
+    stop = StopRequested()
     parser = argparse.ArgumentParser(prog="python -m trainstack.train.rank", description=__doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
@@ -18,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     from trainstack.train.rank.trainer import Trainer  # after validation: a config typo answers before torch loads
 
-    return Trainer(config).run()
+    return Trainer(config, stop).run()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import socket
 import time
 from dataclasses import dataclass
@@ -47,21 +46,9 @@ from trainstack.train.rank.progress import Progress
 from trainstack.train.rank.schedule import lr_scheduler
 from trainstack.train.rank.segments import RunRecord
 from trainstack.train.rank.step import IntervalSums, PendingTotals, train_step
+from trainstack.train.rank.stopping import StopRequested
 from trainstack.train.rank.telemetry import IntervalCut, RankIdentity, Telemetry, device_uuid, peak_flops
 from trainstack.write_failure import WriteFailure
-
-
-class StopRequested:
-    """SIGTERM/SIGINT only set a flag: the ranks agree on it at the next log interval and stop together after
-    the step that follows it (the step queued while the interval's totals were read)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
 
 
 @dataclass(frozen=True)
@@ -80,9 +67,9 @@ class Trainer:
     doing nothing while off: `NoTelemetry`, `NoCompileWatch`); the step, the evaluation, the LR schedule and the
     outcome are functions of their own (train/rank/step.py, evaluation.py, schedule.py, outcome.py)."""
 
-    def __init__(self, config: TrainConfig):
+    def __init__(self, config: TrainConfig, stop: StopRequested | None = None):
         self.config = config
-        self.stop = StopRequested()
+        self.stop = stop or StopRequested()
         self.run_dir = RunDir(config.run_dir)
         self.started = time.time()
         fsdp_plugin = sharding.plugin_for(config)

@@ -1,0 +1,97 @@
+"""The launcher's exporter, supervised: its URL is announced only once it answers, and it is started again, with a
+backoff, whenever it ends or never starts serving (a taken port, a crash, an OOM kill).
+
+A restarted exporter carries on where the last one stopped: the training counters it serves are the ranks' own,
+read from their multiprocess files in the metrics folder at each scrape, not kept in the exporter.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+
+from trainstack.lifetime import describe_end
+
+FIRST_BACKOFF_SECONDS = 1.0
+MAX_BACKOFF_SECONDS = 60.0
+START_TIMEOUT_SECONDS = 60.0  # imports and NVML's start on a loaded host; a healthy one answers in seconds
+PROBE_SECONDS = 0.25
+
+
+def probe_address(host: str) -> str:
+    """Where this host reaches an exporter bound to `host`: a wildcard address is reached on loopback."""
+    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(host, f"[{host}]" if ":" in host else host)
+
+
+class SupervisedExporter:
+    """`start()` returns at once; a thread starts the exporter, waits for its /healthz, announces `url`, and starts
+    it again when it ends. `stop()` ends the exporter and the thread."""
+
+    def __init__(self, command: list[str], env: dict[str, str], port: int, host: str, url: str,
+                 say: Callable[[str], None]):
+        self.command, self.env, self.url, self.say = command, env, url, say
+        self.health_url = f"http://{probe_address(host)}:{port}/healthz"
+        self.process: subprocess.Popen | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._supervise, name="exporter-supervisor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join()
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def _supervise(self) -> None:
+        backoff, served_before = FIRST_BACKOFF_SECONDS, False
+        while not self._stopping.is_set():
+            self.process = subprocess.Popen(self.command, env=self.env)
+            problem = self._wait_until_serving()
+            if self._stopping.is_set():
+                return
+            if problem is None:
+                self.say(f"metrics at {self.url}" if not served_before else f"the exporter serves {self.url} again")
+                served_before, backoff = True, FIRST_BACKOFF_SECONDS
+                while not self._stopping.wait(PROBE_SECONDS) and self.process.poll() is None:
+                    pass
+                if self._stopping.is_set():
+                    return
+                problem = describe_end(self.process.returncode)
+            self.say(f"the exporter {problem}; starting it again in {backoff:g} s")
+            if self._stopping.wait(backoff):
+                return
+            backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+
+    def _wait_until_serving(self) -> str | None:
+        """None once /healthz answers; else why not (the process ended, or never answered and was killed)."""
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while not self._stopping.is_set():
+            if self.process.poll() is not None:
+                return f"{describe_end(self.process.returncode)} before serving"
+            if self._answering() == self.process.pid:
+                return None
+            if time.monotonic() > deadline:
+                self.process.kill()
+                self.process.wait()
+                return f"did not answer on {self.health_url} within {START_TIMEOUT_SECONDS:g} s"
+            self._stopping.wait(PROBE_SECONDS)
+        return None
+
+    def _answering(self) -> int | None:
+        """The PID of the exporter answering /healthz, if one does."""
+        try:
+            with urllib.request.urlopen(self.health_url, timeout=PROBE_SECONDS * 4) as response:
+                return json.loads(response.read()).get("pid")
+        except (OSError, ValueError):
+            return None
