@@ -108,6 +108,10 @@ def agent_exit(monkeypatch, raised: BaseException | None) -> int:
             raise raised
 
     monkeypatch.setattr(agent, "main", accelerate_launch)
+    # The agent's watch on its launcher and the supervisor PID it hands its ranks are tests/test_run_lifetimes.py's
+    # concern: here they would watch pytest's parent and leave the PID in this process's environment.
+    monkeypatch.setattr(agent, "watch_supervisor", lambda on_gone: None)
+    monkeypatch.setenv(agent.SUPERVISOR_PID_ENV, "")  # restored (unset) after the test, whatever run() sets
     return agent.run()
 
 
