@@ -140,6 +140,41 @@ def test_straggler_is_named_by_forward_time_not_step_time():
     assert diagnose(Snapshot("test", NOW, equal_steps), LIMITS) == []
 
 
+def test_comm_bound_when_every_rank_waits_for_the_all_reduce():
+    ranks = [rank("0", comm_exposed_ratio=0.5, comm_seconds=0.2), rank("1", comm_exposed_ratio=0.4,
+                                                                       comm_seconds=0.18)]
+    verdicts = diagnose(Snapshot("test", NOW, ranks), LIMITS)
+    assert kinds(verdicts) == ["comm-bound"]
+    assert "at least 40% of its step time (threshold 25%)" in verdicts[0].summary
+    assert verdicts[0].evidence[0] == ("rank 0: waits for the gradient all-reduce 50% of its step time (150 ms "
+                                       "exposed of 200 ms communication per step)")
+    assert "bucket_cap_mb" in verdicts[0].fix and "NCCL_P2P_DISABLE" in verdicts[0].fix
+    assert figures(Snapshot("test", NOW, ranks))["comm_exposed_ratio_min"] == 0.4
+
+
+@pytest.mark.parametrize("exposed", [
+    (0.1, 0.05),  # hidden by backward: a fast link
+    (0.6, 0.02),  # rank 0 waits for rank 1 inside the all-reduce: a straggler, not the network
+    (0.6, None),  # a rank that does not measure it (FSDP, or an older trainer): unknown, not comm-bound
+])
+def test_not_comm_bound(exposed):
+    ranks = [rank(str(i), comm_exposed_ratio=share) for i, share in enumerate(exposed)]
+    assert "comm-bound" not in kinds(diagnose(Snapshot("test", NOW, ranks), LIMITS))
+
+
+def test_the_snapshot_reads_communication_per_rank():
+    per_rank = [({"rank": "0"}, 2.0), ({"rank": "1"}, 2.0)]
+    source = CountersSource(
+        {"trainstack_train_steps_total": [({"rank": "0"}, 50.0), ({"rank": "1"}, 50.0)]},
+        {"trainstack_train_steps_total": per_rank,
+         "trainstack_train_step_duration_seconds_sum": per_rank,
+         "trainstack_train_comm_exposed_seconds_total": [({"rank": "0"}, 0.5)],
+         "trainstack_train_comm_seconds_total": [({"rank": "0"}, 1.0)]})
+    ddp_rank, unmeasured = read_snapshot(source).ranks
+    assert (ddp_rank.comm_exposed_ratio, ddp_rank.comm_seconds) == (0.25, 0.5)
+    assert (unmeasured.comm_exposed_ratio, unmeasured.comm_seconds) == (None, None)
+
+
 def test_noise_in_a_tiny_forward_pass_is_no_straggler():
     # 1.23x the median, but 3 ms of a 900 ms step: a slow loader's run on a busy CPU looks like this.
     ranks = [rank("0", forward_seconds=0.016, step_seconds=0.9), rank("1", forward_seconds=0.010, step_seconds=0.9)]
