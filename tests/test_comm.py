@@ -37,7 +37,7 @@ def test_host_clock_exposed_is_the_wait_after_the_last_launch():
     now.now = 2.75
     timer.done(last)
     timer.step_done()
-    assert timer.read(timer.cut()) == [StepComm(seconds=1.75, exposed_seconds=0.75, bytes=400)]
+    assert timer.read(timer.cut()) == [StepComm(seconds=1.75, exposed_seconds=0.75, bytes=400, buckets=2)]
 
 
 def test_host_clock_takes_the_latest_end_whatever_the_order():
@@ -52,7 +52,7 @@ def test_host_clock_takes_the_latest_end_whatever_the_order():
     now.now = 2.0
     timer.done(first)
     timer.step_done()
-    assert timer.read(timer.cut()) == [StepComm(seconds=2.0, exposed_seconds=1.5, bytes=20)]
+    assert timer.read(timer.cut()) == [StepComm(seconds=2.0, exposed_seconds=1.5, bytes=20, buckets=2)]
 
 
 def test_hidden_communication_is_not_exposed():
@@ -65,7 +65,7 @@ def test_hidden_communication_is_not_exposed():
     last = timer.launched(10)
     timer.done(last)  # ended as it launched: nothing to wait for
     timer.step_done()
-    assert timer.read(timer.cut()) == [StepComm(seconds=1.0, exposed_seconds=0.0, bytes=20)]
+    assert timer.read(timer.cut()) == [StepComm(seconds=1.0, exposed_seconds=0.0, bytes=20, buckets=2)]
 
 
 def test_steps_and_micro_batches_group_their_buckets():
@@ -99,7 +99,7 @@ def test_device_clock_measures_on_the_gpu_timeline_and_reuses_its_events():
         timer.done(last)
         timer.step_done()
     steps = timer.read(timer.cut())
-    assert steps == [StepComm(seconds=0.625, exposed_seconds=0.125, bytes=8)] * 2
+    assert steps == [StepComm(seconds=0.625, exposed_seconds=0.125, bytes=8, buckets=2)] * 2
     assert gpu.events_made == 8
     timer.launched(4)
     assert gpu.events_made == 8, "read marks go back to the pool"
@@ -138,5 +138,5 @@ def test_telemetry_records_communication_only_where_measured(tmp_path, monkeypat
     telemetry.interval_done(telemetry.interval_ended(), 1, 0, 2.0, 1e-3, 64)
     telemetry.close()
     record = json.loads(RunDir(tmp_path).rank_records(0).read_text().splitlines()[-1])
-    fields = {"comm_seconds": 0, "comm_exposed_seconds": 0, "comm_bytes": 0}
+    fields = {"comm_seconds": 0, "comm_exposed_seconds": 0, "comm_bytes": 0, "comm_buckets": 0}
     assert {key: record[key] for key in fields if key in record} == (fields if ddp else {})

@@ -14,6 +14,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -27,6 +28,8 @@ from trainstack.monitoring.diagnose.snapshot import GpuView, RankView, Snapshot,
 from trainstack.monitoring.diagnose.sources import ExporterSource, PrometheusSource, open_source
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures
+from trainstack.rundir import RunDir
+from trainstack.train.rank.comm import TEST_ALLREDUCE_DELAY_ENV
 
 FORWARD_METRIC = "trainstack_train_forward_seconds_total"
 NOW = 1_800_000_000.0
@@ -385,6 +388,48 @@ def test_healthy_run(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     verdict = result.stdout.splitlines()[1]
     assert verdict.startswith("HEALTHY  2 rank(s), ") and "samples/s in all" in verdict
+
+
+@dataclass(frozen=True)
+class CommPerStep:
+    step_seconds: float
+    exposed_seconds: float
+    buckets: float
+
+
+def comm_per_step(run: Path, rank: int) -> CommPerStep:
+    """A rank's step time, exposed communication and all-reduces per step from its telemetry records, leaving out
+    the first interval (the first step's warm-up) and a line the kill cut off."""
+    lines = RunDir(run).rank_records(rank).read_text().splitlines()
+    records = [record for line in lines if line.endswith("}") and "comm_seconds" in (record := json.loads(line))]
+    steady = records[1:]
+    assert len(steady) >= 3, f"rank {rank}: {len(records)} records with communication times"
+    steps = sum(len(r["step_seconds"]) for r in steady)
+    return CommPerStep(sum(sum(r["step_seconds"]) for r in steady) / steps,
+                       sum(r["comm_exposed_seconds"] for r in steady) / steps,
+                       sum(r["comm_buckets"] for r in steady) / steps)
+
+
+@pytest.mark.slow
+def test_a_slow_link_is_comm_bound_by_the_share_its_delay_predicts(tmp_path):
+    """Each gradient all-reduce held back by `delay` (as a slow link would) adds `delay` per bucket to the step,
+    all of it after backward compute: the exposed share must be what the undelayed run's figures predict."""
+    delay = 0.3
+    options = ("--num-workers", "0", "--log-every", "1")
+    (tmp_path / "plain").mkdir()
+    with live_run(tmp_path / "plain", *options, steps=6) as url:
+        assert "comm-bound" not in kinds(diagnose_url(url))
+    plain = [comm_per_step(tmp_path / "plain/run", rank) for rank in (0, 1)]
+    (tmp_path / "delayed").mkdir()
+    with live_run(tmp_path / "delayed", *options, env={TEST_ALLREDUCE_DELAY_ENV: str(delay)}, steps=6) as url:
+        verdicts = diagnose_url(url, interval=6.0)
+    assert kinds(verdicts) == ["comm-bound"], verdicts
+    for rank, before in enumerate(plain):
+        added = before.buckets * delay
+        predicted = (before.exposed_seconds + added) / (before.step_seconds + added)
+        delayed = comm_per_step(tmp_path / "delayed/run", rank)
+        assert delayed.buckets == before.buckets
+        assert delayed.exposed_seconds / delayed.step_seconds == pytest.approx(predicted, abs=0.05), (before, delayed)
 
 
 @pytest.fixture

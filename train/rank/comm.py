@@ -107,6 +107,8 @@ class StepComm:
     """From the end of backward compute (the last bucket's launch) to the end of the last all-reduce."""
     bytes: int
     """Gradient bytes the rank all-reduced."""
+    buckets: int
+    """How many all-reduces carried them (DDP's bucket_cap_mb sets the bucket size)."""
 
 
 @dataclass
@@ -156,7 +158,7 @@ class CommTimer(Generic[Mark]):
             compute_end = self._clock.seconds(first, buckets[-1].launched)
             comm_end = max(self._clock.seconds(first, end) for end in ends)
             comms.append(StepComm(seconds=comm_end, exposed_seconds=max(comm_end - compute_end, 0.0),
-                                  bytes=sum(bucket.bytes for bucket in buckets)))
+                                  bytes=sum(bucket.bytes for bucket in buckets), buckets=len(buckets)))
             self._clock.release([mark for bucket in buckets for mark in (bucket.launched, bucket.done)])
         return comms
 

@@ -327,7 +327,7 @@ class Telemetry:
         """The interval's gradient communication into the counters, and as its record's fields."""
         fields = {"comm_seconds": sum(step.seconds for step in steps),
                   "comm_exposed_seconds": sum(step.exposed_seconds for step in steps),
-                  "comm_bytes": sum(step.bytes for step in steps)}
+                  "comm_bytes": sum(step.bytes for step in steps), "comm_buckets": sum(step.buckets for step in steps)}
         if self._comm_metrics:
             self._comm_metrics.seconds.inc(fields["comm_seconds"])
             self._comm_metrics.exposed.inc(fields["comm_exposed_seconds"])
