@@ -23,49 +23,38 @@ class FakeHostClock:
         return self.now
 
 
-def test_host_clock_exposed_is_the_wait_after_the_last_launch():
+def one_step(*marks: tuple[float, str, int]) -> list[StepComm]:
+    """A step's marks on the host clock: (time, "launch" or "done", bucket); each bucket carries 100 bytes."""
     now = FakeHostClock()
     timer = CommTimer(HostClock(now))
-    # Bucket 0 launches at 1.0 and ends at 1.5, hidden behind the compute that goes on until bucket 1's launch at
-    # 2.0; bucket 1 ends at 2.75: 0.75 s of waiting with nothing left to compute.
-    now.now = 1.0
-    first = timer.launched(100)
-    now.now = 1.5
-    timer.done(first)
-    now.now = 2.0
-    last = timer.launched(300)
-    now.now = 2.75
-    timer.done(last)
+    buckets = {}
+    for at, mark, index in marks:
+        now.now = at
+        if mark == "launch":
+            buckets[index] = timer.launched(100)
+        else:
+            timer.done(buckets[index])
     timer.step_done()
-    assert timer.read(timer.cut()) == [StepComm(seconds=1.75, exposed_seconds=0.75, bytes=400, buckets=2)]
+    return timer.read(timer.cut())
+
+
+def test_host_clock_exposed_is_the_wait_after_the_last_launch():
+    # Bucket 0's all-reduce is hidden behind the compute that goes on until bucket 1's launch at 2.0; bucket 1 ends
+    # at 2.75: 0.75 s of waiting with nothing left to compute.
+    assert one_step((1.0, "launch", 0), (1.5, "done", 0), (2.0, "launch", 1), (2.75, "done", 1)) == [
+        StepComm(seconds=1.75, exposed_seconds=0.75, bytes=200, buckets=2)]
 
 
 def test_host_clock_takes_the_latest_end_whatever_the_order():
     """gloo may finish an earlier bucket after a later one: the step's communication ends with the latest."""
-    now = FakeHostClock()
-    timer = CommTimer(HostClock(now))
-    first = timer.launched(10)
-    now.now = 0.5
-    last = timer.launched(10)
-    now.now = 0.75
-    timer.done(last)
-    now.now = 2.0
-    timer.done(first)
-    timer.step_done()
-    assert timer.read(timer.cut()) == [StepComm(seconds=2.0, exposed_seconds=1.5, bytes=20, buckets=2)]
+    assert one_step((0.0, "launch", 0), (0.5, "launch", 1), (0.75, "done", 1), (2.0, "done", 0)) == [
+        StepComm(seconds=2.0, exposed_seconds=1.5, bytes=200, buckets=2)]
 
 
 def test_hidden_communication_is_not_exposed():
-    now = FakeHostClock()
-    timer = CommTimer(HostClock(now))
-    first = timer.launched(10)
-    now.now = 0.25
-    timer.done(first)
-    now.now = 1.0
-    last = timer.launched(10)
-    timer.done(last)  # ended as it launched: nothing to wait for
-    timer.step_done()
-    assert timer.read(timer.cut()) == [StepComm(seconds=1.0, exposed_seconds=0.0, bytes=20, buckets=2)]
+    # Bucket 1 ended as it launched: nothing to wait for.
+    assert one_step((0.0, "launch", 0), (0.25, "done", 0), (1.0, "launch", 1), (1.0, "done", 1)) == [
+        StepComm(seconds=1.0, exposed_seconds=0.0, bytes=200, buckets=2)]
 
 
 def test_steps_and_micro_batches_group_their_buckets():
