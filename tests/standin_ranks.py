@@ -40,6 +40,9 @@ def _write(rank: str, steps: int, world_size: str, on_gpu: bool) -> None:
     series(catalog.TRAIN_TOKENS).inc(512 * steps)
     series(catalog.TRAIN_FORWARD_SECONDS).inc(0.02 * steps)
     series(catalog.TRAIN_DATA_WAIT).inc(0.01 * steps)
+    series(catalog.TRAIN_COMM_SECONDS).inc(0.03 * steps)
+    series(catalog.TRAIN_COMM_EXPOSED).inc(0.005 * steps)
+    series(catalog.TRAIN_COMM_BYTES).inc((2 << 20) * steps)
     step = series(catalog.TRAIN_STEP_DURATION)
     for i in range(steps):
         step.observe(0.02 * (1 + i % 7))

@@ -242,6 +242,11 @@ identity = RankIdentity(rank=0, local_rank=0, node="node0", uuid=sys.argv[2], ru
                         nodes=1, mixed_precision="bf16", model="builtin:tiny-gpt", dataset="builtin:sequences")
 telemetry = Telemetry(Path(sys.argv[1]), identity, flops_per_token=6e6, peak=1e12, device=torch.device("cuda"))
 telemetry.step_compiled(8, seconds=2.0, recompiles=1)
+# A real one-process DDP model on gloo (a file store, no network): its all-reduce hook times the gradient buckets.
+torch.distributed.init_process_group("gloo", store=torch.distributed.FileStore(sys.argv[1] + ".store", 1), rank=0,
+                                     world_size=1)
+ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+assert telemetry.watch_communication(ddp)
 for _ in range(3):
     telemetry.data_wait_started()
     load(0.01)
@@ -250,12 +255,14 @@ for _ in range(3):
     compute(0.02)
     telemetry.forward_done()
     compute(0.04)
+    ddp(torch.ones(2, 4)).sum().backward()
     telemetry.step_done(8)
 telemetry.state_measured({"param_bytes": 1000, "grad_bytes": 1000, "optimizer_state_bytes": 2000})
 drain()
 telemetry.interval_done(telemetry.interval_ended(), 4, 0, 2.5, 3e-4, 3 * 8 * 64)
 telemetry.checkpoint_done(0.5)
 telemetry.close()
+torch.distributed.destroy_process_group()
 """
 
 

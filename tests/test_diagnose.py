@@ -14,6 +14,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -27,7 +28,8 @@ from trainstack.monitoring.diagnose.snapshot import GpuView, RankView, Snapshot,
 from trainstack.monitoring.diagnose.sources import ExporterSource, PrometheusSource, open_source
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures
-from trainstack.rundir import free_port
+from trainstack.rundir import RunDir, free_port
+from trainstack.train.rank.comm import TEST_ALLREDUCE_DELAY_ENV
 
 FORWARD_METRIC = "trainstack_train_forward_seconds_total"
 NOW = 1_800_000_000.0
@@ -139,6 +141,41 @@ def test_straggler_is_named_by_forward_time_not_step_time():
     # Without forward time, equal DDP step times name no one.
     equal_steps = [rank(str(i), forward_seconds=None) for i in range(3)]
     assert diagnose(Snapshot("test", NOW, equal_steps), LIMITS) == []
+
+
+def test_comm_bound_when_every_rank_waits_for_the_all_reduce():
+    ranks = [rank("0", comm_exposed_ratio=0.5, comm_seconds=0.2), rank("1", comm_exposed_ratio=0.4,
+                                                                       comm_seconds=0.18)]
+    verdicts = diagnose(Snapshot("test", NOW, ranks), LIMITS)
+    assert kinds(verdicts) == ["comm-bound"]
+    assert "at least 40% of its step time (threshold 25%)" in verdicts[0].summary
+    assert verdicts[0].evidence[0] == ("rank 0: waits for the gradient all-reduce 50% of its step time (150 ms "
+                                       "exposed of 200 ms communication per step)")
+    assert "bucket_cap_mb" in verdicts[0].fix and "NCCL_P2P_DISABLE" in verdicts[0].fix
+    assert figures(Snapshot("test", NOW, ranks))["comm_exposed_ratio_min"] == 0.4
+
+
+@pytest.mark.parametrize("exposed", [
+    (0.1, 0.05),  # hidden by backward: a fast link
+    (0.6, 0.02),  # rank 0 waits for rank 1 inside the all-reduce: a straggler, not the network
+    (0.6, None),  # a rank that does not measure it (FSDP, or an older trainer): unknown, not comm-bound
+])
+def test_not_comm_bound(exposed):
+    ranks = [rank(str(i), comm_exposed_ratio=share) for i, share in enumerate(exposed)]
+    assert "comm-bound" not in kinds(diagnose(Snapshot("test", NOW, ranks), LIMITS))
+
+
+def test_the_snapshot_reads_communication_per_rank():
+    per_rank = [({"rank": "0"}, 2.0), ({"rank": "1"}, 2.0)]
+    source = CountersSource(
+        {"trainstack_train_steps_total": [({"rank": "0"}, 50.0), ({"rank": "1"}, 50.0)]},
+        {"trainstack_train_steps_total": per_rank,
+         "trainstack_train_step_duration_seconds_sum": per_rank,
+         "trainstack_train_comm_exposed_seconds_total": [({"rank": "0"}, 0.5)],
+         "trainstack_train_comm_seconds_total": [({"rank": "0"}, 1.0)]})
+    ddp_rank, unmeasured = read_snapshot(source).ranks
+    assert (ddp_rank.comm_exposed_ratio, ddp_rank.comm_seconds) == (0.25, 0.5)
+    assert (unmeasured.comm_exposed_ratio, unmeasured.comm_seconds) == (None, None)
 
 
 def test_noise_in_a_tiny_forward_pass_is_no_straggler():
@@ -353,6 +390,48 @@ def test_healthy_run(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     verdict = result.stdout.splitlines()[1]
     assert verdict.startswith("HEALTHY  2 rank(s), ") and "samples/s in all" in verdict
+
+
+@dataclass(frozen=True)
+class CommPerStep:
+    step_seconds: float
+    exposed_seconds: float
+    buckets: float
+
+
+def comm_per_step(run: Path, rank: int) -> CommPerStep:
+    """A rank's step time, exposed communication and all-reduces per step from its telemetry records, leaving out
+    the first interval (the first step's warm-up) and a line the kill cut off."""
+    lines = RunDir(run).rank_records(rank).read_text().splitlines()
+    records = [record for line in lines if line.endswith("}") and "comm_seconds" in (record := json.loads(line))]
+    steady = records[1:]
+    assert len(steady) >= 3, f"rank {rank}: {len(records)} records with communication times"
+    steps = sum(len(r["step_seconds"]) for r in steady)
+    return CommPerStep(sum(sum(r["step_seconds"]) for r in steady) / steps,
+                       sum(r["comm_exposed_seconds"] for r in steady) / steps,
+                       sum(r["comm_buckets"] for r in steady) / steps)
+
+
+@pytest.mark.slow
+def test_a_slow_link_is_comm_bound_by_the_share_its_delay_predicts(tmp_path):
+    """Each gradient all-reduce held back by `delay` (as a slow link would) adds `delay` per bucket to the step,
+    all of it after backward compute: the exposed share must be what the undelayed run's figures predict."""
+    delay = 0.3
+    options = ("--num-workers", "0", "--log-every", "1")
+    (tmp_path / "plain").mkdir()
+    with live_run(tmp_path / "plain", *options, steps=6) as url:
+        assert "comm-bound" not in kinds(diagnose_url(url))
+    plain = [comm_per_step(tmp_path / "plain/run", rank) for rank in (0, 1)]
+    (tmp_path / "delayed").mkdir()
+    with live_run(tmp_path / "delayed", *options, env={TEST_ALLREDUCE_DELAY_ENV: str(delay)}, steps=6) as url:
+        verdicts = diagnose_url(url, interval=6.0)
+    assert kinds(verdicts) == ["comm-bound"], verdicts
+    for rank, before in enumerate(plain):
+        added = before.buckets * delay
+        predicted = (before.exposed_seconds + added) / (before.step_seconds + added)
+        delayed = comm_per_step(tmp_path / "delayed/run", rank)
+        assert delayed.buckets == before.buckets
+        assert delayed.exposed_seconds / delayed.step_seconds == pytest.approx(predicted, abs=0.05), (before, delayed)
 
 
 @pytest.fixture

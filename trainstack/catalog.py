@@ -116,7 +116,8 @@ TRAIN_STEP_DURATION = Metric(
     readers=("record rank:trainstack_train_step_duration_seconds:mean_rate2m",
              "record rank:trainstack_train_step_duration_seconds:quantile_rate2m",
              "record job:trainstack_train_step_duration_seconds:quantile_rate2m",
-             "record rank:trainstack_train_data_wait:ratio_rate2m", "diagnose input-bound", "diagnose straggler",
+             "record rank:trainstack_train_data_wait:ratio_rate2m",
+             "record rank:trainstack_train_comm_exposed:ratio_rate2m", "diagnose input-bound", "diagnose straggler",
              "diagnose figures"))
 TRAIN_FORWARD_SECONDS = Metric(
     "trainstack_train_forward_seconds_total", COUNTER, "Time in the forward pass, before any collective.",
@@ -143,6 +144,27 @@ TRAIN_HOST_DATA_WAIT = Metric(
     "Host time blocked in the data loader's next(), on every device.", RANK_LABELS, TELEMETRY,
     "the host's time blocked in the loader's `next()`, on every device (equal to the data wait on a CPU rank)",
     unit="s", readers=("diagnose input-bound", "diagnose figures"))
+_COMM_ABSENT = "the rank runs no DDP gradient all-reduce: one process, or FSDP (its reduce-scatter is not measured)"
+TRAIN_COMM_SECONDS = Metric(
+    "trainstack_train_comm_seconds_total", COUNTER,
+    "Gradient all-reduce time, from the first bucket's launch to the last bucket's end, per step.", RANK_LABELS,
+    TELEMETRY,
+    "DDP's gradient communication in each step, from the first bucket's launch to the end of the last bucket's "
+    "all-reduce, much of it overlapped with backward compute (train/rank/comm.py); on a GPU rank on the GPU's "
+    "timeline; added at each log interval",
+    unit="s", absent_when=_COMM_ABSENT, readers=("diagnose comm-bound",))
+TRAIN_COMM_EXPOSED = Metric(
+    "trainstack_train_comm_exposed_seconds_total", COUNTER,
+    "Gradient all-reduce time backward compute did not hide: the rank waited for the network.", RANK_LABELS,
+    TELEMETRY,
+    "the part of the gradient communication that backward compute did not hide: from the end of backward compute "
+    "(the last bucket's launch) to the end of the last bucket's all-reduce, when the optimizer step can begin",
+    unit="s", absent_when=_COMM_ABSENT,
+    readers=("record rank:trainstack_train_comm_exposed:ratio_rate2m", "diagnose comm-bound", "diagnose figures"))
+TRAIN_COMM_BYTES = Metric(
+    "trainstack_train_comm_bytes_total", COUNTER, "Gradient bytes the rank all-reduced.", RANK_LABELS, TELEMETRY,
+    "gradient bytes the rank all-reduced (the DDP buckets' sizes); per step: its rate over the steps' rate",
+    unit="bytes", absent_when=_COMM_ABSENT)
 TRAIN_LOSS = Metric(
     "trainstack_train_loss", GAUGE, "Training loss, mean over all ranks, at the last log interval.", RANK_LABELS,
     TELEMETRY, "training loss, mean over all ranks, at the last log interval",
@@ -433,6 +455,14 @@ RANK_DATA_WAIT_RATIO = Recorded(
 JOB_DATA_WAIT_RATIO = Recorded(
     "job:trainstack_train_data_wait:ratio_rate2m", "the ranks' mean data-wait ratio",
     readers=("panel Data-wait ratio",))
+RANK_COMM_EXPOSED_RATIO = Recorded(
+    "rank:trainstack_train_comm_exposed:ratio_rate2m",
+    "share of step time the rank waited for the gradient all-reduce after backward compute",
+    readers=("record job:trainstack_train_comm_exposed:min_ratio_rate2m",))
+JOB_COMM_EXPOSED_MIN_RATIO = Recorded(
+    "job:trainstack_train_comm_exposed:min_ratio_rate2m",
+    "the least exposed-communication share of the job's ranks: over the threshold, every rank waits on the network",
+    readers=("alert TrainstackCommunicationBound",))
 RANK_FORWARD_MEAN = Recorded(
     "rank:trainstack_train_forward_seconds:mean_rate2m", "mean forward time per step",
     readers=("record rank:trainstack_train_straggler:ratio",))

@@ -53,6 +53,11 @@ STRAGGLER_STEP_SHARE = Threshold(
     "straggler_step_share", 0.05, "share of step time",
     "the straggler's extra forward time is also over this share of its step time (diagnose reads one window where "
     "the alert waits 10m: a millisecond of noise in a tiny forward pass must name no one)")
+COMM_BOUND = Threshold(
+    "comm_bound_ratio", 0.25, "share of step time",
+    "every rank of the job waits for its gradient all-reduce, after its backward compute has ended, more than this "
+    "share of its step time (a quarter of each step spent waiting on the network; a straggler's peers wait too, "
+    "but the straggler itself does not)", "TrainstackCommunicationBound")
 STALL = Threshold(
     "stall_seconds", 600.0, "s", "no rank of the job has completed a step for this long",
     "TrainstackTrainingStalled")

@@ -24,6 +24,9 @@ def _figure_line(figures: dict) -> str:
         parts.append(f"slowest rank's forward time {figures['straggler_ratio_max']:.2f}x the median")
     elif figures["ranks"] > 1:
         parts.append("stragglers unknown (the ranks export no forward time)")
+    if figures["comm_exposed_ratio_min"] is not None:
+        parts.append(f"gradient all-reduce exposed at least {100 * figures['comm_exposed_ratio_min']:.0f}% "
+                     "of step time on every rank")
     if figures["last_step_age_seconds"] is not None:
         parts.append(f"last step {figures['last_step_age_seconds']:.0f} s ago")
     if figures["mfu_mean"] is not None:

@@ -29,6 +29,11 @@ class RankView:
     """Mean forward-pass time per step: the rank's own speed, before any collective."""
     last_step_time: float | None = None
     mfu: float | None = None
+    comm_exposed_ratio: float | None = None
+    """Share of step time the rank waited for the gradient all-reduce after its backward compute; None where it
+    runs no DDP all-reduce (one process, FSDP)."""
+    comm_seconds: float | None = None
+    """Gradient communication per step, hidden by backward compute or not."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,8 @@ def _ranks(source: Source) -> list[RankView]:
     wait = _ratio_of(source, ratios.DATA_WAIT_SHARE, "rank")
     host_wait = _ratio_of(source, ratios.HOST_DATA_WAIT_SHARE, "rank")
     forward = _ratio_of(source, ratios.FORWARD_SECONDS, "rank")
+    comm_exposed = _ratio_of(source, ratios.COMM_EXPOSED_SHARE, "rank")
+    comm = _ratio_of(source, ratios.COMM_SECONDS, "rank")
     last = _by("rank", source.instant(catalog.TRAIN_LAST_STEP.name))
     mfu = _by("rank", source.instant(catalog.TRAIN_MFU.name))
     views = []
@@ -110,6 +117,7 @@ def _ranks(source: Source) -> list[RankView]:
             data_wait_ratio=wait.get(rank), host_data_wait_ratio=host_wait.get(rank),
             clock=clocks.get(rank, "host"), step_seconds=step_seconds.get(rank),
             forward_seconds=forward.get(rank), last_step_time=last.get(rank) or None, mfu=mfu.get(rank),
+            comm_exposed_ratio=comm_exposed.get(rank), comm_seconds=comm.get(rank),
         ))
     return views
 

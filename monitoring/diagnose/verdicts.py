@@ -146,6 +146,32 @@ def straggler(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     )
 
 
+def comm_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    """Judged on the least exposed rank: a straggler's peers wait for it inside the all-reduce, but the straggler
+    itself does not, so only a slow link makes every rank wait (and the straggler check names a slow rank)."""
+    measured = [r for r in snapshot.ranks if r.comm_exposed_ratio is not None]
+    if len(measured) < len(snapshot.ranks) or not measured:
+        return None
+    least = min(r.comm_exposed_ratio for r in measured)
+    if least <= limits.comm_bound_ratio:
+        return None
+    evidence = []
+    for r in measured:
+        total = "" if r.comm_seconds is None else f" of {1000 * r.comm_seconds:.0f} ms communication per step"
+        exposed = "" if r.step_seconds is None else f"{1000 * r.comm_exposed_ratio * r.step_seconds:.0f} ms exposed"
+        evidence.append(f"rank {r.rank}: waits for the gradient all-reduce {_percent(r.comm_exposed_ratio)} of its "
+                        f"step time ({exposed}{total})")
+    return Verdict(
+        "comm-bound", f"communication-bound: every rank waits for the gradient all-reduce at least {_percent(least)} "
+        f"of its step time (threshold {_percent(limits.comm_bound_ratio)}): backward compute does not hide it",
+        tuple(evidence),
+        "fewer all-reduces per sample: a larger per-rank --batch-size or --gradient-accumulation-steps (the "
+        "micro-batches before the last skip the all-reduce under no_sync); fewer, larger buckets (DDP "
+        "bucket_cap_mb); a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in containers, and "
+        "that NCCL_P2P_DISABLE, NCCL_SHM_DISABLE or NCCL_IB_DISABLE are not set; or --strategy fsdp",
+    )
+
+
 def throttled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     evidence = []
     for g in snapshot.gpus:
@@ -211,7 +237,7 @@ def gpu_data_stale(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
 
 
 CHECKS: tuple[Callable[[Snapshot, Thresholds], Verdict | None], ...] = (
-    no_training, not_started, stalled, gpus_unused, input_bound, straggler, throttled, memory_full, low_mfu,
+    no_training, not_started, stalled, gpus_unused, input_bound, straggler, comm_bound, throttled, memory_full, low_mfu,
     gpu_data_stale,
 )
 
@@ -230,6 +256,7 @@ def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
         return statistics.fmean(values) if values else None
 
     waits = {r.rank: r.data_wait_ratio for r in ranks if r.data_wait_ratio is not None}
+    exposed = {r.rank: r.comm_exposed_ratio for r in ranks if r.comm_exposed_ratio is not None}
     host_waits = [r.host_data_wait_ratio for r in ranks if r.host_data_wait_ratio is not None]
     clocks = {r.clock for r in ranks}
     ratios = snapshot.straggler_ratios()
@@ -242,6 +269,7 @@ def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
         "data_wait_clock": clocks.pop() if len(clocks) == 1 else ("mixed" if clocks else None),
         "host_data_wait_ratio_max": max(host_waits) if host_waits else None,
         "straggler_ratio_max": max(ratios.values()) if ratios else None,
+        "comm_exposed_ratio_min": min(exposed.values()) if exposed else None,
         "last_step_age_seconds": snapshot.now - max(last) if last else None,
         "mfu_mean": mean(r.mfu for r in ranks),
         "gpus": len(gpus),

@@ -92,6 +92,14 @@ both are on the GPU's timeline (its starvation, not the host's wait in next(), w
 hides: {catalog.TRAIN_HOST_DATA_WAIT.name}); docs/metrics.md. Capped at 1: a wait is counted when it ends, so a
 window can catch more of it than of its step."""),
         Record(catalog.JOB_DATA_WAIT_RATIO, f"avg by (job) ({catalog.RANK_DATA_WAIT_RATIO.name})"),
+        Record(catalog.RANK_COMM_EXPOSED_RATIO, ratios.COMM_EXPOSED_SHARE.promql(), comment="""\
+Share of the rank's step time it waited for DDP's gradient all-reduce after its backward compute had
+ended: communication backward did not hide (train/rank/comm.py). Absent on ranks that run no DDP
+all-reduce. Capped at 1, as the data-wait ratio is."""),
+        Record(catalog.JOB_COMM_EXPOSED_MIN_RATIO, f"min by (job) ({catalog.RANK_COMM_EXPOSED_RATIO.name})",
+               comment="""\
+The least exposed rank: a straggler's peers wait for it inside the all-reduce too, but the straggler
+itself does not, so only a slow network makes every rank wait."""),
         Record(catalog.RANK_FORWARD_MEAN, ratios.FORWARD_SECONDS.promql(), comment="""\
 Straggler: in DDP every rank's step takes the same wall time (the fast ranks wait for the slow one
 inside the gradient all-reduce), so step time cannot name the slow rank. The forward pass comes before
@@ -162,6 +170,18 @@ change them.""", (
               "throttled or shared, or its batches are longer. Fix: check that GPU's clocks, temperature and "
               "throttle panels, move other processes off its GPU and CPU cores, or bucket batches by length.",
               fires_when=f"a rank's forward time per step is > {T.STRAGGLER.promql}× the job's median",
+              for_="10m"),
+        Alert("TrainstackCommunicationBound",
+              f"{catalog.JOB_COMM_EXPOSED_MIN_RATIO.name} > {T.COMM_BOUND.promql}", "warning",
+              "Every rank of job {{ $labels.job }} waits for gradient communication at least "
+              "{{ $value | humanizePercentage }} of its step time",
+              "Backward compute does not hide the gradient all-reduce: the link between the ranks is too slow "
+              "for the gradients (no NVLink or P2P, NCCL over sockets, nodes over Ethernet), so adding ranks adds "
+              "little speed. Fix: a larger per-rank batch or gradient accumulation (fewer all-reduces per sample), "
+              "a larger DDP bucket_cap_mb, check P2P/NVLink (nvidia-smi topo -m), /dev/shm size and NCCL_P2P_DISABLE "
+              "/ NCCL_SHM_DISABLE / NCCL_IB_DISABLE, or FSDP instead of DDP.",
+              fires_when=f"every rank of a job waits for its gradient all-reduce > {T.COMM_BOUND.percent} of "
+                         "its step time",
               for_="10m"),
         Alert("TrainstackGPUThermalThrottling",
               f"{catalog.GPU_THERMAL_THROTTLE.name} > {T.THERMAL_THROTTLE.promql}", "warning",

@@ -20,6 +20,7 @@ import torch
 
 from trainstack import catalog, ratios
 from trainstack.rundir import METRICS_DIR_ENV, SEGMENT_MARKER, RunDir
+from trainstack.train.rank.comm import CommTimer, DeviceClock, HostClock, StepComm, watch_gradient_communication
 from trainstack.train.rank.timeline import DeviceTimeline, IntervalSpans
 from trainstack.write_failure import write_failure
 
@@ -137,6 +138,21 @@ class RankMetrics:
 
 
 @dataclass(frozen=True)
+class CommMetrics:
+    """A DDP rank's gradient-communication series (train/rank/comm.py); no other rank has them."""
+
+    seconds: Counter
+    exposed: Counter
+    bytes: Counter
+
+    @classmethod
+    def build(cls, identity: RankIdentity) -> CommMetrics:
+        rank = str(identity.rank)
+        return cls(*(catalog.rank_metric(metric).labels(rank) for metric in (
+            catalog.TRAIN_COMM_SECONDS, catalog.TRAIN_COMM_EXPOSED, catalog.TRAIN_COMM_BYTES)))
+
+
+@dataclass(frozen=True)
 class IntervalCut:
     """A log interval's counts, taken between its last step and the next one."""
 
@@ -146,6 +162,7 @@ class IntervalCut:
     data_wait: float  # likewise
     host_data_wait: float
     device_spans: IntervalSpans | None  # the interval's marks on the GPU's timeline
+    comm_steps: list | None  # the steps' gradient-communication marks (CommTimer.cut); None where unmeasured
 
 
 class Telemetry:
@@ -160,6 +177,11 @@ class Telemetry:
         self._timeline = DeviceTimeline(partial(torch.cuda.Event, enable_timing=True)) \
             if device.type == "cuda" else None
         self.clock = "gpu" if self._timeline else "host"
+        self._comm = CommTimer(DeviceClock(partial(torch.cuda.Event, enable_timing=True)) if self._timeline
+                               else HostClock())
+        self._comm_metrics: CommMetrics | None = None
+        self._comm_watched = False
+        self._identity = identity
         self._metrics = RankMetrics.build(identity, self.clock, device.type == "cuda", bool(peak)) \
             if os.environ.get(METRICS_DIR_ENV) else None
         self._records_path = RunDir(run_dir).rank_records(identity.rank)
@@ -175,6 +197,13 @@ class Telemetry:
         self._samples = 0
         self._forward_start = 0.0
         self._state_bytes: dict[str, int] = {}
+
+    def watch_communication(self, model: torch.nn.Module) -> bool:
+        """Times the model's gradient all-reduce if it is a DDP model (train/rank/comm.py); False if it is not."""
+        self._comm_watched = watch_gradient_communication(model, self._comm)
+        if self._comm_watched and os.environ.get(METRICS_DIR_ENV):
+            self._comm_metrics = CommMetrics.build(self._identity)
+        return self._comm_watched
 
     def forward_started(self) -> None:
         """Forward time tells a straggler apart: in DDP every rank's step lasts as long as the slowest one's,
@@ -233,6 +262,7 @@ class Telemetry:
 
     def _count_step(self, samples: int) -> None:
         self._samples += samples
+        self._comm.step_done()
         if self._metrics:
             self._metrics.steps.inc()
             self._metrics.samples.inc(samples)
@@ -248,7 +278,8 @@ class Telemetry:
         """Closes the interval's counts between two steps; `interval_done` records them once its loss is known."""
         cut = IntervalCut(ended=time.time(), samples=self._samples, step_seconds=self._step_seconds,
                           data_wait=self._data_wait, host_data_wait=self._host_data_wait,
-                          device_spans=self._timeline.cut() if self._timeline else None)
+                          device_spans=self._timeline.cut() if self._timeline else None,
+                          comm_steps=self._comm.cut() if self._comm_watched else None)
         self._samples, self._step_seconds, self._data_wait, self._host_data_wait = 0, [], 0.0, 0.0
         return cut
 
@@ -277,6 +308,8 @@ class Telemetry:
             "data_wait_seconds": data_wait, "step_seconds": step_seconds,
             "host_data_wait_seconds": cut.host_data_wait, "clock": self.clock, **self._state_bytes,
         }
+        if cut.comm_steps is not None:
+            record |= self._record_comm(self._comm.read(cut.comm_steps))
         with self._storage_failures():
             self._records.write(json.dumps(record) + "\n")
         if self._metrics:
@@ -293,6 +326,17 @@ class Telemetry:
                 # in the interval is no step): docs/metrics.md.
                 m.mfu.set(self.flops_per_token * tokens / stepped / self.peak)
         return ratios.DATA_WAIT_SHARE.of(data_wait, stepped)
+
+    def _record_comm(self, steps: list[StepComm]) -> dict[str, float | int]:
+        """The interval's gradient communication into the counters, and as its record's fields."""
+        fields = {"comm_seconds": sum(step.seconds for step in steps),
+                  "comm_exposed_seconds": sum(step.exposed_seconds for step in steps),
+                  "comm_bytes": sum(step.bytes for step in steps), "comm_buckets": sum(step.buckets for step in steps)}
+        if self._comm_metrics:
+            self._comm_metrics.seconds.inc(fields["comm_seconds"])
+            self._comm_metrics.exposed.inc(fields["comm_exposed_seconds"])
+            self._comm_metrics.bytes.inc(fields["comm_bytes"])
+        return fields
 
     def state_measured(self, sizes: dict[str, int]) -> None:
         """The rank's parameter, gradient and optimizer-state bytes (`training_state_bytes`)."""

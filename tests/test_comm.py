@@ -1,0 +1,131 @@
+"""Gradient-communication times (train/rank/comm.py) from marks on a stand-in clock: the host's (a CPU rank) and
+the fake GPU of tests/test_timeline.py (a GPU rank, where the host runs ahead of the marks). The figures follow
+from the schedules by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.test_timeline import FakeGpu
+from trainstack.rundir import METRICS_DIR_ENV, RunDir
+from trainstack.train.rank.comm import CommTimer, DeviceClock, HostClock, StepComm, watch_gradient_communication
+from trainstack.train.rank.telemetry import RankIdentity, Telemetry
+
+
+class FakeHostClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def one_step(*marks: tuple[float, str, int]) -> list[StepComm]:
+    """A step's marks on the host clock: (time, "launch" or "done", bucket); each bucket carries 100 bytes."""
+    now = FakeHostClock()
+    timer = CommTimer(HostClock(now))
+    buckets = {}
+    for at, mark, index in marks:
+        now.now = at
+        if mark == "launch":
+            buckets[index] = timer.launched(100)
+        else:
+            timer.done(buckets[index])
+    timer.step_done()
+    return timer.read(timer.cut())
+
+
+def test_host_clock_exposed_is_the_wait_after_the_last_launch():
+    # Bucket 0's all-reduce is hidden behind the compute that goes on until bucket 1's launch at 2.0; bucket 1 ends
+    # at 2.75: 0.75 s of waiting with nothing left to compute.
+    assert one_step((1.0, "launch", 0), (1.5, "done", 0), (2.0, "launch", 1), (2.75, "done", 1)) == [
+        StepComm(seconds=1.75, exposed_seconds=0.75, bytes=200, buckets=2)]
+
+
+def test_host_clock_takes_the_latest_end_whatever_the_order():
+    """gloo may finish an earlier bucket after a later one: the step's communication ends with the latest."""
+    assert one_step((0.0, "launch", 0), (0.5, "launch", 1), (0.75, "done", 1), (2.0, "done", 0)) == [
+        StepComm(seconds=2.0, exposed_seconds=1.5, bytes=200, buckets=2)]
+
+
+def test_hidden_communication_is_not_exposed():
+    # Bucket 1 ended as it launched: nothing to wait for.
+    assert one_step((0.0, "launch", 0), (0.25, "done", 0), (1.0, "launch", 1), (1.0, "done", 1)) == [
+        StepComm(seconds=1.0, exposed_seconds=0.0, bytes=200, buckets=2)]
+
+
+def test_steps_and_micro_batches_group_their_buckets():
+    """A micro-batch under no_sync launches no bucket: its step_done adds no step; each step is read apart."""
+    now = FakeHostClock()
+    timer = CommTimer(HostClock(now))
+    timer.step_done()  # a step that communicated nothing
+    for step in range(3):
+        now.now = 10.0 * step
+        bucket = timer.launched(8)
+        now.now += 0.5 * (step + 1)
+        timer.done(bucket)
+        timer.step_done()
+    steps = timer.read(timer.cut())
+    assert [step.exposed_seconds for step in steps] == [0.5, 1.0, 1.5]
+    assert timer.cut() == [], "a cut starts the next interval empty"
+
+
+def test_device_clock_measures_on_the_gpu_timeline_and_reuses_its_events():
+    """The host launches both buckets while the GPU is still computing: only the GPU's clock knows when backward
+    compute ended (when the stream reached the last launch mark) and when the all-reduce did."""
+    gpu = FakeGpu()
+    timer = CommTimer(DeviceClock(gpu.new_event))
+    for _ in range(2):
+        gpu.queue(0.25)  # backward of the last layers
+        first = timer.launched(4)
+        gpu.queue(0.5)  # backward of the first layers, overlapping bucket 0's all-reduce
+        last = timer.launched(4)
+        gpu.queue(0.125)  # the last bucket's all-reduce, after compute: the stream's end mark waits for it
+        timer.done(first)
+        timer.done(last)
+        timer.step_done()
+    steps = timer.read(timer.cut())
+    assert steps == [StepComm(seconds=0.625, exposed_seconds=0.125, bytes=8, buckets=2)] * 2
+    assert gpu.events_made == 8
+    timer.launched(4)
+    assert gpu.events_made == 8, "read marks go back to the pool"
+
+
+class FakeDdpModel(torch.nn.parallel.DistributedDataParallel):
+    def __init__(self) -> None:  # no process group: only its hook registration is used
+        torch.nn.Module.__init__(self)
+        self.hooks = []
+
+    def register_comm_hook(self, state, hook) -> None:
+        self.hooks.append((state, hook))
+
+
+def test_only_a_ddp_model_is_watched():
+    timer = CommTimer(HostClock())
+    assert not watch_gradient_communication(torch.nn.Linear(2, 2), timer)
+    model = FakeDdpModel()
+    assert watch_gradient_communication(model, timer)
+    assert len(model.hooks) == 1
+
+
+def identity() -> RankIdentity:
+    return RankIdentity(rank=0, local_rank=0, node="node0", uuid="", run_id="comm", world_size=2, nodes=1,
+                        mixed_precision="no", model="builtin:tiny-gpt", dataset="builtin:sequences")
+
+
+@pytest.mark.parametrize("ddp", [False, True])
+def test_telemetry_records_communication_only_where_measured(tmp_path, monkeypatch, ddp):
+    """A DDP rank's records carry the fields (zero in an interval without a synchronizing step); any other rank's
+    lack them: unmeasured is absent, not zero."""
+    monkeypatch.delenv(METRICS_DIR_ENV, raising=False)
+    telemetry = Telemetry(tmp_path, identity(), flops_per_token=1.0, peak=None, device=torch.device("cpu"))
+    assert telemetry.watch_communication(FakeDdpModel() if ddp else torch.nn.Linear(2, 2)) == ddp
+    telemetry.step_done(8)
+    telemetry.interval_done(telemetry.interval_ended(), 1, 0, 2.0, 1e-3, 64)
+    telemetry.close()
+    record = json.loads(RunDir(tmp_path).rank_records(0).read_text().splitlines()[-1])
+    fields = {"comm_seconds": 0, "comm_exposed_seconds": 0, "comm_bytes": 0, "comm_buckets": 0}
+    assert {key: record[key] for key in fields if key in record} == (fields if ddp else {})
