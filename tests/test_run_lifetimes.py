@@ -18,9 +18,9 @@ import psutil
 import pytest
 import torch
 
-from tests.conftest import FAST, REPO, explain, free_port, summary, train, trainstack_command
+from tests.conftest import FAST, REPO, explain, summary, train, trainstack_command
 from tests.test_train_checkpoint import EXACT, _logged_steps, _wait_for, weights
-from trainstack.rundir import LEASE_DIR, METRICS_DIR_ENV, STOP_GRACE_ENV, step_dir_name
+from trainstack.rundir import LEASE_DIR, METRICS_DIR_ENV, STOP_GRACE_ENV, free_port, step_dir_name
 from trainstack.train.launcher.exporter_process import SupervisedExporter
 from trainstack.train.rank import checkpoint
 
