@@ -118,6 +118,9 @@ def agent_exit(monkeypatch, raised: BaseException | None) -> int:
 @pytest.mark.parametrize(("raised", "code", "line"), [
     (None, 0, ""),
     (failure(EXIT_PREEMPTED, EXIT_PREEMPTED), EXIT_PREEMPTED, ""),  # every rank stopped after the checkpoint
+    # a rank still tearing down when torchrun ends the others with SIGTERM after the first one's exit 75
+    (failure(-15, EXIT_PREEMPTED), EXIT_PREEMPTED, ""),
+    (failure(-9, EXIT_PREEMPTED), 1, "trainstack: rank 0 exited with code -9 (its log is above)"),  # not a stop
     (failure(3, 1), 3, "trainstack: rank 0 exited with code 3 (its log is above)"),  # the first failure counts
     (failure(-9), 1, "trainstack: rank 0 exited with code -9 (its log is above)"),  # killed by a signal
     (subprocess.CalledProcessError(4, ["torchrun"]), 4, ""),

@@ -63,6 +63,13 @@ def stop_ranks_then_leave(launcher_pid: int) -> None:
     os._exit(EXIT_FAILED)
 
 
+def preempted(failure: ChildFailedError) -> bool:
+    """Every rank stopped on purpose after the checkpoint: each exited 75, or was ended by the SIGTERM torchrun
+    sends the others once the first has exited (a rank past its own stop, tearing down, dies of it)."""
+    codes = {process.exitcode for process in failure.failures.values()}
+    return EXIT_PREEMPTED in codes and codes <= {EXIT_PREEMPTED, -signal.SIGTERM}
+
+
 def first_cause(failure: ChildFailedError) -> int:
     """The global rank whose failure caused the others. A rank that only lost its connection to another is never
     the cause while one that failed on its own is known: of those, the first by the note's clock (torchrun's own
@@ -99,10 +106,10 @@ def run() -> int:
     try:
         main()
     except ChildFailedError as failure:
+        if preempted(failure):
+            return EXIT_PREEMPTED
         rank = first_cause(failure)
         first = failure.failures[rank]
-        if first.exitcode == EXIT_PREEMPTED:  # every rank stopped on purpose after the checkpoint
-            return EXIT_PREEMPTED
         announce(failure_line(failure, rank))
         return first.exitcode if first.exitcode > 0 else 1
     except subprocess.CalledProcessError as failure:

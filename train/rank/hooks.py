@@ -35,6 +35,10 @@ class NoTelemetry:
     def resync_clock(self) -> None:
         pass
 
+    def watch_communication(self, model: torch.nn.Module) -> bool:
+        """False: the gradient all-reduce is left as DDP runs it, untimed."""
+        return False
+
     def interval_ended(self) -> None:
         return None
 
