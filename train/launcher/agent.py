@@ -83,6 +83,17 @@ def first_cause(failure: ChildFailedError) -> int:
     return min(silent, key=lambda rank: (silent[rank], rank)) if silent else failure.get_first_failure()[0]
 
 
+def exit_code_of(failure: ChildFailedError, rank: int) -> int:
+    """The cause's exit code. A rank that failed for its own reason but was ended by torchrun's closing SIGTERM
+    before it could exit takes the code of another rank that failed for its own reason (the same error, e.g. a
+    configuration error on every rank, exit 2); else 1."""
+    codes = [failure.failures[rank].exitcode] + [
+        process.exitcode for process in failure.failures.values()
+        if isinstance(process.error_file_data.get(FAILURE_NOTE_KEY), dict)
+        and not process.error_file_data[FAILURE_NOTE_KEY]["peer_lost"]]
+    return next((code for code in codes if code > 0), 1)
+
+
 def failure_line(failure: ChildFailedError, rank: int) -> str:
     process = failure.failures[rank]
     if FAILURE_NOTE_KEY in process.error_file_data:
@@ -109,9 +120,8 @@ def run() -> int:
         if preempted(failure):
             return EXIT_PREEMPTED
         rank = first_cause(failure)
-        first = failure.failures[rank]
         announce(failure_line(failure, rank))
-        return first.exitcode if first.exitcode > 0 else 1
+        return exit_code_of(failure, rank)
     except subprocess.CalledProcessError as failure:
         return failure.returncode if failure.returncode > 0 else 1
     return 0
