@@ -21,6 +21,12 @@ from trainstack.write_failure import write_atomically
 # ---- the environment ----------------------------------------------------------------------------------------
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own name: the ranks' multiprocess files go here
 RUN_ID_ENV = "TRAINSTACK_RUN_ID"  # names the run; the nodes of one job share it (e.g. the Kubernetes Job uid)
+# The run directory of a watched command (`trainstack watch`), where trainstack.monitor writes the ranks' records;
+# with METRICS_DIR_ENV and RUN_ID_ENV it is what the instrumentation in a user's own loop reads.
+RUN_DIR_ENV = "TRAINSTACK_RUN_DIR"
+# Unix time at which the launcher (or `trainstack watch`) started the ranks' command: a rank's startup is from it to
+# its first step.
+LAUNCHED_AT_ENV = "TRAINSTACK_LAUNCHED_AT"
 LEASE_TIMEOUT_ENV = "TRAINSTACK_LEASE_TIMEOUT"  # seconds without a heartbeat before another host's lease is stale
 # Set by the launcher to the checkpoint it has just verified in full, so that every rank does not hash it again.
 VERIFIED_CHECKPOINT_ENV = "TRAINSTACK_VERIFIED_CHECKPOINT"
