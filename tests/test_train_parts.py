@@ -18,22 +18,12 @@ from trainstack.rundir import METRICS_DIR_ENV, SUMMARY_VERSION, write_summary
 from trainstack.train.rank.config import TrainConfig
 from trainstack.train.rank.data import IGNORE_INDEX, collate
 from trainstack.train.rank.evaluation import mean_loss
-from trainstack.train.rank.hooks import NoCompileWatch, NoTelemetry
+from trainstack.train.rank.hooks import NoCompileWatch
 from trainstack.train.rank.outcome import EXIT_CODES, Failure, explain_runtime_error, summary
 from trainstack.train.rank.performance import CompileWatch
 from trainstack.train.rank.progress import Progress
 from trainstack.train.rank.schedule import lr_factor, lr_scheduler
 from trainstack.train.rank.step import IntervalSums
-from trainstack.train.rank.telemetry import Telemetry
-
-
-def public_methods(cls) -> dict[str, list[str]]:
-    return {name: list(inspect.signature(member).parameters) for name, member in vars(cls).items()
-            if callable(member) and not name.startswith("_")}
-
-
-def test_no_telemetry_has_every_telemetry_method_with_its_parameters():
-    assert public_methods(NoTelemetry) == public_methods(Telemetry)
 
 
 def test_no_compile_watch_answers_what_the_loop_and_the_summary_ask():
@@ -44,11 +34,6 @@ def test_no_compile_watch_answers_what_the_loop_and_the_summary_ask():
     assert isinstance(CompileWatch.recompiles, property)
     assert watch.step_done() is None  # no step compiled: the loop records a plain step
     assert (watch.seconds, watch.recompiles) == (None, None)  # summary.json: null without --compile
-
-
-def test_no_telemetry_gives_the_progress_bar_no_data_wait_share():
-    telemetry = NoTelemetry()
-    assert telemetry.interval_done(telemetry.interval_ended(), step=1, epoch=0, loss=1.0, lr=0.1, tokens=10) is None
 
 
 @pytest.mark.parametrize("schedule, middle, end", [("cosine", 0.5, 0.0), ("linear", 0.5, 0.0),
@@ -90,8 +75,8 @@ class SumAccelerator:
 def test_interval_sums_reduce_to_the_mean_loss_and_start_over():
     sums = IntervalSums(torch.device("cpu"))
     batch = collate([{"input_ids": [1, 2, 3]}, {"input_ids": [4]}])
-    sums.add(torch.tensor(2.0), batch)
-    sums.add(torch.tensor(4.0, dtype=torch.bfloat16), batch)
+    sums.add(torch.tensor(2.0), batch["attention_mask"].sum())
+    sums.add(torch.tensor(4.0, dtype=torch.bfloat16), batch["attention_mask"].sum())
     totals = sums.start_reduce(SumAccelerator(), stop_requested=True).result()
     assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches, totals.stop) == (3.0, 8, 8, 2,
                                                                                                     True)
@@ -107,7 +92,7 @@ class TwoRanksAccelerator(SumAccelerator):
 
 def test_interval_sums_keep_this_ranks_tokens_apart_from_the_reduced_ones():
     sums = IntervalSums(torch.device("cpu"))
-    sums.add(torch.tensor(2.0), collate([{"input_ids": [1, 2, 3]}]))
+    sums.add(torch.tensor(2.0), collate([{"input_ids": [1, 2, 3]}])["attention_mask"].sum())
     totals = sums.start_reduce(TwoRanksAccelerator(), stop_requested=False).result()
     assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches, totals.stop) == (2.0, 6, 3, 1,
                                                                                                     False)
@@ -186,7 +171,7 @@ def test_interval_totals_on_a_gpu_are_queued_without_waiting_for_it():
     busy = torch.ones(4096, 4096, device=device)
     for _ in range(50):  # a few hundred milliseconds of queued work before the loss
         busy = busy @ busy / 4096
-    sums.add(busy[0, 0] * 3, batch)
+    sums.add(busy[0, 0] * 3, batch["attention_mask"].sum())
     pending = sums.start_reduce(SumAccelerator(), stop_requested=False)
     queued_ahead = not torch.cuda.current_stream(device).query()
     totals = pending.result()

@@ -1,7 +1,7 @@
-"""What the loop calls when telemetry or the compile watch is off: the same methods, doing nothing.
+"""The compile watch when it is off (the same methods, doing nothing), and the one-time measure of a rank's state.
 
-The loop calls its hooks unconditionally (`telemetry.step_done(...)`, `compile_watch.resync()`), so it reads the
-same with them on or off; which object it holds is decided once, when the Trainer is built.
+The loop calls its hooks unconditionally (`compile_watch.resync()`; telemetry's off-switch is trainstack.monitor's
+NullMonitor), so it reads the same with them on or off; which object it holds is decided once, when it is built.
 """
 
 from __future__ import annotations
@@ -9,51 +9,6 @@ from __future__ import annotations
 import torch
 
 from trainstack.train.rank.telemetry import Telemetry, training_state_bytes
-
-
-class NoTelemetry:
-    """`--no-telemetry`: Telemetry's methods (tests/test_train_hooks.py keeps the two alike), recording nothing."""
-
-    def forward_started(self) -> None:
-        pass
-
-    def forward_done(self) -> None:
-        pass
-
-    def data_wait_started(self) -> None:
-        pass
-
-    def data_ready(self) -> None:
-        pass
-
-    def step_done(self, samples: int) -> None:
-        pass
-
-    def step_compiled(self, samples: int, seconds: float, recompiles: int) -> None:
-        pass
-
-    def resync_clock(self) -> None:
-        pass
-
-    def watch_communication(self, model: torch.nn.Module) -> bool:
-        """False: the gradient all-reduce is left as DDP runs it, untimed."""
-        return False
-
-    def interval_ended(self) -> None:
-        return None
-
-    def interval_done(self, cut: None, step: int, epoch: int, loss: float, lr: float, tokens: int) -> float | None:
-        """None: no data-wait share to show on the progress bar."""
-        return None
-
-    def state_measured(self, sizes: dict[str, int]) -> None:
-        pass
-
-    def checkpoint_done(self, duration: float) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class NoCompileWatch:

@@ -19,12 +19,11 @@ from trainstack.train.rank.model import loss_of
 
 
 def train_step(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
-               max_grad_norm: float, telemetry) -> torch.Tensor:
+               max_grad_norm: float, monitor) -> torch.Tensor:
     """Returns the micro-batch's loss, detached. `accelerator.sync_gradients` says afterwards whether it stepped."""
     with accelerator.accumulate(model):
-        telemetry.forward_started()
-        loss = loss_of(model(**batch))
-        telemetry.forward_done()
+        with monitor.forward():
+            loss = loss_of(model(**batch))
         accelerator.backward(loss)
         if accelerator.sync_gradients and max_grad_norm > 0:
             accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -48,9 +47,9 @@ class IntervalSums:
         self.tokens = torch.zeros((), device=device, dtype=torch.long)
         self.micro_batches = 0
 
-    def add(self, loss: torch.Tensor, batch: dict) -> None:
+    def add(self, loss: torch.Tensor, tokens: torch.Tensor) -> None:
         self.loss_sum += loss.float()
-        self.tokens += batch["attention_mask"].sum()
+        self.tokens += tokens
         self.micro_batches += 1
 
     def start_reduce(self, accelerator: Accelerator, stop_requested: bool) -> PendingTotals:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,14 +25,15 @@ from accelerate.utils import (
 )
 from tqdm import tqdm
 
+import trainstack.monitor
 from trainstack.errors import EXIT_CONFIG, EXIT_RUNTIME, ConfigError
-from trainstack.rundir import NNODES_ENV, NON_BLOCKING_COPY_ENV, RUN_ID_ENV, RunDir, write_summary
+from trainstack.rundir import NON_BLOCKING_COPY_ENV, RUN_ID_ENV, RunDir, write_summary
 from trainstack.train.rank import checkpoint, outcome, sharding
 from trainstack.train.rank.checkpointer import Checkpointer
 from trainstack.train.rank.config import TrainConfig, require_device_support
 from trainstack.train.rank.data import collate, load_token_data
 from trainstack.train.rank.evaluation import evaluator
-from trainstack.train.rank.hooks import NoCompileWatch, NoTelemetry, measure_state_once
+from trainstack.train.rank.hooks import NoCompileWatch
 from trainstack.train.rank.model import build_model, estimate_flops_per_token
 from trainstack.train.rank.performance import (
     CompileWatch,
@@ -47,7 +47,6 @@ from trainstack.train.rank.schedule import lr_scheduler
 from trainstack.train.rank.segments import RunRecord
 from trainstack.train.rank.step import IntervalSums, PendingTotals, train_step
 from trainstack.train.rank.stopping import StopRequested
-from trainstack.train.rank.telemetry import IntervalCut, RankIdentity, Telemetry, device_uuid, peak_flops
 from trainstack.write_failure import WriteFailure
 
 
@@ -56,15 +55,15 @@ class OpenInterval:
     """A log interval whose totals are on their way to the host."""
 
     totals: PendingTotals
-    telemetry: IntervalCut | None  # None without telemetry
     step: int
     epoch: int
     lr: float
 
 
 class Trainer:
-    """Its parts, each built once: the accelerator, the checkpointer, telemetry and the compile watch (objects
-    doing nothing while off: `NoTelemetry`, `NoCompileWatch`); the step, the evaluation, the LR schedule and the
+    """Its parts, each built once: the accelerator, the checkpointer, the rank's monitor (trainstack.monitor, the
+    public API any loop can use) and the compile watch (objects doing nothing while off: `NullMonitor`,
+    `NoCompileWatch`); the step, the evaluation, the LR schedule and the
     outcome are functions of their own (train/rank/step.py, evaluation.py, schedule.py, outcome.py)."""
 
     def __init__(self, config: TrainConfig, stop: StopRequested | None = None):
@@ -101,7 +100,7 @@ class Trainer:
         self.progress = Progress()
         self.record: RunRecord | None = None
         self.run_id = os.environ.get(RUN_ID_ENV, "manual")
-        self.telemetry: Telemetry | NoTelemetry = NoTelemetry()
+        self.monitor: trainstack.monitor.Monitor | trainstack.monitor.NullMonitor = trainstack.monitor.NullMonitor()
         self.compile_watch: CompileWatch | NoCompileWatch = NoCompileWatch()
         self.evaluator = evaluator(compiled=config.compile)
         self.throughput: dict[str, float] = {}
@@ -161,23 +160,11 @@ class Trainer:
                                                                                      else []))
         self.model, self.optimizer, self.train_loader, self.scheduler = prepared[:4]
         self.eval_loader = prepared[4] if eval_loader else None
-        if config.telemetry:
-            self.telemetry = self._make_telemetry()
-            self.telemetry.watch_communication(self.model)  # DDP's gradient all-reduce, on the prepared model
-            measure_state_once(self.model, self.optimizer.optimizer, self.telemetry)
-
-    def _make_telemetry(self) -> Telemetry:
-        accelerator, config = self.accelerator, self.config
-        identity = RankIdentity(
-            rank=accelerator.process_index, local_rank=accelerator.local_process_index, node=socket.gethostname(),
-            uuid=device_uuid(accelerator.device), run_id=self.run_id,
-            world_size=accelerator.num_processes,
-            nodes=int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get(NNODES_ENV, "1")) or 1),
-            mixed_precision=config.mixed_precision, model=config.model, dataset=config.dataset,
-            strategy=config.strategy,
-        )
-        return Telemetry(self.run_dir.path, identity, self.flops_per_token,
-                         peak_flops(accelerator.device, config.mixed_precision, config.tf32), accelerator.device)
+        # On the prepared model: its gradient communication (DDP's all-reduce, FSDP's) is what gets timed.
+        self.monitor = trainstack.monitor.start(
+            self.model, flops_per_token=self.flops_per_token, accelerator=accelerator, log_every=config.log_every,
+            precision=config.mixed_precision, run_dir=self.run_dir.path, model_name=config.model,
+            dataset=config.dataset, run_id=self.run_id, optimizer=self.optimizer, enabled=config.telemetry)
 
     # ---- the loop -------------------------------------------------------------------------------------------
     def train(self) -> str:
@@ -192,18 +179,19 @@ class Trainer:
         while config.epochs == 0 or p.epoch < config.epochs:
             for batch in self._batches_of_epoch():
                 loss = train_step(accelerator, self.model, self.optimizer, batch, config.max_grad_norm,
-                                  self.telemetry)
-                sums.add(loss, batch)
+                                  self.monitor)
+                tokens = batch["attention_mask"].sum()
+                sums.add(loss, tokens)
                 p.batch_in_epoch += 1
                 if not accelerator.sync_gradients:
+                    self.monitor.micro_batch(tokens=tokens, loss=loss)
                     continue
                 self.scheduler.step()
                 p.step += 1
-                samples = batch["input_ids"].shape[0] * config.grad_accum
-                if compiled := self.compile_watch.step_done():
-                    self.telemetry.step_compiled(samples, *compiled)
-                else:
-                    self.telemetry.step_done(samples)
+                compile_seconds, recompiles = self.compile_watch.step_done() or (None, 0)
+                self.monitor.step(batch["input_ids"].shape[0] * config.grad_accum, tokens=tokens, loss=loss,
+                                  lr=self.scheduler.get_last_lr()[0], epoch=p.epoch,
+                                  compile_seconds=compile_seconds, recompiles=recompiles)
                 # The previous interval's totals, read now that this step is queued behind them.
                 stop = self._log_interval(bar)  # the ranks agreed to stop
                 last = p.step >= self.total_steps
@@ -227,31 +215,23 @@ class Trainer:
         return "completed"
 
     def _batches_of_epoch(self):
-        """This epoch's batches from where the run stands in it; telemetry times each wait for the loader."""
+        """This epoch's batches from where the run stands in it; the monitor times each wait for the loader."""
         self.train_loader.set_epoch(self.progress.epoch)  # a different shuffle each epoch, the same on every rank
         loader = self.train_loader
         if self.progress.batch_in_epoch:
             loader = self.accelerator.skip_first_batches(self.train_loader, self.progress.batch_in_epoch)
-        batches = iter(loader)
-        while True:
-            self.telemetry.data_wait_started()
-            batch = next(batches, None)
-            self.telemetry.data_ready()
-            if batch is None:
-                return
-            yield batch
+        yield from self.monitor.batches(loader)
 
     def _end_interval(self, sums: IntervalSums) -> None:
         """Queues the interval's one all-reduce and returns at once; `_log_interval` reads it, normally after the
         next step is queued (train/rank/step.py says why)."""
         p = self.progress
-        self._open_interval = OpenInterval(sums.start_reduce(self.accelerator, self.stop.requested),
-                                           self.telemetry.interval_ended(), p.step, p.epoch,
-                                           self.scheduler.get_last_lr()[0])
+        self._open_interval = OpenInterval(sums.start_reduce(self.accelerator, self.stop.requested), p.step,
+                                           p.epoch, self.scheduler.get_last_lr()[0])
 
     def _log_interval(self, bar) -> bool:
-        """The open interval's totals into the progress, telemetry and the bar; True when the ranks agreed to
-        stop. Nothing open: False."""
+        """The open interval's totals into the progress and the bar; True when the ranks agreed to stop. Nothing
+        open: False."""
         interval, self._open_interval = self._open_interval, None
         if interval is None:
             return False
@@ -263,11 +243,9 @@ class Trainer:
         p.tokens += totals.tokens
         p.samples += self.config.batch_size * totals.micro_batches * accelerator.num_processes
         postfix = dict(loss=f"{totals.loss:.4f}", lr=f"{interval.lr:.2e}", epoch=interval.epoch)
-        share = self.telemetry.interval_done(interval.telemetry, interval.step, interval.epoch, totals.loss,
-                                             interval.lr, totals.local_tokens)
-        if share is not None:
+        if (share := self.monitor.data_wait_share) is not None:
             # Named for what it measures: a GPU starved of batches, or a CPU rank blocked in the loader.
-            postfix["gpu_starved" if self.telemetry.clock == "gpu" else "data_wait"] = f"{share:.0%}"
+            postfix["gpu_starved" if accelerator.device.type == "cuda" else "data_wait"] = f"{share:.0%}"
         bar.update(interval.step - bar.n)
         bar.set_postfix(**postfix)
         return totals.stop
@@ -275,6 +253,7 @@ class Trainer:
     def _log_through_now(self, sums: IntervalSums, bar) -> bool:
         """Logs the open interval and the steps since, waiting for the device (a checkpoint, an evaluation or
         the end of the loop needs the progress up to now); True when the ranks agreed to stop."""
+        self.monitor.flush()
         stop = self._log_interval(bar)
         if sums.micro_batches:
             self._end_interval(sums)
@@ -282,18 +261,18 @@ class Trainer:
         return stop
 
     def save(self) -> None:
-        if (seconds := self.checkpointer.save(self.progress, self.record)) is None:
+        if self.checkpointer.saved(self.progress.step):
             return
-        self.telemetry.checkpoint_done(seconds)
+        with self.monitor.pause("checkpoint_save"):
+            self.checkpointer.save(self.progress, self.record)
         self.compile_watch.resync()
 
     def evaluate(self) -> float | None:
         if self.eval_loader is None:
             return None
-        loss = self.evaluator(self.accelerator, self.model, self.eval_loader)
-        # That pause was neither a step nor compiling.
-        self.telemetry.resync_clock()
-        self.compile_watch.resync()
+        with self.monitor.pause("evaluation"):
+            loss = self.evaluator(self.accelerator, self.model, self.eval_loader)
+        self.compile_watch.resync()  # that pause was not compiling either
         return loss
 
     # ---- outcome --------------------------------------------------------------------------------------------
@@ -309,7 +288,9 @@ class Trainer:
     def run(self) -> int:
         try:
             self.build()
-            restored = self.checkpointer.resume(self.config.resume, self.progress)
+            with self.monitor.pause("checkpoint_load"):
+                restored = self.checkpointer.resume(self.config.resume, self.progress)
+            self.monitor.resumed_at(self.progress.step, self.progress.epoch)
             self.record = RunRecord(self.run_id, self.progress, restored, lambda: self.compile_watch.seconds or 0.0)
             self.record.loop_begins()
             exit_reason = self.train()
@@ -337,7 +318,7 @@ class Trainer:
                 raise
             return self._fail(failure)
         finally:
-            self.telemetry.close()
+            self.monitor.close()
             self.compile_watch.close()
 
     def _fail(self, failure: outcome.Failure) -> int:

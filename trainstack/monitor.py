@@ -1,0 +1,375 @@
+"""Rank telemetry for any training loop: the public API, and the one trainstack's own loop uses.
+
+    import trainstack.monitor
+
+    monitor = trainstack.monitor.start(model)            # the DDP/FSDP model; does nothing outside a watched run
+    for batch in monitor.batches(loader):                # each wait for a batch, on the GPU's clock
+        with monitor.forward():
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        monitor.step(samples=len(batch["input_ids"]), loss=loss)
+    monitor.close()
+
+A run started by `trainstack watch -- COMMAND` (or `trainstack train`) hands its ranks the run directory and the
+metrics directory in the environment (trainstack/rundir.py); there `start` returns a `Monitor` that publishes the
+same per-rank series as trainstack's own loop (steps, samples, tokens, data wait, forward time, gradient
+communication and what backward did not hide, MFU, memory) for the exporter, and appends the rank's records for
+the report. Anywhere else it returns a `NullMonitor`, which says so once and records nothing.
+
+What it costs a step: a few host clock reads or CUDA events, and adds on the device for the loss and token sums.
+It never waits for the device and never talks to another rank: every `log_every` steps it closes an interval and
+reads it one interval later, when the device has long finished it (as trainstack's loop reads its loss).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from trainstack.rundir import NNODES_ENV, RUN_DIR_ENV, RUN_ID_ENV
+from trainstack.train.rank.hooks import measure_state_once
+from trainstack.train.rank.telemetry import IntervalCut, RankIdentity, Telemetry, device_uuid, peak_flops
+
+PAUSES = ("evaluation", "checkpoint_save", "checkpoint_load", "compile")
+"""What a run does besides training steps, as `pause` names it."""
+
+
+def start(model: torch.nn.Module | None = None, *, flops_per_token: float | None = None, accelerator=None,
+          log_every: int = 10, precision: str | None = None, run_dir: str | Path | None = None,
+          model_name: str | None = None, dataset: str = "", run_id: str | None = None, optimizer=None,
+          enabled: bool = True) -> Monitor | NullMonitor:
+    """A Monitor for this rank, or a NullMonitor outside a watched run (or with `enabled=False`).
+
+    model: the model as the loop calls it (after DDP/FSDP wrapping or `accelerator.prepare`); its gradient
+      communication is timed. Pass it later with `watch` if it is wrapped after this call.
+    flops_per_token: the model's training FLOPs per token (about 6 x its parameters); gives MFU on a known GPU.
+    accelerator: an Accelerate `Accelerator`: the device, ranks and mixed precision come from it.
+    precision: "bf16", "fp16" or "no" (fp32), for MFU's peak; defaults to the accelerator's or the parameters'.
+    run_dir: where the records go; defaults to TRAINSTACK_RUN_DIR, which `trainstack watch` sets.
+    run_id: the run's name on its series; defaults to TRAINSTACK_RUN_ID, which `trainstack watch` sets.
+    optimizer: its state's bytes, with the parameters' and gradients', are measured after its first step.
+    """
+    if log_every < 1:
+        raise ValueError(f"log_every must be at least 1 step, not {log_every}")
+    run_dir = run_dir or os.environ.get(RUN_DIR_ENV)
+    if not enabled:
+        return NullMonitor()
+    if not run_dir:
+        _say_once(f"trainstack.monitor: not in a watched run ({RUN_DIR_ENV} is unset), so nothing is recorded; "
+                  "run the script with `trainstack watch -- python ...` to see its ranks")
+        return NullMonitor()
+    device = _device_of(model, accelerator)
+    precision = precision or _precision_of(model, accelerator)
+    identity = _identity(model, accelerator, device, precision, model_name, dataset,
+                         run_id or os.environ.get(RUN_ID_ENV, "manual"))
+    telemetry = Telemetry(Path(run_dir), identity, flops_per_token or 0.0,
+                          peak_flops(device, precision, _tf32_allowed()) if flops_per_token else None, device)
+    monitor = Monitor(telemetry, log_every)
+    if model is not None:
+        monitor.watch(model)
+        if optimizer is not None:
+            measure_state_once(model, getattr(optimizer, "optimizer", optimizer), telemetry)  # Accelerate wraps it
+    return monitor
+
+
+class Monitor:
+    """One rank's telemetry. Its methods may be called as the loop reaches each point; the context managers and
+    `batches` are the same calls placed for you."""
+
+    def __init__(self, telemetry: Telemetry, log_every: int):
+        self.telemetry = telemetry
+        self.log_every = log_every
+        self.steps = 0
+        self.epoch = 0
+        self.data_wait_share: float | None = None
+        """The last recorded interval's data-wait share of step time (trainstack/ratios.py DATA_WAIT_SHARE)."""
+        self._sums = _LocalSums()
+        self._open: tuple[IntervalCut, _PendingSums, int, int, float] | None = None
+        self._lr = 0.0
+        self._paused_at = 0.0
+
+    # ---- the loop's points ------------------------------------------------------------------------------------
+    def watch(self, model: torch.nn.Module) -> bool:
+        """Times the model's gradient communication (DDP, FSDP); False for a model without any."""
+        return self.telemetry.watch_communication(model)
+
+    def batches(self, loader: Iterable) -> Iterator:
+        """The loader's batches, each wait for one timed."""
+        batches = iter(loader)
+        while True:
+            self.data_wait_started()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                self.data_ready()
+                return
+            self.data_ready()
+            yield batch
+
+    def data_wait_started(self) -> None:
+        self.telemetry.data_wait_started()
+
+    def data_ready(self) -> None:
+        self.telemetry.data_ready()
+
+    @contextmanager
+    def forward(self):
+        self.forward_started()
+        yield
+        self.forward_done()
+
+    def forward_started(self) -> None:
+        self.telemetry.forward_started()
+
+    def forward_done(self) -> None:
+        self.telemetry.forward_done()
+
+    def micro_batch(self, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None
+                    ) -> None:
+        """A micro-batch of gradient accumulation that did not step the optimizer: its tokens and loss."""
+        self._sums.add(tokens, loss)
+
+    def step(self, samples: int, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None,
+             lr: float | None = None, epoch: int | None = None, compile_seconds: float | None = None,
+             recompiles: int = 0) -> None:
+        """An optimizer step: the samples it trained on (all micro-batches); its last micro-batch's tokens and loss
+        (device tensors are summed on the device, never read here). `compile_seconds`: the step compiled, and
+        that long is compile time, not step time."""
+        self._sums.add(tokens, loss)
+        if compile_seconds is None:
+            self.telemetry.step_done(samples)
+        else:
+            self.telemetry.step_compiled(samples, compile_seconds, recompiles)
+        self.steps += 1
+        self._lr = self._lr if lr is None else lr
+        self.epoch = self.epoch if epoch is None else epoch
+        if self.steps % self.log_every == 0 or self.steps == 1:
+            self._record_open()  # queued steps behind it: the device has run the open interval by now
+            self._open_interval()
+
+    def resumed_at(self, step: int, epoch: int = 0) -> None:
+        """The run continues from a checkpoint: steps are numbered on from `step`."""
+        self.steps, self.epoch = step, epoch
+
+    @contextmanager
+    def pause(self, part: str):
+        """Time that trains nothing (evaluation, a checkpoint): not counted as a step."""
+        self.pause_started(part)
+        try:
+            yield
+        finally:
+            self.pause_ended(part)
+
+    def pause_started(self, part: str) -> None:
+        if part not in PAUSES:
+            raise ValueError(f"unknown pause {part!r}; one of {', '.join(PAUSES)}")
+        self._paused_at = time.perf_counter()
+
+    def pause_ended(self, part: str) -> None:
+        if part == "checkpoint_save":
+            self.telemetry.checkpoint_done(time.perf_counter() - self._paused_at)
+        else:
+            self.telemetry.resync_clock()
+
+    def flush(self) -> None:
+        """Records everything up to now, waiting for the device: before a checkpoint or at the end."""
+        self._record_open()
+        if self._sums.count:
+            self._open_interval()
+            self._record_open()
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self.telemetry.close()
+
+    # ---- intervals --------------------------------------------------------------------------------------------
+    def _open_interval(self) -> None:
+        self._open = (self.telemetry.interval_ended(), self._sums.take(), self.steps, self.epoch, self._lr)
+
+    def _record_open(self) -> None:
+        if self._open is None:
+            return
+        cut, sums, step, epoch, lr = self._open
+        self._open = None
+        loss, tokens = sums.result()
+        self.data_wait_share = self.telemetry.interval_done(cut, step, epoch, loss, lr, tokens)
+
+
+class NullMonitor:
+    """Monitor's methods, recording nothing (tests/test_monitor.py keeps the two alike)."""
+
+    steps = 0
+    epoch = 0
+    data_wait_share = None
+
+    def watch(self, model: torch.nn.Module) -> bool:
+        return False
+
+    def batches(self, loader: Iterable) -> Iterator:
+        return iter(loader)
+
+    def data_wait_started(self) -> None:
+        pass
+
+    def data_ready(self) -> None:
+        pass
+
+    @contextmanager
+    def forward(self):
+        yield
+
+    def forward_started(self) -> None:
+        pass
+
+    def forward_done(self) -> None:
+        pass
+
+    def micro_batch(self, *, tokens=None, loss=None) -> None:
+        pass
+
+    def step(self, samples: int, *, tokens=None, loss=None, lr=None, epoch=None, compile_seconds=None,
+             recompiles=0) -> None:
+        pass
+
+    def resumed_at(self, step: int, epoch: int = 0) -> None:
+        pass
+
+    @contextmanager
+    def pause(self, part: str):
+        yield
+
+    def pause_started(self, part: str) -> None:
+        pass
+
+    def pause_ended(self, part: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# ---- the interval's loss and tokens, summed where they are ------------------------------------------------------
+class _LocalSums:
+    """This rank's loss and token sums since the interval began: numbers on the host, tensors on their device."""
+
+    def __init__(self):
+        self._reset()
+
+    def _reset(self) -> None:
+        self.count = 0
+        self._losses = 0
+        self._host = [0.0, 0.0]  # loss, tokens
+        self._on_device: torch.Tensor | None = None  # loss, tokens
+
+    def add(self, tokens, loss) -> None:
+        self.count += 1
+        if loss is not None:
+            self._losses += 1
+        for slot, value in enumerate((loss, tokens)):
+            if isinstance(value, torch.Tensor):
+                if self._on_device is None:
+                    self._on_device = torch.zeros(2, dtype=torch.float64, device=value.device)
+                self._on_device[slot] += value.detach().to(torch.float64).sum()
+            elif value is not None:
+                self._host[slot] += float(value)
+
+    def take(self) -> _PendingSums:
+        pending = _PendingSums(self._host, self._losses, self._on_device)
+        self._reset()
+        return pending
+
+
+class _PendingSums:
+    """An interval's sums on their way to the host: on a GPU, a copy queued behind the interval's steps (into
+    page-locked memory, so it need not block) with an event after it, read an interval later."""
+
+    def __init__(self, host: list[float], losses: int, on_device: torch.Tensor | None):
+        self._host, self._losses, self._values, self._copied = host, losses, on_device, None
+        if on_device is not None and on_device.device.type == "cuda":
+            self._values = torch.empty(2, dtype=torch.float64, pin_memory=True)
+            self._values.copy_(on_device, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def result(self) -> tuple[float, int]:
+        """(mean loss, tokens); waits, if need be, until the device has run the interval."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        loss, tokens = self._host
+        if self._values is not None:
+            device_loss, device_tokens = self._values.tolist()
+            loss, tokens = loss + device_loss, tokens + device_tokens
+        return (loss / self._losses if self._losses else float("nan")), int(tokens)
+
+
+# ---- who this rank is --------------------------------------------------------------------------------------------
+def _say_once(message: str, _said: set[str] = set()) -> None:  # noqa: B006 (the set is the memory)
+    if message not in _said:
+        _said.add(message)
+        print(message, file=sys.stderr)
+
+
+def _device_of(model: torch.nn.Module | None, accelerator) -> torch.device:
+    if accelerator is not None:
+        return accelerator.device
+    if model is not None:
+        for parameter in model.parameters():
+            return parameter.device
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _precision_of(model: torch.nn.Module | None, accelerator) -> str:
+    if accelerator is not None:
+        return str(accelerator.mixed_precision)
+    dtype = next((p.dtype for p in model.parameters()), torch.float32) if model is not None else torch.float32
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "no")
+
+
+def _tf32_allowed() -> bool:
+    return torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+
+
+def _strategy_of(model: torch.nn.Module | None) -> str:
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return "ddp"
+    if isinstance(model, torch.nn.DataParallel):
+        return "dataparallel"
+    from torch.distributed.fsdp import FSDPModule
+
+    if model is not None and any(isinstance(module, FSDPModule) for module in model.modules()):
+        return "fsdp"
+    return "single"
+
+
+def _identity(model, accelerator, device: torch.device, precision: str, model_name: str | None, dataset: str,
+              run_id: str) -> RankIdentity:
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if accelerator is not None:
+        rank, local_rank, world = accelerator.process_index, accelerator.local_process_index, accelerator.num_processes
+    elif distributed:
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    else:
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE") or os.environ.get(NNODES_ENV) or 1)
+    inner = getattr(model, "module", model)
+    return RankIdentity(
+        rank=rank, local_rank=local_rank, node=socket.gethostname(), uuid=device_uuid(device),
+        run_id=run_id, world_size=world, nodes=nodes, mixed_precision=precision,
+        model=model_name or (type(inner).__name__ if inner is not None else ""), dataset=dataset,
+        strategy=_strategy_of(model))
