@@ -74,13 +74,13 @@ def test_a_plain_loop_records_steps_samples_tokens_loss_and_each_wait_for_a_batc
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        monitor.step(2, tokens=torch.tensor(8), loss=loss, lr=0.1)
+        monitor.step(2, tokens=torch.tensor(8), loss=loss)
     monitor.close()
     lines = records(tmp_path)
     assert [line["step"] for line in lines] == [1, 5, 10]  # the first step, then every log_every
     assert sum(line["samples"] for line in lines) == 20 and sum(line["tokens"] for line in lines) == 80
     assert all(line["loss"] == pytest.approx(3.0) for line in lines)
-    assert all(line["lr"] == 0.1 for line in lines)
+    assert all(line["lr"] == 0.1 for line in lines)  # the optimizer's
     # Each of the 10 waits slept 20 ms before the loader answered (a lower bound, never an upper one).
     assert sum(line["data_wait_seconds"] for line in lines) >= 10 * 0.02
     assert lines[0]["param_bytes"] == 5 * 4  # measured once, after the optimizer's first step
@@ -119,7 +119,7 @@ def test_a_pause_is_no_step_and_a_resumed_run_numbers_its_steps_on(unwatched, tm
     monitor.step(1)
     monitor.close()
     lines = records(tmp_path)
-    assert [(line["step"], line["epoch"]) for line in lines] == [(42, 3)]
+    assert [(line["step"], line["epoch"], line["loss"], line["lr"]) for line in lines] == [(42, 3, None, None)]
     # the evaluation's 0.5 s is not in the step after it
     assert len(lines[0]["step_seconds"]) == 2 and max(lines[0]["step_seconds"]) < 0.5
 

@@ -166,8 +166,8 @@ TRAIN_COMM_BYTES = Metric(
     "gradient bytes the rank all-reduced (the DDP buckets' sizes); per step: its rate over the steps' rate",
     unit="bytes", absent_when=_COMM_ABSENT)
 TRAIN_LOSS = Metric(
-    "trainstack_train_loss", GAUGE, "Training loss, mean over all ranks, at the last log interval.", RANK_LABELS,
-    TELEMETRY, "training loss, mean over all ranks, at the last log interval",
+    "trainstack_train_loss", GAUGE, "The rank's own training loss, its mean over the last log interval.",
+    RANK_LABELS, TELEMETRY, "the rank's own training loss, its mean over the last log interval",
     absent_when="before the first log interval", readers=("panel Loss",))
 TRAIN_LEARNING_RATE = Metric(
     "trainstack_train_learning_rate", GAUGE, "Current learning rate.", RANK_LABELS, TELEMETRY,

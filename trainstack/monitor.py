@@ -56,7 +56,8 @@ def start(model: torch.nn.Module | None = None, *, flops_per_token: float | None
     precision: "bf16", "fp16" or "no" (fp32), for MFU's peak; defaults to the accelerator's or the parameters'.
     run_dir: where the records go; defaults to TRAINSTACK_RUN_DIR, which `trainstack watch` sets.
     run_id: the run's name on its series; defaults to TRAINSTACK_RUN_ID, which `trainstack watch` sets.
-    optimizer: its state's bytes, with the parameters' and gradients', are measured after its first step.
+    optimizer: its learning rate is recorded, and its state's bytes, with the parameters' and gradients', are
+      measured after its first step.
     """
     if log_every < 1:
         raise ValueError(f"log_every must be at least 1 step, not {log_every}")
@@ -73,7 +74,7 @@ def start(model: torch.nn.Module | None = None, *, flops_per_token: float | None
                          run_id or os.environ.get(RUN_ID_ENV, "manual"))
     telemetry = Telemetry(Path(run_dir), identity, flops_per_token or 0.0,
                           peak_flops(device, precision, _tf32_allowed()) if flops_per_token else None, device)
-    monitor = Monitor(telemetry, log_every)
+    monitor = Monitor(telemetry, log_every, optimizer)
     if model is not None:
         monitor.watch(model)
         if optimizer is not None:
@@ -85,7 +86,7 @@ class Monitor:
     """One rank's telemetry. Its methods may be called as the loop reaches each point; the context managers and
     `batches` are the same calls placed for you."""
 
-    def __init__(self, telemetry: Telemetry, log_every: int):
+    def __init__(self, telemetry: Telemetry, log_every: int, optimizer=None):
         self.telemetry = telemetry
         self.log_every = log_every
         self.steps = 0
@@ -93,8 +94,9 @@ class Monitor:
         self.data_wait_share: float | None = None
         """The last recorded interval's data-wait share of step time (trainstack/ratios.py DATA_WAIT_SHARE)."""
         self._sums = _LocalSums()
-        self._open: tuple[IntervalCut, _PendingSums, int, int, float] | None = None
-        self._lr = 0.0
+        self._open: tuple[IntervalCut, _PendingSums, int, int, float | None] | None = None
+        self._optimizer = optimizer  # its learning rate is the record's, unless `step` is given one
+        self._lr: float | None = None
         self._paused_at = 0.0
 
     # ---- the loop's points ------------------------------------------------------------------------------------
@@ -150,7 +152,10 @@ class Monitor:
         else:
             self.telemetry.step_compiled(samples, compile_seconds, recompiles)
         self.steps += 1
-        self._lr = self._lr if lr is None else lr
+        if lr is not None:
+            self._lr = lr
+        elif self._optimizer is not None:
+            self._lr = self._optimizer.param_groups[0]["lr"]
         self.epoch = self.epoch if epoch is None else epoch
         if self.steps % self.log_every == 0 or self.steps == 1:
             self._record_open()  # queued steps behind it: the device has run the open interval by now
@@ -305,15 +310,15 @@ class _PendingSums:
             self._copied = torch.cuda.Event()
             self._copied.record()
 
-    def result(self) -> tuple[float, int]:
-        """(mean loss, tokens); waits, if need be, until the device has run the interval."""
+    def result(self) -> tuple[float | None, int]:
+        """(mean loss, None if no step gave one; tokens); waits, if need be, until the device has run the interval."""
         if self._copied is not None:
             self._copied.synchronize()
         loss, tokens = self._host
         if self._values is not None:
             device_loss, device_tokens = self._values.tolist()
             loss, tokens = loss + device_loss, tokens + device_tokens
-        return (loss / self._losses if self._losses else float("nan")), int(tokens)
+        return (loss / self._losses if self._losses else None), int(tokens)
 
 
 # ---- who this rank is --------------------------------------------------------------------------------------------

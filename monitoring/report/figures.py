@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,14 +31,19 @@ def _legend(axes, count: int) -> None:
 
 
 def loss(run: RunFiles) -> Figure:
-    # The logged loss is already the mean over all ranks, so one rank's records carry it.
-    segments = by_segment(run.ranks[min(run.ranks)])
-    figure, axes = _figure("Training loss (mean over ranks)", "step", "loss")
-    for number, records in enumerate(segments, start=1):
-        axes.plot([r["step"] for r in records], [r["loss"] for r in records], marker=".",
-                  label=f"segment {number}" if len(segments) > 1 else None)
-    if len(segments) > 1:  # one line per launch: a resumed run retrains the steps its killed launch lost
-        _legend(axes, len(segments))
+    # Each rank's own loss: ranks that disagree for long train on data that differs (a sampler left out, a
+    # per-rank shard). A loop that gives its monitor no loss has gaps.
+    figure, axes = _figure("Training loss per rank", "step", "loss")
+    lines = 0
+    for rank, rank_records in sorted(run.ranks.items()):
+        segments = by_segment(rank_records)
+        for number, records in enumerate(segments, start=1):
+            # one line per launch: a resumed run retrains the steps its killed launch lost
+            label = f"rank {rank}" + (f", segment {number}" if len(segments) > 1 else "")
+            axes.plot([r["step"] for r in records], [math.nan if r["loss"] is None else r["loss"] for r in records],
+                      marker=".", label=label)
+            lines += 1
+    _legend(axes, lines)
     return figure
 
 

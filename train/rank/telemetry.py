@@ -1,8 +1,8 @@
 """Per-rank telemetry: prometheus_client multiprocess files for the exporter, JSON lines for the run report.
 
 Nothing here talks to another rank or waits on one: each rank writes its own memory-mapped files (a few
-microseconds per step) and appends one JSON line per log interval. The loss it publishes is the cross-rank mean
-that the training loop already reduced.
+microseconds per step) and appends one JSON line per log interval. The loss it publishes is the rank's own (the
+monitor sums it on the device, trainstack/monitor.py): ranks whose losses part for long train on different data.
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ class Telemetry:
         self._samples, self._step_seconds, self._data_wait, self._host_data_wait = 0, [], 0.0, 0.0
         return cut
 
-    def interval_done(self, cut: IntervalCut, step: int, epoch: int, loss: float, lr: float,
+    def interval_done(self, cut: IntervalCut, step: int, epoch: int, loss: float | None, lr: float | None,
                       tokens: int) -> float | None:
         """Records the interval; returns its data-wait share of step time (ratios.DATA_WAIT_SHARE, for the progress
         bar)."""
@@ -315,8 +315,10 @@ class Telemetry:
         if self._metrics:
             m = self._metrics
             m.tokens.inc(tokens)
-            m.loss.set(loss)
-            m.learning_rate.set(lr)
+            if loss is not None:  # a loop that gives its monitor no loss (or no learning rate) has none to show
+                m.loss.set(loss)
+            if lr is not None:
+                m.learning_rate.set(lr)
             m.epoch.set(epoch)
             if m.memory_allocated_peak is not None:
                 m.memory_allocated_peak.set(torch.cuda.max_memory_allocated(self.device))
