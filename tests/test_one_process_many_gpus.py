@@ -76,7 +76,7 @@ def test_it_is_named_beside_rank_telemetry_too():
     # An instrumented DataParallel loop: one rank, on GPU 0; GPUs 1-3 are busy, so no GPU is unused.
     snapshot = Snapshot("test", NOW, [rank("0", uuid="GPU-0")], dataparallel_gpus(), processes=DATAPARALLEL)
     assert kinds(diagnose(snapshot, LIMITS)) == ["one-process-many-gpus"]
-    assert notes(snapshot) == []
+    assert notes(snapshot, LIMITS) == []
 
 
 def test_a_model_split_by_hand_is_named_without_the_dataparallel_shape():
@@ -111,13 +111,19 @@ def test_without_rank_telemetry_the_gpu_verdicts_stand_and_a_note_says_what_is_m
     assert kinds(verdicts) == ["gpus-unused"]
     assert verdicts[0].summary == "processes use 3 GPU(s) while 1 of 4 visible GPU(s) sit idle with no process on them"
     assert verdicts[0].evidence == ("GPU 3 (NVIDIA H100 80GB HBM3): utilization 0%, no process on it",)
-    assert notes(snapshot) == [UNINSTRUMENTED]
+    assert notes(snapshot, LIMITS) == [UNINSTRUMENTED]
     assert "\n" not in UNINSTRUMENTED and "trainstack.integrations.hf.TrainstackCallback" in UNINSTRUMENTED
 
 
 def test_nothing_on_the_gpus_and_no_ranks_is_still_no_training():
-    snapshot = Snapshot("test", NOW, [], dataparallel_gpus(0.0))
-    assert kinds(diagnose(snapshot, LIMITS)) == ["no-training"] and notes(snapshot) == []
+    snapshot = Snapshot("test", NOW, [], dataparallel_gpus(0.0, 0.01))
+    assert kinds(diagnose(snapshot, LIMITS)) == ["no-training"] and notes(snapshot, LIMITS) == []
+
+
+def test_a_busy_gpu_without_ranks_is_an_uninstrumented_job_even_where_its_processes_are_hidden():
+    # An exporter outside the job's PID namespace may list no process; the busy GPU still says a job runs.
+    snapshot = Snapshot("test", NOW, [], dataparallel_gpus(0.9, 0.0))
+    assert diagnose(snapshot, LIMITS) == [] and notes(snapshot, LIMITS) == [UNINSTRUMENTED]
 
 
 # --- the fake hosts through the real exporter ------------------------------------------------------------------
@@ -159,7 +165,7 @@ def test_diagnose_judges_the_fake_hosts_from_the_exporter_alone(host, expected):
     assert snapshot.ranks == [] and len(snapshot.processes) == 4
     verdicts = diagnose(snapshot, LIMITS)
     assert kinds(verdicts) == expected
-    assert notes(snapshot) == [UNINSTRUMENTED]
+    assert notes(snapshot, LIMITS) == [UNINSTRUMENTED]
     if expected:
         assert verdicts[0].evidence[1] == "GPU 0: 65.7 GiB used by it, utilization 90% (its first GPU)"
 

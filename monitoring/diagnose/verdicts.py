@@ -28,8 +28,14 @@ def _ranks_list(ranks: list[RankView]) -> str:
     return ", ".join(f"rank {r.rank}" for r in ranks)
 
 
+def _uninstrumented(snapshot: Snapshot, limits: Thresholds) -> bool:
+    """Something uses the GPUs (NVML lists a process on one, or one is busy) but no rank reports telemetry."""
+    return not snapshot.ranks and (bool(snapshot.processes) or any(
+        (g.utilization or 0.0) >= limits.gpu_idle_ratio for g in snapshot.gpus))
+
+
 def no_training(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
-    if snapshot.ranks or snapshot.processes:  # processes on the GPUs but no ranks: an uninstrumented job (notes)
+    if snapshot.ranks or _uninstrumented(snapshot, limits):  # the latter: a job without telemetry (notes)
         return None
     evidence = [f"GPU {g.index} ({g.uuid}) utilization {_percent(g.utilization)}" for g in snapshot.gpus
                 if g.utilization is not None]
@@ -315,10 +321,10 @@ UNINSTRUMENTED = (
     "TrainstackCallback()], or run it with `trainstack train`")
 
 
-def notes(snapshot: Snapshot) -> list[str]:
-    """What the reader must know that is no problem of the run: a job that holds GPUs but reports no rank telemetry
+def notes(snapshot: Snapshot, limits: Thresholds) -> list[str]:
+    """What the reader must know that is no problem of the run: a job that uses GPUs but reports no rank telemetry
     gets the GPU verdicts only, and one line on how to get the others."""
-    return [UNINSTRUMENTED] if snapshot.processes and not snapshot.ranks else []
+    return [UNINSTRUMENTED] if _uninstrumented(snapshot, limits) else []
 
 
 def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
