@@ -6,6 +6,7 @@ no rank telemetry, and the alert's promtool test fed with what the exporter serv
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import subprocess
 import time
@@ -28,9 +29,10 @@ from tests.test_diagnose import (
 from trainstack import catalog
 from trainstack.errors import ConfigError, RuntimeFailure
 from trainstack.monitoring import nvml_fake
+from trainstack.monitoring.diagnose.render import render_json
 from trainstack.monitoring.diagnose.snapshot import GpuProcess, Snapshot, read_snapshot
 from trainstack.monitoring.diagnose.sources import ExporterSource, PrometheusSource
-from trainstack.monitoring.diagnose.verdicts import UNINSTRUMENTED, diagnose, notes
+from trainstack.monitoring.diagnose.verdicts import UNINSTRUMENTED, diagnose, figures, notes
 from trainstack.monitoring.exporter.app import Exporter
 from trainstack.monitoring.exporter.config import ExporterConfig
 
@@ -113,6 +115,8 @@ def test_without_rank_telemetry_the_gpu_verdicts_stand_and_a_note_says_what_is_m
     assert verdicts[0].evidence == ("GPU 3 (NVIDIA H100 80GB HBM3): utilization 0%, no process on it",)
     assert notes(snapshot, LIMITS) == [UNINSTRUMENTED]
     assert "\n" not in UNINSTRUMENTED and "trainstack.integrations.hf.TrainstackCallback" in UNINSTRUMENTED
+    shown = json.loads(render_json("test", verdicts, figures(snapshot), notes(snapshot, LIMITS)))
+    assert shown["notes"] == [UNINSTRUMENTED] and not shown["healthy"]
 
 
 def test_nothing_on_the_gpus_and_no_ranks_is_still_no_training():
