@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import explain, run_trainstack, stop_process, trainstack_command, wait_for
 from tests.test_cli_imports import run_without_torch
 from trainstack.errors import ConfigError
+from trainstack.monitoring.diagnose.verdicts import UNINSTRUMENTED
 from trainstack.rundir import (
     LAUNCHED_AT_ENV,
     LEASE_DIR,
@@ -285,7 +286,9 @@ def test_an_uninstrumented_command_gets_the_gpu_series_and_a_report_of_them(tmp_
         assert "trainstack_train_steps_total" not in text  # no rank, no training series
         diagnosed = run_trainstack("diagnose", "--url", f"http://127.0.0.1:{port}", "--interval", "0.5", "--json")
         assert diagnosed.returncode in (0, 1), explain(diagnosed)  # a verdict, not "cannot read the source"
-        assert json.loads(diagnosed.stdout)["figures"]["gpus"] == 8
+        diagnosis = json.loads(diagnosed.stdout)
+        assert diagnosis["figures"]["gpus"] == 8
+        assert diagnosis["notes"] == [UNINSTRUMENTED]  # the one line on what per-rank verdicts need
         release.touch()
         output, _ = watched.communicate(timeout=120)
     finally:

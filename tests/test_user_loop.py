@@ -1,0 +1,52 @@
+"""A user's own plain DDP loop (examples/ddp_loop.py, instrumented with trainstack.monitor) under
+`trainstack watch -- torchrun ...`, on 2 CPU ranks: both ranks reach the exporter, a slowed rank is named the
+straggler, and the run ends with the command's exit code and a report of both ranks."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+
+import pytest
+
+from tests.conftest import REPO, explain, run_trainstack, wait_for
+from tests.test_watch import kill_tree, start_watch
+from trainstack.rundir import RunDir, free_port
+
+EXAMPLE = REPO / "examples" / "ddp_loop.py"
+
+
+def steps_by_rank(port: int) -> dict[str, float]:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return {}
+    return {line.split('rank="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("trainstack_train_steps_total{")}
+
+
+@pytest.mark.slow
+def test_a_plain_ddp_loop_under_watch_has_its_straggler_named(tmp_path):
+    run_dir, port = tmp_path / "run", free_port()
+    watched = start_watch(
+        run_dir, "--exporter-port", str(port), "--", sys.executable, "-m", "torch.distributed.run",
+        "--nproc-per-node", "2", "--master-port", str(free_port()), str(EXAMPLE), "--steps", "150",
+        "--slow-rank", "1", "--slow-seconds", "0.1", env={"OMP_NUM_THREADS": "1"})
+    try:
+        wait_for(lambda: len(steps := steps_by_rank(port)) == 2 and min(steps.values()) >= 20, watched)
+        diagnosed = run_trainstack("diagnose", "--url", f"http://127.0.0.1:{port}", "--interval", "4", "--json")
+        output, _ = watched.communicate(timeout=300)
+    finally:
+        kill_tree(watched)
+    assert diagnosed.returncode == 1, explain(diagnosed)
+    verdicts = json.loads(diagnosed.stdout)["verdicts"]
+    assert [v["kind"] for v in verdicts] == ["straggler"], verdicts
+    assert verdicts[0]["summary"].startswith("rank 1 is a straggler")
+    assert watched.returncode == 0, output
+    records = RunDir(run_dir).all_rank_records()
+    assert sorted(records) == [0, 1]
+    for rank, path in records.items():
+        steps = [json.loads(line) for line in path.read_text().splitlines() if '"step"' in line]
+        assert steps[-1]["step"] == 150 and "comm_exposed_seconds" in steps[-1], rank  # DDP's all-reduce timed
+    assert "<figure id='loss'>" in (run_dir / "report.html").read_text()
