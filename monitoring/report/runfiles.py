@@ -3,13 +3,12 @@ Formats: docs/architecture.md (rank records, summary) and docs/metrics.md (gpu.j
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainstack import ratios
 from trainstack.errors import ConfigError
-from trainstack.rundir import SEGMENT_MARKER, SHOWN, RunDir, Summary, read_summary
+from trainstack.rundir import SEGMENT_MARKER, SHOWN, RunDir, Summary, read_json_lines, read_summary
 
 
 @dataclass(frozen=True)
@@ -53,27 +52,13 @@ def on_gpu_clock(records: list[dict]) -> bool:
 
 def read_jsonl(path: Path) -> list[dict]:
     """Records in time order. A rank killed mid-write leaves a partial last line: that one is skipped."""
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and "time" in record:
-            records.append(record)
-    return sorted(records, key=lambda record: record["time"])
+    return sorted((record for record in read_json_lines(path) if "time" in record), key=lambda record: record["time"])
 
 
 def read_rank_records(path: Path) -> list[dict]:
     """A rank's records, each tagged with its segment: a resumed run appends after a marker line per launch."""
     segment, records = -1, []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(record, dict):
-            continue
+    for record in read_json_lines(path):
         if SEGMENT_MARKER in record:
             segment += 1
         elif "time" in record:

@@ -19,17 +19,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from trainstack import breakdown
 from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.lifetime import describe_end, kill_all, signal_new_children, still_running, stop_grace, supervised_by_me
 from trainstack.rundir import (
     FAILURE_FD_ENV,
+    LAUNCHED_AT_ENV,
     METRICS_DIR_ENV,
     NNODES_ENV,
     RUN_ID_ENV,
     USE_CPU_ENV,
     VERIFIED_CHECKPOINT_ENV,
     RunDir,
+    Summary,
     read_summary,
+    write_summary,
 )
 from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
 from trainstack.train.launcher.exporter_process import SupervisedExporter
@@ -176,6 +180,7 @@ class Launch:
         env = dict(os.environ)
         env[METRICS_DIR_ENV] = str(self.metrics_dir.resolve())
         env[RUN_ID_ENV] = self.run_id
+        env[LAUNCHED_AT_ENV] = repr(time.time())  # each rank's startup counts from here (trainstack/breakdown.py)
         if self.resume_from:
             env[VERIFIED_CHECKPOINT_ENV] = str(self.resume_from)  # hashed in preflight; ranks check sizes only
         env[NNODES_ENV] = str(self.launch.nnodes)
@@ -283,6 +288,7 @@ class Launch:
                 time.sleep(0.2)
             self._wait_for_orphans()
             self.failed_rank = read_failed_rank(failures)
+            self.add_time_breakdown()
             return self.outcome(self.ranks.returncode)
         finally:
             for signum, handler in previous.items():
@@ -293,14 +299,34 @@ class Launch:
         if self.exporter:
             self.exporter.stop()
 
+    def summary_of_this_launch(self) -> Summary:
+        """summary.json if rank 0 wrote it in this launch, else {}. Every node of a run (and, with a fixed
+        TRAINSTACK_RUN_ID, every launch) shares the run id: the summary is this launch's only on node 0, where rank 0
+        runs, and only when written since it started."""
+        summary_path = self.run_dir.summary
+        summary = read_summary(summary_path)
+        if (self.launch.node_rank == 0 and summary.get("run_id") == self.run_id
+                and summary_path.stat().st_mtime >= self.started):
+            return summary
+        return {}
+
+    def add_time_breakdown(self) -> None:
+        """summary.json's `time_breakdown`, from every rank's records once all have exited: a rank's closing line
+        ends its wall time (trainstack/breakdown.py). A storage that refuses it costs the breakdown only."""
+        summary = self.summary_of_this_launch()
+        times = breakdown.of_run(self.run_dir.path) if summary else None
+        if times is None:
+            return
+        try:
+            write_summary(self.run_dir.summary, {**summary, "time_breakdown": times})
+        except WriteFailure as failure:
+            print(f"trainstack train: warning: no time breakdown in the summary: {failure}", file=sys.stderr)
+
     def outcome(self, returncode: int) -> int:
         """Rank 0's verdict from summary.json when this launch wrote one (node 0), else the ranks' exit status."""
         summary_path = self.run_dir.summary
-        summary = read_summary(summary_path)
-        # Every node of a run (and, with a fixed TRAINSTACK_RUN_ID, every launch) shares the run id: the summary
-        # is this launch's verdict only on node 0, where rank 0 runs, and only when written since it started.
-        if (self.launch.node_rank == 0 and summary.get("run_id") == self.run_id
-                and summary_path.stat().st_mtime >= self.started):
+        summary = self.summary_of_this_launch()
+        if summary:
             print(f"trainstack train: {summary['exit_reason']} after {summary['steps']} steps; {summary_path}",
                   file=sys.stderr)
             if summary["exit_reason"] == "preempted":

@@ -6,6 +6,8 @@ same with them on or off; which object it holds is decided once, when the Traine
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from trainstack.train.rank.telemetry import Telemetry, training_state_bytes
@@ -34,6 +36,16 @@ class NoTelemetry:
 
     def resync_clock(self) -> None:
         pass
+
+    def pause_started(self, part: str) -> None:
+        pass
+
+    def pause_ended(self, part: str) -> None:
+        pass
+
+    @contextmanager
+    def pause(self, part: str):
+        yield
 
     def watch_communication(self, model: torch.nn.Module) -> bool:
         """False: the gradient all-reduce is left as DDP runs it, untimed."""

@@ -282,7 +282,9 @@ class Trainer:
         return stop
 
     def save(self) -> None:
-        if (seconds := self.checkpointer.save(self.progress, self.record)) is None:
+        with self.telemetry.pause("checkpoint_save"):
+            seconds = self.checkpointer.save(self.progress, self.record)
+        if seconds is None:
             return
         self.telemetry.checkpoint_done(seconds)
         self.compile_watch.resync()
@@ -290,9 +292,8 @@ class Trainer:
     def evaluate(self) -> float | None:
         if self.eval_loader is None:
             return None
-        loss = self.evaluator(self.accelerator, self.model, self.eval_loader)
-        # That pause was neither a step nor compiling.
-        self.telemetry.resync_clock()
+        with self.telemetry.pause("evaluation"):  # neither a step nor compiling
+            loss = self.evaluator(self.accelerator, self.model, self.eval_loader)
         self.compile_watch.resync()
         return loss
 
@@ -309,7 +310,8 @@ class Trainer:
     def run(self) -> int:
         try:
             self.build()
-            restored = self.checkpointer.resume(self.config.resume, self.progress)
+            with self.telemetry.pause("checkpoint_load"):
+                restored = self.checkpointer.resume(self.config.resume, self.progress)
             self.record = RunRecord(self.run_id, self.progress, restored, lambda: self.compile_watch.seconds or 0.0)
             self.record.loop_begins()
             exit_reason = self.train()
