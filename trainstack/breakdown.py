@@ -2,7 +2,7 @@
 
 A rank's wall time, from its launch (`TRAINSTACK_LAUNCHED_AT`) to its exit, splits into parts that are each measured
 on their own (train/rank/telemetry.py writes them into the rank's records, and into the
-`trainstack_train_time_seconds_total{part}` counter):
+time-by-part counter of the metric catalog, `catalog.TRAIN_TIME`):
 
 - the steps' time, on the device's clock on a GPU, split into data starvation and exposed communication (both timed
   as they happen), host-bound idle (GPU ranks: NVML's utilization samples say how long the device idled; the part

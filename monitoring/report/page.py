@@ -8,7 +8,7 @@ import html
 import time
 
 from trainstack.monitoring.report.runfiles import RunFiles
-from trainstack.monitoring.report.tables import cell, rank_rows, segment_rows
+from trainstack.monitoring.report.tables import cell, rank_rows, segment_rows, time_rows
 from trainstack.rundir import GPU_LOG_FILE, SUMMARY_FILE, TELEMETRY_DIR
 
 STYLE = """
@@ -38,14 +38,22 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
              "<h2>Summary</h2>"]
     if run.summary:
         parts.append(_table([{"field": key, "value": value} for key, value in run.summary.items()
-                             if key != "segments"]))
+                             if key not in ("segments", "time_breakdown")]))  # each has a table of its own
         if run.summary.get("segments"):
             parts += ["<h2>Segments</h2>", "<p class='note'>One per launch that trained the run; samples/s and "
                       "tokens/s above are over all of them.</p>", _table(segment_rows(run.summary["segments"]))]
     else:
         parts.append(f"<p class='note'>No {SUMMARY_FILE}: the run is still going, or rank 0 stopped before "
                      "writing it.</p>")
-    parts += ["<h2>Per rank</h2>", _table(rank_rows(run)), "<h2>Figures</h2>"]
+    parts += ["<h2>Per rank</h2>", _table(rank_rows(run))]
+    if run.time_breakdown:
+        times = run.time_breakdown
+        parts += ["<h2>Where the time went</h2>",
+                  f"<p>goodput {cell(times['goodput'])}: compute over the wall time of every rank, launch to exit, "
+                  "over every launch. A killed launch counts to its last record; <code>other</code> is what no "
+                  "part accounts for; <code>lost_progress</code> is the steps a later launch trained again.</p>",
+                  _table(time_rows(times))]
+    parts.append("<h2>Figures</h2>")
     for figure_id, image in figures.items():
         data = base64.b64encode(image).decode("ascii")
         parts.append(f"<figure id='{figure_id}'><img alt='{figure_id}' src='data:image/png;base64,{data}'>"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainstack import ratios
+from trainstack import breakdown, ratios
 from trainstack.errors import ConfigError
 from trainstack.rundir import SEGMENT_MARKER, SHOWN, RunDir, Summary, read_json_lines, read_summary
 
@@ -21,6 +21,8 @@ class RunFiles:
     """(NVML index, uuid) -> the exporter's snapshots of that GPU in time order; empty without a GPU."""
     summary: Summary
     """summary.json; empty while the run is still going or when rank 0 died before writing it."""
+    time_breakdown: dict | None = None
+    """Where each rank's time went, from the records (trainstack/breakdown.py); None from records without it."""
 
     @property
     def start_time(self) -> float:
@@ -88,4 +90,5 @@ def load_run(run_dir: Path) -> RunFiles:
         for snapshot in read_jsonl(layout.gpu_log):
             gpus.setdefault((int(snapshot["gpu"]), snapshot.get("uuid", "")), []).append(snapshot)
     summary = read_summary(layout.summary)
-    return RunFiles(run_dir=run_dir, ranks=ranks, gpus=dict(sorted(gpus.items())), summary=summary)
+    return RunFiles(run_dir=run_dir, ranks=ranks, gpus=dict(sorted(gpus.items())), summary=summary,
+                    time_breakdown=breakdown.of_run(run_dir))
