@@ -117,8 +117,8 @@ def time_breakdown(run: RunFiles) -> Figure | None:
     times = run.time_breakdown
     if times is None:
         return None
-    figure = Figure(figsize=(10, 1.2 + 0.45 * max(len(times["ranks"]), len(times["segments"]))), dpi=100,
-                    layout="constrained")
+    bars = max(len(times["ranks"]), len(times["segments"]))
+    figure = Figure(figsize=(10, max(3.8, 1.6 + 0.4 * bars)), dpi=100, layout="constrained")
     figure.suptitle(f"Where the time went (goodput {100 * (times['goodput'] or 0):.0f}%: compute over wall time)")
     shown = [part for part in times["parts"] if any(abs(r["seconds"][part]) > 0 for r in times["ranks"])]
     colors = dict(zip(times["parts"], colormaps["tab20"].colors, strict=False))

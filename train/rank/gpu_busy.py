@@ -34,8 +34,12 @@ class GpuBusy:
 
         try:
             pynvml.nvmlInit()
+        except pynvml.NVMLError:
+            return None
+        try:
             return cls(pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid))
         except pynvml.NVMLError:
+            pynvml.nvmlShutdown()
             return None
 
     def share(self, start: float, end: float, not_stepping: list[tuple[float, float]]) -> float | None:
