@@ -484,11 +484,11 @@ class Telemetry:
             self._end_startup(time.time())
         ending = {SEGMENT_ENDED: time.time(), "rank": int(self.rank), "step_count": self._step_count,
                   "paused": self._paused}
-        try:
-            self._records.write(json.dumps(ending) + "\n")
-            self._records.close()
-        except OSError:
-            pass  # a write already failed and was reported, or the run is failing; the segment reads as killed
+        for finish in (lambda: self._records.write(json.dumps(ending) + "\n"), self._records.close):
+            try:
+                finish()
+            except OSError:
+                pass  # a record's write failed and was reported (the segment then reads as killed)
         if self._gpu_busy:
             self._gpu_busy.close()
 
