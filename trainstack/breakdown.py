@@ -21,7 +21,6 @@ Nothing here imports torch: the launcher (summary.json) and the run report read 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,9 +112,13 @@ class SegmentTimes:
         return self.ended - self.launched_at
 
 
-def _paused(entries: Iterable[dict], first_step: int | None) -> list[Spent]:
-    steps = [None if first_step is None else first_step + entry["after_steps"] for entry in entries]
-    return [Spent(entry["part"], entry["seconds"], step, step) for entry, step in zip(entries, steps, strict=True)]
+def _paused(entries: list[dict], first_step: int | None) -> list[Spent]:
+    """A line's pauses, each at the step it came after (None: unknown)."""
+    spent = []
+    for entry in entries:
+        step = None if first_step is None else first_step + entry["after_steps"]
+        spent.append(Spent(entry["part"], entry["seconds"], step, step))
+    return spent
 
 
 def rank_segments(lines: list[dict]) -> list[SegmentTimes]:
@@ -171,41 +174,31 @@ def _totals(wall: float, seconds: dict[str, float]) -> dict:
     return {"wall_seconds": wall, "goodput": seconds[COMPUTE] / wall if wall > 0 else None, "seconds": seconds}
 
 
-def _add(into: dict[str, float], seconds: dict[str, float]) -> None:
-    for part, value in seconds.items():
-        into[part] = into.get(part, 0.0) + value
+def _summed(rows: list[dict]) -> dict:
+    """The rows' wall time and seconds per part added up, and their goodput."""
+    return _totals(sum(row["wall_seconds"] for row in rows),
+                   {part: sum(row["seconds"][part] for row in rows) for part in PARTS})
 
 
 def run_breakdown(segments_by_rank: dict[int, list[SegmentTimes]]) -> dict | None:
     """summary.json's `time_breakdown`: the whole run, each rank (with its segments) and each segment (its ranks
     summed; the n-th launch of every rank is segment n). None when no rank measured one."""
-    ranks, by_segment = [], []
+    ranks = []
     for rank, segments in sorted(segments_by_rank.items()):
-        if not segments:
-            continue
-        rows = []
-        for number, (segment, threshold) in enumerate(zip(segments, redone_after(segments), strict=True)):
-            seconds = segment_seconds(segment, threshold)
-            rows.append({"segment": number, "launched_at": segment.launched_at,
-                         "ended": "exited" if segment.closed else "killed", **_totals(segment.wall_seconds, seconds)})
-            if len(by_segment) <= number:
-                by_segment.append({"segment": number, "wall": 0.0, "seconds": {}})
-            by_segment[number]["wall"] += segment.wall_seconds
-            _add(by_segment[number]["seconds"], seconds)
-        wall = sum(row["wall_seconds"] for row in rows)
-        seconds: dict[str, float] = {}
-        for row in rows:
-            _add(seconds, row["seconds"])
-        ranks.append({"rank": rank, **_totals(wall, seconds),
-                      "host_bound_measured": any(s.host_bound_measured for s in segments), "segments": rows})
+        rows = [{"segment": number, "launched_at": segment.launched_at,
+                 "ended": "exited" if segment.closed else "killed",
+                 **_totals(segment.wall_seconds, segment_seconds(segment, threshold))}
+                for number, (segment, threshold) in enumerate(zip(segments, redone_after(segments), strict=True))]
+        if rows:
+            ranks.append({"rank": rank, **_summed(rows),
+                          "host_bound_measured": any(s.host_bound_measured for s in segments), "segments": rows})
     if not ranks:
         return None
-    seconds = {}
-    for rank in ranks:
-        _add(seconds, rank["seconds"])
-    return {"parts": list(PARTS), **_totals(sum(rank["wall_seconds"] for rank in ranks), seconds),
-            "ranks": ranks,
-            "segments": [{"segment": s["segment"], **_totals(s["wall"], s["seconds"])} for s in by_segment]}
+    launches = max(len(rank["segments"]) for rank in ranks)
+    return {"parts": list(PARTS), **_summed(ranks), "ranks": ranks,
+            "segments": [{"segment": number, **_summed([r["segments"][number] for r in ranks
+                                                         if len(r["segments"]) > number])}
+                         for number in range(launches)]}
 
 
 def of_run(run_dir: Path) -> dict | None:
