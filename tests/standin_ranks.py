@@ -46,6 +46,12 @@ def _write(rank: str, steps: int, world_size: str, on_gpu: bool) -> None:
     step = series(catalog.TRAIN_STEP_DURATION)
     for i in range(steps):
         step.observe(0.02 * (1 + i % 7))
+    per_step = {"compute": 0.06, "comm_exposed": 0.005, "data_starvation": 0.01, "checkpoint_save": 0.002,
+                "evaluation": 0.002, "checkpoint_load": 0.0, "compile": 0.0, "startup": 0.0,
+                **({"host_bound": 0.003} if on_gpu else {})}  # a CPU rank does not measure host-bound idle
+    time_by_part = catalog.rank_metric(catalog.TRAIN_TIME)
+    for part, seconds in per_step.items():
+        time_by_part.labels(rank, part).inc(seconds * steps)
     now = time.time()
     values = {catalog.TRAIN_LOSS: 2.5, catalog.TRAIN_LEARNING_RATE: 3e-4, catalog.TRAIN_LAST_STEP: now,
               catalog.TRAIN_EPOCH: 0, catalog.TRAIN_LAST_CHECKPOINT: now, catalog.TRAIN_CHECKPOINT_DURATION: 0.2}

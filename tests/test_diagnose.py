@@ -178,6 +178,28 @@ def test_the_snapshot_reads_communication_per_rank():
     assert (unmeasured.comm_exposed_ratio, unmeasured.comm_seconds) == (None, None)
 
 
+def test_host_bound_names_the_ranks_whose_gpu_idles_with_nothing_to_wait_for():
+    ranks = [rank("0", uuid="GPU-0", host_bound_ratio=0.35, comm_exposed_ratio=0.05),
+             rank("1", uuid="GPU-1", host_bound_ratio=0.1), rank("2", uuid="GPU-2", host_bound_ratio=None)]
+    verdicts = diagnose(gpu_snapshot(ranks, [gpu(i) for i in range(3)]), LIMITS)
+    assert kinds(verdicts) == ["host-bound"]
+    assert verdicts[0].summary.startswith("host-bound: rank 0: the GPU idles more than 20% of its step time")
+    assert verdicts[0].evidence == ("rank 0: its GPU idled 35% of its step time waiting for the host (besides: "
+                                    "starved for data 2%, waiting on communication 5%)",)
+    assert "--batch-size" in verdicts[0].fix and "--compile" in verdicts[0].fix
+
+
+def test_the_snapshot_reads_the_host_bound_part_of_each_ranks_time():
+    per_rank = [({"rank": "0"}, 2.0), ({"rank": "1"}, 2.0)]
+    time_by_part = [({"rank": "0", "part": "compute"}, 1.2), ({"rank": "0", "part": "host_bound"}, 0.5),
+                    ({"rank": "1", "part": "compute"}, 1.7)]  # a CPU rank: no host_bound series
+    source = CountersSource(
+        {"trainstack_train_steps_total": [({"rank": "0"}, 50.0), ({"rank": "1"}, 50.0)]},
+        {"trainstack_train_step_duration_seconds_sum": per_rank, "trainstack_train_time_seconds_total": time_by_part})
+    gpu_rank, cpu_rank = read_snapshot(source).ranks
+    assert (gpu_rank.host_bound_ratio, cpu_rank.host_bound_ratio) == (0.25, None)
+
+
 def test_noise_in_a_tiny_forward_pass_is_no_straggler():
     # 1.23x the median, but 3 ms of a 900 ms step: a slow loader's run on a busy CPU looks like this.
     ranks = [rank("0", forward_seconds=0.016, step_seconds=0.9), rank("1", forward_seconds=0.010, step_seconds=0.9)]

@@ -138,7 +138,7 @@ def test_mistakes_are_named(unwatched, tmp_path, mistake, message):
 
 def test_an_unknown_pause_is_named(unwatched, tmp_path):
     monitor = trainstack.monitor.start(run_dir=tmp_path)
-    with pytest.raises(ValueError, match="unknown pause 'lunch'; one of evaluation, checkpoint_save"):
+    with pytest.raises(ValueError, match="no pause 'lunch': a pause is one of evaluation, checkpoint_save"):
         monitor.pause_started("lunch")
     monitor.close()
 

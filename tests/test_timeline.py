@@ -193,7 +193,7 @@ def test_cpu_telemetry_counts_the_host_wait_as_data_wait(tmp_path, monkeypatch):
     telemetry.step_done(4)
     share = telemetry.interval_done(telemetry.interval_ended(), 1, 0, 2.0, 0.1, 40)
     telemetry.close()
-    record = json.loads((tmp_path / "telemetry" / "rank-0.jsonl").read_text().splitlines()[-1])  # past the marker
+    record = json.loads((tmp_path / "telemetry" / "rank-0.jsonl").read_text().splitlines()[1])  # after the marker
     assert record["clock"] == "host" and telemetry.clock == "host"
     assert record["data_wait_seconds"] == record["host_data_wait_seconds"] >= 0.05
     assert share == pytest.approx(record["data_wait_seconds"] / sum(record["step_seconds"]))
@@ -223,7 +223,7 @@ def test_gpu_telemetry_records_the_gpus_starvation_and_the_hosts_wait_apart(tmp_
     gpu.drain()
     share = telemetry.interval_done(telemetry.interval_ended(), 3, 0, 2.0, 0.1, 3 * 16 * 1024)
     telemetry.close()
-    record = json.loads((tmp_path / "telemetry" / "rank-0.jsonl").read_text().splitlines()[-1])  # past the marker
+    record = json.loads((tmp_path / "telemetry" / "rank-0.jsonl").read_text().splitlines()[1])  # after the marker
     assert record["clock"] == "gpu" and telemetry.clock == "gpu"
     assert record["data_wait_seconds"] == 0 and share == 0
     assert record["host_data_wait_seconds"] >= 3 * 0.02

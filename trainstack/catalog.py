@@ -117,8 +117,9 @@ TRAIN_STEP_DURATION = Metric(
              "record rank:trainstack_train_step_duration_seconds:quantile_rate2m",
              "record job:trainstack_train_step_duration_seconds:quantile_rate2m",
              "record rank:trainstack_train_data_wait:ratio_rate2m",
-             "record rank:trainstack_train_comm_exposed:ratio_rate2m", "diagnose input-bound", "diagnose straggler",
-             "diagnose figures"))
+             "record rank:trainstack_train_comm_exposed:ratio_rate2m",
+             "record rank:trainstack_train_host_bound:ratio_rate2m", "diagnose input-bound", "diagnose straggler",
+             "diagnose host-bound", "diagnose figures"))
 TRAIN_FORWARD_SECONDS = Metric(
     "trainstack_train_forward_seconds_total", COUNTER, "Time in the forward pass, before any collective.",
     RANK_LABELS, TELEMETRY,
@@ -165,6 +166,15 @@ TRAIN_COMM_BYTES = Metric(
     "trainstack_train_comm_bytes_total", COUNTER, "Gradient bytes the rank all-reduced.", RANK_LABELS, TELEMETRY,
     "gradient bytes the rank all-reduced (the DDP buckets' sizes); per step: its rate over the steps' rate",
     unit="bytes", absent_when=_COMM_ABSENT)
+TRAIN_TIME = Metric(
+    "trainstack_train_time_seconds_total", COUNTER,
+    "Where the rank's time went, by part: compute, comm_exposed, data_starvation, host_bound, evaluation, "
+    "checkpoint_save, checkpoint_load, compile, startup.", ("rank", "part"), TELEMETRY,
+    "the rank's time by `part` ([where each rank's time goes](#where-each-ranks-time-goes)): the steps' parts added "
+    "at each log interval, a pause's time when it ends, startup's at the first step. `host_bound` only on GPU ranks "
+    "NVML answers for, `comm_exposed` only on DDP ranks",
+    unit="s", readers=("record rank:trainstack_train_time:share_rate2m",
+                       "record rank:trainstack_train_host_bound:ratio_rate2m", "diagnose host-bound"))
 TRAIN_LOSS = Metric(
     "trainstack_train_loss", GAUGE, "The rank's own training loss, its mean over the last log interval.",
     RANK_LABELS, TELEMETRY, "the rank's own training loss, its mean over the last log interval",
@@ -469,6 +479,18 @@ JOB_COMM_EXPOSED_MIN_RATIO = Recorded(
     "job:trainstack_train_comm_exposed:min_ratio_rate2m",
     "the least exposed-communication share of the job's ranks: over the threshold, every rank waits on the network",
     readers=("alert TrainstackCommunicationBound",))
+RANK_TIME_SHARE = Recorded(
+    "rank:trainstack_train_time:share_rate2m", "each part's share of the rank's time measured in the window (`part`)",
+    readers=("record rank:trainstack_train_goodput:ratio_rate2m", "panel Where the time goes"))
+RANK_GOODPUT = Recorded(
+    "rank:trainstack_train_goodput:ratio_rate2m", "goodput: the compute share of the rank's measured time",
+    readers=("record job:trainstack_train_goodput:avg_ratio_rate2m", "panel Goodput per rank"))
+JOB_GOODPUT = Recorded(
+    "job:trainstack_train_goodput:avg_ratio_rate2m", "the ranks' mean goodput", readers=("panel Goodput per rank",))
+RANK_HOST_BOUND_RATIO = Recorded(
+    "rank:trainstack_train_host_bound:ratio_rate2m",
+    "share of step time the rank's GPU idled though neither starved of data nor waiting on communication",
+    readers=("alert TrainstackHostBound",))
 RANK_FORWARD_MEAN = Recorded(
     "rank:trainstack_train_forward_seconds:mean_rate2m", "mean forward time per step",
     readers=("record rank:trainstack_train_straggler:ratio",))

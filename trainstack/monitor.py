@@ -28,19 +28,20 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
+from trainstack import breakdown
 from trainstack.rundir import NNODES_ENV, RUN_DIR_ENV, RUN_ID_ENV
 from trainstack.train.rank.hooks import measure_state_once
 from trainstack.train.rank.telemetry import IntervalCut, RankIdentity, Telemetry, device_uuid, peak_flops
 
-PAUSES = ("evaluation", "checkpoint_save", "checkpoint_load", "compile")
-"""What a run does besides training steps, as `pause` names it."""
+PAUSES = breakdown.PAUSES
+"""What a run does besides training steps, as `pause` names it: its time is a part of the rank's wall time of its
+own (trainstack/breakdown.py), kept out of step time."""
 
 
 def start(model: torch.nn.Module | None = None, *, flops_per_token: float | None = None, accelerator=None,
@@ -97,7 +98,6 @@ class Monitor:
         self._open: tuple[IntervalCut, _PendingSums, int, int, float | None] | None = None
         self._optimizer = optimizer  # its learning rate is the record's, unless `step` is given one
         self._lr: float | None = None
-        self._paused_at = 0.0
 
     # ---- the loop's points ------------------------------------------------------------------------------------
     def watch(self, model: torch.nn.Module) -> bool:
@@ -175,15 +175,13 @@ class Monitor:
             self.pause_ended(part)
 
     def pause_started(self, part: str) -> None:
-        if part not in PAUSES:
-            raise ValueError(f"unknown pause {part!r}; one of {', '.join(PAUSES)}")
-        self._paused_at = time.perf_counter()
+        """`part`: one of PAUSES. On a GPU the pause begins once the device has run the steps queued before it."""
+        self.telemetry.pause_started(part)
 
     def pause_ended(self, part: str) -> None:
+        seconds = self.telemetry.pause_ended(part)
         if part == "checkpoint_save":
-            self.telemetry.checkpoint_done(time.perf_counter() - self._paused_at)
-        else:
-            self.telemetry.resync_clock()
+            self.telemetry.checkpoint_done(seconds)
 
     def flush(self) -> None:
         """Records everything up to now, waiting for the device: before a checkpoint or at the end."""

@@ -14,7 +14,7 @@ import statistics
 import textwrap
 from dataclasses import dataclass
 
-from trainstack import catalog
+from trainstack import breakdown, catalog
 
 WINDOW = "2m"
 """The recording rules' rate() range: a 30s scrape interval still gives four samples per window."""
@@ -32,10 +32,17 @@ class Ratio:
     """Both are counters: their rates over the window are divided; else two gauges' current values."""
     at_most: float | None = None
     """A share counted when its span ends can exceed the whole in a window that catches more of it: capped."""
+    numerator_labels: tuple[tuple[str, str], ...] = ()
+    """(label, value) pairs: the numerator counts only the series with these labels (one part of a counter split by
+    a label), and those labels are summed away before the division."""
 
     @property
     def series(self) -> tuple[str, ...]:
         return self.numerator, self.denominator
+
+    def counts(self, labels: dict[str, str]) -> bool:
+        """Whether a numerator series with these labels counts."""
+        return all(labels.get(label) == value for label, value in self.numerator_labels)
 
     def of(self, numerator: float, denominator: float) -> float | None:
         if not denominator > 0:
@@ -47,7 +54,12 @@ class Ratio:
         def term(series: str) -> str:
             return f"rate({series}[{window}])" if self.counters else series
 
-        ratio = f"{term(self.numerator)}\n/ ({term(self.denominator)} > 0)"
+        numerator = term(self.numerator)
+        if self.numerator_labels:
+            matchers = ", ".join(f'{label}="{value}"' for label, value in self.numerator_labels)
+            labels = ", ".join(label for label, _ in self.numerator_labels)
+            numerator = f"sum without ({labels}) ({term(f'{self.numerator}{{{matchers}}}')})"
+        ratio = f"{numerator}\n/ ({term(self.denominator)} > 0)"
         return ratio if self.at_most is None else f"clamp_max(\n{textwrap.indent(ratio, '  ')},\n  {self.at_most:g}\n)"
 
 
@@ -65,6 +77,11 @@ COMM_EXPOSED_SHARE = Ratio(
     catalog.TRAIN_COMM_EXPOSED.name, catalog.TRAIN_STEP_DURATION.sample("sum"),
     "share of the rank's step time it waited for the gradient all-reduce after its backward compute had ended",
     at_most=1.0)
+HOST_BOUND_SHARE = Ratio(
+    catalog.TRAIN_TIME.name, catalog.TRAIN_STEP_DURATION.sample("sum"),
+    "share of the rank's step time its GPU idled although neither starved of data nor waiting on communication "
+    "(trainstack/breakdown.py), both on the GPU's timeline", at_most=1.0,
+    numerator_labels=(("part", breakdown.HOST_BOUND),))
 COMM_SECONDS = Ratio(
     catalog.TRAIN_COMM_SECONDS.name, catalog.TRAIN_STEPS.name,
     "gradient communication per optimizer step, first bucket's launch to last bucket's end, hidden or not")
@@ -77,6 +94,25 @@ MEMORY_USED_SHARE = Ratio(
 SM_CLOCK_SHARE = Ratio(
     catalog.GPU_SM_CLOCK.name, catalog.GPU_SM_CLOCK_MAX.name,
     "the SM clock over its maximum (the power-throttling alert compares its 5m average)", counters=False)
+
+
+@dataclass(frozen=True)
+class Shares:
+    """Each series' share of the sum of its group, of one counter split by a label: rates over one window."""
+
+    counter: str
+    label: str
+    meaning: str
+
+    def promql(self, window: str = WINDOW) -> str:
+        rate = f"rate({self.counter}[{window}])"
+        return f"{rate}\n/ ignoring ({self.label}) group_left ()\n(sum without ({self.label}) ({rate}) > 0)"
+
+
+TIME_SHARES = Shares(
+    catalog.TRAIN_TIME.name, "part",
+    "each part's share of the rank's time measured in the window (trainstack/breakdown.py); the compute share is the "
+    "rank's goodput. Lost progress and the residual are known only after the run (the run summary, the report)")
 
 
 @dataclass(frozen=True)

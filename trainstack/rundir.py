@@ -107,8 +107,10 @@ LEASE_FILE = re.compile(r"node-(\d+)\.json")
 STEP_DIR = re.compile(r"^step-(\d{8})$")  # a sealed checkpoint: complete, verified by its manifest
 UNSEALED_PREFIX = ".tmp-"  # a checkpoint being written: `.tmp-step-<N>`, renamed to `step-<N>` once sealed
 UNSEALED_GLOB = UNSEALED_PREFIX + "step-*"
-# A rank's records: the first line each launch (segment) appends; it has no "time" key, so record readers skip it.
+# A rank's records: the first line each launch (segment) appends, and the last one, written as the rank exits (a
+# killed rank writes none). Neither has a "time" key, so readers of the interval records skip them.
 SEGMENT_MARKER = "segment_started"
+SEGMENT_ENDED = "segment_ended"
 
 
 def step_dir_name(step: int) -> str:
@@ -215,6 +217,20 @@ def check_run_dir(run_dir: Path, flag: str) -> None:
             break
 
 
+def read_json_lines(path: Path) -> list[dict]:
+    """Every JSON object line of a run's JSON-lines file, in file order (a rank's records: its segment markers,
+    interval records and segment ends). A line a kill cut off is skipped (the next launch ends it first)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        try:
+            parsed = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(parsed, dict):
+            lines.append(parsed)
+    return lines
+
+
 # ---- summary.json -------------------------------------------------------------------------------------------
 SUMMARY_VERSION = 1  # summaries written before the field existed are read as version 0: the same keys
 
@@ -259,6 +275,9 @@ class Summary(TypedDict, total=False):
     exit_code: int
     error: str | None
     segments: list[Segment]
+    time_breakdown: dict | None
+    """Where each rank's wall time went (trainstack/breakdown.py `run_breakdown`), added by the launcher once every
+    rank has exited: each rank's last record line ends its wall time."""
 
 
 def write_summary(path: Path, summary: Summary) -> None:

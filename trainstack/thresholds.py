@@ -58,6 +58,12 @@ COMM_BOUND = Threshold(
     "every rank of the job waits for its gradient all-reduce, after its backward compute has ended, more than this "
     "share of its step time (a quarter of each step spent waiting on the network; a straggler's peers wait too, "
     "but the straggler itself does not)", "TrainstackCommunicationBound")
+HOST_BOUND = Threshold(
+    "host_bound_ratio", 0.2, "share of step time",
+    "a rank's GPU idles, though neither starved of data nor waiting on communication, more than this share of its "
+    "step time (a fifth of each step lost to kernel launches and host synchronizations, as much as the input-bound "
+    "threshold allows the loader, and well above what NVML's coarse utilization samples can tell apart)",
+    "TrainstackHostBound")
 STALL = Threshold(
     "stall_seconds", 600.0, "s", "no rank of the job has completed a step for this long",
     "TrainstackTrainingStalled")

@@ -34,6 +34,9 @@ class RankView:
     runs no DDP all-reduce (one process, FSDP)."""
     comm_seconds: float | None = None
     """Gradient communication per step, hidden by backward compute or not."""
+    host_bound_ratio: float | None = None
+    """Share of step time the rank's GPU idled though neither starved nor waiting on communication
+    (trainstack/breakdown.py); None where it is not measured (CPU ranks, a GPU NVML cannot read)."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,8 @@ def _labels_by_rank(samples: list[Sample]) -> dict[str, dict[str, str]]:
 def _ratio_of(source: Source, ratio: ratios.Ratio, label: str) -> dict[str, float]:
     """The ratio per `label` value, from its counters' rates or its gauges' values, where it is defined."""
     read = source.rate if ratio.counters else source.instant
-    numerators, denominators = _by(label, read(ratio.numerator)), _by(label, read(ratio.denominator))
+    numerators = _by(label, [(labels, value) for labels, value in read(ratio.numerator) if ratio.counts(labels)])
+    denominators = _by(label, read(ratio.denominator))
     return {key: value for key, numerator in numerators.items()
             if (value := ratio.of(numerator, denominators.get(key, 0.0))) is not None}
 
@@ -140,6 +144,7 @@ def _ranks(source: Source) -> list[RankView]:
     forward = _ratio_of(source, ratios.FORWARD_SECONDS, "rank")
     comm_exposed = _ratio_of(source, ratios.COMM_EXPOSED_SHARE, "rank")
     comm = _ratio_of(source, ratios.COMM_SECONDS, "rank")
+    host_bound = _ratio_of(source, ratios.HOST_BOUND_SHARE, "rank")
     last = _by("rank", source.instant(catalog.TRAIN_LAST_STEP.name))
     mfu = _by("rank", source.instant(catalog.TRAIN_MFU.name))
     views = []
@@ -152,6 +157,7 @@ def _ranks(source: Source) -> list[RankView]:
             clock=clocks.get(rank, "host"), step_seconds=step_seconds.get(rank),
             forward_seconds=forward.get(rank), last_step_time=last.get(rank) or None, mfu=mfu.get(rank),
             comm_exposed_ratio=comm_exposed.get(rank), comm_seconds=comm.get(rank),
+            host_bound_ratio=host_bound.get(rank),
         ))
     return views
 

@@ -239,6 +239,32 @@ def comm_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     )
 
 
+def host_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    """A GPU that runs out of queued work with batches at hand and no all-reduce to wait for: the host does not
+    launch kernels fast enough (trainstack/breakdown.py measures the idle time from NVML's utilization samples)."""
+    idle = [r for r in snapshot.ranks
+            if r.host_bound_ratio is not None and r.host_bound_ratio > limits.host_bound_ratio]
+    if not idle:
+        return None
+
+    def evidence(rank: RankView) -> str:
+        others = [f"{what} {_percent(share)}" for what, share in (
+            ("starved for data", rank.data_wait_ratio), ("waiting on communication", rank.comm_exposed_ratio))
+            if share is not None]
+        besides = f" (besides: {', '.join(others)})" if others else ""
+        return f"rank {rank.rank}: its GPU idled {_percent(rank.host_bound_ratio)} of its step time waiting for the " \
+               f"host{besides}"
+
+    return Verdict(
+        "host-bound", f"host-bound: {_ranks_list(idle)}: the GPU idles more than "
+        f"{_percent(limits.host_bound_ratio)} of its step time although it has data and waits on no communication",
+        tuple(evidence(r) for r in idle),
+        "give each kernel launch more work: a larger per-rank --batch-size (lower --gradient-accumulation-steps to "
+        "keep the global batch); --compile (torch.compile fuses small kernels: fewer launches); and no host "
+        "synchronization in the loop (.item(), printing or copying tensors to the CPU each step)",
+    )
+
+
 def throttled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     evidence = []
     for g in snapshot.gpus:
@@ -305,7 +331,7 @@ def gpu_data_stale(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
 
 CHECKS: tuple[Callable[[Snapshot, Thresholds], Verdict | None], ...] = (
     no_training, not_started, stalled, gpus_unused, one_process_many_gpus, input_bound, straggler, comm_bound,
-    throttled, memory_full, low_mfu, gpu_data_stale,
+    host_bound, throttled, memory_full, low_mfu, gpu_data_stale,
 )
 
 

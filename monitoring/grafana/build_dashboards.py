@@ -55,6 +55,7 @@ class Panel:
     minimum: float | None = None
     maximum: float | None = None
     stat_text: str = "auto"  # "name" lists the series names (for the alerts panel)
+    stacked: bool = False  # timeseries: each series on top of the ones before (parts of a whole)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,20 @@ def training_overview() -> Dashboard:
                      f"{catalog.GPU_UTILIZATION.name}", "rank {{rank}} (GPU {{gpu}})"),),
               width=12, minimum=0, maximum=1),
     ))
+    time_parts = Row("Where the time goes", (
+        Panel("timeseries", "Where the time goes", "Each part's share of the selected ranks' time (their mean; pick "
+              "one rank with the rank variable), stacked to 1: compute, exposed communication, data starvation, "
+              "host-bound idle, evaluation, checkpoint save and load, compile, startup (docs/metrics.md).",
+              "percentunit",
+              (Query(f"avg by (part) ({catalog.RANK_TIME_SHARE.name}{{{RANK}}})", "{{part}}"),),
+              width=16, minimum=0, maximum=1, stacked=True),
+        Panel("timeseries", "Goodput per rank", "The compute share of each rank's time, and the ranks' mean: what "
+              "is left of the wall time once waiting, idling and pausing are taken out.",
+              "percentunit",
+              (Query(f"{catalog.RANK_GOODPUT.name}{{{RANK}}}", "rank {{rank}}"),
+               Query(f"{catalog.JOB_GOODPUT.name}{{{JOB}}}", "mean {{job}}")),
+              minimum=0, maximum=1),
+    ))
     gpus = Row("GPUs", (
         Panel("timeseries", "GPU utilization", "Share of time a kernel ran on each GPU (not SM occupancy: a GPU "
               "stuck in a collective also reads 100%).",
@@ -218,7 +233,7 @@ def training_overview() -> Dashboard:
         title="trainstack: training overview",
         description="Per-rank throughput, step time, data wait and stragglers next to per-GPU utilization, memory, "
                     "power and throttling, with the alerts that name why GPUs idle.",
-        rows=(overview, throughput, steps, gpus, health),
+        rows=(overview, throughput, steps, time_parts, gpus, health),
     )
 
 
@@ -259,9 +274,11 @@ def _field_config(panel: Panel) -> dict:
     if panel.kind == "timeseries":
         defaults["color"] = {"mode": "palette-classic"}
         defaults["custom"] = {
-            "drawStyle": "line", "lineWidth": 1, "fillOpacity": 10, "showPoints": "never", "spanNulls": False,
-            "thresholdsStyle": {"mode": "line" if panel.threshold is not None else "off"},
+            "drawStyle": "line", "lineWidth": 1, "fillOpacity": 70 if panel.stacked else 10, "showPoints": "never",
+            "spanNulls": False, "thresholdsStyle": {"mode": "line" if panel.threshold is not None else "off"},
         }
+        if panel.stacked:
+            defaults["custom"]["stacking"] = {"mode": "normal", "group": "A"}
     else:
         defaults["color"] = {"mode": "thresholds"}
     return {"defaults": defaults, "overrides": []}

@@ -23,7 +23,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script: the tables come from this checkout
-from trainstack import catalog, ratios, thresholds  # noqa: E402
+from trainstack import breakdown, catalog, ratios, thresholds  # noqa: E402
 
 RULES_DIR = ROOT / "monitoring/prometheus/rules"
 DOCS_FILE = ROOT / "docs/alerts.md"
@@ -100,6 +100,21 @@ all-reduce. Capped at 1, as the data-wait ratio is."""),
                comment="""\
 The least exposed rank: a straggler's peers wait for it inside the all-reduce too, but the straggler
 itself does not, so only a slow network makes every rank wait."""),
+        Record(catalog.RANK_TIME_SHARE, ratios.TIME_SHARES.promql(), comment="""\
+Where each rank's time goes (trainstack/breakdown.py): each part's share of the rank's time measured in
+the window, by `part`: compute, exposed communication, data starvation, host-bound idle, evaluation,
+checkpoint save and load, compile, startup. A pause counts when it ends, so a long one shows as a burst.
+Progress lost to restarts, and the residual no part accounts for, are known only after the run
+(the run summary's time_breakdown, the report)."""),
+        Record(catalog.RANK_GOODPUT,
+               f'sum without (part) ({catalog.RANK_TIME_SHARE.name}{{part="{breakdown.COMPUTE}"}})',
+               comment="Goodput: the compute share of the rank's measured time."),
+        Record(catalog.JOB_GOODPUT, f"avg by (job) ({catalog.RANK_GOODPUT.name})"),
+        Record(catalog.RANK_HOST_BOUND_RATIO, ratios.HOST_BOUND_SHARE.promql(), comment="""\
+Share of the rank's step time its GPU idled although it was neither starved of data nor waiting on
+communication: NVML's utilization samples say how long it idled, the starvation measured on its timeline
+explains part of it, the rest was the host's (kernel launches, host synchronizations). Absent on ranks
+that do not measure it (CPU ranks). Capped at 1, as the data-wait ratio is."""),
         Record(catalog.RANK_FORWARD_MEAN, ratios.FORWARD_SECONDS.promql(), comment="""\
 Straggler: in DDP every rank's step takes the same wall time (the fast ranks wait for the slow one
 inside the gradient all-reduce), so step time cannot name the slow rank. The forward pass comes before
@@ -203,6 +218,16 @@ change them.""", (
               "/ NCCL_SHM_DISABLE / NCCL_IB_DISABLE, or FSDP instead of DDP.",
               fires_when=f"every rank of a job waits for its gradient all-reduce > {T.COMM_BOUND.percent} of "
                          "its step time",
+              for_="10m"),
+        Alert("TrainstackHostBound", f"{catalog.RANK_HOST_BOUND_RATIO.name} > {T.HOST_BOUND.promql}", "warning",
+              "Rank {{ $labels.rank }}'s GPU idles {{ $value | humanizePercentage }} of its step time waiting for "
+              "the host",
+              "The GPU runs out of queued work although it has its next batch and waits on no communication: the "
+              "host launches kernels too slowly (many small kernels, a small batch) or synchronizes with the GPU "
+              "in the loop (.item(), printing tensors). Fix: a larger per-rank batch (more work per kernel launch), "
+              "--compile (torch.compile fuses small kernels: fewer launches), no host synchronization per step.",
+              fires_when=f"a rank's GPU idles, neither starved nor waiting on communication, > "
+                         f"{T.HOST_BOUND.percent} of its step time",
               for_="10m"),
         Alert("TrainstackGPUThermalThrottling",
               f"{catalog.GPU_THERMAL_THROTTLE.name} > {T.THERMAL_THROTTLE.promql}", "warning",

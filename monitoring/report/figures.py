@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from trainstack import thresholds
@@ -122,6 +123,33 @@ def gpu_memory(run: RunFiles) -> Figure | None:
     return figure
 
 
+def time_breakdown(run: RunFiles) -> Figure | None:
+    """A stacked bar per rank (all its launches) and per launch (all ranks): where the wall time went."""
+    times = run.time_breakdown
+    if times is None:
+        return None
+    bars = max(len(times["ranks"]), len(times["segments"]))
+    figure = Figure(figsize=(10, max(3.8, 1.6 + 0.4 * bars)), dpi=100, layout="constrained")
+    figure.suptitle(f"Where the time went (goodput {100 * (times['goodput'] or 0):.0f}%: compute over wall time)")
+    shown = [part for part in times["parts"] if any(abs(r["seconds"][part]) > 0 for r in times["ranks"])]
+    colors = dict(zip(times["parts"], colormaps["tab20"].colors, strict=False))
+    panels = ((f"rank {r['rank']}" for r in times["ranks"]), times["ranks"], "per rank, every launch"), \
+        ((f"launch {s['segment'] + 1}" for s in times["segments"]), times["segments"], "per launch, every rank")
+    for axes, (labels, rows, title) in zip(figure.subplots(1, 2), panels, strict=True):
+        labels = list(labels)
+        left = [0.0] * len(rows)
+        for part in shown:
+            widths = [max(row["seconds"][part], 0.0) for row in rows]
+            axes.barh(labels, widths, left=left, color=colors[part], label=part)
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+        axes.set_title(title)
+        axes.set_xlabel("seconds")
+        axes.invert_yaxis()
+    figure.legend(*figure.axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=min(len(shown), 6),
+                  fontsize="small")
+    return figure
+
+
 @dataclass(frozen=True)
 class FigureSpec:
     id: str
@@ -133,6 +161,7 @@ FIGURES = (
     FigureSpec("throughput", _per_rank(throughput)),
     FigureSpec("step-time", _per_rank(step_times)),
     FigureSpec("data-wait", _per_rank(data_wait)),
+    FigureSpec("time-breakdown", _per_rank(time_breakdown)),
     FigureSpec("gpu-utilization", gpu_utilization),
     FigureSpec("gpu-memory", gpu_memory),
 )

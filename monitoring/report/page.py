@@ -8,7 +8,7 @@ import html
 import time
 
 from trainstack.monitoring.report.runfiles import RunFiles
-from trainstack.monitoring.report.tables import cell, rank_rows, segment_rows
+from trainstack.monitoring.report.tables import cell, rank_rows, segment_rows, time_rows
 from trainstack.rundir import GPU_LOG_FILE, SUMMARY_FILE, TELEMETRY_DIR
 
 STYLE = """
@@ -38,7 +38,7 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
              "<h2>Summary</h2>"]
     if run.summary:
         parts.append(_table([{"field": key, "value": value} for key, value in run.summary.items()
-                             if key != "segments"]))
+                             if key not in ("segments", "time_breakdown")]))  # each has a table of its own
         if run.summary.get("segments"):
             parts += ["<h2>Segments</h2>", "<p class='note'>One per launch that trained the run; samples/s and "
                       "tokens/s above are over all of them.</p>", _table(segment_rows(run.summary["segments"]))]
@@ -52,6 +52,13 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
         parts.append(f"<p class='note'>No rank records ({TELEMETRY_DIR}/rank-&lt;r&gt;.jsonl): the command ran "
                      "without trainstack.monitor in its loop, so only the GPUs were seen; a few lines in the loop "
                      "add steps, throughput, data wait and the per-rank verdicts.</p>")
+    if run.time_breakdown:
+        times = run.time_breakdown
+        parts += ["<h2>Where the time went</h2>",
+                  f"<p>goodput {cell(times['goodput'])}: compute over the wall time of every rank, launch to exit, "
+                  "over every launch. A killed launch counts to its last record; <code>other</code> is what no "
+                  "part accounts for; <code>lost_progress</code> is the steps a later launch trained again.</p>",
+                  _table(time_rows(times))]
     parts.append("<h2>Figures</h2>")
     for figure_id, image in figures.items():
         data = base64.b64encode(image).decode("ascii")

@@ -3,13 +3,12 @@ Formats: docs/architecture.md (rank records, summary) and docs/metrics.md (gpu.j
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainstack import ratios
+from trainstack import breakdown, ratios
 from trainstack.errors import ConfigError
-from trainstack.rundir import SEGMENT_MARKER, SHOWN, RunDir, Summary, read_summary
+from trainstack.rundir import SEGMENT_MARKER, SHOWN, RunDir, Summary, read_json_lines, read_summary
 
 
 @dataclass(frozen=True)
@@ -22,6 +21,8 @@ class RunFiles:
     """(NVML index, uuid) -> the exporter's snapshots of that GPU in time order; empty without a GPU."""
     summary: Summary
     """summary.json; empty while the run is still going or when rank 0 died before writing it."""
+    time_breakdown: dict | None = None
+    """Where each rank's time went, from the records (trainstack/breakdown.py); None from records without it."""
 
     @property
     def start_time(self) -> float:
@@ -53,27 +54,13 @@ def on_gpu_clock(records: list[dict]) -> bool:
 
 def read_jsonl(path: Path) -> list[dict]:
     """Records in time order. A rank killed mid-write leaves a partial last line: that one is skipped."""
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and "time" in record:
-            records.append(record)
-    return sorted(records, key=lambda record: record["time"])
+    return sorted((record for record in read_json_lines(path) if "time" in record), key=lambda record: record["time"])
 
 
 def read_rank_records(path: Path) -> list[dict]:
     """A rank's records, each tagged with its segment: a resumed run appends after a marker line per launch."""
     segment, records = -1, []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(record, dict):
-            continue
+    for record in read_json_lines(path):
         if SEGMENT_MARKER in record:
             segment += 1
         elif "time" in record:
@@ -104,4 +91,5 @@ def load_run(run_dir: Path) -> RunFiles:
             "telemetry on (a watched command records ranks only with trainstack.monitor in its loop)"
         )
     summary = read_summary(layout.summary)
-    return RunFiles(run_dir=run_dir, ranks=ranks, gpus=dict(sorted(gpus.items())), summary=summary)
+    return RunFiles(run_dir=run_dir, ranks=ranks, gpus=dict(sorted(gpus.items())), summary=summary,
+                    time_breakdown=breakdown.of_run(run_dir))

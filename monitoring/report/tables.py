@@ -47,6 +47,13 @@ def segment_rows(segments: list[dict]) -> list[dict[str, object]]:
     } for number, segment in enumerate(segments, start=1)]
 
 
+def time_rows(times: dict) -> list[dict[str, object]]:
+    """summary.json's time_breakdown: each part's seconds and share of the wall time, all ranks and launches."""
+    wall = times["wall_seconds"]
+    return [{"part": part, "seconds": seconds, "share of wall time": seconds / wall if wall > 0 else None}
+            for part, seconds in times["seconds"].items()]
+
+
 def cell(value: object) -> str:
     if value is None:
         return "-"

@@ -84,6 +84,24 @@ def disk_full_gpt(config, vocab_size: int) -> DiskFullGPT:
     return DiskFullGPT(BUILTIN_MODELS["tiny-gpt"], vocab_size, config.seq_len)
 
 
+class SlowPausesGPT(GPT):
+    """Each checkpoint takes TRAINSTACK_TEST_SAVE_DELAY seconds longer to save (slow storage) and each evaluation
+    TRAINSTACK_TEST_EVAL_DELAY seconds longer (a slow evaluation set), on every rank."""
+
+    def state_dict(self, *args, **kwargs):
+        time.sleep(float(os.environ.get("TRAINSTACK_TEST_SAVE_DELAY", "0")))
+        return super().state_dict(*args, **kwargs)
+
+    def train(self, mode: bool = True):
+        if not mode:  # model.eval(): once per evaluation
+            time.sleep(float(os.environ.get("TRAINSTACK_TEST_EVAL_DELAY", "0")))
+        return super().train(mode)
+
+
+def slow_pauses_gpt(config, vocab_size: int) -> SlowPausesGPT:
+    return SlowPausesGPT(BUILTIN_MODELS["tiny-gpt"], vocab_size, config.seq_len)
+
+
 class WithUnusedParameter(GPT):
     """A head that forward never calls: DDP cannot reduce its gradient unless find_unused_parameters is on."""
 

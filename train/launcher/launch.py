@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from trainstack import breakdown
 from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError, RuntimeFailure
 from trainstack.lifetime import (
     Descendants,
@@ -33,10 +34,12 @@ from trainstack.rundir import (
     USE_CPU_ENV,
     VERIFIED_CHECKPOINT_ENV,
     RunDir,
+    Summary,
     check_run_dir,
     new_run_id,
     read_summary,
     run_environment,
+    write_summary,
 )
 from trainstack.train.launcher import run_report
 from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
@@ -47,7 +50,7 @@ from trainstack.train.rank import checkpoint, sharding
 from trainstack.train.rank import config as train_config
 from trainstack.train.rank.data import check_dataset_spec
 from trainstack.train.rank.model import check_model_spec
-from trainstack.write_failure import write_failure
+from trainstack.write_failure import WriteFailure, write_failure
 
 PROGRAM = "trainstack train"
 
@@ -248,6 +251,7 @@ class Launch:
                 time.sleep(0.2)
             self._wait_for_orphans(run_processes)
             self.failed_rank = read_failed_rank(failures)
+            self.add_time_breakdown()
             return self.outcome(self.ranks.returncode)
         finally:
             for signum, handler in previous.items():
@@ -258,14 +262,34 @@ class Launch:
         if self.exporter:
             self.exporter.stop()
 
+    def summary_of_this_launch(self) -> Summary:
+        """summary.json if rank 0 wrote it in this launch, else {}. Every node of a run (and, with a fixed
+        TRAINSTACK_RUN_ID, every launch) shares the run id: the summary is this launch's only on node 0, where rank 0
+        runs, and only when written since it started."""
+        summary_path = self.run_dir.summary
+        summary = read_summary(summary_path)
+        if (self.launch.node_rank == 0 and summary.get("run_id") == self.run_id
+                and summary_path.stat().st_mtime >= self.started):
+            return summary
+        return {}
+
+    def add_time_breakdown(self) -> None:
+        """summary.json's `time_breakdown`, from every rank's records once all have exited: a rank's closing line
+        ends its wall time (trainstack/breakdown.py). A storage that refuses it costs the breakdown only."""
+        summary = self.summary_of_this_launch()
+        times = breakdown.of_run(self.run_dir.path) if summary else None
+        if times is None:
+            return
+        try:
+            write_summary(self.run_dir.summary, {**summary, "time_breakdown": times})
+        except WriteFailure as failure:
+            print(f"trainstack train: warning: no time breakdown in the summary: {failure}", file=sys.stderr)
+
     def outcome(self, returncode: int) -> int:
         """Rank 0's verdict from summary.json when this launch wrote one (node 0), else the ranks' exit status."""
         summary_path = self.run_dir.summary
-        summary = read_summary(summary_path)
-        # Every node of a run (and, with a fixed TRAINSTACK_RUN_ID, every launch) shares the run id: the summary
-        # is this launch's verdict only on node 0, where rank 0 runs, and only when written since it started.
-        if (self.launch.node_rank == 0 and summary.get("run_id") == self.run_id
-                and summary_path.stat().st_mtime >= self.started):
+        summary = self.summary_of_this_launch()
+        if summary:
             print(f"trainstack train: {summary['exit_reason']} after {summary['steps']} steps; {summary_path}",
                   file=sys.stderr)
             if summary["exit_reason"] == "preempted":

@@ -3,6 +3,10 @@
 Nothing here talks to another rank or waits on one: each rank writes its own memory-mapped files (a few
 microseconds per step) and appends one JSON line per log interval. The loss it publishes is the rank's own (the
 monitor sums it on the device, trainstack/monitor.py): ranks whose losses part for long train on different data.
+
+It also says where the rank's wall time goes (trainstack/breakdown.py): each interval's step time split into its
+parts, the pauses the loop reports (`pause`), the startup from the launch to the first step, and, as the rank exits,
+a closing line whose time ends the rank's wall time.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
 import torch
 
-from trainstack import catalog, ratios
-from trainstack.rundir import METRICS_DIR_ENV, SEGMENT_MARKER, RunDir
+from trainstack import breakdown, catalog, ratios
+from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, SEGMENT_ENDED, SEGMENT_MARKER, RunDir
 from trainstack.train.rank.comm import CommTimer, DeviceClock, HostClock, StepComm, watch_gradient_communication
+from trainstack.train.rank.gpu_busy import GpuBusy
 from trainstack.train.rank.timeline import DeviceTimeline, IntervalSpans
 from trainstack.write_failure import write_failure
 
@@ -98,6 +104,8 @@ class RankMetrics:
     checkpoint_duration: Gauge
     compile_seconds: Counter
     recompiles: Counter
+    time: Counter
+    """The time-by-part counter, unlabelled: `time.labels(rank, part)` (trainstack/breakdown.py's parts)."""
     state_bytes: dict[str, Gauge]
     """training_state_bytes key -> its gauge."""
     memory_allocated_peak: Gauge | None = None
@@ -123,6 +131,7 @@ class RankMetrics:
             last_checkpoint=series(catalog.TRAIN_LAST_CHECKPOINT),
             checkpoint_duration=series(catalog.TRAIN_CHECKPOINT_DURATION),
             compile_seconds=series(catalog.TRAIN_COMPILE_SECONDS), recompiles=series(catalog.TRAIN_RECOMPILES),
+            time=catalog.rank_metric(catalog.TRAIN_TIME),
             memory_allocated_peak=series(catalog.TRAIN_MEMORY_ALLOCATED_PEAK) if on_cuda else None,
             memory_reserved_peak=series(catalog.TRAIN_MEMORY_RESERVED_PEAK) if on_cuda else None,
             mfu=series(catalog.TRAIN_MFU) if knows_peak else None,
@@ -163,6 +172,17 @@ class IntervalCut:
     host_data_wait: float
     device_spans: IntervalSpans | None  # the interval's marks on the GPU's timeline
     comm_steps: list | None  # the steps' gradient-communication marks (CommTimer.cut); None where unmeasured
+    step_count: int  # optimizer steps, those that compiled included
+    compile_seconds: float  # of the steps that compiled
+    paused: list[dict]  # the pauses (and the startup) that ended in it: {"part", "seconds", "after_steps"}
+    not_stepping: list[tuple[float, float]]  # unix-time spans of the startup, pauses and compiling steps
+
+
+@dataclass(frozen=True)
+class OpenPause:
+    part: str
+    started: float  # perf_counter()
+    started_at: float  # unix time
 
 
 class Telemetry:
@@ -184,12 +204,14 @@ class Telemetry:
         self._identity = identity
         self._metrics = RankMetrics.build(identity, self.clock, device.type == "cuda", bool(peak)) \
             if os.environ.get(METRICS_DIR_ENV) else None
+        self._launched_at = launch_time()
         self._records_path = RunDir(run_dir).rank_records(identity.rank)
         with self._storage_failures():
             self._records_path.parent.mkdir(parents=True, exist_ok=True)
-            self._records = open_records(self._records_path, identity)
+            self._records = open_records(self._records_path, identity, self._launched_at)
         self._interval_start = time.time()
         self._last_step_end = time.perf_counter()
+        self._clock_started_at = self._interval_start  # unix time the step clock last (re)started
         self._step_seconds: list[float] = []
         self._data_wait = 0.0
         self._host_data_wait = 0.0
@@ -197,12 +219,33 @@ class Telemetry:
         self._samples = 0
         self._forward_start = 0.0
         self._state_bytes: dict[str, int] = {}
+        # Where the time goes (trainstack/breakdown.py): this interval's pauses and compiling steps, and the startup
+        # until the first step.
+        self._gpu_busy = GpuBusy.open(identity.uuid) if self._timeline else None
+        self._starting = True
+        self._paused_while_starting = 0.0
+        self._pause: OpenPause | None = None
+        self._step_count = 0
+        self._compile_seconds = 0.0
+        self._paused: list[dict] = []
+        self._not_stepping: list[tuple[float, float]] = []
+        if self._metrics:  # every part this rank measures is a series from the start: a rate needs two samples
+            for part in filter(self._measures, breakdown.LIVE_PARTS):
+                self._metrics.time.labels(self.rank, part)
+
+    def _measures(self, part: str) -> bool:
+        """Whether this rank measures `part`: host-bound idle only on a GPU NVML answers for, exposed communication
+        only on a watched DDP model. A part it does not measure has no series, rather than zeros."""
+        return {breakdown.HOST_BOUND: self._gpu_busy is not None,
+                breakdown.COMM_EXPOSED: self._comm_watched}.get(part, True)
 
     def watch_communication(self, model: torch.nn.Module) -> bool:
         """Times the model's gradient all-reduce if it is a DDP model (train/rank/comm.py); False if it is not."""
         self._comm_watched = watch_gradient_communication(model, self._comm)
         if self._comm_watched and os.environ.get(METRICS_DIR_ENV):
             self._comm_metrics = CommMetrics.build(self._identity)
+        if self._comm_watched and self._metrics:
+            self._metrics.time.labels(self.rank, breakdown.COMM_EXPOSED)
         return self._comm_watched
 
     def forward_started(self) -> None:
@@ -255,12 +298,69 @@ class Telemetry:
     def step_compiled(self, samples: int, seconds: float, recompiles: int) -> None:
         """A step that compiled counts as a step, but its time is compile time, not a step time."""
         self._count_step(samples)
+        now = time.time()
+        self._compile_seconds += seconds
+        self._not_stepping.append((now - seconds, now))
+        self._spent(breakdown.COMPILE, seconds)
         self.resync_clock()
         if self._metrics:
             self._metrics.compile_seconds.inc(seconds)
             self._metrics.recompiles.inc(recompiles)
 
+    def pause_started(self, part: str) -> None:
+        """The loop stops training for `part`, one of trainstack/breakdown.py's PAUSES ("evaluation",
+        "checkpoint_save", "checkpoint_load", "compile"); `pause_ended(part)` says it trains again. On a GPU the
+        pause starts once the device has run the steps queued before it, which are step time."""
+        if part not in breakdown.PAUSES:
+            raise ValueError(f"no pause {part!r}: a pause is one of {', '.join(breakdown.PAUSES)}")
+        if self._pause:
+            raise ValueError(f"pause {part!r} started during pause {self._pause.part!r}: pauses do not nest")
+        if self._timeline:
+            self._timeline.wait_for_device()
+        self._pause = OpenPause(part, time.perf_counter(), time.time())
+
+    def pause_ended(self, part: str) -> float:
+        """The pause `part` is over: its time goes to that part, and the next step's clock starts now. Returns
+        its seconds."""
+        pause, self._pause = self._pause, None
+        if pause is None or pause.part != part:
+            raise ValueError(f"pause {part!r} ended, but {f'{pause.part!r}' if pause else 'none'} had started")
+        seconds = time.perf_counter() - pause.started
+        if self._starting:
+            self._paused_while_starting += seconds
+        self._not_training(part, seconds, (pause.started_at, pause.started_at + seconds))
+        self.resync_clock()
+        return seconds
+
+    @contextmanager
+    def pause(self, part: str):
+        """`with telemetry.pause("evaluation"): ...`: pause_started and pause_ended around the block."""
+        self.pause_started(part)
+        try:
+            yield
+        finally:
+            self.pause_ended(part)
+
+    def _not_training(self, part: str, seconds: float, span: tuple[float, float]) -> None:
+        """A pause or the startup: into this interval's record, after the steps counted so far."""
+        self._paused.append({"part": part, "seconds": seconds, "after_steps": self._step_count})
+        self._not_stepping.append(span)
+        self._spent(part, seconds)
+
+    def _spent(self, part: str, seconds: float) -> None:
+        if self._metrics:
+            self._metrics.time.labels(self.rank, part).inc(seconds)
+
+    def _end_startup(self, at: float) -> None:
+        """Startup runs from the launch to `at`, the start of the first step's clock, less the pauses before it."""
+        self._starting = False
+        self._not_training(breakdown.STARTUP, max(0.0, at - self._launched_at - self._paused_while_starting),
+                           (self._launched_at, at))
+
     def _count_step(self, samples: int) -> None:
+        if self._starting:
+            self._end_startup(self._clock_started_at)
+        self._step_count += 1
         self._samples += samples
         self._comm.step_done()
         if self._metrics:
@@ -271,6 +371,7 @@ class Telemetry:
     def resync_clock(self) -> None:
         """After a checkpoint or evaluation: that pause is not a step, so it must not count as one."""
         self._last_step_end = time.perf_counter()
+        self._clock_started_at = time.time()
         if self._timeline:
             self._timeline.restart_step_clock()
 
@@ -279,8 +380,11 @@ class Telemetry:
         cut = IntervalCut(ended=time.time(), samples=self._samples, step_seconds=self._step_seconds,
                           data_wait=self._data_wait, host_data_wait=self._host_data_wait,
                           device_spans=self._timeline.cut() if self._timeline else None,
-                          comm_steps=self._comm.cut() if self._comm_watched else None)
+                          comm_steps=self._comm.cut() if self._comm_watched else None,
+                          step_count=self._step_count, compile_seconds=self._compile_seconds, paused=self._paused,
+                          not_stepping=self._not_stepping)
         self._samples, self._step_seconds, self._data_wait, self._host_data_wait = 0, [], 0.0, 0.0
+        self._step_count, self._compile_seconds, self._paused, self._not_stepping = 0, 0.0, [], []
         return cut
 
     def interval_done(self, cut: IntervalCut, step: int, epoch: int, loss: float | None, lr: float | None,
@@ -299,6 +403,8 @@ class Telemetry:
                 self._metrics.forward_seconds.inc(times.forward_seconds)
                 for duration in step_seconds:
                     self._metrics.step_duration.observe(duration)
+        # The samples NVML took while the device ran the interval: from the end of the previous one to now.
+        busy = self._gpu_busy.share(self._interval_start, ended, cut.not_stepping) if self._gpu_busy else None
         interval = max(ended - self._interval_start, 1e-9)
         self._interval_start = ended
         stepped = sum(step_seconds) or interval
@@ -310,6 +416,7 @@ class Telemetry:
         }
         if cut.comm_steps is not None:
             record |= self._record_comm(self._comm.read(cut.comm_steps))
+        record |= self._record_time(cut, sum(step_seconds), data_wait, record.get("comm_exposed_seconds"), busy)
         with self._storage_failures():
             self._records.write(json.dumps(record) + "\n")
         if self._metrics:
@@ -340,6 +447,16 @@ class Telemetry:
             self._comm_metrics.bytes.inc(fields["comm_bytes"])
         return fields
 
+    def _record_time(self, cut: IntervalCut, step_seconds: float, data_wait: float, comm_exposed: float | None,
+                     busy: float | None) -> dict:
+        """The interval's time by part into the counter, and as its record's fields (trainstack/breakdown.py)."""
+        parts = breakdown.split_step_time(step_seconds, data_wait, comm_exposed or 0.0, busy)
+        for part, seconds in parts.items():
+            if self._measures(part):
+                self._spent(part, seconds)
+        return {"step_count": cut.step_count, "time_parts": {**parts, breakdown.COMPILE: cut.compile_seconds},
+                "paused": cut.paused, "host_bound_measured": busy is not None}
+
     def state_measured(self, sizes: dict[str, int]) -> None:
         """The rank's parameter, gradient and optimizer-state bytes (`training_state_bytes`)."""
         self._state_bytes = sizes
@@ -348,10 +465,10 @@ class Telemetry:
                 self._metrics.state_bytes[key].set(value)
 
     def checkpoint_done(self, duration: float) -> None:
+        """A checkpoint was saved (its pause, "checkpoint_save", has ended): its time and how long it took."""
         if self._metrics:
             self._metrics.last_checkpoint.set(time.time())
             self._metrics.checkpoint_duration.set(duration)
-        self.resync_clock()
 
     @contextmanager
     def _storage_failures(self):
@@ -365,10 +482,19 @@ class Telemetry:
             raise failure from None
 
     def close(self) -> None:
-        try:
-            self._records.close()
-        except OSError:
-            pass  # the buffer still held the record whose write failed, and that failure was reported
+        """The closing line: the pauses since the last record (the final checkpoint and evaluation) and the time,
+        which ends the rank's wall time. A rank that never stepped spent all of it starting."""
+        if self._starting:
+            self._end_startup(time.time())
+        ending = {SEGMENT_ENDED: time.time(), "rank": int(self.rank), "step_count": self._step_count,
+                  "paused": self._paused}
+        for finish in (lambda: self._records.write(json.dumps(ending) + "\n"), self._records.close):
+            try:
+                finish()
+            except OSError:
+                pass  # a record's write failed and was reported (the segment then reads as killed)
+        if self._gpu_busy:
+            self._gpu_busy.close()
 
 
 def local_bytes(tensors) -> int:
@@ -394,16 +520,27 @@ def training_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimize
     }
 
 
-def open_records(path: Path, identity: RankIdentity):
-    """A resumed run appends: its file starts each launch (segment) with a marker line. The marker has no "time"
-    key, so readers of records alone skip it; a record cut off by a kill is ended first, never glued to it."""
+def launch_time() -> float:
+    """When this rank's launch began: the launcher's TRAINSTACK_LAUNCHED_AT, else (a rank started by other means)
+    this process's own start."""
+    try:
+        return float(os.environ[LAUNCHED_AT_ENV])
+    except (KeyError, ValueError):
+        return psutil.Process().create_time()
+
+
+def open_records(path: Path, identity: RankIdentity, launched_at: float):
+    """A resumed run appends: its file starts each launch (segment) with a marker line, which says when the launch
+    began. The marker has no "time" key, so readers of records alone skip it; a record cut off by a kill is ended
+    first, never glued to it."""
     records = path.open("a", buffering=1)
     if records.tell():
         with path.open("rb") as existing:
             existing.seek(-1, os.SEEK_END)
             if existing.read(1) != b"\n":
                 records.write("\n")
-    records.write(json.dumps({SEGMENT_MARKER: time.time(), "rank": identity.rank, "run_id": identity.run_id}) + "\n")
+    records.write(json.dumps({SEGMENT_MARKER: time.time(), "rank": identity.rank, "run_id": identity.run_id,
+                              "launched_at": launched_at}) + "\n")
     return records
 
 

@@ -81,6 +81,12 @@ class DeviceTimeline:
         self._steps.append((self._step_start, end))
         self._step_start = end
 
+    def wait_for_device(self) -> None:
+        """Returns once the device has run everything queued so far (a pause starts there)."""
+        mark = self._mark()
+        mark.synchronize()
+        self._free.append(mark)
+
     def restart_step_clock(self) -> None:
         """After a checkpoint or evaluation: that pause is not a step, so the next step starts now."""
         self._step_start = self._mark()

@@ -1,0 +1,207 @@
+"""Where each rank's wall time went: the parts, how a step's time splits into them, and their sums over a run.
+
+A rank's wall time, from its launch (`TRAINSTACK_LAUNCHED_AT`) to its exit, splits into parts that are each measured
+on their own (train/rank/telemetry.py writes them into the rank's records, and into the
+time-by-part counter of the metric catalog, `catalog.TRAIN_TIME`):
+
+- the steps' time, on the device's clock on a GPU, split into data starvation and exposed communication (both timed
+  as they happen), host-bound idle (GPU ranks: NVML's utilization samples say how long the device idled; the part
+  not explained by starvation is the host's) and compute, the rest of the step;
+- the pauses the loop takes, timed around them: evaluation, checkpoint save, checkpoint load (resume), compile;
+- startup: from the launch to the first step, less any pause before it.
+
+The launch-to-exit time is measured apart from the parts, so what no part accounts for is left over as `other`:
+a sum of parts that misses or double-counts time shows there. Progress lost to restarts is known only once a later
+launch resumes from an earlier checkpoint than the one this launch trained past: the time of the steps it then
+trained again (and of the pauses among them) moves from their parts to `lost_progress`. Goodput is the compute share
+of the whole wall time.
+
+Nothing here imports torch: the launcher (summary.json) and the run report read the records through this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainstack.rundir import SEGMENT_ENDED, SEGMENT_MARKER, RunDir, read_json_lines
+
+COMPUTE = "compute"
+COMM_EXPOSED = "comm_exposed"
+DATA_STARVATION = "data_starvation"
+HOST_BOUND = "host_bound"
+COMPILE = "compile"
+STARTUP = "startup"
+LOST_PROGRESS = "lost_progress"
+OTHER = "other"
+
+PARTS = {
+    COMPUTE: "the device computing: step time less data starvation, exposed communication and host-bound idle",
+    COMM_EXPOSED: "waiting for gradient communication that backward compute did not hide (DDP ranks)",
+    DATA_STARVATION: "the device idle for want of the next batch",
+    HOST_BOUND: "the device idle although neither starved nor waiting on communication (GPU ranks, from NVML's "
+                "utilization samples; not measured on CPU ranks)",
+    "evaluation": "evaluating on the held-out set",
+    "checkpoint_save": "saving a checkpoint",
+    "checkpoint_load": "loading the checkpoint a launch resumes from",
+    COMPILE: "torch.compile: the steps during which it compiled, and pauses to compile",
+    STARTUP: "launch to the first step, less any pause before it",
+    LOST_PROGRESS: "steps, and the pauses among them, that a later launch trained again after resuming from an "
+                   "earlier checkpoint",
+    OTHER: "wall time no part accounts for (launch to exit less every part)",
+}
+"""Every part, in the order tables and figures show them."""
+STEP_PARTS = (COMPUTE, COMM_EXPOSED, DATA_STARVATION, HOST_BOUND)
+"""The parts a step's time splits into (`split_step_time`)."""
+PAUSES = ("evaluation", "checkpoint_save", "checkpoint_load", COMPILE)
+"""The pauses a loop times around its code (Telemetry.pause)."""
+LIVE_PARTS = tuple(part for part in PARTS if part not in (LOST_PROGRESS, OTHER))
+"""The parts a rank measures as it runs (the counter's `part` values); the last two are known only afterwards."""
+
+
+def split_step_time(step_seconds: float, data_starvation: float, comm_exposed: float,
+                    busy_share: float | None) -> dict[str, float]:
+    """A stretch of steps' time into STEP_PARTS. Starvation and exposed communication are measured; the device
+    idled (1 - busy_share) of the steps' time, and the idle time starvation does not explain was the host's: kernels
+    launched too slowly, host synchronizations. NCCL's kernels keep running while they wait, so exposed communication
+    counts as busy. busy_share None (a CPU rank, or no NVML sample): host-bound idle is not measured and reads 0.
+    Compute is what is left; a part measured over the whole never exceeds it."""
+    waiting = data_starvation + comm_exposed
+    host_bound = 0.0
+    if busy_share is not None:
+        host_bound = max(0.0, min((1 - busy_share) * step_seconds - data_starvation, step_seconds - waiting))
+    return {COMPUTE: max(0.0, step_seconds - waiting - host_bound), COMM_EXPOSED: comm_exposed,
+            DATA_STARVATION: data_starvation, HOST_BOUND: host_bound}
+
+
+@dataclass(frozen=True)
+class Spent:
+    """Seconds of one part, spread over the steps after `first_step` up to `last_step`; a pause has first_step ==
+    last_step, the step it came after. None: the step is unknown (a launch that recorded no interval)."""
+
+    part: str
+    seconds: float
+    first_step: int | None
+    last_step: int | None
+
+    def lost_share(self, redone_after: int | None) -> float:
+        """The share of these seconds spent on steps after `redone_after`, which a later launch trained again."""
+        if redone_after is None or self.last_step is None or self.last_step <= redone_after:
+            return 0.0
+        if self.last_step == self.first_step:
+            return 1.0
+        return (self.last_step - max(self.first_step, redone_after)) / (self.last_step - self.first_step)
+
+
+@dataclass
+class SegmentTimes:
+    """One launch of one rank, as its records tell it."""
+
+    launched_at: float
+    ended: float
+    """The rank's exit (its closing line); a killed rank's last record."""
+    closed: bool
+    resumed_from: int | None = None
+    """The step its first interval started from: the checkpoint it resumed (0 for a fresh start)."""
+    last_step: int | None = None
+    host_bound_measured: bool = False
+    spent: list[Spent] = field(default_factory=list)
+
+    @property
+    def wall_seconds(self) -> float:
+        return self.ended - self.launched_at
+
+
+def _paused(entries: list[dict], first_step: int | None) -> list[Spent]:
+    """A line's pauses, each at the step it came after (None: unknown)."""
+    spent = []
+    for entry in entries:
+        step = None if first_step is None else first_step + entry["after_steps"]
+        spent.append(Spent(entry["part"], entry["seconds"], step, step))
+    return spent
+
+
+def rank_segments(lines: list[dict]) -> list[SegmentTimes]:
+    """A rank's records file, in file order, as its segments (launches). Lines before the first marker, and launches
+    whose marker has no launch time, come from a trainstack that did not measure the breakdown: left out."""
+    segments: list[SegmentTimes | None] = []
+    for line in lines:
+        if SEGMENT_MARKER in line:
+            launched = line.get("launched_at")
+            segments.append(None if launched is None else SegmentTimes(launched, line[SEGMENT_MARKER], False))
+            continue
+        segment = segments[-1] if segments else None
+        if segment is None or segment.closed:
+            continue
+        if "time" in line:
+            first = line["step"] - line["step_count"]
+            if segment.resumed_from is None:
+                segment.resumed_from = first
+            segment.last_step, segment.ended = line["step"], line["time"]
+            segment.host_bound_measured |= line["host_bound_measured"]
+            segment.spent += [Spent(part, seconds, first, line["step"]) for part, seconds in line["time_parts"].items()]
+            segment.spent += _paused(line["paused"], first)
+        elif SEGMENT_ENDED in line:
+            segment.ended, segment.closed = line[SEGMENT_ENDED], True
+            segment.spent += _paused(line["paused"], segment.last_step)
+    return [segment for segment in segments if segment is not None]
+
+
+def segment_seconds(segment: SegmentTimes, redone_after: int | None) -> dict[str, float]:
+    """Seconds per part (every one of PARTS), the steps after `redone_after` moved to lost progress; `other` is the
+    wall time the parts leave over (negative where they count some of it twice)."""
+    seconds = dict.fromkeys(PARTS, 0.0)
+    for spent in segment.spent:
+        lost = spent.seconds * spent.lost_share(redone_after)
+        seconds[spent.part] += spent.seconds - lost
+        seconds[LOST_PROGRESS] += lost
+    seconds[OTHER] = segment.wall_seconds - sum(seconds.values())
+    return seconds
+
+
+def redone_after(segments: list[SegmentTimes]) -> list[int | None]:
+    """For each segment, the earliest step a later launch resumed from: its steps after that were trained again."""
+    earliest: int | None = None
+    thresholds: list[int | None] = []
+    for segment in reversed(segments):
+        thresholds.append(earliest)
+        if segment.resumed_from is not None:
+            earliest = segment.resumed_from if earliest is None else min(earliest, segment.resumed_from)
+    return thresholds[::-1]
+
+
+def _totals(wall: float, seconds: dict[str, float]) -> dict:
+    return {"wall_seconds": wall, "goodput": seconds[COMPUTE] / wall if wall > 0 else None, "seconds": seconds}
+
+
+def _summed(rows: list[dict]) -> dict:
+    """The rows' wall time and seconds per part added up, and their goodput."""
+    return _totals(sum(row["wall_seconds"] for row in rows),
+                   {part: sum(row["seconds"][part] for row in rows) for part in PARTS})
+
+
+def run_breakdown(segments_by_rank: dict[int, list[SegmentTimes]]) -> dict | None:
+    """summary.json's `time_breakdown`: the whole run, each rank (with its segments) and each segment (its ranks
+    summed; the n-th launch of every rank is segment n). None when no rank measured one."""
+    ranks = []
+    for rank, segments in sorted(segments_by_rank.items()):
+        rows = [{"segment": number, "launched_at": segment.launched_at,
+                 "ended": "exited" if segment.closed else "killed",
+                 **_totals(segment.wall_seconds, segment_seconds(segment, threshold))}
+                for number, (segment, threshold) in enumerate(zip(segments, redone_after(segments), strict=True))]
+        if rows:
+            ranks.append({"rank": rank, **_summed(rows),
+                          "host_bound_measured": any(s.host_bound_measured for s in segments), "segments": rows})
+    if not ranks:
+        return None
+    launches = max(len(rank["segments"]) for rank in ranks)
+    return {"parts": list(PARTS), **_summed(ranks), "ranks": ranks,
+            "segments": [{"segment": number, **_summed([r["segments"][number] for r in ranks
+                                                         if len(r["segments"]) > number])}
+                         for number in range(launches)]}
+
+
+def of_run(run_dir: Path) -> dict | None:
+    """The breakdown of every rank's records in the run directory (`run_breakdown`)."""
+    return run_breakdown({rank: rank_segments(read_json_lines(path))
+                          for rank, path in RunDir(run_dir).all_rank_records().items()})
