@@ -68,7 +68,7 @@ def per_gpu_sample(session: NvmlSession, slow: bool, reads: int) -> tuple[float,
 def sampler_samples(session: NvmlSession, seconds: float) -> tuple[float, float]:
     """CPU ms of one fast and one slow sample of all GPUs, from the exporter's sampler running at one sample a
     second for `seconds`."""
-    sampler = Sampler(session, frozenset, DEFAULT_SAMPLE_INTERVAL, min(10.0, max(seconds / 2, 1.0)))
+    sampler = Sampler(session, DEFAULT_SAMPLE_INTERVAL, min(10.0, max(seconds / 2, 1.0)))
     sampler.start()
     time.sleep(seconds)
     sampler.stop()
@@ -96,6 +96,7 @@ def measure(nvml, gpu_index: int, calls: int, sampler_seconds: float) -> dict:
         ("nvmlDeviceGetCurrentClocksEventReasons", lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)),
         ("nvmlDeviceGetMemoryInfo (v2)", lambda: nvml.nvmlDeviceGetMemoryInfo(handle, version=MEMORY_INFO_V2)),
         ("nvmlDeviceGetComputeRunningProcesses", lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle)),
+        ("nvmlDeviceGetGraphicsRunningProcesses", lambda: nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)),
         ("nvmlDeviceGetPcieReplayCounter", lambda: nvml.nvmlDeviceGetPcieReplayCounter(handle)),
         ("nvmlDeviceGetTotalEnergyConsumption", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle)),
         (f"nvmlDeviceGetFieldValues, the slow request ({len(gpu.field_requests)} fields)",

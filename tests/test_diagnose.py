@@ -240,7 +240,7 @@ def test_low_mfu():
 
 
 def test_nothing_to_read_and_nothing_stepped_yet():
-    assert kinds(diagnose(Snapshot("test", NOW, [], [gpu(0)]), LIMITS)) == ["no-training"]
+    assert kinds(diagnose(Snapshot("test", NOW, [], [gpu(0, utilization=0.0)]), LIMITS)) == ["no-training"]
     fresh = [rank("0", last_step_time=None, steps=0), rank("1", last_step_time=None, steps=0)]
     assert kinds(diagnose(Snapshot("test", NOW, fresh), LIMITS)) == ["no-step-yet"]
 

@@ -26,7 +26,6 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import FAST, REPO, explain, run_trainstack, stop_process, trainstack_command
-from trainstack.monitoring.exporter.training import job_pids
 from trainstack.rundir import free_port
 
 pytestmark = pytest.mark.slow
@@ -62,12 +61,13 @@ def rank_pids(metrics_dir: Path) -> dict[str, int]:
     """rank -> pid of its process: each pid's gauge files (`gauge_<mode>_<pid>.db`), read alone through
     prometheus_client's own merge, carry its rank."""
     ranks = {}
-    for pid in job_pids(metrics_dir):
+    for pid in {path.stem.rpartition("_")[2] for path in metrics_dir.glob("gauge_*.db")}:
         with tempfile.TemporaryDirectory() as alone:
             for path in metrics_dir.glob(f"gauge_*_{pid}.db"):
                 shutil.copy(path, alone)
             for family in MultiProcessCollector(None, path=alone).collect():
-                ranks.update((sample.labels["rank"], pid) for sample in family.samples if "rank" in sample.labels)
+                ranks.update((sample.labels["rank"], int(pid)) for sample in family.samples
+                             if "rank" in sample.labels)
     return ranks
 
 

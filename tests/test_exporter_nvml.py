@@ -8,6 +8,7 @@ The exporter code under test is the production code; only the `pynvml` module un
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -20,7 +21,6 @@ from trainstack.monitoring.exporter.config import ExporterConfig
 from trainstack.monitoring.exporter.gpu import CLOCK_EVENT_REASONS, COUNTERS, GAUGES
 from trainstack.monitoring.exporter.nvml import NvmlSession
 from trainstack.monitoring.exporter.sampler import Sampler
-from trainstack.monitoring.exporter.training import job_pids
 
 H100_UUID = "GPU-5f1c0a00-1a2b-4c3d-8e4f-9a0b1c2d3e00"
 
@@ -43,14 +43,14 @@ class Rig:
     """An NVML session, sampler and registry on the fake `host`, as the exporter builds them, with the sampler on a
     clock the test moves. By default the slow fields are read at every sample, as every scrape read them before."""
 
-    def __init__(self, host, pcie_throughput=False, metrics_dir=None, interval=1.0, slow_interval=1.0):
+    def __init__(self, host, pcie_throughput=False, interval=1.0, slow_interval=1.0):
         fake.load(host)
         config = ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake", pcie_throughput=pcie_throughput,
-                                metrics_dir=metrics_dir, sample_interval_seconds=interval,
+                                sample_interval_seconds=interval,
                                 slow_sample_interval_seconds=slow_interval)
         self.clock = ManualClock()
         self.session = NvmlSession(fake, pcie_throughput=pcie_throughput)
-        self.sampler = Sampler(self.session, lambda: job_pids(metrics_dir), interval, slow_interval, self.clock)
+        self.sampler = Sampler(self.session, interval, slow_interval, self.clock)
         self.registry = build_registry(config, self.sampler)
 
     def sample(self) -> None:
@@ -64,8 +64,8 @@ class Rig:
         return render(self.registry)
 
 
-def exporter(host, pcie_throughput=False, metrics_dir=None) -> Rig:
-    return Rig(host, pcie_throughput, metrics_dir)
+def exporter(host, pcie_throughput=False) -> Rig:
+    return Rig(host, pcie_throughput)
 
 
 def render(registry) -> dict[tuple[str, frozenset], float]:
@@ -176,7 +176,8 @@ def test_static_answers_are_read_once_not_per_scrape():
 
 FAST_SAMPLE_CALLS = {"nvmlDeviceGetUtilizationRates": 8, "nvmlDeviceGetMemoryInfo": 8, "nvmlDeviceGetTemperature": 8,
                      "nvmlDeviceGetClockInfo": 16, "nvmlDeviceGetCurrentClocksEventReasons": 8,
-                     "nvmlDeviceGetPowerUsage": 8, "nvmlEventSetWait_v2": 1}
+                     "nvmlDeviceGetPowerUsage": 8, "nvmlDeviceGetComputeRunningProcesses": 8,
+                     "nvmlDeviceGetGraphicsRunningProcesses": 8, "nvmlEventSetWait_v2": 1}
 
 
 def test_a_slow_sample_reads_power_limit_and_violation_counters_with_the_other_fields_in_one_call():
@@ -185,8 +186,8 @@ def test_a_slow_sample_reads_power_limit_and_violation_counters_with_the_other_f
     for _ in range(3):
         samples = rig.scrape()
     per_scrape = {call: n / 3 for call, n in (fake.call_counts() - at_start).items()}
-    # Per GPU: utilization, memory, temperature, 2 clocks, clock events, power, and one field-values call for the
-    # rest (no process listing: no metrics directory, so no job pids); per host: the Xid event poll.
+    # Per GPU: utilization, memory, temperature, 2 clocks, clock events, power, the compute and graphics process
+    # lists, and one field-values call for the rest; per host: the Xid event poll.
     assert per_scrape == FAST_SAMPLE_CALLS | {"nvmlDeviceGetFieldValues": 8}
     gpu0 = {"gpu": "0", "uuid": H100_UUID}
     assert value(samples, "trainstack_gpu_power_watts", **gpu0) == pytest.approx(612.845)
@@ -338,16 +339,53 @@ def test_xid_events_are_counted_by_code():
     assert errors(second) == {}  # an empty event queue (NVMLError_Timeout) is not an error
 
 
-def test_process_memory_only_for_the_jobs_processes():
+def processes(samples) -> dict[tuple[str, str, str], float]:
+    """(gpu, pid, process name) -> the memory the process uses on that GPU."""
+    return {(labels["gpu"], labels["pid"], labels["process"]): v for (name, key), v in samples.items()
+            if name == "trainstack_gpu_process_memory_used_bytes" and (labels := dict(key))}
+
+
+def test_every_process_on_a_gpu_is_served_with_its_name_asked_once():
+    host = {"driver_version": "550.90.07",
+            "gpus": [{"model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0"},
+                     {"model": "h100_sxm5_80gb", "uuid": "GPU-b", "pci_bus_id": "00000000:2A:00.0"}],
+            "processes": {"0": [{"pid": 4242, "name": "/opt/conda/bin/python", "used_gpu_memory": 60129542144},
+                                {"pid": 777, "used_gpu_memory": 1073741824}],  # another PID namespace: no name
+                          "1": [{"pid": 4242, "name": "/opt/conda/bin/python", "used_gpu_memory": 2 << 30},
+                                {"pid": 900, "name": "Xorg", "type": "G", "used_gpu_memory": 1 << 20},
+                                {"pid": 901, "name": "blender", "type": "C+G", "used_gpu_memory": 5 << 20}]}}
+    rig = exporter(host)
+    for _ in range(3):
+        samples = rig.scrape()
+    assert processes(samples) == {("0", "4242", "python"): 60129542144, ("0", "777", ""): 1073741824,
+                                  ("1", "4242", "python"): 2 << 30, ("1", "900", "Xorg"): 1 << 20,
+                                  ("1", "901", "blender"): 5 << 20}  # in both lists, served once
+    # Asked once per process over three samples, so a process NVML cannot name is one error, not one a sample.
+    assert fake.call_counts()["nvmlSystemGetProcessName"] == 4
+    assert errors(samples) == {("nvmlSystemGetProcessName", "NotFound"): 1}
+
+
+def test_a_process_that_leaves_its_gpu_is_no_longer_served():
     host = {"driver_version": "550.90.07",
             "gpus": [{"model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0"}],
-            "processes": {"0": [{"pid": 4242, "used_gpu_memory": 60129542144},
-                                {"pid": 777, "used_gpu_memory": 1073741824}]}}
-    fake.load(host)
-    session = NvmlSession(fake)
-    sample = session.read(frozenset({4242, 4343})).samples[0]
-    assert sample.process_memory_bytes == {4242: 60129542144}
-    assert session.read().samples[0].process_memory_bytes == {}
+            "processes": {"0": [{"pid": 4242, "name": "python", "used_gpu_memory": 1 << 30}]}}
+    rig = exporter(host)
+    assert processes(rig.scrape()) == {("0", "4242", "python"): 1 << 30}
+    fake._require_host().processes[0] = [{"pid": 4343, "name": "torchrun", "used_gpu_memory": 2 << 30}]
+    assert processes(rig.scrape()) == {("0", "4343", "torchrun"): 2 << 30}
+
+
+def test_an_r470_driver_lists_processes_through_the_v2_calls():
+    host = json.loads((fake.DATA_DIR / "hosts" / "legacy_driver.json").read_text())
+    host["processes"] = {"1": [{"pid": 31, "name": "python3", "used_gpu_memory": 3 << 30}]}
+    rig = exporter(host)
+    for _ in range(3):
+        samples = rig.scrape()
+    assert processes(samples) == {("1", "31", "python3"): 3 << 30}
+    counted = errors(samples)  # pynvml's unversioned names call v3: tried once per GPU, then the v2 names only
+    assert counted[("nvmlDeviceGetComputeRunningProcesses", "FunctionNotFound")] == 2
+    assert counted[("nvmlDeviceGetGraphicsRunningProcesses", "FunctionNotFound")] == 2
+    assert fake.call_counts()["nvmlDeviceGetComputeRunningProcesses_v2"] == 2 * 3
 
 
 @pytest.mark.parametrize("host, error", [(None, "LibraryNotFound"), ("driver_not_loaded", "DriverNotLoaded")])

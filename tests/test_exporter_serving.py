@@ -30,7 +30,7 @@ from tests.standin_ranks import write_rank
 from trainstack.errors import EXIT_RUNTIME
 from trainstack.monitoring.exporter.app import Exporter
 from trainstack.monitoring.exporter.config import ExporterConfig
-from trainstack.monitoring.exporter.training import TrainingCollector, job_pids
+from trainstack.monitoring.exporter.training import TrainingCollector
 
 pytestmark = pytest.mark.slow
 
@@ -206,13 +206,6 @@ def test_a_scrape_while_an_nvml_call_hangs_answers_from_the_last_sample_and_its_
         release.set()
         exporter.stop()
     assert ages == sorted(ages)
-
-
-def test_job_pids_come_from_the_multiprocess_file_names(metrics_dir):
-    pids = job_pids(metrics_dir)
-    assert len(pids) == 2
-    assert all(any(p.name.endswith(f"_{pid}.db") for p in metrics_dir.iterdir()) for pid in pids)
-    assert job_pids(metrics_dir / "missing") == frozenset()
 
 
 def test_a_file_gone_between_listing_and_reading_fails_no_scrape(metrics_dir, monkeypatch):

@@ -251,8 +251,9 @@ GPU_UTILIZATION = Metric(
     "trainstack_gpu_utilization_ratio", GAUGE,
     "Share of the last sample period in which a kernel was running (not SM occupancy).", GPU_LABELS, NVML,
     "`nvmlDeviceGetUtilizationRates().gpu` / 100", unit="0..1",
-    readers=("record job:trainstack_gpu_utilization:avg_ratio", "alert TrainstackGPUUnused", "panel GPU utilization",
-             "panel GPU utilization by rank", "diagnose no-training", "diagnose stalled", "diagnose gpus-unused",
+    readers=("record job:trainstack_gpu_utilization:avg_ratio", "alert TrainstackGPUUnused",
+             "alert TrainstackOneProcessManyGPUs", "panel GPU utilization", "panel GPU utilization by rank",
+             "diagnose no-training", "diagnose stalled", "diagnose gpus-unused", "diagnose one-process-many-gpus",
              "diagnose figures"))
 GPU_MEMORY_BUSY = Metric(
     "trainstack_gpu_memory_busy_ratio", GAUGE,
@@ -362,11 +363,16 @@ GPU_PCIE_RECEIVE = Metric(
     "PCIe receive throughput over NVML's 20 ms window (opt-in).", GPU_LABELS, NVML,
     "`nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES)`", unit="B/s", absent_when="unless `--pcie-throughput`")
 GPU_PROCESS_MEMORY_USED = Metric(
-    "trainstack_gpu_process_memory_used_bytes", GAUGE, "Device memory used by one process of the training job.",
-    (*GPU_LABELS, "pid"), NVML,
-    "`nvmlDeviceGetComputeRunningProcesses`, kept for the job's processes (the pids in the `<type>_<pid>.db` file "
-    "names of `--metrics-dir`)", unit="bytes",
-    absent_when="no `--metrics-dir`; a container without the host PID namespace (NVML reports host pids)")
+    "trainstack_gpu_process_memory_used_bytes", GAUGE,
+    "Device memory one process uses on the GPU (every process NVML lists, trainstack's or not).",
+    (*GPU_LABELS, "pid", "process"), NVML,
+    "`nvmlDeviceGetComputeRunningProcesses` and `nvmlDeviceGetGraphicsRunningProcesses` (`_v2` on R470 drivers), "
+    "a process in both once; `process`: `nvmlSystemGetProcessName`'s base name (what nvidia-smi shows), asked once "
+    "per process, empty where the exporter's PID namespace does not see the process", unit="bytes",
+    absent_when="no process on the GPU; a figure NVML does not have (Windows WDDM); a container without the host "
+                "PID namespace may see host pids, or none",
+    readers=("alert TrainstackOneProcessManyGPUs", "diagnose one-process-many-gpus", "diagnose gpus-unused",
+             "diagnose no-training"))
 
 # --- the exporter's own (monitoring/exporter/health.py) -------------------------------------------------------
 

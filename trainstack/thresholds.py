@@ -64,6 +64,10 @@ STALL = Threshold(
 GPU_IDLE = Threshold(
     "gpu_idle_ratio", 0.05, "utilization", "a GPU no rank uses is busy under this share of the time",
     "TrainstackGPUUnused")
+PROCESS_GPU_BUSY = Threshold(
+    "process_gpu_busy_ratio", 0.05, "utilization",
+    "one process is the main memory user of two or more GPUs busy at least this share of the time (nn.DataParallel, "
+    "or a model split by hand; a CUDA context left on an idle GPU does not count)", "TrainstackOneProcessManyGPUs")
 MEMORY_FULL = Threshold(
     "memory_full_ratio", 0.95, "share of memory", "a GPU's used memory is over this share of its installed memory",
     "TrainstackGPUMemoryNearlyFull")

@@ -1,7 +1,8 @@
 """`trainstack diagnose`: why a live run is not using its GPUs well, from its exporter or from Prometheus.
 
 Exit status: 0 healthy, 1 a problem was found (the verdicts say which), 2 the source is not an exporter or a
-Prometheus server (or a flag is wrong), 69 the source cannot be reached.
+Prometheus server (or a flag is wrong), 69 the source cannot be reached. A job that uses GPUs but reports no rank
+telemetry is judged on its GPUs alone, and a note says so (its exit status is the GPU verdicts').
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from trainstack.monitoring.diagnose.snapshot import read_snapshot
     from trainstack.monitoring.diagnose.sources import open_source
     from trainstack.monitoring.diagnose.thresholds import Thresholds
-    from trainstack.monitoring.diagnose.verdicts import diagnose, figures
+    from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes
 
     if not args.interval > 0:
         raise ConfigError(f"--interval must be positive seconds, got {args.interval}")
@@ -49,6 +50,6 @@ def run(args: argparse.Namespace) -> int:
     snapshot = read_snapshot(open_source(args.url, args.source, args.interval, selector, args.window))
     verdicts = diagnose(snapshot, limits)
     render = render_json if args.json else render_text
-    print(render(snapshot.source, verdicts, figures(snapshot)), flush=True)
+    print(render(snapshot.source, verdicts, figures(snapshot), notes(snapshot, limits)), flush=True)
     return EXIT_PROBLEM if verdicts else EXIT_OK
 

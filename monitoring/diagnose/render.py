@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 
 from trainstack.monitoring.diagnose.verdicts import Verdict
@@ -40,20 +41,20 @@ def _figure_line(figures: dict) -> str:
     return ", ".join(parts)
 
 
-def render_text(source: str, verdicts: list[Verdict], figures: dict) -> str:
+def render_text(source: str, verdicts: list[Verdict], figures: dict, notes: Sequence[str] = ()) -> str:
     lines = [f"trainstack diagnose: {source}"]
     if not verdicts:
         lines.append(f"HEALTHY  {_figure_line(figures)}")
-        return "\n".join(lines)
+        return "\n".join([*lines, *notes])
     width = max(len(v.kind) for v in verdicts)
     for verdict in verdicts:
         lines.append(f"{verdict.kind.upper():<{width}}  {verdict.summary}")
         lines += [f"{'':<{width}}    evidence: {item}" for item in verdict.evidence]
         lines.append(f"{'':<{width}}    fix: {verdict.fix}")
     lines.append(f"figures: {_figure_line(figures)}")
-    return "\n".join(lines)
+    return "\n".join([*lines, *notes])
 
 
-def render_json(source: str, verdicts: list[Verdict], figures: dict) -> str:
+def render_json(source: str, verdicts: list[Verdict], figures: dict, notes: Sequence[str] = ()) -> str:
     return json.dumps({"source": source, "healthy": not verdicts, "verdicts": [asdict(v) for v in verdicts],
-                       "figures": figures}, indent=2)
+                       "figures": figures, "notes": list(notes)}, indent=2)

@@ -50,6 +50,19 @@ class GpuView:
 
 
 @dataclass(frozen=True)
+class GpuProcess:
+    """One process on one GPU, as NVML lists it (catalog.GPU_PROCESS_MEMORY_USED): any job's, instrumented or not."""
+
+    instance: str
+    """The exporter that saw it (Prometheus' label; "" read from one exporter): a pid names a process on one host."""
+    pid: str
+    name: str
+    """"" where the exporter could not see the process's name."""
+    uuid: str
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
 class Snapshot:
     source: str
     now: float
@@ -57,6 +70,20 @@ class Snapshot:
     gpus: list[GpuView] = field(default_factory=list)
     gpu_sample_ages: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Exporter instance and cadence ("node0:9450 fast") -> (age of its GPU sample, its sampling interval), s."""
+    processes: list[GpuProcess] = field(default_factory=list)
+
+    def gpus_held(self) -> dict[tuple[str, str], list[GpuProcess]]:
+        """(instance, pid) -> the GPUs the process holds: those where it uses the most memory of the processes
+        there (on a tie, each of them). A process that merely left a CUDA context on a GPU another process fills
+        holds nothing there."""
+        most: dict[str, float] = {}
+        for process in self.processes:
+            most[process.uuid] = max(most.get(process.uuid, 0.0), process.memory_bytes)
+        held: dict[tuple[str, str], dict[str, GpuProcess]] = {}
+        for process in self.processes:
+            if process.memory_bytes == most[process.uuid]:
+                held.setdefault((process.instance, process.pid), {})[process.uuid] = process
+        return {key: list(by_uuid.values()) for key, by_uuid in held.items()}
 
     def straggler_ratios(self) -> dict[str, float]:
         """Each rank's forward time per step over the ranks' median (ratios.STRAGGLER). Empty when the ranks do
@@ -81,7 +108,14 @@ def _ratio_of(source: Source, ratio: ratios.Ratio, label: str) -> dict[str, floa
 
 
 def read_snapshot(source: Source) -> Snapshot:
-    return Snapshot(source.description, source.now, _ranks(source), _gpus(source), _gpu_sample_ages(source))
+    return Snapshot(source.description, source.now, _ranks(source), _gpus(source), _gpu_sample_ages(source),
+                    _processes(source))
+
+
+def _processes(source: Source) -> list[GpuProcess]:
+    return [GpuProcess(labels.get("instance", ""), labels["pid"], labels.get("process", ""), labels["uuid"], value)
+            for labels, value in source.instant(catalog.GPU_PROCESS_MEMORY_USED.name)
+            if "pid" in labels and "uuid" in labels]
 
 
 def _gpu_sample_ages(source: Source) -> dict[str, tuple[float, float]]:

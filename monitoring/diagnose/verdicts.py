@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainstack import catalog
-from trainstack.monitoring.diagnose.snapshot import RankView, Snapshot
+from trainstack.monitoring.diagnose.snapshot import GpuProcess, GpuView, RankView, Snapshot
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 
 
@@ -28,8 +28,14 @@ def _ranks_list(ranks: list[RankView]) -> str:
     return ", ".join(f"rank {r.rank}" for r in ranks)
 
 
+def _uninstrumented(snapshot: Snapshot, limits: Thresholds) -> bool:
+    """Something uses the GPUs (NVML lists a process on one, or one is busy) but no rank reports telemetry."""
+    return not snapshot.ranks and (bool(snapshot.processes) or any(
+        (g.utilization or 0.0) >= limits.gpu_idle_ratio for g in snapshot.gpus))
+
+
 def no_training(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
-    if snapshot.ranks:
+    if snapshot.ranks or _uninstrumented(snapshot, limits):  # the latter: a job without telemetry (notes)
         return None
     evidence = [f"GPU {g.index} ({g.uuid}) utilization {_percent(g.utilization)}" for g in snapshot.gpus
                 if g.utilization is not None]
@@ -83,20 +89,81 @@ def stalled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
 
 
 def gpus_unused(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
-    if not snapshot.ranks:
+    """A GPU no rank runs on; without rank telemetry (an uninstrumented job), a GPU no process holds memory on."""
+    if snapshot.ranks:
+        used = {r.uuid for r in snapshot.ranks if r.uuid}
+        where = "the ranks run on CPU while" if not used else \
+            f"{len(snapshot.ranks)} rank(s) use {len(used)} GPU(s);"
+        user, unused = "rank", "no rank's uuid"
+    elif snapshot.processes:
+        used = {p.uuid for p in snapshot.processes}
+        where = f"processes use {len(used)} GPU(s) while"
+        user, unused = "process", "no process on it"
+    else:
         return None
-    used = {r.uuid for r in snapshot.ranks if r.uuid}
     idle = [g for g in snapshot.gpus if g.uuid not in used
             and (g.utilization is None or g.utilization < limits.gpu_idle_ratio)]
     if not idle:
         return None
-    where = "the ranks run on CPU while" if not used else f"{len(snapshot.ranks)} rank(s) use {len(used)} GPU(s);"
     return Verdict(
-        "gpus-unused", f"{where} {len(idle)} of {len(snapshot.gpus)} visible GPU(s) sit idle with no rank on them",
+        "gpus-unused", f"{where} {len(idle)} of {len(snapshot.gpus)} visible GPU(s) sit idle with no {user} on them",
         tuple(f"GPU {g.index} ({g.name or g.uuid}): utilization "
-              f"{'unknown' if g.utilization is None else _percent(g.utilization)}, no rank's uuid" for g in idle),
+              f"{'unknown' if g.utilization is None else _percent(g.utilization)}, {unused}" for g in idle),
         "start one rank per GPU (trainstack train, or torchrun/accelerate launch with --nproc-per-node equal to "
         "the GPU count) instead of a single process or nn.DataParallel; or hide the GPU with CUDA_VISIBLE_DEVICES",
+    )
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:.1f} GiB"
+
+
+def _process_name(process: GpuProcess) -> str:
+    where = f" on {process.instance}" if process.instance else ""
+    return f"pid {process.pid}" + (f" ({process.name})" if process.name else "") + where
+
+
+def _against(value: float, first: float, first_gpu: GpuView) -> str:
+    return f" ({value / first:.2f}x GPU {first_gpu.index}'s)" if first else ""
+
+
+def _driven_gpus_evidence(held: list[tuple[GpuProcess, GpuView]]) -> list[str]:
+    """One process's GPUs, each against its first (the lowest index: nn.DataParallel's output device)."""
+    (first, first_gpu), *others = held
+    evidence = [f"{_process_name(first)} is the main user of GPUs {', '.join(g.index for _, g in held)}",
+                f"GPU {first_gpu.index}: {_gib(first.memory_bytes)} used by it, utilization "
+                f"{_percent(first_gpu.utilization)} (its first GPU)"]
+    evidence += [f"GPU {gpu.index}: {_gib(process.memory_bytes)} used by it"
+                 f"{_against(process.memory_bytes, first.memory_bytes, first_gpu)}, utilization "
+                 f"{_percent(gpu.utilization)}{_against(gpu.utilization, first_gpu.utilization, first_gpu)}"
+                 for process, gpu in others]
+    if all(first.memory_bytes > p.memory_bytes and first_gpu.utilization > g.utilization for p, g in others):
+        evidence.append(f"GPU {first_gpu.index} is the busiest and the fullest: nn.DataParallel's shape (it "
+                        "scatters each batch, gathers the outputs and computes the loss there)")
+    return evidence
+
+
+def one_process_many_gpus(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    """One process is the main memory user of several busy GPUs: nn.DataParallel, or a model split by hand. Read
+    from NVML's process map alone, so it judges any job, instrumented or not (TrainstackOneProcessManyGPUs, the
+    same rule)."""
+    busy = {g.uuid: g for g in snapshot.gpus if (g.utilization or 0.0) >= limits.process_gpu_busy_ratio}
+    order = {g.uuid: position for position, g in enumerate(snapshot.gpus)}  # by index
+    driven = []
+    for held in snapshot.gpus_held().values():
+        held_busy = sorted((p for p in held if p.uuid in busy), key=lambda p: order[p.uuid])
+        if len(held_busy) >= 2:
+            driven.append([(p, busy[p.uuid]) for p in held_busy])
+    if not driven:
+        return None
+    return Verdict(
+        "one-process-many-gpus", "one process drives several GPUs (nn.DataParallel, or a model split by hand): "
+        + "; ".join(f"{_process_name(held[0][0])} on {len(held)} GPUs" for held in driven),
+        tuple(line for held in driven for line in _driven_gpus_evidence(held)),
+        "run one process per GPU with DistributedDataParallel: torchrun --nproc-per-node <GPUs> (or trainstack "
+        "train, or accelerate launch) instead of nn.DataParallel, which is single-process: one Python thread drives "
+        "every GPU, and its first GPU scatters the batch, gathers the outputs and computes the loss while the others "
+        "wait; a model split across GPUs by hand runs one GPU at a time: shard it with FSDP, one process per GPU",
     )
 
 
@@ -237,14 +304,27 @@ def gpu_data_stale(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
 
 
 CHECKS: tuple[Callable[[Snapshot, Thresholds], Verdict | None], ...] = (
-    no_training, not_started, stalled, gpus_unused, input_bound, straggler, comm_bound, throttled, memory_full, low_mfu,
-    gpu_data_stale,
+    no_training, not_started, stalled, gpus_unused, one_process_many_gpus, input_bound, straggler, comm_bound,
+    throttled, memory_full, low_mfu, gpu_data_stale,
 )
 
 
 def diagnose(snapshot: Snapshot, limits: Thresholds) -> list[Verdict]:
     """Every problem found, most fundamental first; empty when the run is healthy."""
     return [verdict for check in CHECKS if (verdict := check(snapshot, limits)) is not None]
+
+
+UNINSTRUMENTED = (
+    "uninstrumented: GPU checks only; input-bound, straggler, stalled and comm-bound need rank telemetry: add "
+    "`import trainstack.monitor` to the training loop (monitor = trainstack.monitor.start(model), then "
+    "monitor.step(...) each step), give transformers' Trainer callbacks=[trainstack.integrations.hf."
+    "TrainstackCallback()], or run it with `trainstack train`")
+
+
+def notes(snapshot: Snapshot, limits: Thresholds) -> list[str]:
+    """What the reader must know that is no problem of the run: a job that uses GPUs but reports no rank telemetry
+    gets the GPU verdicts only, and one line on how to get the others."""
+    return [UNINSTRUMENTED] if _uninstrumented(snapshot, limits) else []
 
 
 def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:

@@ -15,13 +15,12 @@ from trainstack.monitoring.exporter.health import CollectorRuns, ExporterCollect
 from trainstack.monitoring.exporter.nvml import NvmlSession
 from trainstack.monitoring.exporter.sampler import Sampler
 from trainstack.monitoring.exporter.server import Endpoints, MetricsServer
-from trainstack.monitoring.exporter.training import TrainingCollector, job_pids
+from trainstack.monitoring.exporter.training import TrainingCollector
 from trainstack.rundir import RunDir
 
 
 def build_sampler(config: ExporterConfig, session: NvmlSession) -> Sampler:
-    return Sampler(session, lambda: job_pids(config.metrics_dir), config.sample_interval_seconds,
-                   config.slow_sample_interval_seconds)
+    return Sampler(session, config.sample_interval_seconds, config.slow_sample_interval_seconds)
 
 
 def build_registry(config: ExporterConfig, sampler: Sampler) -> CollectorRegistry:

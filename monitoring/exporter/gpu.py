@@ -85,7 +85,7 @@ class GpuCollector(Collector):
                 for reason, bit in CLOCK_EVENT_REASONS.items():
                     reasons.add_metric([*labels, reason], 1.0 if sample.clock_event_reasons & bit else 0.0)
             for pid, used in sorted(sample.process_memory_bytes.items()):
-                processes.add_metric([*labels, str(pid)], used)
+                processes.add_metric([*labels, str(pid), reading.process_names.get(pid, "")], used)
 
         xids = catalog.family(catalog.GPU_XID_ERRORS)
         for (index, uuid, xid), count in sorted(reading.xid_errors.items()):

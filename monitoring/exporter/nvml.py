@@ -14,6 +14,11 @@ the field NVML_FI_DEV_POWER_AVERAGE: where the GPU has that field the call answe
 documentation: Ampere except GA100, and newer), and it keeps the fast part free of the field-values call, whose own
 price (~0.12 ms) would be most of a fast read.
 
+Every process NVML lists on a GPU (its compute and graphics lists) is read with its memory there, so a job that
+is no trainstack run still shows which process drives which GPUs (one process on several GPUs is nn.DataParallel's
+shape: monitoring/diagnose). A process's name is asked once, when it first appears (nvmlSystemGetProcessName: the
+name nvidia-smi shows), and is empty where this exporter's PID namespace does not see the process.
+
 GPUs are read one after the other on the sampler's thread: a read no longer holds up a scrape, and one thread
 spends the least CPU.
 """
@@ -21,6 +26,7 @@ spends the least CPU.
 from __future__ import annotations
 
 import ctypes
+import posixpath
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -83,6 +89,10 @@ UNSUPPORTED_ERRORS = {"NotSupported", "FunctionNotFound"}
 # A field's own answer can also be InvalidArgument: a field id newer than the driver, or a scope the GPU lacks.
 UNSUPPORTED_FIELD_ERRORS = UNSUPPORTED_ERRORS | {"InvalidArgument"}
 MAX_EVENTS_PER_READ = 1000
+# The process lists of a GPU, each newest API first: R470 drivers lack the v3 calls pynvml's unversioned names make.
+PROCESS_LISTS = tuple(
+    ((f"nvmlDeviceGet{kind}RunningProcesses", (), {}), (f"nvmlDeviceGet{kind}RunningProcesses_v2", (), {}))
+    for kind in ("Compute", "Graphics"))
 
 
 @dataclass
@@ -114,6 +124,7 @@ class GpuSample:
     pcie_transmit_bytes_per_second: float | None = None
     pcie_receive_bytes_per_second: float | None = None
     process_memory_bytes: dict[int, float] = field(default_factory=dict)
+    """pid -> device memory it uses on this GPU, for every process NVML lists there with a known figure."""
 
 
 @dataclass
@@ -140,6 +151,8 @@ class NvmlReading:
     samples: list[GpuSample]
     xid_errors: dict[tuple[int, str, int], int]
     """(gpu index, uuid, xid) -> count since the exporter started; kept after a GPU is lost."""
+    process_names: dict[int, str] = field(default_factory=dict)
+    """pid -> its name, for every pid in the samples; "" where NVML cannot tell."""
 
 
 @dataclass
@@ -186,6 +199,7 @@ class NvmlSession:
         self._unsupported: set[tuple] = set()
         self._gpus: list[Gpu] = []
         self._gpus_by_address: dict[int, Gpu] = {}
+        self._process_names: dict[int, str] = {}
         self._events = None
         self.up = False
         self.down_reason = ""
@@ -305,18 +319,19 @@ class NvmlSession:
 
     # --- every sample ----------------------------------------------------------------------------------------
 
-    def read(self, job_pids: frozenset[int] = frozenset(), slow: bool = True) -> NvmlReading:
-        """Sample every GPU still present. `job_pids`: the processes whose GPU memory is reported; `slow`: read the
-        slow part too (else its attributes, SLOW_ATTRIBUTES, are None)."""
+    def read(self, slow: bool = True) -> NvmlReading:
+        """Sample every GPU still present. `slow`: read the slow part too (else its attributes, SLOW_ATTRIBUTES,
+        are None)."""
         with self._lock:
             samples = []
             if self.up:
                 self._poll_events()
                 for gpu in self._gpus:
-                    if not gpu.lost and (sample := self._sample_present(gpu, job_pids, slow)) is not None:
+                    if not gpu.lost and (sample := self._sample_present(gpu, slow)) is not None:
                         samples.append(sample)
+            names = self._names({pid for sample in samples for pid in sample.process_memory_bytes})
             return NvmlReading(self.up, self.driver_version, [g for g in self._gpus if not g.lost], samples,
-                               dict(self._xid_errors))
+                               dict(self._xid_errors), names)
 
     def health(self) -> NvmlHealth:
         with self._count_lock:
@@ -324,14 +339,14 @@ class NvmlSession:
         lost = sum(gpu.lost for gpu in self._gpus)
         return NvmlHealth(self.up, len(self._gpus) - lost, lost, errors)
 
-    def _sample_present(self, gpu: Gpu, job_pids: frozenset[int], slow: bool) -> GpuSample | None:
+    def _sample_present(self, gpu: Gpu, slow: bool) -> GpuSample | None:
         try:
-            return self._sample(gpu, job_pids, slow)
+            return self._sample(gpu, slow)
         except _GpuLost:
             gpu.lost = True
             return None
 
-    def _sample(self, gpu: Gpu, job_pids: frozenset[int], slow: bool) -> GpuSample:
+    def _sample(self, gpu: Gpu, slow: bool) -> GpuSample:
         sample = GpuSample(gpu.index, gpu.uuid)
         rates = self._ask(gpu, "nvmlDeviceGetUtilizationRates")
         if rates is not None:
@@ -356,11 +371,23 @@ class NvmlSession:
                 self._ask(gpu, "nvmlDeviceGetPcieThroughput", PCIE_UTIL_TX_BYTES), 1024.0)  # KiB/s
             sample.pcie_receive_bytes_per_second = _scaled(
                 self._ask(gpu, "nvmlDeviceGetPcieThroughput", PCIE_UTIL_RX_BYTES), 1024.0)
-        if job_pids:
-            for process in self._ask(gpu, "nvmlDeviceGetComputeRunningProcesses") or ():
-                if process.pid in job_pids and process.usedGpuMemory is not None:
+        for process_list in PROCESS_LISTS:
+            # A process in both lists (a CUDA program that also draws) has one figure for the GPU: kept once.
+            for process in self._ask_first(gpu, *process_list) or ():
+                if process.usedGpuMemory is not None:  # None: not available (Windows WDDM)
                     sample.process_memory_bytes[process.pid] = process.usedGpuMemory
         return sample
+
+    def _names(self, pids: set[int]) -> dict[int, str]:
+        """pid -> the name of its command, asked once while the process stays on a GPU: NVML reads it from /proc,
+        so a process outside this exporter's PID namespace has none (its failure is counted once, too)."""
+        known = {pid: self._process_names.get(pid) for pid in pids}
+        for pid, name in known.items():
+            if name is None:
+                answer = self._ask(None, "nvmlSystemGetProcessName", pid)
+                known[pid] = posixpath.basename(answer) if answer else ""  # a path where it was started by one
+        self._process_names = known
+        return known
 
     def _sample_slow(self, gpu: Gpu, sample: GpuSample) -> None:
         values = self._field_values(gpu, gpu.field_requests)

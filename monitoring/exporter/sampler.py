@@ -34,6 +34,8 @@ class GpuSnapshot:
     gpus: tuple[Gpu, ...] = ()
     samples: tuple[GpuSample, ...] = ()
     xid_errors: dict[tuple[int, str, int], int] = field(default_factory=dict)
+    process_names: dict[int, str] = field(default_factory=dict)
+    """pid -> name of every process on a GPU in the samples ("" where NVML cannot tell)."""
     sampled_at: dict[str, float] = field(default_factory=dict)
     """cadence -> when the latest sample that read that part started."""
 
@@ -50,13 +52,12 @@ class SamplerCost:
 
 
 class Sampler:
-    def __init__(self, session: NvmlSession, job_pids: Callable[[], frozenset[int]], interval_seconds: float,
-                 slow_interval_seconds: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, session: NvmlSession, interval_seconds: float, slow_interval_seconds: float,
+                 clock: Callable[[], float] = time.monotonic):
         self.session = session
         self.interval_seconds = interval_seconds
         self.slow_interval_seconds = slow_interval_seconds
         self.clock = clock
-        self._job_pids = job_pids
         self._snapshot = GpuSnapshot(session.up, session.driver_version)
         self._slow_values: dict[int, dict[str, float | None]] = {}
         self._samples = dict.fromkeys(CADENCES, 0)
@@ -88,11 +89,11 @@ class Sampler:
                 # Half a fast interval of slack: a tick that comes a little early still reads the slow part.
                 slow = last_slow is None or started - last_slow >= self.slow_interval_seconds - \
                     self.interval_seconds / 2
-            reading = self.session.read(self._job_pids(), slow=slow)
+            reading = self.session.read(slow=slow)
             samples = tuple(self._with_slow_values(sample, slow) for sample in reading.samples)
             sampled_at = {**previous.sampled_at, "fast": started} | ({"slow": started} if slow else {})
             self._snapshot = GpuSnapshot(reading.up, reading.driver_version, tuple(reading.gpus), samples,
-                                         reading.xid_errors, sampled_at)
+                                         reading.xid_errors, reading.process_names, sampled_at)
             cadence = "slow" if slow else "fast"
             self._samples[cadence] += 1
             self._cpu_seconds[cadence] += time.thread_time() - cpu

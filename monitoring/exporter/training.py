@@ -32,10 +32,3 @@ class TrainingCollector(Collector):
         except FileNotFoundError:  # a file went between listing and reading: a new run is clearing the directory
             return list(merge.collect())
 
-
-def job_pids(metrics_dir: Path | None) -> frozenset[int]:
-    """The processes of the training job: every pid that wrote a multiprocess file (`<type>[_<mode>]_<pid>.db`)."""
-    if metrics_dir is None or not metrics_dir.is_dir():
-        return frozenset()
-    pids = (path.stem.rpartition("_")[2] for path in metrics_dir.glob("*.db"))
-    return frozenset(int(pid) for pid in pids if pid.isdigit())

@@ -5,6 +5,9 @@ means the same thing) and the same return types (the real ctypes structures and 
 data shaped like what NVML returns: `gpus/<model>.json` holds one GPU model's answers, keyed by NVML call and then by
 the NVML constant passed to it; `hosts/<name>.json` puts GPUs of those models in a host with a driver version.
 
+A host file's "processes" map a GPU index to the processes NVML lists on it: pid, used_gpu_memory (bytes), and
+optionally the name NVML gives the process and its type ("C" compute, "G" graphics, "C+G"; "C" when absent).
+
 A value in a data file is an NVML answer in NVML's own units (mW, mJ, MHz, ns, KiB), or the name of the error
 the call raises on that GPU ("NVMLError_NotSupported"), or a counter {"start": N, "per_second": R} that rises
 with wall time. With no host loaded the fake behaves like a machine without a driver: nvmlInit raises
@@ -496,17 +499,48 @@ def nvmlDeviceGetFieldValues(handle, field_ids):
     return values
 
 
-def nvmlDeviceGetComputeRunningProcesses(handle):
-    if "nvmlDeviceGetComputeRunningProcesses_v3" in _require_host().missing_functions:
-        _enter("nvmlDeviceGetComputeRunningProcesses")
+def _running_processes(call: str, handle, kind: str) -> list:
+    """The host's processes on the GPU whose "type" ("C", "G" or "C+G", as nvidia-smi writes it; "C" when absent)
+    includes `kind`, as pynvml returns them. Its unversioned name calls the v3 function: a driver without that
+    raises pynvml's NVMLLibraryMismatchError, and the `_v2` name is the call that works there."""
+    host = _require_host()
+    if not call.endswith("_v2") and f"{call}_v3" in host.missing_functions:
+        _enter(call)
         raise _real.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match "
                                              "the NVML lib version.")
-    gpu = _enter("nvmlDeviceGetComputeRunningProcesses", handle)
+    gpu = _enter(call, handle)
     return [
         _real.nvmlFriendlyObject({"pid": process["pid"], "usedGpuMemory": process["used_gpu_memory"],
                                   "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF})
-        for process in _require_host().processes.get(gpu.index, ())
+        for process in host.processes.get(gpu.index, ()) if kind in process.get("type", "C")
     ]
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle):
+    return _running_processes("nvmlDeviceGetComputeRunningProcesses", handle, "C")
+
+
+def nvmlDeviceGetComputeRunningProcesses_v2(handle):
+    return _running_processes("nvmlDeviceGetComputeRunningProcesses_v2", handle, "C")
+
+
+def nvmlDeviceGetGraphicsRunningProcesses(handle):
+    return _running_processes("nvmlDeviceGetGraphicsRunningProcesses", handle, "G")
+
+
+def nvmlDeviceGetGraphicsRunningProcesses_v2(handle):
+    return _running_processes("nvmlDeviceGetGraphicsRunningProcesses_v2", handle, "G")
+
+
+def nvmlSystemGetProcessName(pid: int) -> str:
+    """A process's "name" in the host file, on whichever GPU it is listed; NVML's NotFound for a process it cannot
+    see (not listed, or listed without a name: one outside the caller's PID namespace)."""
+    _enter("nvmlSystemGetProcessName")
+    names = {process["pid"]: process.get("name") for listed in _require_host().processes.values()
+             for process in listed}
+    if names.get(pid) is None:
+        raise _error("NotFound")
+    return names[pid]
 
 
 def nvmlDeviceGetSupportedEventTypes(handle) -> int:

@@ -148,6 +148,27 @@ change them.""", (
               "with --nproc-per-node equal to the GPU count), or hide the GPU with CUDA_VISIBLE_DEVICES.",
               fires_when=f"a GPU no rank runs on idles (< {T.GPU_IDLE.percent}) while the job trains",
               for_="10m"),
+        Alert("TrainstackOneProcessManyGPUs",
+              f"count by (job, instance, pid, process) (\n"
+              f"    {catalog.GPU_PROCESS_MEMORY_USED.name}\n"
+              f"  == on (job, instance, uuid) group_left ()\n"
+              f"    max by (job, instance, uuid) ({catalog.GPU_PROCESS_MEMORY_USED.name})\n"
+              f"  and on (job, instance, uuid)\n"
+              f"    {catalog.GPU_UTILIZATION.name} >= {T.PROCESS_GPU_BUSY.promql}\n"
+              f") >= 2",
+              "warning", "Process {{ $labels.pid }} {{ with $labels.process }}({{ . }}) {{ end }}on "
+              "{{ $labels.instance }} drives {{ $value }} GPUs by itself",
+              "Likely cause: torch.nn.DataParallel, which runs one process: one Python thread drives every GPU, and "
+              "the first GPU scatters each batch, gathers the outputs and computes the loss while the others wait; "
+              "or a model split across GPUs by hand, which runs one GPU at a time. Either way more GPUs add little "
+              "speed. Fix: run one process per GPU with DistributedDataParallel (torchrun --nproc-per-node N, "
+              "`trainstack train`, or accelerate launch), or shard a model too large for one GPU with FSDP.",
+              fires_when=f"one process is the main memory user of 2 or more GPUs busy >= "
+                         f"{T.PROCESS_GPU_BUSY.percent}",
+              for_="10m",
+              comment="A process holds a GPU where it uses the most memory of the processes there: a CUDA context "
+                      "a rank left on another rank's GPU holds nothing. Reads NVML's process map alone, so it "
+                      "fires for any job, with or without rank telemetry."),
         Alert("TrainstackTrainingStalled", f"{catalog.JOB_LAST_STEP_AGE.name} > {T.STALL.promql}", "critical",
               f"Job {{{{ $labels.job }}}} has made no training step for over {T.STALL.value / 60:g} minutes",
               "Likely cause: a hang in a collective (one rank crashed or is stuck and the others wait for it), a "
