@@ -131,7 +131,7 @@ def recorded(tmp_path_factory) -> Recorded:
             output_dir=str(tmp_path_factory.mktemp("hf-recorded")), max_steps=STEPS,
             per_device_train_batch_size=BATCH_SIZE, gradient_accumulation_steps=ACCUMULATE, logging_steps=2,
             eval_strategy="steps", eval_steps=3, eval_on_start=True, save_strategy="steps", save_steps=4,
-            report_to="none", disable_tqdm=True)
+            report_to="none", disable_tqdm=True, dataloader_pin_memory=False)
         trainer = example.build_trainer(args)
         trainer.train_dataset = example.RandomTokens(TRAIN_SAMPLES, seed=0)
         for method in ("log", "save_model"):  # the Trainer's public methods for logging and saving
@@ -176,6 +176,17 @@ def test_each_step_carries_its_samples_tokens_epoch_and_the_loss_the_trainer_log
     assert sorted(logged) == [2, 4, 6]
     # A log comes after its step's end: its loss goes with the next step, once.
     assert [s["loss"] for s in steps] == [None, None, logged[2], None, logged[4], None, logged[6]]
+
+
+def test_a_resumed_run_numbers_its_steps_on_from_the_checkpoint(recorded, monkeypatch):
+    events: list[tuple] = []
+    monkeypatch.setattr(tsm, "start", lambda model, **options: Recorder(events))
+    example = load_example()
+    trainer = example.build_trainer(recorded.trainer.args)
+    trainer.train_dataset = example.RandomTokens(TRAIN_SAMPLES, seed=0)
+    trainer.train(resume_from_checkpoint=str(Path(trainer.args.output_dir) / "checkpoint-4"))
+    assert events[0] == ("resumed_at", 4, 1, {})  # step 4 was the first of epoch 1
+    assert [event[0] for event in events].count("step") == STEPS - 4
 
 
 # ---- 2 ranks under torchrun, read live ---------------------------------------------------------------------
