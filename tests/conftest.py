@@ -8,6 +8,7 @@ import multiprocessing.process
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -98,6 +99,15 @@ def stop_process(process: subprocess.Popen, timeout: float = 60) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def wait_for(predicate, process: subprocess.Popen, timeout: float = 120) -> None:
+    """Until `predicate()` holds; fails with the process's output should it end first, or at `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert process.poll() is None, process.communicate()[0][-4000:]
+        assert time.monotonic() < deadline, "timed out waiting for the run"
+        time.sleep(0.05)
 
 
 def explain(result: subprocess.CompletedProcess) -> str:

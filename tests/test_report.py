@@ -116,6 +116,20 @@ def test_a_directory_without_telemetry_is_a_config_error(tmp_path):
         write_report(tmp_path)
 
 
+def test_a_run_with_gpu_snapshots_and_no_rank_records_gets_the_gpu_figures(tmp_path):
+    """A watched command without trainstack.monitor in its loop: the exporter saw its GPUs, nothing saw ranks."""
+    (tmp_path / "telemetry").mkdir()
+    with (tmp_path / "telemetry" / "gpu.jsonl").open("w") as snapshots:
+        for second in range(3):
+            for gpu in range(2):
+                snapshots.write(json.dumps({"time": 1000.0 + second, "gpu": gpu, "uuid": f"GPU-{gpu}",
+                                            "utilization_ratio": 0.5, "memory_used_bytes": 1 << 30,
+                                            "memory_total_bytes": 1 << 34, "power_watts": 300.0}) + "\n")
+    report = write_report(tmp_path)
+    assert set(embedded_figures(report)) == {"gpu-utilization", "gpu-memory"}
+    assert "No rank records" in report.read_text()
+
+
 @pytest.mark.slow
 def test_cli_writes_the_report_and_refuses_a_non_run(cpu_run, tmp_path):
     shutil.copytree(cpu_run, tmp_path / "run")

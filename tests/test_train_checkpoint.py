@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
@@ -14,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import FAST, REPO, explain, summary, train, trainstack_command
+from tests.conftest import wait_for as _wait_for
 from trainstack.rundir import LEASE_DIR, step_dir_name
 from trainstack.train.rank import checkpoint
 
@@ -45,14 +45,6 @@ def test_resume_mid_epoch_matches_an_uninterrupted_run(tmp_path):
 def _start(run_dir: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(trainstack_command("train", "--output-dir", str(run_dir), *FAST, *args), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _wait_for(predicate, process: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert process.poll() is None, process.communicate()[0][-4000:]
-        assert time.monotonic() < deadline, "timed out waiting for the run"
-        time.sleep(0.05)
 
 
 def _logged_steps(run_dir: Path) -> int:

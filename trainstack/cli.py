@@ -22,9 +22,9 @@ from trainstack.rundir import SHOWN
 
 
 class Subcommand(NamedTuple):
-    """`module` has add_arguments(parser) and run(args) -> int; `train` is the exception: its module holds the
-    launcher's flags (train/launcher/launch_config.py), and run_train runs the launcher and then the run report
-    (monitoring/), which train/ does not import."""
+    """`module` has add_arguments(parser) and run(args) -> int; `train` and `watch` are the exceptions: they run
+    through run_train and run_watch, which hand them the run report's writer (monitoring/), which train/ does not
+    import. `train`'s module holds the launcher's flags (train/launcher/launch_config.py)."""
 
     module: str
     help: str
@@ -33,6 +33,9 @@ class Subcommand(NamedTuple):
 SUBCOMMANDS = {
     "train": Subcommand("trainstack.train.launcher.launch_config",
                         "launch the training ranks (one per GPU; 2 CPU ranks without a GPU)"),
+    "watch": Subcommand("trainstack.train.launcher.watch",
+                        "run any training command (python, torchrun, accelerate launch) with the exporter, a run "
+                        "directory and a report beside it"),
     "exporter": Subcommand("trainstack.monitoring.exporter.cli", "serve per-GPU NVML and per-rank training metrics"),
     "doctor": Subcommand("trainstack.train.launcher.doctor.cli",
                          "preflight checks: GPUs, CUDA, /dev/shm, ulimits, NCCL switches, ports, disk"),
@@ -48,7 +51,8 @@ SUBCOMMANDS = {
 EXIT_CODES = f"""exit codes (docs/training.md): {EXIT_OK} done; {EXIT_FAILED} failed (a rank crashed or timed out; \
 diagnose: a problem found); {EXIT_CONFIG} bad input or a failed preflight check (retrying cannot help); \
 {EXIT_RUNTIME} a network, listen or I/O failure (retrying may help); {EXIT_PREEMPTED} stopped by SIGTERM after \
-saving a checkpoint (rerun to resume)"""
+saving a checkpoint (rerun to resume). watch exits with its command's code (128+N for signal N); these codes only \
+for its own failures"""
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -57,6 +61,17 @@ def run_train(args: argparse.Namespace) -> int:
     from trainstack.train.launcher import launch
 
     return launch.run(args, write_report_with=write_report)
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    """The watched command, then the run report, written while watch still holds the run directory."""
+    from trainstack.monitoring.report import write_report
+    from trainstack.train.launcher import watch
+
+    return watch.run(args, write_report_with=write_report)
+
+
+RUNS_WITH_REPORT = {"train": run_train, "watch": run_watch}
 
 
 def overview_parser() -> argparse.ArgumentParser:
@@ -73,7 +88,7 @@ def subcommand_parser(name: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"trainstack {name}", description=subcommand.help, epilog=EXIT_CODES)
     module = importlib.import_module(subcommand.module)
     module.add_arguments(parser)
-    parser.set_defaults(command=name, _run=run_train if name == "train" else module.run)
+    parser.set_defaults(command=name, _run=RUNS_WITH_REPORT[name] if name in RUNS_WITH_REPORT else module.run)
     return parser
 
 

@@ -113,3 +113,46 @@ def kill_all(processes: list[psutil.Process]) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(processes, timeout=10)
+
+
+def wait_or_kill(processes: list[psutil.Process], timeout: float, say: Callable[[str], None]) -> None:
+    """Waits up to `timeout` seconds for `processes` to end, then kills those left, saying how many."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    if alive:
+        say(f"killing {len(alive)} process(es) of the run that outlived the grace period")
+        kill_all(alive)
+
+
+class Descendants:
+    """Every process under a supervisor's child, as last seen. Once the child has ended, what it started has been
+    re-parented away and can no longer be found from it; these are what must end before the run directory is let
+    go."""
+
+    LOOK_EVERY_SECONDS = 1.0  # a scan reads every process's /proc entry
+
+    def __init__(self, pid: int):
+        import psutil
+
+        self._child = psutil.Process(pid)
+        self._looked = float("-inf")
+        self.seen: list[psutil.Process] = []
+
+    def look(self) -> None:
+        """Look again, unless the last look was under a second ago."""
+        import psutil
+
+        if time.monotonic() - self._looked < self.LOOK_EVERY_SECONDS:
+            return
+        self._looked = time.monotonic()
+        try:
+            found = self._child.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        # A child that has just ended (a zombie) has no children any more: keep what was seen while it ran.
+        if still_running(self._child):
+            self.seen = found
+
+    def running(self) -> list[psutil.Process]:
+        return [process for process in self.seen if still_running(process)]

@@ -9,8 +9,12 @@ imports nothing heavy: the exporter and diagnose import it without torch.
 from __future__ import annotations
 
 import json
+import os
 import re
+import secrets
 import socket
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
@@ -72,6 +76,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def exporter_url(host: str = DEFAULT_EXPORTER_HOST, port: int = DEFAULT_EXPORTER_PORT) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def run_environment(run_dir: Path, metrics_dir: Path, run_id: str, launched_at: float) -> dict[str, str]:
+    """What a launcher hands the processes of its run (`trainstack train`'s ranks, `trainstack watch`'s command):
+    the environment trainstack.monitor records by."""
+    return {METRICS_DIR_ENV: str(metrics_dir.resolve()), RUN_DIR_ENV: str(run_dir.resolve()), RUN_ID_ENV: run_id,
+            LAUNCHED_AT_ENV: repr(launched_at)}
+
+
+def new_run_id() -> str:
+    """Set TRAINSTACK_RUN_ID (e.g. to the Kubernetes Job uid) to name a multi-node run: its nodes share the run
+    directory's lease, and the ranks adopt rank 0's id."""
+    return os.environ.get(RUN_ID_ENV) or time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
 # ---- the run directory --------------------------------------------------------------------------------------
@@ -169,8 +186,33 @@ class RunDir:
         """Where a fresh start sets aside an earlier attempt's record: the same layout, never deleted."""
         return RunDir(self.path / PREVIOUS_DIR / f"before-{run_id}")
 
+    def set_aside(self, run_id: str, files: Iterable[Path], say: Callable[[str], None]) -> None:
+        """A fresh start in a directory that holds an earlier attempt's record: each of `files` (paths in this
+        directory) that exists moves to the same place under `previous(run_id)`, and `say` names it."""
+        for earlier in files:
+            if earlier.is_file():
+                name = earlier.relative_to(self.path)
+                kept = self.previous(run_id).path / name
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(earlier, kept)
+                say(f"fresh start: kept the earlier {name} as {kept}")
+
 
 SHOWN = RunDir(Path("RUN_DIR"))
+
+
+def check_run_dir(run_dir: Path, flag: str) -> None:
+    """ConfigError, naming `flag`, unless `run_dir` is a folder or can be made one, writable. Writes nothing: it
+    runs before the run directory's lease."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"{flag} {run_dir} is a file; choose a directory path")
+    for existing in (run_dir, *run_dir.parents):
+        if existing.exists():
+            if not os.access(existing, os.W_OK):
+                read_only = os.statvfs(existing).f_flag & os.ST_RDONLY  # root ignores modes, not this
+                why = "is on a read-only file system" if read_only else "is not writable"
+                raise ConfigError(f"{flag} {run_dir}: {existing} {why}; choose another path")
+            break
 
 
 # ---- summary.json -------------------------------------------------------------------------------------------

@@ -30,6 +30,11 @@ def _legend(axes, count: int) -> None:
     axes.legend(fontsize="small", ncols=max(1, count // 8), loc="best")
 
 
+def _per_rank(draw: Callable[[RunFiles], Figure]) -> Callable[[RunFiles], Figure | None]:
+    """A figure of the ranks' records, left out of a run that has none (a watched command not instrumented)."""
+    return lambda run: draw(run) if run.ranks else None
+
+
 def loss(run: RunFiles) -> Figure:
     # Each rank's own loss: ranks that disagree for long train on data that differs (a sampler left out, a
     # per-rank shard). A loop that gives its monitor no loss has gaps.
@@ -124,10 +129,10 @@ class FigureSpec:
 
 
 FIGURES = (
-    FigureSpec("loss", loss),
-    FigureSpec("throughput", throughput),
-    FigureSpec("step-time", step_times),
-    FigureSpec("data-wait", data_wait),
+    FigureSpec("loss", _per_rank(loss)),
+    FigureSpec("throughput", _per_rank(throughput)),
+    FigureSpec("step-time", _per_rank(step_times)),
+    FigureSpec("data-wait", _per_rank(data_wait)),
     FigureSpec("gpu-utilization", gpu_utilization),
     FigureSpec("gpu-memory", gpu_memory),
 )

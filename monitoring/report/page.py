@@ -43,9 +43,16 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
             parts += ["<h2>Segments</h2>", "<p class='note'>One per launch that trained the run; samples/s and "
                       "tokens/s above are over all of them.</p>", _table(segment_rows(run.summary["segments"]))]
     else:
-        parts.append(f"<p class='note'>No {SUMMARY_FILE}: the run is still going, or rank 0 stopped before "
-                     "writing it.</p>")
-    parts += ["<h2>Per rank</h2>", _table(rank_rows(run)), "<h2>Figures</h2>"]
+        parts.append(f"<p class='note'>No {SUMMARY_FILE}: the run is still going, rank 0 stopped before writing "
+                     "it, or it is a watched command's run, which writes none.</p>")
+    parts.append("<h2>Per rank</h2>")
+    if run.ranks:
+        parts.append(_table(rank_rows(run)))
+    else:
+        parts.append(f"<p class='note'>No rank records ({TELEMETRY_DIR}/rank-&lt;r&gt;.jsonl): the command ran "
+                     "without trainstack.monitor in its loop, so only the GPUs were seen; a few lines in the loop "
+                     "add steps, throughput, data wait and the per-rank verdicts.</p>")
+    parts.append("<h2>Figures</h2>")
     for figure_id, image in figures.items():
         data = base64.b64encode(image).decode("ascii")
         parts.append(f"<figure id='{figure_id}'><img alt='{figure_id}' src='data:image/png;base64,{data}'>"

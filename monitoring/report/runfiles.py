@@ -17,7 +17,7 @@ class RunFiles:
     run_dir: Path
     ranks: dict[int, list[dict]]
     """rank -> its telemetry records in time order, over every segment (launch) of the run; each record's
-    "segment" numbers the launch that wrote it, from 0."""
+    "segment" numbers the launch that wrote it, from 0. Empty for a watched command with no instrumentation."""
     gpus: dict[tuple[int, str], list[dict]]
     """(NVML index, uuid) -> the exporter's snapshots of that GPU in time order; empty without a GPU."""
     summary: Summary
@@ -93,14 +93,15 @@ def load_run(run_dir: Path) -> RunFiles:
     layout = RunDir(run_dir)
     ranks = {rank: records for rank, path in layout.all_rank_records().items()
              if (records := read_rank_records(path))}
-    if not ranks:
-        raise ConfigError(
-            f"{run_dir} has no telemetry records ({SHOWN.rank_records('<r>')}): pass a trainstack run "
-            "directory whose ranks ran at least one log interval with telemetry on"
-        )
     gpus: dict[tuple[int, str], list[dict]] = {}
     if layout.gpu_log.is_file():
         for snapshot in read_jsonl(layout.gpu_log):
             gpus.setdefault((int(snapshot["gpu"]), snapshot.get("uuid", "")), []).append(snapshot)
+    if not ranks and not gpus:
+        raise ConfigError(
+            f"{run_dir} has no telemetry records ({SHOWN.rank_records('<r>')}) and no GPU snapshots "
+            f"({SHOWN.gpu_log}): pass a trainstack run directory whose ranks ran at least one log interval with "
+            "telemetry on (a watched command records ranks only with trainstack.monitor in its loop)"
+        )
     summary = read_summary(layout.summary)
     return RunFiles(run_dir=run_dir, ranks=ranks, gpus=dict(sorted(gpus.items())), summary=summary)

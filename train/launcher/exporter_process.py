@@ -8,13 +8,17 @@ read from their multiprocess files in the metrics folder at each scrape, not kep
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
-from trainstack.lifetime import describe_end
+from trainstack.lifetime import describe_end, supervised_by_me
+from trainstack.rundir import METRICS_DIR_ENV, exporter_url
 
 FIRST_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 60.0
@@ -95,3 +99,16 @@ class SupervisedExporter:
                 return json.loads(response.read()).get("pid")
         except (OSError, ValueError):
             return None
+
+
+def exporter_beside_run(metrics_dir: Path, run_dir: Path, host: str, port: int, say: Callable[[str], None],
+                        nvml_module: str | None = None) -> SupervisedExporter:
+    """The exporter a launcher runs beside its run (`trainstack train`, `trainstack watch`): it serves the ranks'
+    files in `metrics_dir`, logs GPU snapshots into `run_dir`, and stops when the launcher is gone. Not started."""
+    command = [sys.executable, "-m", "trainstack.monitoring.exporter", "--host", host, "--port", str(port),
+               "--metrics-dir", str(metrics_dir), "--run-dir", str(run_dir)]
+    if nvml_module:
+        command += ["--nvml-module", nvml_module]
+    env = supervised_by_me({**os.environ, METRICS_DIR_ENV: str(metrics_dir.resolve())})
+    return SupervisedExporter(command, env=env, port=port, host=host, url=f"{exporter_url(host, port)}/metrics",
+                              say=say)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -19,27 +18,42 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_RUNTIME, ConfigError, RuntimeFailure
-from trainstack.lifetime import describe_end, kill_all, signal_new_children, still_running, stop_grace, supervised_by_me
+from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError, RuntimeFailure
+from trainstack.lifetime import (
+    Descendants,
+    describe_end,
+    signal_new_children,
+    stop_grace,
+    supervised_by_me,
+    wait_or_kill,
+)
 from trainstack.rundir import (
     FAILURE_FD_ENV,
-    METRICS_DIR_ENV,
     NNODES_ENV,
-    RUN_ID_ENV,
     USE_CPU_ENV,
     VERIFIED_CHECKPOINT_ENV,
     RunDir,
+    check_run_dir,
+    new_run_id,
     read_summary,
+    run_environment,
 )
+from trainstack.train.launcher import run_report
 from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
-from trainstack.train.launcher.exporter_process import SupervisedExporter
-from trainstack.train.launcher.launch_config import LaunchConfig
+from trainstack.train.launcher.exporter_process import SupervisedExporter, exporter_beside_run
+from trainstack.train.launcher.launch_config import LaunchConfig, lease_wait
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
 from trainstack.train.rank import checkpoint, sharding
 from trainstack.train.rank import config as train_config
 from trainstack.train.rank.data import check_dataset_spec
 from trainstack.train.rank.model import check_model_spec
-from trainstack.write_failure import WriteFailure, write_failure
+from trainstack.write_failure import write_failure
+
+PROGRAM = "trainstack train"
+
+
+def say(line: str) -> None:
+    print(f"{PROGRAM}: {line}", file=sys.stderr, flush=True)
 
 
 def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> None:
@@ -51,16 +65,7 @@ def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> None:
     sharding.check_units_before_launch(config)
     train_config.require_device_support(config, on_cuda=not launch.use_cpu, world_size=launch.world_size)
     stop_grace()  # a bad TRAINSTACK_STOP_GRACE is refused now, not when an orphaned rank first reads it
-    run_dir = config.run_dir
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"--output-dir {run_dir} is a file; choose a directory path")
-    for existing in (run_dir, *run_dir.parents):
-        if existing.exists():
-            if not os.access(existing, os.W_OK):
-                read_only = os.statvfs(existing).f_flag & os.ST_RDONLY  # root ignores modes, not this
-                why = "is on a read-only file system" if read_only else "is not writable"
-                raise ConfigError(f"--output-dir {run_dir}: {existing} {why}; choose another path")
-            break
+    check_run_dir(config.run_dir, "--output-dir")
 
 
 def resume_point(config: train_config.TrainConfig) -> Path | None:
@@ -115,12 +120,6 @@ def wait_for_rendezvous_host(launch: LaunchConfig) -> None:
             time.sleep(2)
 
 
-def new_run_id() -> str:
-    """Set TRAINSTACK_RUN_ID (e.g. to the Kubernetes Job uid) to name a multi-node run: its nodes share the run
-    directory's lease, and the ranks adopt rank 0's id."""
-    return os.environ.get(RUN_ID_ENV) or time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-
-
 class Launch:
     def __init__(self, config: train_config.TrainConfig, launch: LaunchConfig, resume_from: Path | None,
                  run_id: str, lease: RunDirLease | None = None):
@@ -136,7 +135,6 @@ class Launch:
         self.stop_signal: int | None = None
         self.signalled_pids: set[int] = set()
         self.failed_rank: str | None = None  # the agent's line naming the rank that failed first, and its error
-        self.run_processes: list = []  # psutil.Process of everything under the agent, as last seen
 
     def prepare_run_dir(self) -> None:
         """Metrics belong to one launch: a previous launch's series must never show up in this one. Telemetry
@@ -158,24 +156,15 @@ class Launch:
 
     def set_aside_previous_record(self) -> None:
         """A fresh start in a directory that holds an earlier attempt's record (it never saved a checkpoint, or
-        its checkpoints were deleted): that record moves to `RunDir.previous(run id)`, never deleted."""
+        its checkpoints were deleted): this node's part of it moves to `RunDir.previous(run id)`, never deleted."""
         first = self.launch.node_rank * self.launch.nproc_per_node
-        aside = self.run_dir.previous(self.run_id)
-        moves = [(self.run_dir.rank_records(r), aside.rank_records(r))
-                 for r in range(first, first + self.launch.nproc_per_node)]
+        files = [self.run_dir.rank_records(r) for r in range(first, first + self.launch.nproc_per_node)]
         if self.launch.node_rank == 0:
-            moves += [(self.run_dir.summary, aside.summary), (self.run_dir.report, aside.report)]
-        for earlier, kept in moves:
-            if earlier.is_file():
-                kept.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(earlier, kept)
-                name = earlier.relative_to(self.run_dir.path)
-                print(f"trainstack train: fresh start: kept the earlier {name} as {kept}", file=sys.stderr)
+            files += [self.run_dir.summary, self.run_dir.report]
+        self.run_dir.set_aside(self.run_id, files, say)
 
     def rank_environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env[METRICS_DIR_ENV] = str(self.metrics_dir.resolve())
-        env[RUN_ID_ENV] = self.run_id
+        env = {**os.environ, **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time())}
         if self.resume_from:
             env[VERIFIED_CHECKPOINT_ENV] = str(self.resume_from)  # hashed in preflight; ranks check sizes only
         env[NNODES_ENV] = str(self.launch.nnodes)
@@ -210,14 +199,8 @@ class Launch:
     def start_exporter(self) -> None:
         if not self.launch.exporter_port:
             return
-        self.exporter = SupervisedExporter(
-            [sys.executable, "-m", "trainstack.monitoring.exporter", "--host", self.launch.exporter_host,
-             "--port", str(self.launch.exporter_port), "--metrics-dir", str(self.metrics_dir),
-             "--run-dir", str(self.run_dir.path)],
-            env=supervised_by_me({**os.environ, METRICS_DIR_ENV: str(self.metrics_dir.resolve())}),
-            port=self.launch.exporter_port, host=self.launch.exporter_host,
-            url=f"http://{self.launch.exporter_host}:{self.launch.exporter_port}/metrics",
-            say=lambda line: print(f"trainstack train: {line}", file=sys.stderr, flush=True))
+        self.exporter = exporter_beside_run(self.metrics_dir, self.run_dir.path, self.launch.exporter_host,
+                                            self.launch.exporter_port, say)
         self.exporter.start()
 
     def _on_signal(self, signum, frame) -> None:
@@ -229,33 +212,17 @@ class Launch:
 
         signal_new_children(psutil.Process(self.ranks.pid), signal.SIGTERM, self.signalled_pids)
 
-    def _remember_run_processes(self) -> None:
-        """Everything under the agent: should the agent die, these are what must end before the lease is let go."""
-        import psutil
-
-        try:
-            self.run_processes = psutil.Process(self.ranks.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-
-    def _wait_for_orphans(self) -> None:
+    def _wait_for_orphans(self, run_processes: Descendants) -> None:
         """The agent has ended; processes it started may not have (it was killed). They watch for that and stop as
         on SIGTERM, within the grace period (trainstack/lifetime.py); the lease is held until they are gone."""
-        import psutil
-
-        left = [process for process in self.run_processes if still_running(process)]
+        left = run_processes.running()
         if not left:
             return
         grace = stop_grace()
         if self.ranks.returncode < 0:  # an agent that returned waited for its ranks: at most a loader worker is left
-            print(f"trainstack train: the rank agent (PID {self.ranks.pid}) {describe_end(self.ranks.returncode)} "
-                  f"while {len(left)} of its processes ran; waiting up to {grace:g} s for the ranks to save a "
-                  "checkpoint and exit", file=sys.stderr, flush=True)
-        _, alive = psutil.wait_procs(left, timeout=grace + 10)  # the ranks' own deadline comes first
-        if alive:
-            print(f"trainstack train: killing {len(alive)} process(es) of the run that outlived the grace period",
-                  file=sys.stderr, flush=True)
-            kill_all(alive)
+            say(f"the rank agent (PID {self.ranks.pid}) {describe_end(self.ranks.returncode)} while {len(left)} of "
+                f"its processes ran; waiting up to {grace:g} s for the ranks to save a checkpoint and exit")
+        wait_or_kill(left, grace + 10, say)  # the ranks' own deadline comes first
 
     def run(self) -> int:
         self.started = time.time()
@@ -273,15 +240,13 @@ class Launch:
             self.ranks = subprocess.Popen(self.rank_command(), env=env, start_new_session=True, pass_fds=(
                 failure_writer, *((self.lease.fd,) if self.lease and self.lease.fd else ())))
             os.close(failure_writer)
-            remembered = 0.0
+            run_processes = Descendants(self.ranks.pid)  # should the agent die, what it started is found here
             while self.ranks.poll() is None:
                 if self.stop_signal is not None:
                     self._forward_stop()
-                if time.monotonic() - remembered >= 1.0:  # a scan reads every process's /proc entry
-                    self._remember_run_processes()
-                    remembered = time.monotonic()
+                run_processes.look()
                 time.sleep(0.2)
-            self._wait_for_orphans()
+            self._wait_for_orphans(run_processes)
             self.failed_rank = read_failed_rank(failures)
             return self.outcome(self.ranks.returncode)
         finally:
@@ -336,20 +301,12 @@ def read_failed_rank(pipe: int) -> str | None:
 
 
 def write_report(run_dir: Path, render: Callable[[Path], Path]) -> int:
-    """`render` (trainstack.monitoring.report.write_report, which `trainstack train` passes in) writes the report.
-    Returns EXIT_RUNTIME when the storage refused it (one line said so), else EXIT_OK."""
-    try:
-        print(f"trainstack train: report: {render(run_dir)}", file=sys.stderr)
-    except ConfigError as problem:
-        print(f"trainstack train: warning: no report: {problem}", file=sys.stderr)
-    except WriteFailure as failure:
-        # Not "rerun the same command": after a completed run it does nothing, the report command writes it.
+    """run_report.write_report; a report the storage refused ends naming the newest intact checkpoint."""
+    def kept() -> str:
         newest = checkpoint.newest_intact(RunDir(run_dir).checkpoints)
-        kept = f"; the checkpoints are untouched, the newest intact is {newest}" if newest else ""
-        print(f"trainstack train: error: {failure}, then `trainstack report {run_dir}` writes it{kept}",
-              file=sys.stderr)
-        return EXIT_RUNTIME
-    return EXIT_OK
+        return f"; the checkpoints are untouched, the newest intact is {newest}" if newest else ""
+
+    return run_report.write_report(run_dir, render, PROGRAM, kept)
 
 
 def _stop_before_ranks(signum, frame) -> None:
@@ -362,15 +319,14 @@ def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | No
     """The launch; then, with --report on node 0, `write_report_with(run_dir)` while the lease is still held."""
     launch = LaunchConfig.from_args(args)
     config = train_config.from_sources(args, on_cuda=not launch.use_cpu)
-    if args.wait_for_lease < 0:
-        raise ConfigError(f"--wait-for-lease must be 0 or more seconds, got {args.wait_for_lease:g}")
+    wait = lease_wait(args)
     preflight(config, launch)
     run_id = new_run_id()
     signal.signal(signal.SIGTERM, _stop_before_ranks)  # Launch.run handles it while ranks run
     # Before anything writes to the run directory, and held until the last rank has exited and the report is
     # written: a second launcher on a live run directory exits 2 having written nothing.
     with RunDirLease(config.run_dir, run_id, launch.node_rank, lease_timeout(args.lease_timeout)) as lease:
-        lease.acquire(wait=args.wait_for_lease)
+        lease.acquire(wait=wait)
         done = completed_before(config)
         if done:
             print(f"trainstack train: {done}", file=sys.stderr)

@@ -27,7 +27,7 @@ from trainstack.train.rank import config as train_config
 CPU_STAND_IN_RANKS = 2  # without a GPU: two gloo ranks, the smallest world that exercises DDP for real
 
 
-def _env_int(*names: str) -> int | None:
+def env_int(*names: str) -> int | None:
     for name in names:
         value = os.environ.get(name)
         if value not in (None, ""):
@@ -36,6 +36,13 @@ def _env_int(*names: str) -> int | None:
             except ValueError:
                 raise ConfigError(f"environment variable {name}={value!r} must be an integer") from None
     return None
+
+
+def node_rank_of(args: argparse.Namespace) -> int:
+    """This node's rank: --node-rank, else the torchrun / Kubeflow / Indexed Job environment, else 0."""
+    if args.node_rank is not None:
+        return args.node_rank
+    return env_int("NODE_RANK", "PET_NODE_RANK", "JOB_COMPLETION_INDEX") or 0
 
 
 def _env_str(*names: str) -> str | None:
@@ -81,16 +88,15 @@ class LaunchConfig:
         if os.environ.get("PET_NPROC_PER_NODE") in ("auto", "gpu", "cpu"):
             use_cpu = use_cpu or os.environ["PET_NPROC_PER_NODE"] == "cpu"
             os.environ.pop("PET_NPROC_PER_NODE")
-        nproc = args.nproc_per_node or _env_int("NPROC_PER_NODE", "PET_NPROC_PER_NODE")
+        nproc = args.nproc_per_node or env_int("NPROC_PER_NODE", "PET_NPROC_PER_NODE")
         if nproc is None:
             nproc = CPU_STAND_IN_RANKS if use_cpu else gpus
         elif not use_cpu and nproc > gpus:
             raise ConfigError(f"--nproc-per-node {nproc} but only {gpus} GPU(s) are visible; one rank per GPU "
                               "(check CUDA_VISIBLE_DEVICES) or pass --cpu")
-        nnodes = args.nnodes or _env_int("NNODES", "PET_NNODES") or 1
-        node_rank = args.node_rank if args.node_rank is not None else _env_int(
-            "NODE_RANK", "PET_NODE_RANK", "JOB_COMPLETION_INDEX") or 0
-        master_port = args.master_port or _env_int("MASTER_PORT", "PET_MASTER_PORT")
+        nnodes = args.nnodes or env_int("NNODES", "PET_NNODES") or 1
+        node_rank = node_rank_of(args)
+        master_port = args.master_port or env_int("MASTER_PORT", "PET_MASTER_PORT")
         if master_port is None:
             # A single-node job needs no fixed port; a free one lets several jobs share a host.
             master_port = DEFAULT_MASTER_PORT if nnodes > 1 else free_port()
@@ -115,14 +121,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rendezvous-timeout", type=float, default=600.0,
                        help="seconds to wait for the rendezvous host's name to resolve (default: 600)")
     group.add_argument("--cpu", action="store_true", help="run CPU ranks over gloo even if GPUs are present")
+    group.add_argument("--skip-doctor", action="store_true",
+                       help="start even if a preflight check FAILs (trainstack doctor shows them)")
+    add_beside_run_arguments(group)
+
+
+def lease_wait(args: argparse.Namespace) -> float:
+    """--wait-for-lease, checked."""
+    if args.wait_for_lease < 0:
+        raise ConfigError(f"--wait-for-lease must be 0 or more seconds, got {args.wait_for_lease:g}")
+    return args.wait_for_lease
+
+
+def add_beside_run_arguments(group: argparse._ActionsContainer) -> None:
+    """What a launcher does beside the run it starts (`trainstack train`, `trainstack watch`): the exporter, the
+    report at the end, the run directory's lease."""
     group.add_argument("--exporter-port", type=int, default=DEFAULT_EXPORTER_PORT,
                        help=f"metrics exporter port (default: {DEFAULT_EXPORTER_PORT}; 0 turns it off)")
     group.add_argument("--exporter-host", default=DEFAULT_EXPORTER_HOST,
                        help=f"address the exporter binds (default: {DEFAULT_EXPORTER_HOST}; 0.0.0.0 in containers)")
-    group.add_argument("--skip-doctor", action="store_true",
-                       help="start even if a preflight check FAILs (trainstack doctor shows them)")
     group.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
-                       help=f"write {SHOWN.report} when the ranks exit (default: on)")
+                       help=f"write {SHOWN.report} when the run ends (default: on)")
     group.add_argument("--wait-for-lease", type=float, default=0.0, metavar="SECONDS",
                        help="when another launcher holds the run directory, wait this long for it to finish "
                        "instead of exiting 2 (default: 0)")

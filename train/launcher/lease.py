@@ -109,8 +109,9 @@ class RunDirLease:
     def __init__(self, run_dir: Path, run_id: str, node_rank: int = 0, timeout: float = DEFAULT_TIMEOUT_SECONDS, *,
                  say: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time,
                  machine: str | None = None, pid: int | None = None,
-                 alive: Callable[[int, float], bool] = process_alive):
+                 alive: Callable[[int, float], bool] = process_alive, dir_flag: str = "--output-dir"):
         self.run_dir = Path(run_dir)
+        self.dir_flag = dir_flag  # the option that chose the run directory, for the line that refuses it
         self.folder = RunDir(self.run_dir).lease
         self.path = RunDir(self.run_dir).lease_file(node_rank)
         self.timeout = timeout
@@ -140,7 +141,7 @@ class RunDirLease:
             if time.monotonic() >= deadline:
                 raise LeaseHeld(
                     f"{self.run_dir} is in use by another trainstack launcher: {holder.describe()}; wait for it "
-                    "to finish, pass --wait-for-lease SECONDS to wait for it, or choose another --output-dir")
+                    f"to finish, pass --wait-for-lease SECONDS to wait for it, or choose another {self.dir_flag}")
             if not announced:
                 self.say(f"{self.run_dir} is in use by {holder.describe()}; waiting up to {wait:g} s for it to "
                          "finish")

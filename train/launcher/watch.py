@@ -1,0 +1,228 @@
+"""`trainstack watch [options] -- COMMAND...`: any training command (`python train.py`, `torchrun ...`,
+`accelerate launch ...`) run as a trainstack run: a run directory under its lease, the exporter beside it, the
+environment trainstack.monitor records by, and the report when it ends.
+
+The command runs in a session of its own, as `trainstack train` runs its ranks: a terminal's Ctrl-C reaches watch
+alone, which passes it on, and whatever the command leaves behind is found and ended before the run directory is
+let go. Watch exits with the command's exit code (a death by signal N as 128 + N, as a shell reports it); its own
+failures are trainstack's codes, each with one `trainstack watch: error:` line (docs/training.md, "Exit codes").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from trainstack.errors import ConfigError, RuntimeFailure
+from trainstack.lifetime import Descendants, describe_end, stop_grace, wait_or_kill
+from trainstack.rundir import (
+    RUN_ID_ENV,
+    SUPERVISOR_PID_ENV,
+    RunDir,
+    check_port,
+    check_run_dir,
+    new_run_id,
+    run_environment,
+)
+from trainstack.train.launcher import run_report
+from trainstack.train.launcher.exporter_process import exporter_beside_run
+from trainstack.train.launcher.launch_config import add_beside_run_arguments, lease_wait, node_rank_of
+from trainstack.train.launcher.lease import RunDirLease, lease_timeout
+from trainstack.write_failure import write_failure
+
+PROGRAM = "trainstack watch"
+DEFAULT_RUN_DIR = Path("runs/watch")
+# SIGINT goes to the command's whole process group, as a terminal's Ctrl-C would have without watch in between;
+# SIGTERM and SIGHUP to the command alone, as `docker stop` or `kill` would (torchrun passes them to its workers).
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+POLL_SECONDS = 0.2
+
+
+def say(line: str) -> None:
+    print(f"{PROGRAM}: {line}", file=sys.stderr, flush=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
+                        help=f"run directory: the command's telemetry, GPU snapshots and report (default: "
+                             f"{DEFAULT_RUN_DIR})")
+    parser.add_argument("--node-rank", type=int,
+                        help="this node's rank, for a command that spans nodes (env NODE_RANK, PET_NODE_RANK or "
+                             "JOB_COMPLETION_INDEX; default 0): each node holds its own lease file and metrics "
+                             "folder, node 0 writes the report")
+    parser.add_argument("--nvml-module",
+                        help="the exporter's NVML module (default pynvml); trainstack.monitoring.nvml_fake is a fake "
+                             "host for trying it without a GPU (NVML_FAKE_HOST names the host)")
+    add_beside_run_arguments(parser)
+    parser.add_argument("watched", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                        help="the command to run, e.g. -- torchrun --nproc-per-node 8 train.py")
+
+
+def command_of(args: argparse.Namespace) -> list[str]:
+    """The command after `--`, checked to be one that can start: a missing one is refused before anything is
+    written."""
+    command = args.watched[1:] if args.watched[:1] == ["--"] else args.watched
+    if not command:
+        raise ConfigError("no command to watch: put it after --, e.g. `trainstack watch -- python train.py`")
+    program = command[0]
+    if shutil.which(program) is None:
+        if os.sep in program and os.path.isfile(program):
+            raise ConfigError(f"{program} is not executable: chmod +x it, or name its interpreter "
+                              f"(`trainstack watch -- python {program}`)")
+        where = "does not exist" if os.sep in program else "is not on PATH"
+        raise ConfigError(f"command not found: {program} {where}; check its spelling, or install it")
+    return command
+
+
+def exit_status(returncode: int) -> int:
+    """A Popen returncode as a shell reports it: a death by signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def stopped_before_start(signum: int) -> int:
+    """The status for a signal that came before the command started: the one the command would have had."""
+    say(f"stopped by {signal.Signals(signum).name} before the command started")
+    return 128 + signum
+
+
+def _stop_before_start(signum, frame) -> None:
+    """A signal while waiting for the lease: leave at once."""
+    raise SystemExit(stopped_before_start(signum))
+
+
+class Watch:
+    """One run of the command; `run()` returns its exit status. The signals watch gets from the moment the lease
+    is held go through `on_signal`: to the command while it runs, ignored after (the report takes seconds)."""
+
+    def __init__(self, command: list[str], args: argparse.Namespace, run_dir: RunDir, node_rank: int, run_id: str,
+                 lease: RunDirLease):
+        self.command, self.args, self.run_dir = command, args, run_dir
+        self.node_rank, self.run_id, self.lease = node_rank, run_id, lease
+        self.metrics_dir = run_dir.node_metrics(node_rank)
+        self.received: list[int] = []  # the signals watch got since it took the lease, in order
+        self.forwarded = 0  # how many of them the command has been sent
+
+    def prepare_run_dir(self) -> None:
+        """Fresh metrics for this run; a fresh record too, unless TRAINSTACK_RUN_ID names the run (a job's pods, a
+        restarted pod included, share it): then this node appends to the run's record."""
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        try:
+            self.metrics_dir.mkdir(parents=True)
+            self.run_dir.telemetry.mkdir(exist_ok=True)
+            if self.node_rank == 0 and not os.environ.get(RUN_ID_ENV):
+                earlier = [*self.run_dir.all_rank_records().values(), self.run_dir.gpu_log, self.run_dir.summary,
+                           self.run_dir.report]
+                self.run_dir.set_aside(self.run_id, earlier, say)
+        except OSError as error:
+            failure = write_failure(error, "the run directory", self.run_dir.path)
+            if failure is None:
+                raise
+            raise RuntimeFailure(f"{failure}; the command was not started") from None
+
+    def command_environment(self) -> dict[str, str]:
+        # Not the supervisor's PID: it names a process's parent, and the command's own processes (torchrun's
+        # workers) are not watch's children; trainstack code in them would take watch for gone.
+        env = {name: value for name, value in os.environ.items() if name != SUPERVISOR_PID_ENV}
+        return {**env, **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time())}
+
+    def on_signal(self, signum, frame) -> None:
+        self.received.append(signum)
+
+    def _forward(self, command: subprocess.Popen) -> None:
+        for signum in self.received[self.forwarded:]:
+            try:
+                if signum == signal.SIGINT:
+                    os.killpg(command.pid, signum)
+                else:
+                    command.send_signal(signum)
+            except ProcessLookupError:
+                pass  # it ended meanwhile: the loop sees that next
+            self.forwarded += 1
+
+    def _end_leftovers(self, processes: Descendants) -> None:
+        """What the command started and left running (its loader workers, a killed torchrun's ranks) is stopped as
+        a container's processes are when its main one exits: SIGTERM, the grace period, SIGKILL. The lease is held
+        until they are gone: they may still write the run directory."""
+        left = processes.running()
+        if not left:
+            return
+        grace = stop_grace()
+        say(f"{len(left)} process(es) the command started still run; SIGTERM to them, SIGKILL after {grace:g} s")
+        for process in left:
+            try:
+                process.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        wait_or_kill(left, grace, say)
+
+    def run(self) -> int:
+        self.prepare_run_dir()
+        exporter = None
+        if self.args.exporter_port:
+            exporter = exporter_beside_run(self.metrics_dir, self.run_dir.path, self.args.exporter_host,
+                                           self.args.exporter_port, say, self.args.nvml_module)
+            exporter.start()
+        try:
+            if self.received:  # while the exporter started
+                return stopped_before_start(self.received[0])
+            say(f"run {self.run_id} in {self.run_dir.path}: {shlex.join(self.command)}")
+            command = self.start()
+            processes = Descendants(command.pid)
+            while command.poll() is None:
+                self._forward(command)
+                processes.look()
+                time.sleep(POLL_SECONDS)
+            say(f"the command {describe_end(command.returncode)}")
+            self._end_leftovers(processes)
+            return exit_status(command.returncode)
+        finally:
+            if exporter:
+                exporter.stop()
+
+    def start(self) -> subprocess.Popen:
+        """Own session: a terminal's signals reach watch alone, which passes them on. The command inherits the
+        lease file, so its flock holds while the command may write, even if watch is killed alone."""
+        try:
+            return subprocess.Popen(self.command, env=self.command_environment(), start_new_session=True,
+                                    pass_fds=(self.lease.fd,))
+        except OSError as error:  # found and executable, yet the kernel refused it (no #! line, a bad binary)
+            raise ConfigError(f"{self.command[0]} cannot be started: {error.strerror}") from None
+
+
+def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | None = None) -> int:
+    """The watched run; then, with --report on node 0, `write_report_with(run_dir)` while the lease is still held."""
+    command = command_of(args)
+    check_run_dir(args.run_dir, "--run-dir")
+    check_port("--exporter-port", args.exporter_port, zero_means="to run no exporter")
+    wait, timeout = lease_wait(args), lease_timeout(args.lease_timeout)
+    node_rank = node_rank_of(args)
+    if node_rank < 0:
+        raise ConfigError(f"--node-rank must be 0 or more, got {node_rank}")
+    stop_grace()  # a bad TRAINSTACK_STOP_GRACE is refused now, not once the command has left processes behind
+    run_id = new_run_id()
+    previous = {signum: signal.signal(signum, _stop_before_start) for signum in FORWARDED}
+    try:
+        with RunDirLease(args.run_dir, run_id, node_rank, timeout, say=say, dir_flag="--run-dir") as lease:
+            lease.acquire(wait=wait)
+            watch = Watch(command, args, RunDir(args.run_dir), node_rank, run_id, lease)
+            for signum in FORWARDED:
+                signal.signal(signum, watch.on_signal)
+            code = watch.run()
+            if args.report and node_rank == 0 and write_report_with:
+                report = run_report.write_report(args.run_dir, write_report_with, PROGRAM)
+                code = code or report  # a report the disk refused fails a command that succeeded
+            return code
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
