@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> None:
                              # a logged loss in each of trainstack's records (one every 10 steps)
                              logging_steps=10, eval_strategy="steps", eval_steps=100, save_strategy="no",
                              report_to="none",
+                             # GPT-2 uses every parameter: spare DDP its search for unused ones each step
+                             ddp_find_unused_parameters=False,
                              # without GPUs, torchrun's ranks train on the CPU (gloo), not each alone
                              use_cpu=not torch.cuda.is_available())
     build_trainer(args).train()

@@ -4,9 +4,8 @@ tiny GPT-2 with random init on random token ids, nothing downloaded.
 - In one process, a stand-in monitor notes what the callback tells it beside what the Trainer does (each batch it
   collates, each log, each checkpoint it saves): every training batch is made inside a data wait, every evaluation
   and save inside its pause, and each step carries its samples, tokens, epoch and the loss logged before it.
-- Under torchrun on 2 CPU ranks (gloo), with the environment `trainstack watch` hands a command and an exporter
-  beside it: both ranks show on the exporter as DDP ranks, and diagnose calls the run healthy, then input-bound
-  once the collator is slowed on purpose.
+- Under `trainstack watch -- torchrun` on 2 CPU ranks (gloo): both ranks show on watch's exporter as DDP ranks, and
+  diagnose calls the run healthy, then input-bound once the collator is slowed on purpose.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -30,11 +28,11 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import trainstack.monitor as tsm
-from tests.conftest import REPO, run_trainstack, stop_process
+from tests.conftest import REPO, run_trainstack, stop_process, trainstack_command
 from tests.drivers.hf_example import load_example
 from tests.test_diagnose import scrape
 from trainstack.integrations.hf import TrainstackCallback
-from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, RUN_DIR_ENV, RUN_ID_ENV, RunDir, free_port
+from trainstack.rundir import free_port
 
 BATCH_SIZE, ACCUMULATE, STEPS = 4, 2, 7
 TRAIN_SAMPLES = 24  # 3 optimizer steps an epoch: the run crosses two epoch ends
@@ -189,7 +187,7 @@ def test_a_resumed_run_numbers_its_steps_on_from_the_checkpoint(recorded, monkey
     assert [event[0] for event in events].count("step") == STEPS - 4
 
 
-# ---- 2 ranks under torchrun, read live ---------------------------------------------------------------------
+# ---- 2 ranks under trainstack watch, read live ------------------------------------------------------------
 def steps_by_rank(url: str) -> dict[str, float]:
     with contextlib.suppress(OSError):
         return scrape(url).get("trainstack_train_steps_total", {})
@@ -197,45 +195,38 @@ def steps_by_rank(url: str) -> dict[str, float]:
 
 
 @dataclass
-class WatchedRanks:
+class WatchedRun:
     url: str
     """The exporter's /metrics."""
     process: subprocess.Popen
     log: Path
 
     def wait_for(self, steps: float) -> None:
-        """Until both ranks have made `steps` steps; fails at once if the ranks end."""
+        """Until both ranks have made `steps` steps; fails at once if the run ends."""
         deadline = time.monotonic() + 300
         while len(done := steps_by_rank(self.url)) < 2 or min(done.values()) < steps:
-            assert self.process.poll() is None, f"the ranks ended early:\n{self.log.read_text()[-4000:]}"
+            assert self.process.poll() is None, f"the run ended early:\n{self.log.read_text()[-4000:]}"
             assert time.monotonic() < deadline, f"not {steps} steps in 300 s: {done}\n{self.log.read_text()[-4000:]}"
             time.sleep(0.5)
 
 
 @contextlib.contextmanager
-def watched_ranks(folder: Path, *command: str) -> Iterator[WatchedRanks]:
-    """`torchrun --nproc_per_node 2 COMMAND --output-dir ...` (2 CPU ranks) with the environment `trainstack watch`
-    hands it, and an exporter on its metrics, until the test is done with them."""
-    run = RunDir(folder / "run")
-    metrics = run.node_metrics(0)
-    metrics.mkdir(parents=True)
+def watched_run(folder: Path, *command: str) -> Iterator[WatchedRun]:
+    """`trainstack watch -- torchrun --nproc_per_node 2 COMMAND --output-dir ...`: 2 CPU ranks, with the exporter
+    watch starts beside them, until the test is done with them."""
     port = free_port()
-    env = {**os.environ, METRICS_DIR_ENV: str(metrics), RUN_DIR_ENV: str(run.path), RUN_ID_ENV: "hf-test",
-           LAUNCHED_AT_ENV: str(time.time())}
-    log = folder / "ranks.log"
+    log = folder / "watch.log"
     with log.open("w") as output:
-        exporter = subprocess.Popen([sys.executable, "-m", "trainstack.monitoring.exporter", "--port", str(port),
-                                     "--metrics-dir", str(metrics), "--run-dir", str(run.path)],
-                                    cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        ranks = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-             str(free_port()), *command, "--output-dir", str(folder / "out"), "--max-steps", "100000"],
-            cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT)
+        watch = subprocess.Popen(
+            trainstack_command("watch", "--run-dir", str(folder / "run"), "--exporter-port", str(port), "--no-report",
+                               "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                               "--master_port", str(free_port()), *command, "--output-dir", str(folder / "out"),
+                               "--max-steps", "100000"),
+            cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
     try:
-        yield WatchedRanks(f"http://127.0.0.1:{port}/metrics", ranks, log)
+        yield WatchedRun(f"http://127.0.0.1:{port}/metrics", watch, log)
     finally:
-        stop_process(ranks)  # torchrun passes SIGTERM on to the ranks
-        stop_process(exporter)
+        stop_process(watch)  # watch passes SIGTERM on to torchrun, torchrun to the ranks
 
 
 def run_info(url: str) -> list[dict[str, str]]:
@@ -256,14 +247,14 @@ def verdicts(url: str) -> list[str]:
 @pytest.mark.slow
 def test_ddp_ranks_show_on_the_exporter_healthy_then_input_bound_once_the_collator_slows_down(tmp_path):
     slow_down = tmp_path / "slow-down"
-    with watched_ranks(tmp_path, "-m", "tests.drivers.hf_example", "--slow-down-when", str(slow_down),
-                       "--delay", "0.3") as ranks:
-        ranks.wait_for(10)
-        served, info = scrape(ranks.url), run_info(ranks.url)
-        healthy = verdicts(ranks.url)
+    with watched_run(tmp_path, "-m", "tests.drivers.hf_example", "--slow-down-when", str(slow_down),
+                     "--delay", "0.3") as run:
+        run.wait_for(10)
+        served, info = scrape(run.url), run_info(run.url)
+        healthy = verdicts(run.url)
         slow_down.touch()
-        ranks.wait_for(max(steps_by_rank(ranks.url).values()) + 2)  # each rank is past the step it was making
-        slowed = verdicts(ranks.url)
+        run.wait_for(max(steps_by_rank(run.url).values()) + 2)  # each rank is past the step it was making
+        slowed = verdicts(run.url)
     assert sorted((labels["rank"], labels["world_size"]) for labels in info) == [("0", "2"), ("1", "2")]
     # The gradient all-reduce is timed on both: the Trainer wrapped the model in DDP.
     assert set(served["trainstack_train_comm_seconds_total"]) == {"0", "1"}
