@@ -1,0 +1,6 @@
+"""trainstack inside other frameworks' training loops, each an optional extra:
+
+- `trainstack.integrations.hf`: `TrainstackCallback`, for transformers' `Trainer` (`pip install trainstack[hf]`).
+
+This package imports none of them: importing an integration is what imports its framework.
+"""
