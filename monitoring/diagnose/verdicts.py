@@ -341,10 +341,11 @@ def diagnose(snapshot: Snapshot, limits: Thresholds) -> list[Verdict]:
 
 
 UNINSTRUMENTED = (
-    "uninstrumented: GPU checks only; input-bound, straggler, stalled and comm-bound need rank telemetry: add "
-    "`import trainstack.monitor` to the training loop (monitor = trainstack.monitor.start(model), then "
-    "monitor.step(...) each step), give transformers' Trainer callbacks=[trainstack.integrations.hf."
-    "TrainstackCallback()], or run it with `trainstack train`")
+    "uninstrumented: GPU checks only; input-bound, straggler, stalled, comm-bound and host-bound need rank "
+    "telemetry: add `import trainstack.monitor` to the training loop (monitor = trainstack.monitor.start(model), "
+    "then monitor.step(...) each step), give a transformers Trainer "
+    "trainer.add_callback(trainstack.integrations.hf.TrainstackCallback(trainer)), or run it with `trainstack "
+    "train` (docs/monitor-your-training.md)")
 
 
 def notes(snapshot: Snapshot, limits: Thresholds) -> list[str]:
