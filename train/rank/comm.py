@@ -1,25 +1,34 @@
-"""Gradient communication per step, and how much of it backward compute did not hide ("exposed").
+"""Communication per training step, and how much of it compute did not hide ("exposed").
 
-DDP all-reduces the gradients in buckets while backward still computes the earlier layers' gradients: the
-reducer launches a bucket once all its gradients are ready, so the last bucket is launched when backward compute
-has ended, and `loss.backward()` returns once every bucket's all-reduce is done. The time from the last launch to
-the last bucket's end is what the rank waited for the network with nothing left to compute: exposed
-communication. On a fast link it is near zero; over sockets or Ethernet it can be most of the step.
+A step's communication is a set of collectives, each from its launch to its end, and a set of waits: places where
+compute stops until some of them have ended. The total is the time at least one collective was in flight; the
+exposed part is the time compute waited, counted from the point compute reached the wait (its "ready" mark) to the
+end of the collectives it waited for, within their flight. On a fast link both differ little; over sockets or
+Ethernet the exposed part can be most of the step.
 
-The timing comes from a DDP communication hook (`register_comm_hook`, the public route) that wraps DDP's own
-all-reduce (`allreduce_hook`, what DDP runs without a hook), marks the clock when the reducer launches a bucket,
-and marks it again in the all-reduce future's `then` callback. The marks are read once per log interval, with
-the step and data-wait times: no step waits on them and no collective is added. torch's reducer keeps the same
-two figures for its own logger (reducer_timer.hpp: backward_comm_time, backward_compute_comm_overlap_time).
+- **DDP** all-reduces the gradients in buckets while backward still computes the earlier layers' gradients: the
+  reducer launches a bucket once all its gradients are ready, and `loss.backward()` returns once every bucket's
+  all-reduce is done. Its one wait is at the end of backward, from the last bucket's launch (when backward compute
+  ended) to the end of the last all-reduce. The marks come from a DDP communication hook (`register_comm_hook`, the
+  public route) wrapping DDP's own all-reduce (`allreduce_hook`, what DDP runs without a hook): the launch when the
+  reducer calls it, the end in the all-reduce future's `then` callback. torch's reducer keeps the same two figures
+  for its own logger (reducer_timer.hpp: backward_comm_time, backward_compute_comm_overlap_time).
+- **FSDP2** (train/rank/sharding.py) all-gathers each unit's parameters before its forward and again before its
+  backward, and reduce-scatters its gradients after; compute waits for each all-gather where the unit needs its
+  parameters, and for each reduce-scatter before the next unit's (train/rank/fsdp_comm.py has the marks and which
+  waits are where).
 
-Which clock: on a CPU rank (gloo) the host's; the callback runs when the all-reduce has finished. On a GPU rank
-the host runs ahead, so the marks are CUDA events: the launch mark on the stream backward computes on (it runs
-when the bucket's gradients are computed), the end mark in the callback, which CUDA futures run with current
-streams that wait for the all-reduce (so it runs when the all-reduce is done). Every figure is measured from the
-step's first launch mark, which all the other marks follow on the device, so no difference is negative.
+The marks are read once per log interval, with the step and data-wait times: no step waits on them and no
+collective is added.
 
-FSDP (train/rank/sharding.py) has no such public hook for its reduce-scatter: it is not measured, and its
-series are absent rather than zero.
+Which clock: on a CPU rank (gloo) the host's: a collective's end is taken when the host has it back (gloo's
+blocking collectives, the all-reduce future's callback). On a GPU rank the host runs ahead, so the marks are CUDA
+events on the stream the work runs on: a launch on the stream that runs the collective (DDP: the stream backward
+computes on, when the bucket's gradients are computed), an end after the collective on a stream that waits for it
+(DDP: CUDA futures run their callbacks with current streams that wait for the all-reduce), a ready mark on the
+compute stream. Every figure is measured from a mark taken just before the step's first one, which all the others
+follow on the device (FSDP's collective streams wait for the compute stream at the step's first forward), so no
+difference is negative.
 """
 
 from __future__ import annotations
@@ -27,16 +36,18 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import torch
 
+from trainstack.train.rank.fsdp_comm import watch_fsdp_communication
 from trainstack.train.rank.timeline import TimingEvent
 
-# Test-only: seconds each gradient all-reduce is held back after it finishes, as a slow link would. The tests that
-# make a run communication-bound set it (tests/test_diagnose.py); nothing else reads it.
+# Test-only: seconds each collective (DDP's gradient all-reduce, FSDP's all-gather and reduce-scatter) is held back
+# after it finishes, as a slow link would. The tests that make a run communication-bound set it
+# (tests/test_diagnose.py, tests/test_fsdp_comm.py); nothing else reads it.
 TEST_ALLREDUCE_DELAY_ENV = "TRAINSTACK_TEST_ALLREDUCE_DELAY"
 
 Mark = TypeVar("Mark")
@@ -73,7 +84,7 @@ class HostClock:
 
 
 class DeviceClock:
-    """Timing events on the current stream, from a pool: a step takes two per bucket."""
+    """Timing events on the current stream, from a pool: a step takes a few per bucket or FSDP unit."""
 
     def __init__(self, new_event: Callable[[], TimingEvent]):
         self._new_event = new_event
@@ -99,96 +110,187 @@ class DeviceClock:
 
 @dataclass(frozen=True)
 class StepComm:
-    """One optimizer step's gradient communication."""
+    """One optimizer step's communication."""
 
     seconds: float
-    """From the first bucket's launch to the end of the last bucket's all-reduce."""
+    """The time at least one of the step's collectives was in flight, from its launch to its end."""
     exposed_seconds: float
-    """From the end of backward compute (the last bucket's launch) to the end of the last all-reduce."""
+    """The time compute waited for them (DDP: from the end of backward compute, the last bucket's launch, to the
+    end of the last all-reduce)."""
     bytes: int
-    """Gradient bytes the rank all-reduced."""
+    """The collectives' sizes: DDP's gradient buckets; FSDP's all-gathered parameters (the gathered size) and
+    reduce-scattered gradients (the size before scattering)."""
     buckets: int
-    """How many all-reduces carried them (DDP's bucket_cap_mb sets the bucket size)."""
+    """How many collectives carried them: DDP's buckets (bucket_cap_mb sets their size); FSDP's all-gathers and
+    reduce-scatters."""
 
 
-@dataclass
-class _Bucket(Generic[Mark]):
+@dataclass(eq=False)  # one collective is itself only: `in` compares identities
+class Collective(Generic[Mark]):
     launched: Mark
     bytes: int
     done: Mark | None = None
 
 
+@dataclass(frozen=True)
+class _Wait(Generic[Mark]):
+    ready: Mark
+    collectives: list[Collective[Mark]]
+
+
+@dataclass
+class _Step(Generic[Mark]):
+    origin: Mark
+    collectives: list[Collective[Mark]] = field(default_factory=list)
+    waits: list[_Wait[Mark]] = field(default_factory=list)
+    unwaited: dict[Hashable, list[Collective[Mark]]] = field(default_factory=dict)
+
+
 class CommTimer(Generic[Mark]):
-    """Marks each bucket's launch and end; `step_done` closes a step's buckets, `interval` reads them."""
+    """Marks collectives and the waits for them; `step_done` closes a step, `cut` and `read` read the steps.
+
+    Collectives launched under one `group` are waited for together: `waited` (compute reached a mark, then
+    waited for the group's collectives launched since its last wait) or `waited_from_launch` (no mark precedes
+    the wait, which comes right after the last of them was launched). At the step's end the collectives not waited
+    for are waited from the last one's launch: DDP's buckets at the end of backward."""
 
     def __init__(self, clock: Clock[Mark]):
         self._clock = clock
-        self._buckets: list[_Bucket[Mark]] = []
-        self._steps: list[list[_Bucket[Mark]]] = []
+        self._step: _Step[Mark] | None = None
+        self._steps: list[_Step[Mark]] = []
 
-    def launched(self, nbytes: int) -> _Bucket[Mark]:
-        """The reducer launches a bucket (its gradients are computed)."""
-        bucket = _Bucket(self._clock.mark(), nbytes)
-        self._buckets.append(bucket)
-        return bucket
+    def mark(self) -> Mark:
+        """A mark on the current stream."""
+        if self._step is None:
+            self._step = _Step(self._clock.mark())
+        return self._clock.mark()
 
-    def done(self, bucket: _Bucket[Mark]) -> None:
-        """The bucket's all-reduce has finished (called from the future's callback)."""
-        bucket.done = self._clock.mark()
+    def launched(self, nbytes: int, group: Hashable = None, blocking: bool = False) -> Collective[Mark]:
+        """A collective starts; `blocking`: compute waits for it right away, as a CPU rank's host does in gloo's
+        blocking collectives."""
+        collective = Collective(self.mark(), nbytes)
+        self._step.collectives.append(collective)
+        if blocking:
+            self._step.waits.append(_Wait(collective.launched, [collective]))
+        else:
+            self._step.unwaited.setdefault(group, []).append(collective)
+        return collective
+
+    def done(self, collective: Collective[Mark]) -> None:
+        """The collective has ended (called once the host has it back, or from its future's callback)."""
+        collective.done = self._clock.mark()
+
+    def waited(self, ready: Mark, group: Hashable) -> None:
+        """Compute reached `ready` (a `mark`), then waited for the group's collectives not yet waited for."""
+        pending = self._step.unwaited.pop(group, None) if self._step else None
+        if pending:
+            self._step.waits.append(_Wait(ready, pending))
+        else:
+            self._clock.release([ready])
+
+    def waited_from_launch(self, group: Hashable) -> None:
+        if self._step and (pending := self._step.unwaited.pop(group, None)):
+            self._step.waits.append(_Wait(pending[-1].launched, pending))
 
     def step_done(self) -> None:
-        """After the optimizer step: backward has returned, so every bucket of the step has its end mark. A
-        micro-batch under no_sync launches none, so its buckets join the step that synchronizes."""
-        if self._buckets:
-            self._steps.append(self._buckets)
-            self._buckets = []
+        """After the optimizer step: every collective of the step has ended. A micro-batch under DDP's no_sync
+        launches none, so its buckets join the step that synchronizes."""
+        step = self._step
+        if step is None or not step.collectives:
+            return
+        if step.unwaited:
+            unwaited = [c for group in step.unwaited.values() for c in group]
+            pending = [c for c in step.collectives if c in unwaited]
+            step.waits.append(_Wait(pending[-1].launched, pending))
+            step.unwaited.clear()
+        self._steps.append(step)
+        self._step = None
 
-    def cut(self) -> list[list[_Bucket[Mark]]]:
+    def cut(self) -> list[_Step[Mark]]:
         """The interval's steps, to be read by `read` once the device has run them."""
         steps, self._steps = self._steps, []
         return steps
 
-    def read(self, steps: list[list[_Bucket[Mark]]]) -> list[StepComm]:
+    def read(self, steps: list[_Step[Mark]]) -> list[StepComm]:
         comms = []
-        for buckets in steps:
-            first = buckets[0].launched
-            ends = [bucket.done for bucket in buckets]
-            for end in ends:
-                self._clock.wait(end)
-            compute_end = self._clock.seconds(first, buckets[-1].launched)
-            comm_end = max(self._clock.seconds(first, end) for end in ends)
-            comms.append(StepComm(seconds=comm_end, exposed_seconds=max(comm_end - compute_end, 0.0),
-                                  bytes=sum(bucket.bytes for bucket in buckets), buckets=len(buckets)))
-            self._clock.release([mark for bucket in buckets for mark in (bucket.launched, bucket.done)])
+        for step in steps:
+            marks = list({id(mark): mark for mark in _marks(step)}.values())
+            for mark in marks:
+                self._clock.wait(mark)
+
+            def at(mark: Mark, origin: Mark = step.origin) -> float:
+                return self._clock.seconds(origin, mark)
+
+            flights = {id(c): (at(c.launched), at(c.done)) for c in step.collectives}
+            exposed = sum(_covered((max(at(wait.ready), flights[id(c)][0]), flights[id(c)][1])
+                                   for c in wait.collectives) for wait in step.waits)
+            comms.append(StepComm(seconds=_covered(flights.values()), exposed_seconds=exposed,
+                                  bytes=sum(c.bytes for c in step.collectives), buckets=len(step.collectives)))
+            self._clock.release(marks)
         return comms
 
 
-def timed_allreduce_hook(timer: CommTimer, delay: float = 0.0):
-    """DDP's own all-reduce hook with the timer's marks around it; `delay` is the test-only hold-back."""
+def _marks(step: _Step) -> Iterable:
+    yield step.origin
+    for collective in step.collectives:
+        yield collective.launched
+        yield collective.done
+    for wait in step.waits:
+        yield wait.ready
+
+
+def _covered(spans: Iterable[tuple[float, float]]) -> float:
+    """The length of the union of the spans (start, end); a span that ends before it starts is empty."""
+    total, reached = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        start = max(start, reached)
+        if end > start:
+            total += end - start
+            reached = end
+    return total
+
+
+class InjectedDelay:
+    """Test-only (TEST_ALLREDUCE_DELAY_ENV): holds each collective back after it finishes, one after another as
+    collectives on one link are."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_environment(cls) -> InjectedDelay:
+        return cls(float(os.environ.get(TEST_ALLREDUCE_DELAY_ENV, "0")))
+
+    def __call__(self) -> None:
+        if self.seconds:
+            with self._lock:
+                time.sleep(self.seconds)
+
+
+def timed_allreduce_hook(timer: CommTimer, delay: InjectedDelay):
+    """DDP's own all-reduce hook with the timer's marks around it."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    hold = threading.Lock()  # delays run one after another, as all-reduces on one link do
-
-    def finished(marks, future: torch.futures.Future) -> torch.Tensor:
-        if delay:
-            with hold:
-                time.sleep(delay)
-        timer.done(marks)
+    def finished(collective: Collective, future: torch.futures.Future) -> torch.Tensor:
+        delay()
+        timer.done(collective)
         return future.value()
 
     # Unannotated: DDP checks a hook's annotations against its types, and this module's are strings.
     def hook(process_group, bucket):
         buffer = bucket.buffer()
-        marks = timer.launched(buffer.numel() * buffer.element_size())
-        return allreduce_hook(process_group, bucket).then(lambda future: finished(marks, future))
+        collective = timer.launched(buffer.numel() * buffer.element_size())
+        return allreduce_hook(process_group, bucket).then(lambda future: finished(collective, future))
 
     return hook
 
 
 def watch_gradient_communication(model: torch.nn.Module, timer: CommTimer) -> bool:
-    """Registers the timed hook on a DDP model; False (nothing registered) for anything else (one process, FSDP)."""
-    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return False
-    delay = float(os.environ.get(TEST_ALLREDUCE_DELAY_ENV, "0"))
-    model.register_comm_hook(None, timed_allreduce_hook(timer, delay))
-    return True
+    """Times a DDP model's gradient all-reduce or an FSDP2 model's all-gathers and reduce-scatters; False (nothing
+    registered) for anything else, and for FSDP on one rank, which communicates nothing."""
+    delay = InjectedDelay.from_environment()
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model.register_comm_hook(None, timed_allreduce_hook(timer, delay))
+        return True
+    return watch_fsdp_communication(model, timer, delay)

@@ -139,7 +139,7 @@ class RankMetrics:
 
 @dataclass(frozen=True)
 class CommMetrics:
-    """A DDP rank's gradient-communication series (train/rank/comm.py); no other rank has them."""
+    """A DDP or FSDP rank's communication series (train/rank/comm.py); a rank alone has none."""
 
     seconds: Counter
     exposed: Counter
@@ -199,7 +199,7 @@ class Telemetry:
         self._state_bytes: dict[str, int] = {}
 
     def watch_communication(self, model: torch.nn.Module) -> bool:
-        """Times the model's gradient all-reduce if it is a DDP model (train/rank/comm.py); False if it is not."""
+        """Times the communication of a DDP or FSDP model (train/rank/comm.py); False for any other."""
         self._comm_watched = watch_gradient_communication(model, self._comm)
         if self._comm_watched and os.environ.get(METRICS_DIR_ENV):
             self._comm_metrics = CommMetrics.build(self._identity)

@@ -163,7 +163,7 @@ class Trainer:
         self.eval_loader = prepared[4] if eval_loader else None
         if config.telemetry:
             self.telemetry = self._make_telemetry()
-            self.telemetry.watch_communication(self.model)  # DDP's gradient all-reduce, on the prepared model
+            self.telemetry.watch_communication(self.model)  # DDP's or FSDP's collectives, on the prepared model
             measure_state_once(self.model, self.optimizer.optimizer, self.telemetry)
 
     def _make_telemetry(self) -> Telemetry:
