@@ -160,7 +160,7 @@ class CommTimer(Generic[Mark]):
         self._steps: list[_Step[Mark]] = []
 
     def mark(self) -> Mark:
-        """A mark on the current stream."""
+        """A mark on the current stream; the step's first also marks its origin."""
         if self._step is None:
             self._step = _Step(self._clock.mark())
         return self._clock.mark()
@@ -182,13 +182,13 @@ class CommTimer(Generic[Mark]):
 
     def waited(self, ready: Mark, group: Hashable) -> None:
         """Compute reached `ready` (a `mark`), then waited for the group's collectives not yet waited for."""
-        pending = self._step.unwaited.pop(group, None) if self._step else None
-        if pending:
+        if pending := self._step.unwaited.pop(group, None):
             self._step.waits.append(_Wait(ready, pending))
         else:
             self._clock.release([ready])
 
     def waited_from_launch(self, group: Hashable) -> None:
+        """Compute waited for the group's collectives not yet waited for right after the last one's launch."""
         if self._step and (pending := self._step.unwaited.pop(group, None)):
             self._step.waits.append(_Wait(pending[-1].launched, pending))
 
