@@ -1,4 +1,4 @@
-"""FSDP2's communication, timed (train/rank/comm.py defines the figures): each unit's parameter all-gathers and
+"""FSDP2's communication, timed (train/rank/comm_timer.py defines the figures): each unit's parameter all-gathers and
 gradient reduce-scatters, and the places compute waits for them.
 
 Public routes only. `FSDPModule.set_custom_all_gather` and `set_custom_reduce_scatter` run each unit's collectives
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,8 +38,7 @@ from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-if TYPE_CHECKING:
-    from trainstack.train.rank.comm import CommTimer
+from trainstack.train.rank.comm_timer import CommTimer
 
 REDUCE_SCATTERS = "reduce-scatters"  # the timer's group for every unit's reduce-scatter: each waits for the last
 

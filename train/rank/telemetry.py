@@ -20,7 +20,8 @@ import torch
 
 from trainstack import catalog, ratios
 from trainstack.rundir import METRICS_DIR_ENV, SEGMENT_MARKER, RunDir
-from trainstack.train.rank.comm import CommTimer, DeviceClock, HostClock, StepComm, watch_gradient_communication
+from trainstack.train.rank.comm import watch_gradient_communication
+from trainstack.train.rank.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
 from trainstack.train.rank.timeline import DeviceTimeline, IntervalSpans
 from trainstack.write_failure import write_failure
 
