@@ -169,8 +169,8 @@ class TimedReduceScatter(_TimedCollective):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op: Any, async_op: bool = False) -> dist.Work | None:
         if self._watch.measuring:
-            # No hook ran since the last reduce-scatter's launch (the end-of-backward callback): FSDP has just
-            # waited for it.
+            # A reduce-scatter no post-backward hook has paired yet was waited for in FSDP's end-of-backward
+            # callback, just before this one's gradients were copied in.
             self._watch.timer.waited_from_launch(REDUCE_SCATTERS)
         return self._timed(input_tensor, lambda asynchronous: dist.reduce_scatter_single(
             output=output_tensor, input=input_tensor, group=group, op=op, async_op=asynchronous), async_op)
