@@ -8,7 +8,8 @@ launcher starts) plus a scraper reading /metrics once a second, as Prometheus wo
 `--no-telemetry --exporter-port 0`. Steps/s is each run's training-loop throughput from summary.json (samples/s
 over the global batch).
 
-Target (issue 3): on/off >= 0.99.
+Target (issue 3): on/off >= 0.99. `--strategy fsdp` runs both as FSDP, whose telemetry also times every unit's
+all-gathers and reduce-scatters (train/rank/fsdp_comm.py); the default is DDP's, whose times its all-reduce.
 
 `--gpu` (issue 12) measures the same on one CUDA GPU, where telemetry also records CUDA events around every
 `next()`, forward pass and step: GPT-2 small's shape, 16 x 1024 byte tokens, bf16. One GPU cannot hold two runs
@@ -16,7 +17,7 @@ side by side, so each round runs the variants one after the other, in the opposi
 the ratios are taken within each round. A third variant, telemetry on with blocking batch copies
 (TRAINSTACK_NON_BLOCKING_COPY=0), shows what non-blocking copies are worth. About 3 minutes on one H100.
 
-    .venv/bin/python bench/telemetry_overhead.py [--steps 200] [--repeats 4]
+    .venv/bin/python bench/telemetry_overhead.py [--steps 200] [--repeats 4] [--strategy fsdp]
     python3 bench/telemetry_overhead.py --gpu [--steps 300] [--repeats 2]
 """
 
@@ -80,7 +81,7 @@ class Run:
         command = [sys.executable, "-m", "trainstack", "train", "--output-dir", str(self.run_dir),
                    "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
                    "--num-workers", str(args.num_workers), "--checkpoint-every", "0", "--resume", "never",
-                   *(GPU_RUN if args.gpu else [])]
+                   "--strategy", args.strategy, *(GPU_RUN if args.gpu else [])]
         self.scraper = None
         if telemetry:
             port = free_port()
@@ -130,6 +131,7 @@ def main() -> int:
                         "with --gpu, rounds of the three variants (default 2)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp", help="both runs' (default ddp)")
     args = parser.parse_args()
     args.steps = args.steps or (300 if args.gpu else 200)
     args.repeats = args.repeats or (2 if args.gpu else 4)

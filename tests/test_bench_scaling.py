@@ -12,9 +12,10 @@ from PIL import Image
 
 from tests.conftest import REPO, explain
 from trainstack.errors import ConfigError
+from trainstack.rundir import RunDir
 from trainstack.train.launcher.scaling.config import ScalingConfig, default_device_counts
 from trainstack.train.launcher.scaling.results import plot, rows, table
-from trainstack.train.launcher.scaling.runs import DATAPARALLEL_SCRIPT, Measurement
+from trainstack.train.launcher.scaling.runs import DATAPARALLEL_SCRIPT, Measurement, exposed_comm_share
 
 TINY = ["--max-steps", "3", "--batch-size", "4", "--num-workers", "0", "--seq-len", "32"]
 
@@ -25,13 +26,19 @@ def test_cpu_host_runs_ddp_on_one_and_two_ranks(tmp_path):
                            *TINY], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, explain(done)
     lines = done.stdout.splitlines()
-    assert lines[0].split() == ["mode", "CPU", "ranks", "samples/s", "speed-up", "efficiency"]
+    assert lines[0].split() == ["mode", "CPU", "ranks", "samples/s", "speed-up", "efficiency", "exposed", "comm"]
     assert [line.split()[:2] for line in lines[1:3]] == [["DDP", "1"], ["DDP", "2"]]
     assert lines[3].startswith("nn.DataParallel comparison needs GPUs")
     results = json.loads((tmp_path / "scaling.json").read_text())
     assert results["gpus"] == 0 and [r["devices"] for r in results["results"]] == [1, 2]
     assert all(r["samples_per_second"] > 0 for r in results["results"])
     assert results["results"][0]["efficiency"] == 1.0
+    # One rank communicates nothing; two wait for their all-reduce some share of the step, as their records say.
+    one, two = results["results"]
+    assert one["exposed_comm_share"] is None and lines[1].split()[-1] == "-"
+    records = [json.loads(line) for line in (tmp_path / "ddp-2/telemetry/rank-0.jsonl").read_text().splitlines()]
+    assert sum(r.get("comm_buckets", 0) for r in records) > 0
+    assert 0 < two["exposed_comm_share"] < 1 and lines[2].split()[-1] == f"{100 * two['exposed_comm_share']:.0f}%"
     for devices in (1, 2):
         assert json.loads((tmp_path / f"ddp-{devices}" / "summary.json").read_text())["world_size"] == devices
     assert Image.open(tmp_path / "scaling.png").format == "PNG"
@@ -45,7 +52,7 @@ def test_dataparallel_loop_runs_unsplit_on_the_cpu():
     assert json.loads(done.stdout.splitlines()[-1])["samples_per_second"] > 0
 
 
-GPU_HOST = [Measurement("DDP", 1, 100.0), Measurement("DDP", 2, 190.0), Measurement("DDP", 4, 360.0),
+GPU_HOST = [Measurement("DDP", 1, 100.0), Measurement("DDP", 2, 190.0, 0.04), Measurement("DDP", 4, 360.0, 0.081),
             Measurement("DataParallel", 1, 98.0), Measurement("DataParallel", 2, 150.0),
             Measurement("DataParallel", 4, 200.0)]
 
@@ -56,8 +63,26 @@ def test_speedup_and_efficiency_are_against_ddp_per_device():
     assert by_mode[("DDP", 4)]["efficiency"] == pytest.approx(0.9)
     assert by_mode[("DataParallel", 4)]["efficiency"] == pytest.approx(0.5)
     text = table(GPU_HOST, gpus=4)
-    assert "DataParallel          4      200.0     2.00x        50%" in text
+    assert "DataParallel          4      200.0     2.00x        50%            -" in text
+    assert "DDP                   4      360.0     3.60x        90%           8%" in text
     assert "needs GPUs" not in text
+
+
+def test_exposed_share_is_the_least_exposed_ranks(tmp_path):
+    """Over each rank's records (its steps' times and waits summed), the rank that waited least is the job's
+    figure, as for the comm-bound verdict: a straggler's peers wait for it, it does not. A record cut off by a kill
+    and a rank without communication fields (one process) count for nothing."""
+    layout = RunDir(tmp_path)
+    layout.telemetry.mkdir(parents=True)
+    for rank, waits in ((0, (0.5, 0.25)), (1, (0.25, 0.0))):
+        lines = [json.dumps({"time": t, "step_seconds": [1.0, 1.0], "comm_exposed_seconds": wait})
+                 for t, wait in enumerate(waits)]
+        layout.rank_records(rank).write_text("\n".join([*lines, '{"time": 9, "step_sec']) + "\n")
+    assert exposed_comm_share(tmp_path) == 0.0625
+    layout.rank_records(1).write_text(json.dumps({"time": 0, "step_seconds": [1.0]}) + "\n")
+    assert exposed_comm_share(tmp_path) == 0.1875
+    layout.rank_records(0).write_text(json.dumps({"time": 0, "step_seconds": [1.0]}) + "\n")
+    assert exposed_comm_share(tmp_path) is None
 
 
 def test_gpu_host_plot_has_both_modes(tmp_path):

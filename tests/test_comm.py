@@ -1,6 +1,6 @@
-"""Gradient-communication times (train/rank/comm.py) from marks on a stand-in clock: the host's (a CPU rank) and
-the fake GPU of tests/test_timeline.py (a GPU rank, where the host runs ahead of the marks). The figures follow
-from the schedules by hand."""
+"""Gradient-communication times (train/rank/comm_timer.py, with DDP's marks from train/rank/comm.py) from marks on
+a stand-in clock: the host's (a CPU rank) and the fake GPU of tests/test_timeline.py (a GPU rank, where the host
+runs ahead of the marks). The figures follow from the schedules by hand."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 
 from tests.test_timeline import FakeGpu
 from trainstack.rundir import METRICS_DIR_ENV, RunDir
-from trainstack.train.rank.comm import CommTimer, DeviceClock, HostClock, StepComm, watch_gradient_communication
+from trainstack.train.rank.comm import watch_gradient_communication
+from trainstack.train.rank.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
 from trainstack.train.rank.telemetry import RankIdentity, Telemetry
 
 
@@ -40,9 +41,9 @@ def one_step(*marks: tuple[float, str, int]) -> list[StepComm]:
 
 def test_host_clock_exposed_is_the_wait_after_the_last_launch():
     # Bucket 0's all-reduce is hidden behind the compute that goes on until bucket 1's launch at 2.0; bucket 1 ends
-    # at 2.75: 0.75 s of waiting with nothing left to compute.
+    # at 2.75: 0.75 s of waiting with nothing left to compute. In flight: 0.5 s, then 0.75 s.
     assert one_step((1.0, "launch", 0), (1.5, "done", 0), (2.0, "launch", 1), (2.75, "done", 1)) == [
-        StepComm(seconds=1.75, exposed_seconds=0.75, bytes=200, buckets=2)]
+        StepComm(seconds=1.25, exposed_seconds=0.75, bytes=200, buckets=2)]
 
 
 def test_host_clock_takes_the_latest_end_whatever_the_order():
@@ -52,9 +53,9 @@ def test_host_clock_takes_the_latest_end_whatever_the_order():
 
 
 def test_hidden_communication_is_not_exposed():
-    # Bucket 1 ended as it launched: nothing to wait for.
+    # Bucket 1 ended as it launched: nothing to wait for, nor any time in flight.
     assert one_step((0.0, "launch", 0), (0.25, "done", 0), (1.0, "launch", 1), (1.0, "done", 1)) == [
-        StepComm(seconds=1.0, exposed_seconds=0.0, bytes=200, buckets=2)]
+        StepComm(seconds=0.25, exposed_seconds=0.0, bytes=200, buckets=2)]
 
 
 def test_steps_and_micro_batches_group_their_buckets():
@@ -89,9 +90,9 @@ def test_device_clock_measures_on_the_gpu_timeline_and_reuses_its_events():
         timer.step_done()
     steps = timer.read(timer.cut())
     assert steps == [StepComm(seconds=0.625, exposed_seconds=0.125, bytes=8, buckets=2)] * 2
-    assert gpu.events_made == 8
+    assert gpu.events_made == 10, "per step: the origin, and a launch and an end per bucket"
     timer.launched(4)
-    assert gpu.events_made == 8, "read marks go back to the pool"
+    assert gpu.events_made == 10, "read marks go back to the pool"
 
 
 class FakeDdpModel(torch.nn.parallel.DistributedDataParallel):

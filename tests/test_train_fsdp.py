@@ -65,6 +65,18 @@ def test_each_fsdp_rank_holds_about_half_of_ddps_state(side_by_side):
             assert 0 < fsdp[key] <= 0.6 * ddp[key], (rank, key, ddp[key], fsdp[key])
 
 
+def test_fsdp_ranks_time_their_all_gathers_and_reduce_scatters(side_by_side):
+    """Per step: an all-gather before the forward of each of the four units (two blocks, the final norm, the root
+    with the tied embedding), the blocks' again before their backward (the others stay gathered), and one
+    reduce-scatter per unit (train/rank/fsdp_comm.py). gloo's collectives hold a CPU rank's host: all of each is
+    exposed."""
+    for rank in (0, 1):
+        records = _records(side_by_side["fsdp"], rank)
+        assert [r["comm_buckets"] for r in records] == [10] * 6
+        for record in records:
+            assert 0 < record["comm_exposed_seconds"] == pytest.approx(record["comm_seconds"])
+
+
 def test_sharded_checkpoint_reshards_to_one_rank_and_exports_to_the_plain_model(side_by_side, tmp_path):
     saved = side_by_side["fsdp"] / "checkpoints" / "step-00000006"
     assert (saved / "pytorch_model_fsdp_0" / "__1_0.distcp").is_file() and not (saved / "model.safetensors").exists()

@@ -145,26 +145,29 @@ TRAIN_HOST_DATA_WAIT = Metric(
     "Host time blocked in the data loader's next(), on every device.", RANK_LABELS, TELEMETRY,
     "the host's time blocked in the loader's `next()`, on every device (equal to the data wait on a CPU rank)",
     unit="s", readers=("diagnose input-bound", "diagnose figures"))
-_COMM_ABSENT = "the rank runs no DDP gradient all-reduce: one process, or FSDP (its reduce-scatter is not measured)"
+_COMM_ABSENT = "the rank communicates with no other: one process (DDP or FSDP) on its own"
 TRAIN_COMM_SECONDS = Metric(
     "trainstack_train_comm_seconds_total", COUNTER,
-    "Gradient all-reduce time, from the first bucket's launch to the last bucket's end, per step.", RANK_LABELS,
+    "Training communication time per step: while at least one collective was in flight.", RANK_LABELS,
     TELEMETRY,
-    "DDP's gradient communication in each step, from the first bucket's launch to the end of the last bucket's "
-    "all-reduce, much of it overlapped with backward compute (train/rank/comm.py); on a GPU rank on the GPU's "
-    "timeline; added at each log interval",
+    "each step's time with at least one collective in flight: DDP's gradient all-reduces, FSDP's parameter "
+    "all-gathers and gradient reduce-scatters, much of it overlapped with compute (train/rank/comm.py); on a GPU "
+    "rank on the GPU's timeline; added at each log interval",
     unit="s", absent_when=_COMM_ABSENT, readers=("diagnose comm-bound",))
 TRAIN_COMM_EXPOSED = Metric(
     "trainstack_train_comm_exposed_seconds_total", COUNTER,
-    "Gradient all-reduce time backward compute did not hide: the rank waited for the network.", RANK_LABELS,
+    "Communication time compute did not hide: the rank waited for the network.", RANK_LABELS,
     TELEMETRY,
-    "the part of the gradient communication that backward compute did not hide: from the end of backward compute "
-    "(the last bucket's launch) to the end of the last bucket's all-reduce, when the optimizer step can begin",
+    "the part of the communication that compute did not hide: DDP from the end of backward compute (the last "
+    "bucket's launch) to the end of the last bucket's all-reduce; FSDP wherever compute waits for an all-gather "
+    "or reduce-scatter; on a CPU rank FSDP's collectives hold the host, so all of them",
     unit="s", absent_when=_COMM_ABSENT,
     readers=("record rank:trainstack_train_comm_exposed:ratio_rate2m", "diagnose comm-bound", "diagnose figures"))
 TRAIN_COMM_BYTES = Metric(
-    "trainstack_train_comm_bytes_total", COUNTER, "Gradient bytes the rank all-reduced.", RANK_LABELS, TELEMETRY,
-    "gradient bytes the rank all-reduced (the DDP buckets' sizes); per step: its rate over the steps' rate",
+    "trainstack_train_comm_bytes_total", COUNTER, "Bytes of the rank's collectives, at their full size.",
+    RANK_LABELS, TELEMETRY,
+    "the collectives' sizes: DDP's gradient buckets; FSDP's all-gathers (the gathered parameters) and "
+    "reduce-scatters (the gradients before scattering); per step: its rate over the steps' rate",
     unit="bytes", absent_when=_COMM_ABSENT)
 TRAIN_TIME = Metric(
     "trainstack_train_time_seconds_total", COUNTER,
@@ -473,7 +476,8 @@ JOB_DATA_WAIT_RATIO = Recorded(
     readers=("panel Data-wait ratio",))
 RANK_COMM_EXPOSED_RATIO = Recorded(
     "rank:trainstack_train_comm_exposed:ratio_rate2m",
-    "share of step time the rank waited for the gradient all-reduce after backward compute",
+    "share of step time the rank waited for communication compute did not hide (DDP's all-reduce, FSDP's "
+    "all-gathers and reduce-scatters)",
     readers=("record job:trainstack_train_comm_exposed:min_ratio_rate2m",))
 JOB_COMM_EXPOSED_MIN_RATIO = Recorded(
     "job:trainstack_train_comm_exposed:min_ratio_rate2m",

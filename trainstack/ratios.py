@@ -75,7 +75,7 @@ HOST_DATA_WAIT_SHARE = Ratio(
     "share of the rank's step time its host spent blocked in the loader's next()", at_most=1.0)
 COMM_EXPOSED_SHARE = Ratio(
     catalog.TRAIN_COMM_EXPOSED.name, catalog.TRAIN_STEP_DURATION.sample("sum"),
-    "share of the rank's step time it waited for the gradient all-reduce after its backward compute had ended",
+    "share of the rank's step time it waited for communication compute did not hide",
     at_most=1.0)
 HOST_BOUND_SHARE = Ratio(
     catalog.TRAIN_TIME.name, catalog.TRAIN_STEP_DURATION.sample("sum"),
@@ -84,7 +84,7 @@ HOST_BOUND_SHARE = Ratio(
     numerator_labels=(("part", breakdown.HOST_BOUND),))
 COMM_SECONDS = Ratio(
     catalog.TRAIN_COMM_SECONDS.name, catalog.TRAIN_STEPS.name,
-    "gradient communication per optimizer step, first bucket's launch to last bucket's end, hidden or not")
+    "communication per optimizer step, while at least one collective was in flight, hidden or not")
 FORWARD_SECONDS = Ratio(
     catalog.TRAIN_FORWARD_SECONDS.name, catalog.TRAIN_STEPS.name,
     "mean forward-pass time per optimizer step: the rank's own speed, before any collective")

@@ -25,7 +25,8 @@ import torch
 
 from trainstack import breakdown, catalog, ratios
 from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, SEGMENT_ENDED, SEGMENT_MARKER, RunDir
-from trainstack.train.rank.comm import CommTimer, DeviceClock, HostClock, StepComm, watch_gradient_communication
+from trainstack.train.rank.comm import watch_gradient_communication
+from trainstack.train.rank.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
 from trainstack.train.rank.gpu_busy import GpuBusy
 from trainstack.train.rank.timeline import DeviceTimeline, IntervalSpans
 from trainstack.write_failure import write_failure
@@ -148,7 +149,7 @@ class RankMetrics:
 
 @dataclass(frozen=True)
 class CommMetrics:
-    """A DDP rank's gradient-communication series (train/rank/comm.py); no other rank has them."""
+    """A DDP or FSDP rank's communication series (train/rank/comm.py); a rank alone has none."""
 
     seconds: Counter
     exposed: Counter
@@ -240,7 +241,7 @@ class Telemetry:
                 breakdown.COMM_EXPOSED: self._comm_watched}.get(part, True)
 
     def watch_communication(self, model: torch.nn.Module) -> bool:
-        """Times the model's gradient all-reduce if it is a DDP model (train/rank/comm.py); False if it is not."""
+        """Times the communication of a DDP or FSDP model (train/rank/comm.py); False for any other."""
         self._comm_watched = watch_gradient_communication(model, self._comm)
         if self._comm_watched and os.environ.get(METRICS_DIR_ENV):
             self._comm_metrics = CommMetrics.build(self._identity)

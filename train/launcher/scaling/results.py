@@ -24,15 +24,22 @@ def rows(measurements: list[Measurement]) -> list[dict]:
              "efficiency": m.samples_per_second / (m.devices * per_device)} for m in measurements]
 
 
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.0f}%"
+
+
 def table(measurements: list[Measurement], gpus: int) -> str:
     unit = "GPUs" if gpus else "CPU ranks"
-    lines = [f"{'mode':<13} {unit:>9} {'samples/s':>10} {'speed-up':>9} {'efficiency':>10}"]
+    lines = [f"{'mode':<13} {unit:>9} {'samples/s':>10} {'speed-up':>9} {'efficiency':>10} {'exposed comm':>12}"]
     for row in rows(measurements):
         lines.append(f"{row['mode']:<13} {row['devices']:>9} {row['samples_per_second']:>10.1f} "
-                     f"{row['speedup']:>8.2f}x {100 * row['efficiency']:>9.0f}%")
+                     f"{row['speedup']:>8.2f}x {100 * row['efficiency']:>9.0f}% "
+                     f"{_percent(row['exposed_comm_share']):>12}")
     if not gpus:
         lines.append(NO_DATAPARALLEL)
     lines.append("speed-up and efficiency: against DDP on the fewest devices, per device (efficiency 100% = linear)")
+    lines.append("exposed comm: the share of step time the least exposed rank waited for communication compute did "
+                 "not hide\n(docs/metrics.md); - where nothing communicated (one device) or nothing measured it")
     return "\n".join(lines)
 
 

@@ -3,13 +3,16 @@ dataparallel.py, each in a fresh process so that no CUDA or process-group state 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainstack import ratios
 from trainstack.rundir import RunDir, read_summary
 from trainstack.train.launcher.scaling.config import ScalingConfig
 
@@ -21,6 +24,9 @@ class Measurement:
     mode: str
     devices: int
     samples_per_second: float
+    exposed_comm_share: float | None = None
+    """The least exposed rank's share of its step time spent waiting for communication compute did not hide
+    (ratios.COMM_EXPOSED_SHARE over the run); None where nothing measured it: one device, DataParallel."""
 
 
 class RunFailed(Exception):
@@ -42,7 +48,27 @@ def run_ddp(config: ScalingConfig, devices: int) -> Measurement:
           str(devices), "--exporter-port", "0", "--checkpoint-every", "0", "--resume", "never",
           *config.training_flags], config.output_dir / f"ddp-{devices}.log", f"DDP on {devices} device(s)")
     summary = read_summary(RunDir(run_dir).summary)
-    return Measurement("DDP", devices, summary["samples_per_second"])
+    return Measurement("DDP", devices, summary["samples_per_second"], exposed_comm_share(run_dir))
+
+
+def exposed_comm_share(run_dir: Path) -> float | None:
+    """From the ranks' telemetry records, as the comm-bound verdict judges a job: its least exposed rank."""
+    shares = []
+    for path in RunDir(run_dir).all_rank_records().values():
+        records = list(_comm_records(path))
+        share = ratios.COMM_EXPOSED_SHARE.of(sum(r["comm_exposed_seconds"] for r in records),
+                                             sum(sum(r["step_seconds"]) for r in records))
+        if share is not None:
+            shares.append(share)
+    return min(shares, default=None)
+
+
+def _comm_records(path: Path) -> Iterator[dict]:
+    """A rank's records with communication times (docs/architecture.md); a line cut off by a kill is skipped."""
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            if "comm_exposed_seconds" in (record := json.loads(line)):
+                yield record
 
 
 def run_dataparallel(config: ScalingConfig, devices: int) -> Measurement:

@@ -1,0 +1,224 @@
+"""Communication per training step, and how much of it compute did not hide ("exposed"), from marks.
+
+A step's communication is a set of collectives, each from its launch to its end, and a set of waits: places where
+compute stops until some of them have ended. The total is the time at least one collective was in flight; the
+exposed part is the time compute waited, counted from the point compute reached the wait (its "ready" mark) to the
+end of the collectives it waited for, within their flight. On a fast link both differ little; over sockets or
+Ethernet the exposed part can be most of the step. train/rank/comm.py says where DDP's and FSDP's marks come from.
+
+The marks are read once per log interval, with the step and data-wait times: no step waits on them.
+
+Which clock: on a CPU rank the host's. On a GPU rank the host runs ahead, so the marks are CUDA events on the
+stream the work runs on: a launch on the stream that runs the collective, an end after the collective on a stream
+that waits for it, a ready mark on the compute stream. Every figure is measured from a mark taken just before the
+step's first one, which all the others follow on the device, so no difference is negative.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from trainstack.train.rank.timeline import TimingEvent
+
+Mark = TypeVar("Mark")
+
+
+class Clock(Protocol[Mark]):
+    def mark(self) -> Mark: ...
+
+    def seconds(self, start: Mark, end: Mark) -> float:
+        """Seconds from `start` to `end`; both have been reached (see `wait`)."""
+
+    def wait(self, mark: Mark) -> None:
+        """Returns once the clock has reached `mark`."""
+
+    def release(self, marks: list[Mark]) -> None:
+        """The marks have been read and may be reused."""
+
+
+class HostClock:
+    def __init__(self, now: Callable[[], float] = time.perf_counter):
+        self._now = now
+
+    def mark(self) -> float:
+        return self._now()
+
+    def seconds(self, start: float, end: float) -> float:
+        return end - start
+
+    def wait(self, mark: float) -> None:
+        pass
+
+    def release(self, marks: list[float]) -> None:
+        pass
+
+
+class DeviceClock:
+    """Timing events on the current stream, from a pool: a step takes a few per bucket or FSDP unit."""
+
+    def __init__(self, new_event: Callable[[], TimingEvent]):
+        self._new_event = new_event
+        self._free: list[TimingEvent] = []
+        self._lock = threading.Lock()  # the end marks are taken on the threads that complete the futures
+
+    def mark(self) -> TimingEvent:
+        with self._lock:
+            event = self._free.pop() if self._free else self._new_event()
+        event.record()
+        return event
+
+    def seconds(self, start: TimingEvent, end: TimingEvent) -> float:
+        return start.elapsed_time(end) / 1000
+
+    def wait(self, mark: TimingEvent) -> None:
+        mark.synchronize()
+
+    def release(self, marks: list[TimingEvent]) -> None:
+        with self._lock:
+            self._free.extend(marks)
+
+
+@dataclass(frozen=True)
+class StepComm:
+    """One optimizer step's communication."""
+
+    seconds: float
+    """The time at least one of the step's collectives was in flight, from its launch to its end."""
+    exposed_seconds: float
+    """The time compute waited for them (DDP: from the end of backward compute, the last bucket's launch, to the
+    end of the last all-reduce)."""
+    bytes: int
+    """The collectives' sizes: DDP's gradient buckets; FSDP's all-gathered parameters (the gathered size) and
+    reduce-scattered gradients (the size before scattering)."""
+    buckets: int
+    """How many collectives carried them: DDP's buckets (bucket_cap_mb sets their size); FSDP's all-gathers and
+    reduce-scatters."""
+
+
+@dataclass(eq=False)  # one collective is itself only: `in` compares identities
+class Collective(Generic[Mark]):
+    launched: Mark
+    bytes: int
+    done: Mark | None = None
+
+
+@dataclass(frozen=True)
+class _Wait(Generic[Mark]):
+    ready: Mark
+    collectives: list[Collective[Mark]]
+
+
+@dataclass
+class _Step(Generic[Mark]):
+    origin: Mark
+    collectives: list[Collective[Mark]] = field(default_factory=list)
+    waits: list[_Wait[Mark]] = field(default_factory=list)
+    unwaited: dict[Hashable, list[Collective[Mark]]] = field(default_factory=dict)
+
+
+class CommTimer(Generic[Mark]):
+    """Marks collectives and the waits for them; `step_done` closes a step, `cut` and `read` read the steps.
+
+    Collectives launched under one `group` are waited for together: `waited` (compute reached a mark, then
+    waited for the group's collectives launched since its last wait) or `waited_from_launch` (no mark precedes
+    the wait, which comes right after the last of them was launched). At the step's end the collectives not waited
+    for are waited from the last one's launch: DDP's buckets at the end of backward."""
+
+    def __init__(self, clock: Clock[Mark]):
+        self._clock = clock
+        self._step: _Step[Mark] | None = None
+        self._steps: list[_Step[Mark]] = []
+
+    def mark(self) -> Mark:
+        """A mark on the current stream; the step's first also marks its origin."""
+        if self._step is None:
+            self._step = _Step(self._clock.mark())
+        return self._clock.mark()
+
+    def launched(self, nbytes: int, group: Hashable = None, blocking: bool = False) -> Collective[Mark]:
+        """A collective starts; `blocking`: compute waits for it right away, as a CPU rank's host does in gloo's
+        blocking collectives."""
+        collective = Collective(self.mark(), nbytes)
+        self._step.collectives.append(collective)
+        if blocking:
+            self._step.waits.append(_Wait(collective.launched, [collective]))
+        else:
+            self._step.unwaited.setdefault(group, []).append(collective)
+        return collective
+
+    def done(self, collective: Collective[Mark]) -> None:
+        """The collective has ended (called once the host has it back, or from its future's callback)."""
+        collective.done = self._clock.mark()
+
+    def waited(self, ready: Mark, group: Hashable) -> None:
+        """Compute reached `ready` (a `mark`), then waited for the group's collectives not yet waited for."""
+        if pending := self._step.unwaited.pop(group, None):
+            self._step.waits.append(_Wait(ready, pending))
+        else:
+            self._clock.release([ready])
+
+    def waited_from_launch(self, group: Hashable) -> None:
+        """Compute waited for the group's collectives not yet waited for right after the last one's launch."""
+        if self._step and (pending := self._step.unwaited.pop(group, None)):
+            self._step.waits.append(_Wait(pending[-1].launched, pending))
+
+    def step_done(self) -> None:
+        """After the optimizer step: every collective of the step has ended. A micro-batch under DDP's no_sync
+        launches none, so its buckets join the step that synchronizes."""
+        step = self._step
+        if step is None or not step.collectives:
+            return
+        if step.unwaited:
+            unwaited = [c for group in step.unwaited.values() for c in group]
+            pending = [c for c in step.collectives if c in unwaited]
+            step.waits.append(_Wait(pending[-1].launched, pending))
+            step.unwaited.clear()
+        self._steps.append(step)
+        self._step = None
+
+    def cut(self) -> list[_Step[Mark]]:
+        """The interval's steps, to be read by `read` once the device has run them."""
+        steps, self._steps = self._steps, []
+        return steps
+
+    def read(self, steps: list[_Step[Mark]]) -> list[StepComm]:
+        comms = []
+        for step in steps:
+            marks = list({id(mark): mark for mark in _marks(step)}.values())
+            for mark in marks:
+                self._clock.wait(mark)
+
+            def at(mark: Mark, origin: Mark = step.origin) -> float:
+                return self._clock.seconds(origin, mark)
+
+            flights = {id(c): (at(c.launched), at(c.done)) for c in step.collectives}
+            exposed = sum(_covered((max(at(wait.ready), flights[id(c)][0]), flights[id(c)][1])
+                                   for c in wait.collectives) for wait in step.waits)
+            comms.append(StepComm(seconds=_covered(flights.values()), exposed_seconds=exposed,
+                                  bytes=sum(c.bytes for c in step.collectives), buckets=len(step.collectives)))
+            self._clock.release(marks)
+        return comms
+
+
+def _marks(step: _Step) -> Iterable:
+    yield step.origin
+    for collective in step.collectives:
+        yield collective.launched
+        yield collective.done
+    for wait in step.waits:
+        yield wait.ready
+
+
+def _covered(spans: Iterable[tuple[float, float]]) -> float:
+    """The length of the union of the spans (start, end); a span that ends before it starts is empty."""
+    total, reached = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        start = max(start, reached)
+        if end > start:
+            total += end - start
+            reached = end
+    return total
