@@ -267,7 +267,8 @@ class NullMonitor:
 
 # ---- the interval's loss and tokens, summed where they are ------------------------------------------------------
 class _LocalSums:
-    """This rank's loss and token sums since the interval began: numbers on the host, tensors on their device."""
+    """This rank's loss and token sums since the interval began: numbers on the host, tensors where they are (one
+    in-place add each, the cheapest thing a step can do with a device tensor without waiting for it)."""
 
     def __init__(self):
         self._reset()
@@ -276,7 +277,7 @@ class _LocalSums:
         self.count = 0
         self._losses = 0
         self._host = [0.0, 0.0]  # loss, tokens
-        self._on_device: torch.Tensor | None = None  # loss, tokens
+        self._on_device: list[torch.Tensor | None] = [None, None]  # loss (float32), tokens (int64)
 
     def add(self, tokens, loss) -> None:
         self.count += 1
@@ -284,9 +285,12 @@ class _LocalSums:
             self._losses += 1
         for slot, value in enumerate((loss, tokens)):
             if isinstance(value, torch.Tensor):
-                if self._on_device is None:
-                    self._on_device = torch.zeros(2, dtype=torch.float64, device=value.device)
-                self._on_device[slot] += value.detach().to(torch.float64).sum()
+                total, value = self._on_device[slot], value.detach()
+                if total is None:
+                    self._on_device[slot] = value.sum(dtype=torch.float32 if slot == 0 else torch.int64)
+                    continue
+                value = value.sum() if value.dim() else value
+                total.add_(value if value.dtype == total.dtype else value.to(total.dtype))
             elif value is not None:
                 self._host[slot] += float(value)
 
@@ -300,22 +304,28 @@ class _PendingSums:
     """An interval's sums on their way to the host: on a GPU, a copy queued behind the interval's steps (into
     page-locked memory, so it need not block) with an event after it, read an interval later."""
 
-    def __init__(self, host: list[float], losses: int, on_device: torch.Tensor | None):
-        self._host, self._losses, self._values, self._copied = host, losses, on_device, None
-        if on_device is not None and on_device.device.type == "cuda":
-            self._values = torch.empty(2, dtype=torch.float64, pin_memory=True)
-            self._values.copy_(on_device, non_blocking=True)
+    def __init__(self, host: list[float], losses: int, on_device: list[torch.Tensor | None]):
+        self._host, self._losses, self._copied = host, losses, None
+        self._values = [value for value in on_device]
+        on_gpu = [value for value in on_device if value is not None and value.device.type == "cuda"]
+        if on_gpu:
+            stacked = torch.stack([torch.zeros((), dtype=torch.float64, device=on_gpu[0].device) if value is None
+                                   else value.to(torch.float64) for value in on_device])
+            copy = torch.empty(2, dtype=torch.float64, pin_memory=True)
+            copy.copy_(stacked, non_blocking=True)
+            self._values = [copy, None]
             self._copied = torch.cuda.Event()
             self._copied.record()
 
     def result(self) -> tuple[float | None, int]:
-        """(mean loss, None if no step gave one; tokens); waits, if need be, until the device has run the interval."""
+        """(mean loss, None if no step gave one; tokens); waits, if need be, until the device has run the
+        interval."""
         if self._copied is not None:
             self._copied.synchronize()
-        loss, tokens = self._host
-        if self._values is not None:
-            device_loss, device_tokens = self._values.tolist()
-            loss, tokens = loss + device_loss, tokens + device_tokens
+            device_loss, device_tokens = self._values[0].tolist()
+        else:
+            device_loss, device_tokens = (0.0 if value is None else value.item() for value in self._values)
+        loss, tokens = self._host[0] + device_loss, self._host[1] + device_tokens
         return (loss / self._losses if self._losses else None), int(tokens)
 
 
