@@ -148,8 +148,8 @@ def test_comm_bound_when_every_rank_waits_for_the_all_reduce():
                                                                        comm_seconds=0.18)]
     verdicts = diagnose(Snapshot("test", NOW, ranks), LIMITS)
     assert kinds(verdicts) == ["comm-bound"]
-    assert "at least 40% of its step time (threshold 25%)" in verdicts[0].summary
-    assert verdicts[0].evidence[0] == ("rank 0: waits for the gradient all-reduce 50% of its step time (150 ms "
+    assert "at least 40% of its step time for communication (threshold 25%)" in verdicts[0].summary
+    assert verdicts[0].evidence[0] == ("rank 0: waits for communication 50% of its step time (150 ms "
                                        "exposed of 200 ms communication per step)")
     assert "bucket_cap_mb" in verdicts[0].fix and "NCCL_P2P_DISABLE" in verdicts[0].fix
     assert figures(Snapshot("test", NOW, ranks))["comm_exposed_ratio_min"] == 0.4
@@ -448,6 +448,12 @@ def test_a_slow_link_is_comm_bound_by_the_share_its_delay_predicts(tmp_path):
     with live_run(tmp_path / "delayed", *options, env={TEST_ALLREDUCE_DELAY_ENV: str(delay)}, steps=6) as url:
         verdicts = diagnose_url(url, interval=6.0)
     assert kinds(verdicts) == ["comm-bound"], verdicts
+    # The evidence, through the exporter: what each rank's all-reduce carried, its setup (gloo, no NCCL switch) and
+    # /dev/shm (never flagged under gloo); CPU ranks have no GPU links.
+    evidence = "\n".join(verdicts[0].evidence)
+    assert re.search(r"rank 1: .* communicated per step at [0-9.]+ [MG]B/s bus bandwidth", evidence), evidence
+    assert "no NCCL switch set on any rank (backend gloo)" in evidence and "/dev/shm is" in evidence, evidence
+    assert "smaller than" not in evidence and "GPU" not in evidence, evidence
     for rank, before in enumerate(plain):
         added = before.buckets * delay
         predicted = (before.exposed_seconds + added) / (before.step_seconds + added)

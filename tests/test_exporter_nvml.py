@@ -119,7 +119,9 @@ def test_h100_exports_every_field_in_base_units():
 def test_gpu_series_carry_only_gpu_and_uuid():
     rig = exporter("mixed")
     dimensions = {"trainstack_gpu_info": {"name", "pci_bus_id", "driver_version"},
-                  "trainstack_gpu_clock_event_active": {"reason"}}
+                  "trainstack_gpu_clock_event_active": {"reason"},
+                  "trainstack_gpu_link_info": {"pcie_generation", "pcie_width", "pcie_max_generation",
+                                               "pcie_max_width", "nvlinks_active"}}
     for (name, labels) in rig.scrape():
         if name.startswith("trainstack_gpu_"):
             assert {k for k, _ in labels} == {"gpu", "uuid"} | dimensions.get(name, set()), name
@@ -134,6 +136,36 @@ def test_nvlink_traffic_is_summed_over_all_links():
     total_kib = sum(1000 * (link + 1) for link in range(18))
     assert value(rig.scrape(), "trainstack_gpu_nvlink_transmit_bytes_total", gpu="0",
                  uuid=H100_UUID) == total_kib * 1024
+
+
+def link_info(samples) -> dict[str, dict[str, str]]:
+    """gpu index -> the labels of its trainstack_gpu_link_info series, less gpu and uuid."""
+    return {dict(labels)["gpu"]: {k: v for k, v in labels if k not in ("gpu", "uuid")}
+            for name, labels in samples if name == "trainstack_gpu_link_info"}
+
+
+def test_the_links_each_gpu_has_are_served_nvlink_and_a_pcie_link_below_its_maximum():
+    links = {"dgx_h100": link_info(exporter("dgx_h100").scrape()),
+             "pcie_pair": link_info(exporter("pcie_pair").scrape())}
+    h100 = {"pcie_generation": "5", "pcie_width": "16", "pcie_max_generation": "5", "pcie_max_width": "16",
+            "nvlinks_active": "18"}
+    assert links["dgx_h100"] == {str(gpu): h100 for gpu in range(8)}
+    a100 = {"pcie_generation": "4", "pcie_width": "16", "pcie_max_generation": "4", "pcie_max_width": "16",
+            "nvlinks_active": "0"}  # 12 links, no bridge: none active
+    assert links["pcie_pair"] == {"0": a100, "1": a100 | {"pcie_width": "8"}}
+
+
+def test_a_link_call_the_driver_lacks_leaves_its_label_empty_and_is_asked_once():
+    host = json.loads((fake.DATA_DIR / "hosts/mixed.json").read_text())
+    host["missing_functions"] = ["nvmlDeviceGetMaxPcieLinkWidth"]
+    rig = Rig(host, slow_interval=1.0)
+    for _ in range(3):
+        samples = rig.scrape()
+    # The T4 (gpu 2) has no NVLink at all: its NVLink label is empty too, and neither is an NVML error per scrape.
+    assert link_info(samples)["2"] == {"pcie_generation": "3", "pcie_width": "16", "pcie_max_generation": "3",
+                                       "pcie_max_width": "", "nvlinks_active": ""}
+    assert fake.call_counts()["nvmlDeviceGetMaxPcieLinkWidth"] == 4  # once per GPU, then remembered
+    assert errors(samples)[("nvmlDeviceGetMaxPcieLinkWidth", "FunctionNotFound")] == 4
 
 
 def test_unsupported_fields_are_omitted_and_asked_once():
@@ -178,6 +210,11 @@ FAST_SAMPLE_CALLS = {"nvmlDeviceGetUtilizationRates": 8, "nvmlDeviceGetMemoryInf
                      "nvmlDeviceGetClockInfo": 16, "nvmlDeviceGetCurrentClocksEventReasons": 8,
                      "nvmlDeviceGetPowerUsage": 8, "nvmlDeviceGetComputeRunningProcesses": 8,
                      "nvmlDeviceGetGraphicsRunningProcesses": 8, "nvmlEventSetWait_v2": 1}
+# A slow sample adds, per GPU, one field-values call for the counters and the link calls: PCIe generation and width
+# now and at most, and the state of each of an H100's 18 NVLinks.
+SLOW_SAMPLE_CALLS = FAST_SAMPLE_CALLS | {
+    "nvmlDeviceGetFieldValues": 8, "nvmlDeviceGetCurrPcieLinkGeneration": 8, "nvmlDeviceGetCurrPcieLinkWidth": 8,
+    "nvmlDeviceGetMaxPcieLinkGeneration": 8, "nvmlDeviceGetMaxPcieLinkWidth": 8, "nvmlDeviceGetNvLinkState": 8 * 18}
 
 
 def test_a_slow_sample_reads_power_limit_and_violation_counters_with_the_other_fields_in_one_call():
@@ -187,8 +224,8 @@ def test_a_slow_sample_reads_power_limit_and_violation_counters_with_the_other_f
         samples = rig.scrape()
     per_scrape = {call: n / 3 for call, n in (fake.call_counts() - at_start).items()}
     # Per GPU: utilization, memory, temperature, 2 clocks, clock events, power, the compute and graphics process
-    # lists, and one field-values call for the rest; per host: the Xid event poll.
-    assert per_scrape == FAST_SAMPLE_CALLS | {"nvmlDeviceGetFieldValues": 8}
+    # lists, one field-values call for the rest, and the links; per host: the Xid event poll.
+    assert per_scrape == SLOW_SAMPLE_CALLS
     gpu0 = {"gpu": "0", "uuid": H100_UUID}
     assert value(samples, "trainstack_gpu_power_watts", **gpu0) == pytest.approx(612.845)
     assert value(samples, "trainstack_gpu_power_limit_watts", **gpu0) == 700
@@ -214,7 +251,7 @@ def test_slow_fields_are_read_at_their_own_cadence_and_keep_their_last_exact_val
     slow_seconds = [second for second, calls in enumerate(counted, 1) if calls["nvmlDeviceGetFieldValues"]]
     assert slow_seconds == [30, 60]
     assert all(dict(calls) == FAST_SAMPLE_CALLS for second, calls in enumerate(counted, 1) if second % 30)
-    assert dict(counted[29]) == FAST_SAMPLE_CALLS | {"nvmlDeviceGetFieldValues": 8}
+    assert dict(counted[29]) == SLOW_SAMPLE_CALLS
     samples = render(rig.registry)
     energy = value(samples, "trainstack_gpu_energy_joules_total", gpu="0", uuid=H100_UUID)
     assert energy > value(first, "trainstack_gpu_energy_joules_total", gpu="0", uuid=H100_UUID)  # read again

@@ -168,7 +168,24 @@ TRAIN_COMM_BYTES = Metric(
     RANK_LABELS, TELEMETRY,
     "the collectives' sizes: DDP's gradient buckets; FSDP's all-gathers (the gathered parameters) and "
     "reduce-scatters (the gradients before scattering); per step: its rate over the steps' rate",
-    unit="bytes", absent_when=_COMM_ABSENT)
+    unit="bytes", absent_when=_COMM_ABSENT, readers=("diagnose comm-bound",))
+# The NCCL switches a rank publishes, as labels: each is the environment variable's name in lower case.
+NCCL_SWITCH_LABELS = ("nccl_p2p_disable", "nccl_shm_disable", "nccl_ib_disable", "nccl_socket_ifname")
+TRAIN_COMM_SETUP_INFO = Metric(
+    "trainstack_train_comm_setup_info", GAUGE,
+    "How the rank's gradient communication is set up: its process group's backend and the NCCL switches.",
+    ("rank", "backend", *NCCL_SWITCH_LABELS), TELEMETRY,
+    "the rank's process-group backend (`nccl`, `gloo`) and the value of each NCCL switch in its environment "
+    "(`NCCL_P2P_DISABLE`, `NCCL_SHM_DISABLE`, `NCCL_IB_DISABLE`, `NCCL_SOCKET_IFNAME`; empty where unset), "
+    "written once, when the rank starts timing its DDP all-reduce (train/rank/comm_setup.py)", values="1",
+    absent_when=_COMM_ABSENT, readers=("diagnose comm-bound",))
+TRAIN_SHM_BYTES = Metric(
+    "trainstack_train_shm_bytes", GAUGE, "Size of /dev/shm where the rank runs.", RANK_LABELS, TELEMETRY,
+    "size of the `/dev/shm` file system the rank sees (`os.statvfs`), which NCCL's shared-memory transport between "
+    "the ranks of a node uses: a container's default 64 MiB makes it fall back to slower paths; written once, "
+    "with the communication setup",
+    unit="bytes", absent_when=f"{_COMM_ABSENT}; or the rank sees no /dev/shm",
+    readers=("diagnose comm-bound",))
 TRAIN_TIME = Metric(
     "trainstack_train_time_seconds_total", COUNTER,
     "Where the rank's time went, by part: compute, comm_exposed, data_starvation, host_bound, evaluation, "
@@ -250,7 +267,7 @@ TRAIN_RUN_INFO = Metric(
     TELEMETRY,
     "the run; `clock` is where the rank measures step, forward and data-wait times: `gpu` (its GPU's timeline) "
     "or `host`; `strategy`: `ddp` or `fsdp`", values="1",
-    readers=("diagnose input-bound", "diagnose figures"))
+    readers=("diagnose input-bound", "diagnose comm-bound", "diagnose figures"))
 
 # --- GPUs: read from NVML by the exporter (monitoring/exporter/gpu.py) ---------------------------------------
 
@@ -260,6 +277,17 @@ GPU_INFO = Metric(
     "`nvmlDeviceGetName`, `nvmlDeviceGetPciInfo`, `nvmlSystemGetDriverVersion` (read once)", values="1",
     readers=("variable gpu", "diagnose gpus-unused", "diagnose throttled", "diagnose memory-full",
              "diagnose figures"))
+# The GPU's links, as labels of trainstack_gpu_link_info; a label is empty where the driver lacks its call.
+GPU_LINK_LABELS = ("pcie_generation", "pcie_width", "pcie_max_generation", "pcie_max_width", "nvlinks_active")
+GPU_LINK_INFO = Metric(
+    "trainstack_gpu_link_info", INFO, "The GPU's links: PCIe generation and width, now and at most; NVLinks active.",
+    (*GPU_LABELS, *GPU_LINK_LABELS), NVML,
+    "`nvmlDeviceGetCurrPcieLinkGeneration`, `nvmlDeviceGetCurrPcieLinkWidth`, `nvmlDeviceGetMaxPcieLinkGeneration`, "
+    "`nvmlDeviceGetMaxPcieLinkWidth` (the most this GPU and its slot allow), and the links "
+    "`nvmlDeviceGetNvLinkState` calls active, of the `NVML_FI_DEV_NVLINK_LINK_COUNT` the GPU has; read at the slow "
+    "cadence (a PCIe link can train down while the exporter runs). A label is empty where the GPU or driver lacks "
+    "the call: `nvlinks_active` on a GPU without NVLink", values="1",
+    absent_when="NVML answers none of the calls", readers=("diagnose comm-bound",))
 GPU_UTILIZATION = Metric(
     "trainstack_gpu_utilization_ratio", GAUGE,
     "Share of the last sample period in which a kernel was running (not SM occupancy).", GPU_LABELS, NVML,

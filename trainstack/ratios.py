@@ -85,6 +85,8 @@ HOST_BOUND_SHARE = Ratio(
 COMM_SECONDS = Ratio(
     catalog.TRAIN_COMM_SECONDS.name, catalog.TRAIN_STEPS.name,
     "communication per optimizer step, while at least one collective was in flight, hidden or not")
+COMM_BYTES_PER_STEP = Ratio(
+    catalog.TRAIN_COMM_BYTES.name, catalog.TRAIN_STEPS.name, "bytes of the rank's collectives per optimizer step")
 FORWARD_SECONDS = Ratio(
     catalog.TRAIN_FORWARD_SECONDS.name, catalog.TRAIN_STEPS.name,
     "mean forward-pass time per optimizer step: the rank's own speed, before any collective")

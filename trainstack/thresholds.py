@@ -58,6 +58,12 @@ COMM_BOUND = Threshold(
     "every rank of the job waits for its gradient all-reduce, after its backward compute has ended, more than this "
     "share of its step time (a quarter of each step spent waiting on the network; a straggler's peers wait too, "
     "but the straggler itself does not)", "TrainstackCommunicationBound")
+SHM_PER_RANK = Threshold(
+    "shm_mib_per_rank", 96.0, "MiB of /dev/shm per rank on the node",
+    "/dev/shm is smaller than this times the ranks on its node: NCCL's shared-memory transport and proxy buffers "
+    "need about this much per GPU rank (NVIDIA's PyTorch containers ask for --shm-size=1g for 8 GPUs, this figure "
+    "with room to spare; a container's default 64 MiB is too small for even one); `trainstack doctor` adds the "
+    "loader workers' batches to it before a run")
 HOST_BOUND = Threshold(
     "host_bound_ratio", 0.2, "share of step time",
     "a rank's GPU idles, though neither starved of data nor waiting on communication, more than this share of its "

@@ -34,9 +34,33 @@ class RankView:
     runs no DDP all-reduce (one process, FSDP)."""
     comm_seconds: float | None = None
     """Gradient communication per step, hidden by backward compute or not."""
+    comm_bytes_per_step: float | None = None
+    """Gradient bytes the rank all-reduced per step."""
+    world_size: int | None = None
+    strategy: str = ""
+    """How the rank shares its model: ddp, fsdp (catalog.TRAIN_RUN_INFO); "" where it does not say."""
+    backend: str = ""
+    """The rank's process-group backend (nccl, gloo); "" where it does not say."""
+    nccl_switches: dict[str, str] = field(default_factory=dict)
+    """NCCL environment variable -> its value, for each switch set in the rank's environment (not empty, not 0)."""
+    shm_bytes: float | None = None
+    """Size of the /dev/shm the rank sees."""
     host_bound_ratio: float | None = None
     """Share of step time the rank's GPU idled though neither starved nor waiting on communication
     (trainstack/breakdown.py); None where it is not measured (CPU ranks, a GPU NVML cannot read)."""
+
+    @property
+    def bus_bytes_per_second(self) -> float | None:
+        """The bus bandwidth the rank's collectives achieved, NCCL's "busbw" (nccl-tests' PERFORMANCE.md): bytes
+        per step over communication time per step, times the share of the data each rank sends and receives, so
+        that the figure compares with the link's own speed at any world size: 2(n-1)/n for DDP's ring all-reduce,
+        (n-1)/n for FSDP's all-gathers and reduce-scatters (their bytes are counted at full size).
+        Communication time runs from the first bucket's launch, so time a bucket waited for backward compute
+        counts too: a lower bound on what the link carried."""
+        if not (self.comm_bytes_per_step and self.comm_seconds and self.world_size and self.world_size > 1):
+            return None
+        factor = (1 if self.strategy == "fsdp" else 2) * (self.world_size - 1) / self.world_size
+        return self.comm_bytes_per_step / self.comm_seconds * factor
 
 
 @dataclass(frozen=True)
@@ -50,6 +74,20 @@ class GpuView:
     power_throttle_ratio: float | None = None
     sm_clock_ratio: float | None = None
     """Current SM clock over its maximum."""
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+    pcie_max_generation: int | None = None
+    """The most this GPU and its slot allow."""
+    pcie_max_width: int | None = None
+    nvlinks_active: int | None = None
+    """None on a GPU without NVLink."""
+
+    @property
+    def pcie_below_max(self) -> bool:
+        """The PCIe link runs at a lower generation or width than GPU and slot allow (the lower generation of an
+        idle GPU saving power is no concern; a busy one's is, as is a narrower link at any time)."""
+        return any(now is not None and most is not None and now < most for now, most in (
+            (self.pcie_generation, self.pcie_max_generation), (self.pcie_width, self.pcie_max_width)))
 
 
 @dataclass(frozen=True)
@@ -133,8 +171,8 @@ def _gpu_sample_ages(source: Source) -> dict[str, tuple[float, float]]:
 
 def _ranks(source: Source) -> list[RankView]:
     info = _labels_by_rank(source.instant(catalog.TRAIN_RANK_INFO.name))
-    clocks = {rank: labels["clock"] for rank, labels in
-              _labels_by_rank(source.instant(catalog.TRAIN_RUN_INFO.name)).items() if labels.get("clock")}
+    run_info = _labels_by_rank(source.instant(catalog.TRAIN_RUN_INFO.name))
+    clocks = {rank: labels["clock"] for rank, labels in run_info.items() if labels.get("clock")}
     steps = _by("rank", source.instant(catalog.TRAIN_STEPS.name))
     step_rate = _by("rank", source.rate(catalog.TRAIN_STEPS.name))
     samples_rate = _by("rank", source.rate(catalog.TRAIN_SAMPLES.name))
@@ -144,6 +182,11 @@ def _ranks(source: Source) -> list[RankView]:
     forward = _ratio_of(source, ratios.FORWARD_SECONDS, "rank")
     comm_exposed = _ratio_of(source, ratios.COMM_EXPOSED_SHARE, "rank")
     comm = _ratio_of(source, ratios.COMM_SECONDS, "rank")
+    comm_bytes = _ratio_of(source, ratios.COMM_BYTES_PER_STEP, "rank")
+    world_sizes = {rank: int(labels["world_size"]) for rank, labels in run_info.items()
+                   if labels.get("world_size", "").isdigit()}
+    comm_setup = _labels_by_rank(source.instant(catalog.TRAIN_COMM_SETUP_INFO.name))
+    shm = _by("rank", source.instant(catalog.TRAIN_SHM_BYTES.name))
     host_bound = _ratio_of(source, ratios.HOST_BOUND_SHARE, "rank")
     last = _by("rank", source.instant(catalog.TRAIN_LAST_STEP.name))
     mfu = _by("rank", source.instant(catalog.TRAIN_MFU.name))
@@ -157,9 +200,18 @@ def _ranks(source: Source) -> list[RankView]:
             clock=clocks.get(rank, "host"), step_seconds=step_seconds.get(rank),
             forward_seconds=forward.get(rank), last_step_time=last.get(rank) or None, mfu=mfu.get(rank),
             comm_exposed_ratio=comm_exposed.get(rank), comm_seconds=comm.get(rank),
-            host_bound_ratio=host_bound.get(rank),
+            host_bound_ratio=host_bound.get(rank), comm_bytes_per_step=comm_bytes.get(rank),
+            world_size=world_sizes.get(rank), strategy=run_info.get(rank, {}).get("strategy", ""),
+            backend=comm_setup.get(rank, {}).get("backend", ""),
+            nccl_switches=_switches_set(comm_setup.get(rank, {})), shm_bytes=shm.get(rank),
         ))
     return views
+
+
+def _switches_set(labels: dict[str, str]) -> dict[str, str]:
+    """The NCCL switches a rank's setup labels carry, by environment variable, where set (0 switches one off)."""
+    return {label.upper(): value for label in catalog.NCCL_SWITCH_LABELS
+            if (value := labels.get(label, "").strip()) not in ("", "0")}
 
 
 def _active_reasons(source: Source) -> dict[str, set[str]]:
@@ -181,6 +233,7 @@ def _gpus(source: Source) -> list[GpuView]:
     clock = _ratio_of(source, ratios.SM_CLOCK_SHARE, "uuid")
     # GPUs without violation counters: whether a throttle reason holds the clocks down right now.
     active = _active_reasons(source)
+    links = {labels["uuid"]: labels for labels, _ in source.instant(catalog.GPU_LINK_INFO.name) if "uuid" in labels}
     views = []
     for uuid, labels in sorted(info.items(), key=lambda item: int(item[1].get("gpu", "0"))):
         views.append(GpuView(
@@ -189,5 +242,7 @@ def _gpus(source: Source) -> list[GpuView]:
             thermal_throttle_ratio=ratios.THERMAL_THROTTLE.of(thermal.get(uuid), active.get(uuid)),
             power_throttle_ratio=ratios.POWER_THROTTLE.of(power.get(uuid), active.get(uuid)),
             sm_clock_ratio=clock.get(uuid),
+            **{label: int(value) for label in catalog.GPU_LINK_LABELS
+               if (value := links.get(uuid, {}).get(label, "")).isdigit()},  # "": the driver lacks the call
         ))
     return views

@@ -3,6 +3,7 @@ The fixes say the same as the alerts' descriptions (monitoring/prometheus/rules/
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,6 +11,9 @@ from dataclasses import dataclass
 from trainstack import catalog
 from trainstack.monitoring.diagnose.snapshot import GpuProcess, GpuView, RankView, Snapshot
 from trainstack.monitoring.diagnose.thresholds import Thresholds
+from trainstack.units import human_bytes
+
+MIB, GIB = 1 << 20, 1 << 30
 
 
 @dataclass(frozen=True)
@@ -215,28 +219,127 @@ def straggler(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
 
 def comm_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     """Judged on the least exposed rank: a straggler's peers wait for it inside the all-reduce, but the straggler
-    itself does not, so only a slow link makes every rank wait (and the straggler check names a slow rank)."""
+    itself does not, so only a slow link makes every rank wait (and the straggler check names a slow rank). The
+    evidence says what the link carried and what may slow it: the GPUs' links, NCCL switches, /dev/shm."""
     measured = [r for r in snapshot.ranks if r.comm_exposed_ratio is not None]
     if len(measured) < len(snapshot.ranks) or not measured:
         return None
     least = min(r.comm_exposed_ratio for r in measured)
     if least <= limits.comm_bound_ratio:
         return None
-    evidence = []
-    for r in measured:
-        total = "" if r.comm_seconds is None else f" of {1000 * r.comm_seconds:.0f} ms communication per step"
-        exposed = "" if r.step_seconds is None else f"{1000 * r.comm_exposed_ratio * r.step_seconds:.0f} ms exposed"
-        evidence.append(f"rank {r.rank}: waits for the gradient all-reduce {_percent(r.comm_exposed_ratio)} of its "
-                        f"step time ({exposed}{total})")
+    gpus = {g.uuid: g for g in snapshot.gpus}
+    links = [(r, gpus[r.uuid]) for r in measured if r.uuid in gpus]
+    evidence = [_comm_per_rank(r) for r in measured]
+    evidence += [_links(r, g) for r, g in links]
+    evidence += _nccl_switches(measured)
+    shm = _shm_by_node(snapshot, limits)
+    evidence += [_shm(node, *figures) for node, figures in shm.items()]
+    small_shm = {node: needed for node, (size, _, needed) in shm.items() if size < needed}
+    first = [fix for fix in (_switches_fix(measured), _shm_fix(small_shm),
+                             _pcie_fix([g for _, g in links if g.pcie_below_max])) if fix]
     return Verdict(
-        "comm-bound", f"communication-bound: every rank waits for the gradient all-reduce at least {_percent(least)} "
-        f"of its step time (threshold {_percent(limits.comm_bound_ratio)}): backward compute does not hide it",
+        "comm-bound", f"communication-bound: every rank waits at least {_percent(least)} of its step time for "
+        f"communication (threshold {_percent(limits.comm_bound_ratio)}): compute does not hide it",
         tuple(evidence),
+        "".join(f"{fix}; " for fix in first) +
         "fewer all-reduces per sample: a larger per-rank --batch-size or --gradient-accumulation-steps (the "
         "micro-batches before the last skip the all-reduce under no_sync); fewer, larger buckets (DDP "
         "bucket_cap_mb); a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in containers, and "
         "that NCCL_P2P_DISABLE, NCCL_SHM_DISABLE or NCCL_IB_DISABLE are not set; or --strategy fsdp",
     )
+
+
+def _comm_per_rank(r: RankView) -> str:
+    total = "" if r.comm_seconds is None else f" of {1000 * r.comm_seconds:.0f} ms communication per step"
+    exposed = "" if r.step_seconds is None else f"{1000 * r.comm_exposed_ratio * r.step_seconds:.0f} ms exposed"
+    carried = ""
+    if r.comm_bytes_per_step is not None:
+        bus = r.bus_bytes_per_second
+        carried = f"; {human_bytes(r.comm_bytes_per_step)} communicated per step" + (
+            "" if bus is None else f" at {_bandwidth(bus)} bus bandwidth")
+    return f"rank {r.rank}: waits for communication {_percent(r.comm_exposed_ratio)} of its step time " \
+           f"({exposed}{total}){carried}"
+
+
+def _bandwidth(bytes_per_second: float) -> str:
+    """As nccl-tests prints it: decimal GB/s, or MB/s for a link slower than one GB/s."""
+    if bytes_per_second >= 1e9:
+        return f"{bytes_per_second / 1e9:.1f} GB/s"
+    return f"{bytes_per_second / 1e6:.1f} MB/s"
+
+
+def _links(r: RankView, g: GpuView) -> str:
+    if g.nvlinks_active:
+        nvlink = f"{g.nvlinks_active} NVLinks active"
+    else:
+        nvlink = "no NVLink" if g.nvlinks_active is None else "no NVLink active"
+        nvlink += " (traffic to other GPUs crosses PCIe)"
+    parts = [nvlink]
+    if g.pcie_generation is not None and g.pcie_width is not None:
+        pcie = f"PCIe gen {g.pcie_generation} x{g.pcie_width}"
+        if g.pcie_below_max:
+            pcie += f", below its maximum gen {g.pcie_max_generation} x{g.pcie_max_width}"
+        parts.append(pcie)
+    return f"rank {r.rank}'s GPU {g.index}: " + "; ".join(parts)
+
+
+def _nccl_switches(ranks: list[RankView]) -> list[str]:
+    """The switches set, one line per set of ranks sharing them; where the ranks publish their setup and set none,
+    one line saying so."""
+    published = [r for r in ranks if r.backend]
+    by_switches: dict[tuple, list[RankView]] = {}
+    for r in published:
+        if r.nccl_switches:
+            by_switches.setdefault(tuple(sorted(r.nccl_switches.items())), []).append(r)
+    if published and not by_switches:
+        return [f"no NCCL switch set on any rank (backend {published[0].backend})"]
+    return [f"{_ranks_list(group)}: {', '.join(f'{name}={value}' for name, value in switches)} set "
+            f"(backend {group[0].backend})" for switches, group in by_switches.items()]
+
+
+def _switches_fix(ranks: list[RankView]) -> str:
+    disabled = sorted({name for r in ranks if r.backend != "gloo" for name in r.nccl_switches
+                       if name.endswith("_DISABLE")})
+    return f"unset {', '.join(disabled)} (a debugging switch that takes the fast path away)" if disabled else ""
+
+
+def _shm_by_node(snapshot: Snapshot, limits: Thresholds) -> dict[str, tuple[float, int, float]]:
+    """node -> (the smallest /dev/shm its ranks report, its ranks, what NCCL needs there), where a rank reports it.
+    NCCL's shared-memory transport needs thresholds.SHM_PER_RANK per rank; a gloo job does not use it."""
+    found: dict[str, tuple[float, int, float]] = {}
+    for node in {r.node for r in snapshot.ranks}:
+        on_node = [r for r in snapshot.ranks if r.node == node]
+        sizes = [r.shm_bytes for r in on_node if r.shm_bytes is not None]
+        if sizes:
+            needed = 0.0 if all(r.backend == "gloo" for r in on_node) else \
+                len(on_node) * limits.shm_mib_per_rank * MIB
+            found[node] = (min(sizes), len(on_node), needed)
+    return dict(sorted(found.items()))
+
+
+def _shm(node: str, shm: float, ranks: int, needed: float) -> str:
+    where = f"node {node}" if node else "the node"
+    if shm < needed:
+        return f"{where}: /dev/shm is {human_bytes(shm)}, smaller than the {human_bytes(needed)} NCCL's " \
+               f"shared-memory transport needs for its {ranks} rank{'s' if ranks > 1 else ''}"
+    return f"{where}: /dev/shm is {human_bytes(shm)}"
+
+
+def _shm_fix(small: dict[str, float]) -> str:
+    if not small:
+        return ""
+    size = max(1, math.ceil(max(small.values()) / GIB))
+    return f"give /dev/shm at least {size} GiB (docker run --shm-size={size}g or --ipc=host; Kubernetes: an emptyDir " \
+           "with medium: Memory)"
+
+
+def _pcie_fix(narrowed: list[GpuView]) -> str:
+    if not narrowed:
+        return ""
+    gpus = ", ".join(f"GPU {g.index} (gen {g.pcie_generation} x{g.pcie_width} of gen {g.pcie_max_generation} "
+                     f"x{g.pcie_max_width})" for g in narrowed)
+    return f"bring the PCIe link of {gpus} to its full speed: reseat the card, move it to a full-width slot, check " \
+           "the BIOS's lane settings and risers"
 
 
 def host_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:

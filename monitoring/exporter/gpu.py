@@ -14,6 +14,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from trainstack import catalog
+from trainstack.monitoring.exporter.nvml import LINK_ATTRIBUTES
 from trainstack.monitoring.exporter.sampler import Sampler
 
 # GpuSample attribute -> the metric it is served as.
@@ -91,7 +92,14 @@ class GpuCollector(Collector):
         for (index, uuid, xid), count in sorted(reading.xid_errors.items()):
             xids.add_metric([str(index), uuid, str(xid)], count)
 
-        for family in (info, sm_max, memory_max, *fields.values(), reasons, processes, xids):
+        links = catalog.family(catalog.GPU_LINK_INFO, labels=catalog.GPU_LABELS)
+        for sample in reading.samples:
+            answered = {attribute: getattr(sample, attribute) for attribute in LINK_ATTRIBUTES}
+            if any(value is not None for value in answered.values()):  # "": the driver lacks that call
+                links.add_metric([str(sample.index), sample.uuid],
+                                 {name: "" if value is None else str(value) for name, value in answered.items()})
+
+        for family in (info, sm_max, memory_max, *fields.values(), reasons, processes, xids, links):
             if family.samples:
                 yield family
 

@@ -3,16 +3,18 @@
 Every NVML call goes through `NvmlSession._ask`, where the rules live: a call a GPU does not support is remembered
 and never made again (its field is omitted, never a sentinel), every failure is counted by call and error, a GPU
 that answers NVMLError_GpuIsLost drops out for good, and nothing raises to the caller, so no NVML failure can fail
-a read. What cannot change while the exporter runs (name, UUID, PCI bus, maximum clocks, NVLinks) is read once.
+a read. What cannot change while the exporter runs (name, UUID, PCI bus, maximum clocks, how many NVLinks) is read
+once.
 
 A read has two parts, priced from a real driver (H100, driver 580; docs/metrics.md has the table). The fast part is
 the calls that cost 1-7 us each (utilization, memory, temperature, clocks, clock events, power, processes) and is
 read every sample. The slow part is the counters and slow sensors NVML offers as fields, in one
 nvmlDeviceGetFieldValues call per GPU: that call costs about 5 ms, 4.3 ms of it the energy counter alone, so
-monitoring/exporter/sampler.py reads it at a slower cadence. Power is read with nvmlDeviceGetPowerUsage rather than
-the field NVML_FI_DEV_POWER_AVERAGE: where the GPU has that field the call answers the same 1 s average (NVML's
-documentation: Ampere except GA100, and newer), and it keeps the fast part free of the field-values call, whose own
-price (~0.12 ms) would be most of a fast read.
+monitoring/exporter/sampler.py reads it at a slower cadence. The GPU's links (PCIe generation and width, NVLinks
+active: microseconds a call) are read with the slow part, as they seldom change. Power is read with
+nvmlDeviceGetPowerUsage rather than the field NVML_FI_DEV_POWER_AVERAGE: where the GPU has that field the call
+answers the same 1 s average (NVML's documentation: Ampere except GA100, and newer), and it keeps the fast part free
+of the field-values call, whose own price (~0.12 ms) would be most of a fast read.
 
 Every process NVML lists on a GPU (its compute and graphics lists) is read with its memory there, so a job that
 is no trainstack run still shows which process drives which GPUs (one process on several GPUs is nn.DataParallel's
@@ -63,8 +65,17 @@ FIELD_TARGETS = {
     FI_NVLINK_THROUGHPUT_DATA_TX: ("nvlink_transmit_bytes", 1024.0),  # KiB
     FI_NVLINK_THROUGHPUT_DATA_RX: ("nvlink_receive_bytes", 1024.0),
 }
+# The GPU's links, read with the slow part: they rarely change, but a PCIe link can train down to a lower width or
+# generation while the exporter runs. GpuSample attribute -> the call that answers it.
+PCIE_LINK_CALLS = {
+    "pcie_generation": "nvmlDeviceGetCurrPcieLinkGeneration",
+    "pcie_width": "nvmlDeviceGetCurrPcieLinkWidth",
+    "pcie_max_generation": "nvmlDeviceGetMaxPcieLinkGeneration",  # the most this GPU and its slot allow
+    "pcie_max_width": "nvmlDeviceGetMaxPcieLinkWidth",
+}
+LINK_ATTRIBUTES = (*PCIE_LINK_CALLS, "nvlinks_active")
 # GpuSample attributes of the slow part: a sample read without it has None there.
-SLOW_ATTRIBUTES = frozenset(attribute for attribute, _ in FIELD_TARGETS.values())
+SLOW_ATTRIBUTES = frozenset(attribute for attribute, _ in FIELD_TARGETS.values()) | frozenset(LINK_ATTRIBUTES)
 # Where a GPU or driver lacks one of these fields, the call that answers the same value, asked on its own instead:
 # drivers older than a field do not know it, and some drivers have no nvmlDeviceGetFieldValues at all.
 FALLBACK_CALLS = {
@@ -121,6 +132,12 @@ class GpuSample:
     ecc_uncorrected_errors: float | None = None
     nvlink_transmit_bytes: float | None = None
     nvlink_receive_bytes: float | None = None
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+    pcie_max_generation: int | None = None
+    pcie_max_width: int | None = None
+    nvlinks_active: int | None = None
+    """None on a GPU without NVLink; 0 on one whose links no bridge or switch connects."""
     pcie_transmit_bytes_per_second: float | None = None
     pcie_receive_bytes_per_second: float | None = None
     process_memory_bytes: dict[int, float] = field(default_factory=dict)
@@ -138,6 +155,8 @@ class Gpu:
     pci_bus_id: str = ""
     sm_clock_max_hertz: float | None = None
     memory_clock_max_hertz: float | None = None
+    nvlinks: int | None = None
+    """How many NVLinks the GPU has (NVML_FI_DEV_NVLINK_LINK_COUNT); None on a GPU without NVLink."""
     field_requests: tuple[tuple[int, int], ...] = ()
     unsupported: set[tuple] = field(default_factory=set)
     lost: bool = False
@@ -305,6 +324,8 @@ class NvmlSession:
         requests = [(FI_POWER_CURRENT_LIMIT, 0), (FI_PERF_POLICY_POWER, 0),
                     (FI_PERF_POLICY_THERMAL, 0), (FI_MEMORY_TEMP, 0), (FI_TOTAL_ENERGY_CONSUMPTION, 0),
                     (FI_PCIE_REPLAY_COUNTER, 0), (FI_ECC_SBE_VOL_TOTAL, 0), (FI_ECC_DBE_VOL_TOTAL, 0)]
+        links = self._field_values(gpu, ((FI_NVLINK_LINK_COUNT, 0),)).get(FI_NVLINK_LINK_COUNT)
+        gpu.nvlinks = int(links) if links is not None else None
         if self._active_nvlinks(gpu):
             requests += [(FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS),
                          (FI_NVLINK_THROUGHPUT_DATA_RX, SCOPE_ALL_LINKS)]
@@ -312,10 +333,11 @@ class NvmlSession:
         if self._events is not None:
             self._ask(gpu, "nvmlDeviceRegisterEvents", EVENT_TYPE_XID_CRITICAL_ERROR, self._events)
 
-    def _active_nvlinks(self, gpu: Gpu) -> int:
+    def _active_nvlinks(self, gpu: Gpu) -> int | None:
         # A PCIe card can report links that no bridge connects: only active ones mean the GPU has NVLink traffic.
-        links = int(self._field_values(gpu, ((FI_NVLINK_LINK_COUNT, 0),)).get(FI_NVLINK_LINK_COUNT, 0))
-        return sum(self._ask(gpu, "nvmlDeviceGetNvLinkState", link) == FEATURE_ENABLED for link in range(links))
+        if gpu.nvlinks is None:
+            return None
+        return sum(self._ask(gpu, "nvmlDeviceGetNvLinkState", link) == FEATURE_ENABLED for link in range(gpu.nvlinks))
 
     # --- every sample ----------------------------------------------------------------------------------------
 
@@ -399,6 +421,9 @@ class NvmlSession:
         for field_id, value in values.items():
             attribute, factor = FIELD_TARGETS[field_id]
             setattr(sample, attribute, value * factor)
+        for attribute, call in PCIE_LINK_CALLS.items():
+            setattr(sample, attribute, self._ask(gpu, call))
+        sample.nvlinks_active = self._active_nvlinks(gpu)
 
     def _poll_events(self) -> None:
         """Drain the Xid events queued since the last read, without waiting for new ones."""

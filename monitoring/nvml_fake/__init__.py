@@ -454,6 +454,22 @@ def nvmlDeviceGetPcieThroughput(handle, counter: int) -> int:
     return _answer_for(gpu, "nvmlDeviceGetPcieThroughput", counter)
 
 
+def nvmlDeviceGetCurrPcieLinkGeneration(handle) -> int:
+    return _answer(_enter("nvmlDeviceGetCurrPcieLinkGeneration", handle), "nvmlDeviceGetCurrPcieLinkGeneration")
+
+
+def nvmlDeviceGetCurrPcieLinkWidth(handle) -> int:
+    return _answer(_enter("nvmlDeviceGetCurrPcieLinkWidth", handle), "nvmlDeviceGetCurrPcieLinkWidth")
+
+
+def nvmlDeviceGetMaxPcieLinkGeneration(handle) -> int:
+    return _answer(_enter("nvmlDeviceGetMaxPcieLinkGeneration", handle), "nvmlDeviceGetMaxPcieLinkGeneration")
+
+
+def nvmlDeviceGetMaxPcieLinkWidth(handle) -> int:
+    return _answer(_enter("nvmlDeviceGetMaxPcieLinkWidth", handle), "nvmlDeviceGetMaxPcieLinkWidth")
+
+
 def nvmlDeviceGetNvLinkState(handle, link: int) -> int:
     states = _answer(_enter("nvmlDeviceGetNvLinkState", handle), "nvmlDeviceGetNvLinkState")
     if link >= len(states):

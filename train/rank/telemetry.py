@@ -26,6 +26,7 @@ import torch
 from trainstack import breakdown, catalog, ratios
 from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, SEGMENT_ENDED, SEGMENT_MARKER, RunDir
 from trainstack.train.rank.comm import watch_gradient_communication
+from trainstack.train.rank.comm_setup import CommSetup
 from trainstack.train.rank.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
 from trainstack.train.rank.gpu_busy import GpuBusy
 from trainstack.train.rank.timeline import DeviceTimeline, IntervalSpans
@@ -245,6 +246,7 @@ class Telemetry:
         self._comm_watched = watch_gradient_communication(model, self._comm)
         if self._comm_watched and os.environ.get(METRICS_DIR_ENV):
             self._comm_metrics = CommMetrics.build(self._identity)
+            CommSetup.read().publish(self.rank)  # what diagnose's comm-bound evidence names
         if self._comm_watched and self._metrics:
             self._metrics.time.labels(self.rank, breakdown.COMM_EXPOSED)
         return self._comm_watched

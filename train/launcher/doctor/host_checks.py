@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 
+from trainstack import thresholds
 from trainstack.train.launcher.doctor.config import DoctorConfig, GiB, MiB
 from trainstack.train.launcher.doctor.inventory import GpuInventory
 from trainstack.train.launcher.doctor.result import CheckResult, Status
@@ -12,9 +13,8 @@ from trainstack.units import human_bytes
 
 # A DataLoader worker keeps prefetch_factor (default 2) batches in shared memory until the rank takes them.
 PREFETCH_FACTOR = 2
-# NCCL's shared-memory transport and proxy buffers per GPU rank; NVIDIA's PyTorch containers ask for 1 GiB
-# (--shm-size=1g) for an 8-GPU node, which is this figure with room to spare.
-NCCL_SHM_BYTES_PER_RANK = 96 * MiB
+# NCCL's shared-memory transport and proxy buffers per GPU rank: the figure diagnose's comm-bound evidence also uses.
+NCCL_SHM_BYTES_PER_RANK = int(thresholds.SHM_PER_RANK.value * MiB)
 DOCKER_DEFAULT_SHM = 64 * MiB
 
 
