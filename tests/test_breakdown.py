@@ -23,6 +23,7 @@ from trainstack.breakdown import (
     segment_seconds,
     split_step_time,
 )
+from trainstack.monitor import Monitor
 from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, SEGMENT_ENDED, SEGMENT_MARKER, RunDir, read_json_lines
 from trainstack.train.rank.gpu_busy import GpuBusy
 from trainstack.train.rank.telemetry import RankIdentity, Telemetry
@@ -137,6 +138,11 @@ def plain_env(monkeypatch):
     return launched
 
 
+def paused(telemetry: Telemetry, part: str):
+    """The pause as a loop marks it, through its monitor (trainstack.monitor, the public API)."""
+    return Monitor(telemetry, log_every=1000).pause(part)
+
+
 def step(telemetry: Telemetry, seconds: float = 0.0) -> None:
     telemetry.data_wait_started()
     telemetry.data_ready()
@@ -146,14 +152,14 @@ def step(telemetry: Telemetry, seconds: float = 0.0) -> None:
 
 def test_a_cpu_rank_records_its_startup_pauses_and_exit(tmp_path, plain_env):
     telemetry = Telemetry(tmp_path, identity(), 1.0, None, torch.device("cpu"))
-    with telemetry.pause("checkpoint_load"):
+    with paused(telemetry, "checkpoint_load"):
         time.sleep(0.2)
     step(telemetry, 0.01)
-    with telemetry.pause("evaluation"):
+    with paused(telemetry, "evaluation"):
         time.sleep(0.2)
     step(telemetry, 0.01)  # timed from the evaluation's end: the pause is no step
     telemetry.interval_done(telemetry.interval_ended(), 12, 0, 2.0, 0.1, 40)
-    with telemetry.pause("checkpoint_save"):
+    with paused(telemetry, "checkpoint_save"):
         time.sleep(0.2)
     telemetry.close()
     lines = read_json_lines(RunDir(tmp_path).rank_records(0))
@@ -242,7 +248,7 @@ def test_a_gpu_rank_splits_its_steps_by_the_busy_share_nvml_sampled(tmp_path, pl
     gpu.drain()
     time.sleep(0.01)
     telemetry.interval_done(telemetry.interval_ended(), 10, 0, 2.0, 0.1, 40)
-    with telemetry.pause("checkpoint_save"):
+    with paused(telemetry, "checkpoint_save"):
         nvml.add(time.time(), 0)  # the device idles while the checkpoint is written: no step's business
         time.sleep(0.01)
     nvml.add(time.time() + 0.005, 90)

@@ -54,7 +54,7 @@ PARTS = {
 STEP_PARTS = (COMPUTE, COMM_EXPOSED, DATA_STARVATION, HOST_BOUND)
 """The parts a step's time splits into (`split_step_time`)."""
 PAUSES = ("evaluation", "checkpoint_save", "checkpoint_load", COMPILE)
-"""The pauses a loop times around its code (Telemetry.pause)."""
+"""The pauses a loop times around its code (trainstack.monitor's `pause`)."""
 LIVE_PARTS = tuple(part for part in PARTS if part not in (LOST_PROGRESS, OTHER))
 """The parts a rank measures as it runs (the counter's `part` values); the last two are known only afterwards."""
 

@@ -5,8 +5,8 @@ microseconds per step) and appends one JSON line per log interval. The loss it p
 monitor sums it on the device, trainstack/monitor.py): ranks whose losses part for long train on different data.
 
 It also says where the rank's wall time goes (trainstack/breakdown.py): each interval's step time split into its
-parts, the pauses the loop reports (`pause`), the startup from the launch to the first step, and, as the rank exits,
-a closing line whose time ends the rank's wall time.
+parts, the pauses the loop reports (`pause_started`, `pause_ended`), the startup from the launch to the first step,
+and, as the rank exits, a closing line whose time ends the rank's wall time.
 """
 
 from __future__ import annotations
@@ -334,15 +334,6 @@ class Telemetry:
         self._not_training(part, seconds, (pause.started_at, pause.started_at + seconds))
         self.resync_clock()
         return seconds
-
-    @contextmanager
-    def pause(self, part: str):
-        """`with telemetry.pause("evaluation"): ...`: pause_started and pause_ended around the block."""
-        self.pause_started(part)
-        try:
-            yield
-        finally:
-            self.pause_ended(part)
 
     def _not_training(self, part: str, seconds: float, span: tuple[float, float]) -> None:
         """A pause or the startup: into this interval's record, after the steps counted so far."""
