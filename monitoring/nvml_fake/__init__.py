@@ -7,6 +7,15 @@ the NVML constant passed to it; `hosts/<name>.json` puts GPUs of those models in
 
 A host file's "processes" map a GPU index to the processes NVML lists on it: pid, used_gpu_memory (bytes), and
 optionally the name NVML gives the process and its type ("C" compute, "G" graphics, "C+G"; "C" when absent).
+An entry with "watched": true stands for the command a trainstack launcher runs beside the exporter (`trainstack
+watch -- CMD`, `trainstack train`), so a script on the fake gets the verdicts for its own pid. The launcher starts
+the exporter first and the command after it (and starts the exporter again should it end), so no variable it hands
+the exporter can name the command's pid; it names itself instead, in TRAINSTACK_SUPERVISOR_PID, and the command is
+the other process it started. Where that variable is set, the entry answers that process's pid and, as NVML does,
+its argv[0] as its name; while the launcher has started no other process, or it has ended, the entry is not listed,
+as NVML lists no process then. Where it is not set (the fake loaded by a test, an exporter started by hand), the
+entry answers its own pid and name, as any entry does. The command's main process is what holds the GPUs for a
+script run directly (`python train.py`); through a wrapper (a shell, torchrun) the entry names the wrapper.
 
 A value in a data file is an NVML answer in NVML's own units (mW, mJ, MHz, ns, KiB), or the name of the error
 the call raises on that GPU ("NVMLError_NotSupported"), or a counter {"start": N, "per_second": R} that rises
@@ -41,6 +50,8 @@ from collections import Counter
 from pathlib import Path
 
 import pynvml as _real
+
+from trainstack.rundir import SUPERVISOR_PID_ENV
 
 # The constants and exception classes of the real module, so code written against pynvml runs unchanged.
 globals().update({
@@ -97,6 +108,8 @@ class _Host:
             self.gpus.append(_Gpu(index, gpu_spec, answers))
         self.gpus_by_address = {gpu.address: gpu for gpu in self.gpus}
         self.processes = {int(index): procs for index, procs in spec.get("processes", {}).items()}
+        self.watches = any(process.get("watched") for listed in self.processes.values() for process in listed)
+        self.watched = None  # psutil.Process: the watched command, found at the first call that lists it
         self.started = time.monotonic()
         self.initialised = False
         self.event_sets: list[list] = []
@@ -528,8 +541,38 @@ def _running_processes(call: str, handle, kind: str) -> list:
     return [
         _real.nvmlFriendlyObject({"pid": process["pid"], "usedGpuMemory": process["used_gpu_memory"],
                                   "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF})
-        for process in host.processes.get(gpu.index, ()) if kind in process.get("type", "C")
+        for process in _listed(host).get(gpu.index, ()) if kind in process.get("type", "C")
     ]
+
+
+def _listed(host: _Host) -> dict[int, list[dict]]:
+    """The host's processes by GPU index as NVML lists them now: under a launcher, each "watched" entry is the
+    watched command's process, or is left out while there is none (module docstring)."""
+    if not host.watches or not os.environ.get(SUPERVISOR_PID_ENV):
+        return host.processes
+    watched = _watched_command(host)
+    return {index: [{**process, "pid": watched[0], "name": watched[1]} if process.get("watched") else process
+                    for process in listed if watched or not process.get("watched")]
+            for index, listed in host.processes.items()}
+
+
+def _watched_command(host: _Host) -> tuple[int, str] | None:
+    """(pid, argv[0]) of the first process the launcher named in TRAINSTACK_SUPERVISOR_PID started, this one aside;
+    None while there is none. Searched again only once the one found has ended: a search reads all of /proc."""
+    import psutil  # only a host with a watched entry, run by a launcher, needs it
+
+    if host.watched is None or not host.watched.is_running():
+        try:
+            started = psutil.Process(int(os.environ[SUPERVISOR_PID_ENV])).children()
+        except psutil.NoSuchProcess:
+            started = []
+        host.watched = min((child for child in started if child.pid != os.getpid()),
+                           key=lambda child: (child.create_time(), child.pid), default=None)
+    try:
+        argv = host.watched.cmdline() if host.watched else []
+    except psutil.NoSuchProcess:  # ended since (a zombie too: it holds no GPU)
+        argv = []
+    return (host.watched.pid, argv[0]) if argv else None
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle):
@@ -549,10 +592,11 @@ def nvmlDeviceGetGraphicsRunningProcesses_v2(handle):
 
 
 def nvmlSystemGetProcessName(pid: int) -> str:
-    """A process's "name" in the host file, on whichever GPU it is listed; NVML's NotFound for a process it cannot
-    see (not listed, or listed without a name: one outside the caller's PID namespace)."""
+    """A process's "name" in the host file (a watched command's: its argv[0]), on whichever GPU it is listed;
+    NVML's NotFound for a process it cannot see (not listed, or listed without a name: one outside the caller's PID
+    namespace)."""
     _enter("nvmlSystemGetProcessName")
-    names = {process["pid"]: process.get("name") for listed in _require_host().processes.values()
+    names = {process["pid"]: process.get("name") for listed in _listed(_require_host()).values()
              for process in listed}
     if names.get(pid) is None:
         raise _error("NotFound")
