@@ -52,7 +52,8 @@ def test_the_last_launch_after_its_first_interval_is_judged(tmp_path):
     assert peer.data_wait_ratio == pytest.approx(0.01) and peer.host_bound_ratio is None
     verdicts = diagnose(snapshot, Thresholds())
     assert [v.kind for v in verdicts] == ["straggler"]
-    assert verdicts[0].summary.startswith("rank 1 is a straggler: the other rank(s) wait for it 28 ms of each 100 ms step")
+    assert verdicts[0].summary.startswith(
+        "rank 1 is a straggler: the other rank(s) wait for it 28 ms of each 100 ms step")
 
 
 def test_a_loop_without_a_ddp_model_has_no_waits_and_no_straggler(tmp_path):

@@ -22,10 +22,10 @@ import trainstack.monitor
 STEPS = 60
 LOG_EVERY = 10
 BATCH = 128
-WIDTH = 384
-EXTRA_SECONDS = 0.04
+WIDTH = 512
+EXTRA_SECONDS = 0.05
 """The straggler's extra work per step, more than a healthy step's time: on a busy shared CPU the peer's own compute
-slows while the straggler works, which hides part of the wait; a short healthy step keeps that part small."""
+slows while the straggler works, which hides part of the wait, and a longer wait keeps that part a small share."""
 
 
 @dataclass(frozen=True)
