@@ -211,7 +211,7 @@ change them.""", (
               "job runs at its speed; it waits least itself. Likely its GPU is throttled or shared, its batches are "
               "longer or its loader slower, or it does extra work between steps (logging, checkpoints on one rank). "
               "Fix: check that GPU's clocks, temperature and throttle panels and its data wait, move other processes "
-              "off its GPU and CPU cores, bucket batches by length, or spread rank-0-only work.",
+              "off its GPU and CPU cores, bucket batches by length, or spread the work only rank 0 does.",
               fires_when=f"the other ranks wait at the collectives > {T.STRAGGLER.percent} of their step time beyond "
                          "the least-waiting rank, which is named",
               for_="10m"),
