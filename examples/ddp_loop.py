@@ -19,11 +19,22 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 import trainstack.monitor  # trainstack
 
 
+def extra_work(seconds: float, device: torch.device) -> None:
+    """Small matmuls until `seconds` have passed: a straggler's real work (a sleep would free its core)."""
+    work = torch.randn(64, 64, device=device)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        work = torch.tanh(work @ work)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--slow-rank", type=int, default=-1, help="this rank sleeps in each forward pass")
+    parser.add_argument("--slow-rank", type=int, default=-1,
+                        help="this rank does extra work in each forward pass, as a slower rank would")
     parser.add_argument("--slow-seconds", type=float, default=0.05)
     args = parser.parse_args()
 
@@ -51,7 +62,7 @@ def main() -> None:
             inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             with monitor.forward():  # trainstack
                 if rank == args.slow_rank:
-                    time.sleep(args.slow_seconds)
+                    extra_work(args.slow_seconds, device)
                 loss = torch.nn.functional.mse_loss(model(inputs), targets)
             loss.backward()
             optimizer.step()

@@ -98,6 +98,7 @@ def test_device_clock_measures_on_the_gpu_timeline_and_reuses_its_events():
 class FakeDdpModel(torch.nn.parallel.DistributedDataParallel):
     def __init__(self) -> None:  # no process group: only its hook registration is used
         torch.nn.Module.__init__(self)
+        self.module = torch.nn.Linear(2, 2)
         self.hooks = []
 
     def register_comm_hook(self, state, hook) -> None:
@@ -106,10 +107,12 @@ class FakeDdpModel(torch.nn.parallel.DistributedDataParallel):
 
 def test_only_a_ddp_model_is_watched():
     timer = CommTimer(HostClock())
-    assert not watch_gradient_communication(torch.nn.Linear(2, 2), timer)
+    assert not watch_gradient_communication(torch.nn.Linear(2, 2), timer, training=lambda: True)
     model = FakeDdpModel()
-    assert watch_gradient_communication(model, timer)
+    assert watch_gradient_communication(model, timer, training=lambda: True)
     assert len(model.hooks) == 1
+    # the buffer broadcast's launch before DDP's forward, its end at the start of the wrapped module's
+    assert len(model._forward_pre_hooks) == 1 and len(model.module._forward_pre_hooks) == 1
 
 
 def identity() -> RankIdentity:

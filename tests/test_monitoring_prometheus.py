@@ -34,8 +34,6 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.test_monitoring_promql import (
-    FORWARD_METRIC,
-    FORWARD_MISSING,
     PROMETHEUS_SERIES,
     label_values_metric,
     metric_names,
@@ -262,11 +260,6 @@ def _text(url: str) -> str:
         return ""
 
 
-def skip_without(inputs: set[str], stack: Stack) -> None:
-    if FORWARD_METRIC in inputs and FORWARD_METRIC not in stack.produced():
-        pytest.skip(FORWARD_MISSING)
-
-
 def assert_reads_produced_metrics(expr: str, stack: Stack) -> None:
     missing = metric_names(expr) - stack.produced() - RECORDED - PROMETHEUS_SERIES
     assert not missing, f"{expr!r} reads {sorted(missing)}, which no exporter produces"
@@ -279,7 +272,6 @@ def rule_selector(rule: dict) -> str:
 
 @pytest.mark.parametrize("rule", RECORDING_RULES, ids=rule_selector)
 def test_recording_rule_returns_data(stack: Stack, rule: dict) -> None:
-    skip_without(raw_inputs(rule["expr"]), stack)
     assert_reads_produced_metrics(rule["expr"], stack)
     result = stack.eventually(lambda: stack.query(rule_selector(rule)), finite)
     assert finite(result), f"{rule_selector(rule)} has no value: {result}"
@@ -304,7 +296,6 @@ def with_all_selected(expr: str) -> str:
 
 @pytest.mark.parametrize(("panel", "expr"), dashboard_targets(), ids=[t[0] for t in dashboard_targets()])
 def test_dashboard_query_returns_data(stack: Stack, panel: str, expr: str) -> None:
-    skip_without(raw_inputs(expr), stack)
     assert_reads_produced_metrics(expr, stack)
     result = stack.eventually(lambda: stack.query(with_all_selected(expr)), finite)
     assert finite(result), f"{panel}: {expr!r} returns nothing: {result}"
@@ -332,7 +323,6 @@ def test_slowed_loader_shows_data_wait_above_the_input_bound_threshold(stack: St
 
 
 def test_slowed_rank_is_named_the_straggler(stack: Stack) -> None:
-    skip_without({FORWARD_METRIC}, stack)
     alert = f'({ALERT_EXPRS["TrainstackStragglerRank"]}) and on (job) up{{job="{SLOWED}"}}'
     result = stack.eventually(lambda: stack.query(alert), lambda r: [s["metric"]["rank"] for s in r] == [SLOW_RANK])
     assert [s["metric"]["rank"] for s in result] == [SLOW_RANK], result

@@ -13,11 +13,6 @@ ROOT = Path(__file__).resolve().parents[1]
 METRIC_DOCS = (ROOT / "docs/architecture.md", ROOT / "docs/metrics.md")
 # Series Prometheus itself writes.
 PROMETHEUS_SERIES = {"up", "ALERTS"}
-# The straggler rules read each rank's forward-pass time. Tests that need it skip with this reason while the
-# trainer does not export it.
-FORWARD_METRIC = "trainstack_train_forward_seconds_total"
-FORWARD_MISSING = (f"the trainer does not export {FORWARD_METRIC} (forward-pass seconds per rank), which the "
-                   "straggler rules need: DDP makes every rank's step time equal (docs/monitoring.md)")
 
 # Keywords and words that may stand before "(" without being a metric: everything followed by "(" is a function
 # or an aggregation, so only the keywords that are not need listing.

@@ -24,10 +24,12 @@ def test_the_recording_rule_divides_the_same_rates_and_caps_the_same_way():
         "trainstack_gpu_memory_used_bytes\n/ (trainstack_gpu_memory_total_bytes > 0)")
 
 
-def test_straggler_is_over_the_median_of_two_or_more():
-    assert ratios.STRAGGLER.of({"0": 0.1, "1": 0.1, "2": 0.3}) == pytest.approx({"0": 1.0, "1": 1.0, "2": 3.0})
-    assert ratios.STRAGGLER.of({"0": 0.1}) == {}
-    assert ratios.STRAGGLER.of({"0": 0.0, "1": 0.0}) == {}
+def test_the_straggler_wait_is_what_the_most_waiting_rank_waits_beyond_each():
+    assert ratios.STRAGGLER_WAIT.of({"0": 0.3, "1": 0.02, "2": 0.25}) == pytest.approx(
+        {"0": 0.0, "1": 0.28, "2": 0.05})
+    assert ratios.STRAGGLER_WAIT.of({"0": 0.29, "1": 0.02}) == pytest.approx({"0": 0.0, "1": 0.27})  # two ranks
+    assert ratios.STRAGGLER_WAIT.of({"0": 0.1}) == {}  # a rank alone waits for no one
+    assert ratios.STRAGGLER_WAIT.promql("s") == "max by (job) (s)\n- on (job) group_right ()\ns"
 
 
 def test_throttle_prefers_the_counter_then_the_reasons_the_rule_matches():

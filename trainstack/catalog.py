@@ -97,7 +97,7 @@ class Recorded:
 TRAIN_STEPS = Metric(
     "trainstack_train_steps_total", COUNTER, "Optimizer steps completed.", RANK_LABELS, TELEMETRY,
     "optimizer steps completed",
-    readers=("record rank:trainstack_train_steps:rate2m", "record rank:trainstack_train_forward_seconds:mean_rate2m",
+    readers=("record rank:trainstack_train_steps:rate2m",
              "diagnose no-training", "diagnose stalled", "diagnose straggler", "diagnose figures"))
 TRAIN_SAMPLES = Metric(
     "trainstack_train_samples_total", COUNTER, "Samples consumed.", RANK_LABELS, TELEMETRY,
@@ -121,11 +121,12 @@ TRAIN_STEP_DURATION = Metric(
              "record rank:trainstack_train_host_bound:ratio_rate2m", "diagnose input-bound", "diagnose straggler",
              "diagnose host-bound", "diagnose figures"))
 TRAIN_FORWARD_SECONDS = Metric(
-    "trainstack_train_forward_seconds_total", COUNTER, "Time in the forward pass, before any collective.",
-    RANK_LABELS, TELEMETRY,
-    "time in the forward pass, before any collective (a straggler's is the longest); on a GPU rank on the GPU's "
-    "timeline, added at each log interval",
-    unit="s", readers=("record rank:trainstack_train_forward_seconds:mean_rate2m", "diagnose straggler"))
+    "trainstack_train_forward_seconds_total", COUNTER,
+    "Time in the forward pass, less its waits for collectives.", RANK_LABELS, TELEMETRY,
+    "time in the forward pass, less its waits for collectives (DDP's buffer broadcast, FSDP's all-gathers, which "
+    "count as exposed communication): which part of a straggler's step is slow; added at each log interval, on a "
+    "GPU rank on the GPU's timeline",
+    unit="s", readers=("diagnose straggler",))
 TRAIN_FORWARD_PASSES = Metric(
     "trainstack_train_forward_passes_total", COUNTER, "Forward passes (micro-batches) completed.", RANK_LABELS,
     TELEMETRY,
@@ -156,13 +157,16 @@ TRAIN_COMM_SECONDS = Metric(
     unit="s", absent_when=_COMM_ABSENT, readers=("diagnose comm-bound",))
 TRAIN_COMM_EXPOSED = Metric(
     "trainstack_train_comm_exposed_seconds_total", COUNTER,
-    "Communication time compute did not hide: the rank waited for the network.", RANK_LABELS,
+    "Communication time compute did not hide: the rank waited for the network or its peers.", RANK_LABELS,
     TELEMETRY,
-    "the part of the communication that compute did not hide: DDP from the end of backward compute (the last "
-    "bucket's launch) to the end of the last bucket's all-reduce; FSDP wherever compute waits for an all-gather "
-    "or reduce-scatter; on a CPU rank FSDP's collectives hold the host, so all of them",
+    "the part of the communication that compute did not hide, the rank's wait for the network or for slower peers: "
+    "DDP from the end of backward compute (the last bucket's launch) to the end of the last bucket's all-reduce, "
+    "and its buffer broadcast at the start of each forward pass (`broadcast_buffers`, a model with buffers); FSDP "
+    "wherever compute waits for an all-gather or reduce-scatter; on a CPU rank FSDP's collectives hold the host, "
+    "so all of them",
     unit="s", absent_when=_COMM_ABSENT,
-    readers=("record rank:trainstack_train_comm_exposed:ratio_rate2m", "diagnose comm-bound", "diagnose figures"))
+    readers=("record rank:trainstack_train_comm_exposed:ratio_rate2m", "diagnose comm-bound", "diagnose straggler",
+             "diagnose figures"))
 TRAIN_COMM_BYTES = Metric(
     "trainstack_train_comm_bytes_total", COUNTER, "Bytes of the rank's collectives, at their full size.",
     RANK_LABELS, TELEMETRY,
@@ -506,7 +510,8 @@ RANK_COMM_EXPOSED_RATIO = Recorded(
     "rank:trainstack_train_comm_exposed:ratio_rate2m",
     "share of step time the rank waited for communication compute did not hide (DDP's all-reduce, FSDP's "
     "all-gathers and reduce-scatters)",
-    readers=("record job:trainstack_train_comm_exposed:min_ratio_rate2m",))
+    readers=("record job:trainstack_train_comm_exposed:min_ratio_rate2m",
+             "record rank:trainstack_train_straggler_wait:ratio_rate2m"))
 JOB_COMM_EXPOSED_MIN_RATIO = Recorded(
     "job:trainstack_train_comm_exposed:min_ratio_rate2m",
     "the least exposed-communication share of the job's ranks: over the threshold, every rank waits on the network",
@@ -523,15 +528,15 @@ RANK_HOST_BOUND_RATIO = Recorded(
     "rank:trainstack_train_host_bound:ratio_rate2m",
     "share of step time the rank's GPU idled though neither starved of data nor waiting on communication",
     readers=("alert TrainstackHostBound",))
-RANK_FORWARD_MEAN = Recorded(
-    "rank:trainstack_train_forward_seconds:mean_rate2m", "mean forward time per step",
-    readers=("record rank:trainstack_train_straggler:ratio",))
-RANK_STRAGGLER_RATIO = Recorded(
-    "rank:trainstack_train_straggler:ratio", "forward time per step over the job's median",
-    readers=("record job:trainstack_train_straggler:ratio", "alert TrainstackStragglerRank",
-             "panel Straggler ratio per rank"))
-JOB_STRAGGLER_RATIO = Recorded(
-    "job:trainstack_train_straggler:ratio", "the job's largest straggler ratio", readers=("panel Straggler ratio",))
+RANK_STRAGGLER_WAIT = Recorded(
+    "rank:trainstack_train_straggler_wait:ratio_rate2m",
+    "the most any rank of the job waits at the collectives, less this rank's wait (shares of step time): "
+    "largest on the straggler, what the others wait for it",
+    readers=("record job:trainstack_train_straggler_wait:max_ratio_rate2m", "alert TrainstackStragglerRank",
+             "panel Peers' wait beyond each rank"))
+JOB_STRAGGLER_WAIT = Recorded(
+    "job:trainstack_train_straggler_wait:max_ratio_rate2m",
+    "what the job's ranks wait for its straggler, as a share of step time", readers=("panel Waiting for a straggler",))
 JOB_LAST_STEP_AGE = Recorded(
     "job:trainstack_train_last_step_age:seconds", "seconds since the job's newest step",
     readers=("alert TrainstackTrainingStalled", "panel Since last step"))

@@ -10,7 +10,6 @@ metric catalog whose names they divide.
 
 from __future__ import annotations
 
-import statistics
 import textwrap
 from dataclasses import dataclass
 
@@ -89,7 +88,8 @@ COMM_BYTES_PER_STEP = Ratio(
     catalog.TRAIN_COMM_BYTES.name, catalog.TRAIN_STEPS.name, "bytes of the rank's collectives per optimizer step")
 FORWARD_SECONDS = Ratio(
     catalog.TRAIN_FORWARD_SECONDS.name, catalog.TRAIN_STEPS.name,
-    "mean forward-pass time per optimizer step: the rank's own speed, before any collective")
+    "mean forward-pass time per optimizer step, less its waits for collectives (DDP's buffer broadcast, FSDP's "
+    "all-gathers): which part of a straggler's step is slow")
 MEMORY_USED_SHARE = Ratio(
     catalog.GPU_MEMORY_USED.name, catalog.GPU_MEMORY_TOTAL.name, "used over installed device memory",
     counters=False)
@@ -118,26 +118,30 @@ TIME_SHARES = Shares(
 
 
 @dataclass(frozen=True)
-class OverMedian:
-    """Each member's value over the median of its group's values; undefined for a group of one or a median of 0."""
+class WaitBeyond:
+    """Per member of a group: the most any member waits, less its own wait (shares of step time). The member that
+    waits least has the largest figure, what the others wait beyond it; undefined for a group of one."""
 
     group: str
-    """The label the group shares (PromQL); in Python the values passed in are one group."""
+    """The label the group shares (PromQL); in Python the waits passed in are one group."""
     meaning: str
 
-    def of(self, values: dict[str, float]) -> dict[str, float]:
-        if len(values) < 2 or not statistics.median(values.values()) > 0:
+    def of(self, waits: dict[str, float]) -> dict[str, float]:
+        if len(waits) < 2:
             return {}
-        median = statistics.median(values.values())
-        return {key: value / median for key, value in values.items()}
+        most = max(waits.values())
+        return {key: most - wait for key, wait in waits.items()}
 
     def promql(self, series: str) -> str:
-        return f"{series}\n/ on ({self.group}) group_left ()\n(quantile by ({self.group}) (0.5, {series}) > 0)"
+        return f"max by ({self.group}) ({series})\n- on ({self.group}) group_right ()\n{series}"
 
 
-STRAGGLER = OverMedian(
-    "job", "a rank's forward time per step over the median of its job's ranks: in DDP the fast ranks wait for the "
-    "slow one inside the gradient all-reduce, so step time is the same on every rank and cannot name it")
+STRAGGLER_WAIT = WaitBeyond(
+    "job", "the most any rank of the job waits at its collectives (COMM_EXPOSED_SHARE: DDP's gradient all-reduce "
+    "and buffer broadcast, FSDP's all-gathers and reduce-scatters), less this rank's own wait. Every rank of a "
+    "synchronous job takes the same wall time per step, so a rank slowed anywhere in its step (data, forward, "
+    "backward, optimizer, logging) makes the others wait for it at the next collective and itself waits least: "
+    "its figure is what it costs them")
 
 
 @dataclass(frozen=True)

@@ -47,12 +47,11 @@ INPUT_BOUND = Threshold(
     "input_bound_ratio", 0.2, "share of step time",
     "a rank's device waits for the next batch more than this share of its step time", "TrainstackInputBound")
 STRAGGLER = Threshold(
-    "straggler_ratio", 1.2, "× the median",
-    "a rank's forward time per step is more than this over the ranks' median", "TrainstackStragglerRank")
-STRAGGLER_STEP_SHARE = Threshold(
-    "straggler_step_share", 0.05, "share of step time",
-    "the straggler's extra forward time is also over this share of its step time (diagnose reads one window where "
-    "the alert waits 10m: a millisecond of noise in a tiny forward pass must name no one)")
+    "straggler_wait_ratio", 0.1, "share of step time",
+    "the other ranks wait at the collectives more than this share of their step time beyond the least-waiting "
+    "rank, which is the straggler (trainstack/ratios.py STRAGGLER_WAIT); healthy 2-rank CPU runs differ by under "
+    "0.02, from the ranks' natural jitter, and a tenth of each step lost to one rank is worth acting on",
+    "TrainstackStragglerRank")
 COMM_BOUND = Threshold(
     "comm_bound_ratio", 0.25, "share of step time",
     "every rank of the job waits for its gradient all-reduce, after its backward compute has ended, more than this "

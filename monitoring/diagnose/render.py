@@ -21,10 +21,14 @@ def _figure_line(figures: dict) -> str:
                      + ("" if host is None else f" (host in the loader at most {100 * host:.0f}%)"))
     elif figures["data_wait_ratio_max"] is not None:
         parts.append(f"data wait at most {100 * figures['data_wait_ratio_max']:.0f}%")
-    if figures["straggler_ratio_max"] is not None:
-        parts.append(f"slowest rank's forward time {figures['straggler_ratio_max']:.2f}x the median")
+    if figures["straggler_wait_ratio_max"] is not None:
+        parts.append(f"the ranks wait for the least-waiting one at most "
+                     f"{100 * figures['straggler_wait_ratio_max']:.0f}% of step time")
     elif figures["ranks"] > 1:
-        parts.append("stragglers unknown (the ranks export no forward time)")
+        parts.append("stragglers unknown (no rank's wait at the collectives is measured: the loop's monitor was "
+                     "given no DDP or FSDP model)")
+    elif figures["ranks"] == 1:
+        parts.append("stragglers unknown (one rank: none waits for another)")
     if figures["comm_exposed_ratio_min"] is not None:
         parts.append(f"gradient all-reduce exposed at least {100 * figures['comm_exposed_ratio_min']:.0f}% "
                      "of step time on every rank")

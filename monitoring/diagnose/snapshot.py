@@ -26,12 +26,13 @@ class RankView:
     step_seconds: float | None = None
     """Mean wall time per optimizer step over the window; the same on every DDP rank."""
     forward_seconds: float | None = None
-    """Mean forward-pass time per step: the rank's own speed, before any collective."""
+    """Mean forward-pass time per step, less its waits for collectives: which part of a straggler's step is slow."""
     last_step_time: float | None = None
     mfu: float | None = None
     comm_exposed_ratio: float | None = None
-    """Share of step time the rank waited for the gradient all-reduce after its backward compute; None where it
-    runs no DDP all-reduce (one process, FSDP)."""
+    """Share of step time the rank waited at the collectives (catalog.TRAIN_COMM_EXPOSED: DDP's gradient all-reduce
+    after its backward compute and its buffer broadcast, FSDP's collectives): its wait for the network and for
+    slower peers. None where unmeasured (one process, a loop whose monitor was given no DDP or FSDP model)."""
     comm_seconds: float | None = None
     """Gradient communication per step, hidden by backward compute or not."""
     comm_bytes_per_step: float | None = None
@@ -126,10 +127,11 @@ class Snapshot:
                 held.setdefault((process.instance, process.pid), {})[process.uuid] = process
         return {key: list(by_uuid.values()) for key, by_uuid in held.items()}
 
-    def straggler_ratios(self) -> dict[str, float]:
-        """Each rank's forward time per step over the ranks' median (ratios.STRAGGLER). Empty when the ranks do
-        not export forward time."""
-        return ratios.STRAGGLER.of({r.rank: r.forward_seconds for r in self.ranks if r.forward_seconds is not None})
+    def straggler_waits(self) -> dict[str, float]:
+        """Per rank, what the most waiting rank waits at the collectives beyond it, as a share of step time
+        (ratios.STRAGGLER_WAIT): largest on the straggler. Empty where fewer than two ranks' waits are measured."""
+        return ratios.STRAGGLER_WAIT.of(
+            {r.rank: r.comm_exposed_ratio for r in self.ranks if r.comm_exposed_ratio is not None})
 
 
 def _by(label: str, samples: list[Sample]) -> dict[str, float]:

@@ -197,24 +197,48 @@ def input_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
 
 
 def straggler(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
-    ratios = snapshot.straggler_ratios()
-    if not ratios:
+    """Judged where the ranks wait for each other: at the collectives (ratios.STRAGGLER_WAIT). A rank slowed
+    anywhere in its step makes its peers wait for it there and waits least itself; forward time and data wait,
+    in the evidence, say which part of its step is slow."""
+    beyond = snapshot.straggler_waits()
+    if not beyond:
         return None
-    worst = max(ratios, key=ratios.get)
-    slowest = next(r for r in snapshot.ranks if r.rank == worst)
-    extra = slowest.forward_seconds * (1 - 1 / ratios[worst])
-    if ratios[worst] <= limits.straggler_ratio or not slowest.step_seconds or \
-            extra < limits.straggler_step_share * slowest.step_seconds:
+    named = max(beyond, key=beyond.get)
+    share = beyond[named]
+    if share <= limits.straggler_wait_ratio:
         return None
-    evidence = [f"rank {r.rank}: forward {1000 * r.forward_seconds:.1f} ms per step "
-                f"({ratios[r.rank]:.2f}x the median)" for r in snapshot.ranks if r.rank in ratios]
+    slow = next(r for r in snapshot.ranks if r.rank == named)
+    cost = f"{_percent(share)} of each step" if slow.step_seconds is None else \
+        f"{1000 * share * slow.step_seconds:.0f} ms of each {1000 * slow.step_seconds:.0f} ms step ({_percent(share)})"
+    measured = [r for r in snapshot.ranks if r.rank in beyond]
     return Verdict(
-        "straggler", f"rank {worst} is a straggler: its forward time per step is {ratios[worst]:.2f}x the "
-        f"median of {len(ratios)} ranks (threshold {limits.straggler_ratio:g}x): the others wait "
-        f"{1000 * extra:.0f} ms of each {1000 * slowest.step_seconds:.0f} ms step for it", tuple(evidence),
-        "every rank waits for it at each gradient all-reduce; check its GPU's clocks, temperature and throttle "
-        "reasons, move other processes off its GPU and CPU cores, or bucket batches by length",
+        "straggler", f"rank {named} is a straggler: the other rank(s) wait for it {cost} at the collectives "
+        f"(threshold {_percent(limits.straggler_wait_ratio)})", tuple(_straggler_evidence(measured)),
+        "the others wait for it at each gradient all-reduce (and DDP's buffer broadcast); the evidence says which "
+        "part of its step is slow. Check its GPU's clocks, temperature and throttle reasons, its loader, and work "
+        "only it does between steps (logging, evaluation, checkpoints on one rank); move other processes off its "
+        "GPU and CPU cores, or bucket batches by length",
     )
+
+
+def _straggler_evidence(ranks: list[RankView]) -> list[str]:
+    """Each rank's wait at the collectives and its forward time per step; its data wait where the ranks' differ."""
+    data_waits = [r.data_wait_ratio for r in ranks if r.data_wait_ratio is not None]
+    data_differs = len(data_waits) > 1 and max(data_waits) - min(data_waits) > 0.02
+
+    def per_step(ratio: float, r: RankView) -> str:
+        return _percent(ratio) if r.step_seconds is None else f"{1000 * ratio * r.step_seconds:.1f} ms " \
+            f"({_percent(ratio)})"
+
+    lines = []
+    for r in ranks:
+        parts = [f"rank {r.rank}: waits at the collectives {per_step(r.comm_exposed_ratio, r)} per step"]
+        if r.forward_seconds is not None:
+            parts.append(f"forward {1000 * r.forward_seconds:.1f} ms per step")
+        if data_differs and r.data_wait_ratio is not None:
+            parts.append(f"waits for data {per_step(r.data_wait_ratio, r)} per step")
+        lines.append(", ".join(parts))
+    return lines
 
 
 def comm_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
@@ -469,7 +493,7 @@ def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
     exposed = {r.rank: r.comm_exposed_ratio for r in ranks if r.comm_exposed_ratio is not None}
     host_waits = [r.host_data_wait_ratio for r in ranks if r.host_data_wait_ratio is not None]
     clocks = {r.clock for r in ranks}
-    ratios = snapshot.straggler_ratios()
+    beyond = snapshot.straggler_waits()
     last = [r.last_step_time for r in ranks if r.last_step_time]
     return {
         "ranks": len(ranks),
@@ -478,7 +502,7 @@ def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
         "data_wait_ratio_max": max(waits.values()) if waits else None,
         "data_wait_clock": clocks.pop() if len(clocks) == 1 else ("mixed" if clocks else None),
         "host_data_wait_ratio_max": max(host_waits) if host_waits else None,
-        "straggler_ratio_max": max(ratios.values()) if ratios else None,
+        "straggler_wait_ratio_max": max(beyond.values()) if beyond else None,
         "comm_exposed_ratio_min": min(exposed.values()) if exposed else None,
         "last_step_age_seconds": snapshot.now - max(last) if last else None,
         "mfu_mean": mean(r.mfu for r in ranks),

@@ -93,9 +93,9 @@ def training_overview() -> Dashboard:
               "over ranks; red above the input-bound alert threshold.",
               "percentunit", (Query(f"max({catalog.JOB_DATA_WAIT_RATIO.name}{{{JOB}}})", "data wait"),),
               width=4, height=4, threshold=input_bound),
-        Panel("stat", "Straggler ratio", "The slowest rank's forward time per step over the job's median; red "
-              "above the straggler alert threshold.",
-              "suffix:×", (Query(f"max({catalog.JOB_STRAGGLER_RATIO.name}{{{JOB}}})", "straggler"),),
+        Panel("stat", "Waiting for a straggler", "Share of step time the ranks wait at the collectives beyond "
+              "the least-waiting rank, the straggler; red above the straggler alert threshold.",
+              "percentunit", (Query(f"max({catalog.JOB_STRAGGLER_WAIT.name}{{{JOB}}})", "straggler"),),
               width=4, height=4, threshold=straggler),
         Panel("stat", "Since last step", "Time since the newest training step of any rank; red when the "
               "training-stalled alert would fire.",
@@ -134,10 +134,11 @@ def training_overview() -> Dashboard:
               "loader; the red line is the input-bound alert threshold.",
               "percentunit", (Query(f"{catalog.RANK_DATA_WAIT_RATIO.name}{{{RANK}}}", "rank {{rank}}"),),
               threshold=input_bound, minimum=0, maximum=1),
-        Panel("timeseries", "Straggler ratio per rank", "Each rank's forward time per step over the job's median: "
-              "the rank above the red line is the one the others wait for.",
-              "suffix:×", (Query(f"{catalog.RANK_STRAGGLER_RATIO.name}{{{RANK}}}", "rank {{rank}}"),),
-              threshold=straggler, minimum=0),
+        Panel("timeseries", "Peers' wait beyond each rank", "The most any rank waits at the collectives, less "
+              "each rank's own wait (shares of step time): the rank above the red line waits least and is the one "
+              "the others wait for.",
+              "percentunit", (Query(f"{catalog.RANK_STRAGGLER_WAIT.name}{{{RANK}}}", "rank {{rank}}"),),
+              threshold=straggler, minimum=0, maximum=1),
         Panel("timeseries", "MFU per rank", "Model FLOPs utilization of each rank at each log interval.",
               "percentunit", (Query(f"{catalog.TRAIN_MFU.name}{{{RANK}}}", "rank {{rank}}"),),
               width=12, minimum=0),

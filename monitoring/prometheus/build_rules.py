@@ -93,12 +93,13 @@ hides: {catalog.TRAIN_HOST_DATA_WAIT.name}); docs/metrics.md. Capped at 1: a wai
 window can catch more of it than of its step."""),
         Record(catalog.JOB_DATA_WAIT_RATIO, f"avg by (job) ({catalog.RANK_DATA_WAIT_RATIO.name})"),
         Record(catalog.RANK_COMM_EXPOSED_RATIO, ratios.COMM_EXPOSED_SHARE.promql(), comment="""\
-Share of the rank's step time it waited for DDP's gradient all-reduce after its backward compute had
-ended: communication backward did not hide (train/rank/comm.py). Absent on ranks that run no DDP
-all-reduce. Capped at 1, as the data-wait ratio is."""),
+Share of the rank's step time it waited at the collectives: DDP's gradient all-reduce after its backward
+compute had ended and its buffer broadcast at the start of each forward pass, FSDP's all-gathers and
+reduce-scatters where compute waited (train/rank/comm.py). It is the rank's wait for the network and for
+slower peers. Absent on ranks that communicate with no other. Capped at 1, as the data-wait ratio is."""),
         Record(catalog.JOB_COMM_EXPOSED_MIN_RATIO, f"min by (job) ({catalog.RANK_COMM_EXPOSED_RATIO.name})",
                comment="""\
-The least exposed rank: a straggler's peers wait for it inside the all-reduce too, but the straggler
+The least exposed rank: a straggler's peers wait for it at the collectives too, but the straggler
 itself does not, so only a slow network makes every rank wait."""),
         Record(catalog.RANK_TIME_SHARE, ratios.TIME_SHARES.promql(), comment="""\
 Where each rank's time goes (trainstack/breakdown.py): each part's share of the rank's time measured in
@@ -115,13 +116,14 @@ Share of the rank's step time its GPU idled although it was neither starved of d
 communication: NVML's utilization samples say how long it idled, the starvation measured on its timeline
 explains part of it, the rest was the host's (kernel launches, host synchronizations). Absent on ranks
 that do not measure it (CPU ranks). Capped at 1, as the data-wait ratio is."""),
-        Record(catalog.RANK_FORWARD_MEAN, ratios.FORWARD_SECONDS.promql(), comment="""\
-Straggler: in DDP every rank's step takes the same wall time (the fast ranks wait for the slow one
-inside the gradient all-reduce), so step time cannot name the slow rank. The forward pass comes before
-any collective, so its duration is the rank's own speed; a rank whose forward pass per step is well
-above the job's median is the one the others wait for."""),
-        Record(catalog.RANK_STRAGGLER_RATIO, ratios.STRAGGLER.promql(catalog.RANK_FORWARD_MEAN.name)),
-        Record(catalog.JOB_STRAGGLER_RATIO, f"max by (job) ({catalog.RANK_STRAGGLER_RATIO.name})"),
+        Record(catalog.RANK_STRAGGLER_WAIT, ratios.STRAGGLER_WAIT.promql(catalog.RANK_COMM_EXPOSED_RATIO.name),
+               comment="""\
+Straggler: every rank of a synchronous job takes the same wall time per step, and a rank slowed anywhere
+in its step makes the others wait for it at the next collective (the gradient all-reduce, DDP's buffer
+broadcast inside the forward pass), so neither step time nor forward time names it. Per rank: the most
+any rank of the job waits, less its own wait; the straggler waits least, and its figure is what the
+others wait for it, as a share of step time."""),
+        Record(catalog.JOB_STRAGGLER_WAIT, f"max by (job) ({catalog.RANK_STRAGGLER_WAIT.name})"),
         Record(catalog.JOB_LAST_STEP_AGE, f"time() - max by (job) ({catalog.TRAIN_LAST_STEP.name} > 0)",
                comment="Seconds since the newest step of any rank in the job; the gauge reads 0 before a rank's "
                        "first step."),
@@ -199,13 +201,19 @@ change them.""", (
               "on faster storage.",
               fires_when=f"a rank is blocked on its data loader > {T.INPUT_BOUND.percent} of the time",
               for_="5m"),
-        Alert("TrainstackStragglerRank", f"{catalog.RANK_STRAGGLER_RATIO.name} > {T.STRAGGLER.promql}", "warning",
-              "Rank {{ $labels.rank }} is a straggler: its forward pass takes {{ $value | humanize }}x the job's "
-              "median",
-              "Every rank waits for it at each gradient all-reduce, so the job runs at its speed; likely its GPU is "
-              "throttled or shared, or its batches are longer. Fix: check that GPU's clocks, temperature and "
-              "throttle panels, move other processes off its GPU and CPU cores, or bucket batches by length.",
-              fires_when=f"a rank's forward time per step is > {T.STRAGGLER.promql}× the job's median",
+        Alert("TrainstackStragglerRank",
+              f"{catalog.RANK_STRAGGLER_WAIT.name} > {T.STRAGGLER.promql}\n"
+              f"and {catalog.RANK_STRAGGLER_WAIT.name}\n"
+              f"  == on (job) group_left () max by (job) ({catalog.RANK_STRAGGLER_WAIT.name})", "warning",
+              "Rank {{ $labels.rank }} is a straggler: the other ranks wait for it {{ $value | humanizePercentage }} "
+              "of their step time",
+              "Every rank waits for it at the collectives (the gradient all-reduce, DDP's buffer broadcast), so the "
+              "job runs at its speed; it waits least itself. Likely its GPU is throttled or shared, its batches are "
+              "longer or its loader slower, or it does extra work between steps (logging, checkpoints on one rank). "
+              "Fix: check that GPU's clocks, temperature and throttle panels and its data wait, move other processes "
+              "off its GPU and CPU cores, bucket batches by length, or spread the work only rank 0 does.",
+              fires_when=f"the other ranks wait at the collectives > {T.STRAGGLER.percent} of their step time beyond "
+                         "the least-waiting rank, which is named",
               for_="10m"),
         Alert("TrainstackCommunicationBound",
               f"{catalog.JOB_COMM_EXPOSED_MIN_RATIO.name} > {T.COMM_BOUND.promql}", "warning",

@@ -10,6 +10,11 @@ all-reduce here, FSDP2's all-gathers and reduce-scatters in train/rank/fsdp_comm
   all-reduce future's `then` callback (on a GPU, CUDA futures run their callbacks with current streams that wait
   for the all-reduce; on a CPU rank it runs when gloo has finished). torch's reducer keeps the same two figures for
   its own logger (reducer_timer.hpp: backward_comm_time, backward_compute_comm_overlap_time).
+- **DDP's buffer broadcast**: with `broadcast_buffers=True` (the default) a model with buffers (BatchNorm's running
+  statistics, a causal mask) has rank 0's buffers broadcast at the start of every forward pass
+  (`DistributedDataParallel._pre_forward`), so a rank waits there for a slower peer. It blocks compute: its launch
+  is marked by a forward pre-hook on the DDP wrapper (before `_pre_forward`), its end by one on the wrapped module
+  (after it), both on the current stream, which on a GPU waits for the broadcast.
 - **FSDP2** (train/rank/sharding.py) all-gathers each unit's parameters before its forward and again before its
   backward, and reduce-scatters its gradients after; compute waits for each all-gather where the unit needs its
   parameters, and for each reduce-scatter before the next unit's (train/rank/fsdp_comm.py has the marks and which
@@ -21,6 +26,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -69,11 +75,33 @@ def timed_allreduce_hook(timer: CommTimer, delay: InjectedDelay):
     return hook
 
 
-def watch_gradient_communication(model: torch.nn.Module, timer: CommTimer) -> bool:
-    """Times a DDP model's gradient all-reduce or an FSDP2 model's all-gathers and reduce-scatters; False (nothing
-    registered) for anything else, and for FSDP on one rank, which communicates nothing."""
+def time_buffer_broadcast(model: torch.nn.parallel.DistributedDataParallel, timer: CommTimer,
+                          training: Callable[[], bool]) -> None:
+    """Times the buffer broadcast of each training forward pass: `training()` is False during an evaluation pause,
+    and a forward pass under no_grad is no training step either."""
+    broadcasts: list[Collective] = []
+
+    def launching(wrapper, args) -> None:
+        # The check _pre_forward makes next; it reads what the previous forward pass left.
+        if model._check_sync_bufs_pre_fwd() and torch.is_grad_enabled() and training():
+            nbytes = sum(buffer.numel() * buffer.element_size() for buffer in model.modules_buffers)
+            broadcasts.append(timer.launched(nbytes, blocking=True))
+
+    def broadcast_done(module, args) -> None:
+        if broadcasts:
+            timer.done(broadcasts.pop())
+
+    model.register_forward_pre_hook(launching)
+    model.module.register_forward_pre_hook(broadcast_done)
+
+
+def watch_gradient_communication(model: torch.nn.Module, timer: CommTimer, training: Callable[[], bool]) -> bool:
+    """Times a DDP model's gradient all-reduce and buffer broadcast, or an FSDP2 model's all-gathers and
+    reduce-scatters; False (nothing registered) for anything else, and for FSDP on one rank, which communicates
+    nothing. `training()`: whether the loop trains now (no pause is open)."""
     delay = InjectedDelay.from_environment()
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model.register_comm_hook(None, timed_allreduce_hook(timer, delay))
+        time_buffer_broadcast(model, timer, training)
         return True
     return watch_fsdp_communication(model, timer, delay)

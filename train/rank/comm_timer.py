@@ -97,6 +97,9 @@ class StepComm:
     buckets: int
     """How many collectives carried them: DDP's buckets (bucket_cap_mb sets their size); FSDP's all-gathers and
     reduce-scatters."""
+    forward_exposed_seconds: float = 0.0
+    """The part of exposed_seconds whose wait began inside the forward pass (DDP's buffer broadcast, FSDP's
+    forward all-gathers): the forward time less it is the rank's own work."""
 
 
 @dataclass(eq=False)  # one collective is itself only: `in` compares identities
@@ -110,6 +113,7 @@ class Collective(Generic[Mark]):
 class _Wait(Generic[Mark]):
     ready: Mark
     collectives: list[Collective[Mark]]
+    in_forward: bool = False
 
 
 @dataclass
@@ -128,8 +132,11 @@ class CommTimer(Generic[Mark]):
     the wait, which comes right after the last of them was launched). At the step's end the collectives not waited
     for are waited from the last one's launch: DDP's buckets at the end of backward."""
 
-    def __init__(self, clock: Clock[Mark]):
+    def __init__(self, clock: Clock[Mark], in_forward: Callable[[], bool] = lambda: False):
+        """`in_forward`: whether the loop is inside a forward pass now, so that a wait that begins there is told
+        apart (StepComm.forward_exposed_seconds)."""
         self._clock = clock
+        self._in_forward = in_forward
         self._step: _Step[Mark] | None = None
         self._steps: list[_Step[Mark]] = []
 
@@ -145,7 +152,7 @@ class CommTimer(Generic[Mark]):
         collective = Collective(self.mark(), nbytes)
         self._step.collectives.append(collective)
         if blocking:
-            self._step.waits.append(_Wait(collective.launched, [collective]))
+            self._step.waits.append(_Wait(collective.launched, [collective], self._in_forward()))
         else:
             self._step.unwaited.setdefault(group, []).append(collective)
         return collective
@@ -157,14 +164,14 @@ class CommTimer(Generic[Mark]):
     def waited(self, ready: Mark, group: Hashable) -> None:
         """Compute reached `ready` (a `mark`), then waited for the group's collectives not yet waited for."""
         if pending := self._step.unwaited.pop(group, None):
-            self._step.waits.append(_Wait(ready, pending))
+            self._step.waits.append(_Wait(ready, pending, self._in_forward()))
         else:
             self._clock.release([ready])
 
     def waited_from_launch(self, group: Hashable) -> None:
         """Compute waited for the group's collectives not yet waited for right after the last one's launch."""
         if self._step and (pending := self._step.unwaited.pop(group, None)):
-            self._step.waits.append(_Wait(pending[-1].launched, pending))
+            self._step.waits.append(_Wait(pending[-1].launched, pending, self._in_forward()))
 
     def step_done(self) -> None:
         """After the optimizer step: every collective of the step has ended. A micro-batch under DDP's no_sync
@@ -196,10 +203,12 @@ class CommTimer(Generic[Mark]):
                 return self._clock.seconds(origin, mark)
 
             flights = {id(c): (at(c.launched), at(c.done)) for c in step.collectives}
-            exposed = sum(_covered((max(at(wait.ready), flights[id(c)][0]), flights[id(c)][1])
-                                   for c in wait.collectives) for wait in step.waits)
-            comms.append(StepComm(seconds=_covered(flights.values()), exposed_seconds=exposed,
-                                  bytes=sum(c.bytes for c in step.collectives), buckets=len(step.collectives)))
+            exposed = {id(wait): _covered((max(at(wait.ready), flights[id(c)][0]), flights[id(c)][1])
+                                          for c in wait.collectives) for wait in step.waits}
+            comms.append(StepComm(
+                seconds=_covered(flights.values()), exposed_seconds=sum(exposed.values()),
+                bytes=sum(c.bytes for c in step.collectives), buckets=len(step.collectives),
+                forward_exposed_seconds=sum(exposed[id(wait)] for wait in step.waits if wait.in_forward)))
             self._clock.release(marks)
         return comms
 

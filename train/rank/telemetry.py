@@ -171,6 +171,8 @@ class IntervalCut:
     samples: int
     step_seconds: list[float]  # on the host's clock; on a GPU they come from device_spans
     data_wait: float  # likewise
+    forward_seconds: float  # likewise
+    forward_passes: int
     host_data_wait: float
     device_spans: IntervalSpans | None  # the interval's marks on the GPU's timeline
     comm_steps: list | None  # the steps' gradient-communication marks (CommTimer.cut); None where unmeasured
@@ -200,7 +202,7 @@ class Telemetry:
             if device.type == "cuda" else None
         self.clock = "gpu" if self._timeline else "host"
         self._comm = CommTimer(DeviceClock(partial(torch.cuda.Event, enable_timing=True)) if self._timeline
-                               else HostClock())
+                               else HostClock(), in_forward=lambda: self._in_forward)
         self._comm_metrics: CommMetrics | None = None
         self._comm_watched = False
         self._identity = identity
@@ -220,6 +222,9 @@ class Telemetry:
         self._wait_start = 0.0
         self._samples = 0
         self._forward_start = 0.0
+        self._in_forward = False
+        self._forward_seconds = 0.0  # host clock; on a GPU the timeline has them
+        self._forward_passes = 0
         self._state_bytes: dict[str, int] = {}
         # Where the time goes (trainstack/breakdown.py): this interval's pauses and compiling steps, and the startup
         # until the first step.
@@ -243,7 +248,7 @@ class Telemetry:
 
     def watch_communication(self, model: torch.nn.Module) -> bool:
         """Times the communication of a DDP or FSDP model (train/rank/comm.py); False for any other."""
-        self._comm_watched = watch_gradient_communication(model, self._comm)
+        self._comm_watched = watch_gradient_communication(model, self._comm, training=lambda: self._pause is None)
         if self._comm_watched and os.environ.get(METRICS_DIR_ENV):
             self._comm_metrics = CommMetrics.build(self._identity)
             CommSetup.read().publish(self.rank)  # what diagnose's comm-bound evidence names
@@ -252,20 +257,23 @@ class Telemetry:
         return self._comm_watched
 
     def forward_started(self) -> None:
-        """Forward time tells a straggler apart: in DDP every rank's step lasts as long as the slowest one's,
-        because the others wait in backward's all-reduce, but only the straggler's forward is slow."""
+        """Forward time says which part of a straggler's step is slow. The waits for collectives inside it (DDP's
+        buffer broadcast, FSDP's all-gathers) are communication, taken out when the interval is read."""
+        self._in_forward = True
         if self._timeline:
             self._timeline.forward_started()
         else:
             self._forward_start = time.perf_counter()
 
     def forward_done(self) -> None:
+        self._in_forward = False
+        self._forward_passes += 1
         if self._metrics:
             self._metrics.forward_passes.inc()
         if self._timeline:
             self._timeline.forward_done()
-        elif self._metrics:
-            self._metrics.forward_seconds.inc(time.perf_counter() - self._forward_start)
+        else:
+            self._forward_seconds += time.perf_counter() - self._forward_start
 
     def data_wait_started(self) -> None:
         """The loop is about to ask the loader for the next batch."""
@@ -373,11 +381,13 @@ class Telemetry:
         """Closes the interval's counts between two steps; `interval_done` records them once its loss is known."""
         cut = IntervalCut(ended=time.time(), samples=self._samples, step_seconds=self._step_seconds,
                           data_wait=self._data_wait, host_data_wait=self._host_data_wait,
+                          forward_seconds=self._forward_seconds, forward_passes=self._forward_passes,
                           device_spans=self._timeline.cut() if self._timeline else None,
                           comm_steps=self._comm.cut() if self._comm_watched else None,
                           step_count=self._step_count, compile_seconds=self._compile_seconds, paused=self._paused,
                           not_stepping=self._not_stepping)
         self._samples, self._step_seconds, self._data_wait, self._host_data_wait = 0, [], 0.0, 0.0
+        self._forward_seconds, self._forward_passes = 0.0, 0
         self._step_count, self._compile_seconds, self._paused, self._not_stepping = 0, 0.0, [], []
         return cut
 
@@ -385,18 +395,22 @@ class Telemetry:
                       tokens: int) -> float | None:
         """Records the interval; returns its data-wait share of step time (ratios.DATA_WAIT_SHARE, for the progress
         bar)."""
-        step_seconds, data_wait, ended = cut.step_seconds, cut.data_wait, cut.ended
+        step_seconds, data_wait, forward, ended = cut.step_seconds, cut.data_wait, cut.forward_seconds, cut.ended
         if cut.device_spans:
             times = cut.device_spans.times()
             # The device has just run the interval's last step: on a GPU the host's clock at the cut said only
             # when that step was queued.
             ended = time.time()
-            step_seconds, data_wait = times.step_seconds, times.data_wait_seconds
+            step_seconds, data_wait, forward = times.step_seconds, times.data_wait_seconds, times.forward_seconds
             if self._metrics:
                 self._metrics.data_wait.inc(data_wait)
-                self._metrics.forward_seconds.inc(times.forward_seconds)
                 for duration in step_seconds:
                     self._metrics.step_duration.observe(duration)
+        comm = self._comm.read(cut.comm_steps) if cut.comm_steps is not None else None
+        if comm:
+            forward = max(0.0, forward - sum(step.forward_exposed_seconds for step in comm))
+        if self._metrics:
+            self._metrics.forward_seconds.inc(forward)
         # The samples NVML took while the device ran the interval: from the end of the previous one to now.
         busy = self._gpu_busy.share(self._interval_start, ended, cut.not_stepping) if self._gpu_busy else None
         interval = max(ended - self._interval_start, 1e-9)
@@ -408,8 +422,10 @@ class Telemetry:
             "data_wait_seconds": data_wait, "step_seconds": step_seconds,
             "host_data_wait_seconds": cut.host_data_wait, "clock": self.clock, **self._state_bytes,
         }
-        if cut.comm_steps is not None:
-            record |= self._record_comm(self._comm.read(cut.comm_steps))
+        if cut.forward_passes:
+            record["forward_seconds"] = forward
+        if comm is not None:
+            record |= self._record_comm(comm)
         record |= self._record_time(cut, sum(step_seconds), data_wait, record.get("comm_exposed_seconds"), busy)
         with self._storage_failures():
             self._records.write(json.dumps(record) + "\n")
