@@ -12,13 +12,14 @@ usage: scripts/k8s-monitoring.py [--check]
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
 from pathlib import Path
 
 import yaml
+
+from trainstack.generated import write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES_DIR = ROOT / "monitoring/prometheus/rules"
@@ -107,22 +108,9 @@ def _dump(documents: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if the committed output differs from what the sources give")
-    args = parser.parse_args(argv)
-    wanted = {RULES_OUTPUT: prometheus_rules(), DASHBOARDS_OUTPUT: dashboards()}
-    stale = [path for path, text in wanted.items() if not path.is_file() or path.read_text() != text]
-    if args.check:
-        for path in stale:
-            print(f"{path.relative_to(ROOT)} is stale: run scripts/k8s-monitoring.py and commit the result",
-                  file=sys.stderr)
-        return 1 if stale else 0
-    OUTPUT_DIR.mkdir(parents=True, exist_ok=True)
-    for path in stale:
-        path.write_text(wanted[path])
-        print(f"wrote {path.relative_to(ROOT)}")
-    return 0
+    return write_or_check(__doc__.split("\n\n")[0],
+                          lambda: {RULES_OUTPUT: prometheus_rules(), DASHBOARDS_OUTPUT: dashboards()}, ROOT,
+                          "python scripts/k8s-monitoring.py", argv)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ def test_check_fails_once_a_source_changes(tmp_path):
     result = run_script(script, "--check")
     assert result.returncode == 1
     assert result.stderr.strip() == ("k8s/common/generated/prometheusrules.yaml is stale: run "
-                                     "scripts/k8s-monitoring.py and commit the result")
+                                     "python scripts/k8s-monitoring.py and commit the result")
 
 
 @pytest.mark.slow

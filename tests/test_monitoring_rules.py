@@ -65,7 +65,8 @@ def test_check_catches_a_threshold_edited_in_the_rule_file_instead_of_the_table(
     alerts.write_text(planted)
     assert build_rules.main(["--check"]) == 1
     assert capsys.readouterr().err.strip() == (
-        "monitoring/prometheus/rules/alerts.yml is stale: run python monitoring/prometheus/build_rules.py")
+        "monitoring/prometheus/rules/alerts.yml is stale: run python monitoring/prometheus/build_rules.py and "
+        "commit the result")
     assert build_rules.main([]) == 0
     assert build_rules.main(["--check"]) == 0
 

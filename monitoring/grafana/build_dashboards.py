@@ -11,7 +11,6 @@ usage: python monitoring/grafana/build_dashboards.py [--check]
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script: the catalog comes from this checkout
 from trainstack import catalog, thresholds  # noqa: E402
+from trainstack.generated import write_or_check  # noqa: E402
 
 DASHBOARDS_DIR = ROOT / "monitoring/grafana/dashboards"
 DOCS_FILE = ROOT / "docs/monitoring.md"
@@ -367,29 +367,11 @@ def docs_text() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if a committed file differs from what this script builds")
-    args = parser.parse_args(argv)
-    wanted = {**dashboard_files(), DOCS_FILE: docs_text()}
-    stale = [path for path, text in wanted.items() if not path.is_file() or path.read_text() != text]
-    # a dashboard that is no longer built would still be provisioned
-    leftover = [path for path in sorted(DASHBOARDS_DIR.glob("*.json")) if path not in wanted]
-    if args.check:
-        for path in stale:
-            print(f"{path.relative_to(ROOT)} is stale: run python monitoring/grafana/build_dashboards.py",
-                  file=sys.stderr)
-        for path in leftover:
-            print(f"{path.relative_to(ROOT)} is not built by any dashboard: delete it", file=sys.stderr)
-        return 1 if stale or leftover else 0
-    for path in stale:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(wanted[path])
-        print(f"wrote {path.relative_to(ROOT)}")
-    for path in leftover:
-        path.unlink()
-        print(f"deleted {path.relative_to(ROOT)}")
-    return 0
+    return write_or_check(
+        __doc__.split("\n\n")[0], lambda: {**dashboard_files(), DOCS_FILE: docs_text()}, ROOT,
+        "python monitoring/grafana/build_dashboards.py", argv,
+        # a dashboard that is no longer built would still be provisioned
+        leftovers=lambda wanted: [path for path in sorted(DASHBOARDS_DIR.glob("*.json")) if path not in wanted])
 
 
 if __name__ == "__main__":

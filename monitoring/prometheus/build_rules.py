@@ -13,7 +13,6 @@ usage: python monitoring/prometheus/build_rules.py [--check]
 
 from __future__ import annotations
 
-import argparse
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script: the tables come from this checkout
 from trainstack import breakdown, catalog, ratios, thresholds  # noqa: E402
+from trainstack.generated import write_or_check  # noqa: E402
 
 RULES_DIR = ROOT / "monitoring/prometheus/rules"
 DOCS_FILE = ROOT / "docs/alerts.md"
@@ -394,21 +394,10 @@ def docs_text() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if a committed file differs from what this script builds")
-    args = parser.parse_args(argv)
-    wanted = {**{RULES_DIR / f.name: rule_file_text(f) for f in RULE_FILES}, DOCS_FILE: docs_text()}
-    stale = [path for path, text in wanted.items() if not path.is_file() or path.read_text() != text]
-    if args.check:
-        for path in stale:
-            print(f"{path.relative_to(ROOT)} is stale: run python monitoring/prometheus/build_rules.py",
-                  file=sys.stderr)
-        return 1 if stale else 0
-    for path in stale:
-        path.write_text(wanted[path])
-        print(f"wrote {path.relative_to(ROOT)}")
-    return 0
+    return write_or_check(
+        __doc__.split("\n\n")[0],
+        lambda: {**{RULES_DIR / f.name: rule_file_text(f) for f in RULE_FILES}, DOCS_FILE: docs_text()},
+        ROOT, "python monitoring/prometheus/build_rules.py", argv)
 
 
 if __name__ == "__main__":
