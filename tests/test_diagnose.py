@@ -73,7 +73,24 @@ def test_input_bound_names_the_waiting_ranks():
                                      [gpu(0), gpu(1)]), LIMITS)
     assert kinds(verdicts) == ["input-bound"]
     assert "rank 1" in verdicts[0].summary and "rank 0" not in verdicts[0].summary
-    assert "45%" in verdicts[0].evidence[0] and "--num-workers" in verdicts[0].fix
+    assert "45%" in verdicts[0].evidence[0] and "DataLoader(num_workers=...)" in verdicts[0].fix
+
+
+@pytest.mark.parametrize("launcher, knobs, not_knobs", [
+    ("train", ("--num-workers", "--gradient-accumulation-steps", "--strategy fsdp", "--compile",
+               "--mixed-precision bf16"), ("DataLoader(", "DDP(model, bucket_cap_mb")),
+    ("watch", ("DataLoader(num_workers=...)", "DDP(model, bucket_cap_mb=...)", "DataLoader(batch_size=...)",
+               "torch.compile(model)", "torch.autocast"), ("--num-workers", "--batch-size", "--strategy", "--compile")),
+])
+def test_a_fix_names_the_knob_of_whatever_started_the_ranks(launcher, knobs, not_knobs):
+    """`trainstack train`'s ranks are tuned by its flags; a watched script's by its own code."""
+    ranks = [rank(str(i), uuid=f"GPU-{i}", launcher=launcher, data_wait_ratio=0.45, comm_exposed_ratio=0.5,
+                  comm_seconds=0.2, host_bound_ratio=0.4, mfu=0.05) for i in range(2)]
+    verdicts = diagnose(gpu_snapshot(ranks, [gpu(0), gpu(1)]), LIMITS)
+    assert {"input-bound", "comm-bound", "host-bound", "low-mfu"} <= set(kinds(verdicts))
+    fixes = " ".join(v.fix for v in verdicts if v.kind in ("input-bound", "comm-bound", "host-bound", "low-mfu"))
+    assert all(knob in fixes for knob in knobs), fixes
+    assert not any(knob in fixes for knob in not_knobs), fixes
 
 
 def test_a_gpu_rank_is_input_bound_by_its_gpu_starvation_not_its_host_wait():
@@ -186,7 +203,7 @@ def test_host_bound_names_the_ranks_whose_gpu_idles_with_nothing_to_wait_for():
     assert verdicts[0].summary.startswith("host-bound: rank 0: the GPU idles more than 20% of its step time")
     assert verdicts[0].evidence == ("rank 0: its GPU idled 35% of its step time waiting for the host (besides: "
                                     "starved for data 2%, waiting on communication 5%)",)
-    assert "--batch-size" in verdicts[0].fix and "--compile" in verdicts[0].fix
+    assert "DataLoader(batch_size=...)" in verdicts[0].fix and "torch.compile(model)" in verdicts[0].fix
 
 
 def test_the_snapshot_reads_the_host_bound_part_of_each_ranks_time():

@@ -262,12 +262,15 @@ TRAIN_RANK_INFO = Metric(
              "variable rank", "diagnose no-training", "diagnose gpus-unused", "diagnose stalled"))
 TRAIN_RUN_INFO = Metric(
     "trainstack_train_run_info", GAUGE,
-    "The run; clock: where step, forward and data-wait times are measured; strategy: ddp or fsdp.",
-    ("rank", "run_id", "world_size", "nodes", "mixed_precision", "model", "dataset", "clock", "strategy"),
+    "The run; clock: where step, forward and data-wait times are measured; strategy: ddp or fsdp; launcher: "
+    "train or watch.",
+    ("rank", "run_id", "world_size", "nodes", "mixed_precision", "model", "dataset", "clock", "strategy", "launcher"),
     TELEMETRY,
     "the run; `clock` is where the rank measures step, forward and data-wait times: `gpu` (its GPU's timeline) "
-    "or `host`; `strategy`: `ddp` or `fsdp`", values="1",
-    readers=("diagnose input-bound", "diagnose comm-bound", "diagnose figures"))
+    "or `host`; `strategy`: `ddp` or `fsdp`; `launcher`: `train` (`trainstack train`) or `watch` (a user's "
+    "script under `trainstack watch`), empty when unknown: whose knobs a verdict's fix names", values="1",
+    readers=("diagnose input-bound", "diagnose comm-bound", "diagnose host-bound", "diagnose low-mfu",
+             "diagnose figures"))
 
 # --- GPUs: read from NVML by the exporter (monitoring/exporter/gpu.py) ---------------------------------------
 

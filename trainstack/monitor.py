@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from trainstack import breakdown
-from trainstack.rundir import NNODES_ENV, RUN_DIR_ENV, RUN_ID_ENV
+from trainstack.rundir import LAUNCHER_ENV, NNODES_ENV, RUN_DIR_ENV, RUN_ID_ENV
 from trainstack.train.rank.hooks import measure_state_once
 from trainstack.train.rank.telemetry import IntervalCut, RankIdentity, Telemetry, device_uuid, peak_flops
 
@@ -385,4 +385,4 @@ def _identity(model, accelerator, device: torch.device, precision: str, model_na
         rank=rank, local_rank=local_rank, node=socket.gethostname(), uuid=device_uuid(device),
         run_id=run_id, world_size=world, nodes=nodes, mixed_precision=precision,
         model=model_name or (type(inner).__name__ if inner is not None else ""), dataset=dataset,
-        strategy=_strategy_of(model))
+        strategy=_strategy_of(model), launcher=os.environ.get(LAUNCHER_ENV, ""))

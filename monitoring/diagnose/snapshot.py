@@ -39,6 +39,8 @@ class RankView:
     world_size: int | None = None
     strategy: str = ""
     """How the rank shares its model: ddp, fsdp (catalog.TRAIN_RUN_INFO); "" where it does not say."""
+    launcher: str = ""
+    """What started the rank: train (`trainstack train`), watch (a user's script), "" where it does not say."""
     backend: str = ""
     """The rank's process-group backend (nccl, gloo); "" where it does not say."""
     nccl_switches: dict[str, str] = field(default_factory=dict)
@@ -202,6 +204,7 @@ def _ranks(source: Source) -> list[RankView]:
             comm_exposed_ratio=comm_exposed.get(rank), comm_seconds=comm.get(rank),
             host_bound_ratio=host_bound.get(rank), comm_bytes_per_step=comm_bytes.get(rank),
             world_size=world_sizes.get(rank), strategy=run_info.get(rank, {}).get("strategy", ""),
+            launcher=run_info.get(rank, {}).get("launcher", ""),
             backend=comm_setup.get(rank, {}).get("backend", ""),
             nccl_switches=_switches_set(comm_setup.get(rank, {})), shm_bytes=shm.get(rank),
         ))

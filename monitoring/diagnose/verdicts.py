@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from trainstack import catalog
 from trainstack.monitoring.diagnose.snapshot import GpuProcess, GpuView, RankView, Snapshot
 from trainstack.monitoring.diagnose.thresholds import Thresholds
+from trainstack.rundir import LAUNCHER_TRAIN
 from trainstack.units import human_bytes
 
 MIB, GIB = 1 << 20, 1 << 30
@@ -30,6 +31,12 @@ def _percent(ratio: float) -> str:
 
 def _ranks_list(ranks: list[RankView]) -> str:
     return ", ".join(f"rank {r.rank}" for r in ranks)
+
+
+def _knob(ranks: list[RankView], train: str, script: str) -> str:
+    """A fix in the user's words: `trainstack train`'s flag where it started every rank, else the knob in the
+    user's own script (a watched command, or a loop that does not say what started it)."""
+    return train if ranks and all(r.launcher == LAUNCHER_TRAIN for r in ranks) else script
 
 
 def _uninstrumented(snapshot: Snapshot, limits: Thresholds) -> bool:
@@ -191,8 +198,9 @@ def input_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         "input-bound", f"input-bound: {_ranks_list(waiting)} wait(s) for the data loader more than "
         f"{_percent(limits.input_bound_ratio)} of the time",
         tuple(_data_wait_evidence(r) for r in waiting),
-        "raise --num-workers, pre-tokenize or move decoding out of __getitem__, or put the data on faster "
-        "storage; in DDP every other rank waits for the slowest loader",
+        f"raise {_knob(snapshot.ranks, '--num-workers', 'DataLoader(num_workers=...)')}, pre-tokenize or move "
+        "decoding out of __getitem__, or put the data on faster storage; in DDP every other rank waits for the "
+        "slowest loader",
     )
 
 
@@ -242,10 +250,14 @@ def comm_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         f"communication (threshold {_percent(limits.comm_bound_ratio)}): compute does not hide it",
         tuple(evidence),
         "".join(f"{fix}; " for fix in first) +
-        "fewer all-reduces per sample: a larger per-rank --batch-size or --gradient-accumulation-steps (the "
-        "micro-batches before the last skip the all-reduce under no_sync); fewer, larger buckets (DDP "
-        "bucket_cap_mb); a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in containers, and "
-        "that NCCL_P2P_DISABLE, NCCL_SHM_DISABLE or NCCL_IB_DISABLE are not set; or --strategy fsdp",
+        "fewer all-reduces per sample: " + _knob(
+            measured, "a larger per-rank --batch-size or --gradient-accumulation-steps (the micro-batches before the "
+            "last skip the all-reduce under no_sync); fewer, larger buckets (DDP bucket_cap_mb)",
+            "a larger per-GPU batch (your DataLoader(batch_size=...)) or gradient accumulation with the micro-batches "
+            "before the last under model.no_sync(); fewer, larger buckets (DDP(model, bucket_cap_mb=...))") +
+        "; a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in containers, and that "
+        "NCCL_P2P_DISABLE, NCCL_SHM_DISABLE or NCCL_IB_DISABLE are not set; or "
+        + _knob(measured, "--strategy fsdp", "FSDP (fully_shard) instead of DDP"),
     )
 
 
@@ -362,9 +374,12 @@ def host_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         "host-bound", f"host-bound: {_ranks_list(idle)}: the GPU idles more than "
         f"{_percent(limits.host_bound_ratio)} of its step time although it has data and waits on no communication",
         tuple(evidence(r) for r in idle),
-        "give each kernel launch more work: a larger per-rank --batch-size (lower --gradient-accumulation-steps to "
-        "keep the global batch); --compile (torch.compile fuses small kernels: fewer launches); and no host "
-        "synchronization in the loop (.item(), printing or copying tensors to the CPU each step)",
+        "give each kernel launch more work: " + _knob(
+            idle, "a larger per-rank --batch-size (lower --gradient-accumulation-steps to keep the global batch); "
+            "--compile", "a larger per-GPU batch in your DataLoader(batch_size=...) (fewer accumulation micro-batches "
+            "to keep the global batch); model = torch.compile(model)") +
+        " (torch.compile fuses small kernels: fewer launches); and no host synchronization in the loop (.item(), "
+        "printing or copying tensors to the CPU each step)",
     )
 
 
@@ -412,8 +427,11 @@ def low_mfu(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     return Verdict(
         "low-mfu", f"low MFU: the ranks use {_percent(mean)} of the GPUs' peak FLOP/s "
         f"(under {_percent(limits.low_mfu_ratio)})", tuple(f"rank {r.rank}: MFU {_percent(r.mfu)}" for r in measured),
-        "first rule out input-bound and stragglers; then a larger per-rank --batch-size, --mixed-precision bf16, "
-        "fewer host synchronizations in the loop, or a model big enough to fill the GPU",
+        "first rule out input-bound and stragglers; then " + _knob(
+            measured, "a larger per-rank --batch-size, --mixed-precision bf16",
+            "a larger per-GPU batch in your DataLoader(batch_size=...), bf16 autocast "
+            "(torch.autocast(\"cuda\", dtype=torch.bfloat16))") +
+        ", fewer host synchronizations in the loop, or a model big enough to fill the GPU",
     )
 
 

@@ -26,6 +26,7 @@ import psutil
 from trainstack.errors import ConfigError, RuntimeFailure
 from trainstack.lifetime import Descendants, describe_end, stop_grace, wait_or_kill
 from trainstack.rundir import (
+    LAUNCHER_WATCH,
     RUN_ID_ENV,
     SUPERVISOR_PID_ENV,
     RunDir,
@@ -133,7 +134,8 @@ class Watch:
         # Not the supervisor's PID: it names a process's parent, and the command's own processes (torchrun's
         # workers) are not watch's children; trainstack code in them would take watch for gone.
         env = {name: value for name, value in os.environ.items() if name != SUPERVISOR_PID_ENV}
-        return {**env, **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time())}
+        return {**env, **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time(),
+                                            LAUNCHER_WATCH)}
 
     def on_signal(self, signum, frame) -> None:
         self.received.append(signum)
