@@ -27,7 +27,7 @@ from trainstack.errors import EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.monitoring.diagnose.snapshot import GpuView, RankView, Snapshot, read_snapshot
 from trainstack.monitoring.diagnose.sources import ExporterSource, PrometheusSource, open_source
 from trainstack.monitoring.diagnose.thresholds import Thresholds
-from trainstack.monitoring.diagnose.verdicts import diagnose, figures
+from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes
 from trainstack.rundir import RunDir, free_port
 from trainstack.train.rank.comm import TEST_ALLREDUCE_DELAY_ENV
 
@@ -74,6 +74,21 @@ def test_input_bound_names_the_waiting_ranks():
     assert kinds(verdicts) == ["input-bound"]
     assert "rank 1" in verdicts[0].summary and "rank 0" not in verdicts[0].summary
     assert "45%" in verdicts[0].evidence[0] and "DataLoader(num_workers=...)" in verdicts[0].fix
+
+
+@pytest.mark.parametrize("gpus, judged", [([], "no GPU here, so nothing can be judged"), ([gpu(0)], "GPU checks only")])
+def test_a_watched_command_without_rank_telemetry_is_uninstrumented_never_no_training(gpus, judged):
+    """From the first scrape: watch's series say the command runs, whether or not a GPU shows it."""
+    snapshot = Snapshot("test", NOW, [], gpus, command="torchrun --nproc-per-node 2 train.py", command_processes=3)
+    assert diagnose(snapshot, LIMITS) == []
+    (note,) = notes(snapshot, LIMITS)
+    assert note.startswith(f"uninstrumented: 3 process(es) of the watched command are running with no rank "
+                           f"telemetry ({judged}); add `import trainstack.monitor`")
+    assert figures(snapshot)["command_processes"] == 3
+    ended = Snapshot("test", NOW, [], [], command="python train.py", command_processes=0)
+    assert diagnose(ended, LIMITS) == [] and "the watched command has ended" in notes(ended, LIMITS)[0]
+    # No watch series and nothing on the GPUs: still no training.
+    assert kinds(diagnose(Snapshot("test", NOW, [], [gpu(0, utilization=0.0)]), LIMITS)) == ["no-training"]
 
 
 @pytest.mark.parametrize("launcher, knobs, not_knobs", [

@@ -21,7 +21,6 @@ import pytest
 from tests.conftest import explain, run_trainstack, stop_process, trainstack_command, wait_for
 from tests.test_cli_imports import run_without_torch
 from trainstack.errors import ConfigError
-from trainstack.monitoring.diagnose.verdicts import UNINSTRUMENTED
 from trainstack.rundir import (
     LAUNCHED_AT_ENV,
     LEASE_DIR,
@@ -288,7 +287,9 @@ def test_an_uninstrumented_command_gets_the_gpu_series_and_a_report_of_them(tmp_
         assert diagnosed.returncode in (0, 1), explain(diagnosed)  # a verdict, not "cannot read the source"
         diagnosis = json.loads(diagnosed.stdout)
         assert diagnosis["figures"]["gpus"] == 8
-        assert diagnosis["notes"] == [UNINSTRUMENTED]  # the one line on what per-rank verdicts need
+        (note,) = diagnosis["notes"]  # the one line on what per-rank verdicts need
+        assert note.startswith("uninstrumented: 1 process(es) of the watched command are running with no rank "
+                               "telemetry (GPU checks only); add `import trainstack.monitor`"), note
         release.touch()
         output, _ = watched.communicate(timeout=120)
     finally:

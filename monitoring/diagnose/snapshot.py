@@ -114,6 +114,10 @@ class Snapshot:
     gpu_sample_ages: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Exporter instance and cadence ("node0:9450 fast") -> (age of its GPU sample, its sampling interval), s."""
     processes: list[GpuProcess] = field(default_factory=list)
+    command: str = ""
+    """The command `trainstack watch` runs (catalog.WATCH_COMMAND_INFO); "" when the source is no watched run."""
+    command_processes: int | None = None
+    """How many of the watched command's processes run now; None when the source is no watched run."""
 
     def gpus_held(self) -> dict[tuple[str, str], list[GpuProcess]]:
         """(instance, pid) -> the GPUs the process holds: those where it uses the most memory of the processes
@@ -152,8 +156,11 @@ def _ratio_of(source: Source, ratio: ratios.Ratio, label: str) -> dict[str, floa
 
 
 def read_snapshot(source: Source) -> Snapshot:
+    running = [value for _, value in source.instant(catalog.WATCH_COMMAND_PROCESSES.name)]
+    commands = [labels.get("command", "") for labels, _ in source.instant(catalog.WATCH_COMMAND_INFO.name)]
     return Snapshot(source.description, source.now, _ranks(source), _gpus(source), _gpu_sample_ages(source),
-                    _processes(source))
+                    _processes(source), command=commands[0] if commands else "",
+                    command_processes=int(sum(running)) if running else None)
 
 
 def _processes(source: Source) -> list[GpuProcess]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from trainstack import catalog
 from trainstack.monitoring.diagnose.snapshot import GpuProcess, GpuView, RankView, Snapshot
 from trainstack.monitoring.diagnose.thresholds import Thresholds
-from trainstack.rundir import LAUNCHER_TRAIN
+from trainstack.rundir import INSTRUMENT_HINT, LAUNCHER_TRAIN
 from trainstack.units import human_bytes
 
 MIB, GIB = 1 << 20, 1 << 30
@@ -40,8 +40,9 @@ def _knob(ranks: list[RankView], train: str, script: str) -> str:
 
 
 def _uninstrumented(snapshot: Snapshot, limits: Thresholds) -> bool:
-    """Something uses the GPUs (NVML lists a process on one, or one is busy) but no rank reports telemetry."""
-    return not snapshot.ranks and (bool(snapshot.processes) or any(
+    """A job runs but no rank reports telemetry: `trainstack watch` says it runs a command, NVML lists a process on
+    a GPU, or a GPU is busy."""
+    return not snapshot.ranks and (bool(snapshot.command) or bool(snapshot.processes) or any(
         (g.utilization or 0.0) >= limits.gpu_idle_ratio for g in snapshot.gpus))
 
 
@@ -461,18 +462,24 @@ def diagnose(snapshot: Snapshot, limits: Thresholds) -> list[Verdict]:
     return [verdict for check in CHECKS if (verdict := check(snapshot, limits)) is not None]
 
 
-UNINSTRUMENTED = (
-    "uninstrumented: GPU checks only; input-bound, straggler, stalled, comm-bound and host-bound need rank "
-    "telemetry: add `import trainstack.monitor` to the training loop (monitor = trainstack.monitor.start(model), "
-    "then monitor.step(...) each step), give a transformers Trainer "
-    "trainer.add_callback(trainstack.integrations.hf.TrainstackCallback(trainer)), or run it with `trainstack "
-    "train` (docs/monitor-your-training.md)")
+def uninstrumented(snapshot: Snapshot) -> str:
+    """The note on a job without rank telemetry: what runs, what can be judged, and how to get the rest."""
+    if snapshot.command_processes:
+        running = f"{snapshot.command_processes} process(es) of the watched command are running"
+    elif snapshot.command:
+        running = "the watched command has ended"
+    else:
+        running = "the GPUs are in use"
+    judged = "GPU checks only" if snapshot.gpus else "no GPU here, so nothing can be judged"
+    return (f"uninstrumented: {running} with no rank telemetry ({judged}); {INSTRUMENT_HINT}; or give a "
+            "transformers Trainer trainer.add_callback(trainstack.integrations.hf.TrainstackCallback(trainer)), or "
+            "run it with `trainstack train`")
 
 
 def notes(snapshot: Snapshot, limits: Thresholds) -> list[str]:
-    """What the reader must know that is no problem of the run: a job that uses GPUs but reports no rank telemetry
-    gets the GPU verdicts only, and one line on how to get the others."""
-    return [UNINSTRUMENTED] if _uninstrumented(snapshot, limits) else []
+    """What the reader must know that is no problem of the run: a job that runs but reports no rank telemetry
+    gets the GPU verdicts only (none without a GPU), and one line on how to get the others."""
+    return [uninstrumented(snapshot)] if _uninstrumented(snapshot, limits) else []
 
 
 def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
@@ -490,6 +497,7 @@ def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
     ratios = snapshot.straggler_ratios()
     last = [r.last_step_time for r in ranks if r.last_step_time]
     return {
+        "command_processes": snapshot.command_processes,
         "ranks": len(ranks),
         "steps_per_second": mean(r.steps_per_second for r in ranks),
         "samples_per_second": sum(r.samples_per_second or 0.0 for r in ranks) if ranks else None,
