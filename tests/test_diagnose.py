@@ -4,13 +4,16 @@ straggler (one slowed rank), stalled (a hung rank), through the exporter and thr
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import http.server
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,9 +26,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, run_trainstack, trainstack_command
+from trainstack import catalog
 from trainstack.errors import EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.monitoring.diagnose.snapshot import GpuView, RankView, Snapshot, read_snapshot
-from trainstack.monitoring.diagnose.sources import ExporterSource, PrometheusSource, open_source
+from trainstack.monitoring.diagnose.sources import PROMETHEUS_WINDOW, ExporterSource, PrometheusSource, open_source
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes
 from trainstack.rundir import RunDir, free_port
@@ -569,6 +573,40 @@ def test_a_hung_rank_is_stalled(tmp_path):
     assert kinds(verdicts) == ["stalled"]
     assert [item.split(":")[0] for item in verdicts[0].evidence] == ["rank 0", "rank 1"]
     assert result.returncode == 1 and '"kind": "stalled"' in result.stdout
+
+
+class OneScrapeExporter(http.server.BaseHTTPRequestHandler):
+    """An exporter whose run ends right after its first scrape: it answers once, then stops listening."""
+
+    TEXT = (f"# TYPE {catalog.WATCH_COMMAND_PROCESSES.name} gauge\n{catalog.WATCH_COMMAND_PROCESSES.name} 2.0\n"
+            f"# TYPE {catalog.WATCH_COMMAND_INFO.name} gauge\n"
+            f'{catalog.WATCH_COMMAND_INFO.name}{{command="python train.py",run_id="r"}} 1.0\n')
+
+    def do_GET(self):
+        body = self.TEXT.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        threading.Thread(target=lambda: (self.server.shutdown(), self.server.server_close())).start()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_diagnose_whose_scrapes_straddle_the_runs_end_judges_the_first_reading(capsys):
+    from trainstack.monitoring.diagnose import cli
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OneScrapeExporter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    args = argparse.Namespace(url=f"http://127.0.0.1:{server.server_address[1]}/metrics", source="exporter",
+                              job=None, window=PROMETHEUS_WINDOW, interval=0.5, stall_seconds=LIMITS.stall_seconds,
+                              json=True)
+    assert cli.run(args) == 0  # not 69: what the first scrape gave is judged
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["notes"][0].startswith("the run ended meanwhile: its exporter was gone 0.5 s after the first scrape")
+    assert shown["notes"][1].startswith("uninstrumented: 2 process(es) of the watched command are running")
+    assert shown["verdicts"] == []
 
 
 @pytest.mark.slow
