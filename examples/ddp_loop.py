@@ -67,7 +67,7 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            monitor.step(samples=len(inputs), loss=loss)  # trainstack
+            monitor.step(samples=len(inputs), loss=loss, epoch=epoch)  # trainstack
             step += 1
             if step == args.steps:
                 break

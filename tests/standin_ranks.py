@@ -64,6 +64,7 @@ def _write(rank: str, steps: int, world_size: str, on_gpu: bool) -> None:
     catalog.rank_metric(catalog.TRAIN_RUN_INFO).labels(
         rank=rank, run_id="stand-in-run", world_size=world_size, nodes="1", mixed_precision="bf16" if on_gpu else "no",
         model="builtin:tiny-gpt", dataset="builtin:sequences", clock="gpu" if on_gpu else "host", strategy="ddp",
+        launcher="train",
     ).set(1)
 
 

@@ -40,6 +40,7 @@ from tests.standin_ranks import write_rank
 from tests.test_monitoring_promql import PROMETHEUS_SERIES, label_values_metric, metric_names
 from trainstack import catalog, ratios
 from trainstack.rundir import free_port
+from trainstack.train.launcher.watch import CommandSeries
 
 RULE_FILES = sorted((REPO / "monitoring/prometheus/rules").glob("*.yml"))
 RULE_TEST_FILES = sorted((REPO / "monitoring/prometheus/tests").glob("*.yml"))
@@ -48,7 +49,7 @@ DIAGNOSE_DIR = REPO / "monitoring/diagnose"
 # Where a metric name may not be written outside the catalog (issue 11: one module names the metrics).
 PYTHON_DIRS = ("train", "monitoring", "bench", "trainstack")
 CATALOG_FILE = REPO / "trainstack/catalog.py"
-METRIC_NAME = re.compile(r"(?<![\w:])trainstack_(?:train|gpu|exporter)_[a-z0-9_]*")
+METRIC_NAME = re.compile(r"(?<![\w:])trainstack_(?:train|gpu|exporter|watch)_[a-z0-9_]*")
 SAMPLES = {sample: metric for metric in catalog.METRICS for sample in metric.sample_names}
 RECORDED = {series.name: series for series in catalog.RECORDED}
 DEADLINE_SECONDS = 120  # a limit on waiting for a loaded machine, never a measured speed
@@ -298,6 +299,7 @@ def test_every_catalog_metric_is_produced_and_nothing_else(tmp_path):
     metrics_dir.mkdir()
     run_telemetry_rank(tmp_path, metrics_dir, "fake-cuda")
     rank_pid = int(next(metrics_dir.glob("counter_*.db")).stem.rpartition("_")[2])
+    CommandSeries(metrics_dir, ["torchrun", "train.py"], "catalog").running(3)  # what trainstack watch writes
     host_file = tmp_path / "host.json"
     host_file.write_text(json.dumps(fake_host(rank_pid)))
     port = free_port()

@@ -4,13 +4,16 @@ straggler (one slowed rank), stalled (a hung rank), through the exporter and thr
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import http.server
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,12 +26,13 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO, run_trainstack, trainstack_command
+from trainstack import catalog
 from trainstack.errors import EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.monitoring.diagnose.render import render_text
 from trainstack.monitoring.diagnose.snapshot import GpuView, RankView, Snapshot, read_snapshot
-from trainstack.monitoring.diagnose.sources import ExporterSource, PrometheusSource, open_source
+from trainstack.monitoring.diagnose.sources import PROMETHEUS_WINDOW, ExporterSource, PrometheusSource, open_source
 from trainstack.monitoring.diagnose.thresholds import Thresholds
-from trainstack.monitoring.diagnose.verdicts import diagnose, figures
+from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes
 from trainstack.rundir import RunDir, free_port
 from trainstack.train.rank.comm import TEST_ALLREDUCE_DELAY_ENV
 
@@ -74,7 +78,39 @@ def test_input_bound_names_the_waiting_ranks():
                                      [gpu(0), gpu(1)]), LIMITS)
     assert kinds(verdicts) == ["input-bound"]
     assert "rank 1" in verdicts[0].summary and "rank 0" not in verdicts[0].summary
-    assert "45%" in verdicts[0].evidence[0] and "--num-workers" in verdicts[0].fix
+    assert "45%" in verdicts[0].evidence[0] and "DataLoader(num_workers=...)" in verdicts[0].fix
+
+
+@pytest.mark.parametrize("gpus, judged", [([], "no GPU here, so nothing can be judged"), ([gpu(0)], "GPU checks only")])
+def test_a_watched_command_without_rank_telemetry_is_uninstrumented_never_no_training(gpus, judged):
+    """From the first scrape: watch's series say the command runs, whether or not a GPU shows it."""
+    snapshot = Snapshot("test", NOW, [], gpus, command="torchrun --nproc-per-node 2 train.py", command_processes=3)
+    assert diagnose(snapshot, LIMITS) == []
+    (note,) = notes(snapshot, LIMITS)
+    assert note.startswith(f"uninstrumented: 3 process(es) of the watched command are running with no rank "
+                           f"telemetry ({judged}); add `import trainstack.monitor`")
+    assert figures(snapshot)["command_processes"] == 3
+    ended = Snapshot("test", NOW, [], [], command="python train.py", command_processes=0)
+    assert diagnose(ended, LIMITS) == [] and "the watched command has ended" in notes(ended, LIMITS)[0]
+    # No watch series and nothing on the GPUs: still no training.
+    assert kinds(diagnose(Snapshot("test", NOW, [], [gpu(0, utilization=0.0)]), LIMITS)) == ["no-training"]
+
+
+@pytest.mark.parametrize("launcher, knobs, not_knobs", [
+    ("train", ("--num-workers", "--gradient-accumulation-steps", "--strategy fsdp", "--compile",
+               "--mixed-precision bf16"), ("DataLoader(", "DDP(model, bucket_cap_mb")),
+    ("watch", ("DataLoader(num_workers=...)", "DDP(model, bucket_cap_mb=...)", "DataLoader(batch_size=...)",
+               "torch.compile(model)", "torch.autocast"), ("--num-workers", "--batch-size", "--strategy", "--compile")),
+])
+def test_a_fix_names_the_knob_of_whatever_started_the_ranks(launcher, knobs, not_knobs):
+    """`trainstack train`'s ranks are tuned by its flags; a watched script's by its own code."""
+    ranks = [rank(str(i), uuid=f"GPU-{i}", launcher=launcher, data_wait_ratio=0.45, comm_exposed_ratio=0.5,
+                  comm_seconds=0.2, host_bound_ratio=0.4, mfu=0.05) for i in range(2)]
+    verdicts = diagnose(gpu_snapshot(ranks, [gpu(0), gpu(1)]), LIMITS)
+    assert {"input-bound", "comm-bound", "host-bound", "low-mfu"} <= set(kinds(verdicts))
+    fixes = " ".join(v.fix for v in verdicts if v.kind in ("input-bound", "comm-bound", "host-bound", "low-mfu"))
+    assert all(knob in fixes for knob in knobs), fixes
+    assert not any(knob in fixes for knob in not_knobs), fixes
 
 
 def test_a_gpu_rank_is_input_bound_by_its_gpu_starvation_not_its_host_wait():
@@ -200,7 +236,7 @@ def test_host_bound_names_the_ranks_whose_gpu_idles_with_nothing_to_wait_for():
     assert verdicts[0].summary.startswith("host-bound: rank 0: the GPU idles more than 20% of its step time")
     assert verdicts[0].evidence == ("rank 0: its GPU idled 35% of its step time waiting for the host (besides: "
                                     "starved for data 2%, waiting on communication 5%)",)
-    assert "--batch-size" in verdicts[0].fix and "--compile" in verdicts[0].fix
+    assert "DataLoader(batch_size=...)" in verdicts[0].fix and "torch.compile(model)" in verdicts[0].fix
 
 
 def test_the_snapshot_reads_the_host_bound_part_of_each_ranks_time():
@@ -549,6 +585,40 @@ def test_a_hung_rank_is_stalled(tmp_path):
     assert kinds(verdicts) == ["stalled"]
     assert [item.split(":")[0] for item in verdicts[0].evidence] == ["rank 0", "rank 1"]
     assert result.returncode == 1 and '"kind": "stalled"' in result.stdout
+
+
+class OneScrapeExporter(http.server.BaseHTTPRequestHandler):
+    """An exporter whose run ends right after its first scrape: it answers once, then stops listening."""
+
+    TEXT = (f"# TYPE {catalog.WATCH_COMMAND_PROCESSES.name} gauge\n{catalog.WATCH_COMMAND_PROCESSES.name} 2.0\n"
+            f"# TYPE {catalog.WATCH_COMMAND_INFO.name} gauge\n"
+            f'{catalog.WATCH_COMMAND_INFO.name}{{command="python train.py",run_id="r"}} 1.0\n')
+
+    def do_GET(self):
+        body = self.TEXT.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        threading.Thread(target=lambda: (self.server.shutdown(), self.server.server_close())).start()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_diagnose_whose_scrapes_straddle_the_runs_end_judges_the_first_reading(capsys):
+    from trainstack.monitoring.diagnose import cli
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OneScrapeExporter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    args = argparse.Namespace(url=f"http://127.0.0.1:{server.server_address[1]}/metrics", source="exporter",
+                              job=None, window=PROMETHEUS_WINDOW, interval=0.5, stall_seconds=LIMITS.stall_seconds,
+                              json=True)
+    assert cli.run(args) == 0  # not 69: what the first scrape gave is judged
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["notes"][0].startswith("the run ended meanwhile: its exporter was gone 0.5 s after the first scrape")
+    assert shown["notes"][1].startswith("uninstrumented: 2 process(es) of the watched command are running")
+    assert shown["verdicts"] == []
 
 
 @pytest.mark.slow

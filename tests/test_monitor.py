@@ -124,6 +124,34 @@ def test_a_pause_is_no_step_and_a_resumed_run_numbers_its_steps_on(unwatched, tm
     assert len(lines[0]["step_seconds"]) == 2 and max(lines[0]["step_seconds"]) < 0.5
 
 
+def test_inside_a_pause_the_loops_shared_calls_record_nothing_as_training(unwatched, tmp_path):
+    """An evaluation run through the training loop's own functions: no `if training:` around the monitor's calls."""
+    model = torch.nn.Linear(4, 1)
+    monitor = trainstack.monitor.start(model, run_dir=tmp_path, log_every=100)
+
+    def run_batches(batches, tokens):  # shared by training and evaluation, as many loops are
+        for batch in monitor.batches(batches):
+            with monitor.forward():
+                loss = model(batch).sum()
+            monitor.micro_batch(tokens=1000, loss=1000.0)
+            monitor.step(2, tokens=tokens, loss=loss.detach())
+
+    run_batches([torch.ones(2, 4)] * 3, tokens=8)
+    with monitor.pause("evaluation"):
+        run_batches(slow_batches(3, 0.1), tokens=8)
+    run_batches([torch.ones(2, 4)] * 2, tokens=8)
+    monitor.close()
+    lines = records(tmp_path)
+    assert lines[-1]["step"] == 5 and monitor.steps == 5  # the evaluation's 3 steps are no steps
+    assert sum(line["samples"] for line in lines) == 10
+    assert sum(line["tokens"] for line in lines) == 5 * 8 + 5 * 1000  # the training micro-batches only
+    # The evaluation's 0.3 s of slow batches is its pause, not data wait and not step time.
+    assert sum(line["data_wait_seconds"] for line in lines) < 0.3
+    assert sum(len(line["step_seconds"]) for line in lines) == 5
+    (evaluation,) = [pause for line in lines for pause in line["paused"] if pause["part"] == "evaluation"]
+    assert evaluation["seconds"] >= 0.3
+
+
 @pytest.mark.parametrize("mistake, message", [
     (lambda: trainstack.monitor.start(run_dir="x", log_every=0), "log_every must be at least 1"),
     (lambda: trainstack.monitor.start(run_dir=None).pause_started("lunch"), None),

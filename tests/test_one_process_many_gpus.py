@@ -30,15 +30,17 @@ from trainstack import catalog
 from trainstack.errors import ConfigError, RuntimeFailure
 from trainstack.monitoring import nvml_fake
 from trainstack.monitoring.diagnose.render import render_json
-from trainstack.monitoring.diagnose.snapshot import GpuProcess, Snapshot, read_snapshot
+from trainstack.monitoring.diagnose.snapshot import GpuProcess, GpuView, Snapshot, read_snapshot
 from trainstack.monitoring.diagnose.sources import ExporterSource, PrometheusSource
-from trainstack.monitoring.diagnose.verdicts import UNINSTRUMENTED, diagnose, figures, notes
+from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes, uninstrumented
 from trainstack.monitoring.exporter.app import Exporter
 from trainstack.monitoring.exporter.config import ExporterConfig
 
 GIB = 2**30
 PROCESS_MEMORY = catalog.GPU_PROCESS_MEMORY_USED.name
 ALERT = "TrainstackOneProcessManyGPUs"
+# The note on a job that uses GPUs without rank telemetry and is not a watched run (tests/test_watch.py has those).
+UNINSTRUMENTED = uninstrumented(Snapshot("note", 0.0, [], [GpuView("0", "GPU-0")]))
 
 
 def process(pid: str, index: int, gib: float, name: str = "python", instance: str = "") -> GpuProcess:

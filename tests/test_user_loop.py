@@ -50,3 +50,12 @@ def test_a_plain_ddp_loop_under_watch_has_its_straggler_named(tmp_path):
         steps = [json.loads(line) for line in path.read_text().splitlines() if '"step"' in line]
         assert steps[-1]["step"] == 150 and "comm_exposed_seconds" in steps[-1], rank  # DDP's all-reduce timed
     assert "<figure id='loss'>" in (run_dir / "report.html").read_text()
+    # watch's summary.json: the command, its exit, and each rank's wall time accounted for by its parts
+    summary = json.loads(RunDir(run_dir).summary.read_text())
+    assert (summary["launcher"], summary["exit_code"], summary["exit_reason"], summary["world_size"]) == \
+        ("watch", 0, "completed", 2)
+    assert str(EXAMPLE) in summary["command"] and 0 < summary["goodput"] <= 1
+    for rank in summary["time_breakdown"]["ranks"]:
+        wall = rank["wall_seconds"]
+        assert 0 < wall <= summary["wall_seconds"], rank
+        assert abs(rank["seconds"]["other"]) < 0.02 * wall, rank  # the measured parts add up to the wall time

@@ -5,8 +5,10 @@ gets the GPU series (on the NVML fake) and a report of them."""
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,8 +22,8 @@ import pytest
 
 from tests.conftest import explain, run_trainstack, stop_process, trainstack_command, wait_for
 from tests.test_cli_imports import run_without_torch
+from trainstack import catalog
 from trainstack.errors import ConfigError
-from trainstack.monitoring.diagnose.verdicts import UNINSTRUMENTED
 from trainstack.rundir import (
     LAUNCHED_AT_ENV,
     LEASE_DIR,
@@ -29,6 +31,7 @@ from trainstack.rundir import (
     RUN_DIR_ENV,
     RUN_ID_ENV,
     SUPERVISOR_PID_ENV,
+    WATCH_HINT_SECONDS_ENV,
     RunDir,
     free_port,
 )
@@ -288,7 +291,9 @@ def test_an_uninstrumented_command_gets_the_gpu_series_and_a_report_of_them(tmp_
         assert diagnosed.returncode in (0, 1), explain(diagnosed)  # a verdict, not "cannot read the source"
         diagnosis = json.loads(diagnosed.stdout)
         assert diagnosis["figures"]["gpus"] == 8
-        assert diagnosis["notes"] == [UNINSTRUMENTED]  # the one line on what per-rank verdicts need
+        (note,) = diagnosis["notes"]  # the one line on what per-rank verdicts need
+        assert note.startswith("uninstrumented: 1 process(es) of the watched command are running with no rank "
+                               "telemetry (GPU checks only); add `import trainstack.monitor`"), note
         release.touch()
         output, _ = watched.communicate(timeout=120)
     finally:
@@ -303,6 +308,48 @@ def test_an_uninstrumented_command_gets_the_gpu_series_and_a_report_of_them(tmp_
     assert f"trainstack watch: report: {run_dir}/report.html" in output
     assert "<figure id='gpu-utilization'>" in page and "<figure id='gpu-memory'>" in page
     assert "<figure id='loss'>" not in page and "No rank records" in page
+
+
+@pytest.mark.slow
+def test_an_uninstrumented_ddp_job_on_a_host_without_gpus_is_called_uninstrumented_not_no_training(tmp_path):
+    """2 CPU ranks under torchrun with no trainstack.monitor in their loop, and no GPU for the exporter to see."""
+    run_dir, port, release = tmp_path / "run", free_port(), tmp_path / "release"
+    script = tmp_path / "train.py"
+    script.write_text(f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.1)\n")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+               str(free_port()), str(script)]
+    watched = start_watch(run_dir, "--exporter-port", str(port), "--", *command,
+                          env={WATCH_HINT_SECONDS_ENV: "1", "CUDA_VISIBLE_DEVICES": ""})
+    try:
+        def processes() -> float:
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                return 0.0
+            return next((float(line.split()[-1]) for line in text.splitlines()
+                         if line.startswith(catalog.WATCH_COMMAND_PROCESSES.name + " ")), 0.0)
+
+        wait_for(lambda: processes() >= 3, watched)  # torchrun and its 2 workers
+        diagnosed = run_trainstack("diagnose", "--url", f"http://127.0.0.1:{port}", "--interval", "0.5", "--json")
+        time.sleep(1.5)  # past the hint's second: it is said once, not at every poll
+        release.touch()
+        output, _ = watched.communicate(timeout=120)
+    finally:
+        kill_tree(watched)
+    assert diagnosed.returncode == 0, explain(diagnosed)
+    diagnosis = json.loads(diagnosed.stdout)
+    assert diagnosis["verdicts"] == [] and "no-training" not in diagnosed.stdout.lower()
+    (note,) = diagnosis["notes"]
+    assert note.startswith("uninstrumented: 3 process(es) of the watched command are running with no rank telemetry "
+                           "(no GPU here, so nothing can be judged); add `import trainstack.monitor`"), note
+    assert watched.returncode == 0, output
+    assert output.count("trainstack watch: uninstrumented: the command runs, but no rank has started records") == 1
+    summary = json.loads(RunDir(run_dir).summary.read_text())
+    assert (summary["command"], summary["exit_code"], summary["exit_reason"]) == (shlex.join(command), 0, "completed")
+    assert summary["wall_seconds"] > 1 and summary["time_breakdown"] is None
+    page = RunDir(run_dir).report.read_text()
+    assert html.escape(shlex.join(command)) in page and "<td>exit code</td><td>0</td>" in page
+    assert "<td>duration (s)</td>" in page and "No rank records" in page
 
 
 @pytest.mark.slow

@@ -25,12 +25,14 @@ INFO = "info"
 TELEMETRY = "rank telemetry"  # written by each rank into its multiprocess files (train/rank/telemetry.py)
 NVML = "nvml"  # read from NVML by the exporter's sampler (monitoring/exporter/sampler.py, nvml.py)
 EXPORTER = "exporter"  # the exporter's own health (monitoring/exporter/health.py)
+WATCH = "trainstack watch"  # the watched command, written by watch into its node's metrics directory
 
 PREFIX = "trainstack_"
 TRAIN_PREFIX = f"{PREFIX}train_"
 GPU_PREFIX = f"{PREFIX}gpu_"
 EXPORTER_PREFIX = f"{PREFIX}exporter_"
-PREFIXES = {TELEMETRY: TRAIN_PREFIX, NVML: GPU_PREFIX, EXPORTER: EXPORTER_PREFIX}
+WATCH_PREFIX = f"{PREFIX}watch_"
+PREFIXES = {TELEMETRY: TRAIN_PREFIX, NVML: GPU_PREFIX, EXPORTER: EXPORTER_PREFIX, WATCH: WATCH_PREFIX}
 
 RANK_LABELS = ("rank",)
 GPU_LABELS = ("gpu", "uuid")
@@ -266,12 +268,29 @@ TRAIN_RANK_INFO = Metric(
              "variable rank", "diagnose no-training", "diagnose gpus-unused", "diagnose stalled"))
 TRAIN_RUN_INFO = Metric(
     "trainstack_train_run_info", GAUGE,
-    "The run; clock: where step, forward and data-wait times are measured; strategy: ddp or fsdp.",
-    ("rank", "run_id", "world_size", "nodes", "mixed_precision", "model", "dataset", "clock", "strategy"),
+    "The run; clock: where step, forward and data-wait times are measured; strategy: ddp or fsdp; launcher: "
+    "train or watch.",
+    ("rank", "run_id", "world_size", "nodes", "mixed_precision", "model", "dataset", "clock", "strategy", "launcher"),
     TELEMETRY,
     "the run; `clock` is where the rank measures step, forward and data-wait times: `gpu` (its GPU's timeline) "
-    "or `host`; `strategy`: `ddp` or `fsdp`", values="1",
-    readers=("diagnose input-bound", "diagnose comm-bound", "diagnose figures"))
+    "or `host`; `strategy`: `ddp` or `fsdp`; `launcher`: `train` (`trainstack train`) or `watch` (a user's "
+    "script under `trainstack watch`), empty when unknown: whose knobs a verdict's fix names", values="1",
+    readers=("diagnose input-bound", "diagnose comm-bound", "diagnose host-bound", "diagnose low-mfu",
+             "diagnose figures"))
+
+# --- the watched command: written by `trainstack watch` (train/launcher/watch.py) -----------------------------
+
+WATCH_COMMAND_PROCESSES = Metric(
+    "trainstack_watch_command_processes", GAUGE,
+    "Processes of the watched command running now: the command and every process it started.", (), WATCH,
+    "the command and its descendants still running, counted in watch's poll loop; 0 once the command has ended",
+    absent_when="the run is not a `trainstack watch` run",
+    readers=("diagnose no-training", "diagnose figures"))
+WATCH_COMMAND_INFO = Metric(
+    "trainstack_watch_command_info", GAUGE, "The command trainstack watch runs.", ("command", "run_id"), WATCH,
+    "the watched command line (as a shell would quote it) and the run id", values="1",
+    absent_when="the run is not a `trainstack watch` run",
+    readers=("diagnose no-training",))
 
 # --- GPUs: read from NVML by the exporter (monitoring/exporter/gpu.py) ---------------------------------------
 

@@ -12,6 +12,9 @@
         monitor.step(samples=len(batch["input_ids"]), loss=loss)
     monitor.close()
 
+Inside an open pause (`with monitor.pause("evaluation"):`) `batches`, `forward`, `step` and `micro_batch` record
+nothing: a loop that trains and evaluates through the same functions needs no `if training:` around them.
+
 A run started by `trainstack watch -- COMMAND` (or `trainstack train`) hands its ranks the run directory and the
 metrics directory in the environment (trainstack/rundir.py); there `start` returns a `Monitor` that publishes the
 same per-rank series as trainstack's own loop (steps, samples, tokens, data wait, forward time, gradient
@@ -35,7 +38,7 @@ from pathlib import Path
 import torch
 
 from trainstack import breakdown
-from trainstack.rundir import NNODES_ENV, RUN_DIR_ENV, RUN_ID_ENV
+from trainstack.rundir import LAUNCHER_ENV, NNODES_ENV, RUN_DIR_ENV, RUN_ID_ENV
 from trainstack.train.rank.hooks import measure_state_once
 from trainstack.train.rank.telemetry import IntervalCut, RankIdentity, Telemetry, device_uuid, peak_flops
 
@@ -98,6 +101,8 @@ class Monitor:
         self._open: tuple[IntervalCut, _PendingSums, int, int, float | None] | None = None
         self._optimizer = optimizer  # its learning rate is the record's, unless `step` is given one
         self._lr: float | None = None
+        self._paused = False
+        """A pause is open: the loop evaluates or checkpoints, so its batches, forwards and steps train nothing."""
 
     # ---- the loop's points ------------------------------------------------------------------------------------
     def watch(self, model: torch.nn.Module) -> bool:
@@ -105,7 +110,8 @@ class Monitor:
         return self.telemetry.watch_communication(model)
 
     def batches(self, loader: Iterable) -> Iterator:
-        """The loader's batches, each wait for one timed."""
+        """The loader's batches, each wait for one timed (not inside a pause: an evaluation's loader is no
+        training's wait)."""
         batches = iter(loader)
         while True:
             self.data_wait_started()
@@ -118,10 +124,12 @@ class Monitor:
             yield batch
 
     def data_wait_started(self) -> None:
-        self.telemetry.data_wait_started()
+        if not self._paused:
+            self.telemetry.data_wait_started()
 
     def data_ready(self) -> None:
-        self.telemetry.data_ready()
+        if not self._paused:
+            self.telemetry.data_ready()
 
     @contextmanager
     def forward(self):
@@ -130,22 +138,27 @@ class Monitor:
         self.forward_done()
 
     def forward_started(self) -> None:
-        self.telemetry.forward_started()
+        if not self._paused:
+            self.telemetry.forward_started()
 
     def forward_done(self) -> None:
-        self.telemetry.forward_done()
+        if not self._paused:
+            self.telemetry.forward_done()
 
     def micro_batch(self, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None
                     ) -> None:
         """A micro-batch of gradient accumulation that did not step the optimizer: its tokens and loss."""
-        self._sums.add(tokens, loss)
+        if not self._paused:
+            self._sums.add(tokens, loss)
 
     def step(self, samples: int, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None,
              lr: float | None = None, epoch: int | None = None, compile_seconds: float | None = None,
              recompiles: int = 0) -> None:
         """An optimizer step: the samples it trained on (all micro-batches); its last micro-batch's tokens and loss
         (device tensors are summed on the device, never read here). `compile_seconds`: the step compiled, and
-        that long is compile time, not step time."""
+        that long is compile time, not step time. Inside a pause (an evaluation's batches) it records nothing."""
+        if self._paused:
+            return
         self._sums.add(tokens, loss)
         if compile_seconds is None:
             self.telemetry.step_done(samples)
@@ -167,7 +180,8 @@ class Monitor:
 
     @contextmanager
     def pause(self, part: str):
-        """Time that trains nothing (evaluation, a checkpoint): not counted as a step."""
+        """Time that trains nothing (evaluation, a checkpoint): not counted as a step; the monitor's calls
+        inside it record nothing."""
         self.pause_started(part)
         try:
             yield
@@ -177,9 +191,11 @@ class Monitor:
     def pause_started(self, part: str) -> None:
         """`part`: one of PAUSES. On a GPU the pause begins once the device has run the steps queued before it."""
         self.telemetry.pause_started(part)
+        self._paused = True
 
     def pause_ended(self, part: str) -> None:
         seconds = self.telemetry.pause_ended(part)
+        self._paused = False
         if part == "checkpoint_save":
             self.telemetry.checkpoint_done(seconds)
 
@@ -385,4 +401,4 @@ def _identity(model, accelerator, device: torch.device, precision: str, model_na
         rank=rank, local_rank=local_rank, node=socket.gethostname(), uuid=device_uuid(device),
         run_id=run_id, world_size=world, nodes=nodes, mixed_precision=precision,
         model=model_name or (type(inner).__name__ if inner is not None else ""), dataset=dataset,
-        strategy=_strategy_of(model))
+        strategy=_strategy_of(model), launcher=os.environ.get(LAUNCHER_ENV, ""))

@@ -31,6 +31,18 @@ RUN_DIR_ENV = "TRAINSTACK_RUN_DIR"
 # Unix time at which the launcher (or `trainstack watch`) started the ranks' command: a rank's startup is from it to
 # its first step.
 LAUNCHED_AT_ENV = "TRAINSTACK_LAUNCHED_AT"
+# Which launcher started the ranks: LAUNCHER_TRAIN (trainstack's own loop, whose knobs are `trainstack train`'s flags)
+# or LAUNCHER_WATCH (a user's script, whose knobs are in its own code): a verdict's fix names the one the user turns.
+LAUNCHER_ENV = "TRAINSTACK_LAUNCHER"
+LAUNCHER_TRAIN = "train"
+LAUNCHER_WATCH = "watch"
+# What a watched command without trainstack.monitor in its loop lacks, and how to add it: watch prints it on its
+# console, diagnose notes it.
+INSTRUMENT_HINT = ("add `import trainstack.monitor` to the training loop (8 lines for a DDP loop with evaluation and "
+                   "checkpoints: docs/monitor-your-training.md) for per-rank verdicts: input-bound, straggler, "
+                   "stalled, comm-bound, host-bound")
+# Seconds a watched command may run before watch, seeing no rank record, prints INSTRUMENT_HINT (default 60).
+WATCH_HINT_SECONDS_ENV = "TRAINSTACK_WATCH_HINT_SECONDS"
 LEASE_TIMEOUT_ENV = "TRAINSTACK_LEASE_TIMEOUT"  # seconds without a heartbeat before another host's lease is stale
 # Set by the launcher to the checkpoint it has just verified in full, so that every rank does not hash it again.
 VERIFIED_CHECKPOINT_ENV = "TRAINSTACK_VERIFIED_CHECKPOINT"
@@ -78,11 +90,12 @@ def exporter_url(host: str = DEFAULT_EXPORTER_HOST, port: int = DEFAULT_EXPORTER
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-def run_environment(run_dir: Path, metrics_dir: Path, run_id: str, launched_at: float) -> dict[str, str]:
+def run_environment(run_dir: Path, metrics_dir: Path, run_id: str, launched_at: float,
+                    launcher: str) -> dict[str, str]:
     """What a launcher hands the processes of its run (`trainstack train`'s ranks, `trainstack watch`'s command):
-    the environment trainstack.monitor records by."""
+    the environment trainstack.monitor records by. launcher: LAUNCHER_TRAIN or LAUNCHER_WATCH."""
     return {METRICS_DIR_ENV: str(metrics_dir.resolve()), RUN_DIR_ENV: str(run_dir.resolve()), RUN_ID_ENV: run_id,
-            LAUNCHED_AT_ENV: repr(launched_at)}
+            LAUNCHED_AT_ENV: repr(launched_at), LAUNCHER_ENV: launcher}
 
 
 def new_run_id() -> str:
@@ -250,10 +263,16 @@ class Segment(TypedDict):
 
 
 class Summary(TypedDict, total=False):
-    """summary.json, written by global rank 0 when its launch ends (docs/training.md, "Exit codes")."""
+    """summary.json, written by global rank 0 when its launch ends (docs/training.md, "Exit codes"); by `trainstack
+    watch` when its command ends, with the keys it knows (run_id, launcher, command, exit_code, exit_reason,
+    started, wall_seconds, world_size, goodput, time_breakdown)."""
 
     version: int
     run_id: str
+    launcher: str  # LAUNCHER_WATCH in a watched run's summary; absent from trainstack train's
+    command: str  # the watched command, as a shell would quote it
+    started: float  # Unix time the watched command started
+    goodput: float | None  # a watched run's: time_breakdown's goodput, compute over the ranks' wall time
     world_size: int
     distributed_type: str
     device: str

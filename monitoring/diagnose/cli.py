@@ -1,8 +1,10 @@
 """`trainstack diagnose`: why a live run is not using its GPUs well, from its exporter or from Prometheus.
 
 Exit status: 0 healthy, 1 a problem was found (the verdicts say which), 2 the source is not an exporter or a
-Prometheus server (or a flag is wrong), 69 the source cannot be reached. A job that uses GPUs but reports no rank
-telemetry is judged on its GPUs alone, and a note says so (its exit status is the GPU verdicts').
+Prometheus server (or a flag is wrong), 69 the source cannot be reached (an exporter that answers the first scrape
+and is gone by the second had a run that ended meanwhile: that first reading is judged, and a note says so). A job
+that runs but reports no rank telemetry (a watched command without trainstack.monitor) is judged on its GPUs alone,
+and a note says so (its exit status is the GPU verdicts': 0 on a host without GPUs).
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--interval must be positive seconds, got {args.interval}")
     limits = Thresholds(stall_seconds=args.stall_seconds)
     selector = f'job="{args.job}"' if args.job else ""
-    snapshot = read_snapshot(open_source(args.url, args.source, args.interval, selector, args.window))
+    source = open_source(args.url, args.source, args.interval, selector, args.window)
+    snapshot = read_snapshot(source)
     verdicts = diagnose(snapshot, limits)
     render = render_json if args.json else render_text
-    print(render(snapshot.source, verdicts, figures(snapshot), notes(snapshot, limits)), flush=True)
+    said = [source.ended_meanwhile] if source.ended_meanwhile else []
+    print(render(snapshot.source, verdicts, figures(snapshot), said + notes(snapshot, limits)), flush=True)
     return EXIT_PROBLEM if verdicts else EXIT_OK
 

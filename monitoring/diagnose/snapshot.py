@@ -40,6 +40,8 @@ class RankView:
     world_size: int | None = None
     strategy: str = ""
     """How the rank shares its model: ddp, fsdp (catalog.TRAIN_RUN_INFO); "" where it does not say."""
+    launcher: str = ""
+    """What started the rank: train (`trainstack train`), watch (a user's script), "" where it does not say."""
     backend: str = ""
     """The rank's process-group backend (nccl, gloo); "" where it does not say."""
     nccl_switches: dict[str, str] = field(default_factory=dict)
@@ -113,6 +115,10 @@ class Snapshot:
     gpu_sample_ages: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Exporter instance and cadence ("node0:9450 fast") -> (age of its GPU sample, its sampling interval), s."""
     processes: list[GpuProcess] = field(default_factory=list)
+    command: str = ""
+    """The command `trainstack watch` runs (catalog.WATCH_COMMAND_INFO); "" when the source is no watched run."""
+    command_processes: int | None = None
+    """How many of the watched command's processes run now; None when the source is no watched run."""
 
     def gpus_held(self) -> dict[tuple[str, str], list[GpuProcess]]:
         """(instance, pid) -> the GPUs the process holds: those where it uses the most memory of the processes
@@ -152,8 +158,11 @@ def _ratio_of(source: Source, ratio: ratios.Ratio, label: str) -> dict[str, floa
 
 
 def read_snapshot(source: Source) -> Snapshot:
+    running = [value for _, value in source.instant(catalog.WATCH_COMMAND_PROCESSES.name)]
+    commands = [labels.get("command", "") for labels, _ in source.instant(catalog.WATCH_COMMAND_INFO.name)]
     return Snapshot(source.description, source.now, _ranks(source), _gpus(source), _gpu_sample_ages(source),
-                    _processes(source))
+                    _processes(source), command=commands[0] if commands else "",
+                    command_processes=int(sum(running)) if running else None)
 
 
 def _processes(source: Source) -> list[GpuProcess]:
@@ -204,6 +213,7 @@ def _ranks(source: Source) -> list[RankView]:
             comm_exposed_ratio=comm_exposed.get(rank), comm_seconds=comm.get(rank),
             host_bound_ratio=host_bound.get(rank), comm_bytes_per_step=comm_bytes.get(rank),
             world_size=world_sizes.get(rank), strategy=run_info.get(rank, {}).get("strategy", ""),
+            launcher=run_info.get(rank, {}).get("launcher", ""),
             backend=comm_setup.get(rank, {}).get("backend", ""),
             nccl_switches=_switches_set(comm_setup.get(rank, {})), shm_bytes=shm.get(rank),
         ))

@@ -34,6 +34,8 @@ class Source(Protocol):
     description: str
     now: float
     """Unix time of the newest reading, on the source's clock (Prometheus) or this host's (exporter)."""
+    ended_meanwhile: str
+    """A note when the run ended while it was read (its exporter went away between two scrapes); else ""."""
 
     def instant(self, name: str) -> list[Sample]:
         """The newest value of every series of a sample name (a counter's name ends in _total)."""
@@ -58,9 +60,16 @@ class ExporterSource:
         self.url = url
         self.timeout = timeout
         self.description = f"exporter {url}, {interval:g} s between scrapes"
+        self.ended_meanwhile = ""
         self._first, first_time = self._scrape(), time.time()
         time.sleep(interval)
-        self._second, self.now = self._scrape(), time.time()
+        try:
+            self._second, self.now = self._scrape(), time.time()
+        except RuntimeFailure:
+            # The exporter went with its run between the scrapes: the first reading is all there is, and no rate.
+            self._second, self.now = self._first, first_time
+            self.ended_meanwhile = (f"the run ended meanwhile: its exporter was gone {interval:g} s after the first "
+                                    "scrape, so this is judged from that one reading, with no rates")
         self.window_seconds = self.now - first_time
         # The slow counters' own window: between the exporter's two reads of them, not between the scrapes.
         first_read, second_read = _slow_read(self._first, first_time), _slow_read(self._second, self.now)
@@ -120,6 +129,7 @@ class PrometheusSource:
         self.description = f"Prometheus {self.url}" + (f", series {{{selector}}}" if selector else "") + \
             f", rates over {window}"
         self.now = time.time()
+        self.ended_meanwhile = ""  # Prometheus keeps the series of a run that has ended
 
     def _query(self, expression: str) -> list[Sample]:
         query = urllib.parse.urlencode({"query": expression})

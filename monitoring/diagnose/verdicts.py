@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from trainstack import catalog
 from trainstack.monitoring.diagnose.snapshot import GpuProcess, GpuView, RankView, Snapshot
 from trainstack.monitoring.diagnose.thresholds import Thresholds
+from trainstack.rundir import INSTRUMENT_HINT, LAUNCHER_TRAIN
 from trainstack.units import human_bytes
 
 MIB, GIB = 1 << 20, 1 << 30
@@ -32,9 +33,16 @@ def _ranks_list(ranks: list[RankView]) -> str:
     return ", ".join(f"rank {r.rank}" for r in ranks)
 
 
+def _knob(ranks: list[RankView], train: str, script: str) -> str:
+    """A fix in the user's words: `trainstack train`'s flag where it started every rank, else the knob in the
+    user's own script (a watched command, or a loop that does not say what started it)."""
+    return train if ranks and all(r.launcher == LAUNCHER_TRAIN for r in ranks) else script
+
+
 def _uninstrumented(snapshot: Snapshot, limits: Thresholds) -> bool:
-    """Something uses the GPUs (NVML lists a process on one, or one is busy) but no rank reports telemetry."""
-    return not snapshot.ranks and (bool(snapshot.processes) or any(
+    """A job runs but no rank reports telemetry: `trainstack watch` says it runs a command, NVML lists a process on
+    a GPU, or a GPU is busy."""
+    return not snapshot.ranks and (bool(snapshot.command) or bool(snapshot.processes) or any(
         (g.utilization or 0.0) >= limits.gpu_idle_ratio for g in snapshot.gpus))
 
 
@@ -191,8 +199,9 @@ def input_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         "input-bound", f"input-bound: {_ranks_list(waiting)} wait(s) for the data loader more than "
         f"{_percent(limits.input_bound_ratio)} of the time",
         tuple(_data_wait_evidence(r) for r in waiting),
-        "raise --num-workers, pre-tokenize or move decoding out of __getitem__, or put the data on faster "
-        "storage; in DDP every other rank waits for the slowest loader",
+        f"raise {_knob(snapshot.ranks, '--num-workers', 'DataLoader(num_workers=...)')}, pre-tokenize or move "
+        "decoding out of __getitem__, or put the data on faster storage; in DDP every other rank waits for the "
+        "slowest loader",
     )
 
 
@@ -266,10 +275,14 @@ def comm_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         f"communication (threshold {_percent(limits.comm_bound_ratio)}): compute does not hide it",
         tuple(evidence),
         "".join(f"{fix}; " for fix in first) +
-        "fewer all-reduces per sample: a larger per-rank --batch-size or --gradient-accumulation-steps (the "
-        "micro-batches before the last skip the all-reduce under no_sync); fewer, larger buckets (DDP "
-        "bucket_cap_mb); a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in containers, and "
-        "that NCCL_P2P_DISABLE, NCCL_SHM_DISABLE or NCCL_IB_DISABLE are not set; or --strategy fsdp",
+        "fewer all-reduces per sample: " + _knob(
+            measured, "a larger per-rank --batch-size or --gradient-accumulation-steps (the micro-batches before the "
+            "last skip the all-reduce under no_sync); fewer, larger buckets (DDP bucket_cap_mb)",
+            "a larger per-GPU batch (your DataLoader(batch_size=...)) or gradient accumulation with the micro-batches "
+            "before the last under model.no_sync(); fewer, larger buckets (DDP(model, bucket_cap_mb=...))") +
+        "; a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in containers, and that "
+        "NCCL_P2P_DISABLE, NCCL_SHM_DISABLE or NCCL_IB_DISABLE are not set; or "
+        + _knob(measured, "--strategy fsdp", "FSDP (fully_shard) instead of DDP"),
     )
 
 
@@ -386,9 +399,12 @@ def host_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         "host-bound", f"host-bound: {_ranks_list(idle)}: the GPU idles more than "
         f"{_percent(limits.host_bound_ratio)} of its step time although it has data and waits on no communication",
         tuple(evidence(r) for r in idle),
-        "give each kernel launch more work: a larger per-rank --batch-size (lower --gradient-accumulation-steps to "
-        "keep the global batch); --compile (torch.compile fuses small kernels: fewer launches); and no host "
-        "synchronization in the loop (.item(), printing or copying tensors to the CPU each step)",
+        "give each kernel launch more work: " + _knob(
+            idle, "a larger per-rank --batch-size (lower --gradient-accumulation-steps to keep the global batch); "
+            "--compile", "a larger per-GPU batch in your DataLoader(batch_size=...) (fewer accumulation micro-batches "
+            "to keep the global batch); model = torch.compile(model)") +
+        " (torch.compile fuses small kernels: fewer launches); and no host synchronization in the loop (.item(), "
+        "printing or copying tensors to the CPU each step)",
     )
 
 
@@ -436,8 +452,11 @@ def low_mfu(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     return Verdict(
         "low-mfu", f"low MFU: the ranks use {_percent(mean)} of the GPUs' peak FLOP/s "
         f"(under {_percent(limits.low_mfu_ratio)})", tuple(f"rank {r.rank}: MFU {_percent(r.mfu)}" for r in measured),
-        "first rule out input-bound and stragglers; then a larger per-rank --batch-size, --mixed-precision bf16, "
-        "fewer host synchronizations in the loop, or a model big enough to fill the GPU",
+        "first rule out input-bound and stragglers; then " + _knob(
+            measured, "a larger per-rank --batch-size, --mixed-precision bf16",
+            "a larger per-GPU batch in your DataLoader(batch_size=...), bf16 autocast "
+            "(torch.autocast(\"cuda\", dtype=torch.bfloat16))") +
+        ", fewer host synchronizations in the loop, or a model big enough to fill the GPU",
     )
 
 
@@ -467,18 +486,24 @@ def diagnose(snapshot: Snapshot, limits: Thresholds) -> list[Verdict]:
     return [verdict for check in CHECKS if (verdict := check(snapshot, limits)) is not None]
 
 
-UNINSTRUMENTED = (
-    "uninstrumented: GPU checks only; input-bound, straggler, stalled, comm-bound and host-bound need rank "
-    "telemetry: add `import trainstack.monitor` to the training loop (monitor = trainstack.monitor.start(model), "
-    "then monitor.step(...) each step), give a transformers Trainer "
-    "trainer.add_callback(trainstack.integrations.hf.TrainstackCallback(trainer)), or run it with `trainstack "
-    "train` (docs/monitor-your-training.md)")
+def uninstrumented(snapshot: Snapshot) -> str:
+    """The note on a job without rank telemetry: what runs, what can be judged, and how to get the rest."""
+    if snapshot.command_processes:
+        running = f"{snapshot.command_processes} process(es) of the watched command are running"
+    elif snapshot.command:
+        running = "the watched command has ended"
+    else:
+        running = "the GPUs are in use"
+    judged = "GPU checks only" if snapshot.gpus else "no GPU here, so nothing can be judged"
+    return (f"uninstrumented: {running} with no rank telemetry ({judged}); {INSTRUMENT_HINT}; or give a "
+            "transformers Trainer trainer.add_callback(trainstack.integrations.hf.TrainstackCallback(trainer)), or "
+            "run it with `trainstack train`")
 
 
 def notes(snapshot: Snapshot, limits: Thresholds) -> list[str]:
-    """What the reader must know that is no problem of the run: a job that uses GPUs but reports no rank telemetry
-    gets the GPU verdicts only, and one line on how to get the others."""
-    return [UNINSTRUMENTED] if _uninstrumented(snapshot, limits) else []
+    """What the reader must know that is no problem of the run: a job that runs but reports no rank telemetry
+    gets the GPU verdicts only (none without a GPU), and one line on how to get the others."""
+    return [uninstrumented(snapshot)] if _uninstrumented(snapshot, limits) else []
 
 
 def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
@@ -496,6 +521,7 @@ def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
     beyond = snapshot.straggler_waits()
     last = [r.last_step_time for r in ranks if r.last_step_time]
     return {
+        "command_processes": snapshot.command_processes,
         "ranks": len(ranks),
         "steps_per_second": mean(r.steps_per_second for r in ranks),
         "samples_per_second": sum(r.samples_per_second or 0.0 for r in ranks) if ranks else None,

@@ -11,8 +11,15 @@ from dataclasses import dataclass
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from trainstack import thresholds
-from trainstack.monitoring.report.runfiles import RunFiles, by_segment, data_wait_ratio, on_gpu_clock
+from trainstack import breakdown, thresholds
+from trainstack.monitoring.report.runfiles import (
+    RunFiles,
+    by_segment,
+    data_wait_ratio,
+    on_gpu_clock,
+    pauses,
+    training_seconds,
+)
 
 GiB = 1 << 30
 
@@ -54,10 +61,19 @@ def loss(run: RunFiles) -> Figure:
 
 
 def throughput(run: RunFiles) -> Figure:
-    figure, axes = _figure("Throughput per rank", "step", "samples / s")
+    """Samples over training time: an interval's pauses (evaluation, a checkpoint save) are left out of its rate,
+    so they show as the marked pauses they are, not as dips."""
+    figure, axes = _figure("Throughput per rank (over training time; dotted: pauses)", "step", "samples / s")
     for rank, records in run.ranks.items():
-        axes.plot([r["step"] for r in records], [r["samples"] / r["interval_seconds"] for r in records],
+        axes.plot([r["step"] for r in records],
+                  [r["samples"] / seconds if (seconds := training_seconds(r)) > 0 else math.nan for r in records],
                   marker=".", label=f"rank {rank}")
+    first_rank = run.ranks[min(run.ranks)]
+    marked = sorted({pause for record in first_rank for pause in pauses(record) if pause[1] != breakdown.STARTUP})
+    for step, part in marked:
+        axes.axvline(step, color="grey", linestyle=":", alpha=0.7)
+        axes.annotate(part, (step, 0), xytext=(2, 2), textcoords="offset points", rotation=90, fontsize="x-small",
+                      color="grey", va="bottom")
     axes.set_ylim(bottom=0)
     _legend(axes, len(run.ranks))
     return figure

@@ -8,7 +8,7 @@ import html
 import time
 
 from trainstack.monitoring.report.runfiles import RunFiles
-from trainstack.monitoring.report.tables import cell, rank_rows, segment_rows, time_rows
+from trainstack.monitoring.report.tables import cell, header_rows, rank_rows, segment_rows, time_rows
 from trainstack.rundir import GPU_LOG_FILE, SUMMARY_FILE, TELEMETRY_DIR
 
 STYLE = """
@@ -34,8 +34,10 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
              f"<style>{STYLE}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>",
              f"<p class='note'>{html.escape(str(run.run_dir.resolve()))}, report written "
-             f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}</p>",
-             "<h2>Summary</h2>"]
+             f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}</p>"]
+    if run.summary:
+        parts.append(_table(header_rows(run)))
+    parts.append("<h2>Summary</h2>")
     if run.summary:
         parts.append(_table([{"field": key, "value": value} for key, value in run.summary.items()
                              if key not in ("segments", "time_breakdown")]))  # each has a table of its own
@@ -43,8 +45,8 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
             parts += ["<h2>Segments</h2>", "<p class='note'>One per launch that trained the run; samples/s and "
                       "tokens/s above are over all of them.</p>", _table(segment_rows(run.summary["segments"]))]
     else:
-        parts.append(f"<p class='note'>No {SUMMARY_FILE}: the run is still going, rank 0 stopped before writing "
-                     "it, or it is a watched command's run, which writes none.</p>")
+        parts.append(f"<p class='note'>No {SUMMARY_FILE}: the run is still going, or it stopped before writing "
+                     "it.</p>")
     parts.append("<h2>Per rank</h2>")
     if run.ranks:
         parts.append(_table(rank_rows(run)))
@@ -54,11 +56,15 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
                      "add steps, throughput, data wait and the per-rank verdicts.</p>")
     if run.time_breakdown:
         times = run.time_breakdown
+        longest = max(row["wall_seconds"] for row in times["ranks"])
         parts += ["<h2>Where the time went</h2>",
-                  f"<p>goodput {cell(times['goodput'])}: compute over the wall time of every rank, launch to exit, "
-                  "over every launch. A killed launch counts to its last record; <code>other</code> is what no "
-                  "part accounts for; <code>lost_progress</code> is the steps a later launch trained again.</p>",
-                  _table(time_rows(times))]
+                  f"<p>Each rank's wall time, launch to exit over every launch (the run's: {cell(longest)} s, its "
+                  f"longest rank's; ranks run side by side, so their seconds are not added). Goodput "
+                  f"{cell(times['goodput'])}: compute over the ranks' wall time. A killed launch counts to its last "
+                  "record; <code>other</code> is what no part accounts for; <code>lost_progress</code> is the steps "
+                  "a later launch trained again; <code>not measured</code>: the rank could not measure that part "
+                  "(host-bound idle needs NVML on a GPU; communication, DDP or FSDP).</p>",
+                  _table(time_rows(run))]
     parts.append("<h2>Figures</h2>")
     for figure_id, image in figures.items():
         data = base64.b64encode(image).decode("ascii")

@@ -30,6 +30,28 @@ class RunFiles:
         return min(times)
 
 
+def training_seconds(record: dict) -> float:
+    """An interval's wall time less its pauses (evaluation, checkpoints, the startup): the time it trained."""
+    return record["interval_seconds"] - sum(pause["seconds"] for pause in record.get("paused", []))
+
+
+def pauses(record: dict) -> list[tuple[int, str]]:
+    """(step it came after, part) for each pause that ended in the interval."""
+    first = record["step"] - record.get("step_count", 0)
+    return [(first + pause["after_steps"], pause["part"]) for pause in record.get("paused", [])]
+
+
+def measured_parts(records: list[dict]) -> set[str]:
+    """The breakdown parts a rank's records measured: host-bound idle only where NVML read its GPU, exposed
+    communication only on a rank that communicates (DDP, FSDP); records older than the breakdown measured none."""
+    parts = {part for record in records for part in record.get("time_parts", {})}
+    if not any(record.get("host_bound_measured") for record in records):
+        parts.discard(breakdown.HOST_BOUND)
+    if not any("comm_seconds" in record for record in records):
+        parts.discard(breakdown.COMM_EXPOSED)
+    return parts
+
+
 def _step_time(records: list[dict]) -> float:
     """The records' step time; records of steps too short to time count their interval's wall time."""
     return sum(sum(r["step_seconds"]) for r in records) or sum(r["interval_seconds"] for r in records)
@@ -84,12 +106,12 @@ def load_run(run_dir: Path) -> RunFiles:
     if layout.gpu_log.is_file():
         for snapshot in read_jsonl(layout.gpu_log):
             gpus.setdefault((int(snapshot["gpu"]), snapshot.get("uuid", "")), []).append(snapshot)
-    if not ranks and not gpus:
+    summary = read_summary(layout.summary)
+    if not ranks and not gpus and not summary:
         raise ConfigError(
             f"{run_dir} has no telemetry records ({SHOWN.rank_records('<r>')}) and no GPU snapshots "
             f"({SHOWN.gpu_log}): pass a trainstack run directory whose ranks ran at least one log interval with "
             "telemetry on (a watched command records ranks only with trainstack.monitor in its loop)"
         )
-    summary = read_summary(layout.summary)
     return RunFiles(run_dir=run_dir, ranks=ranks, gpus=dict(sorted(gpus.items())), summary=summary,
                     time_breakdown=breakdown.of_run(run_dir))

@@ -5,7 +5,17 @@ from __future__ import annotations
 import statistics
 import time
 
-from trainstack.monitoring.report.runfiles import RunFiles, data_wait_ratio, host_data_wait_ratio, on_gpu_clock
+from trainstack import breakdown
+from trainstack.monitoring.report.runfiles import (
+    RunFiles,
+    data_wait_ratio,
+    host_data_wait_ratio,
+    measured_parts,
+    on_gpu_clock,
+    training_seconds,
+)
+
+NOT_MEASURED = "not measured"
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -16,12 +26,12 @@ def _percentile(values: list[float], share: float) -> float:
 def rank_rows(run: RunFiles) -> list[dict[str, object]]:
     rows = []
     for rank, records in run.ranks.items():
-        wall = sum(r["interval_seconds"] for r in records)
+        training = sum(training_seconds(r) for r in records)
         steps = [s for r in records for s in r["step_seconds"]]
         rows.append({
             "rank": rank,
             "steps": records[-1]["step"],
-            "samples/s": sum(r["samples"] for r in records) / wall,
+            "samples/s (training time)": sum(r["samples"] for r in records) / training if training > 0 else None,
             "median step (ms)": 1000 * statistics.median(steps) if steps else None,
             "p95 step (ms)": 1000 * _percentile(steps, 0.95) if steps else None,
             "data-wait ratio": data_wait_ratio(records),
@@ -47,11 +57,32 @@ def segment_rows(segments: list[dict]) -> list[dict[str, object]]:
     } for number, segment in enumerate(segments, start=1)]
 
 
-def time_rows(times: dict) -> list[dict[str, object]]:
-    """summary.json's time_breakdown: each part's seconds and share of the wall time, all ranks and launches."""
-    wall = times["wall_seconds"]
-    return [{"part": part, "seconds": seconds, "share of wall time": seconds / wall if wall > 0 else None}
-            for part, seconds in times["seconds"].items()]
+def header_rows(run: RunFiles) -> list[dict[str, object]]:
+    """What ran and how it ended, from summary.json: the command, its exit code, its duration, the ranks."""
+    summary = run.summary
+    shown = {"command": summary.get("command") or ("trainstack train" if "steps" in summary else None),
+             "exit code": summary.get("exit_code"), "ended": summary.get("exit_reason"),
+             "duration (s)": summary.get("wall_seconds"), "world size": summary.get("world_size")}
+    return [{"": key, "value": value} for key, value in shown.items()]
+
+
+def time_rows(run: RunFiles) -> list[dict[str, object]]:
+    """Where each rank's wall time went, over every launch: one column per rank, its seconds and share of its own
+    wall time (ranks run side by side: their seconds are not added). A part the rank did not measure (host-bound
+    idle on a CPU, communication on a rank without DDP or FSDP) reads "not measured", never 0."""
+    ranks = run.time_breakdown["ranks"]
+    measured = {row["rank"]: measured_parts(run.ranks.get(row["rank"], [])) | {
+        part for part in breakdown.PARTS if part not in breakdown.STEP_PARTS} for row in ranks}
+    rows: list[dict[str, object]] = [{"part": "wall time (s)", **{f"rank {row['rank']}": row["wall_seconds"]
+                                                                  for row in ranks}}]
+    for part in run.time_breakdown["parts"]:
+        cells: dict[str, object] = {"part": part}
+        for row in ranks:
+            seconds, wall = row["seconds"][part], row["wall_seconds"]
+            cells[f"rank {row['rank']}"] = (f"{seconds:.4g} s ({100 * seconds / wall:.1f}%)" if wall > 0 else
+                                            seconds) if part in measured[row["rank"]] else NOT_MEASURED
+        rows.append(cells)
+    return rows
 
 
 def cell(value: object) -> str:

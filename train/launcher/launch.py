@@ -30,6 +30,7 @@ from trainstack.lifetime import (
 )
 from trainstack.rundir import (
     FAILURE_FD_ENV,
+    LAUNCHER_TRAIN,
     NNODES_ENV,
     USE_CPU_ENV,
     VERIFIED_CHECKPOINT_ENV,
@@ -167,7 +168,8 @@ class Launch:
         self.run_dir.set_aside(self.run_id, files, say)
 
     def rank_environment(self) -> dict[str, str]:
-        env = {**os.environ, **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time())}
+        env = {**os.environ,
+               **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time(), LAUNCHER_TRAIN)}
         if self.resume_from:
             env[VERIFIED_CHECKPOINT_ENV] = str(self.resume_from)  # hashed in preflight; ranks check sizes only
         env[NNODES_ENV] = str(self.launch.nnodes)

@@ -23,22 +23,29 @@ from pathlib import Path
 
 import psutil
 
-from trainstack.errors import ConfigError, RuntimeFailure
+from trainstack import breakdown, catalog
+from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.lifetime import Descendants, describe_end, stop_grace, wait_or_kill
 from trainstack.rundir import (
+    INSTRUMENT_HINT,
+    LAUNCHER_WATCH,
     RUN_ID_ENV,
+    SHOWN,
     SUPERVISOR_PID_ENV,
+    WATCH_HINT_SECONDS_ENV,
     RunDir,
+    Summary,
     check_port,
     check_run_dir,
     new_run_id,
     run_environment,
+    write_summary,
 )
 from trainstack.train.launcher import run_report
 from trainstack.train.launcher.exporter_process import exporter_beside_run
 from trainstack.train.launcher.launch_config import add_beside_run_arguments, lease_wait, node_rank_of
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
-from trainstack.write_failure import write_failure
+from trainstack.write_failure import WriteFailure, write_failure
 
 PROGRAM = "trainstack watch"
 DEFAULT_RUN_DIR = Path("runs/watch")
@@ -46,6 +53,19 @@ DEFAULT_RUN_DIR = Path("runs/watch")
 # SIGTERM and SIGHUP to the command alone, as `docker stop` or `kill` would (torchrun passes them to its workers).
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL_SECONDS = 0.2
+DEFAULT_HINT_SECONDS = 60.0  # longer than a model build and a rendezvous take: a rank's monitor records at start
+
+
+def hint_seconds() -> float:
+    """How long the command may run without a rank record before watch says it is not instrumented."""
+    raw = os.environ.get(WATCH_HINT_SECONDS_ENV)
+    try:
+        seconds = float(raw) if raw else DEFAULT_HINT_SECONDS
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ConfigError(f"{WATCH_HINT_SECONDS_ENV}={raw!r} must be a number of seconds, 0 or more")
+    return seconds
 
 
 def say(line: str) -> None:
@@ -100,6 +120,35 @@ def _stop_before_start(signum, frame) -> None:
     raise SystemExit(stopped_before_start(signum))
 
 
+class CommandSeries:
+    """The watched command's series (catalog.WATCH_*) in the node's metrics directory, which the exporter serves with
+    the ranks' files: diagnose tells a command that runs without instrumentation from no run at all. Written as a
+    prometheus_client multiprocess file of watch's own pid, directly: watch's process is not in prometheus_client's
+    multiprocess mode, which it picks once, at import."""
+
+    def __init__(self, metrics_dir: Path, command: list[str], run_id: str):
+        from prometheus_client.mmap_dict import MmapedDict
+
+        self._file = MmapedDict(str(metrics_dir / f"gauge_mostrecent_{os.getpid()}.db"))
+        self._processes: int | None = None
+        self._write(catalog.WATCH_COMMAND_INFO, (shlex.join(command), run_id), 1)
+
+    def _write(self, metric: catalog.Metric, label_values: tuple[str, ...], value: float) -> None:
+        from prometheus_client.mmap_dict import mmap_key
+
+        key = mmap_key(metric.family_name, metric.name, list(metric.labels), list(label_values), metric.help)
+        self._file.write_value(key, float(value), time.time())
+
+    def running(self, processes: int) -> None:
+        """The command's processes running now (written when the count changes)."""
+        if processes != self._processes:
+            self._write(catalog.WATCH_COMMAND_PROCESSES, (), processes)
+            self._processes = processes
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class Watch:
     """One run of the command; `run()` returns its exit status. The signals watch gets from the moment the lease
     is held go through `on_signal`: to the command while it runs, ignored after (the report takes seconds)."""
@@ -111,6 +160,8 @@ class Watch:
         self.metrics_dir = run_dir.node_metrics(node_rank)
         self.received: list[int] = []  # the signals watch got since it took the lease, in order
         self.forwarded = 0  # how many of them the command has been sent
+        self.started_at: float | None = None  # Unix time the command started
+        self.ended_at: float | None = None
 
     def prepare_run_dir(self) -> None:
         """Fresh metrics for this run; a fresh record too, unless TRAINSTACK_RUN_ID names the run (a job's pods, a
@@ -133,7 +184,8 @@ class Watch:
         # Not the supervisor's PID: it names a process's parent, and the command's own processes (torchrun's
         # workers) are not watch's children; trainstack code in them would take watch for gone.
         env = {name: value for name, value in os.environ.items() if name != SUPERVISOR_PID_ENV}
-        return {**env, **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time())}
+        return {**env, **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time(),
+                                            LAUNCHER_WATCH)}
 
     def on_signal(self, signum, frame) -> None:
         self.received.append(signum)
@@ -165,8 +217,16 @@ class Watch:
                 pass
         wait_or_kill(left, grace, say)
 
+    def _ranks_recorded(self) -> bool:
+        """Whether a rank of this command has started its records (trainstack.monitor does at `start`)."""
+        try:
+            return any(path.stat().st_mtime >= self.started_at for path in self.run_dir.all_rank_records().values())
+        except OSError:
+            return False
+
     def run(self) -> int:
         self.prepare_run_dir()
+        series = CommandSeries(self.metrics_dir, self.command, self.run_id)
         exporter = None
         if self.args.exporter_port:
             exporter = exporter_beside_run(self.metrics_dir, self.run_dir.path, self.args.exporter_host,
@@ -176,18 +236,52 @@ class Watch:
             if self.received:  # while the exporter started
                 return stopped_before_start(self.received[0])
             say(f"run {self.run_id} in {self.run_dir.path}: {shlex.join(self.command)}")
+            self.started_at = time.time()
             command = self.start()
             processes = Descendants(command.pid)
+            hint_at: float | None = time.monotonic() + hint_seconds()
             while command.poll() is None:
                 self._forward(command)
                 processes.look()
+                series.running(1 + len(processes.running()))
+                if hint_at is not None and time.monotonic() >= hint_at:
+                    hint_at = None
+                    if not self._ranks_recorded():
+                        say(f"uninstrumented: the command runs, but no rank has started records "
+                            f"({SHOWN.rank_records('<r>')}), so only its GPUs are seen; {INSTRUMENT_HINT}")
                 time.sleep(POLL_SECONDS)
+            self.ended_at = time.time()
             say(f"the command {describe_end(command.returncode)}")
+            series.running(len(processes.running()))
             self._end_leftovers(processes)
+            series.running(0)
             return exit_status(command.returncode)
         finally:
+            series.close()
             if exporter:
                 exporter.stop()
+
+    def summary(self, code: int) -> Summary:
+        """summary.json of the watched run, as `trainstack train` writes its own (rundir.Summary): the command, its
+        exit, its duration, and where each rank's time went when the command's loop recorded ranks."""
+        times = breakdown.of_run(self.run_dir.path)
+        signalled = any(signum in (signal.SIGTERM, signal.SIGINT) for signum in self.received)
+        return {
+            "run_id": self.run_id, "launcher": LAUNCHER_WATCH, "command": shlex.join(self.command),
+            "exit_code": code, "exit_reason": "completed" if code == 0 else "preempted" if signalled else "failed",
+            "started": self.started_at, "wall_seconds": self.ended_at - self.started_at,
+            "world_size": len(times["ranks"]) if times else None,
+            "goodput": times["goodput"] if times else None, "time_breakdown": times,
+        }
+
+    def write_summary(self, code: int) -> int:
+        """RUN_DIR/summary.json, atomically; EXIT_RUNTIME (one line said why) when the storage refused it."""
+        try:
+            write_summary(self.run_dir.summary, self.summary(code))
+        except WriteFailure as failure:
+            print(f"{PROGRAM}: error: no summary: {failure}", file=sys.stderr)
+            return EXIT_RUNTIME
+        return EXIT_OK
 
     def start(self) -> subprocess.Popen:
         """Own session: a terminal's signals reach watch alone, which passes them on. The command inherits the
@@ -209,6 +303,7 @@ def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | No
     if node_rank < 0:
         raise ConfigError(f"--node-rank must be 0 or more, got {node_rank}")
     stop_grace()  # a bad TRAINSTACK_STOP_GRACE is refused now, not once the command has left processes behind
+    hint_seconds()
     run_id = new_run_id()
     previous = {signum: signal.signal(signum, _stop_before_start) for signum in FORWARDED}
     try:
@@ -218,6 +313,9 @@ def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | No
             for signum in FORWARDED:
                 signal.signal(signum, watch.on_signal)
             code = watch.run()
+            if node_rank == 0 and watch.started_at is not None:
+                written = watch.write_summary(code)
+                code = code or written  # a summary the disk refused fails a command that succeeded
             if args.report and node_rank == 0 and write_report_with:
                 report = run_report.write_report(args.run_dir, write_report_with, PROGRAM)
                 code = code or report  # a report the disk refused fails a command that succeeded

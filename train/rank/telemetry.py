@@ -84,6 +84,8 @@ class RankIdentity:
     model: str
     dataset: str
     strategy: str = "ddp"
+    launcher: str = ""
+    """`trainstack train` or `watch` (rundir.LAUNCHER_ENV): whose knobs a verdict's fix names; "" unknown."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,7 @@ class RankMetrics:
         catalog.rank_metric(catalog.TRAIN_RUN_INFO).labels(
             rank=rank, run_id=identity.run_id, world_size=str(identity.world_size), nodes=str(identity.nodes),
             mixed_precision=identity.mixed_precision, model=identity.model, dataset=identity.dataset, clock=clock,
-            strategy=identity.strategy).set(1)
+            strategy=identity.strategy, launcher=identity.launcher).set(1)
         return metrics
 
 
