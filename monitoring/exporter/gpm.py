@@ -71,6 +71,11 @@ class Gpm:
     totals: dict[str, float] = field(default_factory=dict)
     """Byte counter attribute -> bytes since the exporter started, from the first pair that answered it."""
     unsupported_metrics: set[int] = field(default_factory=set)
+    request: object = None
+    """The nvmlGpmMetricsGet request, built once and rebuilt only when a metric drops out: pynvml's structures
+    answer each attribute through Python, so building one per period would cost more than the call."""
+    wanted: tuple[int, ...] = ()
+    """The metric ids in the request, in its order."""
 
 
 def start(session, gpu) -> Gpm:
@@ -117,23 +122,23 @@ def read(session, gpu, state: Gpm, sample, now: float) -> None:
 def _metrics(session, state: Gpm) -> dict[int, float]:
     """The metrics of the pair [previous, the one just taken] in one call; each metric has its own return code,
     handled like a call of its own (a metric the GPU lacks, such as NVLink on a PCIe card, is asked once)."""
-    wanted = [m for m in METRIC_NAMES if m not in state.unsupported_metrics]
+    wanted = tuple(m for m in METRIC_NAMES if m not in state.unsupported_metrics)
     if not wanted:
         return {}
-    request = session.nvml.c_nvmlGpmMetricsGet_t()
-    request.version, request.numMetrics = METRICS_GET_VERSION, len(wanted)
-    request.sample1, request.sample2 = state.samples
-    for slot, metric in zip(request.metrics, wanted, strict=False):  # the struct holds every id
-        slot.metricId = metric
-    answer = session.ask(None, "nvmlGpmMetricsGet", request)
+    if wanted != state.wanted:
+        state.request, state.wanted = session.nvml.c_nvmlGpmMetricsGet_t(), wanted
+        state.request.version, state.request.numMetrics = METRICS_GET_VERSION, len(wanted)
+        for slot, metric in zip(state.request.metrics, wanted, strict=False):  # the struct holds every id
+            slot.metricId = metric
+    state.request.sample1, state.request.sample2 = state.samples
+    answer = session.ask(None, "nvmlGpmMetricsGet", state.request)
     values = {}
-    for slot in answer.metrics[:len(wanted)] if answer is not None else ():
-        if slot.nvmlReturn == 0:
-            values[slot.metricId] = slot.value
-            continue
-        if session.item_failed(f"nvmlGpmMetricsGet/{METRIC_NAMES.get(slot.metricId, slot.metricId)}",
-                               slot.nvmlReturn):
-            state.unsupported_metrics.add(slot.metricId)
+    for metric, slot in zip(wanted, answer.metrics if answer is not None else (), strict=False):
+        code = slot.nvmlReturn
+        if code == 0:
+            values[metric] = slot.value
+        elif session.item_failed(f"nvmlGpmMetricsGet/{METRIC_NAMES[metric]}", code):
+            state.unsupported_metrics.add(metric)
     return values
 
 

@@ -98,11 +98,17 @@ def nvmlGpmMetricsGet(metrics_get):
     first, second = (_samples.get(_address(s)) for s in (metrics_get.sample1, metrics_get.sample2))
     if first is None or second is None or first["gpu"] != second["gpu"]:
         raise _fake.error("InvalidArgument")
-    for metric in metrics_get.metrics[:metrics_get.numMetrics]:
-        name = _METRIC_NAMES.get(metric.metricId, str(metric.metricId))
-        try:
-            metric.value = float(_fake.value(second["metrics"].get(name, "NVMLError_NotSupported")))
-            metric.nvmlReturn = _real.NVML_SUCCESS
-        except _real.NVMLError as error:
-            metric.nvmlReturn = error.value
+    answers = second["metrics"]
+    # ctypes.Structure's own attribute access: pynvml's structures route each through Python, which would make the
+    # fake's bookkeeping, not the modelled cost, most of what the call costs
+    slots = ctypes.Structure.__getattribute__(metrics_get, "metrics")
+    for index in range(ctypes.Structure.__getattribute__(metrics_get, "numMetrics")):
+        metric = slots[index]
+        answer = answers.get(_METRIC_NAMES.get(ctypes.Structure.__getattribute__(metric, "metricId")),
+                             "NVMLError_NotSupported")
+        if isinstance(answer, str):
+            ctypes.Structure.__setattr__(metric, "nvmlReturn", _fake.error(answer).value)
+        else:
+            ctypes.Structure.__setattr__(metric, "value", float(answer))
+            ctypes.Structure.__setattr__(metric, "nvmlReturn", _real.NVML_SUCCESS)
     return metrics_get
