@@ -87,7 +87,7 @@ def nvmlGpmSampleFree(sample) -> None:
 def nvmlGpmSampleGet(handle, sample):
     gpu = _fake.enter("nvmlGpmSampleGet", handle)
     metrics = _fake.answer(gpu, "gpm")  # raises the GPU's error: NotSupported without GPM
-    _samples[_address(sample)] = {"gpu": gpu.index, "metrics": dict(metrics)}
+    _samples[_address(sample)] = {"gpu": gpu.index, "values": dict(metrics)}
     return sample
 
 
@@ -98,11 +98,11 @@ def nvmlGpmMetricsGet(metrics_get):
     first, second = (_samples.get(_address(s)) for s in (metrics_get.sample1, metrics_get.sample2))
     if first is None or second is None or first["gpu"] != second["gpu"]:
         raise _fake.error("InvalidArgument")
-    answers = second["metrics"]
+    answers = second["values"]
     # ctypes.Structure's own attribute access: pynvml's structures route each through Python, which would make the
     # fake's bookkeeping, not the modelled cost, most of what the call costs
-    slots = ctypes.Structure.__getattribute__(metrics_get, "metrics")
-    for index in range(ctypes.Structure.__getattribute__(metrics_get, "numMetrics")):
+    slots = c_nvmlGpmMetricsGet_t.metrics.__get__(metrics_get)  # the fields' own descriptors
+    for index in range(c_nvmlGpmMetricsGet_t.numMetrics.__get__(metrics_get)):
         metric = slots[index]
         answer = answers.get(_METRIC_NAMES.get(ctypes.Structure.__getattribute__(metric, "metricId")),
                              "NVMLError_NotSupported")
