@@ -95,7 +95,9 @@ def test_h100_exports_every_field_in_base_units():
     assert value(samples, "trainstack_gpu_info", **gpu0, name="NVIDIA H100 80GB HBM3",
                  pci_bus_id="00000000:18:00.0", driver_version="550.90.07") == 1
     opt_in = {"trainstack_gpu_pcie_transmit_bytes_per_second", "trainstack_gpu_pcie_receive_bytes_per_second"}
+    gpm = {metric.name for metric in (*GAUGES.values(), *COUNTERS.values()) if "GPM" in metric.origin}  # a pair's
     expected = {metric.name for metric in GAUGES.values()} - opt_in | {metric.name for metric in COUNTERS.values()}
+    expected -= gpm  # GPM's series come from a pair of samples, this is the first: tests/test_exporter_gpm.py
     assert expected <= names_for_gpu(samples, "0")
     assert value(samples, "trainstack_gpu_utilization_ratio", **gpu0) == 0.98
     assert value(samples, "trainstack_gpu_power_watts", **gpu0) == pytest.approx(612.845)
@@ -120,6 +122,7 @@ def test_gpu_series_carry_only_gpu_and_uuid():
     rig = exporter("mixed")
     dimensions = {"trainstack_gpu_info": {"name", "pci_bus_id", "driver_version"},
                   "trainstack_gpu_clock_event_active": {"reason"},
+                  "trainstack_gpu_gpm_info": {"supported", "reason"},
                   "trainstack_gpu_link_info": {"pcie_generation", "pcie_width", "pcie_max_generation",
                                                "pcie_max_width", "nvlinks_active"}}
     for (name, labels) in rig.scrape():
@@ -209,7 +212,8 @@ def test_static_answers_are_read_once_not_per_scrape():
 FAST_SAMPLE_CALLS = {"nvmlDeviceGetUtilizationRates": 8, "nvmlDeviceGetMemoryInfo": 8, "nvmlDeviceGetTemperature": 8,
                      "nvmlDeviceGetClockInfo": 16, "nvmlDeviceGetCurrentClocksEventReasons": 8,
                      "nvmlDeviceGetPowerUsage": 8, "nvmlDeviceGetComputeRunningProcesses": 8,
-                     "nvmlDeviceGetGraphicsRunningProcesses": 8, "nvmlEventSetWait_v2": 1}
+                     "nvmlDeviceGetGraphicsRunningProcesses": 8, "nvmlEventSetWait_v2": 1,
+                     "nvmlGpmSampleGet": 8, "nvmlGpmMetricsGet": 8}
 # A slow sample adds, per GPU, one field-values call for the counters and the link calls: PCIe generation and width
 # now and at most, and the state of each of an H100's 18 NVLinks.
 SLOW_SAMPLE_CALLS = FAST_SAMPLE_CALLS | {
@@ -219,6 +223,7 @@ SLOW_SAMPLE_CALLS = FAST_SAMPLE_CALLS | {
 
 def test_a_slow_sample_reads_power_limit_and_violation_counters_with_the_other_fields_in_one_call():
     rig = exporter("dgx_h100")
+    rig.sample()  # GPM pairs each sample with the one before
     at_start = fake.call_counts()
     for _ in range(3):
         samples = rig.scrape()

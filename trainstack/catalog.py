@@ -225,7 +225,8 @@ TRAIN_CHECKPOINT_DURATION = Metric(
 TRAIN_COMPILE_SECONDS = Metric(
     "trainstack_train_compile_seconds_total", COUNTER, "Wall time of the steps that ran torch.compile.", RANK_LABELS,
     TELEMETRY,
-    "wall time of the steps during which `torch.compile` compiled (left out of the step durations)", unit="s")
+    "wall time of the steps during which `torch.compile` compiled (left out of the step durations)", unit="s",
+    readers=("diagnose gpu-underused",))
 TRAIN_RECOMPILES = Metric(
     "trainstack_train_recompiles_total", COUNTER,
     "Frames torch.compile compiled again for a new batch shape (or a failed guard) after the first step's.",
@@ -276,7 +277,7 @@ TRAIN_RUN_INFO = Metric(
     "or `host`; `strategy`: `ddp` or `fsdp`; `launcher`: `train` (`trainstack train`) or `watch` (a user's "
     "script under `trainstack watch`), empty when unknown: whose knobs a verdict's fix names", values="1",
     readers=("diagnose input-bound", "diagnose comm-bound", "diagnose host-bound", "diagnose low-mfu",
-             "diagnose figures"))
+             "diagnose gpu-underused", "diagnose figures"))
 
 # --- the watched command: written by `trainstack watch` (train/launcher/watch.py) -----------------------------
 
@@ -316,7 +317,8 @@ GPU_UTILIZATION = Metric(
     "Share of the last sample period in which a kernel was running (not SM occupancy).", GPU_LABELS, NVML,
     "`nvmlDeviceGetUtilizationRates().gpu` / 100", unit="0..1",
     readers=("record job:trainstack_gpu_utilization:avg_ratio", "alert TrainstackGPUUnused",
-             "alert TrainstackOneProcessManyGPUs", "panel GPU utilization", "panel GPU utilization by rank",
+             "alert TrainstackOneProcessManyGPUs", "alert TrainstackGPUUnderused", "panel GPU utilization",
+             "panel GPU utilization by rank", "panel Busy vs really busy", "diagnose gpu-underused",
              "diagnose no-training", "diagnose stalled", "diagnose gpus-unused", "diagnose one-process-many-gpus",
              "diagnose figures"))
 GPU_MEMORY_BUSY = Metric(
@@ -426,6 +428,64 @@ GPU_PCIE_RECEIVE = Metric(
     "trainstack_gpu_pcie_receive_bytes_per_second", GAUGE,
     "PCIe receive throughput over NVML's 20 ms window (opt-in).", GPU_LABELS, NVML,
     "`nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES)`", unit="B/s", absent_when="unless `--pcie-throughput`")
+# GPM (Hopper and newer): what the GPU really did over each sampling period (monitoring/exporter/gpm.py).
+_GPM_ABSENT = "the GPU has no GPM (before Hopper), NVML refuses whole-GPU samples (MIG mode), the driver or " \
+    "nvidia-ml-py predates GPM (`trainstack_gpu_gpm_info` says which); and until the second sample"
+_GPM_PERIOD = "mean over the latest sampling period: `nvmlGpmMetricsGet` over the period's pair of " \
+    "`nvmlGpmSampleGet` samples"
+GPU_GPM_INFO = Metric(
+    "trainstack_gpu_gpm_info", INFO,
+    "Whether the GPU answers NVML's GPM metrics (SM, tensor, DRAM activity; link traffic), and why not where not.",
+    (*GPU_LABELS, "supported", "reason"), NVML,
+    "`nvmlGpmQueryDeviceSupport` and two `nvmlGpmSampleAlloc` buffers at start; `supported` `true` or `false`; "
+    "`reason` empty where supported, else the call and NVML's error (`nvmlGpmSampleGet: NotSupported` on a MIG-mode "
+    "GPU, `nvmlGpmQueryDeviceSupport: FunctionNotFound` on a driver without GPM) or that the GPU has none",
+    values="1", readers=("diagnose gpu-underused", "diagnose no-tensor-cores"))
+GPU_SM_ACTIVE = Metric(
+    "trainstack_gpu_sm_active_ratio", GAUGE,
+    "Share of the GPU's SMs busy, averaged over the sampling period (GPM; utilization counts a kernel on one SM as "
+    "busy).", GPU_LABELS, NVML, f"`NVML_GPM_METRIC_SM_UTIL` / 100, {_GPM_PERIOD}", unit="0..1",
+    absent_when=_GPM_ABSENT,
+    readers=("alert TrainstackGPUUnderused", "alert TrainstackNoTensorCores", "panel Busy vs really busy",
+             "diagnose gpu-underused", "diagnose no-tensor-cores", "diagnose figures"))
+GPU_SM_OCCUPANCY = Metric(
+    "trainstack_gpu_sm_occupancy_ratio", GAUGE,
+    "Warps resident on the SMs over the most they hold, averaged over the sampling period (GPM).", GPU_LABELS, NVML,
+    f"`NVML_GPM_METRIC_SM_OCCUPANCY` / 100, {_GPM_PERIOD}", unit="0..1", absent_when=_GPM_ABSENT,
+    readers=("panel SM occupancy and DRAM bandwidth", "diagnose gpu-underused"))
+GPU_TENSOR_ACTIVE = Metric(
+    "trainstack_gpu_tensor_active_ratio", GAUGE,
+    "Share of the sampling period the SMs ran tensor-core instructions of any kind (GPM).", GPU_LABELS, NVML,
+    f"`NVML_GPM_METRIC_ANY_TENSOR_UTIL` / 100, {_GPM_PERIOD}", unit="0..1", absent_when=_GPM_ABSENT,
+    readers=("alert TrainstackNoTensorCores", "panel Busy vs really busy", "diagnose no-tensor-cores",
+             "diagnose figures"))
+GPU_DRAM_ACTIVE = Metric(
+    "trainstack_gpu_dram_active_ratio", GAUGE,
+    "Device memory bandwidth used over its maximum, averaged over the sampling period (GPM).", GPU_LABELS, NVML,
+    f"`NVML_GPM_METRIC_DRAM_BW_UTIL` / 100, {_GPM_PERIOD}", unit="0..1", absent_when=_GPM_ABSENT,
+    readers=("panel SM occupancy and DRAM bandwidth", "diagnose gpu-underused", "diagnose figures"))
+_GPM_BYTES = "added up from the sampling periods' mean rates (MiB/s) times their length, since the exporter started: " \
+    "a counter, so that `rate()` over any window is the traffic in it, where a gauge of the latest period's rate " \
+    "would show one period per scrape. `gpm_` in the name: the same traffic from another NVML call has the plain name"
+GPU_GPM_PCIE_TRANSMIT = Metric(
+    "trainstack_gpu_gpm_pcie_transmit_bytes_total", COUNTER, "PCIe traffic from the GPU, measured by GPM.", GPU_LABELS,
+    NVML, f"`NVML_GPM_METRIC_PCIE_TX_PER_SEC`, {_GPM_BYTES} (`trainstack_gpu_pcie_transmit_bytes_per_second`, opt-in)",
+    unit="bytes", absent_when=_GPM_ABSENT, readers=("panel Link traffic", "diagnose comm-bound"))
+GPU_GPM_PCIE_RECEIVE = Metric(
+    "trainstack_gpu_gpm_pcie_receive_bytes_total", COUNTER, "PCIe traffic to the GPU, measured by GPM.", GPU_LABELS,
+    NVML, "`NVML_GPM_METRIC_PCIE_RX_PER_SEC`, as the transmit counter", unit="bytes", absent_when=_GPM_ABSENT,
+    readers=("panel Link traffic", "diagnose comm-bound"))
+GPU_GPM_NVLINK_TRANSMIT = Metric(
+    "trainstack_gpu_gpm_nvlink_transmit_bytes_total", COUNTER, "NVLink traffic from the GPU over all its links, "
+    "measured by GPM.", GPU_LABELS, NVML,
+    f"`NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC`, {_GPM_BYTES} (`trainstack_gpu_nvlink_transmit_bytes_total`, read "
+    "at the slow cadence from a field)", unit="bytes", absent_when=f"{_GPM_ABSENT}; a GPU without NVLink",
+    readers=("panel Link traffic", "diagnose comm-bound"))
+GPU_GPM_NVLINK_RECEIVE = Metric(
+    "trainstack_gpu_gpm_nvlink_receive_bytes_total", COUNTER, "NVLink traffic to the GPU over all its links, "
+    "measured by GPM.", GPU_LABELS, NVML, "`NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC`, as the transmit counter",
+    unit="bytes", absent_when=f"{_GPM_ABSENT}; a GPU without NVLink",
+    readers=("panel Link traffic", "diagnose comm-bound"))
 GPU_PROCESS_MEMORY_USED = Metric(
     "trainstack_gpu_process_memory_used_bytes", GAUGE,
     "Device memory one process uses on the GPU (every process NVML lists, trainstack's or not).",

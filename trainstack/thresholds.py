@@ -95,6 +95,31 @@ LOW_MFU = Threshold(
     "low_mfu_ratio", 0.2, "share of peak FLOP/s",
     "the ranks' mean MFU is under this (well-tuned transformer training reaches 0.35-0.55 of dense peak; under 0.2 "
     "leaves most of the GPU unused)")
+GPU_UNDERUSED_UTILIZATION = Threshold(
+    "gpu_underused_utilization_ratio", 0.8, "utilization",
+    "a GPU reads busy: a kernel runs at least this share of the time (what NVML's utilization says of a GPU doing "
+    "its job; under it the GPU idles between kernels, which host-bound and input-bound explain)...",
+    "TrainstackGPUUnderused")
+GPU_UNDERUSED_SM_ACTIVE = Threshold(
+    "gpu_underused_sm_active_ratio", 0.5, "share of SMs busy",
+    "...while fewer than this share of its SMs work on average (GPM): half the SMs idle while a kernel runs is a "
+    "grid too small for the GPU (a per-GPU batch too small, a chain of tiny kernels); dense bf16 training keeps "
+    "0.7-0.9 of an H100's SMs busy, and a model that cannot fill half of them gains more from a larger batch than "
+    "from more GPUs", "TrainstackGPUUnderused")
+NO_TENSOR_SM_ACTIVE = Threshold(
+    "no_tensor_cores_sm_active_ratio", 0.3, "share of SMs busy",
+    "a GPU works (at least this share of its SMs busy: well above the few percent an idle or launch-bound GPU "
+    "shows, so that a GPU with nothing to do is not blamed for its tensor cores)...", "TrainstackNoTensorCores")
+NO_TENSOR_ACTIVE = Threshold(
+    "no_tensor_cores_tensor_active_ratio", 0.02, "share of time",
+    "...while its tensor cores run under this share of the time: fp32 matmuls without TF32 never use them, and any "
+    "bf16/fp16 or TF32 matmul of a training step keeps them busy well above 2% (a transformer's matmuls are most of "
+    "its FLOPs)", "TrainstackNoTensorCores")
+MEMORY_BOUND_DRAM = Threshold(
+    "memory_bound_dram_ratio", 0.8, "share of DRAM bandwidth",
+    "a GPU's device-memory bandwidth is used above this share while its SMs work: its kernels wait on memory, "
+    "which diagnose says as evidence (HBM sustains about 90% of its nominal bandwidth in practice, so 80% is near "
+    "the most it delivers)")
 GPU_SAMPLE_STALE = Threshold(
     "gpu_sample_stale_intervals", 3.0, "sampling intervals",
     "the exporter's newest GPU sample is older than this many of its sampling intervals", "TrainstackGPUDataStale")

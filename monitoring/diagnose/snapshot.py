@@ -51,6 +51,17 @@ class RankView:
     host_bound_ratio: float | None = None
     """Share of step time the rank's GPU idled though neither starved nor waiting on communication
     (trainstack/breakdown.py); None where it is not measured (CPU ranks, a GPU NVML cannot read)."""
+    mixed_precision: str = ""
+    """The rank's --mixed-precision (no, bf16, fp16); "" where it does not say (catalog.TRAIN_RUN_INFO)."""
+    compiled: bool | None = None
+    """Whether torch.compile compiled on the rank (its compile time is above 0); None where it does not say."""
+
+    @property
+    def samples_per_step(self) -> float | None:
+        """Samples the rank takes per optimizer step: its per-GPU batch times its gradient accumulation."""
+        if not (self.samples_per_second and self.steps_per_second):
+            return None
+        return self.samples_per_second / self.steps_per_second
 
     @property
     def bus_bytes_per_second(self) -> float | None:
@@ -84,6 +95,18 @@ class GpuView:
     pcie_max_width: int | None = None
     nvlinks_active: int | None = None
     """None on a GPU without NVLink."""
+    gpm_supported: bool | None = None
+    """Whether the GPU answers GPM (catalog.GPU_GPM_INFO); None where the exporter does not say."""
+    gpm_reason: str = ""
+    """Why not, where it does not."""
+    sm_active: float | None = None
+    """GPM's figures (monitoring/exporter/gpm.py): shares of the SMs busy, of warps resident, of time the tensor
+    cores ran, of DRAM bandwidth used; None without GPM."""
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    link_bytes_per_second: dict[str, float] = field(default_factory=dict)
+    """"pcie transmit", "pcie receive", "nvlink transmit", "nvlink receive" -> bytes/s GPM measured, where it did."""
 
     @property
     def pcie_below_max(self) -> bool:
@@ -199,6 +222,7 @@ def _ranks(source: Source) -> list[RankView]:
     comm_setup = _labels_by_rank(source.instant(catalog.TRAIN_COMM_SETUP_INFO.name))
     shm = _by("rank", source.instant(catalog.TRAIN_SHM_BYTES.name))
     host_bound = _ratio_of(source, ratios.HOST_BOUND_SHARE, "rank")
+    compile_seconds = _by("rank", source.instant(catalog.TRAIN_COMPILE_SECONDS.name))
     last = _by("rank", source.instant(catalog.TRAIN_LAST_STEP.name))
     mfu = _by("rank", source.instant(catalog.TRAIN_MFU.name))
     views = []
@@ -216,6 +240,8 @@ def _ranks(source: Source) -> list[RankView]:
             launcher=run_info.get(rank, {}).get("launcher", ""),
             backend=comm_setup.get(rank, {}).get("backend", ""),
             nccl_switches=_switches_set(comm_setup.get(rank, {})), shm_bytes=shm.get(rank),
+            mixed_precision=run_info.get(rank, {}).get("mixed_precision", ""),
+            compiled=compile_seconds[rank] > 0 if rank in compile_seconds else None,
         ))
     return views
 
@@ -246,6 +272,13 @@ def _gpus(source: Source) -> list[GpuView]:
     # GPUs without violation counters: whether a throttle reason holds the clocks down right now.
     active = _active_reasons(source)
     links = {labels["uuid"]: labels for labels, _ in source.instant(catalog.GPU_LINK_INFO.name) if "uuid" in labels}
+    gpm = {labels["uuid"]: labels for labels, _ in source.instant(catalog.GPU_GPM_INFO.name) if "uuid" in labels}
+    activity = {field_name: _by("uuid", source.instant(metric.name)) for field_name, metric in (
+        ("sm_active", catalog.GPU_SM_ACTIVE), ("sm_occupancy", catalog.GPU_SM_OCCUPANCY),
+        ("tensor_active", catalog.GPU_TENSOR_ACTIVE), ("dram_active", catalog.GPU_DRAM_ACTIVE))}
+    traffic = {link: _by("uuid", source.rate(metric.name)) for link, metric in (
+        ("pcie transmit", catalog.GPU_GPM_PCIE_TRANSMIT), ("pcie receive", catalog.GPU_GPM_PCIE_RECEIVE),
+        ("nvlink transmit", catalog.GPU_GPM_NVLINK_TRANSMIT), ("nvlink receive", catalog.GPU_GPM_NVLINK_RECEIVE))}
     views = []
     for uuid, labels in sorted(info.items(), key=lambda item: int(item[1].get("gpu", "0"))):
         views.append(GpuView(
@@ -256,5 +289,9 @@ def _gpus(source: Source) -> list[GpuView]:
             sm_clock_ratio=clock.get(uuid),
             **{label: int(value) for label in catalog.GPU_LINK_LABELS
                if (value := links.get(uuid, {}).get(label, "")).isdigit()},  # "": the driver lacks the call
+            gpm_supported={"true": True, "false": False}.get(gpm.get(uuid, {}).get("supported", "")),
+            gpm_reason=gpm.get(uuid, {}).get("reason", ""),
+            **{field_name: by_uuid.get(uuid) for field_name, by_uuid in activity.items()},
+            link_bytes_per_second={link: rates[uuid] for link, rates in traffic.items() if uuid in rates},
         ))
     return views

@@ -15,6 +15,12 @@ from trainstack.rundir import INSTRUMENT_HINT, LAUNCHER_TRAIN
 from trainstack.units import human_bytes
 
 MIB, GIB = 1 << 20, 1 << 30
+# A link's most, per direction, to set measured traffic against (hardware figures, not thresholds). PCIe: bytes per
+# second per lane after line encoding (8b/10b for gen 1-2, 128b/130b for gen 3-5, FLIT for gen 6), times the width.
+PCIE_LANE_BYTES_PER_SECOND = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 7.563e9}
+# NVLink 2, 3 and 4 (V100, A100, H100) all carry 25 GB/s per link and direction (H100: 18 links, 450 GB/s each way);
+# NVLink 5 (Blackwell) doubles it, so there the share shown is twice the real one.
+NVLINK_BYTES_PER_SECOND = 25e9
 
 
 @dataclass(frozen=True)
@@ -264,6 +270,7 @@ def comm_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     links = [(r, gpus[r.uuid]) for r in measured if r.uuid in gpus]
     evidence = [_comm_per_rank(r) for r in measured]
     evidence += [_links(r, g) for r, g in links]
+    evidence += [line for r, g in links if (line := _link_traffic(r, g))]
     evidence += _nccl_switches(measured)
     shm = _shm_by_node(snapshot, limits)
     evidence += [_shm(node, *figures) for node, figures in shm.items()]
@@ -318,6 +325,21 @@ def _links(r: RankView, g: GpuView) -> str:
             pcie += f", below its maximum gen {g.pcie_max_generation} x{g.pcie_max_width}"
         parts.append(pcie)
     return f"rank {r.rank}'s GPU {g.index}: " + "; ".join(parts)
+
+
+def _link_traffic(r: RankView, g: GpuView) -> str:
+    """What GPM measured on the GPU's links, against their most: a link near its most is the bottleneck; one far
+    below it while the ranks wait says the traffic takes another path (sockets, the host) or is latency-bound."""
+    parts = []
+    for link, most in (("nvlink", (g.nvlinks_active or 0) * NVLINK_BYTES_PER_SECOND),
+                       ("pcie", PCIE_LANE_BYTES_PER_SECOND.get(g.pcie_generation, 0.0) * (g.pcie_width or 0))):
+        sent, received = (g.link_bytes_per_second.get(f"{link} {way}") for way in ("transmit", "receive"))
+        if sent is None or received is None:
+            continue
+        name = "NVLink" if link == "nvlink" else "PCIe"
+        against = f" of {_bandwidth(most)} each way ({_percent(max(sent, received) / most)})" if most else ""
+        parts.append(f"{name} {_bandwidth(sent)} out, {_bandwidth(received)} in{against}")
+    return f"rank {r.rank}'s GPU {g.index} carried (GPM): " + "; ".join(parts) if parts else ""
 
 
 def _nccl_switches(ranks: list[RankView]) -> list[str]:
@@ -408,6 +430,89 @@ def host_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     )
 
 
+def _activity(g: GpuView) -> str:
+    figures = [f"SM activity {_percent(g.sm_active)}"]
+    figures += [f"{what} {_percent(value)}" for what, value in (
+        ("occupancy", g.sm_occupancy), ("tensor-core activity", g.tensor_active), ("DRAM bandwidth", g.dram_active))
+        if value is not None]
+    busy = "" if g.utilization is None else f"utilization {_percent(g.utilization)}, "
+    return f"GPU {g.index}: {busy}{', '.join(figures)}"
+
+
+def _rank_setup(r: RankView, g: GpuView) -> str:
+    """What the rank says of how it feeds its GPU: samples per optimizer step, precision, torch.compile."""
+    said = []
+    if r.samples_per_step is not None:
+        said.append(f"{r.samples_per_step:.0f} samples per optimizer step (per-GPU batch x accumulation)")
+    if r.mixed_precision:
+        said.append(f"mixed precision {r.mixed_precision}")
+    if r.compiled is not None:
+        said.append(f"torch.compile {'on' if r.compiled else 'off'}")
+    return f"rank {r.rank} on GPU {g.index}: {', '.join(said)}" if said else ""
+
+
+def _memory_bound(g: GpuView, limits: Thresholds) -> str:
+    if g.dram_active is None or g.dram_active < limits.memory_bound_dram_ratio:
+        return ""
+    return (f"GPU {g.index}: DRAM bandwidth at {_percent(g.dram_active)} of its maximum while its SMs work: its "
+            "kernels wait on memory (memory-bound), which more SMs would not help; fusing kernels cuts the traffic")
+
+
+def gpu_underused(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    """A GPU that reads busy (a kernel runs most of the time) while most of its SMs idle (GPM): too little work per
+    kernel. NVML's utilization cannot tell it from a GPU at full work (docs/diagnostics.md, "Busy is not working")."""
+    hollow = [g for g in snapshot.gpus if g.utilization is not None and g.sm_active is not None
+              and g.utilization >= limits.gpu_underused_utilization_ratio
+              and g.sm_active < limits.gpu_underused_sm_active_ratio]
+    if not hollow:
+        return None
+    ranks = {r.uuid: r for r in snapshot.ranks if r.uuid}
+    evidence, on_hollow = [], []
+    for g in hollow:
+        rank = ranks.get(g.uuid)
+        on_hollow += [rank] if rank else []
+        evidence += filter(None, (_activity(g), rank and _rank_setup(rank, g), _memory_bound(g, limits)))
+    fixes = ["a larger per-GPU --batch-size (lower --gradient-accumulation-steps to keep the global batch): more "
+             "work per kernel fills more SMs"]
+    if any(r.mixed_precision == "no" for r in on_hollow):
+        fixes.append("--mixed-precision bf16 (bf16 autocast: the tensor cores do the matmuls)")
+    if not any(r.compiled for r in on_hollow):
+        fixes.append("--compile (torch.compile fuses small kernels) or CUDA graphs (mode=\"reduce-overhead\"): "
+                     "fewer, larger kernels")
+    fixes.append("fewer tiny kernels in the model's code (fused optimizers: AdamW(fused=True); no per-parameter "
+                 "Python loops)")
+    return Verdict(
+        "gpu-underused", f"{len(hollow)} GPU(s) read busy but do little: a kernel runs at least "
+        f"{_percent(limits.gpu_underused_utilization_ratio)} of the time while under "
+        f"{_percent(limits.gpu_underused_sm_active_ratio)} of their SMs work", tuple(evidence), "; ".join(fixes),
+    )
+
+
+def no_tensor_cores(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
+    """A working GPU whose tensor cores stay idle: its matmuls run on the plain fp32 units (fp32 without TF32)."""
+    idle = [g for g in snapshot.gpus if g.sm_active is not None and g.tensor_active is not None
+            and g.sm_active >= limits.no_tensor_cores_sm_active_ratio
+            and g.tensor_active < limits.no_tensor_cores_tensor_active_ratio]
+    if not idle:
+        return None
+    ranks = {r.uuid: r for r in snapshot.ranks if r.uuid}
+    evidence = []
+    for g in idle:
+        evidence.append(_activity(g))
+        if (rank := ranks.get(g.uuid)) and rank.mixed_precision:
+            evidence.append(f"rank {rank.rank} on GPU {g.index}: mixed precision {rank.mixed_precision}"
+                            + (" (fp32 matmuls use the tensor cores only with TF32 on)"
+                               if rank.mixed_precision == "no" else ""))
+    return Verdict(
+        "no-tensor-cores", f"{len(idle)} GPU(s) work without their tensor cores: at least "
+        f"{_percent(limits.no_tensor_cores_sm_active_ratio)} of the SMs busy, tensor cores under "
+        f"{_percent(limits.no_tensor_cores_tensor_active_ratio)} of the time", tuple(evidence),
+        "--mixed-precision bf16 (bf16 autocast); or, to stay in fp32, TF32 for its matmuls: "
+        "torch.set_float32_matmul_precision(\"high\"); matmul sizes that are multiples of 8 let the tensor cores "
+        "take them",
+    )
+
+
 def throttled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     evidence = []
     for g in snapshot.gpus:
@@ -477,7 +582,7 @@ def gpu_data_stale(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
 
 CHECKS: tuple[Callable[[Snapshot, Thresholds], Verdict | None], ...] = (
     no_training, not_started, stalled, gpus_unused, one_process_many_gpus, input_bound, straggler, comm_bound,
-    host_bound, throttled, memory_full, low_mfu, gpu_data_stale,
+    host_bound, gpu_underused, no_tensor_cores, throttled, memory_full, low_mfu, gpu_data_stale,
 )
 
 
@@ -502,8 +607,19 @@ def uninstrumented(snapshot: Snapshot) -> str:
 
 def notes(snapshot: Snapshot, limits: Thresholds) -> list[str]:
     """What the reader must know that is no problem of the run: a job that runs but reports no rank telemetry
-    gets the GPU verdicts only (none without a GPU), and one line on how to get the others."""
-    return [uninstrumented(snapshot)] if _uninstrumented(snapshot, limits) else []
+    gets the GPU verdicts only (none without a GPU), and one line on how to get the others; GPUs without GPM, whose
+    checks could not be judged."""
+    return ([uninstrumented(snapshot)] if _uninstrumented(snapshot, limits) else []) + _without_gpm(snapshot)
+
+
+def _without_gpm(snapshot: Snapshot) -> list[str]:
+    """GPUs whose exporter says they answer no GPM: the checks that read it cannot judge them; one line per reason."""
+    by_reason: dict[str, list[str]] = {}
+    for g in snapshot.gpus:
+        if g.gpm_supported is False:
+            by_reason.setdefault(g.gpm_reason, []).append(g.index)
+    return [f"GPU {', '.join(indices)}: no GPM ({reason or 'unknown reason'}): gpu-underused and no-tensor-cores "
+            "could not be judged there, nor the links' measured traffic" for reason, indices in by_reason.items()]
 
 
 def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
@@ -534,6 +650,9 @@ def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
         "mfu_mean": mean(r.mfu for r in ranks),
         "gpus": len(gpus),
         "gpu_utilization_mean": mean(g.utilization for g in gpus),
+        "gpu_sm_active_mean": mean(g.sm_active for g in gpus),
+        "gpu_tensor_active_mean": mean(g.tensor_active for g in gpus),
+        "gpu_dram_active_max": max((g.dram_active for g in gpus if g.dram_active is not None), default=None),
         "gpu_memory_used_ratio_max": max((g.memory_used_ratio for g in gpus if g.memory_used_ratio is not None),
                                          default=None),
     }

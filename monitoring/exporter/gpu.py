@@ -32,6 +32,10 @@ GAUGES = {
     "memory_clock_hertz": catalog.GPU_MEMORY_CLOCK,
     "pcie_transmit_bytes_per_second": catalog.GPU_PCIE_TRANSMIT,
     "pcie_receive_bytes_per_second": catalog.GPU_PCIE_RECEIVE,
+    "sm_active_ratio": catalog.GPU_SM_ACTIVE,
+    "sm_occupancy_ratio": catalog.GPU_SM_OCCUPANCY,
+    "tensor_active_ratio": catalog.GPU_TENSOR_ACTIVE,
+    "dram_active_ratio": catalog.GPU_DRAM_ACTIVE,
 }
 COUNTERS = {
     "energy_joules": catalog.GPU_ENERGY,
@@ -42,6 +46,10 @@ COUNTERS = {
     "ecc_uncorrected_errors": catalog.GPU_ECC_UNCORRECTED,
     "nvlink_transmit_bytes": catalog.GPU_NVLINK_TRANSMIT,
     "nvlink_receive_bytes": catalog.GPU_NVLINK_RECEIVE,
+    "gpm_pcie_transmit_bytes": catalog.GPU_GPM_PCIE_TRANSMIT,
+    "gpm_pcie_receive_bytes": catalog.GPU_GPM_PCIE_RECEIVE,
+    "gpm_nvlink_transmit_bytes": catalog.GPU_GPM_NVLINK_TRANSMIT,
+    "gpm_nvlink_receive_bytes": catalog.GPU_GPM_NVLINK_RECEIVE,
 }
 # Bits of nvmlDeviceGetCurrentClocksEventReasons (NVML's clocks-event / throttle reasons).
 CLOCK_EVENT_REASONS = {
@@ -99,7 +107,13 @@ class GpuCollector(Collector):
                 links.add_metric([str(sample.index), sample.uuid],
                                  {name: "" if value is None else str(value) for name, value in answered.items()})
 
-        for family in (info, sm_max, memory_max, *fields.values(), reasons, processes, xids, links):
+        gpm = catalog.family(catalog.GPU_GPM_INFO, labels=catalog.GPU_LABELS)
+        for gpu in reading.gpus:
+            if gpu.gpm is not None:  # None: the GPU was lost while it was being described
+                gpm.add_metric([str(gpu.index), gpu.uuid],
+                               {"supported": str(gpu.gpm.supported).lower(), "reason": gpu.gpm.reason})
+
+        for family in (info, sm_max, memory_max, *fields.values(), reasons, processes, xids, links, gpm):
             if family.samples:
                 yield family
 

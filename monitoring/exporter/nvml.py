@@ -21,6 +21,9 @@ is no trainstack run still shows which process drives which GPUs (one process on
 shape: monitoring/diagnose). A process's name is asked once, when it first appears (nvmlSystemGetProcessName: the
 name nvidia-smi shows), and is empty where this exporter's PID namespace does not see the process.
 
+On Hopper and newer each sample also takes one GPM sample per GPU, whose pair with the previous one gives the
+SMs', tensor cores' and links' mean activity over the period (monitoring/exporter/gpm.py).
+
 GPUs are read one after the other on the sampler's thread: a read no longer holds up a scrape, and one thread
 spends the least CPU.
 """
@@ -30,9 +33,12 @@ from __future__ import annotations
 import ctypes
 import posixpath
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from types import ModuleType
+
+from trainstack.monitoring.exporter import gpm as gpm_metrics
 
 # NVML's stable ABI values, written out so the exporter does not depend on how new the installed pynvml is.
 TEMPERATURE_GPU = 0
@@ -140,6 +146,17 @@ class GpuSample:
     """None on a GPU without NVLink; 0 on one whose links no bridge or switch connects."""
     pcie_transmit_bytes_per_second: float | None = None
     pcie_receive_bytes_per_second: float | None = None
+    sm_active_ratio: float | None = None
+    """GPM (monitoring/exporter/gpm.py): means over the sampling period; None without GPM or before its second
+    sample."""
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    gpm_pcie_transmit_bytes: float | None = None
+    """GPM's link traffic, added up since the exporter started."""
+    gpm_pcie_receive_bytes: float | None = None
+    gpm_nvlink_transmit_bytes: float | None = None
+    gpm_nvlink_receive_bytes: float | None = None
     process_memory_bytes: dict[int, float] = field(default_factory=dict)
     """pid -> device memory it uses on this GPU, for every process NVML lists there with a known figure."""
 
@@ -160,6 +177,8 @@ class Gpu:
     field_requests: tuple[tuple[int, int], ...] = ()
     unsupported: set[tuple] = field(default_factory=set)
     lost: bool = False
+    gpm: gpm_metrics.Gpm | None = None
+    """Whether the GPU answers GPM, or why not, and its samples (monitoring/exporter/gpm.py)."""
 
 
 @dataclass
@@ -223,10 +242,29 @@ class NvmlSession:
         self.up = False
         self.down_reason = ""
         self.driver_version = ""
+        self.clock = time.monotonic
+        """When a GPM sample is taken: its byte counters add each pair's mean rate times the time between them."""
+        self.last_error = ""
+        """The error name of the latest call that failed, for a caller that says why a feature is off (GPM)."""
         with self._lock:
             self._start()
 
     # --- the one place NVML is called ---------------------------------------------------------------------------
+
+    @property
+    def nvml(self) -> ModuleType:
+        return self._nvml
+
+    def ask(self, gpu: Gpu | None, call: str, *args, **kwargs):
+        """`_ask` for the modules that read a part of NVML for this session (gpm.py), under its read lock."""
+        return self._ask(gpu, call, *args, **kwargs)
+
+    def item_failed(self, call: str, code: int) -> bool:
+        """One item of a call that answers several, each with its own return code, failed: counted as `call`;
+        True where the code says the GPU or driver lacks the item (asked once, then omitted)."""
+        name = error_name(self._nvml.NVMLError(code))
+        self._count(call, name)
+        return name in UNSUPPORTED_FIELD_ERRORS
 
     def _count(self, call: str, error: str) -> None:
         with self._count_lock:  # health() copies the counts from a scrape's thread
@@ -246,6 +284,7 @@ class NvmlSession:
         except Exception as error:  # whatever NVML raises, the scrape goes on
             name = error_name(error)
             self._count(call, name)
+            self.last_error = name
             if name in UNSUPPORTED_ERRORS:
                 unsupported.add(key)
             elif name == "GpuIsLost" and gpu is not None:
@@ -332,6 +371,7 @@ class NvmlSession:
         gpu.field_requests = tuple(requests)
         if self._events is not None:
             self._ask(gpu, "nvmlDeviceRegisterEvents", EVENT_TYPE_XID_CRITICAL_ERROR, self._events)
+        gpu.gpm = gpm_metrics.start(self, gpu)
 
     def _active_nvlinks(self, gpu: Gpu) -> int | None:
         # A PCIe card can report links that no bridge connects: only active ones mean the GPU has NVLink traffic.
@@ -386,6 +426,8 @@ class NvmlSession:
         sample.clock_event_reasons = self._ask_first(gpu, ("nvmlDeviceGetCurrentClocksEventReasons", (), {}),
                                                      ("nvmlDeviceGetCurrentClocksThrottleReasons", (), {}))
         sample.power_watts = _scaled(self._ask(gpu, "nvmlDeviceGetPowerUsage"), 1e-3)  # mW
+        if gpu.gpm is not None:
+            gpm_metrics.read(self, gpu, gpu.gpm, sample, self.clock())
         if slow:
             self._sample_slow(gpu, sample)
         if self._pcie_throughput:  # each call blocks ~20 ms while NVML measures
@@ -450,6 +492,9 @@ class NvmlSession:
                 return
             if self._events is not None:
                 self._ask(None, "nvmlEventSetFree", self._events)
+            for gpu in self._gpus:
+                if gpu.gpm is not None:
+                    gpm_metrics.stop(self, gpu.gpm)
             self._ask(None, "nvmlShutdown")
             self.up = False
         finally:

@@ -78,6 +78,7 @@ def training_overview() -> Dashboard:
     straggler = thresholds.STRAGGLER.value
     stalled = thresholds.STALL.value
     memory_full = thresholds.MEMORY_FULL.value
+    underused = thresholds.GPU_UNDERUSED_SM_ACTIVE.value
     overview = Row("Overview", (
         Panel("stat", "Samples/s", "Training samples consumed per second by all ranks of the job.",
               "count:samples/s", (Query(f"sum({catalog.JOB_SAMPLES_RATE.name}{{{JOB}}})", "samples/s"),),
@@ -169,6 +170,31 @@ def training_overview() -> Dashboard:
               "percentunit",
               (Query(f"{catalog.GPU_UTILIZATION.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
               minimum=0, maximum=1),
+        Panel("timeseries", "Busy vs really busy", "Utilization (a kernel ran) beside SM activity (the share of SMs "
+              "that worked) and tensor-core activity, per GPU (GPM, Hopper and newer): utilization far above SM "
+              "activity is a GPU that reads busy but does little; tensor activity near 0 on a busy GPU is fp32 "
+              "math without the tensor cores.",
+              "percentunit",
+              (Query(f"{catalog.GPU_UTILIZATION.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} utilization"),
+               Query(f"{catalog.GPU_SM_ACTIVE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} SM activity"),
+               Query(f"{catalog.GPU_TENSOR_ACTIVE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} tensor activity")),
+              width=16, threshold=underused, minimum=0, maximum=1),
+        Panel("timeseries", "SM occupancy and DRAM bandwidth", "Warps resident over the most the SMs hold, and "
+              "device-memory bandwidth used over its maximum, per GPU (GPM): DRAM near its maximum with the SMs "
+              "active is a memory-bound workload.",
+              "percentunit",
+              (Query(f"{catalog.GPU_SM_OCCUPANCY.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} occupancy"),
+               Query(f"{catalog.GPU_DRAM_ACTIVE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} DRAM bandwidth")),
+              minimum=0, maximum=1),
+        Panel("timeseries", "Link traffic", "PCIe and NVLink bytes per second each GPU sends and receives, "
+              "measured by GPM.",
+              "Bps",
+              tuple(Query(f"rate({metric.name}{{{GPU}}}[$__rate_interval])", f"{{{{instance}}}} GPU {{{{gpu}}}} {what}")
+                    for metric, what in ((catalog.GPU_GPM_PCIE_TRANSMIT, "PCIe tx"),
+                                         (catalog.GPU_GPM_PCIE_RECEIVE, "PCIe rx"),
+                                         (catalog.GPU_GPM_NVLINK_TRANSMIT, "NVLink tx"),
+                                         (catalog.GPU_GPM_NVLINK_RECEIVE, "NVLink rx"))),
+              minimum=0),
         Panel("timeseries", "GPU memory used", "Device memory in use on each GPU, including PyTorch's cache.",
               "bytes", (Query(f"{catalog.GPU_MEMORY_USED.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
               minimum=0),

@@ -655,6 +655,13 @@ def nvmlEventSetFree(event_set) -> None:
     _enter("nvmlEventSetFree")
 
 
+# GPM (Hopper and newer): its calls and `set_gpm()` live in gpm.py, which gets the helpers above from here.
+from trainstack.monitoring.nvml_fake import gpm as _gpm  # noqa: E402
+
+_gpm.bind(enter=_enter, answer=_answer, error=_error, value=_value, require_host=_require_host)
+globals().update({name: getattr(_gpm, name) for name in _gpm.API})
+
+
 if os.environ.get("NVML_FAKE_HOST"):
     load(os.environ["NVML_FAKE_HOST"])
     if os.environ.get("NVML_FAKE_DELAY_US"):

@@ -237,6 +237,36 @@ change them.""", (
               fires_when=f"a rank's GPU idles, neither starved nor waiting on communication, > "
                          f"{T.HOST_BOUND.percent} of its step time",
               for_="10m"),
+        Alert("TrainstackGPUUnderused",
+              f"avg_over_time({catalog.GPU_UTILIZATION.name}[5m]) >= {T.GPU_UNDERUSED_UTILIZATION.promql}\n"
+              "and on (job, instance, gpu, uuid)\n"
+              f"avg_over_time({catalog.GPU_SM_ACTIVE.name}[5m]) < {T.GPU_UNDERUSED_SM_ACTIVE.promql}", "warning",
+              "GPU {{ $labels.gpu }} on {{ $labels.instance }} reads busy but under "
+              f"{T.GPU_UNDERUSED_SM_ACTIVE.percent} of its SMs work",
+              "NVML's utilization counts the time any kernel runs, so a kernel on a few SMs reads 100%; GPM's SM "
+              "activity says most of this GPU's SMs idle. Likely cause: too little work per kernel (a per-GPU batch "
+              "too small to fill the SMs, a chain of tiny kernels, fp32 math). Fix: a larger per-GPU batch (less "
+              "gradient accumulation for the same global batch), bf16 autocast (--mixed-precision bf16), --compile "
+              "or CUDA graphs, fused optimizers; `trainstack diagnose` shows the ranks' batch, precision and compile "
+              "setting beside the figures.",
+              fires_when=f"a GPU reads busy (utilization >= {T.GPU_UNDERUSED_UTILIZATION.percent}) while under "
+                         f"{T.GPU_UNDERUSED_SM_ACTIVE.percent} of its SMs work (GPM)",
+              for_="10m",
+              comment="GPM (Hopper and newer): absent on older GPUs, where this alert cannot fire. Both figures "
+                      "averaged over 5m: the gauges are each sampling period's mean, and a scrape sees one period "
+                      "in many."),
+        Alert("TrainstackNoTensorCores",
+              f"avg_over_time({catalog.GPU_SM_ACTIVE.name}[5m]) >= {T.NO_TENSOR_SM_ACTIVE.promql}\n"
+              "and on (job, instance, gpu, uuid)\n"
+              f"avg_over_time({catalog.GPU_TENSOR_ACTIVE.name}[5m]) < {T.NO_TENSOR_ACTIVE.promql}", "warning",
+              "GPU {{ $labels.gpu }} on {{ $labels.instance }} works without its tensor cores",
+              "The SMs are busy but the tensor cores stay idle: the matmuls run on the plain fp32 units, which is "
+              "what fp32 training without TF32 does, at a fraction of the tensor cores' speed. Fix: bf16 autocast "
+              "(--mixed-precision bf16), or TF32 for fp32 matmuls with "
+              "torch.set_float32_matmul_precision(\"high\").",
+              fires_when=f"a GPU's SMs work (>= {T.NO_TENSOR_SM_ACTIVE.percent} active) while its tensor cores run "
+                         f"< {T.NO_TENSOR_ACTIVE.percent} of the time (GPM)",
+              for_="10m"),
         Alert("TrainstackGPUThermalThrottling",
               f"{catalog.GPU_THERMAL_THROTTLE.name} > {T.THERMAL_THROTTLE.promql}", "warning",
               "GPU {{ $labels.gpu }} on {{ $labels.instance }} is thermally throttled "

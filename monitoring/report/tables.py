@@ -41,7 +41,23 @@ def rank_rows(run: RunFiles) -> list[dict[str, object]]:
             # GPU (it can wait while the GPU works through queued steps), goes beside it.
             rows[-1]["data wait measured on"] = "GPU timeline"
             rows[-1]["host-wait ratio"] = host_data_wait_ratio(records)
-    return rows
+        rows[-1] |= _gpu_activity(records)
+    shown = [column for column in ACTIVITY_COLUMNS.values() if any(column in row for row in rows)]
+    return [row | {column: row.get(column) for column in shown} for row in rows]  # the same columns on every row
+
+
+# Record field -> its column: what the rank's GPU really did (GPM), where its records carry it.
+ACTIVITY_COLUMNS = {"sm_active_ratio": "SM activity", "tensor_active_ratio": "tensor activity"}
+
+
+def _gpu_activity(records: list[dict]) -> dict[str, float]:
+    """Each GPM field's mean over the intervals that carry it, weighted by their length; none without GPM."""
+    columns = {}
+    for field, column in ACTIVITY_COLUMNS.items():
+        carried = [(r[field], r["interval_seconds"]) for r in records if field in r]
+        if carried and (seconds := sum(w for _, w in carried)) > 0:
+            columns[column] = sum(v * w for v, w in carried) / seconds
+    return columns
 
 
 def segment_rows(segments: list[dict]) -> list[dict[str, object]]:

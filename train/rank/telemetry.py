@@ -28,6 +28,7 @@ from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, SEGMENT_ENDED, S
 from trainstack.train.rank.comm import watch_gradient_communication
 from trainstack.train.rank.comm_setup import CommSetup
 from trainstack.train.rank.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
+from trainstack.train.rank.gpu_activity import GpuActivity
 from trainstack.train.rank.gpu_busy import GpuBusy
 from trainstack.train.rank.timeline import DeviceTimeline, IntervalSpans
 from trainstack.write_failure import write_failure
@@ -231,6 +232,7 @@ class Telemetry:
         # Where the time goes (trainstack/breakdown.py): this interval's pauses and compiling steps, and the startup
         # until the first step.
         self._gpu_busy = GpuBusy.open(identity.uuid) if self._timeline else None
+        self._gpu_activity = GpuActivity.open(identity.uuid) if self._timeline else None  # GPM: SM, tensor activity
         self._starting = True
         self._paused_while_starting = 0.0
         self._pause: OpenPause | None = None
@@ -415,6 +417,7 @@ class Telemetry:
             self._metrics.forward_seconds.inc(forward)
         # The samples NVML took while the device ran the interval: from the end of the previous one to now.
         busy = self._gpu_busy.share(self._interval_start, ended, cut.not_stepping) if self._gpu_busy else None
+        activity = self._gpu_activity.read() if self._gpu_activity else {}
         interval = max(ended - self._interval_start, 1e-9)
         self._interval_start = ended
         stepped = sum(step_seconds) or interval
@@ -429,6 +432,7 @@ class Telemetry:
         if comm is not None:
             record |= self._record_comm(comm)
         record |= self._record_time(cut, sum(step_seconds), data_wait, record.get("comm_exposed_seconds"), busy)
+        record |= activity
         with self._storage_failures():
             self._records.write(json.dumps(record) + "\n")
         if self._metrics:
@@ -507,6 +511,8 @@ class Telemetry:
                 pass  # a record's write failed and was reported (the segment then reads as killed)
         if self._gpu_busy:
             self._gpu_busy.close()
+        if self._gpu_activity:
+            self._gpu_activity.close()
 
 
 def local_bytes(tensors) -> int:

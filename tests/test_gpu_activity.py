@@ -1,0 +1,187 @@
+"""The rank's side of GPM (train/rank/gpu_activity.py): each log interval's record carries its own GPU's mean SM and
+tensor activity, read from a pair of GPM samples, on the NVML fake; a GPU without GPM and a CPU rank carry none; the
+report's per-rank table shows them where the records have them."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import trainstack.monitoring.nvml_fake as fake
+from tests.test_breakdown import identity, plain_env  # noqa: F401 (a fixture)
+from tests.test_timeline import FakeGpu
+from trainstack.rundir import RunDir, read_json_lines
+from trainstack.train.rank.gpu_activity import GpuActivity
+from trainstack.train.rank.telemetry import Telemetry, device_uuid
+
+H100_UUID = "GPU-5f1c0a00-1a2b-4c3d-8e4f-9a0b1c2d3e00"  # ddp_h100's GPU 0
+
+
+@pytest.fixture(autouse=True)
+def no_fake_host_left_behind():
+    yield
+    fake.load(None)
+
+
+def nvml(host):
+    """The NVML fake on `host`, with the by-UUID handle lookup the rank uses."""
+    fake.load(host)
+
+    def by_uuid(uuid):
+        return next(fake.nvmlDeviceGetHandleByIndex(i) for i in range(fake.nvmlDeviceGetCount())
+                    if fake.nvmlDeviceGetUUID(fake.nvmlDeviceGetHandleByIndex(i)) == uuid)
+
+    return SimpleNamespace(**{name: getattr(fake, name) for name in dir(fake) if not name.startswith("__")},
+                           nvmlDeviceGetHandleByUUID=by_uuid)
+
+
+def test_each_read_gives_the_mean_activity_since_the_last_one():
+    stand_in = nvml("ddp_h100")
+    activity = GpuActivity.open(H100_UUID, stand_in)
+    assert activity.read() == pytest.approx({"sm_active_ratio": 0.85, "tensor_active_ratio": 0.5})
+    fake.set_gpm(0, {"NVML_GPM_METRIC_SM_UTIL": 15.0, "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 0.0})
+    assert activity.read() == pytest.approx({"sm_active_ratio": 0.15, "tensor_active_ratio": 0.0})
+    calls = fake.call_counts()
+    assert (calls["nvmlGpmSampleGet"], calls["nvmlGpmMetricsGet"]) == (3, 2)  # the opening's, then one per read
+    fake.fail("nvmlGpmSampleGet", "Unknown")
+    assert activity.read() == {}  # this interval's end was not sampled
+    assert activity.read() == {}  # nor, then, the next one's start
+    assert activity.read() == pytest.approx({"sm_active_ratio": 0.15, "tensor_active_ratio": 0.0})
+    activity.close()
+    assert fake.call_counts()["nvmlGpmSampleFree"] == 2
+
+
+@pytest.mark.parametrize("host", [
+    "pcie_pair",  # A100s: no GPM
+    {"driver_version": "470.256.02", "missing_functions": ["nvmlGpmQueryDeviceSupport"],
+     "gpus": [{"model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0"}]},
+    {"driver_version": "550.90.07",  # MIG mode: NVML refuses whole-GPU samples
+     "gpus": [{"model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0",
+               "overrides": {"gpm": "NVMLError_NotSupported"}}]},
+])
+def test_no_reader_where_gpm_cannot_answer(host):
+    stand_in = nvml(host)
+    fake.nvmlInit()
+    uuid = fake.nvmlDeviceGetUUID(fake.nvmlDeviceGetHandleByIndex(0)) if host == "pcie_pair" else H100_UUID
+    assert GpuActivity.open(uuid, stand_in) is None
+    assert fake.call_counts()["nvmlGpmSampleAlloc"] == fake.call_counts()["nvmlGpmSampleFree"]
+
+
+def test_gpu_ranks_records_carry_its_activity_a_cpu_ranks_none(tmp_path, plain_env, monkeypatch):  # noqa: F811
+    gpu, stand_in = FakeGpu(), nvml("ddp_h100")
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing: gpu.new_event())
+    real_open = GpuActivity.open
+    monkeypatch.setattr(GpuActivity, "open", classmethod(lambda cls, uuid: real_open(uuid, stand_in)))
+    for device, run_dir in ((torch.device("cuda"), tmp_path / "gpu"), (torch.device("cpu"), tmp_path / "cpu")):
+        telemetry = Telemetry(run_dir, identity(H100_UUID), 1.0, None, device)
+        for interval, sm in enumerate((85.0, 20.0)):
+            fake.set_gpm(0, {"NVML_GPM_METRIC_SM_UTIL": sm})
+            telemetry.data_wait_started()
+            telemetry.data_ready()
+            gpu.queue(0.01)
+            telemetry.step_done(4)
+            gpu.drain()
+            time.sleep(0.001)
+            telemetry.interval_done(telemetry.interval_ended(), interval + 1, 0, 2.0, 0.1, 40)
+        telemetry.close()
+    on_gpu = [r for r in read_json_lines(RunDir(tmp_path / "gpu").rank_records(0)) if "time" in r]
+    assert [r["sm_active_ratio"] for r in on_gpu] == pytest.approx([0.85, 0.2])  # each interval its own
+    assert [r["tensor_active_ratio"] for r in on_gpu] == pytest.approx([0.5, 0.5])
+    on_cpu = [r for r in read_json_lines(RunDir(tmp_path / "cpu").rank_records(0)) if "time" in r]
+    assert len(on_cpu) == 2 and not any("sm_active_ratio" in r or "tensor_active_ratio" in r for r in on_cpu)
+
+
+def test_the_report_shows_each_ranks_mean_activity_where_its_records_carry_it(tmp_path):
+    from trainstack.monitoring.report.runfiles import RunFiles
+    from trainstack.monitoring.report.tables import rank_rows
+
+    def record(step: int, seconds: float, **activity) -> dict:
+        return {"time": 1000.0 + step, "step": step, "samples": 16, "interval_seconds": seconds,
+                "data_wait_seconds": 0.0, "step_seconds": [0.1], "host_data_wait_seconds": 0.0, **activity}
+
+    run = RunFiles(tmp_path, {0: [record(10, 1.0, sm_active_ratio=0.9, tensor_active_ratio=0.6),
+                                  record(20, 3.0, sm_active_ratio=0.1, tensor_active_ratio=0.0)],
+                              1: [record(10, 1.0)]}, {}, {})
+    with_gpm, without = rank_rows(run)
+    assert with_gpm["SM activity"] == pytest.approx(0.3) and with_gpm["tensor activity"] == pytest.approx(0.15)
+    assert (without["SM activity"], without["tensor activity"]) == (None, None)  # "-": a column for every rank
+    alone = RunFiles(tmp_path, {1: [record(10, 1.0)]}, {}, {})
+    assert "SM activity" not in rank_rows(alone)[0]  # a run without GPM has no such column
+
+
+# --- on a real Hopper GPU ---------------------------------------------------------------------------------------
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= (9, 0)
+
+
+def busy_loop(size: int, dtype: torch.dtype, stop: threading.Event) -> None:
+    """Chains of `size` matmuls replayed as a CUDA graph: no launch gaps, so utilization reads near 100% whatever
+    the size, while a small fp32 matmul keeps a few SMs busy and a large bf16 one all of them, on tensor cores."""
+    a = torch.randn(size, size, device="cuda", dtype=dtype)
+    b = torch.randn(size, size, device="cuda", dtype=dtype) / size**0.5
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (cuBLAS picks and loads its kernels)
+        (a @ b).tanh()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        x = a
+        for _ in range(200):
+            x = (x @ b).tanh()
+    while not stop.is_set():
+        graph.replay()
+        torch.cuda.synchronize()
+
+
+def measured(size: int, dtype: torch.dtype):
+    """The rank's reader and the exporter's scrape, through diagnose, while the GPU runs `size` matmuls in `dtype`."""
+    import pynvml
+
+    from tests.test_diagnose import CountersSource
+    from trainstack.monitoring.diagnose.snapshot import read_snapshot
+    from trainstack.monitoring.diagnose.thresholds import Thresholds
+    from trainstack.monitoring.diagnose.verdicts import diagnose
+    from trainstack.monitoring.exporter.gpu import GpuCollector
+    from trainstack.monitoring.exporter.nvml import NvmlSession
+    from trainstack.monitoring.exporter.sampler import Sampler
+
+    stop = threading.Event()
+    worker = threading.Thread(target=busy_loop, args=(size, dtype, stop))
+    worker.start()
+    try:
+        time.sleep(1.0)  # past the warm-up
+        activity = GpuActivity.open(device_uuid(torch.device("cuda", 0)))
+        session = NvmlSession(pynvml)
+        sampler = Sampler(session, 1.0, 30.0)
+        sampler.sample_now(slow=True)
+        time.sleep(2.0)
+        sampler.sample_now(slow=False)
+        fields = activity.read()
+        instants: dict[str, list] = {}
+        for family in GpuCollector(sampler).collect():
+            for sample in family.samples:
+                instants.setdefault(sample.name, []).append((sample.labels, sample.value))
+        verdicts = diagnose(read_snapshot(CountersSource(instants, {})), Thresholds())
+        activity.close()
+        session.close()
+        return fields, [v.kind for v in verdicts]
+    finally:
+        stop.set()
+        worker.join()
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not HOPPER, reason="needs a CUDA GPU of the Hopper generation or newer (GPM)")
+def test_on_a_hopper_gpu_tiny_fp32_work_reads_hollow_and_large_bf16_work_really_busy():
+    tiny, tiny_verdicts = measured(64, torch.float32)
+    assert tiny["sm_active_ratio"] < 0.5 and tiny["tensor_active_ratio"] < 0.02, tiny
+    assert "gpu-underused" in tiny_verdicts, tiny_verdicts
+    large, large_verdicts = measured(8192, torch.bfloat16)
+    assert large["sm_active_ratio"] > 0.8 and large["tensor_active_ratio"] > 0.3, large
+    assert not {"gpu-underused", "no-tensor-cores"} & set(large_verdicts), large_verdicts
