@@ -27,9 +27,9 @@ def no_fake_host_left_behind():
     fake.load(None)
 
 
-def rig(host) -> Rig:
+def rig(host, gpm_interval=0.0) -> Rig:
     """The exporter on `host`, its GPM samples timed on the clock the test moves."""
-    built = Rig(host)
+    built = Rig(host, gpm_interval=gpm_interval)
     built.session.clock = built.clock
     return built
 
@@ -83,6 +83,22 @@ def test_two_gpm_calls_per_gpu_per_period_and_none_at_a_scrape():
     assert after["nvmlGpmSampleAlloc"] == 8  # two buffers per GPU, once
     render(exporter.registry)
     assert fake.call_counts() == after
+
+
+def test_a_gpm_period_longer_than_the_sample_interval_serves_each_pairs_means_until_the_next():
+    exporter = rig("ddp_h100", gpm_interval=5.0)  # a 1 s sampler, a GPM sample every 5 s
+    gpu0 = {"gpu": "0", "uuid": "GPU-5f1c0a00-1a2b-4c3d-8e4f-9a0b1c2d3e00"}
+    started = fake.call_counts()["nvmlGpmSampleGet"]
+    for _ in range(5):  # the first GPM sample, then 1-4 s after it: no pair yet
+        assert gpm_series(exporter.scrape(), "0") == set()
+    samples = exporter.scrape()  # 5 s after the first: the pair closes, its means over 5 s
+    assert value(samples, "trainstack_gpu_sm_active_ratio", **gpu0) == pytest.approx(0.85)
+    assert value(samples, "trainstack_gpu_gpm_pcie_receive_bytes_total", **gpu0) == pytest.approx(1100 * MIB * 5)
+    fake.set_gpm(0, {"NVML_GPM_METRIC_SM_UTIL": 15.0})
+    for _ in range(4):  # the next period's samples serve the last pair's means, and take no GPM sample
+        assert value(exporter.scrape(), "trainstack_gpu_sm_active_ratio", **gpu0) == pytest.approx(0.85)
+    assert fake.call_counts()["nvmlGpmSampleGet"] - started == 2 * 4  # at 0 s and 5 s, on each of the 4 GPUs
+    assert value(exporter.scrape(), "trainstack_gpu_sm_active_ratio", **gpu0) == pytest.approx(0.15)  # 10 s
 
 
 @pytest.mark.parametrize("host, gpu, reason", [

@@ -41,15 +41,16 @@ class ManualClock:
 
 class Rig:
     """An NVML session, sampler and registry on the fake `host`, as the exporter builds them, with the sampler on a
-    clock the test moves. By default the slow fields are read at every sample, as every scrape read them before."""
+    clock the test moves. By default the slow fields and GPM are read at every sample, as every scrape read them
+    before."""
 
-    def __init__(self, host, pcie_throughput=False, interval=1.0, slow_interval=1.0):
+    def __init__(self, host, pcie_throughput=False, interval=1.0, slow_interval=1.0, gpm_interval=0.0):
         fake.load(host)
         config = ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake", pcie_throughput=pcie_throughput,
                                 sample_interval_seconds=interval,
                                 slow_sample_interval_seconds=slow_interval)
         self.clock = ManualClock()
-        self.session = NvmlSession(fake, pcie_throughput=pcie_throughput)
+        self.session = NvmlSession(fake, pcie_throughput=pcie_throughput, gpm_interval_seconds=gpm_interval)
         self.sampler = Sampler(self.session, interval, slow_interval, self.clock)
         self.registry = build_registry(config, self.sampler)
 

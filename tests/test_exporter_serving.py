@@ -308,6 +308,7 @@ def test_promtool_check_metrics_on_a_live_scrape_is_clean(metrics_dir):
     (["--nvml-module", "no_such_nvml_module"], "--nvml-module 'no_such_nvml_module' cannot be imported"),
     (["--sample-interval", "0"], "--sample-interval 0 is not positive"),
     (["--sample-interval", "2", "--slow-sample-interval", "1"], "--slow-sample-interval 1 is shorter than"),
+    (["--sample-interval", "2", "--gpm-interval", "1"], "--gpm-interval 1 is shorter than --sample-interval 2"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     result = subprocess.run([sys.executable, "-m", "trainstack.monitoring.exporter", *args], cwd=REPO,

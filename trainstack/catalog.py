@@ -431,8 +431,8 @@ GPU_PCIE_RECEIVE = Metric(
 # GPM (Hopper and newer): what the GPU really did over each sampling period (monitoring/exporter/gpm.py).
 _GPM_ABSENT = "the GPU has no GPM (before Hopper), NVML refuses whole-GPU samples (MIG mode), the driver or " \
     "nvidia-ml-py predates GPM (`trainstack_gpu_gpm_info` says which); and until the second sample"
-_GPM_PERIOD = "mean over the latest sampling period: `nvmlGpmMetricsGet` over the period's pair of " \
-    "`nvmlGpmSampleGet` samples"
+_GPM_PERIOD = "mean over the latest GPM period (`--gpm-interval`, 5 s): `nvmlGpmMetricsGet` over the period's " \
+    "pair of `nvmlGpmSampleGet` samples"
 GPU_GPM_INFO = Metric(
     "trainstack_gpu_gpm_info", INFO,
     "Whether the GPU answers NVML's GPM metrics (SM, tensor, DRAM activity; link traffic), and why not where not.",
@@ -464,7 +464,7 @@ GPU_DRAM_ACTIVE = Metric(
     "Device memory bandwidth used over its maximum, averaged over the sampling period (GPM).", GPU_LABELS, NVML,
     f"`NVML_GPM_METRIC_DRAM_BW_UTIL` / 100, {_GPM_PERIOD}", unit="0..1", absent_when=_GPM_ABSENT,
     readers=("panel SM occupancy and DRAM bandwidth", "diagnose gpu-underused", "diagnose figures"))
-_GPM_BYTES = "added up from the sampling periods' mean rates (MiB/s) times their length, since the exporter started: " \
+_GPM_BYTES = "added up from the GPM periods' mean rates (MiB/s) times their length, since the exporter started: " \
     "a counter, so that `rate()` over any window is the traffic in it, where a gauge of the latest period's rate " \
     "would show one period per scrape. `gpm_` in the name: the same traffic from another NVML call has the plain name"
 GPU_GPM_PCIE_TRANSMIT = Metric(

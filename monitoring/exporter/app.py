@@ -41,7 +41,8 @@ class Exporter:
             nvml = importlib.import_module(config.nvml_module)
         except ImportError as error:
             raise ConfigError(f"--nvml-module {config.nvml_module!r} cannot be imported ({error})") from None
-        self.session = NvmlSession(nvml, pcie_throughput=config.pcie_throughput)
+        self.session = NvmlSession(nvml, pcie_throughput=config.pcie_throughput,
+                                   gpm_interval_seconds=config.gpm_interval_seconds)
         self.sampler = build_sampler(config, self.session)
         self.registry = build_registry(config, self.sampler)
         try:

@@ -13,7 +13,12 @@ from pathlib import Path
 
 from trainstack.errors import EXIT_OK, ConfigError, RuntimeFailure, exit_code
 from trainstack.lifetime import watch_supervisor
-from trainstack.monitoring.exporter.config import DEFAULT_SAMPLE_INTERVAL, DEFAULT_SLOW_SAMPLE_INTERVAL, ExporterConfig
+from trainstack.monitoring.exporter.config import (
+    DEFAULT_GPM_INTERVAL,
+    DEFAULT_SAMPLE_INTERVAL,
+    DEFAULT_SLOW_SAMPLE_INTERVAL,
+    ExporterConfig,
+)
 from trainstack.rundir import DEFAULT_EXPORTER_HOST, DEFAULT_EXPORTER_PORT, SHOWN
 
 log = logging.getLogger("trainstack.exporter")
@@ -38,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slow-sample-interval", type=float, default=DEFAULT_SLOW_SAMPLE_INTERVAL, metavar="SECONDS",
                         help=f"seconds between reads of the costly fields: energy, violation time, PCIe replays, "
                              f"ECC, NVLink, power limit, memory temperature (default {DEFAULT_SLOW_SAMPLE_INTERVAL:g})")
+    parser.add_argument("--gpm-interval", type=float, default=DEFAULT_GPM_INTERVAL, metavar="SECONDS",
+                        help="seconds between GPM samples on Hopper and newer: SM, tensor and DRAM activity and link "
+                             f"traffic are served as means over it (default {DEFAULT_GPM_INTERVAL:g})")
     parser.add_argument("--nvml-module", default="pynvml",
                         help="the module that provides the NVML API; trainstack.monitoring.nvml_fake is a fake "
                         "host for trying the stack without a GPU (NVML_FAKE_HOST names the host)")
@@ -51,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     config = ExporterConfig(host=args.host, port=args.port, metrics_dir=args.metrics_dir, run_dir=args.run_dir,
                             pcie_throughput=args.pcie_throughput, nvml_module=args.nvml_module,
                             sample_interval_seconds=args.sample_interval,
-                            slow_sample_interval_seconds=args.slow_sample_interval)
+                            slow_sample_interval_seconds=args.slow_sample_interval,
+                            gpm_interval_seconds=args.gpm_interval)
     if config.metrics_dir is not None and not config.metrics_dir.exists():
         log.warning("%s does not exist yet; training metrics appear once a run creates it", config.metrics_dir)
     exporter = Exporter(config)

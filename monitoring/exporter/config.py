@@ -11,6 +11,7 @@ from trainstack.rundir import DEFAULT_EXPORTER_HOST, DEFAULT_EXPORTER_PORT, chec
 
 DEFAULT_SAMPLE_INTERVAL = 1.0
 DEFAULT_SLOW_SAMPLE_INTERVAL = 30.0
+DEFAULT_GPM_INTERVAL = 5.0
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class ExporterConfig:
     slow_sample_interval_seconds: float = DEFAULT_SLOW_SAMPLE_INTERVAL
     """How often it also reads the slow part (energy, violation time, PCIe replays, ECC, NVLink, power limit, memory
     temperature): ~5 ms of CPU per GPU on an H100 with driver 580, so 30 s keeps 8 GPUs under 0.3% of a core."""
+    gpm_interval_seconds: float = DEFAULT_GPM_INTERVAL
+    """How often a sample also takes a GPM sample (Hopper and newer: SM, tensor, DRAM activity, link traffic), whose
+    pair with the previous one gives the means served until the next: one Prometheus scrape's worth, so a 5-s scrape
+    sees every moment once, where a 1-s period would show one second in five at five times the cost."""
 
     def __post_init__(self) -> None:
         if not self.host:
@@ -51,6 +56,10 @@ class ExporterConfig:
             raise ConfigError(f"--slow-sample-interval {self.slow_sample_interval_seconds:g} is shorter than "
                               f"--sample-interval {self.sample_interval_seconds:g}: the slow fields are read on a "
                               "sample, so give at least the sample interval")
+        if not self.gpm_interval_seconds >= self.sample_interval_seconds:
+            raise ConfigError(f"--gpm-interval {self.gpm_interval_seconds:g} is shorter than --sample-interval "
+                              f"{self.sample_interval_seconds:g}: GPM samples are taken on a sample, so give at least "
+                              "the sample interval")
         try:
             found = importlib.util.find_spec(self.nvml_module) is not None
         except (ImportError, ValueError):

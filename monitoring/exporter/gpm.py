@@ -4,8 +4,9 @@ NVML's utilization is the share of time any kernel ran: one small kernel on a fe
 how much of the GPU worked: the share of SMs busy, of warps resident, of time the tensor cores ran, of DRAM bandwidth
 used, and the PCIe and NVLink traffic. A GPM sample is a snapshot of the GPU's counters; nvmlGpmMetricsGet turns a
 pair of them into each metric's mean over the time between. The exporter keeps two sample buffers per GPU and takes
-one sample each sampling period, so each period's metrics come from its own pair (the previous period's sample and
-this one's): two calls per GPU per period, on the sampler's thread, none at a scrape. GPM reads counters of its own,
+one sample each GPM period (`--gpm-interval`, a scrape's worth: 5 s), so each period's metrics come from its own pair
+(the previous period's sample and this one's): two calls per GPU per period, on the sampler's thread, none at a
+scrape; the samples between serve the last period's means. GPM reads counters of its own,
 not the profiler's that DCGM's DCP metrics use, so it runs beside Nsight (NVIDIA/DCGM#62).
 
 Units as NVML gives them (pynvml's NVML_GPM_METRIC_* comments, from nvml.h): utilization-type metrics in percent,
@@ -63,6 +64,10 @@ class Gpm:
 
     supported: bool
     reason: str = ""
+    period: float = 0.0
+    """The least time between two samples; 0 takes one at each read."""
+    latest: dict[str, float] = field(default_factory=dict)
+    """Ratio attribute -> the last pair's mean, served until the next pair closes."""
     """Why not, where not: the call and NVML's error, or that the GPU has no GPM."""
     samples: list = field(default_factory=list)
     """Two sample buffers: [previous, next]; the next sample is taken into the second, then they swap."""
@@ -78,8 +83,8 @@ class Gpm:
     """The metric ids in the request, in its order."""
 
 
-def start(session, gpu) -> Gpm:
-    """Whether the GPU has GPM, and its two sample buffers where it has."""
+def start(session, gpu, period: float = 0.0) -> Gpm:
+    """Whether the GPU has GPM, and its two sample buffers where it has; a sample every `period` seconds."""
     if not hasattr(session.nvml, "c_nvmlGpmMetricsGet_t"):
         return Gpm(False, NO_GPM_IN_PYNVML)
     support = session.ask(gpu, "nvmlGpmQueryDeviceSupport")
@@ -92,31 +97,39 @@ def start(session, gpu) -> Gpm:
         reason = f"nvmlGpmSampleAlloc: {session.last_error}"
         _free(session, [s for s in samples if s is not None])
         return Gpm(False, reason)
-    return Gpm(True, samples=samples)
+    return Gpm(True, period=period, samples=samples)
 
 
 def read(session, gpu, state: Gpm, sample, now: float) -> None:
     """Take this period's sample and put the metrics of the pair it closes into `sample`."""
     if not state.supported:
         return
+    # A tenth of the period early still samples: the sampler's ticks jitter around a whole number of intervals.
+    if state.previous_at is not None and now - state.previous_at < 0.9 * state.period:
+        _serve(state, sample)
+        return
     taken = session.ask(gpu, "nvmlGpmSampleGet", state.samples[1])
     if taken is None:
         if ("nvmlGpmSampleGet",) in gpu.unsupported:  # for the whole GPU: MIG mode
             state.supported, state.reason = False, f"nvmlGpmSampleGet: {session.last_error}"
             stop(session, state)
-        state.previous_at = None  # a failed sample starts no period
+        state.previous_at, state.latest = None, {}  # a failed sample starts no period and ends the last one's
         return
     if state.previous_at is not None:
-        elapsed = now - state.previous_at
+        elapsed, state.latest = now - state.previous_at, {}
         for metric, value in _metrics(session, state).items():
             if metric in RATIOS:
-                setattr(sample, RATIOS[metric], value / 100)
+                state.latest[RATIOS[metric]] = value / 100
             else:
                 state.totals[RATES[metric]] = state.totals.get(RATES[metric], 0.0) + value * MIB * elapsed
     state.samples.reverse()
     state.previous_at = now
-    for attribute, total in state.totals.items():
-        setattr(sample, attribute, total)
+    _serve(state, sample)
+
+
+def _serve(state: Gpm, sample) -> None:
+    for attribute, value in (*state.latest.items(), *state.totals.items()):
+        setattr(sample, attribute, value)
 
 
 def _metrics(session, state: Gpm) -> dict[int, float]:

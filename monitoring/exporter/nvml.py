@@ -227,9 +227,11 @@ class NvmlSession:
     """Owns NVML for the process: init once at construction, `read()` per sample, `close()` at exit. Thread-safe:
     reads are one at a time, and `health()` never waits for a read (a hung NVML call must not hang a scrape)."""
 
-    def __init__(self, nvml: ModuleType, pcie_throughput: bool = False):
+    def __init__(self, nvml: ModuleType, pcie_throughput: bool = False, gpm_interval_seconds: float = 0.0):
+        """`gpm_interval_seconds`: the least time between GPM samples (0: one each read)."""
         self._nvml = nvml
         self._pcie_throughput = pcie_throughput
+        self._gpm_interval = gpm_interval_seconds
         self._lock = threading.Lock()
         self._count_lock = threading.Lock()
         self._errors: Counter[tuple[str, str]] = Counter()
@@ -371,7 +373,7 @@ class NvmlSession:
         gpu.field_requests = tuple(requests)
         if self._events is not None:
             self._ask(gpu, "nvmlDeviceRegisterEvents", EVENT_TYPE_XID_CRITICAL_ERROR, self._events)
-        gpu.gpm = gpm_metrics.start(self, gpu)
+        gpu.gpm = gpm_metrics.start(self, gpu, self._gpm_interval)
 
     def _active_nvlinks(self, gpu: Gpu) -> int | None:
         # A PCIe card can report links that no bridge connects: only active ones mean the GPU has NVLink traffic.
