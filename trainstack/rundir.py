@@ -278,6 +278,8 @@ class Summary(TypedDict, total=False):
     time_breakdown: dict | None
     """Where each rank's wall time went (trainstack/breakdown.py `run_breakdown`), added by the launcher once every
     rank has exited: each rank's last record line ends its wall time."""
+    ceilings: dict[str, dict]
+    """Verdict kind -> the speedup its fix can bring at most, from time_breakdown (trainstack/ceilings.py)."""
 
 
 def write_summary(path: Path, summary: Summary) -> None:

@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainstack.monitoring.diagnose.ceilings import of_snapshot
     from trainstack.monitoring.diagnose.render import render_json, render_text
     from trainstack.monitoring.diagnose.snapshot import read_snapshot
     from trainstack.monitoring.diagnose.sources import open_source
@@ -50,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     snapshot = read_snapshot(open_source(args.url, args.source, args.interval, selector, args.window))
     verdicts = diagnose(snapshot, limits)
     render = render_json if args.json else render_text
-    print(render(snapshot.source, verdicts, figures(snapshot), notes(snapshot, limits)), flush=True)
+    print(render(snapshot.source, verdicts, figures(snapshot), notes(snapshot, limits), of_snapshot(snapshot)),
+          flush=True)
     return EXIT_PROBLEM if verdicts else EXIT_OK
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainstack import breakdown
+from trainstack import breakdown, ceilings
 from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError, RuntimeFailure
 from trainstack.lifetime import (
     Descendants,
@@ -281,7 +281,8 @@ class Launch:
         if times is None:
             return
         try:
-            write_summary(self.run_dir.summary, {**summary, "time_breakdown": times})
+            write_summary(self.run_dir.summary, {**summary, "time_breakdown": times,
+                                                 "ceilings": ceilings.as_json(ceilings.from_breakdown(times))})
         except WriteFailure as failure:
             print(f"trainstack train: warning: no time breakdown in the summary: {failure}", file=sys.stderr)
 
