@@ -45,6 +45,11 @@ SUBCOMMANDS = {
                          f"write {SHOWN.report}: loss, throughput, step times, data wait, GPUs"),
     "diagnose": Subcommand("trainstack.monitoring.diagnose.cli",
                            "why a live run leaves GPUs idle: reads its exporter or Prometheus"),
+    "compare": Subcommand("trainstack.monitoring.compare.cli",
+                          "two run directories side by side: throughput, goodput, time breakdown, verdicts, settings"),
+    "tune": Subcommand("trainstack.train.launcher.tune.cli",
+                       "short trials of the fixes the diagnosis names, against the baseline; writes the fastest as "
+                       "a config file"),
     "bench": Subcommand("trainstack.train.launcher.scaling.cli",
                         "benchmarks: scaling = DDP vs DataParallel samples/s, efficiency on 1..N devices"),
 }
