@@ -32,8 +32,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: trainstack and the report's record reader come from the checkout
-from trainstack.monitoring.report.runfiles import read_rank_records  # noqa: E402
-from trainstack.rundir import RunDir, read_summary  # noqa: E402
+from trainstack.rundir import (  # noqa: E402
+    RunDir,
+    read_rank_records,  # noqa: E402
+    read_summary,
+)
 
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}

@@ -20,8 +20,7 @@ from pathlib import Path
 
 from side_by_side import halves_for_pair, pinned, report
 
-from trainstack.monitoring.report.runfiles import read_rank_records
-from trainstack.rundir import RunDir, free_port
+from trainstack.rundir import RunDir, free_port, read_rank_records
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",

@@ -31,11 +31,12 @@ TORCH_FREE = {folder: f"trainstack.{folder.replace('/', '.')}"
               for folder in ("monitoring/exporter", "monitoring/diagnose", "monitoring/report")}
 TORCH_FREE["trainstack"] = "trainstack"
 APART = ("trainstack.train", "trainstack.monitoring")  # neither imports the other
-# The trainstack modules that may import train/ and monitoring/: the CLI composes them, and the public API for a
-# user's own loop (with its integrations) runs in the user's ranks, where torch is, and stands on the rank's
-# telemetry. Every other trainstack module is shared ground, and torch-free.
-COMPOSERS = ("trainstack.cli", "trainstack.monitor", "trainstack.integrations")
-RANK_SIDE = COMPOSERS[1:]
+# The trainstack modules that may import train/ and monitoring/: the CLI composes them, as `trainstack tune` does (it
+# runs trials of the app and compares them), and the public API for a user's own loop (with its integrations) runs
+# in the user's ranks, where torch is, and stands on the rank's telemetry. Every other trainstack module is shared
+# ground, and torch-free.
+COMPOSERS = ("trainstack.cli", "trainstack.tune", "trainstack.monitor", "trainstack.integrations")
+RANK_SIDE = COMPOSERS[2:]
 
 
 def within_any(module: str, packages: tuple[str, ...]) -> bool:

@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import explain, summary, train
 from tests.test_train_checkpoint import _kill_tree, _logged_steps, _start, _wait_for
 from trainstack.monitoring.report import write_report
-from trainstack.monitoring.report.runfiles import by_segment, load_run
-from trainstack.rundir import LEASE_DIR
+from trainstack.monitoring.report.runfiles import load_run
+from trainstack.rundir import LEASE_DIR, by_segment
 from trainstack.train.rank import checkpoint
 
 pytestmark = pytest.mark.slow

@@ -45,6 +45,11 @@ SUBCOMMANDS = {
                          f"write {SHOWN.report}: loss, throughput, step times, data wait, GPUs"),
     "diagnose": Subcommand("trainstack.monitoring.diagnose.cli",
                            "why a live run leaves GPUs idle: reads its exporter or Prometheus"),
+    "compare": Subcommand("trainstack.monitoring.compare.cli",
+                          "two run directories side by side: throughput, goodput, time breakdown, verdicts, settings"),
+    "tune": Subcommand("trainstack.tune.cli",
+                       "short trials of the fixes the diagnosis names, against the baseline; writes the fastest as "
+                       "a config file"),
     "bench": Subcommand("trainstack.train.launcher.scaling.cli",
                         "benchmarks: scaling = DDP vs DataParallel samples/s, efficiency on 1..N devices"),
 }
@@ -57,18 +62,20 @@ for its own failures"""
 
 def run_train(args: argparse.Namespace) -> int:
     """The launcher, then the run report, written while the launcher still holds the run directory."""
+    from trainstack.monitoring.diagnose.records import judged
     from trainstack.monitoring.report import write_report
     from trainstack.train.launcher import launch
 
-    return launch.run(args, write_report_with=write_report)
+    return launch.run(args, write_report_with=write_report, judge=judged)
 
 
 def run_watch(args: argparse.Namespace) -> int:
     """The watched command, then the run report, written while watch still holds the run directory."""
+    from trainstack.monitoring.diagnose.records import judged
     from trainstack.monitoring.report import write_report
     from trainstack.train.launcher import watch
 
-    return watch.run(args, write_report_with=write_report)
+    return watch.run(args, write_report_with=write_report, judge=judged)
 
 
 RUNS_WITH_REPORT = {"train": run_train, "watch": run_watch}

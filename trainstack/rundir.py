@@ -244,6 +244,25 @@ def read_json_lines(path: Path) -> list[dict]:
     return lines
 
 
+def read_rank_records(path: Path) -> list[dict]:
+    """A rank's records, each tagged with its segment: a resumed run appends after a marker line per launch."""
+    segment, records = -1, []
+    for record in read_json_lines(path):
+        if SEGMENT_MARKER in record:
+            segment += 1
+        elif "time" in record:
+            records.append({**record, "segment": max(segment, 0)})
+    return sorted(records, key=lambda record: record["time"])
+
+
+def by_segment(records: list[dict]) -> list[list[dict]]:
+    """Records split where the segment changes: a resumed run's steps repeat those its killed launch lost."""
+    segments: dict[int, list[dict]] = {}
+    for record in records:
+        segments.setdefault(record.get("segment", 0), []).append(record)
+    return list(segments.values())
+
+
 # ---- summary.json -------------------------------------------------------------------------------------------
 SUMMARY_VERSION = 1  # summaries written before the field existed are read as version 0: the same keys
 
@@ -297,6 +316,8 @@ class Summary(TypedDict, total=False):
     time_breakdown: dict | None
     """Where each rank's wall time went (trainstack/breakdown.py `run_breakdown`), added by the launcher once every
     rank has exited: each rank's last record line ends its wall time."""
+    ceilings: dict[str, dict]
+    """Verdict kind -> the speedup its fix can bring at most, from time_breakdown (trainstack/ceilings.py)."""
 
 
 def write_summary(path: Path, summary: Summary) -> None:

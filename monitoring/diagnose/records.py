@@ -11,7 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainstack import breakdown, ratios
+from trainstack.monitoring.diagnose.ceilings import of_snapshot
+from trainstack.monitoring.diagnose.render import verdict_dicts
 from trainstack.monitoring.diagnose.snapshot import RankView, Snapshot
+from trainstack.monitoring.diagnose.thresholds import Thresholds
+from trainstack.monitoring.diagnose.verdicts import diagnose
 from trainstack.rundir import SEGMENT_MARKER, RunDir, read_json_lines
 
 
@@ -74,3 +78,13 @@ def snapshot_from_records(run_dir: Path | RunDir) -> Snapshot:
              if (view := rank_view(rank, records, len(launches))) is not None]
     now = max((view.last_step_time for view in views), default=0.0)
     return Snapshot(f"records in {run.telemetry} (the last launch, its intervals after the first)", now, views)
+
+
+def judged(run_dir: Path | RunDir) -> list[dict] | None:
+    """A finished run's verdicts, each with its ceiling, from its records, as `diagnose --json` gives them: what
+    `train` and `watch` keep in summary.json (`verdicts`) and what compare shows. None where no rank recorded a
+    step (a command without trainstack.monitor): nothing was judged, which an empty list (healthy) would hide."""
+    snapshot = snapshot_from_records(run_dir)
+    if not snapshot.ranks:
+        return None
+    return verdict_dicts(diagnose(snapshot, Thresholds()), of_snapshot(snapshot))

@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from trainstack.ceilings import Ceiling
 from trainstack.monitoring.diagnose.verdicts import Verdict
 
 
@@ -45,7 +46,10 @@ def _figure_line(figures: dict) -> str:
     return ", ".join(parts)
 
 
-def render_text(source: str, verdicts: list[Verdict], figures: dict, notes: Sequence[str] = ()) -> str:
+def render_text(source: str, verdicts: list[Verdict], figures: dict, notes: Sequence[str] = (),
+                ceilings: dict[str, Ceiling] | None = None) -> str:
+    """`ceilings`: verdict kind -> how much its fix can gain at most (monitoring/diagnose/ceilings.py)."""
+    ceilings = ceilings or {}
     lines = [f"trainstack diagnose: {source}"]
     if not verdicts:
         lines.append(f"HEALTHY  {_figure_line(figures)}")
@@ -55,10 +59,20 @@ def render_text(source: str, verdicts: list[Verdict], figures: dict, notes: Sequ
         lines.append(f"{verdict.kind.upper():<{width}}  {verdict.summary}")
         lines += [f"{'':<{width}}    evidence: {item}" for item in verdict.evidence]
         lines.append(f"{'':<{width}}    fix: {verdict.fix}")
+        if verdict.kind in ceilings:
+            lines.append(f"{'':<{width}}    ceiling: {ceilings[verdict.kind].text}")
     lines.append(f"figures: {_figure_line(figures)}")
     return "\n".join([*lines, *notes])
 
 
-def render_json(source: str, verdicts: list[Verdict], figures: dict, notes: Sequence[str] = ()) -> str:
-    return json.dumps({"source": source, "healthy": not verdicts, "verdicts": [asdict(v) for v in verdicts],
+def render_json(source: str, verdicts: list[Verdict], figures: dict, notes: Sequence[str] = (),
+                ceilings: dict[str, Ceiling] | None = None) -> str:
+    """Each verdict with a time share carries its `ceiling` ({kind, share, speedup, text}; null for the others)."""
+    return json.dumps({"source": source, "healthy": not verdicts, "verdicts": verdict_dicts(verdicts, ceilings),
                        "figures": figures, "notes": list(notes)}, indent=2)
+
+
+def verdict_dicts(verdicts: list[Verdict], ceilings: dict[str, Ceiling] | None = None) -> list[dict]:
+    """The verdicts as `--json` and summary.json carry them: kind, summary, evidence, fix, and `ceiling`."""
+    ceilings = ceilings or {}
+    return [{**asdict(v), "ceiling": ceilings[v.kind].to_dict() if v.kind in ceilings else None} for v in verdicts]

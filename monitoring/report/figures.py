@@ -14,12 +14,12 @@ from matplotlib.figure import Figure
 from trainstack import breakdown, thresholds
 from trainstack.monitoring.report.runfiles import (
     RunFiles,
-    by_segment,
     data_wait_ratio,
     on_gpu_clock,
     pauses,
     training_seconds,
 )
+from trainstack.rundir import by_segment
 
 GiB = 1 << 30
 

@@ -7,6 +7,7 @@ import base64
 import html
 import time
 
+from trainstack import ceilings
 from trainstack.monitoring.report.runfiles import RunFiles
 from trainstack.monitoring.report.tables import cell, header_rows, rank_rows, segment_rows, time_rows
 from trainstack.rundir import GPU_LOG_FILE, SUMMARY_FILE, TELEMETRY_DIR
@@ -40,7 +41,7 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
     parts.append("<h2>Summary</h2>")
     if run.summary:
         parts.append(_table([{"field": key, "value": value} for key, value in run.summary.items()
-                             if key not in ("segments", "time_breakdown")]))  # each has a table of its own
+                             if key not in ("segments", "time_breakdown", "ceilings")]))  # each has its own table
         if run.summary.get("segments"):
             parts += ["<h2>Segments</h2>", "<p class='note'>One per launch that trained the run; samples/s and "
                       "tokens/s above are over all of them.</p>", _table(segment_rows(run.summary["segments"]))]
@@ -65,6 +66,12 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
                   "a later launch trained again; <code>not measured</code>: the rank could not measure that part "
                   "(host-bound idle needs NVML on a GPU; communication, DDP or FSDP).</p>",
                   _table(time_rows(run))]
+        if found := ceilings.from_breakdown(times):
+            parts += ["<h3>How much each fix can gain</h3>",
+                      "<p class='note'>A fix that removes a share s of the time makes it at most 1 / (1 - s) times "
+                      "faster (docs/diagnostics.md, \"From verdict to fix\").</p>",
+                      _table([{"verdict": c.kind, "share": c.share, "speedup at most": c.speedup, "why": c.text}
+                              for c in found.values()])]
     parts.append("<h2>Figures</h2>")
     for figure_id, image in figures.items():
         data = base64.b64encode(image).decode("ascii")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from trainstack import breakdown, ratios
 from trainstack.errors import ConfigError
-from trainstack.rundir import SEGMENT_MARKER, SHOWN, RunDir, Summary, read_json_lines, read_summary
+from trainstack.rundir import SHOWN, RunDir, Summary, read_json_lines, read_rank_records, read_summary
 
 
 @dataclass(frozen=True)
@@ -77,25 +77,6 @@ def on_gpu_clock(records: list[dict]) -> bool:
 def read_jsonl(path: Path) -> list[dict]:
     """Records in time order. A rank killed mid-write leaves a partial last line: that one is skipped."""
     return sorted((record for record in read_json_lines(path) if "time" in record), key=lambda record: record["time"])
-
-
-def read_rank_records(path: Path) -> list[dict]:
-    """A rank's records, each tagged with its segment: a resumed run appends after a marker line per launch."""
-    segment, records = -1, []
-    for record in read_json_lines(path):
-        if SEGMENT_MARKER in record:
-            segment += 1
-        elif "time" in record:
-            records.append({**record, "segment": max(segment, 0)})
-    return sorted(records, key=lambda record: record["time"])
-
-
-def by_segment(records: list[dict]) -> list[list[dict]]:
-    """Records split where the segment changes: a resumed run's steps repeat those its killed launch lost."""
-    segments: dict[int, list[dict]] = {}
-    for record in records:
-        segments.setdefault(record.get("segment", 0), []).append(record)
-    return list(segments.values())
 
 
 def load_run(run_dir: Path) -> RunFiles:

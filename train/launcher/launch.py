@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainstack import breakdown
+from trainstack import breakdown, ceilings
 from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError, RuntimeFailure
 from trainstack.lifetime import (
     Descendants,
@@ -47,6 +47,7 @@ from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures,
 from trainstack.train.launcher.exporter_process import SupervisedExporter, exporter_beside_run
 from trainstack.train.launcher.launch_config import LaunchConfig, lease_wait
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
+from trainstack.train.launcher.run_report import Judge
 from trainstack.train.rank import checkpoint, sharding
 from trainstack.train.rank import config as train_config
 from trainstack.train.rank.data import check_dataset_spec
@@ -126,8 +127,9 @@ def wait_for_rendezvous_host(launch: LaunchConfig) -> None:
 
 class Launch:
     def __init__(self, config: train_config.TrainConfig, launch: LaunchConfig, resume_from: Path | None,
-                 run_id: str, lease: RunDirLease | None = None):
+                 run_id: str, lease: RunDirLease | None = None, judge: Judge | None = None):
         self.config, self.launch, self.resume_from = config, launch, resume_from
+        self.judge = judge
         self.run_dir = RunDir(config.run_dir)
         self.run_id = run_id
         self.lease = lease
@@ -283,7 +285,10 @@ class Launch:
         if times is None:
             return
         try:
-            write_summary(self.run_dir.summary, {**summary, "time_breakdown": times})
+            judged = self.judge(self.run_dir.path) if self.judge else None
+            write_summary(self.run_dir.summary, {**summary, "time_breakdown": times,
+                                                 "ceilings": ceilings.as_json(ceilings.from_breakdown(times)),
+                                                 **({"verdicts": judged} if judged is not None else {})})
         except WriteFailure as failure:
             print(f"trainstack train: warning: no time breakdown in the summary: {failure}", file=sys.stderr)
 
@@ -341,8 +346,10 @@ def _stop_before_ranks(signum, frame) -> None:
     raise SystemExit(EXIT_PREEMPTED)
 
 
-def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | None = None) -> int:
-    """The launch; then, with --report on node 0, `write_report_with(run_dir)` while the lease is still held."""
+def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | None = None,
+        judge: Judge | None = None) -> int:
+    """The launch; then, with --report on node 0, `write_report_with(run_dir)` while the lease is still held.
+    `judge(run_dir)`: the finished run's verdicts for summary.json (run_report.Judge)."""
     launch = LaunchConfig.from_args(args)
     config = train_config.from_sources(args, on_cuda=not launch.use_cpu)
     wait = lease_wait(args)
@@ -359,7 +366,7 @@ def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | No
             return EXIT_OK
         resume_from = resume_point(config)
         run_doctor(config, launch, args.skip_doctor)
-        launched = Launch(config, launch, resume_from, run_id, lease)
+        launched = Launch(config, launch, resume_from, run_id, lease, judge)
         code = launched.run()
         if args.report and launch.node_rank == 0 and write_report_with:
             report = write_report(config.run_dir, write_report_with)

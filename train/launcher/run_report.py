@@ -10,6 +10,10 @@ from pathlib import Path
 from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError
 from trainstack.write_failure import WriteFailure
 
+Judge = Callable[[Path], "list[dict] | None"]
+"""A finished run's verdicts from its files (trainstack.monitoring.diagnose.records.judged), passed in as the
+renderer is; None where no rank recorded anything to judge."""
+
 
 def write_report(run_dir: Path, render: Callable[[Path], Path], program: str,
                  kept: Callable[[], str] = lambda: "") -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from trainstack import breakdown, catalog
+from trainstack import breakdown, catalog, ceilings
 from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.lifetime import Descendants, describe_end, stop_grace, wait_or_kill
 from trainstack.rundir import (
@@ -45,6 +45,7 @@ from trainstack.train.launcher import run_report
 from trainstack.train.launcher.exporter_process import exporter_beside_run
 from trainstack.train.launcher.launch_config import add_beside_run_arguments, lease_wait, node_rank_of
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
+from trainstack.train.launcher.run_report import Judge
 from trainstack.write_failure import WriteFailure, write_failure
 
 PROGRAM = "trainstack watch"
@@ -261,7 +262,7 @@ class Watch:
             if exporter:
                 exporter.stop()
 
-    def summary(self, code: int) -> Summary:
+    def summary(self, code: int, judge: Judge | None = None) -> Summary:
         """summary.json of the watched run, as `trainstack train` writes its own (rundir.Summary): the command, its
         exit, its duration, and where each rank's time went when the command's loop recorded ranks."""
         times = breakdown.of_run(self.run_dir.path)
@@ -272,12 +273,14 @@ class Watch:
             "started": self.started_at, "wall_seconds": self.ended_at - self.started_at,
             "world_size": len(times["ranks"]) if times else None,
             "goodput": times["goodput"] if times else None, "time_breakdown": times,
+            **({"ceilings": ceilings.as_json(ceilings.from_breakdown(times))} if times else {}),
+            **({"verdicts": judged} if judge and (judged := judge(self.run_dir.path)) is not None else {}),
         }
 
-    def write_summary(self, code: int) -> int:
+    def write_summary(self, code: int, judge: Judge | None = None) -> int:
         """RUN_DIR/summary.json, atomically; EXIT_RUNTIME (one line said why) when the storage refused it."""
         try:
-            write_summary(self.run_dir.summary, self.summary(code))
+            write_summary(self.run_dir.summary, self.summary(code, judge))
         except WriteFailure as failure:
             print(f"{PROGRAM}: error: no summary: {failure}", file=sys.stderr)
             return EXIT_RUNTIME
@@ -293,8 +296,10 @@ class Watch:
             raise ConfigError(f"{self.command[0]} cannot be started: {error.strerror}") from None
 
 
-def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | None = None) -> int:
-    """The watched run; then, with --report on node 0, `write_report_with(run_dir)` while the lease is still held."""
+def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | None = None,
+        judge: Judge | None = None) -> int:
+    """The watched run; then, with --report on node 0, `write_report_with(run_dir)` while the lease is still held.
+    `judge(run_dir)`: the finished run's verdicts for summary.json (run_report.Judge)."""
     command = command_of(args)
     check_run_dir(args.run_dir, "--run-dir")
     check_port("--exporter-port", args.exporter_port, zero_means="to run no exporter")
@@ -314,7 +319,7 @@ def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | No
                 signal.signal(signum, watch.on_signal)
             code = watch.run()
             if node_rank == 0 and watch.started_at is not None:
-                written = watch.write_summary(code)
+                written = watch.write_summary(code, judge)
                 code = code or written  # a summary the disk refused fails a command that succeeded
             if args.report and node_rank == 0 and write_report_with:
                 report = run_report.write_report(args.run_dir, write_report_with, PROGRAM)

@@ -32,9 +32,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--num-workers", type=int, default=2, help="loader workers per rank (default 2)")
     parser.add_argument("--mixed-precision", choices=("no", "fp16", "bf16"), default="no")
+    parser.add_argument("--predict", type=Path, metavar="RUN_DIR",
+                        help="run nothing: predict RUN_DIR's step time and efficiency at other world sizes and link "
+                             "speeds from its own figures (train/launcher/scaling/predict.py states the model)")
+    parser.add_argument("--bandwidth", type=float, metavar="GBIT_S",
+                        help="with --predict: the link's bus bandwidth in Gbit/s (default: what the run achieved)")
+    parser.add_argument("--world-sizes", type=_counts, default=(2, 4, 8, 16),
+                        help="with --predict: world sizes to predict (default 2,4,8,16)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.predict:
+        return _predict(args)
     import torch
 
     from trainstack.train.launcher.scaling import results
@@ -60,4 +69,19 @@ def run(args: argparse.Namespace) -> int:
     results.plot(measurements, config.gpus, config.output_dir / "scaling.png")
     print(results.table(measurements, config.gpus))
     print(f"results: {config.output_dir / 'scaling.json'}, plot: {config.output_dir / 'scaling.png'}")
+    return EXIT_OK
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from trainstack.errors import ConfigError
+    from trainstack.train.launcher.scaling import predict
+
+    if args.bandwidth is not None and not args.bandwidth > 0:
+        raise ConfigError(f"--bandwidth must be positive Gbit/s, got {args.bandwidth}")
+    if min(args.world_sizes) < 1:
+        raise ConfigError(f"--world-sizes must be positive counts, got {','.join(map(str, args.world_sizes))}")
+    run = predict.figures_of(args.predict)
+    bandwidth = args.bandwidth * 1e9 / 8 if args.bandwidth else None
+    predictions = [predict.predict(run, size, bandwidth) for size in args.world_sizes]
+    print(predict.table(run, predictions, given=bandwidth is not None))
     return EXIT_OK

@@ -1,0 +1,101 @@
+"""What compare reads of one run directory: its steady rates, the time breakdown per step, per-rank step times, its
+verdicts and its settings. From the files every run leaves (rank records, and config.yaml and summary.json where the
+run wrote them), so a `train` run and a watched run with trainstack.monitor compare alike."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from trainstack import breakdown
+from trainstack.errors import ConfigError
+from trainstack.monitoring.diagnose.records import judged
+from trainstack.rundir import CONFIG_FILE, SHOWN, SUMMARY_FILE, RunDir, by_segment, read_rank_records, read_summary
+
+SUMMARY_SETTINGS = ("world_size", "distributed_type", "device", "mixed_precision", "model", "dataset")
+RECORD_SETTINGS = ("clock", "param_bytes", "grad_bytes")
+
+
+@dataclass(frozen=True)
+class Rate:
+    steps_per_second: float
+    samples_per_second: float
+
+
+def steady_rate(records_by_rank: dict[int, list[dict]]) -> Rate | None:
+    """Steps/s (the ranks' median) and samples/s (their sum) over each launch's records after its first: the first
+    record holds the warm-up (first batches, allocator, compile), which a short run would otherwise be judged by.
+    None where no rank has a record past its first."""
+    steps, samples = [], 0.0
+    for records in records_by_rank.values():
+        steady = [r for segment in by_segment(records) for r in segment[1:]]
+        seconds = sum(r["interval_seconds"] for r in steady)
+        if seconds > 0:
+            steps.append(sum(r["step_count"] for r in steady) / seconds)
+            samples += sum(r["samples"] for r in steady) / seconds
+    return Rate(statistics.median(steps), samples) if steps else None
+
+
+@dataclass(frozen=True)
+class RunProfile:
+    run_dir: Path
+    rate: Rate | None
+    goodput: float | None
+    seconds_per_step: dict[str, float]
+    """breakdown.STEP_PARTS: seconds per step, the ranks' mean; the other parts: seconds per rank."""
+    rank_step_seconds: dict[int, float]
+    """Each rank's median step time."""
+    verdicts: dict[str, str]
+    """Verdict kind -> its summary (diagnose's, kept in summary.json or judged from the records)."""
+    settings: dict[str, object]
+    model: str | None
+    param_bytes: int | None
+
+
+def _not_a_run(path: Path) -> ConfigError:
+    return ConfigError(f"{path} is not a trainstack run directory: it has no {CONFIG_FILE}, {SUMMARY_FILE} or "
+                       f"telemetry records ({SHOWN.rank_records('<r>')})")
+
+
+def _per_step(times: dict, steps: int) -> dict[str, float]:
+    ranks = len(times["ranks"])
+    return {part: seconds / ranks / (steps if part in breakdown.STEP_PARTS else 1)
+            for part, seconds in times["seconds"].items()}
+
+
+def _verdicts(summary: dict, run_dir: Path) -> dict[str, str]:
+    """Verdict kind -> its summary: those summary.json kept at the run's end, else judged now from the records."""
+    verdicts = summary["verdicts"] if "verdicts" in summary else judged(run_dir) or []
+    return {v["kind"]: v.get("summary", "") for v in verdicts}
+
+
+def load(run_dir: Path) -> RunProfile:
+    layout = RunDir(run_dir)
+    records = {rank: lines for rank, path in layout.all_rank_records().items()
+               if (lines := [r for r in read_rank_records(path) if r.get("step_count")])}
+    config_path = run_dir / CONFIG_FILE
+    if not run_dir.is_dir() or not (records or config_path.is_file() or layout.summary.is_file()):
+        raise _not_a_run(run_dir)
+    if not records:
+        raise ConfigError(f"{run_dir} has no telemetry records with steps ({SHOWN.rank_records('<r>')}): a run "
+                          "compares by what its ranks recorded (a watched command records them with "
+                          "trainstack.monitor in its loop)")
+    summary = dict(read_summary(layout.summary))
+    config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
+    times = breakdown.of_run(run_dir)
+    steps = statistics.median(sum(r["step_count"] for r in lines) for lines in records.values())
+    last = records[min(records)][-1]
+    settings = {**{f"config.{k}": v for k, v in (config or {}).items() if k != "output_dir"},
+                **{f"summary.{k}": summary[k] for k in SUMMARY_SETTINGS if k in summary},
+                **{f"records.{k}": last[k] for k in RECORD_SETTINGS if k in last},
+                "ranks": len(records)}
+    return RunProfile(
+        run_dir=run_dir, rate=steady_rate(records), goodput=times["goodput"] if times else None,
+        seconds_per_step=_per_step(times, steps) if times else {},
+        rank_step_seconds={rank: statistics.median(s for r in lines for s in r["step_seconds"])
+                           for rank, lines in records.items() if any(r["step_seconds"] for r in lines)},
+        verdicts=_verdicts(summary, run_dir), settings=settings,
+        model=summary.get("model") or (config or {}).get("model"), param_bytes=last.get("param_bytes"))

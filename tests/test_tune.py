@@ -1,0 +1,59 @@
+"""`trainstack tune`: bad input in one line with exit 2, the candidates each verdict brings, and (slow) a loader
+slowed on purpose, where tune must pick more loader workers with every round's ratio above 1 and its mean above 1.2,
+leave the source untouched and its scratch folder removed."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.conftest import explain, run_trainstack
+from trainstack import cli
+from trainstack.errors import EXIT_CONFIG
+from trainstack.train.rank.config import TrainConfig
+from trainstack.tune.candidates import for_verdicts
+
+
+@pytest.mark.parametrize("case", ["missing", "not-a-run", "written-exists", "bad-key"])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
+    source = tmp_path / "base.yaml"
+    source.write_text("num_workers: 1\n" if case != "bad-key" else "num_wrokers: 1\n")
+    write = tmp_path / "tuned.yaml"
+    if case == "written-exists":
+        write.write_text("kept: yes\n")
+    given = {"missing": tmp_path / "nowhere.yaml", "not-a-run": tmp_path}.get(case, source)
+    assert cli.main(["tune", str(given), "--write", str(write)]) == EXIT_CONFIG
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error, error
+    if case == "written-exists":
+        assert write.read_text() == "kept: yes\n"
+
+
+def test_each_verdict_brings_its_own_fixes():
+    config = TrainConfig(num_workers=1, grad_accum=1, batch_size=8)
+    names = lambda kinds: [c.name for c in for_verdicts(kinds, config)]  # noqa: E731
+    assert names(["input-bound"])[0] == "num_workers=2"
+    assert names(["comm-bound"]) == ["grad_accum=2"]
+    assert names(["host-bound"]) == ["batch_size=16", "compile"]
+    assert len(names([])) == 1  # healthy: one check that nothing is left to gain
+
+
+@pytest.mark.slow
+def test_tune_picks_more_workers_for_a_starved_loader(tmp_path):
+    source = tmp_path / "base.yaml"
+    source.write_text(yaml.safe_dump({"batch_size": 8, "num_workers": 2, "dataset": "tests.factories:slow_dataset",
+                                      "output_dir": str(tmp_path / "never-written")}))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    write = tmp_path / "tuned.yaml"
+    result = run_trainstack("tune", str(source), "--write", str(write), "--steps", "10", "--max-rounds", "2",
+                            "--scratch", str(scratch), env={"TRAINSTACK_TEST_SAMPLE_DELAY": "0.04"}, timeout=400)
+    assert result.returncode == 0, explain(result)
+    assert result.stderr.count("tune: trial") == 4, result.stderr  # baseline and candidate, two rounds
+    line = next(line for line in result.stdout.splitlines() if line.startswith("num_workers=4"))
+    ratio = float(line.split("x the baseline")[0].split()[-1])
+    low = float(line.split("spread ")[1].split("-")[0])
+    assert ratio > 1.2 and low > 1, result.stdout
+    assert yaml.safe_load(write.read_text())["num_workers"] == 4
+    assert "output_dir" not in yaml.safe_load(write.read_text())
+    assert list(scratch.iterdir()) == [] and not (tmp_path / "never-written").exists()

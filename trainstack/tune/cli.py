@@ -1,0 +1,76 @@
+"""`trainstack tune CONFIG_OR_RUN_DIR`: short trials that try the fixes the baseline's diagnosis names, alternated
+with the baseline, and the winning options written as a config file for `trainstack train --config`. Trials run in
+a scratch folder removed afterwards: a run directory given as the source is only read (its config file).
+
+Exit status: 0 done (a winner written, or the baseline kept); 2 bad input; 1 a trial failed; 130 Ctrl-C (what was
+measured so far is printed, and a winner found by then is written)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from trainstack.errors import EXIT_FAILED, EXIT_OK
+from trainstack.rundir import CONFIG_FILE
+
+EXIT_INTERRUPTED = 130
+NOT_WRITTEN = ("output_dir", "resume")
+"""A tuned config names no run directory and no checkpoint: the run it starts is the user's to place."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", type=Path, metavar="CONFIG_OR_RUN_DIR",
+                        help=f"a config file (.yaml/.toml) or a run directory (its {CONFIG_FILE} is read, nothing "
+                             "else)")
+    parser.add_argument("--write", type=Path, default=Path("tuned.yaml"),
+                        help="the winning options as a config file (default tuned.yaml; never overwritten)")
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps per trial (default 20)")
+    parser.add_argument("--min-rounds", type=int, default=2,
+                        help="rounds (the baseline, then each candidate) before a candidate can be decided "
+                             "(default 2)")
+    parser.add_argument("--max-rounds", type=int, default=3, help="rounds at most (default 3)")
+    parser.add_argument("--budget", type=float, default=900.0,
+                        help="seconds after which no new round starts (default 900)")
+    parser.add_argument("--scratch", type=Path, help="where the trial folders go (default: the temporary folder)")
+
+
+def _write(path: Path, base: dict, options: dict) -> None:
+    values = {key: value for key, value in {**base, **options}.items() if key not in NOT_WRITTEN}
+    with path.open("x") as file:  # "x": never over a file that appeared since the start
+        yaml.safe_dump(values, file, sort_keys=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainstack.monitoring.compare import profile, render
+    from trainstack.monitoring.compare.comparison import Comparison
+    from trainstack.tune.config import TuneConfig
+    from trainstack.tune.trials import TrialFailed, Tuner
+
+    config = TuneConfig(source=args.source, write=args.write, steps=args.steps, min_rounds=args.min_rounds,
+                        max_rounds=args.max_rounds, budget_seconds=args.budget, scratch=args.scratch)
+    tuner = Tuner(config, lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        try:
+            outcome = tuner.run()
+        except TrialFailed as failure:
+            print(f"trainstack tune: error: {failure}", file=sys.stderr)
+            return EXIT_FAILED
+        print(f"baseline verdicts: {', '.join(outcome.verdicts) or 'healthy'}")
+        for standing in outcome.standings:
+            print(standing.line())
+        if outcome.winner is None:
+            print("winner: the baseline (no candidate beat it in every round); nothing written")
+        else:
+            winner = outcome.winner.candidate
+            # The result as compare shows two runs: the last baseline trial against the winner's last trial.
+            print(render.text(Comparison(profile.load(outcome.trials["baseline"]),
+                                         profile.load(outcome.trials[winner.name]))))
+            _write(config.write, config.baseline().to_dict(), winner.options)
+            print(f"winner: {winner.name}, {outcome.winner.ratio:.2f}x the baseline; written to {config.write} "
+                  f"(trainstack train --config {config.write} --output-dir RUN_DIR)")
+    finally:
+        tuner.remove_scratch()
+    return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK

@@ -1,0 +1,47 @@
+"""TuneConfig: what tune starts from and how long it may try, checked when it is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainstack.errors import ConfigError
+from trainstack.rundir import CONFIG_FILE
+from trainstack.train.rank.config import TrainConfig, read_config_file
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    source: Path
+    """A config file `trainstack train --config` takes, or a run directory (its config file)."""
+    write: Path
+    """Where the winning options go, as a config file; never an existing file."""
+    steps: int = 20
+    """Optimizer steps per trial; the first log interval is warm-up and not timed."""
+    min_rounds: int = 2
+    max_rounds: int = 3
+    """A round runs the baseline, then each candidate still undecided; a ratio per candidate per round."""
+    budget_seconds: float = 900.0
+    """No new round starts once this much time has passed."""
+    scratch: Path | None = None
+    """Where the trials' run directories go (removed afterwards); None: a fresh temporary folder."""
+
+    def __post_init__(self) -> None:
+        if not (self.source.is_file() or (self.source / CONFIG_FILE).is_file()):
+            raise ConfigError(f"{self.source} is neither a config file nor a run directory with {CONFIG_FILE}")
+        if self.write.exists():
+            raise ConfigError(f"{self.write} exists; tune never overwrites a file: pass --write NEW_PATH")
+        if self.write.suffix not in (".yaml", ".yml"):
+            raise ConfigError(f"--write {self.write} must end in .yaml or .yml (trainstack train --config reads it)")
+        if self.steps < 10:
+            raise ConfigError(f"--steps must be at least 10 (a warm-up interval and timed ones), got {self.steps}")
+        if not 1 <= self.min_rounds <= self.max_rounds:
+            raise ConfigError(f"rounds: need 1 <= --min-rounds <= --max-rounds, got {self.min_rounds} and "
+                              f"{self.max_rounds}")
+        if not self.budget_seconds > 0:
+            raise ConfigError(f"--budget must be positive seconds, got {self.budget_seconds}")
+        self.baseline()  # a config the app refuses is bad input now, not a failed trial later
+
+    def baseline(self) -> TrainConfig:
+        path = self.source if self.source.is_file() else self.source / CONFIG_FILE
+        return TrainConfig(**read_config_file(str(path)))

@@ -1,0 +1,117 @@
+"""The trials: bounded `trainstack train` runs on the same hardware and data, one after another (on a small host two
+side by side would measure each other), timed after warm-up from their own records. Each round runs the baseline,
+then every candidate still undecided, so a ratio per candidate per round compares trials minutes apart at most and
+slow drift of the host cancels out of the geometric mean; the spread of the ratios is the noise."""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainstack.monitoring.compare import profile
+from trainstack.tune.candidates import BASELINE, Candidate, for_verdicts
+from trainstack.tune.config import TuneConfig
+
+
+class TrialFailed(Exception):
+    """A trial exited non-zero; the message has the end of its output."""
+
+
+@dataclass
+class Standing:
+    """A candidate's rounds so far: its samples/s and the baseline's of the same round."""
+
+    candidate: Candidate
+    ratios: list[float] = field(default_factory=list)
+    steps_per_second: list[float] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        return statistics.geometric_mean(self.ratios)
+
+    @property
+    def clear(self) -> bool:
+        """Every round on one side of 1: its effect stands clear of the noise (the spread)."""
+        return bool(self.ratios) and (min(self.ratios) > 1 or max(self.ratios) < 1)
+
+    def line(self) -> str:
+        verdict = "faster" if min(self.ratios) > 1 else "slower" if max(self.ratios) < 1 else "within the noise"
+        return (f"{self.candidate.name:<20} {statistics.median(self.steps_per_second):7.2f} steps/s  "
+                f"{self.ratio:.3f}x the baseline (samples/s, geometric mean of {len(self.ratios)} rounds, spread "
+                f"{min(self.ratios):.3f}-{max(self.ratios):.3f}): {verdict}")
+
+
+@dataclass
+class Outcome:
+    verdicts: dict[str, str]
+    standings: list[Standing]
+    winner: Standing | None
+    """The fastest candidate whose every round beat the baseline; None: keep the baseline."""
+    trials: dict[str, Path]
+    """Candidate name -> its latest trial's run directory (in the scratch folder)."""
+    interrupted: bool = False
+
+
+class Tuner:
+    def __init__(self, config: TuneConfig, progress: Callable[[str], None]):
+        self.config, self.progress = config, progress
+        self.started = time.monotonic()
+        self.count = 0
+        self.scratch = Path(tempfile.mkdtemp(prefix="trainstack-tune-", dir=config.scratch))
+        self.base = self.scratch / "baseline.yaml"
+        config.baseline().save(self.base)
+
+    def trial(self, candidate: Candidate) -> profile.RunProfile:
+        self.count += 1
+        run_dir = self.scratch / f"trial-{self.count:02d}"
+        command = [sys.executable, "-m", "trainstack", "train", "--config", str(self.base), "--output-dir",
+                   str(run_dir), "--max-steps", str(self.config.steps), "--log-every", str(self.config.steps // 5),
+                   "--checkpoint-every", "0", "--resume", "never", "--exporter-port", "0", "--no-report",
+                   *candidate.flags]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode:
+            raise TrialFailed(f"trial {self.count} ({candidate.name}) exited {result.returncode}: "
+                              f"{result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ''}")
+        measured = profile.load(run_dir)
+        self.progress(f"tune: trial {self.count} {candidate.name}: {measured.rate.steps_per_second:.2f} steps/s, "
+                      f"{measured.rate.samples_per_second:.1f} samples/s ({time.monotonic() - self.started:.0f} s)")
+        return measured
+
+    def run(self) -> Outcome:
+        trials: dict[str, Path] = {}
+        standings: list[Standing] = []
+        verdicts: dict[str, str] = {}
+        try:
+            baseline = self.trial(BASELINE)  # the diagnosing trial is the first round's baseline
+            verdicts = baseline.verdicts
+            standings = [Standing(c) for c in for_verdicts(list(verdicts), self.config.baseline())]
+            for round_number in range(self.config.max_rounds):
+                undecided = [s for s in standings if not (round_number >= self.config.min_rounds and s.clear)]
+                if not undecided or (round_number and time.monotonic() - self.started > self.config.budget_seconds):
+                    break
+                if round_number:
+                    baseline = self.trial(BASELINE)
+                trials[BASELINE.name] = baseline.run_dir
+                for standing in undecided:
+                    measured = self.trial(standing.candidate)
+                    trials[standing.candidate.name] = measured.run_dir
+                    standing.ratios.append(measured.rate.samples_per_second / baseline.rate.samples_per_second)
+                    standing.steps_per_second.append(measured.rate.steps_per_second)
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
+        measured = [s for s in standings if s.ratios]
+        winners = [s for s in measured if min(s.ratios) > 1]
+        return Outcome(verdicts, measured, max(winners, key=lambda s: s.ratio, default=None),
+                       trials, interrupted)
+
+    def remove_scratch(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
