@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from trainstack.monitoring.diagnose.records import snapshot_from_records
+from trainstack.monitoring.diagnose.records import judged, snapshot_from_records
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose
+from trainstack.monitoring.report import write_report
 from trainstack.rundir import SEGMENT_ENDED, SEGMENT_MARKER, RunDir
 
 
@@ -65,3 +66,22 @@ def test_a_loop_without_a_ddp_model_has_no_waits_and_no_straggler(tmp_path):
     assert [r.comm_exposed_ratio for r in snapshot.ranks] == [None, None]
     assert snapshot.straggler_waits() == {}
     assert "straggler" not in [v.kind for v in diagnose(snapshot, Thresholds())]
+
+
+def test_a_finished_run_is_judged_with_each_verdicts_ceiling_and_shown_in_its_report(tmp_path):
+    run = RunDir(tmp_path)
+    records = {0: [record(0, s, 0.3, 0.1) for s in (10, 20, 30)], 1: [record(1, s, 0.02, 0.38) for s in (10, 20, 30)]}
+    write_run(run, {rank: [records[rank]] for rank in (0, 1)})
+    verdicts = judged(tmp_path)
+    assert [v["kind"] for v in verdicts] == ["straggler"]
+    assert verdicts[0]["ceiling"]["kind"] == "straggler"
+    assert verdicts[0]["ceiling"]["speedup"] == pytest.approx(1 / (1 - 0.28))  # what rank 0 waits beyond rank 1
+    run.summary.write_text(json.dumps({"version": 1, "run_id": "r", "exit_reason": "completed", "verdicts": verdicts}))
+    page = write_report(tmp_path).read_text()
+    verdicts_table = page.split("<h2>Verdicts</h2>", 1)[1].split("</table>", 1)[0]
+    assert "rank 1 is a straggler" in verdicts_table and "up to 1.39x faster" in verdicts_table
+
+
+def test_a_run_no_rank_recorded_is_not_judged(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"version": 1, "command": "python train.py"}))
+    assert judged(tmp_path) is None  # nothing judged, which an empty list (healthy) would hide

@@ -55,6 +55,9 @@ def test_a_plain_ddp_loop_under_watch_has_its_straggler_named(tmp_path):
     assert (summary["launcher"], summary["exit_code"], summary["exit_reason"], summary["world_size"]) == \
         ("watch", 0, "completed", 2)
     assert str(EXAMPLE) in summary["command"] and 0 < summary["goodput"] <= 1
+    assert [v["kind"] for v in summary["verdicts"]] == ["straggler"]  # judged from the records at the end
+    assert summary["verdicts"][0]["summary"].startswith("rank 1 is a straggler")
+    assert summary["verdicts"][0]["ceiling"]["speedup"] > 1
     for rank in summary["time_breakdown"]["ranks"]:
         wall = rank["wall_seconds"]
         assert 0 < wall <= summary["wall_seconds"], rank

@@ -284,7 +284,7 @@ class Segment(TypedDict):
 class Summary(TypedDict, total=False):
     """summary.json, written by global rank 0 when its launch ends (docs/training.md, "Exit codes"); by `trainstack
     watch` when its command ends, with the keys it knows (run_id, launcher, command, exit_code, exit_reason,
-    started, wall_seconds, world_size, goodput, time_breakdown)."""
+    started, wall_seconds, world_size, goodput, time_breakdown, ceilings, verdicts)."""
 
     version: int
     run_id: str
@@ -318,6 +318,9 @@ class Summary(TypedDict, total=False):
     rank has exited: each rank's last record line ends its wall time."""
     ceilings: dict[str, dict]
     """Verdict kind -> the speedup its fix can bring at most, from time_breakdown (trainstack/ceilings.py)."""
+    verdicts: list[dict]
+    """The finished run's verdicts, judged from its records as `trainstack diagnose --json` gives them (kind,
+    summary, evidence, fix, ceiling); absent where no rank recorded a step (nothing to judge)."""
 
 
 def write_summary(path: Path, summary: Summary) -> None:

@@ -41,7 +41,15 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
     parts.append("<h2>Summary</h2>")
     if run.summary:
         parts.append(_table([{"field": key, "value": value} for key, value in run.summary.items()
-                             if key not in ("segments", "time_breakdown", "ceilings")]))  # each has its own table
+                             if key not in ("segments", "time_breakdown", "ceilings", "verdicts")]))  # own tables
+        if run.summary.get("verdicts") is not None:
+            parts += ["<h2>Verdicts</h2>", "<p class='note'>What keeps the GPUs from being used, judged from the "
+                      "ranks' records when the run ended, as <code>trainstack diagnose</code> judges a live run "
+                      "(docs/diagnostics.md).</p>",
+                      _table([{"verdict": v["kind"], "what": v["summary"], "fix": v["fix"],
+                               "at most": (v.get("ceiling") or {}).get("text", "")}
+                              for v in run.summary["verdicts"]])
+                      if run.summary["verdicts"] else "<p>Healthy: no verdict.</p>"]
         if run.summary.get("segments"):
             parts += ["<h2>Segments</h2>", "<p class='note'>One per launch that trained the run; samples/s and "
                       "tokens/s above are over all of them.</p>", _table(segment_rows(run.summary["segments"]))]
