@@ -18,3 +18,12 @@ def test_ruff_is_clean():
         pytest.skip("ruff not installed: make setup installs it from requirements-dev.lock")
     result = subprocess.run([ruff, "check", "."], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-4000:]
+
+
+def test_mypy_is_clean():
+    """The type checker over trainstack/ (pyproject.toml's [tool.mypy]): the shared ground and the public API."""
+    mypy = shutil.which("mypy", path=str(Path(sys.executable).parent)) or shutil.which("mypy")
+    if mypy is None:
+        pytest.skip("mypy not installed: make setup installs it from requirements-dev.lock")
+    result = subprocess.run([mypy], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-4000:]

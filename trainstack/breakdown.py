@@ -86,7 +86,8 @@ class Spent:
 
     def lost_share(self, redone_after: int | None) -> float:
         """The share of these seconds spent on steps after `redone_after`, which a later launch trained again."""
-        if redone_after is None or self.last_step is None or self.last_step <= redone_after:
+        if redone_after is None or self.first_step is None or self.last_step is None or \
+                self.last_step <= redone_after:
             return 0.0
         if self.last_step == self.first_step:
             return 1.0

@@ -97,7 +97,8 @@ def from_breakdown(times: dict | None) -> dict[str, Ceiling]:
         if len(ranks) > 1:
             exposed = [r[breakdown.COMM_EXPOSED] for r in ranks]
             found[COMM_BOUND] = ceiling(COMM_BOUND, min(exposed))
-            found[STRAGGLER] = ceiling(STRAGGLER, straggler_share(dict(enumerate(exposed))))
+            if (share := straggler_share(dict(enumerate(exposed)))) is not None:
+                found[STRAGGLER] = ceiling(STRAGGLER, share)
         if any(rank["host_bound_measured"] for rank in times["ranks"]):
             found[HOST_BOUND] = ceiling(HOST_BOUND, max(r[breakdown.HOST_BOUND] for r in ranks))
     if times["wall_seconds"] > 0:

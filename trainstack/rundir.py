@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from trainstack.errors import ConfigError
 from trainstack.write_failure import write_atomically
@@ -344,4 +344,4 @@ def read_summary(path: Path) -> Summary:
     if not isinstance(version, int) or version > SUMMARY_VERSION:
         raise ConfigError(f"{path} has summary version {version!r}, newer than this trainstack reads "
                           f"({SUMMARY_VERSION}); use the trainstack that wrote it")
-    return summary
+    return cast(Summary, summary)  # checked above as far as a reader relies on it: an object of a known version
