@@ -101,6 +101,7 @@ GPU_LOG_FILE = "gpu.jsonl"
 METRICS_DIR = "metrics"
 LEASE_DIR = "lease"
 EXPORTS_DIR = "exports"
+HANG_DIR = "hang"  # hang evidence: one folder per stall (trainstack/hang.py)
 PREVIOUS_DIR = "previous"
 RANK_RECORDS_FILE = re.compile(r"rank-(\d+)\.jsonl")
 LEASE_FILE = re.compile(r"node-(\d+)\.json")
@@ -179,6 +180,12 @@ class RunDir:
 
     def lease_files(self) -> list[Path]:
         return sorted(p for p in self.lease.glob("node-*.json") if LEASE_FILE.fullmatch(p.name))
+
+    @property
+    def hang(self) -> Path:
+        """Hang evidence: `stall-<n>/` per stall (each rank's stack and Flight Recorder entries, the verdict), and
+        `<run id>/fr-rank-<r>`, torch's own Flight Recorder dumps."""
+        return self.path / HANG_DIR
 
     @property
     def exports(self) -> Path:

@@ -43,6 +43,8 @@ from trainstack.rundir import (
 )
 from trainstack.train.launcher import run_report
 from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
+from trainstack.hang import hang_environment
+from trainstack.train.launcher.hang import HangWatch
 from trainstack.train.launcher.exporter_process import SupervisedExporter, exporter_beside_run
 from trainstack.train.launcher.launch_config import LaunchConfig, lease_wait
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
@@ -171,6 +173,7 @@ class Launch:
         if self.resume_from:
             env[VERIFIED_CHECKPOINT_ENV] = str(self.resume_from)  # hashed in preflight; ranks check sizes only
         env[NNODES_ENV] = str(self.launch.nnodes)
+        env.update(hang_environment(self.run_dir.path, self.run_id, env))  # the Flight Recorder on
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed NCCL collective aborts, not hangs
         if self.launch.use_cpu:
             env[USE_CPU_ENV] = "1"
@@ -244,10 +247,12 @@ class Launch:
                 failure_writer, *((self.lease.fd,) if self.lease and self.lease.fd else ())))
             os.close(failure_writer)
             run_processes = Descendants(self.ranks.pid)  # should the agent die, what it started is found here
+            self.hangs = HangWatch(self.run_dir, self.metrics_dir, say)
             while self.ranks.poll() is None:
                 if self.stop_signal is not None:
                     self._forward_stop()
                 run_processes.look()
+                self.hangs.poll()
                 time.sleep(0.2)
             self._wait_for_orphans(run_processes)
             self.failed_rank = read_failed_rank(failures)

@@ -35,6 +35,8 @@ from trainstack.rundir import (
     run_environment,
 )
 from trainstack.train.launcher import run_report
+from trainstack.hang import hang_environment
+from trainstack.train.launcher.hang import HangWatch
 from trainstack.train.launcher.exporter_process import exporter_beside_run
 from trainstack.train.launcher.launch_config import add_beside_run_arguments, lease_wait, node_rank_of
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
@@ -133,7 +135,8 @@ class Watch:
         # Not the supervisor's PID: it names a process's parent, and the command's own processes (torchrun's
         # workers) are not watch's children; trainstack code in them would take watch for gone.
         env = {name: value for name, value in os.environ.items() if name != SUPERVISOR_PID_ENV}
-        return {**env, **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time())}
+        env = {**env, **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time())}
+        return {**env, **hang_environment(self.run_dir.path, self.run_id, env)}
 
     def on_signal(self, signum, frame) -> None:
         self.received.append(signum)
@@ -178,9 +181,11 @@ class Watch:
             say(f"run {self.run_id} in {self.run_dir.path}: {shlex.join(self.command)}")
             command = self.start()
             processes = Descendants(command.pid)
+            hangs = HangWatch(self.run_dir, self.metrics_dir, say)
             while command.poll() is None:
                 self._forward(command)
                 processes.look()
+                hangs.poll()
                 time.sleep(POLL_SECONDS)
             say(f"the command {describe_end(command.returncode)}")
             self._end_leftovers(processes)
