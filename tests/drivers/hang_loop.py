@@ -36,17 +36,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hang", choices=["none", "skip-collective", "loader"], default="none")
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     args = parser.parse_args()
-    dist.init_process_group("gloo")
+    dist.init_process_group(args.backend)
     rank = dist.get_rank()
-    model = torch.nn.Linear(8, 1)
+    device = torch.device("cuda", rank) if args.backend == "nccl" else torch.device("cpu")
+    model = torch.nn.Linear(8, 1).to(device)
     monitor = trainstack.monitor.start(model)
     loader = DataLoader(Batches(rank, args.hang == "loader"), batch_size=None, shuffle=False)
     for step, batch in enumerate(monitor.batches(loader)):
         if step == args.steps:
             break
         with monitor.forward():
-            loss = model(batch).sum()
+            loss = model(batch.to(device)).sum()
         loss.backward()
         for parameter in model.parameters():
             dist.all_reduce(parameter.grad)
@@ -54,7 +56,7 @@ def main() -> None:
         time.sleep(0.02)
         if step == HANG_STEP and args.hang == "skip-collective":
             if rank == 0:
-                dist.all_reduce(torch.zeros(1))  # the collective only rank 0 calls
+                dist.all_reduce(torch.zeros(1, device=device))  # the collective only rank 0 calls
             else:
                 own_evaluation()
     monitor.close()

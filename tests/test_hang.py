@@ -1,0 +1,175 @@
+"""Issue 31: a hang names where each rank waits. Without a process: the verdict's logic on evidence folders as the
+ranks write them, the threshold, the environment. With processes (2 CPU ranks over gloo, a user's loop under
+`trainstack watch` instrumented with trainstack.monitor; tests/drivers/hang_loop.py): a skipped collective, a stuck
+DataLoader, a healthy run, py-spy that cannot attach."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from monitoring.diagnose.hang import analyze, latest_stall, read_verdict, stack_from_faulthandler, stack_from_pyspy
+from tests.conftest import REPO, wait_for
+from tests.test_watch import kill_tree, start_watch
+from trainstack import thresholds
+from trainstack.hang import FR_BUFFER_ENV, FR_DUMP_ENV, FR_SWITCH_ENV, hang_environment
+from trainstack.rundir import RunDir, free_port
+from trainstack.train.launcher.hang import hang_seconds
+
+DRIVER = REPO / "tests" / "drivers" / "hang_loop.py"
+SITE = "/venv/lib/python3.11/site-packages"
+C10D = {"file": f"{SITE}/torch/distributed/distributed_c10d.py", "line": 3252, "function": "all_reduce"}
+
+
+def entry(seq: int, op: str = "all_reduce", sizes=((4,),)) -> dict:
+    return {"pg_id": 0, "collective_seq_id": seq, "profiling_name": f"gloo:{op}", "input_sizes": sizes,
+            "state": "scheduled"}
+
+
+def write_rank(stall: Path, rank: int, stack: list[dict], entries: list[dict]) -> None:
+    stall.mkdir(parents=True, exist_ok=True)
+    (stall / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "stack": stack, "flight_recorder": entries}))
+
+
+def user(line: int, function: str = "main") -> dict:
+    return {"file": "/home/me/train.py", "line": line, "function": function}
+
+
+# ---- the verdict, from evidence folders --------------------------------------------------------------------------
+def test_a_rank_that_never_joined_is_named_with_the_collective_and_its_place(tmp_path):
+    write_rank(tmp_path, 0, [user(40), C10D], [entry(s) for s in range(1, 27)])
+    write_rank(tmp_path, 1, [user(40), {"file": f"{SITE}/torch/utils/data/dataloader.py", "line": 733,
+                                        "function": "__next__"}, user(12, "__getitem__")],
+               [entry(s) for s in range(1, 26)])
+    hang = analyze(tmp_path)
+    assert hang.headline.startswith("rank 1 has not joined all_reduce #26 of process group 0 (rank 0 waits in it)")
+    assert "train.py:12 in `__getitem__`, in `__next__` (torch/utils/data/dataloader.py:733)" in hang.headline
+    assert hang.culprits == [1] and "DataLoader" in hang.fix
+
+
+def test_different_collectives_at_one_sequence_number_are_a_mismatch(tmp_path):
+    write_rank(tmp_path, 0, [user(50), C10D], [entry(1), entry(2, "broadcast", [[8]])])
+    write_rank(tmp_path, 1, [user(40), C10D], [entry(1), entry(2)])
+    hang = analyze(tmp_path)
+    assert hang.headline.startswith("mismatched collectives at #2 of process group 0: rank 0 broadcast of sizes "
+                                    "[[8]] at train.py:50")
+    assert "if rank == 0:" in hang.fix
+
+
+def test_a_rank_whose_process_is_gone_is_named_as_died(tmp_path):
+    write_rank(tmp_path, 0, [user(40), C10D], [entry(1), entry(2)])
+    (tmp_path / "collection.json").write_text(json.dumps({"ranks": {"0": {"alive": True, "steps": 9},
+                                                                    "1": {"alive": False, "steps": 9}}}))
+    assert analyze(tmp_path).headline == "rank 1 died; the other ranks wait for it"
+
+
+def test_ranks_stuck_outside_any_collective_are_named_where_they_are(tmp_path):
+    write_rank(tmp_path, 0, [user(70), {"file": f"{SITE}/torch/serialization.py", "line": 900, "function": "save"}],
+               [entry(1)])
+    write_rank(tmp_path, 1, [user(40), C10D], [entry(1)])
+    hang = analyze(tmp_path)
+    assert hang.headline == ("no rank is behind the others' collectives; rank 0 is at train.py:70 in `main`, in "
+                             "`save` (torch/serialization.py:900) while rank 1 wait in a collective")
+    assert "checkpoint" in hang.fix
+
+
+def test_stacks_are_read_from_faulthandler_and_py_spy_output():
+    faulthandler = ('Thread 0x00007f (most recent call first):\n  File "/x/threading.py", line 3 in wait\n\n'
+                    'Current thread 0x00007e (most recent call first):\n'
+                    f'  File "{SITE}/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
+                    '  File "/home/me/train.py", line 40 in main\n')
+    assert [str(f) for f in stack_from_faulthandler(faulthandler)] == [
+        "train.py:40 in `main`", "distributed_c10d.py:3252 in `all_reduce`"]
+    pyspy = ("Process 12: python train.py\nPython v3.11.2\n\nThread 12 (idle): \"MainThread\"\n"
+             f"    all_reduce ({SITE}/torch/distributed/distributed_c10d.py:3252)\n    main (/home/me/train.py:40)\n")
+    assert [str(f) for f in stack_from_pyspy(pyspy)] == ["train.py:40 in `main`",
+                                                          "distributed_c10d.py:3252 in `all_reduce`"]
+
+
+def test_the_latest_stall_is_read_and_an_unanalyzed_one_analyzed(tmp_path):
+    assert read_verdict(tmp_path) is None
+    for n in (1, 2, 10):
+        write_rank(tmp_path / f"stall-{n}", 0, [user(n)], [])
+    assert latest_stall(tmp_path).name == "stall-10"
+    assert "train.py:10" in read_verdict(tmp_path).headline
+
+
+# ---- the threshold and the environment --------------------------------------------------------------------------
+def test_the_threshold_follows_the_steps_within_its_floor_and_ceiling(monkeypatch):
+    monkeypatch.delenv("TRAINSTACK_HANG_SECONDS", raising=False)
+    assert hang_seconds([]) == thresholds.HANG_FLOOR.value
+    assert hang_seconds([5.0, 6.0, 100.0]) == 6.0 * thresholds.HANG_STEP_MULTIPLE.value
+    assert hang_seconds([1000.0]) == thresholds.HANG_CEILING.value
+    monkeypatch.setenv("TRAINSTACK_HANG_SECONDS", "3")
+    assert hang_seconds([1000.0]) == 3.0
+
+
+def test_the_flight_recorder_is_on_unless_the_user_says_otherwise(tmp_path):
+    added = hang_environment(tmp_path, "run-1", {})
+    assert added == {FR_BUFFER_ENV: "2000", FR_DUMP_ENV: str(RunDir(tmp_path).hang.resolve() / "run-1" / "fr-rank-")}
+    assert hang_environment(tmp_path, "r", {FR_BUFFER_ENV: "50", FR_DUMP_ENV: "/mine/fr-"}) == {}
+    assert FR_BUFFER_ENV not in hang_environment(tmp_path, "r", {FR_SWITCH_ENV: "0"})
+
+
+# ---- 2 ranks over gloo under watch ------------------------------------------------------------------------------
+def watch_hang(run_dir: Path, hang: str, env: dict | None = None, *args: str) -> tuple[dict | None, str]:
+    """The driver under watch with a 2 s stall threshold; the verdict once written (then the run is killed), or
+    None and the output when the run ended without one."""
+    watched = start_watch(run_dir, "--exporter-port", "0", "--no-report", "--", sys.executable, "-m",
+                          "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                          str(DRIVER), "--hang", hang, *args,
+                          env={"OMP_NUM_THREADS": "1", "TRAINSTACK_HANG_SECONDS": "2", **(env or {})})
+    verdicts = lambda: list(RunDir(run_dir).hang.glob("stall-*/verdict.json"))  # noqa: E731
+    try:
+        if hang == "none":
+            output, _ = watched.communicate(timeout=300)
+            assert watched.returncode == 0, output
+            return None, output
+        wait_for(lambda: verdicts(), watched, timeout=240)
+    finally:
+        kill_tree(watched)
+    return json.loads(verdicts()[0].read_text()), ""
+
+
+@pytest.mark.slow
+def test_a_collective_under_if_rank_0_names_the_rank_that_skipped_it(tmp_path):
+    verdict, _ = watch_hang(tmp_path / "run", "skip-collective")
+    assert verdict["culprits"] == [1], verdict
+    assert verdict["headline"].startswith("rank 1 has not joined all_reduce #"), verdict
+    assert "(rank 0 waits in it); rank 1 is at hang_loop.py:" in verdict["headline"]
+    assert "in `own_evaluation`" in verdict["headline"] and "if rank == 0:" in verdict["fix"]
+
+
+@pytest.mark.slow
+def test_a_stuck_data_loader_is_named_and_py_spy_that_cannot_attach_is_said(tmp_path):
+    fake = tmp_path / "bin" / "py-spy"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'Error: Permission denied (os error 13)' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    verdict, _ = watch_hang(tmp_path / "run", "loader", {"PATH": f"{fake.parent}:{os.environ['PATH']}"})
+    assert verdict["culprits"] == [1], verdict
+    assert "rank 1 is at hang_loop.py:" in verdict["headline"] and "in `__getitem__`" in verdict["headline"]
+    assert "in `__next__` (torch/utils/data/dataloader.py:" in verdict["headline"], verdict
+    assert "DataLoader" in verdict["fix"]
+    assert any(line.startswith("py-spy could not attach (it needs ptrace") for line in verdict["evidence"]), verdict
+    assert any("stack from the rank's own thread" in line for line in verdict["evidence"]), verdict
+
+
+@pytest.mark.slow
+def test_a_healthy_run_collects_no_hang_evidence(tmp_path):
+    verdict, output = watch_hang(tmp_path / "run", "none")
+    assert verdict is None and "hang:" not in output
+    assert not RunDir(tmp_path / "run").hang.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_a_skipped_collective_on_nccl_is_named(tmp_path):
+    verdict, _ = watch_hang(tmp_path / "run", "skip-collective", None, "--backend", "nccl")
+    assert verdict["culprits"] == [1] and "has not joined all_reduce #" in verdict["headline"]
