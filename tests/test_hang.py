@@ -173,3 +173,25 @@ def test_a_healthy_run_collects_no_hang_evidence(tmp_path):
 def test_a_skipped_collective_on_nccl_is_named(tmp_path):
     verdict, _ = watch_hang(tmp_path / "run", "skip-collective", None, "--backend", "nccl")
     assert verdict["culprits"] == [1] and "has not joined all_reduce #" in verdict["headline"]
+
+
+# ---- diagnose --run-dir -----------------------------------------------------------------------------------------
+def test_diagnose_names_where_ranks_wait_once_evidence_of_this_stall_is_there(tmp_path):
+    from monitoring.diagnose.hang import latest_hang
+    from monitoring.diagnose.snapshot import RankView, Snapshot
+    from monitoring.diagnose.thresholds import Thresholds
+    from monitoring.diagnose.verdicts import diagnose
+
+    stall = RunDir(tmp_path).hang / "stall-1"
+    write_rank(stall, 0, [user(40), C10D], [entry(1), entry(2)])
+    write_rank(stall, 1, [user(12, "load")], [entry(1)])
+    hang = latest_hang(tmp_path)
+    collected = hang[1]
+    ranks = [RankView(rank=r, steps=60, steps_per_second=0.0, samples_per_second=0.0, data_wait_ratio=0.0,
+                      step_seconds=None, forward_seconds=None, last_step_time=collected - 70) for r in "01"]
+    verdicts = diagnose(Snapshot("test", collected + 5, ranks, hang=hang), Thresholds())
+    assert [v.kind for v in verdicts] == ["stalled"]
+    assert verdicts[0].summary == ("no rank has completed a step for 75 s: rank 1 has not joined all_reduce #2 of "
+                                   "process group 0 (rank 0 waits in it); rank 1 is at train.py:12 in `load`")
+    stepped_since = [RankView(**{**vars(r), "last_step_time": collected + 1}) for r in ranks]
+    assert diagnose(Snapshot("test", collected + 5, stepped_since, hang=hang), Thresholds()) == []

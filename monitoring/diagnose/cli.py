@@ -8,6 +8,7 @@ telemetry is judged on its GPUs alone, and a note says so (its exit status is th
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from trainstack import thresholds
 from trainstack.errors import EXIT_OK, ConfigError
@@ -33,10 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stall-seconds", type=float, default=thresholds.STALL.value,
                         help=f"no step for this long is a stall (default {thresholds.STALL.promql}, as the "
                              f"{thresholds.STALL.alert} alert)")
+    parser.add_argument("--run-dir", type=Path,
+                        help="the run's directory (--output-dir of trainstack train, --run-dir of watch): a stall "
+                             "then names where each rank waits, from the evidence in RUN_DIR/hang/")
     parser.add_argument("--json", action="store_true", help="print verdicts and figures as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainstack.monitoring.diagnose.hang import latest_hang
     from trainstack.monitoring.diagnose.render import render_json, render_text
     from trainstack.monitoring.diagnose.snapshot import read_snapshot
     from trainstack.monitoring.diagnose.sources import open_source
@@ -48,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     limits = Thresholds(stall_seconds=args.stall_seconds)
     selector = f'job="{args.job}"' if args.job else ""
     snapshot = read_snapshot(open_source(args.url, args.source, args.interval, selector, args.window))
+    if args.run_dir is not None:
+        snapshot.hang = latest_hang(args.run_dir)
     verdicts = diagnose(snapshot, limits)
     render = render_json if args.json else render_text
     print(render(snapshot.source, verdicts, figures(snapshot), notes(snapshot, limits)), flush=True)

@@ -48,6 +48,16 @@ def read_verdict(hang_dir: Path) -> Hang | None:
         return analyze(stall)
 
 
+def latest_hang(run_dir: Path) -> tuple[Hang, float] | None:
+    """The latest stall's verdict under RUN_DIR/hang and when its evidence was collected (diagnose --run-dir)."""
+    from trainstack.rundir import RunDir
+
+    hang_dir = RunDir(Path(run_dir)).hang
+    stall = latest_stall(hang_dir)
+    verdict = read_verdict(hang_dir) if stall else None
+    return (verdict, stall.stat().st_mtime) if verdict else None
+
+
 # ---- stacks -----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Frame:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainstack import catalog, ratios
 from trainstack.monitoring.diagnose.sources import GPU_SAMPLE_AGE, GPU_SAMPLE_INTERVAL, Sample, Source
@@ -112,6 +113,9 @@ class Snapshot:
     gpu_sample_ages: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Exporter instance and cadence ("node0:9450 fast") -> (age of its GPU sample, its sampling interval), s."""
     processes: list[GpuProcess] = field(default_factory=list)
+    hang: Any = None
+    """The latest stall's hang verdict from the run directory (`--run-dir`; monitoring/diagnose/hang.py), and the
+    unix time it was written: (Hang, time); None without a run directory or a stall."""
 
     def gpus_held(self) -> dict[tuple[str, str], list[GpuProcess]]:
         """(instance, pid) -> the GPUs the process holds: those where it uses the most memory of the processes
