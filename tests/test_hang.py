@@ -195,3 +195,20 @@ def test_diagnose_names_where_ranks_wait_once_evidence_of_this_stall_is_there(tm
                                    "process group 0 (rank 0 waits in it); rank 1 is at train.py:12 in `load`")
     stepped_since = [RankView(**{**vars(r), "last_step_time": collected + 1}) for r in ranks]
     assert diagnose(Snapshot("test", collected + 5, stepped_since, hang=hang), Thresholds()) == []
+
+
+# ---- trainstack train -------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_checkpoint_write_that_blocks_one_rank_is_named_and_the_timeout_carries_it(tmp_path):
+    from tests.conftest import explain, train
+
+    result = train(tmp_path / "run", "--model", "tests.factories:stuck_save_gpt", "--max-steps", "50",
+                   "--checkpoint-every", "5", "--collective-timeout", "20", timeout=240,
+                   env={"TRAINSTACK_TEST_STUCK_SAVE_RANK": "1", "TRAINSTACK_HANG_SECONDS": "2"})
+    assert result.returncode == 1, explain(result)
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("trainstack train: rank 0: a collective waited longer than --collective-timeout 20 s"), \
+        explain(result)
+    assert "; where the ranks waited: rank 1 has not joined " in last and "in `state_dict`" in last, last
+    verdict = json.loads(next(RunDir(tmp_path / "run").hang.glob("stall-*/verdict.json")).read_text())
+    assert verdict["culprits"] == [1] and "checkpoint" in verdict["fix"], verdict

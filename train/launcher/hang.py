@@ -43,14 +43,16 @@ def steps_by_rank(metrics_dir: Path) -> dict[str, float]:
     return steps
 
 
-def hang_seconds(step_seconds: list[float]) -> float:
+def hang_seconds(step_seconds: list[float], before: float | None = None) -> float:
     """The stall that collects evidence: TRAINSTACK_HANG_SECONDS, else HANG_STEP_MULTIPLE x the median step,
-    within [HANG_FLOOR, HANG_CEILING]."""
+    within [HANG_FLOOR, HANG_CEILING], and at most half of `before` (the collective timeout, which ends the run:
+    the evidence must come first)."""
     if given := os.environ.get(HANG_SECONDS_ENV):
         return float(given)
     median = statistics.median(step_seconds) if step_seconds else 0.0
-    return min(max(thresholds.HANG_STEP_MULTIPLE.value * median, thresholds.HANG_FLOOR.value),
-               thresholds.HANG_CEILING.value)
+    seconds = min(max(thresholds.HANG_STEP_MULTIPLE.value * median, thresholds.HANG_FLOOR.value),
+                  thresholds.HANG_CEILING.value)
+    return min(seconds, before / 2) if before else seconds
 
 
 def check_hang_seconds() -> None:
@@ -66,8 +68,8 @@ def check_hang_seconds() -> None:
 
 
 class HangWatch:
-    def __init__(self, run_dir: RunDir, metrics_dir: Path, say: Callable[[str], None]):
-        self.run_dir, self.metrics_dir, self.say = run_dir, Path(metrics_dir), say
+    def __init__(self, run_dir: RunDir, metrics_dir: Path, say: Callable[[str], None], before: float | None = None):
+        self.run_dir, self.metrics_dir, self.say, self.before = run_dir, Path(metrics_dir), say, before
         self.last_check = 0.0
         self.last_steps: dict[str, float] = {}
         self.last_change = time.time()
@@ -97,16 +99,23 @@ class HangWatch:
                 self.step_seconds = self.step_seconds[-200:]
             self.last_steps, self.last_change = steps, now
             if self.collected_at_steps is not None and sum(steps.values()) > self.collected_at_steps:
-                self.collected_at_steps = None  # a rank stepped: that stall is over
+                self.collected_at_steps = self.verdict = None  # a rank stepped: that stall is over
             return
         if self.collected_at_steps is not None:
             return
-        if now - self.last_change < hang_seconds(self.step_seconds):
+        if now - self.last_change < hang_seconds(self.step_seconds, self.before):
             return
         self.collected_at_steps = sum(steps.values())
         self.thread = threading.Thread(target=self.collect, args=(steps, now - self.last_change),
                                        name="trainstack-hang-collect", daemon=True)
         self.thread.start()
+
+    def last_line(self) -> str | None:
+        """The verdict of the stall the run ended in, for the launcher's last line; None if it did not end in one."""
+        self.wait()
+        if self.verdict is None:
+            return None
+        return f"{self.verdict.headline} (evidence: {self.stall_dir})"
 
     def wait(self, timeout: float = 30.0) -> None:
         """Let a collection under way finish (the run ended meanwhile: its verdict is still wanted)."""

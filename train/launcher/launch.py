@@ -247,7 +247,7 @@ class Launch:
                 failure_writer, *((self.lease.fd,) if self.lease and self.lease.fd else ())))
             os.close(failure_writer)
             run_processes = Descendants(self.ranks.pid)  # should the agent die, what it started is found here
-            self.hangs = HangWatch(self.run_dir, self.metrics_dir, say)
+            self.hangs = HangWatch(self.run_dir, self.metrics_dir, say, self.config.collective_timeout)
             while self.ranks.poll() is None:
                 if self.stop_signal is not None:
                     self._forward_stop()
@@ -367,6 +367,10 @@ def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | No
         if args.report and launch.node_rank == 0 and write_report_with:
             report = write_report(config.run_dir, write_report_with)
             code = code or report  # a report the disk refused fails a run that trained to its end
+        hang = launched.hangs.last_line() if getattr(launched, "hangs", None) else None
         if launched.failed_rank:  # the last line: the one a user reads first
-            print(f"trainstack train: {launched.failed_rank}", file=sys.stderr)
+            print(f"trainstack train: {launched.failed_rank}{f'; where the ranks waited: {hang}' if hang else ''}",
+                  file=sys.stderr)
+        elif hang and code:
+            print(f"trainstack train: the run ended in a hang: {hang}", file=sys.stderr)
         return code

@@ -188,6 +188,8 @@ class Watch:
                 hangs.poll()
                 time.sleep(POLL_SECONDS)
             say(f"the command {describe_end(command.returncode)}")
+            if (hang := hangs.last_line()) and command.returncode:
+                say(f"it ended in a hang: {hang}")
             self._end_leftovers(processes)
             return exit_status(command.returncode)
         finally:
