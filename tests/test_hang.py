@@ -212,3 +212,16 @@ def test_a_checkpoint_write_that_blocks_one_rank_is_named_and_the_timeout_carrie
     assert "; where the ranks waited: rank 1 has not joined " in last and "in `state_dict`" in last, last
     verdict = json.loads(next(RunDir(tmp_path / "run").hang.glob("stall-*/verdict.json")).read_text())
     assert verdict["culprits"] == [1] and "checkpoint" in verdict["fix"], verdict
+
+
+# ---- the doctor -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env, status", [({}, "PASS"), ({"TRAINSTACK_FLIGHT_RECORDER": "0"}, "WARN"),
+                                         ({"TORCH_FR_BUFFER_SIZE": "0"}, "WARN"),
+                                         ({"TORCH_FR_BUFFER_SIZE": "500"}, "PASS")])
+def test_the_doctor_says_whether_a_hang_will_name_its_collective(env, status):
+    from trainstack.train.launcher.doctor.config import DoctorConfig
+    from trainstack.train.launcher.doctor.hang_checks import check_hang_evidence
+
+    result = check_hang_evidence(DoctorConfig(env={"PATH": "/nonexistent", **env}), None)
+    assert result.status == status, result
+    assert ("py-spy not installed" in result.detail) and ("docs/benchmarks.md" in (result.fix or result.detail))
