@@ -225,3 +225,32 @@ def test_the_doctor_says_whether_a_hang_will_name_its_collective(env, status):
     result = check_hang_evidence(DoctorConfig(env={"PATH": "/nonexistent", **env}), None)
     assert result.status == status, result
     assert ("py-spy not installed" in result.detail) and ("docs/benchmarks.md" in (result.fix or result.detail))
+
+
+# ---- faulthandler: a rank that cannot answer ---------------------------------------------------------------------
+@pytest.mark.slow
+def test_faulthandler_gives_the_stack_of_a_rank_that_does_not_answer(tmp_path):
+    import subprocess
+
+    from trainstack.train.launcher.hang import HangWatch
+
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    script = tmp_path / "stuck.py"
+    script.write_text("import sys, time\nfrom trainstack.hang import start_responder\n"
+                      f"assert start_responder(3, {str(metrics)!r})\nprint('ready', flush=True)\n"
+                      "def stuck():\n    time.sleep(3600)\nstuck()\n")
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        stall = tmp_path / "stall-1"
+        stall.mkdir()
+        HangWatch(RunDir(tmp_path), metrics, print).faulthandler(stall, "3", child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    write_rank(stall, 0, [user(40), C10D], [entry(1), entry(2)])
+    hang = analyze(stall)
+    assert hang.headline == ("rank 0 waits in all_reduce #2 of process group 0; rank 3 gave no Flight Recorder "
+                             "entries: rank 3 is at stuck.py:6 in `stuck`"), hang
+    assert hang.evidence[-1].endswith("(stack from faulthandler)") and hang.culprits == [3]

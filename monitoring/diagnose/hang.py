@@ -180,6 +180,9 @@ def load(stall: Path) -> tuple[dict, dict[int, RankEvidence]]:
         evidence.stack_source = "the rank's own thread" if evidence.stack else "none"
         evidence.entries = record.get("flight_recorder") or []
         evidence.recorder_note = record.get("flight_recorder_error")
+    for path in [*stall.glob("rank-*.py-spy.txt"), *stall.glob("rank-*.faulthandler.txt")]:
+        rank = int(path.name.split("-")[1].split(".")[0])
+        ranks.setdefault(rank, RankEvidence(rank, [], "none", [], None))
     for rank, evidence in ranks.items():
         pyspy = stall / f"rank-{rank}.py-spy.txt"
         faults = stall / f"rank-{rank}.faulthandler.txt"
@@ -271,7 +274,16 @@ def analyze(stall: Path) -> Hang:
         have = {rank: last[group] for rank, last in lasts.items() if group in last}
         top = max(e["collective_seq_id"] for e in have.values())
         waiting = sorted(rank for rank, e in have.items() if e["collective_seq_id"] == top)
-        behind = sorted(r.rank for r in alive if r.rank not in waiting and (r.entries or r.recorder_note is None))
+        behind = sorted(r.rank for r in alive if r.rank in have and r.rank not in waiting)
+        unknown = sorted(r.rank for r in alive if r.rank not in have)
+        if not behind and unknown:
+            op = _op(have[waiting[0]])
+            places = "; ".join(f"rank {rank} is {where(ranks[rank].stack)}" for rank in unknown)
+            culprit_kind = next((kind(ranks[rank].stack) for rank in unknown
+                                 if kind(ranks[rank].stack) != "collective"), "collective")
+            return Hang(f"{_names(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in {op} #{top} of process "
+                        f"group {group}; {_names(unknown)} gave no Flight Recorder entries: {places}", evidence,
+                        FIXES["collective" if culprit_kind in ("collective", "other") else culprit_kind], unknown)
         if behind and waiting:
             op = _op(have[waiting[0]])
             places = "; ".join(f"rank {rank} is {where(ranks[rank].stack)}" for rank in behind)
