@@ -116,12 +116,16 @@ def where(stack: list[Frame]) -> str:
 
 
 def _interesting(frames: list[Frame]) -> Frame | None:
-    """The library frame worth naming: a DataLoader's `__next__`, a c10d collective."""
+    """The call worth naming: a DataLoader's `__next__`, a c10d collective, a checkpoint's save."""
     for frame in frames:
         if "torch/utils/data" in frame.file and frame.function in ("__next__", "_next_data", "_get_data"):
             return frame
     for frame in reversed(frames):
         if "torch/distributed/distributed_c10d" in frame.file:
+            return frame
+    for frame in frames:
+        if ("checkpoint" in Path(frame.file).name or Path(frame.file).name == "serialization.py") and \
+                "save" in frame.function:
             return frame
     return None
 

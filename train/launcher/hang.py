@@ -16,6 +16,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -180,7 +181,7 @@ class HangWatch:
         """py-spy's dump of each rank, where it is installed and may attach; else a note of why not."""
         if os.environ.get(PYSPY_ENV) == "0":
             return f"py-spy: turned off ({PYSPY_ENV}=0); stacks from the ranks' own dumps"
-        pyspy = shutil.which("py-spy")
+        pyspy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
         if not pyspy:
             return "py-spy: not installed (pip install py-spy); stacks from the ranks' own dumps"
         failures = []
