@@ -60,13 +60,19 @@ def stacks_file(metrics_dir: Path, rank: int | str) -> Path:
 
 def hang_environment(run_dir: Path, run_id: str, env: dict[str, str]) -> dict[str, str]:
     """The variables a launcher adds to its ranks' environment (`env`, the one they would get): the Flight
-    Recorder on, its own dumps under RUN_DIR/hang/<run id>/; a user's own setting of either wins."""
+    Recorder on, its own dumps under RUN_DIR/hang/<run id>/ (made here: torch writes there on an NCCL timeout and
+    makes no folder); a user's own setting of either wins."""
     if env.get(FR_SWITCH_ENV) == "0" or FR_BUFFER_ENV in env or FR_BUFFER_OLD_ENV in env:
         added = {}
     else:
         added = {FR_BUFFER_ENV: str(FR_BUFFER_DEFAULT)}
-    if FR_DUMP_ENV not in env:
-        added[FR_DUMP_ENV] = str(RunDir(run_dir).hang.resolve() / run_id / "fr-rank-")
+    if FR_DUMP_ENV not in env and added:
+        dumps = RunDir(run_dir).hang.resolve() / run_id
+        try:
+            dumps.mkdir(parents=True, exist_ok=True)
+            added[FR_DUMP_ENV] = str(dumps / "fr-rank-")
+        except OSError:
+            pass  # a read-only run directory: torch's default place then (the launcher says why elsewhere)
     return added
 
 

@@ -293,8 +293,9 @@ def analyze(stall: Path) -> Hang:
             places = "; ".join(f"rank {rank} is {where(ranks[rank].stack)}" for rank in behind)
             culprit_kind = next((kind(ranks[rank].stack) for rank in behind
                                  if kind(ranks[rank].stack) != "collective"), "collective")
+            waits = f"{_names(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in it"
             return Hang(f"{_names(behind)} {'has' if len(behind) == 1 else 'have'} not joined {op} #{top} of process "
-                        f"group {group} ({_names(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in it); {places}", evidence,
+                        f"group {group} ({waits}); {places}", evidence,
                         FIXES["collective" if culprit_kind in ("collective", "other") else culprit_kind], behind)
 
     stuck = [r for r in alive if kind(r.stack) != "collective"] or alive

@@ -95,8 +95,8 @@ def stalled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         "the exporter is up", tuple(evidence),
         "the launcher (trainstack train or watch) collects where each rank waits into RUN_DIR/hang/ once no "
         "rank has stepped for 20 median steps (at least 60 s): diagnose --run-dir RUN_DIR names the rank and the "
-        "collective or frame it waits in; --collective-timeout turns such a hang into an error naming the rank; rerun the "
-        "same command to resume from the last checkpoint",
+        "collective or frame it waits in; --collective-timeout turns such a hang into an error naming the rank; "
+        "rerun the same command to resume from the last checkpoint",
     )
 
 

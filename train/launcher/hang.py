@@ -24,8 +24,8 @@ from pathlib import Path
 
 from trainstack import catalog, thresholds
 from trainstack.hang import HANG_SECONDS_ENV, PYSPY_ENV, REQUEST_FILE, STACK_SIGNAL, pid_file, stacks_file
-from trainstack.rundir import RunDir
 from trainstack.monitoring.diagnose.hang import COLLECTION_FILE, VERDICT_FILE, Hang, analyze
+from trainstack.rundir import RunDir
 
 CHECK_SECONDS = 1.0  # how often progress is read (a scrape of the metrics files)
 ANSWER_SECONDS = 5.0  # how long the ranks' own answers are waited for before faulthandler is asked

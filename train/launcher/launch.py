@@ -20,6 +20,7 @@ from pathlib import Path
 
 from trainstack import breakdown
 from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError, RuntimeFailure
+from trainstack.hang import hang_environment
 from trainstack.lifetime import (
     Descendants,
     describe_end,
@@ -43,9 +44,8 @@ from trainstack.rundir import (
 )
 from trainstack.train.launcher import run_report
 from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
-from trainstack.hang import hang_environment
-from trainstack.train.launcher.hang import HangWatch
 from trainstack.train.launcher.exporter_process import SupervisedExporter, exporter_beside_run
+from trainstack.train.launcher.hang import HangWatch
 from trainstack.train.launcher.launch_config import LaunchConfig, lease_wait
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
 from trainstack.train.rank import checkpoint, sharding

@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 
 from trainstack.errors import ConfigError, RuntimeFailure
+from trainstack.hang import hang_environment
 from trainstack.lifetime import Descendants, describe_end, stop_grace, wait_or_kill
 from trainstack.rundir import (
     RUN_ID_ENV,
@@ -35,9 +36,8 @@ from trainstack.rundir import (
     run_environment,
 )
 from trainstack.train.launcher import run_report
-from trainstack.hang import hang_environment
-from trainstack.train.launcher.hang import HangWatch
 from trainstack.train.launcher.exporter_process import exporter_beside_run
+from trainstack.train.launcher.hang import HangWatch
 from trainstack.train.launcher.launch_config import add_beside_run_arguments, lease_wait, node_rank_of
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
 from trainstack.write_failure import write_failure
