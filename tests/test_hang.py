@@ -262,3 +262,14 @@ def test_faulthandler_gives_the_stack_of_a_rank_that_does_not_answer(tmp_path):
     assert hang.headline == ("rank 0 waits in all_reduce #2 of process group 0; rank 3 gave no Flight Recorder "
                              "entries: rank 3 is at stuck.py:6 in `stuck`"), hang
     assert hang.evidence[-1].endswith("(stack from faulthandler)") and hang.culprits == [3]
+
+
+# ---- the report -------------------------------------------------------------------------------------------------
+def test_the_report_shows_each_stall_with_its_verdict(tmp_path):
+    from monitoring.report.hangs import hang_section
+
+    assert hang_section(tmp_path) == []
+    write_rank(RunDir(tmp_path).hang / "stall-1", 0, [user(40), C10D], [entry(1), entry(2)])
+    write_rank(RunDir(tmp_path).hang / "stall-1", 1, [user(12, "load")], [entry(1)])
+    parts = hang_section(tmp_path)
+    assert parts[0] == "<h2>Hangs</h2>" and "<h3>stall-1</h3><p>rank 1 has not joined all_reduce #2" in parts[1]

@@ -38,8 +38,11 @@ def latest_stall(hang_dir: Path) -> Path | None:
 def read_verdict(hang_dir: Path) -> Hang | None:
     """The latest stall's verdict under RUN_DIR/hang, analyzing it afresh if no verdict was written."""
     stall = latest_stall(hang_dir)
-    if stall is None:
-        return None
+    return None if stall is None else verdict_of(stall)
+
+
+def verdict_of(stall: Path) -> Hang:
+    """One stall folder's verdict.json, or its analysis when the collection did not get to write one."""
     try:
         data = json.loads((stall / VERDICT_FILE).read_text())
         return Hang(data["headline"], list(data.get("evidence", [])), data.get("fix", ""),

@@ -7,6 +7,7 @@ import base64
 import html
 import time
 
+from trainstack.monitoring.report.hangs import hang_section
 from trainstack.monitoring.report.runfiles import RunFiles
 from trainstack.monitoring.report.tables import cell, rank_rows, segment_rows, time_rows
 from trainstack.rundir import GPU_LOG_FILE, SUMMARY_FILE, TELEMETRY_DIR
@@ -59,6 +60,7 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
                   "over every launch. A killed launch counts to its last record; <code>other</code> is what no "
                   "part accounts for; <code>lost_progress</code> is the steps a later launch trained again.</p>",
                   _table(time_rows(times))]
+    parts += hang_section(run.run_dir)  # each stall's verdict, from RUN_DIR/hang/
     parts.append("<h2>Figures</h2>")
     for figure_id, image in figures.items():
         data = base64.b64encode(image).decode("ascii")
