@@ -273,3 +273,22 @@ def test_the_report_shows_each_stall_with_its_verdict(tmp_path):
     write_rank(RunDir(tmp_path).hang / "stall-1", 1, [user(12, "load")], [entry(1)])
     parts = hang_section(tmp_path)
     assert parts[0] == "<h2>Hangs</h2>" and "<h3>stall-1</h3><p>rank 1 has not joined all_reduce #2" in parts[1]
+
+
+def test_a_job_s_own_sigusr2_handler_is_left_alone(tmp_path, monkeypatch):
+    import signal
+    import threading
+
+    import trainstack.hang as hang
+
+    monkeypatch.setattr(hang, "_started", False)
+    monkeypatch.setattr(hang, "_respond", lambda *args: None)  # no thread left polling after the test
+    mine = lambda signum, frame: None  # noqa: E731
+    previous = signal.signal(signal.SIGUSR2, mine)
+    try:
+        assert threading.current_thread() is threading.main_thread()
+        assert hang.start_responder(4, str(tmp_path))
+        assert signal.getsignal(signal.SIGUSR2) is mine
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert json.loads(hang.pid_file(tmp_path, 4).read_text())["faulthandler"] is False

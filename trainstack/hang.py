@@ -86,11 +86,14 @@ def start_responder(rank: int | str, metrics_dir: str | None = None) -> bool:
     _started = True
     directory = Path(metrics_dir)
     try:
-        if threading.current_thread() is threading.main_thread():
+        # Only where SIGUSR2 is free: a job's own handler (a scheduler's "time is nearly up" signal) is left alone.
+        registered = threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(STACK_SIGNAL) in (signal.SIG_DFL, None)
+        if registered:
             stacks = open(stacks_file(directory, rank), "a")  # noqa: SIM115 - faulthandler writes it until exit
             faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
         pid_file(directory, rank).write_text(json.dumps({"rank": int(rank), "pid": os.getpid(),
-                                                         "faulthandler": STACK_SIGNAL.name}))
+                                                         "faulthandler": registered}))
     except (OSError, ValueError, RuntimeError):
         return False
     main = threading.main_thread().ident

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainstack import catalog, thresholds
-from trainstack.hang import HANG_SECONDS_ENV, PYSPY_ENV, REQUEST_FILE, STACK_SIGNAL, pid_file, stacks_file
+from trainstack.hang import HANG_SECONDS_ENV, PYSPY_ENV, REQUEST_FILE, STACK_SIGNAL, stacks_file
 from trainstack.monitoring.diagnose.hang import COLLECTION_FILE, VERDICT_FILE, Hang, analyze
 from trainstack.rundir import RunDir
 
@@ -79,6 +79,7 @@ class HangWatch:
         self.thread: threading.Thread | None = None
         self.verdict: Hang | None = None
         self.stall_dir: Path | None = None
+        self.registered: set[str] = set()  # ranks with faulthandler on SIGUSR2: only they may be sent it
 
     def poll(self) -> None:
         now = time.time()
@@ -169,12 +170,15 @@ class HangWatch:
 
     def rank_pids(self) -> dict[str, int]:
         pids = {}
+        self.registered = set()
         for path in self.metrics_dir.glob("hang-rank-*.json"):
             try:
                 record = json.loads(path.read_text())
                 pids[str(record["rank"])] = int(record["pid"])
             except (OSError, ValueError, KeyError):
                 continue
+            if record.get("faulthandler"):
+                self.registered.add(str(record["rank"]))
         return pids
 
     def pyspy(self, stall: Path, pids: dict[str, int]) -> str | None:
@@ -205,8 +209,9 @@ class HangWatch:
         """The rank did not answer (its main thread may hold the GIL): faulthandler, registered by the rank, writes
         every thread's stack from its signal handler."""
         source = stacks_file(self.metrics_dir, rank)
-        if not pid_file(self.metrics_dir, rank).exists():
-            return
+        self.rank_pids()
+        if rank not in self.registered:
+            return  # SIGUSR2 would end a process that did not register it (or is a job's own signal there)
         before = source.stat().st_size if source.exists() else 0
         try:
             os.kill(pid, STACK_SIGNAL)
