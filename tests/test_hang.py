@@ -292,3 +292,31 @@ def test_a_job_s_own_sigusr2_handler_is_left_alone(tmp_path, monkeypatch):
     finally:
         signal.signal(signal.SIGUSR2, previous)
     assert json.loads(hang.pid_file(tmp_path, 4).read_text())["faulthandler"] is False
+
+
+def test_evidence_is_collected_once_per_stall_and_again_after_a_step(tmp_path, monkeypatch):
+    import trainstack.train.launcher.hang as supervisor
+
+    clock, steps, collected = [1000.0], {"0": 5.0, "1": 5.0}, []
+    monkeypatch.setattr(supervisor.time, "time", lambda: clock[0])
+    monkeypatch.setattr(supervisor, "steps_by_rank", lambda metrics_dir: dict(steps))
+    monkeypatch.setenv("TRAINSTACK_HANG_SECONDS", "10")
+    watch = supervisor.HangWatch(RunDir(tmp_path), tmp_path, print)
+    monkeypatch.setattr(watch, "collect", lambda *args: collected.append(clock[0]))
+
+    def advance(seconds: float) -> None:
+        for _ in range(int(seconds)):
+            clock[0] += 1
+            watch.poll()
+            if watch.thread:
+                watch.thread.join()
+
+    advance(9)
+    assert collected == []  # under the threshold
+    advance(30)
+    assert collected == [1011.0]  # once, however long the stall lasts (it began at the first look, 1001)
+    steps["1"] = 6.0
+    advance(5)
+    assert collected == [1011.0]  # a step ended the stall
+    advance(20)
+    assert collected == [1011.0, 1050.0]  # the next stall collects again
