@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from monitoring.diagnose.hang import analyze, latest_stall, read_verdict, stack_from_faulthandler, stack_from_pyspy
 from tests.conftest import REPO, wait_for
 from tests.test_watch import kill_tree, start_watch
 from trainstack import thresholds
 from trainstack.hang import FR_BUFFER_ENV, FR_DUMP_ENV, FR_SWITCH_ENV, hang_environment
+from trainstack.hang_verdict import analyze, latest_stall, read_verdict, stack_from_faulthandler, stack_from_pyspy
 from trainstack.rundir import RunDir, free_port
 from trainstack.train.launcher.hang import hang_seconds
 
@@ -184,10 +184,10 @@ def test_a_skipped_collective_on_nccl_is_named(tmp_path):
 
 # ---- diagnose --run-dir -----------------------------------------------------------------------------------------
 def test_diagnose_names_where_ranks_wait_once_evidence_of_this_stall_is_there(tmp_path):
-    from monitoring.diagnose.hang import latest_hang
     from monitoring.diagnose.snapshot import RankView, Snapshot
     from monitoring.diagnose.thresholds import Thresholds
     from monitoring.diagnose.verdicts import diagnose
+    from trainstack.hang_verdict import latest_hang
 
     stall = RunDir(tmp_path).hang / "stall-1"
     write_rank(stall, 0, [user(40), C10D], [entry(1), entry(2)])

@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainstack.monitoring.diagnose.hang import latest_hang
+    from trainstack.hang_verdict import latest_hang
     from trainstack.monitoring.diagnose.render import render_json, render_text
     from trainstack.monitoring.diagnose.snapshot import read_snapshot
     from trainstack.monitoring.diagnose.sources import open_source

@@ -114,7 +114,7 @@ class Snapshot:
     """Exporter instance and cadence ("node0:9450 fast") -> (age of its GPU sample, its sampling interval), s."""
     processes: list[GpuProcess] = field(default_factory=list)
     hang: Any = None
-    """The latest stall's hang verdict from the run directory (`--run-dir`; monitoring/diagnose/hang.py), and the
+    """The latest stall's hang verdict from the run directory (`--run-dir`; trainstack/hang_verdict.py), and the
     unix time it was written: (Hang, time); None without a run directory or a stall."""
 
     def gpus_held(self) -> dict[tuple[str, str], list[GpuProcess]]:

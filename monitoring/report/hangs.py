@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from trainstack.monitoring.diagnose.hang import STALL_DIR, verdict_of
+from trainstack.hang_verdict import STALL_DIR, verdict_of
 from trainstack.rundir import RunDir
 
 

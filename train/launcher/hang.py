@@ -5,7 +5,7 @@ the loop goes on forwarding signals, into a fresh RUN_DIR/hang/stall-<n>/:
 - each rank's Python stack: `py-spy dump` when installed and permitted (it needs ptrace: root or CAP_SYS_PTRACE),
   the rank's own answer (trainstack/hang.py), and faulthandler's (SIGUSR2) for a rank that does not answer;
 - each rank's Flight Recorder entries (the rank's own answer);
-- collection.json (ranks, pids, steps, alive) and verdict.json (monitoring/diagnose/hang.py);
+- collection.json (ranks, pids, steps, alive) and verdict.json (trainstack/hang_verdict.py);
 then prints the verdict as one line. Nothing is killed; a rank that steps again ends the stall.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from trainstack import catalog, thresholds
 from trainstack.hang import HANG_SECONDS_ENV, PYSPY_ENV, REQUEST_FILE, STACK_SIGNAL, stacks_file
-from trainstack.monitoring.diagnose.hang import COLLECTION_FILE, VERDICT_FILE, Hang, analyze
+from trainstack.hang_verdict import COLLECTION_FILE, VERDICT_FILE, Hang, analyze
 from trainstack.rundir import RunDir
 
 CHECK_SECONDS = 1.0  # how often progress is read (a scrape of the metrics files)
