@@ -21,7 +21,7 @@ from tests.test_watch import kill_tree, start_watch
 from trainstack import thresholds
 from trainstack.hang import FR_BUFFER_ENV, FR_DUMP_ENV, FR_SWITCH_ENV, hang_environment
 from trainstack.hang_verdict import analyze, latest_stall, read_verdict, stack_from_faulthandler, stack_from_pyspy
-from trainstack.rundir import RunDir, free_port
+from trainstack.rundir import RunDir, free_port, hang_pid_file
 from trainstack.train.launcher.hang import hang_seconds
 
 DRIVER = REPO / "tests" / "drivers" / "hang_loop.py"
@@ -95,11 +95,12 @@ def test_stacks_are_read_from_faulthandler_and_py_spy_output():
 
 
 def test_the_latest_stall_is_read_and_an_unanalyzed_one_analyzed(tmp_path):
-    assert read_verdict(tmp_path) is None
+    hang_dir = RunDir(tmp_path).hang
+    assert read_verdict(hang_dir) is None
     for n in (1, 2, 10):
-        write_rank(tmp_path / f"stall-{n}", 0, [user(n)], [])
-    assert latest_stall(tmp_path).name == "stall-10"
-    assert "train.py:10" in read_verdict(tmp_path).headline
+        write_rank(hang_dir / f"stall-{n}", 0, [user(n)], [])
+    assert latest_stall(hang_dir).name == "stall-10"
+    assert "train.py:10" in read_verdict(hang_dir).headline
 
 
 # ---- the threshold and the environment --------------------------------------------------------------------------
@@ -291,7 +292,7 @@ def test_a_job_s_own_sigusr2_handler_is_left_alone(tmp_path, monkeypatch):
         assert signal.getsignal(signal.SIGUSR2) is mine
     finally:
         signal.signal(signal.SIGUSR2, previous)
-    assert json.loads(hang.pid_file(tmp_path, 4).read_text())["faulthandler"] is False
+    assert json.loads(hang_pid_file(tmp_path, 4).read_text())["faulthandler"] is False
 
 
 def test_evidence_is_collected_once_per_stall_and_again_after_a_step(tmp_path, monkeypatch):

@@ -28,7 +28,14 @@ import time
 import traceback
 from pathlib import Path
 
-from trainstack.rundir import METRICS_DIR_ENV, RunDir
+from trainstack.rundir import (
+    HANG_REQUEST_FILE,
+    METRICS_DIR_ENV,
+    RunDir,
+    StallDir,
+    hang_pid_file,
+    hang_stacks_file,
+)
 
 # The Flight Recorder's ring buffer, entries per process group and rank; TORCH_NCCL_TRACE_BUFFER_SIZE is its
 # older name. 2000 entries cover ~200 steps of a DDP model with 10 gradient buckets; its cost is in
@@ -44,18 +51,9 @@ HANG_SECONDS_ENV = "TRAINSTACK_HANG_SECONDS"
 # "0": never run py-spy, even when installed (the stacks then come from the ranks' own dumps).
 PYSPY_ENV = "TRAINSTACK_PYSPY"
 STACK_SIGNAL = signal.SIGUSR2
-REQUEST_FILE = "hang-request.json"
 POLL_SECONDS = 1.0
 
 _started = False
-
-
-def pid_file(metrics_dir: Path, rank: int | str) -> Path:
-    return Path(metrics_dir) / f"hang-rank-{rank}.json"
-
-
-def stacks_file(metrics_dir: Path, rank: int | str) -> Path:
-    return Path(metrics_dir) / f"hang-rank-{rank}.stacks.txt"
 
 
 def hang_environment(run_dir: Path, run_id: str, env: dict[str, str]) -> dict[str, str]:
@@ -67,10 +65,10 @@ def hang_environment(run_dir: Path, run_id: str, env: dict[str, str]) -> dict[st
     else:
         added = {FR_BUFFER_ENV: str(FR_BUFFER_DEFAULT)}
     if FR_DUMP_ENV not in env and added:
-        dumps = RunDir(run_dir).hang.resolve() / run_id
+        prefix = RunDir(run_dir.resolve()).fr_dump_prefix(run_id)
         try:
-            dumps.mkdir(parents=True, exist_ok=True)
-            added[FR_DUMP_ENV] = str(dumps / "fr-rank-")
+            prefix.parent.mkdir(parents=True, exist_ok=True)
+            added[FR_DUMP_ENV] = str(prefix)
         except OSError:
             pass  # a read-only run directory: torch's default place then (the launcher says why elsewhere)
     return added
@@ -90,9 +88,9 @@ def start_responder(rank: int | str, metrics_dir: str | None = None) -> bool:
         registered = threading.current_thread() is threading.main_thread() and \
             signal.getsignal(STACK_SIGNAL) in (signal.SIG_DFL, None)
         if registered:
-            stacks = open(stacks_file(directory, rank), "a")  # noqa: SIM115 - faulthandler writes it until exit
+            stacks = open(hang_stacks_file(directory, rank), "a")  # noqa: SIM115 - faulthandler writes it until exit
             faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
-        pid_file(directory, rank).write_text(json.dumps({"rank": int(rank), "pid": os.getpid(),
+        hang_pid_file(directory, rank).write_text(json.dumps({"rank": int(rank), "pid": os.getpid(),
                                                          "faulthandler": registered}))
     except (OSError, ValueError, RuntimeError):
         return False
@@ -104,7 +102,7 @@ def start_responder(rank: int | str, metrics_dir: str | None = None) -> bool:
 
 def _respond(directory: Path, rank: int, main: int) -> None:
     answered: set[str] = set()
-    request = directory / REQUEST_FILE
+    request = directory / HANG_REQUEST_FILE
     while True:
         time.sleep(POLL_SECONDS)
         try:
@@ -128,8 +126,7 @@ def answer(evidence: Path, rank: int, main: int) -> None:
     fr, fr_error = flight_recorder()
     record = {"rank": rank, "pid": os.getpid(), "time": time.time(), "stack": stack, "flight_recorder": fr,
               "flight_recorder_error": fr_error}
-    target = evidence / f"rank-{rank}.json"
-    partial = evidence / f".rank-{rank}.json.tmp"
+    target, partial = StallDir(evidence).answer(rank), StallDir(evidence).partial_answer(rank)
     partial.write_text(json.dumps(record))
     os.link(partial, target)  # never replaces: a second answer to the same directory fails here
     partial.unlink()

@@ -14,9 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-VERDICT_FILE = "verdict.json"
-COLLECTION_FILE = "collection.json"  # the supervisor's notes: ranks, pids, steps, alive, how stacks were taken
-STALL_DIR = re.compile(r"^stall-(\d+)$")
+from trainstack.rundir import RunDir, StallDir
 
 
 @dataclass
@@ -31,8 +29,8 @@ class Hang:
 
 
 def latest_stall(hang_dir: Path) -> Path | None:
-    found = [(int(m.group(1)), p) for p in Path(hang_dir).glob("stall-*") if (m := STALL_DIR.match(p.name))]
-    return max(found)[1] if found else None
+    stalls = RunDir(Path(hang_dir).parent).stalls()
+    return stalls[-1].path if stalls else None
 
 
 def read_verdict(hang_dir: Path) -> Hang | None:
@@ -44,7 +42,7 @@ def read_verdict(hang_dir: Path) -> Hang | None:
 def verdict_of(stall: Path) -> Hang:
     """One stall folder's verdict.json, or its analysis when the collection did not get to write one."""
     try:
-        data = json.loads((stall / VERDICT_FILE).read_text())
+        data = json.loads(StallDir(stall).verdict.read_text())
         return Hang(data["headline"], list(data.get("evidence", [])), data.get("fix", ""),
                     list(data.get("culprits", [])))
     except (OSError, ValueError, KeyError):
@@ -53,8 +51,6 @@ def verdict_of(stall: Path) -> Hang:
 
 def latest_hang(run_dir: Path) -> tuple[Hang, float] | None:
     """The latest stall's verdict under RUN_DIR/hang and when its evidence was collected (diagnose --run-dir)."""
-    from trainstack.rundir import RunDir
-
     hang_dir = RunDir(Path(run_dir)).hang
     stall = latest_stall(hang_dir)
     verdict = read_verdict(hang_dir) if stall else None
@@ -168,31 +164,27 @@ class RankEvidence:
 def load(stall: Path) -> tuple[dict, dict[int, RankEvidence]]:
     collection: dict = {}
     try:
-        collection = json.loads((stall / COLLECTION_FILE).read_text())
+        collection = json.loads(StallDir(stall).collection.read_text())
     except (OSError, ValueError):
         pass
     ranks: dict[int, RankEvidence] = {}
     for rank_text, info in collection.get("ranks", {}).items():
         rank = int(rank_text)
         ranks[rank] = RankEvidence(rank, [], "none", [], None, info.get("alive", True), info.get("steps"))
-    for path in stall.glob("rank-*.json"):
-        if not (m := re.fullmatch(r"rank-(\d+)\.json", path.name)):
-            continue
+    files = StallDir(stall)
+    for rank in sorted(files.ranks()):
+        ranks.setdefault(rank, RankEvidence(rank, [], "none", [], None))
         try:
-            record = json.loads(path.read_text())
+            record = json.loads(files.answer(rank).read_text())
         except (OSError, ValueError):
             continue
-        evidence = ranks.setdefault(int(m.group(1)), RankEvidence(int(m.group(1)), [], "none", [], None))
+        evidence = ranks[rank]
         evidence.stack = [Frame(f["file"], f["line"], f["function"]) for f in record.get("stack", [])]
         evidence.stack_source = "the rank's own thread" if evidence.stack else "none"
         evidence.entries = record.get("flight_recorder") or []
         evidence.recorder_note = record.get("flight_recorder_error")
-    for path in [*stall.glob("rank-*.py-spy.txt"), *stall.glob("rank-*.faulthandler.txt")]:
-        rank = int(path.name.split("-")[1].split(".")[0])
-        ranks.setdefault(rank, RankEvidence(rank, [], "none", [], None))
     for rank, evidence in ranks.items():
-        pyspy = stall / f"rank-{rank}.py-spy.txt"
-        faults = stall / f"rank-{rank}.faulthandler.txt"
+        pyspy, faults = files.pyspy(rank), files.faulthandler(rank)
         if pyspy.is_file() and (frames := stack_from_pyspy(pyspy.read_text(errors="replace"))):
             evidence.stack, evidence.stack_source = frames, "py-spy"
         elif not evidence.stack and faults.is_file() and \

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainstack import catalog, thresholds
-from trainstack.hang import HANG_SECONDS_ENV, PYSPY_ENV, REQUEST_FILE, STACK_SIGNAL, stacks_file
-from trainstack.hang_verdict import COLLECTION_FILE, VERDICT_FILE, Hang, analyze
-from trainstack.rundir import RunDir
+from trainstack.hang import HANG_SECONDS_ENV, PYSPY_ENV, STACK_SIGNAL
+from trainstack.hang_verdict import Hang, analyze
+from trainstack.rundir import HANG_REQUEST_FILE, RunDir, StallDir, hang_pid_files, hang_stacks_file
 
 CHECK_SECONDS = 1.0  # how often progress is read (a scrape of the metrics files)
 ANSWER_SECONDS = 5.0  # how long the ranks' own answers are waited for before faulthandler is asked
@@ -128,7 +128,7 @@ class HangWatch:
         self.run_dir.hang.mkdir(parents=True, exist_ok=True)
         n = 1
         while True:
-            candidate = self.run_dir.hang / f"stall-{n}"
+            candidate = self.run_dir.stall(n).path
             try:
                 candidate.mkdir()  # never reuses a folder: an earlier stall's evidence is kept
                 return candidate
@@ -150,28 +150,29 @@ class HangWatch:
         ranks = {rank: {"steps": steps.get(rank), "pid": pids.get(rank), "alive": _alive(pids.get(rank))}
                  for rank in sorted({*steps, *pids}, key=int)}
         stack_note = self.pyspy(stall, pids)
-        request = self.metrics_dir / REQUEST_FILE
-        partial = self.metrics_dir / (REQUEST_FILE + ".tmp")
+        request = self.metrics_dir / HANG_REQUEST_FILE
+        partial = self.metrics_dir / (HANG_REQUEST_FILE + ".tmp")
         partial.write_text(json.dumps({"dir": str(stall), "time": time.time()}))
         os.replace(partial, request)  # the metrics folder is this launch's own scratch space, not the record
         deadline = time.time() + ANSWER_SECONDS
         live = [r for r in ranks if ranks[r]["alive"] and r in pids]
-        while time.time() < deadline and not all((stall / f"rank-{r}.json").exists() for r in live):
+        files = StallDir(stall)
+        while time.time() < deadline and not all(files.answer(r).exists() for r in live):
             time.sleep(0.2)
         for rank in live:
-            if not (stall / f"rank-{rank}.json").exists():
+            if not files.answer(rank).exists():
                 self.faulthandler(stall, rank, pids[rank])
-        (stall / COLLECTION_FILE).write_text(json.dumps({"quiet_seconds": quiet, "ranks": ranks,
+        files.collection.write_text(json.dumps({"quiet_seconds": quiet, "ranks": ranks,
                                                          "stack_note": stack_note}))
         verdict = analyze(stall)
-        (stall / VERDICT_FILE).write_text(json.dumps(verdict.as_json(), indent=1))
+        files.verdict.write_text(json.dumps(verdict.as_json(), indent=1))
         self.say(f"hang: {verdict.headline} (evidence: {stall})")
         return verdict
 
     def rank_pids(self) -> dict[str, int]:
         pids = {}
         self.registered = set()
-        for path in self.metrics_dir.glob("hang-rank-*.json"):
+        for path in hang_pid_files(self.metrics_dir):
             try:
                 record = json.loads(path.read_text())
                 pids[str(record["rank"])] = int(record["pid"])
@@ -197,7 +198,7 @@ class HangWatch:
                 failures.append(f"rank {rank}: {error}")
                 continue
             if done.returncode == 0:
-                (stall / f"rank-{rank}.py-spy.txt").write_text(done.stdout)
+                StallDir(stall).pyspy(rank).write_text(done.stdout)
             else:
                 failures.append(f"rank {rank}: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
         if failures:
@@ -208,7 +209,7 @@ class HangWatch:
     def faulthandler(self, stall: Path, rank: str, pid: int) -> None:
         """The rank did not answer (its main thread may hold the GIL): faulthandler, registered by the rank, writes
         every thread's stack from its signal handler."""
-        source = stacks_file(self.metrics_dir, rank)
+        source = hang_stacks_file(self.metrics_dir, rank)
         self.rank_pids()
         if rank not in self.registered:
             return  # SIGUSR2 would end a process that did not register it (or is a job's own signal there)
@@ -222,7 +223,7 @@ class HangWatch:
             stacks.seek(before)
             text = stacks.read()
         if text:
-            (stall / f"rank-{rank}.faulthandler.txt").write_bytes(text)
+            StallDir(stall).faulthandler(rank).write_bytes(text)
 
 
 def _alive(pid: int | None) -> bool:
