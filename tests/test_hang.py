@@ -20,7 +20,14 @@ from tests.conftest import REPO, wait_for
 from tests.test_watch import kill_tree, start_watch
 from trainstack import thresholds
 from trainstack.hang import FR_BUFFER_ENV, FR_DUMP_ENV, FR_SWITCH_ENV, hang_environment
-from trainstack.hang_verdict import analyze, latest_stall, read_verdict, stack_from_faulthandler, stack_from_pyspy
+from trainstack.hang_verdict import (
+    analyze,
+    latest_stall,
+    read_verdict,
+    stack_from_faulthandler,
+    stack_from_pyspy,
+    where,
+)
 from trainstack.rundir import RunDir, free_port, hang_pid_file
 from trainstack.train.launcher.hang import hang_seconds
 
@@ -89,9 +96,14 @@ def test_stacks_are_read_from_faulthandler_and_py_spy_output():
     assert [str(f) for f in stack_from_faulthandler(faulthandler)] == [
         "train.py:40 in `main`", "distributed_c10d.py:3252 in `all_reduce`"]
     pyspy = ("Process 12: python train.py\nPython v3.11.2\n\nThread 12 (idle): \"MainThread\"\n"
-             f"    all_reduce ({SITE}/torch/distributed/distributed_c10d.py:3252)\n    main (/home/me/train.py:40)\n")
-    assert [str(f) for f in stack_from_pyspy(pyspy)] == ["train.py:40 in `main`",
-                                                          "distributed_c10d.py:3252 in `all_reduce`"]
+             f"    Batches.__getitem__ (/home/me/train.py:12)\n"
+             f"    _BaseDataLoaderIter.__next__ ({SITE}/torch/utils/data/dataloader.py:733)\n"
+             "    main (/home/me/train.py:40)\n")
+    stack = stack_from_pyspy(pyspy)
+    assert [str(f) for f in stack] == ["train.py:40 in `main`", "dataloader.py:733 in `_BaseDataLoaderIter.__next__`",
+                                       "train.py:12 in `Batches.__getitem__`"]
+    assert where(stack) == ("at train.py:12 in `Batches.__getitem__`, in `_BaseDataLoaderIter.__next__` "
+                            "(torch/utils/data/dataloader.py:733)")
 
 
 def test_the_latest_stall_is_read_and_an_unanalyzed_one_analyzed(tmp_path):
@@ -321,3 +333,22 @@ def test_evidence_is_collected_once_per_stall_and_again_after_a_step(tmp_path, m
     assert collected == [1011.0]  # a step ended the stall
     advance(20)
     assert collected == [1011.0, 1050.0]  # the next stall collects again
+
+
+def test_diagnose_run_dir_flag_reads_the_evidence(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from trainstack.monitoring.diagnose import cli, snapshot, sources
+
+    stall = RunDir(tmp_path).hang / "stall-1"
+    write_rank(stall, 0, [user(40), C10D], [entry(1), entry(2)])
+    write_rank(stall, 1, [user(12, "load")], [entry(1)])
+    collected = stall.stat().st_mtime
+    ranks = [snapshot.RankView(rank=r, steps=60, steps_per_second=0.0, samples_per_second=0.0, data_wait_ratio=0.0,
+                               step_seconds=None, forward_seconds=None, last_step_time=collected - 70) for r in "01"]
+    monkeypatch.setattr(sources, "open_source", lambda *args: None)
+    monkeypatch.setattr(snapshot, "read_snapshot", lambda source: snapshot.Snapshot("test", collected + 5, ranks))
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["--run-dir", str(tmp_path)])) == cli.EXIT_PROBLEM
+    assert "rank 1 has not joined all_reduce #2 of process group 0" in capsys.readouterr().out

@@ -117,7 +117,9 @@ def where(stack: list[Frame]) -> str:
 def _interesting(frames: list[Frame]) -> Frame | None:
     """The call worth naming: a DataLoader's `__next__`, a c10d collective, a checkpoint's save."""
     for frame in frames:
-        if "torch/utils/data" in frame.file and frame.function in ("__next__", "_next_data", "_get_data"):
+        # py-spy names methods with their class (`_BaseDataLoaderIter.__next__`), Python's own stacks do not
+        if "torch/utils/data" in frame.file and \
+                frame.function.rsplit(".", 1)[-1] in ("__next__", "_next_data", "_get_data"):
             return frame
     for frame in reversed(frames):
         if "torch/distributed/distributed_c10d" in frame.file:

@@ -8,6 +8,7 @@ telemetry is judged on its GPUs alone, and a note says so (its exit status is th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from trainstack import thresholds
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     selector = f'job="{args.job}"' if args.job else ""
     snapshot = read_snapshot(open_source(args.url, args.source, args.interval, selector, args.window))
     if args.run_dir is not None:
-        snapshot.hang = latest_hang(args.run_dir)
+        snapshot = dataclasses.replace(snapshot, hang=latest_hang(args.run_dir))
     verdicts = diagnose(snapshot, limits)
     render = render_json if args.json else render_text
     print(render(snapshot.source, verdicts, figures(snapshot), notes(snapshot, limits)), flush=True)
