@@ -163,6 +163,8 @@ def test_a_collective_under_if_rank_0_names_the_rank_that_skipped_it(tmp_path):
     # py-spy is a dev dependency: where it may attach (ptrace), it gives the stacks; else the ranks' own dumps do
     source = "py-spy" if shutil.which("py-spy", path=os.path.dirname(sys.executable)) else "the rank's own thread"
     assert all(f"(stack from {source})" in line for line in verdict["evidence"][:2]), verdict
+    assert re.search(r"^rank 0: .* at hang_loop\.py:\d+ in `main`, in `all_reduce` \(torch/distributed/",
+                     verdict["evidence"][0]), verdict  # the waiting rank's own line, not torch's, is its place
 
 
 @pytest.mark.slow

@@ -192,8 +192,8 @@ class HangWatch:
         failures = []
         for rank, pid in pids.items():
             try:
-                done = subprocess.run([pyspy, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                                      timeout=20)
+                done = subprocess.run([pyspy, "dump", "--full-filenames", "--pid", str(pid)], capture_output=True,
+                                      text=True, timeout=20)
             except (OSError, subprocess.TimeoutExpired) as error:
                 failures.append(f"rank {rank}: {error}")
                 continue
