@@ -130,6 +130,7 @@ def test_the_flight_recorder_is_on_unless_the_user_says_otherwise(tmp_path):
     assert added == {FR_BUFFER_ENV: "2000", FR_DUMP_ENV: str(RunDir(tmp_path).hang.resolve() / "run-1" / "fr-rank-")}
     assert hang_environment(tmp_path, "r", {FR_BUFFER_ENV: "50", FR_DUMP_ENV: "/mine/fr-"}) == {}
     assert hang_environment(tmp_path, "r", {FR_SWITCH_ENV: "0"}) == {}
+    assert set(hang_environment(tmp_path, "r", {FR_BUFFER_ENV: "50"})) == {FR_DUMP_ENV}  # the user's size, our place
     assert (RunDir(tmp_path).hang / "run-1").is_dir()
 
 

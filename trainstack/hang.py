@@ -64,7 +64,8 @@ def hang_environment(run_dir: Path, run_id: str, env: dict[str, str]) -> dict[st
         added = {}
     else:
         added = {FR_BUFFER_ENV: str(FR_BUFFER_DEFAULT)}
-    if FR_DUMP_ENV not in env and added:
+    size = added.get(FR_BUFFER_ENV) or env.get(FR_BUFFER_ENV) or env.get(FR_BUFFER_OLD_ENV) or "0"
+    if FR_DUMP_ENV not in env and env.get(FR_SWITCH_ENV) != "0" and size.strip() != "0":
         prefix = RunDir(run_dir.resolve()).fr_dump_prefix(run_id)
         try:
             prefix.parent.mkdir(parents=True, exist_ok=True)
