@@ -39,7 +39,7 @@ from tests.conftest import REPO, stop_process
 from tests.standin_ranks import write_rank
 from tests.test_monitoring_promql import PROMETHEUS_SERIES, label_values_metric, metric_names
 from trainstack import catalog, ratios
-from trainstack.rundir import free_port
+from trainstack.rundir import RunDir, free_port
 from trainstack.train.launcher.watch import CommandSeries
 
 RULE_FILES = sorted((REPO / "monitoring/prometheus/rules").glob("*.yml"))
@@ -302,10 +302,13 @@ def test_every_catalog_metric_is_produced_and_nothing_else(tmp_path):
     CommandSeries(metrics_dir, ["torchrun", "train.py"], "catalog").running(3)  # what trainstack watch writes
     host_file = tmp_path / "host.json"
     host_file.write_text(json.dumps(fake_host(rank_pid)))
+    stall = RunDir(tmp_path / "run").stall(1)  # what the launcher collects when no rank steps
+    stall.path.mkdir(parents=True)
+    stall.verdict.write_text(json.dumps({"headline": "rank 1 has not joined all_reduce #3", "culprits": [1]}))
     port = free_port()
     exporter = subprocess.Popen(
         [sys.executable, "-m", "trainstack.monitoring.exporter", "--nvml-module", "trainstack.monitoring.nvml_fake",
-         "--port", str(port),
+         "--port", str(port), "--run-dir", str(tmp_path / "run"),
          "--metrics-dir", str(metrics_dir), "--pcie-throughput"],
         cwd=REPO, env={**os.environ, "NVML_FAKE_HOST": str(host_file), "PYTHONPATH": PYTHONPATH})
     wanted = set(SAMPLES)

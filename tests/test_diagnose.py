@@ -30,7 +30,7 @@ from trainstack import catalog
 from trainstack.errors import EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.monitoring.diagnose.render import render_text
 from trainstack.monitoring.diagnose.snapshot import GpuView, RankView, Snapshot, read_snapshot
-from trainstack.monitoring.diagnose.sources import PROMETHEUS_WINDOW, ExporterSource, PrometheusSource, open_source
+from trainstack.monitoring.diagnose.sources import ExporterSource, PrometheusSource, open_source
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes
 from trainstack.rundir import RunDir, free_port
@@ -611,9 +611,10 @@ def test_a_diagnose_whose_scrapes_straddle_the_runs_end_judges_the_first_reading
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OneScrapeExporter)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    args = argparse.Namespace(url=f"http://127.0.0.1:{server.server_address[1]}/metrics", source="exporter",
-                              job=None, window=PROMETHEUS_WINDOW, interval=0.5, stall_seconds=LIMITS.stall_seconds,
-                              json=True)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)  # the command line's own defaults, whatever flags it gains
+    args = parser.parse_args(["--url", f"http://127.0.0.1:{server.server_address[1]}/metrics", "--source", "exporter",
+                              "--interval", "0.5", "--json"])
     assert cli.run(args) == 0  # not 69: what the first scrape gave is judged
     shown = json.loads(capsys.readouterr().out)
     assert shown["notes"][0].startswith("the run ended meanwhile: its exporter was gone 0.5 s after the first scrape")

@@ -420,6 +420,7 @@ def test_run_checks_covers_every_concern(small_shm, tmp_path):
         "memlock",
         "cpus",
         "debug-switches",
+        "hang-evidence",
         "rendezvous-port",
         "exporter-port",
         "output-dir",

@@ -26,13 +26,16 @@ TELEMETRY = "rank telemetry"  # written by each rank into its multiprocess files
 NVML = "nvml"  # read from NVML by the exporter's sampler (monitoring/exporter/sampler.py, nvml.py)
 EXPORTER = "exporter"  # the exporter's own health (monitoring/exporter/health.py)
 WATCH = "trainstack watch"  # the watched command, written by watch into its node's metrics directory
+HANG = "hang evidence"  # the launcher's evidence of a stall in RUN_DIR/hang, served by the exporter beside the run
 
 PREFIX = "trainstack_"
 TRAIN_PREFIX = f"{PREFIX}train_"
 GPU_PREFIX = f"{PREFIX}gpu_"
 EXPORTER_PREFIX = f"{PREFIX}exporter_"
 WATCH_PREFIX = f"{PREFIX}watch_"
-PREFIXES = {TELEMETRY: TRAIN_PREFIX, NVML: GPU_PREFIX, EXPORTER: EXPORTER_PREFIX, WATCH: WATCH_PREFIX}
+HANG_PREFIX = f"{PREFIX}hang_"
+PREFIXES = {TELEMETRY: TRAIN_PREFIX, NVML: GPU_PREFIX, EXPORTER: EXPORTER_PREFIX, WATCH: WATCH_PREFIX,
+            HANG: HANG_PREFIX}
 
 RANK_LABELS = ("rank",)
 GPU_LABELS = ("gpu", "uuid")
@@ -292,6 +295,19 @@ WATCH_COMMAND_INFO = Metric(
     "the watched command line (as a shell would quote it) and the run id", values="1",
     absent_when="the run is not a `trainstack watch` run",
     readers=("diagnose no-training",))
+
+# --- a stall's evidence: the launcher's, in RUN_DIR/hang, served by the exporter (monitoring/exporter/hang.py) ---
+
+HANG_EVIDENCE = Metric(
+    "trainstack_hang_evidence_timestamp_seconds", GAUGE,
+    "When the latest stall's evidence was collected into RUN_DIR/hang: where each rank waits (headline), the ranks "
+    "it names (culprits) and the fix the evidence points to.", ("headline", "culprits", "fix"), HANG,
+    "unix time the launcher (`trainstack train` or `watch`) collected the latest stall's evidence, once no rank had "
+    "stepped for 20 median steps (docs/diagnostics.md, \"When a run hangs\"); `headline` names the rank and the "
+    "collective or frame it waits in, `culprits` the ranks named (comma-separated), `fix` what the evidence points "
+    "to. Evidence newer than the last step is a stall now; older is a stall the run came out of", unit="s",
+    absent_when="the exporter has no run directory (`--run-dir`), or no stall has been collected in it",
+    readers=("diagnose stalled",))
 
 # --- GPUs: read from NVML by the exporter (monitoring/exporter/gpu.py) ---------------------------------------
 

@@ -114,6 +114,7 @@ GPU_LOG_FILE = "gpu.jsonl"
 METRICS_DIR = "metrics"
 LEASE_DIR = "lease"
 EXPORTS_DIR = "exports"
+HANG_DIR = "hang"  # hang evidence: one folder per stall (trainstack/hang.py)
 PREVIOUS_DIR = "previous"
 RANK_RECORDS_FILE = re.compile(r"rank-(\d+)\.jsonl")
 LEASE_FILE = re.compile(r"node-(\d+)\.json")
@@ -194,6 +195,24 @@ class RunDir:
         return sorted(p for p in self.lease.glob("node-*.json") if LEASE_FILE.fullmatch(p.name))
 
     @property
+    def hang(self) -> Path:
+        """Hang evidence: `stall-<n>/` per stall (each rank's stack and Flight Recorder entries, the verdict), and
+        `<run id>/fr-rank-<r>`, torch's own Flight Recorder dumps."""
+        return self.path / HANG_DIR
+
+    def stall(self, n: int) -> StallDir:
+        return StallDir(self.hang / f"stall-{n}")
+
+    def stalls(self) -> list[StallDir]:
+        """The stalls evidence was collected for, oldest first."""
+        found = [(int(m.group(1)), p) for p in self.hang.glob("stall-*") if (m := STALL_DIR.fullmatch(p.name))]
+        return [StallDir(p) for _, p in sorted(found)]
+
+    def fr_dump_prefix(self, run_id: str) -> Path:
+        """TORCH_FR_DUMP_TEMP_FILE: torch appends the rank."""
+        return self.hang / run_id / "fr-rank-"
+
+    @property
     def exports(self) -> Path:
         return self.path / EXPORTS_DIR
 
@@ -214,6 +233,56 @@ class RunDir:
 
 
 SHOWN = RunDir(Path("RUN_DIR"))
+
+
+STALL_DIR = re.compile(r"stall-(\d+)")
+STALL_RANK_FILE = re.compile(r"rank-(\d+)\.(json|py-spy\.txt|faulthandler\.txt)")
+HANG_REQUEST_FILE = "hang-request.json"  # in the metrics folder: the launcher asks the ranks for evidence
+
+
+@dataclass(frozen=True)
+class StallDir:
+    """One stall's evidence (trainstack/hang.py): per rank its own answer, py-spy's and faulthandler's stacks."""
+
+    path: Path
+
+    def answer(self, rank: int | str) -> Path:
+        return self.path / f"rank-{rank}.json"
+
+    def partial_answer(self, rank: int | str) -> Path:
+        return self.path / f".rank-{rank}.json.tmp"
+
+    def pyspy(self, rank: int | str) -> Path:
+        return self.path / f"rank-{rank}.py-spy.txt"
+
+    def faulthandler(self, rank: int | str) -> Path:
+        return self.path / f"rank-{rank}.faulthandler.txt"
+
+    @property
+    def collection(self) -> Path:
+        return self.path / "collection.json"
+
+    @property
+    def verdict(self) -> Path:
+        return self.path / "verdict.json"
+
+    def ranks(self) -> set[int]:
+        """Every rank some evidence names."""
+        return {int(m.group(1)) for p in self.path.glob("rank-*") if (m := STALL_RANK_FILE.fullmatch(p.name))}
+
+
+def hang_pid_file(metrics_dir: Path, rank: int | str) -> Path:
+    """A rank's {"rank", "pid", "faulthandler"}, in this launch's metrics folder: how the launcher finds it."""
+    return Path(metrics_dir) / f"hang-rank-{rank}.json"
+
+
+def hang_pid_files(metrics_dir: Path) -> list[Path]:
+    return sorted(Path(metrics_dir).glob("hang-rank-*.json"))
+
+
+def hang_stacks_file(metrics_dir: Path, rank: int | str) -> Path:
+    """Where faulthandler writes a rank's stacks on SIGUSR2."""
+    return Path(metrics_dir) / f"hang-rank-{rank}.stacks.txt"
 
 
 def check_run_dir(run_dir: Path, flag: str) -> None:

@@ -72,6 +72,20 @@ HOST_BOUND = Threshold(
 STALL = Threshold(
     "stall_seconds", 600.0, "s", "no rank of the job has completed a step for this long",
     "TrainstackTrainingStalled")
+HANG_STEP_MULTIPLE = Threshold(
+    "hang_step_multiple", 20.0, "× the median step",
+    "no rank has stepped for this many of the run's median step times (and at least hang_floor_seconds): the "
+    "launcher (`trainstack train`, `trainstack watch`) collects each rank's stack and Flight Recorder entries into "
+    "RUN_DIR/hang/, once per stall (nvidia-resiliency-ext sets its hang timeout from observed step times too; 20 "
+    "steps' time is well past a log interval's or an evaluation's pause on a steady run)")
+HANG_FLOOR = Threshold(
+    "hang_floor_seconds", 60.0, "s",
+    "the shortest stall that collects hang evidence, however short the steps (a checkpoint write or a loader "
+    "restart takes seconds; TRAINSTACK_HANG_SECONDS sets the threshold outright)")
+HANG_CEILING = Threshold(
+    "hang_ceiling_seconds", 300.0, "s",
+    "the longest a stall waits for evidence, however long the steps: under the default --collective-timeout "
+    "(600 s), so the evidence is there before the timeout ends the run")
 GPU_IDLE = Threshold(
     "gpu_idle_ratio", 0.05, "utilization", "a GPU no rank uses is busy under this share of the time",
     "TrainstackGPUUnused")

@@ -10,6 +10,8 @@ and a note says so (its exit status is the GPU verdicts': 0 on a host without GP
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from pathlib import Path
 
 from trainstack import thresholds
 from trainstack.errors import EXIT_OK, ConfigError
@@ -35,10 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stall-seconds", type=float, default=thresholds.STALL.value,
                         help=f"no step for this long is a stall (default {thresholds.STALL.promql}, as the "
                              f"{thresholds.STALL.alert} alert)")
+    parser.add_argument("--run-dir", type=Path,
+                        help="the run's directory (--output-dir of trainstack train, --run-dir of watch): a stall "
+                             "then names where each rank waits, from the evidence in RUN_DIR/hang/")
     parser.add_argument("--json", action="store_true", help="print verdicts and figures as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainstack.hang_verdict import latest_hang
     from trainstack.monitoring.diagnose.ceilings import of_snapshot
     from trainstack.monitoring.diagnose.render import render_json, render_text
     from trainstack.monitoring.diagnose.snapshot import read_snapshot
@@ -52,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     selector = f'job="{args.job}"' if args.job else ""
     source = open_source(args.url, args.source, args.interval, selector, args.window)
     snapshot = read_snapshot(source)
+    if args.run_dir is not None:
+        snapshot = dataclasses.replace(snapshot, hang=latest_hang(args.run_dir))
     verdicts = diagnose(snapshot, limits)
     render = render_json if args.json else render_text
     said = [source.ended_meanwhile] if source.ended_meanwhile else []

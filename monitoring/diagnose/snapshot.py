@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainstack import catalog, ratios
+from trainstack.hang_verdict import Hang
 from trainstack.monitoring.diagnose.sources import GPU_SAMPLE_AGE, GPU_SAMPLE_INTERVAL, Sample, Source
 
 
@@ -142,6 +143,10 @@ class Snapshot:
     """The command `trainstack watch` runs (catalog.WATCH_COMMAND_INFO); "" when the source is no watched run."""
     command_processes: int | None = None
     """How many of the watched command's processes run now; None when the source is no watched run."""
+    hang: tuple[Hang, float] | None = None
+    """The latest stall's hang verdict and the unix time its evidence was collected: served by the exporter beside
+    the run (catalog.HANG_EVIDENCE), or read from RUN_DIR/hang with `--run-dir` (trainstack/hang_verdict.py); None
+    without a stall."""
 
     def gpus_held(self) -> dict[tuple[str, str], list[GpuProcess]]:
         """(instance, pid) -> the GPUs the process holds: those where it uses the most memory of the processes
@@ -185,7 +190,18 @@ def read_snapshot(source: Source) -> Snapshot:
     commands = [labels.get("command", "") for labels, _ in source.instant(catalog.WATCH_COMMAND_INFO.name)]
     return Snapshot(source.description, source.now, _ranks(source), _gpus(source), _gpu_sample_ages(source),
                     _processes(source), command=commands[0] if commands else "",
-                    command_processes=int(sum(running)) if running else None)
+                    command_processes=int(sum(running)) if running else None, hang=_hang(source))
+
+
+def _hang(source: Source) -> tuple[Hang, float] | None:
+    """The newest stall verdict the source serves (catalog.HANG_EVIDENCE), as diagnose --run-dir reads it from the
+    files; the exporter serves its headline, culprits and fix (the evidence lines stay in RUN_DIR/hang)."""
+    served = source.instant(catalog.HANG_EVIDENCE.name)
+    if not served:
+        return None
+    labels, collected_at = max(served, key=lambda sample: sample[1])
+    culprits = [int(rank) for rank in labels.get("culprits", "").split(",") if rank.strip().isdigit()]
+    return Hang(labels.get("headline", ""), [], labels.get("fix", ""), culprits), collected_at
 
 
 def _processes(source: Source) -> list[GpuProcess]:

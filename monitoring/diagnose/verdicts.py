@@ -80,8 +80,11 @@ def stalled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     stepped = [r for r in snapshot.ranks if r.last_step_time]
     if not stepped:
         return None
-    age = snapshot.now - max(r.last_step_time for r in stepped)
-    if age <= limits.stall_seconds:
+    last_step = max(r.last_step_time for r in stepped)
+    age = snapshot.now - last_step
+    # Evidence collected since the last step (the launcher's threshold follows the run's step times) is this stall.
+    hang = snapshot.hang[0] if snapshot.hang and snapshot.hang[1] > last_step else None
+    if age <= limits.stall_seconds and hang is None:
         return None
     evidence = [f"rank {r.rank}: step {r.steps:.0f}, last step {snapshot.now - r.last_step_time:.0f} s ago"
                 for r in snapshot.ranks if r.last_step_time]
@@ -97,12 +100,17 @@ def stalled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         # leaves its GPU idle.
         evidence.append(f"{_ranks_list(idle)}: GPU idle while the other ranks' GPUs are busy waiting in NCCL: "
                         "the likely culprit")
+    if hang is not None:
+        return Verdict("stalled", f"no rank has completed a step for {age:.0f} s: {hang.headline}",
+                       (*evidence, *hang.evidence), f"{hang.fix}; --collective-timeout turns such a hang into an "
+                       "error; rerun the same command to resume from the last checkpoint")
     return Verdict(
         "stalled", f"no rank has completed a step for {age:.0f} s (threshold {limits.stall_seconds:g} s) while "
         "the exporter is up", tuple(evidence),
-        "py-spy dump --pid <pid> on each rank shows where it waits (a collective, a data-loader worker, a "
-        "checkpoint write); --collective-timeout turns such a hang into an error naming the rank; rerun the "
-        "same command to resume from the last checkpoint",
+        "the launcher (trainstack train or watch) collects where each rank waits into RUN_DIR/hang/ once no "
+        "rank has stepped for 20 median steps (at least 60 s), and diagnose then names the rank and the collective or "
+        "frame it waits in (the exporter beside the run serves it; elsewhere --run-dir RUN_DIR); --collective-timeout turns such a hang into an error naming the rank; "
+        "rerun the same command to resume from the last checkpoint",
     )
 
 

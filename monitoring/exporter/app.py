@@ -11,6 +11,7 @@ from trainstack.errors import ConfigError, RuntimeFailure
 from trainstack.monitoring.exporter.config import ExporterConfig
 from trainstack.monitoring.exporter.gpu import GpuCollector
 from trainstack.monitoring.exporter.gpu_log import GpuLog
+from trainstack.monitoring.exporter.hang import HangCollector
 from trainstack.monitoring.exporter.health import CollectorRuns, ExporterCollector, Timed
 from trainstack.monitoring.exporter.nvml import NvmlSession
 from trainstack.monitoring.exporter.sampler import Sampler
@@ -30,6 +31,7 @@ def build_registry(config: ExporterConfig, sampler: Sampler) -> CollectorRegistr
     runs = CollectorRuns()
     registry.register(Timed(GpuCollector(sampler), runs))
     registry.register(Timed(TrainingCollector(config.metrics_dir), runs))
+    registry.register(Timed(HangCollector(config.run_dir), runs))
     registry.register(ExporterCollector(sampler.session, runs, sampler))  # last: reports the runs of the two above
     return registry
 

@@ -8,6 +8,7 @@ import html
 import time
 
 from trainstack import ceilings
+from trainstack.monitoring.report.hangs import hang_section
 from trainstack.monitoring.report.runfiles import RunFiles
 from trainstack.monitoring.report.tables import cell, header_rows, rank_rows, segment_rows, time_rows
 from trainstack.rundir import GPU_LOG_FILE, SUMMARY_FILE, TELEMETRY_DIR
@@ -80,6 +81,7 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
                       "faster (docs/diagnostics.md, \"From verdict to fix\").</p>",
                       _table([{"verdict": c.kind, "share": c.share, "speedup at most": c.speedup, "why": c.text}
                               for c in found.values()])]
+    parts += hang_section(run.run_dir)  # each stall's verdict, from RUN_DIR/hang/
     parts.append("<h2>Figures</h2>")
     for figure_id, image in figures.items():
         data = base64.b64encode(image).decode("ascii")

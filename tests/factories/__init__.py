@@ -84,6 +84,20 @@ def disk_full_gpt(config, vocab_size: int) -> DiskFullGPT:
     return DiskFullGPT(BUILTIN_MODELS["tiny-gpt"], vocab_size, config.seq_len)
 
 
+class StuckSaveGPT(GPT):
+    """On the rank named by TRAINSTACK_TEST_STUCK_SAVE_RANK, the checkpoint write never returns (a file system that
+    stopped answering), while the other ranks go on to the collective after it."""
+
+    def state_dict(self, *args, **kwargs):
+        if _rank() == int(os.environ.get("TRAINSTACK_TEST_STUCK_SAVE_RANK", "-1")):
+            time.sleep(3600)
+        return super().state_dict(*args, **kwargs)
+
+
+def stuck_save_gpt(config, vocab_size: int) -> StuckSaveGPT:
+    return StuckSaveGPT(BUILTIN_MODELS["tiny-gpt"], vocab_size, config.seq_len)
+
+
 class SlowPausesGPT(GPT):
     """Each checkpoint takes TRAINSTACK_TEST_SAVE_DELAY seconds longer to save (slow storage) and each evaluation
     TRAINSTACK_TEST_EVAL_DELAY seconds longer (a slow evaluation set), on every rank."""

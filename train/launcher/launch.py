@@ -20,6 +20,7 @@ from pathlib import Path
 
 from trainstack import breakdown, ceilings
 from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError, RuntimeFailure
+from trainstack.hang import hang_environment
 from trainstack.lifetime import (
     Descendants,
     describe_end,
@@ -45,6 +46,7 @@ from trainstack.rundir import (
 from trainstack.train.launcher import run_report
 from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
 from trainstack.train.launcher.exporter_process import SupervisedExporter, exporter_beside_run
+from trainstack.train.launcher.hang import HangWatch
 from trainstack.train.launcher.launch_config import LaunchConfig, lease_wait
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
 from trainstack.train.launcher.run_report import Judge
@@ -175,6 +177,7 @@ class Launch:
         if self.resume_from:
             env[VERIFIED_CHECKPOINT_ENV] = str(self.resume_from)  # hashed in preflight; ranks check sizes only
         env[NNODES_ENV] = str(self.launch.nnodes)
+        env.update(hang_environment(self.run_dir.path, self.run_id, env))  # the Flight Recorder on
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed NCCL collective aborts, not hangs
         if self.launch.use_cpu:
             env[USE_CPU_ENV] = "1"
@@ -248,10 +251,12 @@ class Launch:
                 failure_writer, *((self.lease.fd,) if self.lease and self.lease.fd else ())))
             os.close(failure_writer)
             run_processes = Descendants(self.ranks.pid)  # should the agent die, what it started is found here
+            self.hangs = HangWatch(self.run_dir, self.metrics_dir, say, self.config.collective_timeout)
             while self.ranks.poll() is None:
                 if self.stop_signal is not None:
                     self._forward_stop()
                 run_processes.look()
+                self.hangs.poll()
                 time.sleep(0.2)
             self._wait_for_orphans(run_processes)
             self.failed_rank = read_failed_rank(failures)
@@ -371,6 +376,10 @@ def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | No
         if args.report and launch.node_rank == 0 and write_report_with:
             report = write_report(config.run_dir, write_report_with)
             code = code or report  # a report the disk refused fails a run that trained to its end
+        hang = launched.hangs.last_line() if getattr(launched, "hangs", None) else None
         if launched.failed_rank:  # the last line: the one a user reads first
-            print(f"trainstack train: {launched.failed_rank}", file=sys.stderr)
+            print(f"trainstack train: {launched.failed_rank}{f'; where the ranks waited: {hang}' if hang else ''}",
+                  file=sys.stderr)
+        elif hang and code:
+            print(f"trainstack train: the run ended in a hang: {hang}", file=sys.stderr)
         return code

@@ -25,6 +25,7 @@ import psutil
 
 from trainstack import breakdown, catalog, ceilings
 from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, RuntimeFailure
+from trainstack.hang import hang_environment
 from trainstack.lifetime import Descendants, describe_end, stop_grace, wait_or_kill
 from trainstack.rundir import (
     INSTRUMENT_HINT,
@@ -43,6 +44,7 @@ from trainstack.rundir import (
 )
 from trainstack.train.launcher import run_report
 from trainstack.train.launcher.exporter_process import exporter_beside_run
+from trainstack.train.launcher.hang import HangWatch
 from trainstack.train.launcher.launch_config import add_beside_run_arguments, lease_wait, node_rank_of
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
 from trainstack.train.launcher.run_report import Judge
@@ -185,8 +187,9 @@ class Watch:
         # Not the supervisor's PID: it names a process's parent, and the command's own processes (torchrun's
         # workers) are not watch's children; trainstack code in them would take watch for gone.
         env = {name: value for name, value in os.environ.items() if name != SUPERVISOR_PID_ENV}
-        return {**env, **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time(),
-                                            LAUNCHER_WATCH)}
+        env = {**env, **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time(),
+                                         LAUNCHER_WATCH)}
+        return {**env, **hang_environment(self.run_dir.path, self.run_id, env)}
 
     def on_signal(self, signum, frame) -> None:
         self.received.append(signum)
@@ -241,10 +244,12 @@ class Watch:
             command = self.start()
             processes = Descendants(command.pid)
             hint_at: float | None = time.monotonic() + hint_seconds()
+            hangs = HangWatch(self.run_dir, self.metrics_dir, say)
             while command.poll() is None:
                 self._forward(command)
                 processes.look()
                 series.running(1 + len(processes.running()))
+                hangs.poll()
                 if hint_at is not None and time.monotonic() >= hint_at:
                     hint_at = None
                     if not self._ranks_recorded():
@@ -254,6 +259,8 @@ class Watch:
             self.ended_at = time.time()
             say(f"the command {describe_end(command.returncode)}")
             series.running(len(processes.running()))
+            if (hang := hangs.last_line()) and command.returncode:
+                say(f"it ended in a hang: {hang}")
             self._end_leftovers(processes)
             series.running(0)
             return exit_status(command.returncode)

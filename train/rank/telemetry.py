@@ -24,6 +24,7 @@ import psutil
 import torch
 
 from trainstack import breakdown, catalog, ratios
+from trainstack.hang import start_responder
 from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, SEGMENT_ENDED, SEGMENT_MARKER, RunDir
 from trainstack.train.rank.comm import watch_gradient_communication
 from trainstack.train.rank.comm_setup import CommSetup
@@ -212,6 +213,7 @@ class Telemetry:
         self._metrics = RankMetrics.build(identity, self.clock, device.type == "cuda", bool(peak)) \
             if os.environ.get(METRICS_DIR_ENV) else None
         self._launched_at = launch_time()
+        start_responder(identity.rank)  # hang evidence on the launcher's request (trainstack/hang.py)
         self._records_path = RunDir(run_dir).rank_records(identity.rank)
         with self._storage_failures():
             self._records_path.parent.mkdir(parents=True, exist_ok=True)

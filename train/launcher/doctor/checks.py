@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from trainstack.train.launcher.doctor import gpu_checks, host_checks, port_checks, storage_checks, switch_checks
+from trainstack.train.launcher.doctor import (
+    gpu_checks,
+    hang_checks,
+    host_checks,
+    port_checks,
+    storage_checks,
+    switch_checks,
+)
 from trainstack.train.launcher.doctor.config import DoctorConfig
 from trainstack.train.launcher.doctor.inventory import probe_gpus
 from trainstack.train.launcher.doctor.result import CheckResult
@@ -15,6 +22,7 @@ CHECKS = (
     host_checks.check_memlock,
     host_checks.check_cpus,
     switch_checks.check_debug_switches,
+    hang_checks.check_hang_evidence,
     port_checks.check_rendezvous_port,
     port_checks.check_exporter_port,
     storage_checks.check_output_dir,

@@ -1,0 +1,357 @@
+"""Issue 31: a hang names where each rank waits. Without a process: the verdict's logic on evidence folders as the
+ranks write them, the threshold, the environment. With processes (2 CPU ranks over gloo, a user's loop under
+`trainstack watch` instrumented with trainstack.monitor; tests/drivers/hang_loop.py): a skipped collective, a stuck
+DataLoader, a healthy run, py-spy that cannot attach."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO, wait_for
+from tests.test_watch import kill_tree, start_watch
+from trainstack import thresholds
+from trainstack.hang import FR_BUFFER_ENV, FR_DUMP_ENV, FR_SWITCH_ENV, hang_environment
+from trainstack.hang_verdict import (
+    analyze,
+    latest_stall,
+    read_verdict,
+    stack_from_faulthandler,
+    stack_from_pyspy,
+    where,
+)
+from trainstack.rundir import RunDir, free_port, hang_pid_file
+from trainstack.train.launcher.hang import hang_seconds
+
+DRIVER = REPO / "tests" / "drivers" / "hang_loop.py"
+SITE = "/venv/lib/python3.11/site-packages"
+C10D = {"file": f"{SITE}/torch/distributed/distributed_c10d.py", "line": 3252, "function": "all_reduce"}
+
+
+def entry(seq: int, op: str = "all_reduce", sizes=((4,),)) -> dict:
+    return {"pg_id": 0, "collective_seq_id": seq, "profiling_name": f"gloo:{op}", "input_sizes": sizes,
+            "state": "scheduled"}
+
+
+def write_rank(stall: Path, rank: int, stack: list[dict], entries: list[dict]) -> None:
+    stall.mkdir(parents=True, exist_ok=True)
+    (stall / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "stack": stack, "flight_recorder": entries}))
+
+
+def user(line: int, function: str = "main") -> dict:
+    return {"file": "/home/me/train.py", "line": line, "function": function}
+
+
+# ---- the verdict, from evidence folders --------------------------------------------------------------------------
+def test_a_rank_that_never_joined_is_named_with_the_collective_and_its_place(tmp_path):
+    write_rank(tmp_path, 0, [user(40), C10D], [entry(s) for s in range(1, 27)])
+    write_rank(tmp_path, 1, [user(40), {"file": f"{SITE}/torch/utils/data/dataloader.py", "line": 733,
+                                        "function": "__next__"}, user(12, "__getitem__")],
+               [entry(s) for s in range(1, 26)])
+    hang = analyze(tmp_path)
+    assert hang.headline.startswith("rank 1 has not joined all_reduce #26 of process group 0 (rank 0 waits in it)")
+    assert "train.py:12 in `__getitem__`, in `__next__` (torch/utils/data/dataloader.py:733)" in hang.headline
+    assert hang.culprits == [1] and "DataLoader" in hang.fix
+
+
+def test_different_collectives_at_one_sequence_number_are_a_mismatch(tmp_path):
+    write_rank(tmp_path, 0, [user(50), C10D], [entry(1), entry(2, "broadcast", [[8]])])
+    write_rank(tmp_path, 1, [user(40), C10D], [entry(1), entry(2)])
+    hang = analyze(tmp_path)
+    assert hang.headline.startswith("mismatched collectives at #2 of process group 0: rank 0 broadcast of sizes "
+                                    "[[8]] at train.py:50")
+    assert "if rank == 0:" in hang.fix
+
+
+def test_a_rank_whose_process_is_gone_is_named_as_died(tmp_path):
+    write_rank(tmp_path, 0, [user(40), C10D], [entry(1), entry(2)])
+    (tmp_path / "collection.json").write_text(json.dumps({"ranks": {"0": {"alive": True, "steps": 9},
+                                                                    "1": {"alive": False, "steps": 9}}}))
+    assert analyze(tmp_path).headline == "rank 1 died; the other ranks wait for it"
+
+
+def test_ranks_stuck_outside_any_collective_are_named_where_they_are(tmp_path):
+    write_rank(tmp_path, 0, [user(70), {"file": f"{SITE}/torch/serialization.py", "line": 900, "function": "save"}],
+               [entry(1)])
+    write_rank(tmp_path, 1, [user(40), C10D], [entry(1)])
+    hang = analyze(tmp_path)
+    assert hang.headline == ("no rank is behind the others' collectives; rank 0 is at train.py:70 in `main`, in "
+                             "`save` (torch/serialization.py:900) while rank 1 wait in a collective")
+    assert "checkpoint" in hang.fix
+
+
+def test_stacks_are_read_from_faulthandler_and_py_spy_output():
+    faulthandler = ('Thread 0x00007f (most recent call first):\n  File "/x/threading.py", line 3 in wait\n\n'
+                    'Current thread 0x00007e (most recent call first):\n'
+                    f'  File "{SITE}/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
+                    '  File "/home/me/train.py", line 40 in main\n')
+    assert [str(f) for f in stack_from_faulthandler(faulthandler)] == [
+        "train.py:40 in `main`", "distributed_c10d.py:3252 in `all_reduce`"]
+    pyspy = ("Process 12: python train.py\nPython v3.11.2\n\nThread 12 (idle): \"MainThread\"\n"
+             f"    Batches.__getitem__ (/home/me/train.py:12)\n"
+             f"    _BaseDataLoaderIter.__next__ ({SITE}/torch/utils/data/dataloader.py:733)\n"
+             "    main (/home/me/train.py:40)\n")
+    stack = stack_from_pyspy(pyspy)
+    assert [str(f) for f in stack] == ["train.py:40 in `main`", "dataloader.py:733 in `_BaseDataLoaderIter.__next__`",
+                                       "train.py:12 in `Batches.__getitem__`"]
+    assert where(stack) == ("at train.py:12 in `Batches.__getitem__`, in `_BaseDataLoaderIter.__next__` "
+                            "(torch/utils/data/dataloader.py:733)")
+
+
+def test_the_latest_stall_is_read_and_an_unanalyzed_one_analyzed(tmp_path):
+    hang_dir = RunDir(tmp_path).hang
+    assert read_verdict(hang_dir) is None
+    for n in (1, 2, 10):
+        write_rank(hang_dir / f"stall-{n}", 0, [user(n)], [])
+    assert latest_stall(hang_dir).name == "stall-10"
+    assert "train.py:10" in read_verdict(hang_dir).headline
+
+
+# ---- the threshold and the environment --------------------------------------------------------------------------
+def test_the_threshold_follows_the_steps_within_its_floor_and_ceiling(monkeypatch):
+    monkeypatch.delenv("TRAINSTACK_HANG_SECONDS", raising=False)
+    assert hang_seconds([]) == thresholds.HANG_FLOOR.value
+    assert hang_seconds([5.0, 6.0, 100.0]) == 6.0 * thresholds.HANG_STEP_MULTIPLE.value
+    assert hang_seconds([1000.0]) == thresholds.HANG_CEILING.value
+    monkeypatch.setenv("TRAINSTACK_HANG_SECONDS", "3")
+    assert hang_seconds([1000.0]) == 3.0
+
+
+def test_the_flight_recorder_is_on_unless_the_user_says_otherwise(tmp_path):
+    added = hang_environment(tmp_path, "run-1", {})
+    assert added == {FR_BUFFER_ENV: "2000", FR_DUMP_ENV: str(RunDir(tmp_path).hang.resolve() / "run-1" / "fr-rank-")}
+    assert hang_environment(tmp_path, "r", {FR_BUFFER_ENV: "50", FR_DUMP_ENV: "/mine/fr-"}) == {}
+    assert hang_environment(tmp_path, "r", {FR_SWITCH_ENV: "0"}) == {}
+    assert set(hang_environment(tmp_path, "r", {FR_BUFFER_ENV: "50"})) == {FR_DUMP_ENV}  # the user's size, our place
+    assert (RunDir(tmp_path).hang / "run-1").is_dir()
+
+
+# ---- 2 ranks over gloo under watch ------------------------------------------------------------------------------
+def watch_hang(run_dir: Path, hang: str, env: dict | None = None, *args: str) -> tuple[dict | None, str]:
+    """The driver under watch with a 2 s stall threshold; the verdict once written (then the run is killed), or
+    None and the output when the run ended without one."""
+    watched = start_watch(run_dir, "--exporter-port", "0", "--no-report", "--", sys.executable, "-m",
+                          "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                          str(DRIVER), "--hang", hang, *args,
+                          env={"OMP_NUM_THREADS": "1", "TRAINSTACK_HANG_SECONDS": "2", **(env or {})})
+    verdicts = lambda: list(RunDir(run_dir).hang.glob("stall-*/verdict.json"))  # noqa: E731
+    try:
+        if hang == "none":
+            output, _ = watched.communicate(timeout=300)
+            assert watched.returncode == 0, output
+            return None, output
+        wait_for(lambda: verdicts(), watched, timeout=240)
+    finally:
+        kill_tree(watched)
+    return json.loads(verdicts()[0].read_text()), ""
+
+
+@pytest.mark.slow
+def test_a_collective_under_if_rank_0_names_the_rank_that_skipped_it(tmp_path):
+    verdict, _ = watch_hang(tmp_path / "run", "skip-collective")
+    assert verdict["culprits"] == [1], verdict
+    assert verdict["headline"].startswith("rank 1 has not joined all_reduce #"), verdict
+    assert "(rank 0 waits in it); rank 1 is at hang_loop.py:" in verdict["headline"]
+    assert "in `own_evaluation`" in verdict["headline"] and "if rank == 0:" in verdict["fix"]
+    # py-spy is a dev dependency: where it may attach (ptrace), it gives the stacks; else the ranks' own dumps do
+    source = "py-spy" if shutil.which("py-spy", path=os.path.dirname(sys.executable)) else "the rank's own thread"
+    assert all(f"(stack from {source})" in line for line in verdict["evidence"][:2]), verdict
+    assert re.search(r"^rank 0: .* at hang_loop\.py:\d+ in `main`, in `all_reduce` \(torch/distributed/",
+                     verdict["evidence"][0]), verdict  # the waiting rank's own line, not torch's, is its place
+
+
+@pytest.mark.slow
+def test_a_stuck_data_loader_is_named_and_py_spy_that_cannot_attach_is_said(tmp_path):
+    fake = tmp_path / "bin" / "py-spy"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'Error: Permission denied (os error 13)' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    verdict, _ = watch_hang(tmp_path / "run", "loader", {"PATH": f"{fake.parent}:{os.environ['PATH']}"})
+    assert verdict["culprits"] == [1], verdict
+    assert "rank 1 is at hang_loop.py:" in verdict["headline"] and "in `__getitem__`" in verdict["headline"]
+    assert "in `__next__` (torch/utils/data/dataloader.py:" in verdict["headline"], verdict
+    assert "DataLoader" in verdict["fix"]
+    assert any(line.startswith("py-spy could not attach (it needs ptrace") for line in verdict["evidence"]), verdict
+    assert any("stack from the rank's own thread" in line for line in verdict["evidence"]), verdict
+
+
+@pytest.mark.slow
+def test_a_healthy_run_collects_no_hang_evidence(tmp_path):
+    # A threshold of 10 s, not 2: a loaded test machine may pause a healthy rank for seconds.
+    verdict, output = watch_hang(tmp_path / "run", "none", {"TRAINSTACK_HANG_SECONDS": "10"})
+    assert verdict is None and "hang:" not in output
+    assert not list(RunDir(tmp_path / "run").hang.glob("stall-*"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_a_skipped_collective_on_nccl_is_named(tmp_path):
+    verdict, _ = watch_hang(tmp_path / "run", "skip-collective", None, "--backend", "nccl")
+    assert verdict["culprits"] == [1] and "has not joined all_reduce #" in verdict["headline"]
+
+
+# ---- diagnose --run-dir -----------------------------------------------------------------------------------------
+def test_diagnose_names_where_ranks_wait_once_evidence_of_this_stall_is_there(tmp_path):
+    from monitoring.diagnose.snapshot import RankView, Snapshot
+    from monitoring.diagnose.thresholds import Thresholds
+    from monitoring.diagnose.verdicts import diagnose
+    from trainstack.hang_verdict import latest_hang
+
+    stall = RunDir(tmp_path).hang / "stall-1"
+    write_rank(stall, 0, [user(40), C10D], [entry(1), entry(2)])
+    write_rank(stall, 1, [user(12, "load")], [entry(1)])
+    hang = latest_hang(tmp_path)
+    collected = hang[1]
+    ranks = [RankView(rank=r, steps=60, steps_per_second=0.0, samples_per_second=0.0, data_wait_ratio=0.0,
+                      step_seconds=None, forward_seconds=None, last_step_time=collected - 70) for r in "01"]
+    verdicts = diagnose(Snapshot("test", collected + 5, ranks, hang=hang), Thresholds())
+    assert [v.kind for v in verdicts] == ["stalled"]
+    assert verdicts[0].summary == ("no rank has completed a step for 75 s: rank 1 has not joined all_reduce #2 of "
+                                   "process group 0 (rank 0 waits in it); rank 1 is at train.py:12 in `load`")
+    stepped_since = [RankView(**{**vars(r), "last_step_time": collected + 1}) for r in ranks]
+    assert diagnose(Snapshot("test", collected + 5, stepped_since, hang=hang), Thresholds()) == []
+
+
+# ---- trainstack train -------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_checkpoint_write_that_blocks_one_rank_is_named_and_the_timeout_carries_it(tmp_path):
+    from tests.conftest import explain, train
+
+    result = train(tmp_path / "run", "--model", "tests.factories:stuck_save_gpt", "--max-steps", "50",
+                   "--checkpoint-every", "5", "--collective-timeout", "20", timeout=240,
+                   env={"TRAINSTACK_TEST_STUCK_SAVE_RANK": "1", "TRAINSTACK_HANG_SECONDS": "2"})
+    assert result.returncode == 1, explain(result)
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("trainstack train: rank 0: a collective waited longer than --collective-timeout 20 s"), \
+        explain(result)
+    assert "; where the ranks waited: rank 1 has not joined " in last and "state_dict`" in last, last
+    assert re.search(r"in `(\w+\.)?save` \(checkpointer\.py:\d+\)", last), last
+    verdict = json.loads(next(RunDir(tmp_path / "run").hang.glob("stall-*/verdict.json")).read_text())
+    assert verdict["culprits"] == [1] and "checkpoint" in verdict["fix"], verdict
+
+
+# ---- the doctor -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env, status", [({}, "PASS"), ({"TRAINSTACK_FLIGHT_RECORDER": "0"}, "WARN"),
+                                         ({"TORCH_FR_BUFFER_SIZE": "0"}, "WARN"),
+                                         ({"TORCH_FR_BUFFER_SIZE": "500"}, "PASS")])
+def test_the_doctor_says_whether_a_hang_will_name_its_collective(env, status):
+    from trainstack.train.launcher.doctor.config import DoctorConfig
+    from trainstack.train.launcher.doctor.hang_checks import check_hang_evidence
+
+    result = check_hang_evidence(DoctorConfig(env={"PATH": "/nonexistent", **env}), None)
+    assert result.status == status, result
+    assert ("py-spy not installed" in result.detail) and ("docs/benchmarks.md" in (result.fix or result.detail))
+
+
+# ---- faulthandler: a rank that cannot answer ---------------------------------------------------------------------
+@pytest.mark.slow
+def test_faulthandler_gives_the_stack_of_a_rank_that_does_not_answer(tmp_path):
+    import subprocess
+
+    from trainstack.train.launcher.hang import HangWatch
+
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    script = tmp_path / "stuck.py"
+    script.write_text("import sys, time\nfrom trainstack.hang import start_responder\n"
+                      f"assert start_responder(3, {str(metrics)!r})\nprint('ready', flush=True)\n"
+                      "def stuck():\n    time.sleep(3600)\nstuck()\n")
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        stall = tmp_path / "stall-1"
+        stall.mkdir()
+        HangWatch(RunDir(tmp_path), metrics, print).faulthandler(stall, "3", child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    write_rank(stall, 0, [user(40), C10D], [entry(1), entry(2)])
+    hang = analyze(stall)
+    assert hang.headline == ("rank 0 waits in all_reduce #2 of process group 0; rank 3 gave no Flight Recorder "
+                             "entries: rank 3 is at stuck.py:6 in `stuck`"), hang
+    assert hang.evidence[-1].endswith("(stack from faulthandler)") and hang.culprits == [3]
+
+
+# ---- the report -------------------------------------------------------------------------------------------------
+def test_the_report_shows_each_stall_with_its_verdict(tmp_path):
+    from monitoring.report.hangs import hang_section
+
+    assert hang_section(tmp_path) == []
+    write_rank(RunDir(tmp_path).hang / "stall-1", 0, [user(40), C10D], [entry(1), entry(2)])
+    write_rank(RunDir(tmp_path).hang / "stall-1", 1, [user(12, "load")], [entry(1)])
+    parts = hang_section(tmp_path)
+    assert parts[0] == "<h2>Hangs</h2>" and "<h3>stall-1</h3><p>rank 1 has not joined all_reduce #2" in parts[1]
+
+
+def test_a_job_s_own_sigusr2_handler_is_left_alone(tmp_path, monkeypatch):
+    import signal
+    import threading
+
+    import trainstack.hang as hang
+
+    monkeypatch.setattr(hang, "_started", False)
+    monkeypatch.setattr(hang, "_respond", lambda *args: None)  # no thread left polling after the test
+    mine = lambda signum, frame: None  # noqa: E731
+    previous = signal.signal(signal.SIGUSR2, mine)
+    try:
+        assert threading.current_thread() is threading.main_thread()
+        assert hang.start_responder(4, str(tmp_path))
+        assert signal.getsignal(signal.SIGUSR2) is mine
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert json.loads(hang_pid_file(tmp_path, 4).read_text())["faulthandler"] is False
+
+
+def test_evidence_is_collected_once_per_stall_and_again_after_a_step(tmp_path, monkeypatch):
+    import trainstack.train.launcher.hang as supervisor
+
+    clock, steps, collected = [1000.0], {"0": 5.0, "1": 5.0}, []
+    monkeypatch.setattr(supervisor.time, "time", lambda: clock[0])
+    monkeypatch.setattr(supervisor, "steps_by_rank", lambda metrics_dir: dict(steps))
+    monkeypatch.setenv("TRAINSTACK_HANG_SECONDS", "10")
+    watch = supervisor.HangWatch(RunDir(tmp_path), tmp_path, print)
+    monkeypatch.setattr(watch, "collect", lambda *args: collected.append(clock[0]))
+
+    def advance(seconds: float) -> None:
+        for _ in range(int(seconds)):
+            clock[0] += 1
+            watch.poll()
+            if watch.thread:
+                watch.thread.join()
+
+    advance(9)
+    assert collected == []  # under the threshold
+    advance(30)
+    assert collected == [1011.0]  # once, however long the stall lasts (it began at the first look, 1001)
+    steps["1"] = 6.0
+    advance(5)
+    assert collected == [1011.0]  # a step ended the stall
+    advance(20)
+    assert collected == [1011.0, 1050.0]  # the next stall collects again
+
+
+def test_diagnose_run_dir_flag_reads_the_evidence(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from trainstack.monitoring.diagnose import cli, snapshot, sources
+
+    stall = RunDir(tmp_path).hang / "stall-1"
+    write_rank(stall, 0, [user(40), C10D], [entry(1), entry(2)])
+    write_rank(stall, 1, [user(12, "load")], [entry(1)])
+    collected = stall.stat().st_mtime
+    ranks = [snapshot.RankView(rank=r, steps=60, steps_per_second=0.0, samples_per_second=0.0, data_wait_ratio=0.0,
+                               step_seconds=None, forward_seconds=None, last_step_time=collected - 70) for r in "01"]
+    monkeypatch.setattr(sources, "open_source", lambda *args: argparse.Namespace(ended_meanwhile=""))
+    monkeypatch.setattr(snapshot, "read_snapshot", lambda source: snapshot.Snapshot("test", collected + 5, ranks))
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["--run-dir", str(tmp_path)])) == cli.EXIT_PROBLEM
+    assert "rank 1 has not joined all_reduce #2 of process group 0" in capsys.readouterr().out

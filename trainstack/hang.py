@@ -1,0 +1,160 @@
+"""Hang evidence, the ranks' side and the contract with their supervisor (docs/diagnostics.md, "When a run hangs").
+
+A rank (trainstack's own, or a user's loop through `trainstack.monitor`) calls `start_responder` once. It:
+- writes `METRICS_DIR/hang-rank-N.json` ({"rank", "pid"}): how `trainstack train` and `trainstack watch` find the
+  ranks' processes (the metrics directory is fresh each launch, so a stale pid is never read);
+- registers faulthandler on SIGUSR2, writing every thread's Python stack to `METRICS_DIR/hang-rank-N.stacks.txt`:
+  the C-level fallback that answers even when the rank's main thread holds the GIL;
+- starts a daemon thread that, once a second, looks for the supervisor's request (`METRICS_DIR/hang-request.json`,
+  naming an evidence directory under RUN_DIR/hang/) and answers it once with `rank-N.json` there: the main
+  thread's Python stack and the Flight Recorder's entries of this process (`_dump_fr_trace_json`, which reads
+  the recorder's ring buffer, gloo's and NCCL's alike). A rank blocked in a collective, a DataLoader or a file
+  write has released the GIL, so the thread runs.
+
+Nothing here kills, pauses or adds a collective. The environment a launcher hands over (`hang_environment`)
+turns the Flight Recorder on, unless the user set it.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from trainstack.rundir import (
+    HANG_REQUEST_FILE,
+    METRICS_DIR_ENV,
+    RunDir,
+    StallDir,
+    hang_pid_file,
+    hang_stacks_file,
+)
+
+# The Flight Recorder's ring buffer, entries per process group and rank; TORCH_NCCL_TRACE_BUFFER_SIZE is its
+# older name. 2000 entries cover ~200 steps of a DDP model with 10 gradient buckets; its cost is in
+# docs/benchmarks.md ("Flight Recorder on vs off"). TRAINSTACK_FLIGHT_RECORDER=0 leaves it off.
+FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
+FR_BUFFER_OLD_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+FR_DUMP_ENV = "TORCH_FR_DUMP_TEMP_FILE"  # where torch dumps the buffer itself (an NCCL timeout): a file prefix
+FR_BUFFER_DEFAULT = 2000
+FR_SWITCH_ENV = "TRAINSTACK_FLIGHT_RECORDER"
+# Seconds without a step on any rank before evidence is collected; unset: from the run's own step times
+# (trainstack/thresholds.py HANG_*).
+HANG_SECONDS_ENV = "TRAINSTACK_HANG_SECONDS"
+# "0": never run py-spy, even when installed (the stacks then come from the ranks' own dumps).
+PYSPY_ENV = "TRAINSTACK_PYSPY"
+STACK_SIGNAL = signal.SIGUSR2
+POLL_SECONDS = 1.0
+
+_started = False
+
+
+def hang_environment(run_dir: Path, run_id: str, env: dict[str, str]) -> dict[str, str]:
+    """The variables a launcher adds to its ranks' environment (`env`, the one they would get): the Flight
+    Recorder on, its own dumps under RUN_DIR/hang/<run id>/ (made here: torch writes there on an NCCL timeout and
+    makes no folder); a user's own setting of either wins."""
+    if env.get(FR_SWITCH_ENV) == "0" or FR_BUFFER_ENV in env or FR_BUFFER_OLD_ENV in env:
+        added = {}
+    else:
+        added = {FR_BUFFER_ENV: str(FR_BUFFER_DEFAULT)}
+    size = added.get(FR_BUFFER_ENV) or env.get(FR_BUFFER_ENV) or env.get(FR_BUFFER_OLD_ENV) or "0"
+    if FR_DUMP_ENV not in env and env.get(FR_SWITCH_ENV) != "0" and size.strip() != "0":
+        prefix = RunDir(run_dir.resolve()).fr_dump_prefix(run_id)
+        try:
+            prefix.parent.mkdir(parents=True, exist_ok=True)
+            added[FR_DUMP_ENV] = str(prefix)
+        except OSError:
+            pass  # a read-only run directory: torch's default place then (the launcher says why elsewhere)
+    return added
+
+
+def start_responder(rank: int | str, metrics_dir: str | None = None) -> bool:
+    """Make this rank answer the supervisor's requests for evidence (see the module's docstring); once per
+    process. False where there is no metrics directory (not under trainstack train or watch)."""
+    global _started
+    metrics_dir = metrics_dir or os.environ.get(METRICS_DIR_ENV)
+    if _started or not metrics_dir or not Path(metrics_dir).is_dir():
+        return False
+    _started = True
+    directory = Path(metrics_dir)
+    try:
+        # Only where SIGUSR2 is free: a job's own handler (a scheduler's "time is nearly up" signal) is left alone.
+        registered = threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(STACK_SIGNAL) in (signal.SIG_DFL, None)
+        if registered:
+            stacks = open(hang_stacks_file(directory, rank), "a")  # noqa: SIM115 - faulthandler writes it until exit
+            faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
+        hang_pid_file(directory, rank).write_text(json.dumps({"rank": int(rank), "pid": os.getpid(),
+                                                         "faulthandler": registered}))
+    except (OSError, ValueError, RuntimeError):
+        return False
+    main = threading.main_thread().ident
+    threading.Thread(target=_respond, args=(directory, int(rank), main), name="trainstack-hang",
+                     daemon=True).start()
+    return True
+
+
+def _respond(directory: Path, rank: int, main: int) -> None:
+    answered: set[str] = set()
+    request = directory / HANG_REQUEST_FILE
+    while True:
+        time.sleep(POLL_SECONDS)
+        try:
+            wanted = json.loads(request.read_text())
+        except (OSError, ValueError):
+            continue
+        evidence = wanted.get("dir")
+        if not evidence or evidence in answered:
+            continue
+        answered.add(evidence)
+        try:
+            answer(Path(evidence), rank, main)
+        except Exception as error:  # noqa: BLE001 - evidence is best effort; the rank must go on
+            print(f"trainstack rank {rank}: warning: no hang evidence: {error}", file=sys.stderr)
+
+
+def answer(evidence: Path, rank: int, main: int) -> None:
+    frame = sys._current_frames().get(main)
+    stack = [{"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line or ""}
+             for f in traceback.extract_stack(frame)] if frame else []
+    fr, fr_error = flight_recorder()
+    record = {"rank": rank, "pid": os.getpid(), "time": time.time(), "stack": stack, "flight_recorder": fr,
+              "flight_recorder_error": fr_error}
+    target, partial = StallDir(evidence).answer(rank), StallDir(evidence).partial_answer(rank)
+    partial.write_text(json.dumps(record))
+    os.link(partial, target)  # never replaces: a second answer to the same directory fails here
+    partial.unlink()
+
+
+def flight_recorder() -> tuple[list[dict], str | None]:
+    """This process's Flight Recorder entries (each collective: process group, sequence id, op, sizes, state), or
+    an empty list and why not."""
+    if "torch" not in sys.modules:
+        return [], "torch is not imported"
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+
+        dump = json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=False))
+    except Exception as error:  # noqa: BLE001 - an old torch, a recorder turned off
+        return [], f"{type(error).__name__}: {error}"
+    keep = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
+            "input_sizes", "output_sizes", "state", "time_created_ns", "is_p2p")
+    entries = [{k: e.get(k) for k in keep} for e in dump.get("entries", [])]
+    if not entries and not os.environ.get(FR_BUFFER_ENV) and not os.environ.get(FR_BUFFER_OLD_ENV):
+        return [], f"the Flight Recorder is off ({FR_BUFFER_ENV} unset)"
+    return entries, None
+
+
+LIBRARY_DIRS = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
+                      sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+
+
+def is_library(filename: str) -> bool:
+    return filename.startswith(LIBRARY_DIRS) or "site-packages" in filename or filename.startswith("<")
