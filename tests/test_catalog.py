@@ -40,7 +40,7 @@ from tests.standin_ranks import write_rank
 from tests.test_monitoring_promql import PROMETHEUS_SERIES, label_values_metric, metric_names
 from trainstack import catalog, ratios
 from trainstack.rundir import RunDir, free_port
-from trainstack.train.launcher.watch import CommandSeries
+from trainstack.train.launcher.watch import CommandState
 
 RULE_FILES = sorted((REPO / "monitoring/prometheus/rules").glob("*.yml"))
 RULE_TEST_FILES = sorted((REPO / "monitoring/prometheus/tests").glob("*.yml"))
@@ -299,7 +299,7 @@ def test_every_catalog_metric_is_produced_and_nothing_else(tmp_path):
     metrics_dir.mkdir()
     run_telemetry_rank(tmp_path, metrics_dir, "fake-cuda")
     rank_pid = int(next(metrics_dir.glob("counter_*.db")).stem.rpartition("_")[2])
-    CommandSeries(metrics_dir, ["torchrun", "train.py"], "catalog").running(3)  # what trainstack watch writes
+    CommandState(metrics_dir, ["torchrun", "train.py"], "catalog").running(3)  # what trainstack watch writes
     host_file = tmp_path / "host.json"
     host_file.write_text(json.dumps(fake_host(rank_pid)))
     stall = RunDir(tmp_path / "run").stall(1)  # what the launcher collects when no rank steps

@@ -25,7 +25,7 @@ INFO = "info"
 TELEMETRY = "rank telemetry"  # written by each rank into its multiprocess files (train/rank/telemetry.py)
 NVML = "nvml"  # read from NVML by the exporter's sampler (monitoring/exporter/sampler.py, nvml.py)
 EXPORTER = "exporter"  # the exporter's own health (monitoring/exporter/health.py)
-WATCH = "trainstack watch"  # the watched command, written by watch into its node's metrics directory
+WATCH = "trainstack watch"  # the watched command, kept by watch in its node's metrics directory
 HANG = "hang evidence"  # the launcher's evidence of a stall in RUN_DIR/hang, served by the exporter beside the run
 
 PREFIX = "trainstack_"

@@ -112,6 +112,7 @@ CHECKPOINTS_DIR = "checkpoints"
 TELEMETRY_DIR = "telemetry"
 GPU_LOG_FILE = "gpu.jsonl"
 METRICS_DIR = "metrics"
+WATCHED_COMMAND_FILE = "watched-command.json"  # in the metrics folder: what `trainstack watch` runs, for the exporter
 LEASE_DIR = "lease"
 EXPORTS_DIR = "exports"
 HANG_DIR = "hang"  # hang evidence: one folder per stall (trainstack/hang.py)

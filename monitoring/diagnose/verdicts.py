@@ -108,9 +108,10 @@ def stalled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         "stalled", f"no rank has completed a step for {age:.0f} s (threshold {limits.stall_seconds:g} s) while "
         "the exporter is up", tuple(evidence),
         "the launcher (trainstack train or watch) collects where each rank waits into RUN_DIR/hang/ once no "
-        "rank has stepped for 20 median steps (at least 60 s), and diagnose then names the rank and the collective or "
-        "frame it waits in (the exporter beside the run serves it; elsewhere --run-dir RUN_DIR); --collective-timeout turns such a hang into an error naming the rank; "
-        "rerun the same command to resume from the last checkpoint",
+        "rank has stepped for 20 median steps (at least 60 s), and diagnose then names the rank and the collective "
+        "or frame it waits in (the exporter beside the run serves it; elsewhere --run-dir RUN_DIR); "
+        "--collective-timeout turns such a hang into an error naming the rank; rerun the same command to resume "
+        "from the last checkpoint",
     )
 
 

@@ -17,6 +17,7 @@ from trainstack.monitoring.exporter.nvml import NvmlSession
 from trainstack.monitoring.exporter.sampler import Sampler
 from trainstack.monitoring.exporter.server import Endpoints, MetricsServer
 from trainstack.monitoring.exporter.training import TrainingCollector
+from trainstack.monitoring.exporter.watched import WatchedCommandCollector
 from trainstack.rundir import RunDir
 
 
@@ -32,6 +33,7 @@ def build_registry(config: ExporterConfig, sampler: Sampler) -> CollectorRegistr
     registry.register(Timed(GpuCollector(sampler), runs))
     registry.register(Timed(TrainingCollector(config.metrics_dir), runs))
     registry.register(Timed(HangCollector(config.run_dir), runs))
+    registry.register(Timed(WatchedCommandCollector(config.metrics_dir), runs))
     registry.register(ExporterCollector(sampler.session, runs, sampler))  # last: reports the runs of the two above
     return registry
 

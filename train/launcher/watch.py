@@ -11,6 +11,7 @@ failures are trainstack's codes, each with one `trainstack watch: error:` line (
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from trainstack import breakdown, catalog, ceilings
+from trainstack import breakdown, ceilings
 from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.hang import hang_environment
 from trainstack.lifetime import Descendants, describe_end, stop_grace, wait_or_kill
@@ -34,6 +35,7 @@ from trainstack.rundir import (
     SHOWN,
     SUPERVISOR_PID_ENV,
     WATCH_HINT_SECONDS_ENV,
+    WATCHED_COMMAND_FILE,
     RunDir,
     Summary,
     check_port,
@@ -48,7 +50,7 @@ from trainstack.train.launcher.hang import HangWatch
 from trainstack.train.launcher.launch_config import add_beside_run_arguments, lease_wait, node_rank_of
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
 from trainstack.train.launcher.run_report import Judge
-from trainstack.write_failure import WriteFailure, write_failure
+from trainstack.write_failure import WriteFailure, write_atomically, write_failure
 
 PROGRAM = "trainstack watch"
 DEFAULT_RUN_DIR = Path("runs/watch")
@@ -123,33 +125,23 @@ def _stop_before_start(signum, frame) -> None:
     raise SystemExit(stopped_before_start(signum))
 
 
-class CommandSeries:
-    """The watched command's series (catalog.WATCH_*) in the node's metrics directory, which the exporter serves with
-    the ranks' files: diagnose tells a command that runs without instrumentation from no run at all. Written as a
-    prometheus_client multiprocess file of watch's own pid, directly: watch's process is not in prometheus_client's
-    multiprocess mode, which it picks once, at import."""
+class CommandState:
+    """What the watched command is and how many of its processes run, in its node's metrics folder
+    (rundir.WATCHED_COMMAND_FILE), rewritten whole when the count changes: the exporter serves it (catalog.WATCH_*),
+    so diagnose tells a command that runs without instrumentation from no run at all."""
 
     def __init__(self, metrics_dir: Path, command: list[str], run_id: str):
-        from prometheus_client.mmap_dict import MmapedDict
-
-        self._file = MmapedDict(str(metrics_dir / f"gauge_mostrecent_{os.getpid()}.db"))
-        self._processes: int | None = None
-        self._write(catalog.WATCH_COMMAND_INFO, (shlex.join(command), run_id), 1)
-
-    def _write(self, metric: catalog.Metric, label_values: tuple[str, ...], value: float) -> None:
-        from prometheus_client.mmap_dict import mmap_key
-
-        key = mmap_key(metric.family_name, metric.name, list(metric.labels), list(label_values), metric.help)
-        self._file.write_value(key, float(value), time.time())
+        self._path = metrics_dir / WATCHED_COMMAND_FILE
+        self._state = {"command": shlex.join(command), "run_id": run_id, "processes": None}
 
     def running(self, processes: int) -> None:
         """The command's processes running now (written when the count changes)."""
-        if processes != self._processes:
-            self._write(catalog.WATCH_COMMAND_PROCESSES, (), processes)
-            self._processes = processes
-
-    def close(self) -> None:
-        self._file.close()
+        if processes != self._state["processes"]:
+            self._state["processes"] = processes
+            try:
+                write_atomically(self._path, json.dumps(self._state), "the watched command's state")
+            except WriteFailure as failure:  # the command runs on; only diagnose's view of it is stale
+                say(f"warning: {failure}")
 
 
 class Watch:
@@ -230,7 +222,7 @@ class Watch:
 
     def run(self) -> int:
         self.prepare_run_dir()
-        series = CommandSeries(self.metrics_dir, self.command, self.run_id)
+        series = CommandState(self.metrics_dir, self.command, self.run_id)
         exporter = None
         if self.args.exporter_port:
             exporter = exporter_beside_run(self.metrics_dir, self.run_dir.path, self.args.exporter_host,
@@ -265,7 +257,6 @@ class Watch:
             series.running(0)
             return exit_status(command.returncode)
         finally:
-            series.close()
             if exporter:
                 exporter.stop()
 
