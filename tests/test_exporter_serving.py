@@ -102,7 +102,8 @@ def test_metrics_endpoint_serves_gpu_training_and_exporter_metrics(running):
     assert len(series(samples, "trainstack_gpu_info")) == 4
     assert series(samples, "trainstack_exporter_nvml_up") == {frozenset(): 1}
     assert series(samples, "trainstack_exporter_collector_success") == {
-        frozenset({("collector", "gpu")}): 1, frozenset({("collector", "training")}): 1}
+        frozenset({("collector", "gpu")}): 1, frozenset({("collector", "training")}): 1,
+        frozenset({("collector", "hang")}): 1, frozenset({("collector", "watched command")}): 1}
 
 
 def test_metrics_are_the_text_format_gzipped_when_asked(running):

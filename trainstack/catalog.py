@@ -536,7 +536,7 @@ EXPORTER_GPUS_LOST = Metric(
 EXPORTER_COLLECTOR_DURATION = Metric(
     "trainstack_exporter_collector_duration_seconds", GAUGE, "Time the collector took in its latest run.",
     ("collector",), EXPORTER,
-    "time the `gpu` / `training` collector took in its latest run (scrape cost)", unit="s",
+    "time the `gpu`, `training`, `hang` or `watched command` collector took in its latest run (scrape cost)", unit="s",
     readers=("panel Exporter collector time",))
 EXPORTER_COLLECTOR_SUCCESS = Metric(
     "trainstack_exporter_collector_success", GAUGE, "1 when the collector's latest run succeeded, else 0.",
