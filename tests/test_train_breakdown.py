@@ -89,7 +89,7 @@ def test_the_steps_the_resume_trained_again_are_lost_progress(killed_then_resume
 
 def test_the_report_draws_each_rank_and_each_launch(killed_then_resumed):
     page = RunDir(killed_then_resumed).report.read_text()
-    assert "id='time-breakdown'" in page and "goodput" in page
+    assert "id='time-breakdown'" in page and "Goodput" in page
 
 
 @pytest.mark.gpu
