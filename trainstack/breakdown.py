@@ -1,7 +1,7 @@
 """Where each rank's wall time went: the parts, how a step's time splits into them, and their sums over a run.
 
 A rank's wall time, from its launch (`TRAINSTACK_LAUNCHED_AT`) to its exit, splits into parts that are each measured
-on their own (train/rank/telemetry.py writes them into the rank's records, and into the
+on their own (trainstack/telemetry/ writes them into the rank's records, and into the
 time-by-part counter of the metric catalog, `catalog.TRAIN_TIME`):
 
 - the steps' time, on the device's clock on a GPU, split into data starvation and exposed communication (both timed

@@ -29,7 +29,6 @@ reads it one interval later, when the device has long finished it (as trainstack
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -38,9 +37,10 @@ from pathlib import Path
 import torch
 
 from trainstack import breakdown
-from trainstack.rundir import LAUNCHER_ENV, NNODES_ENV, RUN_DIR_ENV, RUN_ID_ENV
-from trainstack.train.rank.hooks import measure_state_once
-from trainstack.train.rank.telemetry import IntervalCut, RankIdentity, Telemetry, device_uuid, peak_flops
+from trainstack.rundir import RUN_DIR_ENV, RUN_ID_ENV
+from trainstack.telemetry.core import IntervalCut, Telemetry
+from trainstack.telemetry.device import device_of, peak_flops, precision_of, rank_identity, tf32_allowed
+from trainstack.telemetry.state import measure_state_once
 
 PAUSES = breakdown.PAUSES
 """What a run does besides training steps, as `pause` names it: its time is a part of the rank's wall time of its
@@ -72,12 +72,12 @@ def start(model: torch.nn.Module | None = None, *, flops_per_token: float | None
         _say_once(f"trainstack.monitor: not in a watched run ({RUN_DIR_ENV} is unset), so nothing is recorded; "
                   "run the script with `trainstack watch -- python ...` to see its ranks")
         return NullMonitor()
-    device = _device_of(model, accelerator)
-    precision = precision or _precision_of(model, accelerator)
-    identity = _identity(model, accelerator, device, precision, model_name, dataset,
+    device = device_of(model, accelerator)
+    precision = precision or precision_of(model, accelerator)
+    identity = rank_identity(model, accelerator, device, precision, model_name, dataset,
                          run_id or os.environ.get(RUN_ID_ENV, "manual"))
     telemetry = Telemetry(Path(run_dir), identity, flops_per_token or 0.0,
-                          peak_flops(device, precision, _tf32_allowed()) if flops_per_token else None, device)
+                          peak_flops(device, precision, tf32_allowed()) if flops_per_token else None, device)
     monitor = Monitor(telemetry, log_every, optimizer)
     if model is not None:
         monitor.watch(model)
@@ -345,60 +345,8 @@ class _PendingSums:
         return (loss / self._losses if self._losses else None), int(tokens)
 
 
-# ---- who this rank is --------------------------------------------------------------------------------------------
+# ---- saying so --------------------------------------------------------------------------------------------
 def _say_once(message: str, _said: set[str] = set()) -> None:  # noqa: B006 (the set is the memory)
     if message not in _said:
         _said.add(message)
         print(message, file=sys.stderr)
-
-
-def _device_of(model: torch.nn.Module | None, accelerator) -> torch.device:
-    if accelerator is not None:
-        return accelerator.device
-    if model is not None:
-        for parameter in model.parameters():
-            return parameter.device
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _precision_of(model: torch.nn.Module | None, accelerator) -> str:
-    if accelerator is not None:
-        return str(accelerator.mixed_precision)
-    dtype = next((p.dtype for p in model.parameters()), torch.float32) if model is not None else torch.float32
-    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "no")
-
-
-def _tf32_allowed() -> bool:
-    return torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
-
-
-def _strategy_of(model: torch.nn.Module | None) -> str:
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return "ddp"
-    if isinstance(model, torch.nn.DataParallel):
-        return "dataparallel"
-    from torch.distributed.fsdp import FSDPModule
-
-    if model is not None and any(isinstance(module, FSDPModule) for module in model.modules()):
-        return "fsdp"
-    return "single"
-
-
-def _identity(model, accelerator, device: torch.device, precision: str, model_name: str | None, dataset: str,
-              run_id: str) -> RankIdentity:
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if accelerator is not None:
-        rank, local_rank, world = accelerator.process_index, accelerator.local_process_index, accelerator.num_processes
-    elif distributed:
-        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    else:
-        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    nodes = int(os.environ.get("GROUP_WORLD_SIZE") or os.environ.get(NNODES_ENV) or 1)
-    inner = getattr(model, "module", model)
-    return RankIdentity(
-        rank=rank, local_rank=local_rank, node=socket.gethostname(), uuid=device_uuid(device),
-        run_id=run_id, world_size=world, nodes=nodes, mixed_precision=precision,
-        model=model_name or (type(inner).__name__ if inner is not None else ""), dataset=dataset,
-        strategy=_strategy_of(model), launcher=os.environ.get(LAUNCHER_ENV, ""))

@@ -33,10 +33,10 @@ from trainstack.train.rank.checkpointer import Checkpointer
 from trainstack.train.rank.config import TrainConfig, require_device_support
 from trainstack.train.rank.data import collate, load_token_data
 from trainstack.train.rank.evaluation import evaluator
-from trainstack.train.rank.hooks import NoCompileWatch
 from trainstack.train.rank.model import build_model, estimate_flops_per_token
 from trainstack.train.rank.performance import (
     CompileWatch,
+    NoCompileWatch,
     bucket_count,
     compile_in_place,
     make_optimizer,

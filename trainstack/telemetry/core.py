@@ -1,4 +1,5 @@
-"""Per-rank telemetry: prometheus_client multiprocess files for the exporter, JSON lines for the run report.
+"""A rank's telemetry, interval by interval: prometheus_client multiprocess files for the exporter, JSON lines for the
+run report.
 
 Nothing here talks to another rank or waits on one: each rank writes its own memory-mapped files (a few
 microseconds per step) and appends one JSON line per log interval. The loss it publishes is the rank's own (the
@@ -18,152 +19,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import psutil
 import torch
 
-from trainstack import breakdown, catalog, ratios
-from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, SEGMENT_ENDED, SEGMENT_MARKER, RunDir
-from trainstack.train.rank.comm import watch_gradient_communication
-from trainstack.train.rank.comm_setup import CommSetup
-from trainstack.train.rank.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
-from trainstack.train.rank.gpu_activity import GpuActivity
-from trainstack.train.rank.gpu_busy import GpuBusy
-from trainstack.train.rank.timeline import DeviceTimeline, IntervalSpans
+from trainstack import breakdown, ratios
+from trainstack.rundir import METRICS_DIR_ENV, SEGMENT_ENDED, RunDir
+from trainstack.telemetry.comm import watch_gradient_communication
+from trainstack.telemetry.comm_setup import CommSetup
+from trainstack.telemetry.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
+from trainstack.telemetry.device import RankIdentity
+from trainstack.telemetry.gpu_activity import GpuActivity
+from trainstack.telemetry.gpu_busy import GpuBusy
+from trainstack.telemetry.metrics import CommMetrics, RankMetrics
+from trainstack.telemetry.records import launch_time, open_records
+from trainstack.telemetry.timeline import DeviceTimeline, IntervalSpans
 from trainstack.write_failure import write_failure
-
-if TYPE_CHECKING:  # imported for real only once the multiprocess directory is set (catalog.rank_metric)
-    from prometheus_client import Counter, Gauge, Histogram
-
-# training_state_bytes keys (also its record keys) -> the gauge each is exported as.
-STATE_BYTES = {"param_bytes": catalog.TRAIN_PARAM_BYTES, "grad_bytes": catalog.TRAIN_GRAD_BYTES,
-               "optimizer_state_bytes": catalog.TRAIN_OPTIMIZER_STATE_BYTES}
-
-# Dense peak FLOP/s by (device name fragment, precision). "no" is fp32 on the CUDA cores (TF32 off); "tf32" is fp32
-# matmuls on the tensor cores, what precision "no" runs at with --tf32 (GPUs without TF32 have no entry).
-PEAK_FLOPS = {
-    "H200": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "no": 66.9e12},
-    "H100 SXM": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "no": 66.9e12},
-    "H100 PCIe": {"bf16": 756.5e12, "fp16": 756.5e12, "tf32": 378e12, "no": 51.2e12},
-    "H100": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "no": 66.9e12},
-    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "no": 19.5e12},
-    "L40S": {"bf16": 362.05e12, "fp16": 362.05e12, "tf32": 183e12, "no": 91.6e12},
-    "L4": {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "no": 30.3e12},
-    "A10": {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "no": 31.2e12},
-    "V100": {"fp16": 125e12, "no": 15.7e12},
-    "T4": {"fp16": 65e12, "no": 8.1e12},
-}
-
-
-def peak_flops(device: torch.device, precision: str, tf32: bool = False) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for fragment, peaks in PEAK_FLOPS.items():
-        if fragment in name:
-            return peaks.get("tf32" if precision == "no" and tf32 and "tf32" in peaks else precision)
-    return None
-
-
-def device_uuid(device: torch.device) -> str:
-    if device.type != "cuda":
-        return ""
-    return f"GPU-{torch.cuda.get_device_properties(device).uuid}"  # NVML's spelling, so the two join
-
-
-@dataclass
-class RankIdentity:
-    rank: int
-    local_rank: int
-    node: str
-    uuid: str
-    run_id: str
-    world_size: int
-    nodes: int
-    mixed_precision: str
-    model: str
-    dataset: str
-    strategy: str = "ddp"
-    launcher: str = ""
-    """`trainstack train` or `watch` (rundir.LAUNCHER_ENV): whose knobs a verdict's fix names; "" unknown."""
-
-
-@dataclass(frozen=True)
-class RankMetrics:
-    """A rank's series in its multiprocess files, built from the catalog (trainstack/catalog.py)."""
-
-    steps: Counter
-    samples: Counter
-    tokens: Counter
-    forward_passes: Counter
-    forward_seconds: Counter
-    data_wait: Counter
-    host_data_wait: Counter
-    step_duration: Histogram
-    loss: Gauge
-    learning_rate: Gauge
-    last_step: Gauge
-    epoch: Gauge
-    last_checkpoint: Gauge
-    checkpoint_duration: Gauge
-    compile_seconds: Counter
-    recompiles: Counter
-    time: Counter
-    """The time-by-part counter, unlabelled: `time.labels(rank, part)` (trainstack/breakdown.py's parts)."""
-    state_bytes: dict[str, Gauge]
-    """training_state_bytes key -> its gauge."""
-    memory_allocated_peak: Gauge | None = None
-    """None off CUDA, as the next one."""
-    memory_reserved_peak: Gauge | None = None
-    mfu: Gauge | None = None
-    """None where the device's peak FLOP/s is unknown."""
-
-    @classmethod
-    def build(cls, identity: RankIdentity, clock: str, on_cuda: bool, knows_peak: bool) -> RankMetrics:
-        rank = str(identity.rank)
-
-        def series(metric: catalog.Metric):
-            return catalog.rank_metric(metric).labels(rank)
-
-        metrics = cls(
-            steps=series(catalog.TRAIN_STEPS), samples=series(catalog.TRAIN_SAMPLES),
-            tokens=series(catalog.TRAIN_TOKENS), forward_passes=series(catalog.TRAIN_FORWARD_PASSES),
-            forward_seconds=series(catalog.TRAIN_FORWARD_SECONDS), data_wait=series(catalog.TRAIN_DATA_WAIT),
-            host_data_wait=series(catalog.TRAIN_HOST_DATA_WAIT), step_duration=series(catalog.TRAIN_STEP_DURATION),
-            loss=series(catalog.TRAIN_LOSS), learning_rate=series(catalog.TRAIN_LEARNING_RATE),
-            last_step=series(catalog.TRAIN_LAST_STEP), epoch=series(catalog.TRAIN_EPOCH),
-            last_checkpoint=series(catalog.TRAIN_LAST_CHECKPOINT),
-            checkpoint_duration=series(catalog.TRAIN_CHECKPOINT_DURATION),
-            compile_seconds=series(catalog.TRAIN_COMPILE_SECONDS), recompiles=series(catalog.TRAIN_RECOMPILES),
-            time=catalog.rank_metric(catalog.TRAIN_TIME),
-            memory_allocated_peak=series(catalog.TRAIN_MEMORY_ALLOCATED_PEAK) if on_cuda else None,
-            memory_reserved_peak=series(catalog.TRAIN_MEMORY_RESERVED_PEAK) if on_cuda else None,
-            mfu=series(catalog.TRAIN_MFU) if knows_peak else None,
-            state_bytes={key: series(metric) for key, metric in STATE_BYTES.items()},
-        )
-        catalog.rank_metric(catalog.TRAIN_RANK_INFO).labels(
-            rank=rank, local_rank=str(identity.local_rank), node=identity.node, uuid=identity.uuid).set(1)
-        catalog.rank_metric(catalog.TRAIN_RUN_INFO).labels(
-            rank=rank, run_id=identity.run_id, world_size=str(identity.world_size), nodes=str(identity.nodes),
-            mixed_precision=identity.mixed_precision, model=identity.model, dataset=identity.dataset, clock=clock,
-            strategy=identity.strategy, launcher=identity.launcher).set(1)
-        return metrics
-
-
-@dataclass(frozen=True)
-class CommMetrics:
-    """A DDP or FSDP rank's communication series (train/rank/comm.py); a rank alone has none."""
-
-    seconds: Counter
-    exposed: Counter
-    bytes: Counter
-
-    @classmethod
-    def build(cls, identity: RankIdentity) -> CommMetrics:
-        rank = str(identity.rank)
-        return cls(*(catalog.rank_metric(metric).labels(rank) for metric in (
-            catalog.TRAIN_COMM_SECONDS, catalog.TRAIN_COMM_EXPOSED, catalog.TRAIN_COMM_BYTES)))
 
 
 @dataclass(frozen=True)
@@ -199,8 +69,8 @@ class Telemetry:
         self.flops_per_token = flops_per_token
         self.peak = peak
         self.device = device
-        # Where step, forward and data-wait times are measured: on a GPU its own timeline (train/rank/timeline.py),
-        # since the host's clock there says when work was queued, not when it ran.
+        # Where step, forward and data-wait times are measured: on a GPU its own timeline
+        # (trainstack/telemetry/timeline.py), since the host's clock there says when work was queued, not when it ran.
         self._timeline = DeviceTimeline(partial(torch.cuda.Event, enable_timing=True)) \
             if device.type == "cuda" else None
         self.clock = "gpu" if self._timeline else "host"
@@ -251,7 +121,7 @@ class Telemetry:
                 breakdown.COMM_EXPOSED: self._comm_watched}.get(part, True)
 
     def watch_communication(self, model: torch.nn.Module) -> bool:
-        """Times the communication of a DDP or FSDP model (train/rank/comm.py); False for any other."""
+        """Times the communication of a DDP or FSDP model (trainstack/telemetry/comm.py); False for any other."""
         self._comm_watched = watch_gradient_communication(model, self._comm, training=lambda: self._pause is None)
         if self._comm_watched and os.environ.get(METRICS_DIR_ENV):
             self._comm_metrics = CommMetrics.build(self._identity)
@@ -514,65 +384,3 @@ class Telemetry:
         if self._gpu_activity:
             self._gpu_activity.close()
 
-
-def local_bytes(tensors) -> int:
-    """Bytes of the tensors this rank holds: a sharded parameter (a DTensor) counts its local shard only."""
-    from torch.distributed.tensor import DTensor
-
-    total = 0
-    for tensor in tensors:
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        total += local.numel() * local.element_size()
-    return total
-
-
-def training_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Measured right after an optimizer step: gradients are not yet freed and the optimizer state exists.
-    model.parameters() lists a tied weight once, as it is stored once."""
-    parameters = list(model.parameters())
-    return {
-        "param_bytes": local_bytes(parameters),
-        "grad_bytes": local_bytes(p.grad for p in parameters if p.grad is not None),
-        "optimizer_state_bytes": local_bytes(value for state in optimizer.state.values() for value in state.values()
-                                             if isinstance(value, torch.Tensor)),
-    }
-
-
-def launch_time() -> float:
-    """When this rank's launch began: the launcher's TRAINSTACK_LAUNCHED_AT, else (a rank started by other means)
-    this process's own start."""
-    try:
-        return float(os.environ[LAUNCHED_AT_ENV])
-    except (KeyError, ValueError):
-        return psutil.Process().create_time()
-
-
-def open_records(path: Path, identity: RankIdentity, launched_at: float):
-    """A resumed run appends: its file starts each launch (segment) with a marker line, which says when the launch
-    began. The marker has no "time" key, so readers of records alone skip it; a record cut off by a kill is ended
-    first, never glued to it."""
-    records = path.open("a", buffering=1)
-    if records.tell():
-        with path.open("rb") as existing:
-            existing.seek(-1, os.SEEK_END)
-            if existing.read(1) != b"\n":
-                records.write("\n")
-    records.write(json.dumps({SEGMENT_MARKER: time.time(), "rank": identity.rank, "run_id": identity.run_id,
-                              "launched_at": launched_at}) + "\n")
-    return records
-
-
-def progress_by_rank(metrics_dir: str | None) -> dict[str, tuple[float, float, float]]:
-    """rank -> (steps, forward passes, last step unix time), from every rank's files on this node: how a rank
-    that timed out in a collective names the peer that stopped, with no collective of its own."""
-    if not metrics_dir or not Path(metrics_dir).is_dir():
-        return {}
-    from prometheus_client.multiprocess import MultiProcessCollector
-
-    wanted = {catalog.TRAIN_STEPS.name: 0, catalog.TRAIN_FORWARD_PASSES.name: 1, catalog.TRAIN_LAST_STEP.name: 2}
-    progress: dict[str, list[float]] = {}
-    for family in MultiProcessCollector(None, metrics_dir).collect():
-        for sample in family.samples:
-            if sample.name in wanted:
-                progress.setdefault(sample.labels["rank"], [0.0, 0.0, 0.0])[wanted[sample.name]] = sample.value
-    return {rank: tuple(values) for rank, values in progress.items()}
