@@ -43,6 +43,8 @@ from trainstack.telemetry.device import device_of, peak_flops, precision_of, ran
 from trainstack.telemetry.interval import IntervalSums, PendingTotals, interval_ends
 from trainstack.telemetry.state import measure_state_once
 
+__all__ = ["PAUSES", "Monitor", "NullMonitor", "start"]
+
 PAUSES = breakdown.PAUSES
 """What a run does besides training steps, as `pause` names it: its time is a part of the rank's wall time of its
 own (trainstack/breakdown.py), kept out of step time."""
