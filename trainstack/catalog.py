@@ -154,7 +154,7 @@ TRAIN_COMM_SECONDS = Metric(
     "Training communication time per step: while at least one collective was in flight.", RANK_LABELS,
     TELEMETRY,
     "each step's time with at least one collective in flight: DDP's gradient all-reduces, FSDP's parameter "
-    "all-gathers and gradient reduce-scatters, much of it overlapped with compute (trainstack/telemetry/comm.py); "
+    "all-gathers and gradient reduce-scatters, much of it overlapped with compute (trainstack.telemetry.comm); "
     "on a GPU rank on the GPU's timeline; added at each log interval",
     unit="s", absent_when=_COMM_ABSENT, readers=("diagnose comm-bound",))
 TRAIN_COMM_EXPOSED = Metric(
@@ -183,7 +183,7 @@ TRAIN_COMM_SETUP_INFO = Metric(
     ("rank", "backend", *NCCL_SWITCH_LABELS), TELEMETRY,
     "the rank's process-group backend (`nccl`, `gloo`) and the value of each NCCL switch in its environment "
     "(`NCCL_P2P_DISABLE`, `NCCL_SHM_DISABLE`, `NCCL_IB_DISABLE`, `NCCL_SOCKET_IFNAME`; empty where unset), "
-    "written once, when the rank starts timing its DDP all-reduce (trainstack/telemetry/comm_setup.py)", values="1",
+    "written once, when the rank starts timing its DDP all-reduce (trainstack.telemetry.comm_setup)", values="1",
     absent_when=_COMM_ABSENT, readers=("diagnose comm-bound",))
 TRAIN_SHM_BYTES = Metric(
     "trainstack_train_shm_bytes", GAUGE, "Size of /dev/shm where the rank runs.", RANK_LABELS, TELEMETRY,

@@ -12,5 +12,11 @@ a user's. It imports neither the app (trainstack.train) nor the monitoring side 
 - state.py: the bytes of parameters, gradients and optimizer state the rank holds
 """
 
-__all__ = ["comm", "comm_setup", "comm_timer", "core", "device", "fsdp_comm", "gpu_activity", "gpu_busy", "interval",
-           "metrics", "records", "state", "timeline"]
+from trainstack.telemetry.core import Telemetry
+from trainstack.telemetry.device import RankIdentity, device_uuid, peak_flops
+from trainstack.telemetry.interval import IntervalSums, IntervalTotals, interval_ends
+from trainstack.telemetry.metrics import progress_by_rank
+from trainstack.telemetry.state import measure_state_once, training_state_bytes
+
+__all__ = ["IntervalSums", "IntervalTotals", "RankIdentity", "Telemetry", "device_uuid", "interval_ends",
+           "measure_state_once", "peak_flops", "progress_by_rank", "training_state_bytes"]
