@@ -76,11 +76,11 @@ class Telemetry:
         self.clock = "gpu" if self._timeline else "host"
         self._comm = CommTimer(DeviceClock(partial(torch.cuda.Event, enable_timing=True)) if self._timeline
                                else HostClock(), in_forward=lambda: self._in_forward)
-        self._comm_metrics: CommMetrics | None = None
+        self._comm_metrics = CommMetrics.off()  # until a watched model communicates
         self._comm_watched = False
         self._identity = identity
         self._metrics = RankMetrics.build(identity, self.clock, device.type == "cuda", bool(peak)) \
-            if os.environ.get(METRICS_DIR_ENV) else None
+            if os.environ.get(METRICS_DIR_ENV) else RankMetrics.off()  # no metrics directory: no series
         self._launched_at = launch_time()
         self._records_path = RunDir(run_dir).rank_records(identity.rank)
         with self._storage_failures():
@@ -110,9 +110,9 @@ class Telemetry:
         self._compile_seconds = 0.0
         self._paused: list[dict] = []
         self._not_stepping: list[tuple[float, float]] = []
-        if self._metrics:  # every part this rank measures is a series from the start: a rate needs two samples
-            for part in filter(self._measures, breakdown.LIVE_PARTS):
-                self._metrics.time.labels(self.rank, part)
+        # Every part this rank measures is a series from the start: a rate needs two samples
+        for part in filter(self._measures, breakdown.LIVE_PARTS):
+            self._metrics.time.labels(self.rank, part)
 
     def _measures(self, part: str) -> bool:
         """Whether this rank measures `part`: host-bound idle only on a GPU NVML answers for, exposed communication
@@ -126,7 +126,7 @@ class Telemetry:
         if self._comm_watched and os.environ.get(METRICS_DIR_ENV):
             self._comm_metrics = CommMetrics.build(self._identity)
             CommSetup.read().publish(self.rank)  # what diagnose's comm-bound evidence names
-        if self._comm_watched and self._metrics:
+        if self._comm_watched:
             self._metrics.time.labels(self.rank, breakdown.COMM_EXPOSED)
         return self._comm_watched
 
@@ -142,8 +142,7 @@ class Telemetry:
     def forward_done(self) -> None:
         self._in_forward = False
         self._forward_passes += 1
-        if self._metrics:
-            self._metrics.forward_passes.inc()
+        self._metrics.forward_passes.inc()
         if self._timeline:
             self._timeline.forward_done()
         else:
@@ -159,14 +158,12 @@ class Telemetry:
         """The loader answered (a batch, now on the device, or the end of the epoch)."""
         seconds = time.perf_counter() - self._wait_start
         self._host_data_wait += seconds
-        if self._metrics:
-            self._metrics.host_data_wait.inc(seconds)
+        self._metrics.host_data_wait.inc(seconds)
         if self._timeline:
             self._timeline.data_ready()
             return
         self._data_wait += seconds
-        if self._metrics:
-            self._metrics.data_wait.inc(seconds)
+        self._metrics.data_wait.inc(seconds)
 
     def step_done(self, samples: int) -> None:
         self._count_step(samples)
@@ -177,8 +174,7 @@ class Telemetry:
         duration = now - self._last_step_end
         self._last_step_end = now
         self._step_seconds.append(duration)
-        if self._metrics:
-            self._metrics.step_duration.observe(duration)
+        self._metrics.step_duration.observe(duration)
 
     def step_compiled(self, samples: int, seconds: float, recompiles: int) -> None:
         """A step that compiled counts as a step, but its time is compile time, not a step time."""
@@ -188,9 +184,8 @@ class Telemetry:
         self._not_stepping.append((now - seconds, now))
         self._spent(breakdown.COMPILE, seconds)
         self.resync_clock()
-        if self._metrics:
-            self._metrics.compile_seconds.inc(seconds)
-            self._metrics.recompiles.inc(recompiles)
+        self._metrics.compile_seconds.inc(seconds)
+        self._metrics.recompiles.inc(recompiles)
 
     def pause_started(self, part: str) -> None:
         """The loop stops training for `part`, one of trainstack/breakdown.py's PAUSES ("evaluation",
@@ -224,8 +219,7 @@ class Telemetry:
         self._spent(part, seconds)
 
     def _spent(self, part: str, seconds: float) -> None:
-        if self._metrics:
-            self._metrics.time.labels(self.rank, part).inc(seconds)
+        self._metrics.time.labels(self.rank, part).inc(seconds)
 
     def _end_startup(self, at: float) -> None:
         """Startup runs from the launch to `at`, the start of the first step's clock, less the pauses before it."""
@@ -239,10 +233,9 @@ class Telemetry:
         self._step_count += 1
         self._samples += samples
         self._comm.step_done()
-        if self._metrics:
-            self._metrics.steps.inc()
-            self._metrics.samples.inc(samples)
-            self._metrics.last_step.set(time.time())
+        self._metrics.steps.inc()
+        self._metrics.samples.inc(samples)
+        self._metrics.last_step.set(time.time())
 
     def resync_clock(self) -> None:
         """After a checkpoint or evaluation: that pause is not a step, so it must not count as one."""
@@ -276,15 +269,13 @@ class Telemetry:
             # when that step was queued.
             ended = time.time()
             step_seconds, data_wait, forward = times.step_seconds, times.data_wait_seconds, times.forward_seconds
-            if self._metrics:
-                self._metrics.data_wait.inc(data_wait)
-                for duration in step_seconds:
-                    self._metrics.step_duration.observe(duration)
+            self._metrics.data_wait.inc(data_wait)
+            for duration in step_seconds:
+                self._metrics.step_duration.observe(duration)
         comm = self._comm.read(cut.comm_steps) if cut.comm_steps is not None else None
         if comm:
             forward = max(0.0, forward - sum(step.forward_exposed_seconds for step in comm))
-        if self._metrics:
-            self._metrics.forward_seconds.inc(forward)
+        self._metrics.forward_seconds.inc(forward)
         # The samples NVML took while the device ran the interval: from the end of the previous one to now.
         busy = self._gpu_busy.share(self._interval_start, ended, cut.not_stepping) if self._gpu_busy else None
         activity = self._gpu_activity.read() if self._gpu_activity else {}
@@ -305,21 +296,20 @@ class Telemetry:
         record |= activity
         with self._storage_failures():
             self._records.write(json.dumps(record) + "\n")
-        if self._metrics:
-            m = self._metrics
-            m.tokens.inc(tokens)
-            if loss is not None:  # a loop that gives its monitor no loss (or no learning rate) has none to show
-                m.loss.set(loss)
-            if lr is not None:
-                m.learning_rate.set(lr)
-            m.epoch.set(epoch)
-            if m.memory_allocated_peak is not None:
-                m.memory_allocated_peak.set(torch.cuda.max_memory_allocated(self.device))
-                m.memory_reserved_peak.set(torch.cuda.max_memory_reserved(self.device))
-            if m.mfu is not None:
-                # Tokens this rank trained on over the time its steps took (a checkpoint or evaluation pause
-                # in the interval is no step): docs/metrics.md.
-                m.mfu.set(self.flops_per_token * tokens / stepped / self.peak)
+        m = self._metrics
+        m.tokens.inc(tokens)
+        if loss is not None:  # a loop that gives its monitor no loss (or no learning rate) has none to show
+            m.loss.set(loss)
+        if lr is not None:
+            m.learning_rate.set(lr)
+        m.epoch.set(epoch)
+        if m.memory_allocated_peak is not None:
+            m.memory_allocated_peak.set(torch.cuda.max_memory_allocated(self.device))
+            m.memory_reserved_peak.set(torch.cuda.max_memory_reserved(self.device))
+        if m.mfu is not None:
+            # Tokens this rank trained on over the time its steps took (a checkpoint or evaluation pause
+            # in the interval is no step): docs/metrics.md.
+            m.mfu.set(self.flops_per_token * tokens / stepped / self.peak)
         return ratios.DATA_WAIT_SHARE.of(data_wait, stepped)
 
     def _record_comm(self, steps: list[StepComm]) -> dict[str, float | int]:
@@ -327,10 +317,9 @@ class Telemetry:
         fields = {"comm_seconds": sum(step.seconds for step in steps),
                   "comm_exposed_seconds": sum(step.exposed_seconds for step in steps),
                   "comm_bytes": sum(step.bytes for step in steps), "comm_buckets": sum(step.buckets for step in steps)}
-        if self._comm_metrics:
-            self._comm_metrics.seconds.inc(fields["comm_seconds"])
-            self._comm_metrics.exposed.inc(fields["comm_exposed_seconds"])
-            self._comm_metrics.bytes.inc(fields["comm_bytes"])
+        self._comm_metrics.seconds.inc(fields["comm_seconds"])
+        self._comm_metrics.exposed.inc(fields["comm_exposed_seconds"])
+        self._comm_metrics.bytes.inc(fields["comm_bytes"])
         return fields
 
     def _record_time(self, cut: IntervalCut, step_seconds: float, data_wait: float, comm_exposed: float | None,
@@ -346,15 +335,13 @@ class Telemetry:
     def state_measured(self, sizes: dict[str, int]) -> None:
         """The rank's parameter, gradient and optimizer-state bytes (`training_state_bytes`)."""
         self._state_bytes = sizes
-        if self._metrics:
-            for key, value in sizes.items():
-                self._metrics.state_bytes[key].set(value)
+        for key, value in sizes.items():
+            self._metrics.state_bytes[key].set(value)
 
     def checkpoint_done(self, duration: float) -> None:
         """A checkpoint was saved (its pause, "checkpoint_save", has ended): its time and how long it took."""
-        if self._metrics:
-            self._metrics.last_checkpoint.set(time.time())
-            self._metrics.checkpoint_duration.set(duration)
+        self._metrics.last_checkpoint.set(time.time())
+        self._metrics.checkpoint_duration.set(duration)
 
     @contextmanager
     def _storage_failures(self):

@@ -3,7 +3,7 @@ the one read of every rank's progress from those files."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,33 @@ if TYPE_CHECKING:  # imported for real only once the multiprocess directory is s
 # training_state_bytes keys (also its record keys) -> the gauge each is exported as.
 STATE_BYTES = {"param_bytes": catalog.TRAIN_PARAM_BYTES, "grad_bytes": catalog.TRAIN_GRAD_BYTES,
                "optimizer_state_bytes": catalog.TRAIN_OPTIMIZER_STATE_BYTES}
+
+
+class _NoSeries:
+    """A series of a rank without a metrics directory (PROMETHEUS_MULTIPROC_DIR): every update does nothing, so
+    the telemetry publishes the same way with or without one."""
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def set(self, value: float) -> None:
+        pass
+
+    def observe(self, value: float) -> None:
+        pass
+
+    def labels(self, *labels: str) -> _NoSeries:
+        return self
+
+
+NO_SERIES = _NoSeries()
+
+
+def _off(cls):
+    """`cls` with every series it must have a no-op one, and the optional ones (None) absent."""
+    required = {field.name: NO_SERIES for field in fields(cls) if field.default is MISSING}
+    return cls(**required | ({"state_bytes": dict.fromkeys(STATE_BYTES, NO_SERIES)} if "state_bytes" in required
+                             else {}))
 
 
 @dataclass(frozen=True)
@@ -47,6 +74,10 @@ class RankMetrics:
     memory_reserved_peak: Gauge | None = None
     mfu: Gauge | None = None
     """None where the device's peak FLOP/s is unknown."""
+
+    @classmethod
+    def off(cls) -> RankMetrics:
+        return _off(cls)
 
     @classmethod
     def build(cls, identity: RankIdentity, clock: str, on_cuda: bool, knows_peak: bool) -> RankMetrics:
@@ -87,6 +118,10 @@ class CommMetrics:
     seconds: Counter
     exposed: Counter
     bytes: Counter
+
+    @classmethod
+    def off(cls) -> CommMetrics:
+        return _off(cls)
 
     @classmethod
     def build(cls, identity: RankIdentity) -> CommMetrics:
