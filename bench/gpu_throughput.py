@@ -13,7 +13,7 @@ warm-up, with the GPU synchronized at both ends: the minimal loop calls torch.cu
 the clock is the `time` of its own telemetry records at those two steps, taken when the GPU has just run the
 step (the record waits on the step's CUDA event). MFU = model FLOPs per token (GPT.flops_per_token: 6N + 12 x
 layers x width x seq, N without the position embedding) x tokens/s / the GPU's dense bf16 peak
-(train/rank/telemetry.py).
+(trainstack/telemetry/).
 
     python bench/gpu_throughput.py [--batch-size 64] [--warmup 30] [--steps 120] [--json gpu_throughput.json]
 """
@@ -108,8 +108,8 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         sys.exit("bench/gpu_throughput.py needs a CUDA GPU; on CPU use bench/train_overhead.py")
+    from trainstack.telemetry.device import peak_flops
     from trainstack.train.rank.model import BUILTIN_MODELS, GPT
-    from trainstack.train.rank.telemetry import peak_flops
 
     device = torch.device("cuda")
     flops_per_token = GPT(BUILTIN_MODELS[MODEL], 256, args.seq_len).flops_per_token(args.seq_len)

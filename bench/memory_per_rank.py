@@ -26,7 +26,7 @@ from trainstack import catalog  # noqa: E402
 
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
        "PYTHONPATH": str(REPO)}
-# The gauge of each, by the key train/rank/telemetry.py's training_state_bytes gives it.
+# The gauge of each, by the key trainstack/telemetry/'s training_state_bytes gives it.
 STATE = {catalog.TRAIN_PARAM_BYTES.name: "param_bytes", catalog.TRAIN_GRAD_BYTES.name: "grad_bytes",
          catalog.TRAIN_OPTIMIZER_STATE_BYTES.name: "optimizer_state_bytes"}
 TARGET = 0.6

@@ -9,7 +9,7 @@ launcher starts) plus a scraper reading /metrics once a second, as Prometheus wo
 over the global batch).
 
 Target (issue 3): on/off >= 0.99. `--strategy fsdp` runs both as FSDP, whose telemetry also times every unit's
-all-gathers and reduce-scatters (train/rank/fsdp_comm.py); the default is DDP's, whose times its all-reduce.
+all-gathers and reduce-scatters (trainstack/telemetry/fsdp_comm.py); the default is DDP's, whose times its all-reduce.
 
 `--gpu` (issue 12) measures the same on one CUDA GPU, where telemetry also records CUDA events around every
 `next()`, forward pass and step: GPT-2 small's shape, 16 x 1024 byte tokens, bf16. One GPU cannot hold two runs

@@ -1,7 +1,7 @@
 """Stand-in ranks for exporter tests and benchmarks, the other input of the exporter besides NVML.
 
 Each stand-in is a short process that writes the training metrics into a prometheus_client multiprocess directory
-the way train/rank/telemetry.py does (both build them from trainstack/catalog.py: same names, labels and gauge mode),
+the way trainstack/telemetry/ does (both build them from trainstack/catalog.py: same names, labels and gauge mode),
 then exits, leaving its `<type>_<pid>.db` files behind as a finished rank does. No torch, no training: a fraction
 of a second each.
 """

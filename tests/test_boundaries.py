@@ -32,11 +32,14 @@ TORCH_FREE = {folder: f"trainstack.{folder.replace('/', '.')}"
 TORCH_FREE["trainstack"] = "trainstack"
 APART = ("trainstack.train", "trainstack.monitoring")  # neither imports the other
 # The trainstack modules that may import train/ and monitoring/: the CLI composes them, as `trainstack tune` does (it
-# runs trials of the app and compares them), and the public API for a user's own loop (with its integrations) runs
-# in the user's ranks, where torch is, and stands on the rank's telemetry. Every other trainstack module is shared
-# ground, and torch-free.
-COMPOSERS = ("trainstack.cli", "trainstack.tune", "trainstack.monitor", "trainstack.integrations")
-RANK_SIDE = COMPOSERS[2:]
+# runs trials of the app and compares them), and the integrations are entry points a user's framework calls. Every
+# other trainstack module is shared ground: the loop API (trainstack.monitor) stands on the rank's telemetry beneath
+# it (trainstack.telemetry), and the app's Trainer is one more client of that API.
+COMPOSERS = ("trainstack.cli", "trainstack.tune", "trainstack.integrations")
+# The trainstack modules that run in a training rank, where torch is: the loop API, its telemetry, the integrations.
+RANK_SIDE = ("trainstack.monitor", "trainstack.telemetry", "trainstack.integrations")
+# What the loop API and its telemetry stand on: trainstack's shared ground, never the app or the monitoring side.
+LOOP_API = ("trainstack.monitor", "trainstack.telemetry")
 
 
 def within_any(module: str, packages: tuple[str, ...]) -> bool:
@@ -197,11 +200,23 @@ def test_train_and_monitoring_never_import_each_other():
     assert crossings(REPO) == []
 
 
+def app_imports(root: Path, packages: tuple[str, ...] | None = None) -> list[str]:
+    """`module -> imported name` for every import of train/ or monitoring/ by a trainstack module (those of
+    `packages` only, when given) that is not one of the COMPOSERS."""
+    return [f"{name} -> {target}" for name, path in project_modules(root, {"trainstack": "trainstack"}).items()
+            if not within_any(name, COMPOSERS) and (packages is None or within_any(name, packages))
+            for target in sorted(imported_names(name, path)) if target.startswith(APART)]
+
+
 def test_trainstack_imports_only_itself_but_for_the_cli():
-    found = [f"{name} -> {target}" for name, path in project_modules(REPO, {"trainstack": "trainstack"}).items()
-             if not within_any(name, COMPOSERS) for target in sorted(imported_names(name, path))
-             if target.startswith(APART)]
-    assert found == []
+    assert app_imports(REPO) == []
+
+
+def test_the_loop_api_and_its_telemetry_import_neither_the_app_nor_monitoring():
+    # The Trainer (train/rank/trainer.py) is a client of trainstack.monitor, as any user's loop is: the API never
+    # reaches back up into the app that uses it.
+    assert len(within(project_modules(REPO), LOOP_API)) > 10  # the API and the telemetry package were all found
+    assert app_imports(REPO, LOOP_API) == []
 
 
 def test_the_project_has_no_import_cycles():
@@ -236,12 +251,20 @@ def test_a_planted_torch_import_is_caught(tmp_path):
 
 def test_a_planted_crossing_is_caught(tmp_path):
     root = plant(tmp_path, {"monitoring/report/__init__.py": "", "monitoring/report/runfiles.py":
-                            "def load():\n    from trainstack.train.rank.telemetry import X\n",
+                            "def load():\n    from trainstack.train.rank.config import X\n",
                             "train/launcher/launch.py": "import trainstack.monitoring.report\n",
                             "train/rank/trainer.py": "from trainstack import rundir\n"})
-    assert sorted(crossings(root)) == ["trainstack.monitoring.report.runfiles -> trainstack.train.rank.telemetry",
-                                       "trainstack.monitoring.report.runfiles -> trainstack.train.rank.telemetry.X",
+    assert sorted(crossings(root)) == ["trainstack.monitoring.report.runfiles -> trainstack.train.rank.config",
+                                       "trainstack.monitoring.report.runfiles -> trainstack.train.rank.config.X",
                                        "trainstack.train.launcher.launch -> trainstack.monitoring.report"]
+
+
+def test_a_planted_app_import_in_the_telemetry_is_caught(tmp_path):
+    root = plant(tmp_path, {"trainstack/telemetry/__init__.py": "",
+                            "trainstack/telemetry/core.py": "def f():\n    from trainstack.train.rank import step\n",
+                            "trainstack/cli.py": "import trainstack.train.rank\n"})
+    assert app_imports(root, LOOP_API) == ["trainstack.telemetry.core -> trainstack.train.rank",
+                                           "trainstack.telemetry.core -> trainstack.train.rank.step"]
 
 
 def test_a_planted_cycle_is_caught_through_a_lazy_import(tmp_path):

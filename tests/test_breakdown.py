@@ -1,5 +1,5 @@
 """Where each rank's time goes (trainstack/breakdown.py): a step's split, the records' sums with lost progress, and
-the rank's side (train/rank/telemetry.py, gpu_busy.py) on the CPU and on a fake GPU with stand-in NVML samples. The
+the rank's side (trainstack/telemetry/, gpu_busy.py) on the CPU and on a fake GPU with stand-in NVML samples. The
 2-rank runs are in tests/test_train_breakdown.py."""
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from trainstack.breakdown import (
 )
 from trainstack.monitor import Monitor
 from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, SEGMENT_ENDED, SEGMENT_MARKER, RunDir, read_json_lines
-from trainstack.train.rank.gpu_busy import GpuBusy
-from trainstack.train.rank.telemetry import RankIdentity, Telemetry
+from trainstack.telemetry.core import Telemetry
+from trainstack.telemetry.device import RankIdentity
+from trainstack.telemetry.gpu_busy import GpuBusy
 
 # --- the arithmetic -------------------------------------------------------------------------------------------
 

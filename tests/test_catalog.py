@@ -226,7 +226,8 @@ TELEMETRY_RANK = """
 import sys, time
 from pathlib import Path
 import torch
-from trainstack.train.rank.telemetry import RankIdentity, Telemetry
+from trainstack.telemetry.core import Telemetry
+from trainstack.telemetry.device import RankIdentity
 
 if sys.argv[3] == "fake-cuda":
     from tests.test_timeline import FakeGpu

@@ -1,6 +1,6 @@
-"""Gradient-communication times (train/rank/comm_timer.py, with DDP's marks from train/rank/comm.py) from marks on
-a stand-in clock: the host's (a CPU rank) and the fake GPU of tests/test_timeline.py (a GPU rank, where the host
-runs ahead of the marks). The figures follow from the schedules by hand."""
+"""Gradient-communication times (trainstack/telemetry/comm_timer.py, with DDP's marks from trainstack/telemetry/comm.py)
+from marks on a stand-in clock: the host's (a CPU rank) and the fake GPU of tests/test_timeline.py (a GPU rank, where
+the host runs ahead of the marks). The figures follow from the schedules by hand."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import torch
 
 from tests.test_timeline import FakeGpu
 from trainstack.rundir import METRICS_DIR_ENV, RunDir
-from trainstack.train.rank.comm import watch_gradient_communication
-from trainstack.train.rank.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
-from trainstack.train.rank.telemetry import RankIdentity, Telemetry
+from trainstack.telemetry.comm import watch_gradient_communication
+from trainstack.telemetry.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
+from trainstack.telemetry.core import Telemetry
+from trainstack.telemetry.device import RankIdentity
 
 
 class FakeHostClock:

@@ -1,6 +1,6 @@
-"""What a DDP rank says about how its gradient communication is set up (train/rank/comm_setup.py): the NCCL switches
-in its environment, its process group's backend and the size of /dev/shm, published once with its other series."""
-
+"""What a DDP rank says about how its gradient communication is set up (trainstack/telemetry/comm_setup.py): the NCCL
+switches in its environment, its process group's backend and the size of /dev/shm, published once with its other
+series."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from tests.conftest import REPO
 from trainstack import catalog
-from trainstack.train.rank.comm_setup import CommSetup
+from trainstack.telemetry.comm_setup import CommSetup
 
 
 def test_the_nccl_switches_set_are_read_and_the_unset_ones_are_empty(tmp_path):
@@ -34,7 +34,8 @@ DDP_RANK = """
 import sys
 from pathlib import Path
 import torch
-from trainstack.train.rank.telemetry import RankIdentity, Telemetry
+from trainstack.telemetry.core import Telemetry
+from trainstack.telemetry.device import RankIdentity
 
 identity = RankIdentity(rank=3, local_rank=0, node="node0", uuid="", run_id="setup", world_size=1, nodes=1,
                         mixed_precision="no", model="builtin:tiny-gpt", dataset="builtin:sequences")

@@ -34,7 +34,7 @@ from trainstack.monitoring.diagnose.sources import ExporterSource, PrometheusSou
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes
 from trainstack.rundir import RunDir, free_port
-from trainstack.train.rank.comm import TEST_ALLREDUCE_DELAY_ENV
+from trainstack.telemetry.comm import TEST_ALLREDUCE_DELAY_ENV
 
 NOW = 1_800_000_000.0
 LIMITS = Thresholds()

@@ -2,7 +2,7 @@
 scrape, the command line (flags, bad input, SIGTERM), and the GPU log for the run report.
 
 Training metrics come from stand-in ranks (tests/standin_ranks.py) that write prometheus_client multiprocess
-files the way train/rank/telemetry.py does; tests/test_exporter_live.py scrapes a real training run.
+files the way trainstack/telemetry/ does; tests/test_exporter_live.py scrapes a real training run.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FSDP2's communication times (train/rank/fsdp_comm.py, train/rank/comm_timer.py).
+"""FSDP2's communication times (trainstack/telemetry/fsdp_comm.py, trainstack/telemetry/comm_timer.py).
 
 Real FSDP2 on two gloo ranks gives the schedule: which waits the hooks find and which collectives each waits for,
 as on a GPU rank (where collectives run beside compute), and, on these CPU ranks, the times themselves (gloo's
@@ -18,9 +18,9 @@ import torch
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from tests.test_timeline import FakeEvent
-from trainstack.train.rank.comm import InjectedDelay
-from trainstack.train.rank.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
-from trainstack.train.rank.fsdp_comm import REDUCE_SCATTERS, FsdpCommWatch
+from trainstack.telemetry.comm import InjectedDelay
+from trainstack.telemetry.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
+from trainstack.telemetry.fsdp_comm import REDUCE_SCATTERS, FsdpCommWatch
 
 BLOCKS = 3
 DELAY = 0.05

@@ -1,6 +1,6 @@
-"""The rank's side of GPM (train/rank/gpu_activity.py): each log interval's record carries its own GPU's mean SM and
-tensor activity, read from a pair of GPM samples, on the NVML fake; a GPU without GPM and a CPU rank carry none; the
-report's per-rank table shows them where the records have them."""
+"""The rank's side of GPM (trainstack/telemetry/gpu_activity.py): each log interval's record carries its own GPU's mean
+SM and tensor activity, read from a pair of GPM samples, on the NVML fake; a GPU without GPM and a CPU rank carry none;
+the report's per-rank table shows them where the records have them."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import trainstack.monitoring.nvml_fake as fake
 from tests.test_breakdown import identity, plain_env  # noqa: F401 (a fixture)
 from tests.test_timeline import FakeGpu
 from trainstack.rundir import RunDir, read_json_lines
-from trainstack.train.rank.gpu_activity import GpuActivity
-from trainstack.train.rank.telemetry import Telemetry, device_uuid
+from trainstack.telemetry.core import Telemetry
+from trainstack.telemetry.device import device_uuid
+from trainstack.telemetry.gpu_activity import GpuActivity
 
 H100_UUID = "GPU-5f1c0a00-1a2b-4c3d-8e4f-9a0b1c2d3e00"  # ddp_h100's GPU 0
 

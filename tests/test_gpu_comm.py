@@ -13,7 +13,7 @@ import torch
 from tests.conftest import REPO, explain, run_trainstack, summary
 from trainstack.breakdown import OTHER
 from trainstack.rundir import RunDir, free_port, read_json_lines
-from trainstack.train.rank.comm import TEST_ALLREDUCE_DELAY_ENV
+from trainstack.telemetry.comm import TEST_ALLREDUCE_DELAY_ENV
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

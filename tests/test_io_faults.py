@@ -21,10 +21,11 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from tests.conftest import explain, summary, train
 from trainstack.errors import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from trainstack.rundir import ERROR_FILE_ENV, METRICS_DIR_ENV, UNSEALED_PREFIX, step_dir_name
+from trainstack.telemetry.core import Telemetry
+from trainstack.telemetry.device import RankIdentity
 from trainstack.train.launcher import agent, launch
 from trainstack.train.rank import checkpoint, outcome
 from trainstack.train.rank.config import TrainConfig
-from trainstack.train.rank.telemetry import RankIdentity, Telemetry
 from trainstack.write_failure import WriteFailure, write_atomically, write_failure
 
 # One checkpoint of the default model is ~4.8 MiB: two fit in 12 MiB beside the run's other files, a third does not.

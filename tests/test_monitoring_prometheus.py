@@ -66,7 +66,8 @@ SYNTHETIC_RANK = """
 import sys, time
 from pathlib import Path
 import torch
-from trainstack.train.rank.telemetry import RankIdentity, Telemetry
+from trainstack.telemetry.core import Telemetry
+from trainstack.telemetry.device import RankIdentity
 identity = RankIdentity(rank=0, local_rank=0, node="fake-gpu-node", uuid=sys.argv[2], run_id="synthetic",
                         world_size=1, nodes=1, mixed_precision="bf16", model="builtin:tiny-gpt",
                         dataset="builtin:sequences")

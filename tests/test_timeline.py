@@ -1,6 +1,6 @@
-"""Device-timeline times (train/rank/timeline.py) against a fake GPU: one stream that runs queued work in order while
-the host runs ahead, and timing events that take the GPU's time when the stream reaches them. The loops below
-are the training loop's order of marks; the figures they must give follow from the fake's schedule by hand."""
+"""Device-timeline times (trainstack/telemetry/timeline.py) against a fake GPU: one stream that runs queued work in
+order while the host runs ahead, and timing events that take the GPU's time when the stream reaches them. The loops
+below are the training loop's order of marks; the figures they must give follow from the fake's schedule by hand."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from trainstack.train.rank.telemetry import RankIdentity, Telemetry
-from trainstack.train.rank.timeline import DeviceTimeline
+from trainstack.telemetry.core import Telemetry
+from trainstack.telemetry.device import RankIdentity
+from trainstack.telemetry.timeline import DeviceTimeline
 
 
 class FakeGpu:

@@ -17,12 +17,12 @@ import torch
 from tests.conftest import REPO, explain, summary, train
 from trainstack.cli import main
 from trainstack.rundir import free_port
+from trainstack.telemetry.device import peak_flops
 from trainstack.train.rank import config as train_config
 from trainstack.train.rank.config import TrainConfig
 from trainstack.train.rank.data import ArithmeticSequences, collate, load_token_data
 from trainstack.train.rank.model import BUILTIN_MODELS, GPT
 from trainstack.train.rank.performance import CompileWatch, bucket_count, compile_in_place, missing_compiler
-from trainstack.train.rank.telemetry import peak_flops
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -99,6 +99,6 @@ def test_bf16_with_gradient_accumulation(tmp_path):
     done = summary(tmp_path / "run")
     assert done["mixed_precision"] == "bf16" and done["steps"] == 6
     lines = [json.loads(line) for line in (tmp_path / "run/telemetry/rank-0.jsonl").read_text().splitlines()]
-    records = [line for line in lines if "time" in line]  # not the launch's segment marker (train/rank/telemetry.py)
+    records = [line for line in lines if "time" in line]  # not the launch's segment marker (trainstack/telemetry/)
     # Two micro-batches of 8 per optimizer step: 16 samples per step, counted per rank in its own records.
     assert sum(r["samples"] for r in records) == 6 * 16

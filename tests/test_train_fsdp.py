@@ -24,7 +24,7 @@ INDEXED_37_VOCAB = 39  # tests.factories.IndexedSequences(37).vocab_size
 
 
 def _records(run_dir: Path, rank: int) -> list[dict]:
-    """The rank's telemetry records, without the launch's segment marker line (train/rank/telemetry.py)."""
+    """The rank's telemetry records, without the launch's segment marker line (trainstack/telemetry/)."""
     lines = [json.loads(line) for line in (run_dir / "telemetry" / f"rank-{rank}.jsonl").read_text().splitlines()]
     return [line for line in lines if "time" in line]
 
@@ -68,8 +68,8 @@ def test_each_fsdp_rank_holds_about_half_of_ddps_state(side_by_side):
 def test_fsdp_ranks_time_their_all_gathers_and_reduce_scatters(side_by_side):
     """Per step: an all-gather before the forward of each of the four units (two blocks, the final norm, the root
     with the tied embedding), the blocks' again before their backward (the others stay gathered), and one
-    reduce-scatter per unit (train/rank/fsdp_comm.py). gloo's collectives hold a CPU rank's host: all of each is
-    exposed."""
+    reduce-scatter per unit (trainstack/telemetry/fsdp_comm.py). gloo's collectives hold a CPU rank's host: all of each
+    is exposed."""
     for rank in (0, 1):
         records = _records(side_by_side["fsdp"], rank)
         assert [r["comm_buckets"] for r in records] == [10] * 6

@@ -1,6 +1,6 @@
-"""The Trainer's parts on their own (train/rank/hooks.py, schedule.py, step.py, evaluation.py, outcome.py), with a
-stand-in accelerator where one is needed: one process, no process group. The 2-rank tests (test_train_*.py) run
-them together in the real Trainer."""
+"""The Trainer's parts on their own (train/rank/performance.py NoCompileWatch, schedule.py, step.py, evaluation.py,
+outcome.py), with a stand-in accelerator where one is needed: one process, no process group. The 2-rank tests
+(test_train_*.py) run them together in the real Trainer."""
 
 from __future__ import annotations
 
@@ -15,15 +15,14 @@ import torch
 from tests.factories import BatchNormLM
 from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from trainstack.rundir import METRICS_DIR_ENV, SUMMARY_VERSION, write_summary
+from trainstack.telemetry.interval import IntervalSums
 from trainstack.train.rank.config import TrainConfig
 from trainstack.train.rank.data import IGNORE_INDEX, collate
 from trainstack.train.rank.evaluation import mean_loss
-from trainstack.train.rank.hooks import NoCompileWatch
 from trainstack.train.rank.outcome import EXIT_CODES, Failure, explain_runtime_error, summary
-from trainstack.train.rank.performance import CompileWatch
+from trainstack.train.rank.performance import CompileWatch, NoCompileWatch
 from trainstack.train.rank.progress import Progress
 from trainstack.train.rank.schedule import lr_factor, lr_scheduler
-from trainstack.train.rank.step import IntervalSums
 
 
 def test_no_compile_watch_answers_what_the_loop_and_the_summary_ask():

@@ -1,7 +1,7 @@
 """Where each rank's wall time went: the parts, how a step's time splits into them, and their sums over a run.
 
 A rank's wall time, from its launch (`TRAINSTACK_LAUNCHED_AT`) to its exit, splits into parts that are each measured
-on their own (train/rank/telemetry.py writes them into the rank's records, and into the
+on their own (trainstack/telemetry/ writes them into the rank's records, and into the
 time-by-part counter of the metric catalog, `catalog.TRAIN_TIME`):
 
 - the steps' time, on the device's clock on a GPU, split into data starvation and exposed communication (both timed
@@ -32,6 +32,9 @@ DATA_STARVATION = "data_starvation"
 HOST_BOUND = "host_bound"
 COMPILE = "compile"
 STARTUP = "startup"
+EVALUATION = "evaluation"  # the pauses a loop names (PAUSES)
+CHECKPOINT_SAVE = "checkpoint_save"
+CHECKPOINT_LOAD = "checkpoint_load"
 LOST_PROGRESS = "lost_progress"
 OTHER = "other"
 
@@ -41,9 +44,9 @@ PARTS = {
     DATA_STARVATION: "the device idle for want of the next batch",
     HOST_BOUND: "the device idle although neither starved nor waiting on communication (GPU ranks, from NVML's "
                 "utilization samples; not measured on CPU ranks)",
-    "evaluation": "evaluating on the held-out set",
-    "checkpoint_save": "saving a checkpoint",
-    "checkpoint_load": "loading the checkpoint a launch resumes from",
+    EVALUATION: "evaluating on the held-out set",
+    CHECKPOINT_SAVE: "saving a checkpoint",
+    CHECKPOINT_LOAD: "loading the checkpoint a launch resumes from",
     COMPILE: "torch.compile: the steps during which it compiled, and pauses to compile",
     STARTUP: "launch to the first step, less any pause before it",
     LOST_PROGRESS: "steps, and the pauses among them, that a later launch trained again after resuming from an "
@@ -53,7 +56,7 @@ PARTS = {
 """Every part, in the order tables and figures show them."""
 STEP_PARTS = (COMPUTE, COMM_EXPOSED, DATA_STARVATION, HOST_BOUND)
 """The parts a step's time splits into (`split_step_time`)."""
-PAUSES = ("evaluation", "checkpoint_save", "checkpoint_load", COMPILE)
+PAUSES = (EVALUATION, CHECKPOINT_SAVE, CHECKPOINT_LOAD, COMPILE)
 """The pauses a loop times around its code (trainstack.monitor's `pause`)."""
 LIVE_PARTS = tuple(part for part in PARTS if part not in (LOST_PROGRESS, OTHER))
 """The parts a rank measures as it runs (the counter's `part` values); the last two are known only afterwards."""

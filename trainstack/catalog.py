@@ -3,7 +3,7 @@
 Each entry says what a metric is (name, type, unit, labels, help), where its value comes from (the ranks'
 telemetry, an NVML call or field, the exporter itself), when it is absent, and who reads it: the recording
 rules and alerts (monitoring/prometheus/rules/), the Grafana panels (monitoring/grafana/) and `trainstack diagnose`
-(monitoring/diagnose/). The producers build their metrics from these entries (train/rank/telemetry.py, the exporter's
+(monitoring/diagnose/). The producers build their metrics from these entries (trainstack/telemetry/, the exporter's
 collectors, the NVML fake's stand-in ranks), the readers take the names from here, and docs/metrics.md's tables
 are generated from them (scripts/metrics-docs.py). tests/test_catalog.py holds the files that cannot import this
 module (rules, dashboards) to it, and checks that every entry is produced. The approach is dcgm-exporter's
@@ -22,7 +22,7 @@ GAUGE = "gauge"
 HISTOGRAM = "histogram"
 INFO = "info"
 
-TELEMETRY = "rank telemetry"  # written by each rank into its multiprocess files (train/rank/telemetry.py)
+TELEMETRY = "rank telemetry"  # written by each rank into its multiprocess files (trainstack/telemetry/)
 NVML = "nvml"  # read from NVML by the exporter's sampler (monitoring/exporter/sampler.py, nvml.py)
 EXPORTER = "exporter"  # the exporter's own health (monitoring/exporter/health.py)
 WATCH = "trainstack watch"  # the watched command, kept by watch in its node's metrics directory
@@ -97,7 +97,7 @@ class Recorded:
     readers: tuple[str, ...] = ()
 
 
-# --- training: written by each rank (train/rank/telemetry.py) -----------------------------------------------------
+# --- training: written by each rank (trainstack/telemetry/) -----------------------------------------------------
 
 TRAIN_STEPS = Metric(
     "trainstack_train_steps_total", COUNTER, "Optimizer steps completed.", RANK_LABELS, TELEMETRY,
@@ -157,8 +157,8 @@ TRAIN_COMM_SECONDS = Metric(
     "Training communication time per step: while at least one collective was in flight.", RANK_LABELS,
     TELEMETRY,
     "each step's time with at least one collective in flight: DDP's gradient all-reduces, FSDP's parameter "
-    "all-gathers and gradient reduce-scatters, much of it overlapped with compute (train/rank/comm.py); on a GPU "
-    "rank on the GPU's timeline; added at each log interval",
+    "all-gathers and gradient reduce-scatters, much of it overlapped with compute (trainstack.telemetry.comm); "
+    "on a GPU rank on the GPU's timeline; added at each log interval",
     unit="s", absent_when=_COMM_ABSENT, readers=("diagnose comm-bound",))
 TRAIN_COMM_EXPOSED = Metric(
     "trainstack_train_comm_exposed_seconds_total", COUNTER,
@@ -186,7 +186,7 @@ TRAIN_COMM_SETUP_INFO = Metric(
     ("rank", "backend", *NCCL_SWITCH_LABELS), TELEMETRY,
     "the rank's process-group backend (`nccl`, `gloo`) and the value of each NCCL switch in its environment "
     "(`NCCL_P2P_DISABLE`, `NCCL_SHM_DISABLE`, `NCCL_IB_DISABLE`, `NCCL_SOCKET_IFNAME`; empty where unset), "
-    "written once, when the rank starts timing its DDP all-reduce (train/rank/comm_setup.py)", values="1",
+    "written once, when the rank starts timing its DDP all-reduce (trainstack.telemetry.comm_setup)", values="1",
     absent_when=_COMM_ABSENT, readers=("diagnose comm-bound",))
 TRAIN_SHM_BYTES = Metric(
     "trainstack_train_shm_bytes", GAUGE, "Size of /dev/shm where the rank runs.", RANK_LABELS, TELEMETRY,

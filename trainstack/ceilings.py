@@ -41,7 +41,7 @@ WHAT_FIX_GAINS = {
     PAUSES: ("evaluation and checkpoints pause training {share} of the wall time", "a loop that never pauses"),
 }
 """Per kind: what the share is, and the fix whose ceiling it gives."""
-PAUSE_PARTS = ("evaluation", "checkpoint_save", "checkpoint_load")
+PAUSE_PARTS = (breakdown.EVALUATION, breakdown.CHECKPOINT_SAVE, breakdown.CHECKPOINT_LOAD)
 
 
 def speedup_ceiling(share: float) -> float:

@@ -29,7 +29,6 @@ reads it one interval later, when the device has long finished it (as trainstack
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -38,9 +37,13 @@ from pathlib import Path
 import torch
 
 from trainstack import breakdown
-from trainstack.rundir import LAUNCHER_ENV, NNODES_ENV, RUN_DIR_ENV, RUN_ID_ENV
-from trainstack.train.rank.hooks import measure_state_once
-from trainstack.train.rank.telemetry import IntervalCut, RankIdentity, Telemetry, device_uuid, peak_flops
+from trainstack.rundir import RUN_DIR_ENV, RUN_ID_ENV
+from trainstack.telemetry.core import IntervalCut, Telemetry
+from trainstack.telemetry.device import device_of, peak_flops, precision_of, rank_identity, tf32_allowed
+from trainstack.telemetry.interval import IntervalSums, PendingTotals, interval_ends
+from trainstack.telemetry.state import measure_state_once
+
+__all__ = ["PAUSES", "Monitor", "NullMonitor", "start"]
 
 PAUSES = breakdown.PAUSES
 """What a run does besides training steps, as `pause` names it: its time is a part of the rank's wall time of its
@@ -50,7 +53,7 @@ own (trainstack/breakdown.py), kept out of step time."""
 def start(model: torch.nn.Module | None = None, *, flops_per_token: float | None = None, accelerator=None,
           log_every: int = 10, precision: str | None = None, run_dir: str | Path | None = None,
           model_name: str | None = None, dataset: str = "", run_id: str | None = None, optimizer=None,
-          enabled: bool = True) -> Monitor | NullMonitor:
+          enabled: bool = True) -> NullMonitor:
     """A Monitor for this rank, or a NullMonitor outside a watched run (or with `enabled=False`).
 
     model: the model as the loop calls it (after DDP/FSDP wrapping or `accelerator.prepare`); its gradient
@@ -72,12 +75,12 @@ def start(model: torch.nn.Module | None = None, *, flops_per_token: float | None
         _say_once(f"trainstack.monitor: not in a watched run ({RUN_DIR_ENV} is unset), so nothing is recorded; "
                   "run the script with `trainstack watch -- python ...` to see its ranks")
         return NullMonitor()
-    device = _device_of(model, accelerator)
-    precision = precision or _precision_of(model, accelerator)
-    identity = _identity(model, accelerator, device, precision, model_name, dataset,
-                         run_id or os.environ.get(RUN_ID_ENV, "manual"))
+    device = device_of(model, accelerator)
+    precision = precision or precision_of(model, accelerator)
+    identity = rank_identity(model, accelerator, device, precision, model_name, dataset,
+                             run_id or os.environ.get(RUN_ID_ENV, "manual"))
     telemetry = Telemetry(Path(run_dir), identity, flops_per_token or 0.0,
-                          peak_flops(device, precision, _tf32_allowed()) if flops_per_token else None, device)
+                          peak_flops(device, precision, tf32_allowed()) if flops_per_token else None, device)
     monitor = Monitor(telemetry, log_every, optimizer)
     if model is not None:
         monitor.watch(model)
@@ -86,147 +89,9 @@ def start(model: torch.nn.Module | None = None, *, flops_per_token: float | None
     return monitor
 
 
-class Monitor:
-    """One rank's telemetry. Its methods may be called as the loop reaches each point; the context managers and
-    `batches` are the same calls placed for you."""
-
-    def __init__(self, telemetry: Telemetry, log_every: int, optimizer=None):
-        self.telemetry = telemetry
-        self.log_every = log_every
-        self.steps = 0
-        self.epoch = 0
-        self.data_wait_share: float | None = None
-        """The last recorded interval's data-wait share of step time (trainstack/ratios.py DATA_WAIT_SHARE)."""
-        self._sums = _LocalSums()
-        self._open: tuple[IntervalCut, _PendingSums, int, int, float | None] | None = None
-        self._optimizer = optimizer  # its learning rate is the record's, unless `step` is given one
-        self._lr: float | None = None
-        self._paused = False
-        """A pause is open: the loop evaluates or checkpoints, so its batches, forwards and steps train nothing."""
-
-    # ---- the loop's points ------------------------------------------------------------------------------------
-    def watch(self, model: torch.nn.Module) -> bool:
-        """Times the model's gradient communication (DDP, FSDP); False for a model without any."""
-        return self.telemetry.watch_communication(model)
-
-    def batches(self, loader: Iterable) -> Iterator:
-        """The loader's batches, each wait for one timed (not inside a pause: an evaluation's loader is no
-        training's wait)."""
-        batches = iter(loader)
-        while True:
-            self.data_wait_started()
-            try:
-                batch = next(batches)
-            except StopIteration:
-                self.data_ready()
-                return
-            self.data_ready()
-            yield batch
-
-    def data_wait_started(self) -> None:
-        if not self._paused:
-            self.telemetry.data_wait_started()
-
-    def data_ready(self) -> None:
-        if not self._paused:
-            self.telemetry.data_ready()
-
-    @contextmanager
-    def forward(self):
-        self.forward_started()
-        yield
-        self.forward_done()
-
-    def forward_started(self) -> None:
-        if not self._paused:
-            self.telemetry.forward_started()
-
-    def forward_done(self) -> None:
-        if not self._paused:
-            self.telemetry.forward_done()
-
-    def micro_batch(self, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None
-                    ) -> None:
-        """A micro-batch of gradient accumulation that did not step the optimizer: its tokens and loss."""
-        if not self._paused:
-            self._sums.add(tokens, loss)
-
-    def step(self, samples: int, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None,
-             lr: float | None = None, epoch: int | None = None, compile_seconds: float | None = None,
-             recompiles: int = 0) -> None:
-        """An optimizer step: the samples it trained on (all micro-batches); its last micro-batch's tokens and loss
-        (device tensors are summed on the device, never read here). `compile_seconds`: the step compiled, and
-        that long is compile time, not step time. Inside a pause (an evaluation's batches) it records nothing."""
-        if self._paused:
-            return
-        self._sums.add(tokens, loss)
-        if compile_seconds is None:
-            self.telemetry.step_done(samples)
-        else:
-            self.telemetry.step_compiled(samples, compile_seconds, recompiles)
-        self.steps += 1
-        if lr is not None:
-            self._lr = lr
-        elif self._optimizer is not None:
-            self._lr = self._optimizer.param_groups[0]["lr"]
-        self.epoch = self.epoch if epoch is None else epoch
-        if self.steps % self.log_every == 0 or self.steps == 1:
-            self._record_open()  # queued steps behind it: the device has run the open interval by now
-            self._open_interval()
-
-    def resumed_at(self, step: int, epoch: int = 0) -> None:
-        """The run continues from a checkpoint: steps are numbered on from `step`."""
-        self.steps, self.epoch = step, epoch
-
-    @contextmanager
-    def pause(self, part: str):
-        """Time that trains nothing (evaluation, a checkpoint): not counted as a step; the monitor's calls
-        inside it record nothing."""
-        self.pause_started(part)
-        try:
-            yield
-        finally:
-            self.pause_ended(part)
-
-    def pause_started(self, part: str) -> None:
-        """`part`: one of PAUSES. On a GPU the pause begins once the device has run the steps queued before it."""
-        self.telemetry.pause_started(part)
-        self._paused = True
-
-    def pause_ended(self, part: str) -> None:
-        seconds = self.telemetry.pause_ended(part)
-        self._paused = False
-        if part == "checkpoint_save":
-            self.telemetry.checkpoint_done(seconds)
-
-    def flush(self) -> None:
-        """Records everything up to now, waiting for the device: before a checkpoint or at the end."""
-        self._record_open()
-        if self._sums.count:
-            self._open_interval()
-            self._record_open()
-
-    def close(self) -> None:
-        try:
-            self.flush()
-        finally:
-            self.telemetry.close()
-
-    # ---- intervals --------------------------------------------------------------------------------------------
-    def _open_interval(self) -> None:
-        self._open = (self.telemetry.interval_ended(), self._sums.take(), self.steps, self.epoch, self._lr)
-
-    def _record_open(self) -> None:
-        if self._open is None:
-            return
-        cut, sums, step, epoch, lr = self._open
-        self._open = None
-        loss, tokens = sums.result()
-        self.data_wait_share = self.telemetry.interval_done(cut, step, epoch, loss, lr, tokens)
-
-
 class NullMonitor:
-    """Monitor's methods, recording nothing (tests/test_monitor.py keeps the two alike)."""
+    """The loop API, recording nothing: outside a watched run (or with `enabled=False`), and the base of `Monitor`,
+    which overrides every method with the same parameters (tests/test_monitor.py keeps the two alike)."""
 
     steps = 0
     epoch = 0
@@ -281,124 +146,147 @@ class NullMonitor:
         pass
 
 
-# ---- the interval's loss and tokens, summed where they are ------------------------------------------------------
-class _LocalSums:
-    """This rank's loss and token sums since the interval began: numbers on the host, tensors where they are (one
-    in-place add each, the cheapest thing a step can do with a device tensor without waiting for it)."""
+class Monitor(NullMonitor):
+    """One rank's telemetry. Its methods may be called as the loop reaches each point; the context managers and
+    `batches` are the same calls placed for you."""
 
-    def __init__(self):
-        self._reset()
+    def __init__(self, telemetry: Telemetry, log_every: int, optimizer=None):
+        self.telemetry = telemetry
+        self.log_every = log_every
+        self.steps = 0
+        self.epoch = 0
+        self.data_wait_share: float | None = None
+        """The last recorded interval's data-wait share of step time (trainstack/ratios.py DATA_WAIT_SHARE)."""
+        self._sums = IntervalSums()
+        self._open: tuple[IntervalCut, PendingTotals, int, int, float | None] | None = None
+        self._optimizer = optimizer  # its learning rate is the record's, unless `step` is given one
+        self._lr: float | None = None
+        self._paused = False
+        """A pause is open: the loop evaluates or checkpoints, so its batches, forwards and steps train nothing."""
 
-    def _reset(self) -> None:
-        self.count = 0
-        self._losses = 0
-        self._host = [0.0, 0.0]  # loss, tokens
-        self._on_device: list[torch.Tensor | None] = [None, None]  # loss (float32), tokens (int64)
+    # ---- the loop's points ------------------------------------------------------------------------------------
+    def watch(self, model: torch.nn.Module) -> bool:
+        """Times the model's gradient communication (DDP, FSDP); False for a model without any."""
+        return self.telemetry.watch_communication(model)
 
-    def add(self, tokens, loss) -> None:
-        self.count += 1
-        if loss is not None:
-            self._losses += 1
-        for slot, value in enumerate((loss, tokens)):
-            if isinstance(value, torch.Tensor):
-                total, value = self._on_device[slot], value.detach()
-                if total is None:
-                    self._on_device[slot] = value.sum(dtype=torch.float32 if slot == 0 else torch.int64)
-                    continue
-                value = value.sum() if value.dim() else value
-                total.add_(value if value.dtype == total.dtype else value.to(total.dtype))
-            elif value is not None:
-                self._host[slot] += float(value)
+    def batches(self, loader: Iterable) -> Iterator:
+        """The loader's batches, each wait for one timed (not inside a pause: an evaluation's loader is no
+        training's wait)."""
+        batches = iter(loader)
+        while True:
+            self.data_wait_started()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                self.data_ready()
+                return
+            self.data_ready()
+            yield batch
 
-    def take(self) -> _PendingSums:
-        pending = _PendingSums(self._host, self._losses, self._on_device)
-        self._reset()
-        return pending
+    def data_wait_started(self) -> None:
+        if not self._paused:
+            self.telemetry.data_wait_started()
 
+    def data_ready(self) -> None:
+        if not self._paused:
+            self.telemetry.data_ready()
 
-class _PendingSums:
-    """An interval's sums on their way to the host: on a GPU, a copy queued behind the interval's steps (into
-    page-locked memory, so it need not block) with an event after it, read an interval later."""
+    @contextmanager
+    def forward(self):
+        self.forward_started()
+        yield
+        self.forward_done()
 
-    def __init__(self, host: list[float], losses: int, on_device: list[torch.Tensor | None]):
-        self._host, self._losses, self._copied = host, losses, None
-        self._values = [value for value in on_device]
-        on_gpu = [value for value in on_device if value is not None and value.device.type == "cuda"]
-        if on_gpu:
-            stacked = torch.stack([torch.zeros((), dtype=torch.float64, device=on_gpu[0].device) if value is None
-                                   else value.to(torch.float64) for value in on_device])
-            copy = torch.empty(2, dtype=torch.float64, pin_memory=True)
-            copy.copy_(stacked, non_blocking=True)
-            self._values = [copy, None]
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+    def forward_started(self) -> None:
+        if not self._paused:
+            self.telemetry.forward_started()
 
-    def result(self) -> tuple[float | None, int]:
-        """(mean loss, None if no step gave one; tokens); waits, if need be, until the device has run the
-        interval."""
-        if self._copied is not None:
-            self._copied.synchronize()
-            device_loss, device_tokens = self._values[0].tolist()
+    def forward_done(self) -> None:
+        if not self._paused:
+            self.telemetry.forward_done()
+
+    def micro_batch(self, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None
+                    ) -> None:
+        """A micro-batch of gradient accumulation that did not step the optimizer: its tokens and loss."""
+        if not self._paused:
+            self._sums.add(loss, tokens)
+
+    def step(self, samples: int, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None,
+             lr: float | None = None, epoch: int | None = None, compile_seconds: float | None = None,
+             recompiles: int = 0) -> None:
+        """An optimizer step: the samples it trained on (all micro-batches); its last micro-batch's tokens and loss
+        (device tensors are summed on the device, never read here). `compile_seconds`: the step compiled, and
+        that long is compile time, not step time. Inside a pause (an evaluation's batches) it records nothing."""
+        if self._paused:
+            return
+        self._sums.add(loss, tokens)
+        if compile_seconds is None:
+            self.telemetry.step_done(samples)
         else:
-            device_loss, device_tokens = (0.0 if value is None else value.item() for value in self._values)
-        loss, tokens = self._host[0] + device_loss, self._host[1] + device_tokens
-        return (loss / self._losses if self._losses else None), int(tokens)
+            self.telemetry.step_compiled(samples, compile_seconds, recompiles)
+        self.steps += 1
+        if lr is not None:
+            self._lr = lr
+        elif self._optimizer is not None:
+            self._lr = self._optimizer.param_groups[0]["lr"]
+        self.epoch = self.epoch if epoch is None else epoch
+        if interval_ends(self.steps, self.log_every):
+            self._record_open()  # queued steps behind it: the device has run the open interval by now
+            self._open_interval()
+
+    def resumed_at(self, step: int, epoch: int = 0) -> None:
+        """The run continues from a checkpoint: steps are numbered on from `step`."""
+        self.steps, self.epoch = step, epoch
+
+    @contextmanager
+    def pause(self, part: str):
+        """Time that trains nothing (evaluation, a checkpoint): not counted as a step; the monitor's calls
+        inside it record nothing."""
+        self.pause_started(part)
+        try:
+            yield
+        finally:
+            self.pause_ended(part)
+
+    def pause_started(self, part: str) -> None:
+        """`part`: one of PAUSES. On a GPU the pause begins once the device has run the steps queued before it."""
+        self.telemetry.pause_started(part)
+        self._paused = True
+
+    def pause_ended(self, part: str) -> None:
+        seconds = self.telemetry.pause_ended(part)
+        self._paused = False
+        if part == breakdown.CHECKPOINT_SAVE:
+            self.telemetry.checkpoint_done(seconds)
+
+    def flush(self) -> None:
+        """Records everything up to now, waiting for the device: before a checkpoint or at the end."""
+        self._record_open()
+        if self._sums.micro_batches:
+            self._open_interval()
+            self._record_open()
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self.telemetry.close()
+
+    # ---- intervals --------------------------------------------------------------------------------------------
+    def _open_interval(self) -> None:
+        self._open = (self.telemetry.interval_ended(), self._sums.take(), self.steps, self.epoch, self._lr)
+
+    def _record_open(self) -> None:
+        if self._open is None:
+            return
+        cut, sums, step, epoch, lr = self._open
+        self._open = None
+        totals = sums.result()
+        self.data_wait_share = self.telemetry.interval_done(cut, step, epoch, totals.loss, lr, totals.local_tokens)
 
 
-# ---- who this rank is --------------------------------------------------------------------------------------------
+# ---- saying so --------------------------------------------------------------------------------------------
 def _say_once(message: str, _said: set[str] = set()) -> None:  # noqa: B006 (the set is the memory)
     if message not in _said:
         _said.add(message)
         print(message, file=sys.stderr)
-
-
-def _device_of(model: torch.nn.Module | None, accelerator) -> torch.device:
-    if accelerator is not None:
-        return accelerator.device
-    if model is not None:
-        for parameter in model.parameters():
-            return parameter.device
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _precision_of(model: torch.nn.Module | None, accelerator) -> str:
-    if accelerator is not None:
-        return str(accelerator.mixed_precision)
-    dtype = next((p.dtype for p in model.parameters()), torch.float32) if model is not None else torch.float32
-    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "no")
-
-
-def _tf32_allowed() -> bool:
-    return torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
-
-
-def _strategy_of(model: torch.nn.Module | None) -> str:
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return "ddp"
-    if isinstance(model, torch.nn.DataParallel):
-        return "dataparallel"
-    from torch.distributed.fsdp import FSDPModule
-
-    if model is not None and any(isinstance(module, FSDPModule) for module in model.modules()):
-        return "fsdp"
-    return "single"
-
-
-def _identity(model, accelerator, device: torch.device, precision: str, model_name: str | None, dataset: str,
-              run_id: str) -> RankIdentity:
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if accelerator is not None:
-        rank, local_rank, world = accelerator.process_index, accelerator.local_process_index, accelerator.num_processes
-    elif distributed:
-        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    else:
-        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    nodes = int(os.environ.get("GROUP_WORLD_SIZE") or os.environ.get(NNODES_ENV) or 1)
-    inner = getattr(model, "module", model)
-    return RankIdentity(
-        rank=rank, local_rank=local_rank, node=socket.gethostname(), uuid=device_uuid(device),
-        run_id=run_id, world_size=world, nodes=nodes, mixed_precision=precision,
-        model=model_name or (type(inner).__name__ if inner is not None else ""), dataset=dataset,
-        strategy=_strategy_of(model), launcher=os.environ.get(LAUNCHER_ENV, ""))

@@ -3,7 +3,7 @@
 The recording rules take their PromQL from these definitions (monitoring/prometheus/build_rules.py), and every
 other place that computes the same figure applies the same arithmetic through them: `trainstack diagnose` on rates
 it reads from an exporter or Prometheus (monitoring/diagnose/snapshot.py), the report on a run's telemetry records
-(monitoring/report/runfiles.py), and each rank for its progress bar (train/rank/telemetry.py). The rank cannot
+(monitoring/report/runfiles.py), and each rank for its progress bar (trainstack/telemetry/). The rank cannot
 import monitoring code and the rules cannot import Python at all, so the definitions live here, next to the
 metric catalog whose names they divide.
 """

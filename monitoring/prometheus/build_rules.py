@@ -95,7 +95,7 @@ window can catch more of it than of its step."""),
         Record(catalog.RANK_COMM_EXPOSED_RATIO, ratios.COMM_EXPOSED_SHARE.promql(), comment="""\
 Share of the rank's step time it waited at the collectives: DDP's gradient all-reduce after its backward
 compute had ended and its buffer broadcast at the start of each forward pass, FSDP's all-gathers and
-reduce-scatters where compute waited (train/rank/comm.py). It is the rank's wait for the network and for
+reduce-scatters where compute waited (trainstack.telemetry.comm). It is the rank's wait for the network and for
 slower peers. Absent on ranks that communicate with no other. Capped at 1, as the data-wait ratio is."""),
         Record(catalog.JOB_COMM_EXPOSED_MIN_RATIO, f"min by (job) ({catalog.RANK_COMM_EXPOSED_RATIO.name})",
                comment="""\

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from trainstack.rundir import ERROR_FILE_ENV, FAILURE_NOTE_KEY, METRICS_DIR_ENV
+from trainstack.telemetry.metrics import progress_by_rank
 from trainstack.train.rank.config import TrainConfig
 from trainstack.train.rank.segments import SEGMENTS_KEY
-from trainstack.train.rank.telemetry import progress_by_rank
 from trainstack.write_failure import WriteFailure, write_atomically
 
 EXIT_CODES = {"completed": EXIT_OK, "preempted": EXIT_PREEMPTED}  # the loop's exit reasons

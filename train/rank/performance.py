@@ -79,6 +79,24 @@ def _on_frame_compiled(callback: Callable[[], None]) -> Callable[[], None]:
     return lambda: callback_handler.remove_end_callback(on_end)
 
 
+class NoCompileWatch:
+    """The compile watch when it is off, the same methods doing nothing (the loop calls them unconditionally).
+    Without --compile (or before the model is compiled): no step compiles; summary.json's compile_seconds and
+    recompiles are null."""
+
+    seconds = None
+    recompiles = None
+
+    def step_done(self) -> None:
+        return None
+
+    def resync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class CompileWatch:
     """Counts compiled frames per step. A step during which something compiled is compile time, not step time
     (its lazily compiled backward is in the same step). The first step's count is the frames one batch shape

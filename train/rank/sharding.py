@@ -8,7 +8,7 @@ Accelerate 1.15 turns its FSDP plugin on only for accelerator devices: on CPU ra
 silently keeps plain DDP. `fully_shard` itself runs over gloo, so `enable_on_cpu_ranks` completes the switch that
 Accelerate's state leaves out; everything after it (prepare, backward, clipping, save_state/load_state) is
 Accelerate's own FSDP2 code, the same code a GPU run takes. Telemetry times the units' all-gathers and
-reduce-scatters through FSDP2's public hooks (train/rank/fsdp_comm.py).
+reduce-scatters through FSDP2's public hooks (trainstack/telemetry/fsdp_comm.py).
 """
 
 from __future__ import annotations

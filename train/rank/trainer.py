@@ -26,17 +26,19 @@ from accelerate.utils import (
 from tqdm import tqdm
 
 import trainstack.monitor
+from trainstack.breakdown import CHECKPOINT_LOAD, CHECKPOINT_SAVE, EVALUATION
 from trainstack.errors import EXIT_CONFIG, EXIT_RUNTIME, ConfigError
 from trainstack.rundir import NON_BLOCKING_COPY_ENV, RUN_ID_ENV, RunDir, write_summary
+from trainstack.telemetry.interval import IntervalSums, PendingTotals, interval_ends
 from trainstack.train.rank import checkpoint, outcome, sharding
 from trainstack.train.rank.checkpointer import Checkpointer
 from trainstack.train.rank.config import TrainConfig, require_device_support
 from trainstack.train.rank.data import collate, load_token_data
 from trainstack.train.rank.evaluation import evaluator
-from trainstack.train.rank.hooks import NoCompileWatch
 from trainstack.train.rank.model import build_model, estimate_flops_per_token
 from trainstack.train.rank.performance import (
     CompileWatch,
+    NoCompileWatch,
     bucket_count,
     compile_in_place,
     make_optimizer,
@@ -45,7 +47,7 @@ from trainstack.train.rank.performance import (
 from trainstack.train.rank.progress import Progress
 from trainstack.train.rank.schedule import lr_scheduler
 from trainstack.train.rank.segments import RunRecord
-from trainstack.train.rank.step import IntervalSums, PendingTotals, train_step
+from trainstack.train.rank.step import train_step
 from trainstack.train.rank.stopping import StopRequested
 from trainstack.write_failure import WriteFailure
 
@@ -100,7 +102,7 @@ class Trainer:
         self.progress = Progress()
         self.record: RunRecord | None = None
         self.run_id = os.environ.get(RUN_ID_ENV, "manual")
-        self.monitor: trainstack.monitor.Monitor | trainstack.monitor.NullMonitor = trainstack.monitor.NullMonitor()
+        self.monitor: trainstack.monitor.NullMonitor = trainstack.monitor.NullMonitor()
         self.compile_watch: CompileWatch | NoCompileWatch = NoCompileWatch()
         self.evaluator = evaluator(compiled=config.compile)
         self.throughput: dict[str, float] = {}
@@ -198,7 +200,7 @@ class Trainer:
                 if last or stop:
                     self._log_through_now(sums, bar)
                     return "completed" if last else "preempted"
-                if p.step % config.log_every == 0 or p.step == 1:
+                if interval_ends(p.step, config.log_every):
                     self._end_interval(sums)
                 checkpoint_due = config.checkpoint_every and p.step % config.checkpoint_every == 0
                 eval_due = config.eval_every and p.step % config.eval_every == 0
@@ -224,7 +226,7 @@ class Trainer:
 
     def _end_interval(self, sums: IntervalSums) -> None:
         """Queues the interval's one all-reduce and returns at once; `_log_interval` reads it, normally after the
-        next step is queued (train/rank/step.py says why)."""
+        next step is queued (trainstack/telemetry/interval.py says why)."""
         p = self.progress
         self._open_interval = OpenInterval(sums.start_reduce(self.accelerator, self.stop.requested), p.step,
                                            p.epoch, self.scheduler.get_last_lr()[0])
@@ -263,14 +265,14 @@ class Trainer:
     def save(self) -> None:
         if self.checkpointer.saved(self.progress.step):
             return
-        with self.monitor.pause("checkpoint_save"):
+        with self.monitor.pause(CHECKPOINT_SAVE):
             self.checkpointer.save(self.progress, self.record)
         self.compile_watch.resync()
 
     def evaluate(self) -> float | None:
         if self.eval_loader is None:
             return None
-        with self.monitor.pause("evaluation"):
+        with self.monitor.pause(EVALUATION):
             loss = self.evaluator(self.accelerator, self.model, self.eval_loader)
         self.compile_watch.resync()  # that pause was not compiling either
         return loss
@@ -288,7 +290,7 @@ class Trainer:
     def run(self) -> int:
         try:
             self.build()
-            with self.monitor.pause("checkpoint_load"):
+            with self.monitor.pause(CHECKPOINT_LOAD):
                 restored = self.checkpointer.resume(self.config.resume, self.progress)
             self.monitor.resumed_at(self.progress.step, self.progress.epoch)
             self.record = RunRecord(self.run_id, self.progress, restored, lambda: self.compile_watch.seconds or 0.0)

@@ -31,13 +31,12 @@ import sys
 import torch
 
 import trainstack.monitor as tsm
+from trainstack.breakdown import CHECKPOINT_SAVE, EVALUATION
 
 # What the Trainer does between two steps, as the callback times it (None: a step, or no training).
 BATCH = "batch"  # waits for the next batch: the monitor's data wait
 LOG = "log"  # reduces the loss across ranks and logs it: the Trainer's own work, part of the step's time
-EVALUATION = "evaluation"  # the monitor's pauses, named as it names them
-CHECKPOINT_SAVE = "checkpoint_save"
-PAUSES = (EVALUATION, CHECKPOINT_SAVE)
+PAUSES = (EVALUATION, CHECKPOINT_SAVE)  # the monitor's pauses the callback times
 
 
 class TrainstackCallback(TrainerCallback):

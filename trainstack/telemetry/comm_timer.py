@@ -4,7 +4,8 @@ A step's communication is a set of collectives, each from its launch to its end,
 compute stops until some of them have ended. The total is the time at least one collective was in flight; the
 exposed part is the time compute waited, counted from the point compute reached the wait (its "ready" mark) to the
 end of the collectives it waited for, within their flight. On a fast link both differ little; over sockets or
-Ethernet the exposed part can be most of the step. train/rank/comm.py says where DDP's and FSDP's marks come from.
+Ethernet the exposed part can be most of the step. trainstack/telemetry/comm.py says where DDP's and FSDP's marks come
+from.
 
 The marks are read once per log interval, with the step and data-wait times: no step waits on them.
 
@@ -22,7 +23,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from trainstack.train.rank.timeline import TimingEvent
+from trainstack.telemetry.timeline import TimingEvent
 
 Mark = TypeVar("Mark")
 

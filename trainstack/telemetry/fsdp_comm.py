@@ -1,5 +1,5 @@
-"""FSDP2's communication, timed (train/rank/comm_timer.py defines the figures): each unit's parameter all-gathers and
-gradient reduce-scatters, and the places compute waits for them.
+"""FSDP2's communication, timed (trainstack/telemetry/comm_timer.py defines the figures): each unit's parameter
+all-gathers and gradient reduce-scatters, and the places compute waits for them.
 
 Public routes only. `FSDPModule.set_custom_all_gather` and `set_custom_reduce_scatter` run each unit's collectives
 through timed copies of FSDP's own (`dist.all_gather_single`, `dist.reduce_scatter_single` into `torch.empty`
@@ -38,7 +38,7 @@ from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from trainstack.train.rank.comm_timer import CommTimer
+from trainstack.telemetry.comm_timer import CommTimer
 
 REDUCE_SCATTERS = "reduce-scatters"  # the timer's group for every unit's reduce-scatter: each waits for the last
 

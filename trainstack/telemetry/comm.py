@@ -1,5 +1,5 @@
-"""Times the communication of a training step (train/rank/comm_timer.py defines the figures): DDP's gradient
-all-reduce here, FSDP2's all-gathers and reduce-scatters in train/rank/fsdp_comm.py. No collective is added.
+"""Times the communication of a training step (trainstack/telemetry/comm_timer.py defines the figures): DDP's gradient
+all-reduce here, FSDP2's all-gathers and reduce-scatters in trainstack/telemetry/fsdp_comm.py. No collective is added.
 
 - **DDP** all-reduces the gradients in buckets while backward still computes the earlier layers' gradients: the
   reducer launches a bucket once all its gradients are ready, and `loss.backward()` returns once every bucket's
@@ -17,8 +17,8 @@ all-reduce here, FSDP2's all-gathers and reduce-scatters in train/rank/fsdp_comm
   (after it), both on the current stream, which on a GPU waits for the broadcast.
 - **FSDP2** (train/rank/sharding.py) all-gathers each unit's parameters before its forward and again before its
   backward, and reduce-scatters its gradients after; compute waits for each all-gather where the unit needs its
-  parameters, and for each reduce-scatter before the next unit's (train/rank/fsdp_comm.py has the marks and which
-  waits are where).
+  parameters, and for each reduce-scatter before the next unit's (trainstack/telemetry/fsdp_comm.py has the marks and
+  which waits are where).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from collections.abc import Callable
 
 import torch
 
-from trainstack.train.rank.comm_timer import Collective, CommTimer
-from trainstack.train.rank.fsdp_comm import watch_fsdp_communication
+from trainstack.telemetry.comm_timer import Collective, CommTimer
+from trainstack.telemetry.fsdp_comm import watch_fsdp_communication
 
 # Test-only: seconds each collective (DDP's gradient all-reduce, FSDP's all-gather and reduce-scatter) is held back
 # after it finishes, as a slow link would. The tests that make a run communication-bound set it

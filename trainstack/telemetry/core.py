@@ -1,4 +1,5 @@
-"""Per-rank telemetry: prometheus_client multiprocess files for the exporter, JSON lines for the run report.
+"""A rank's telemetry, interval by interval: prometheus_client multiprocess files for the exporter, JSON lines for the
+run report.
 
 Nothing here talks to another rank or waits on one: each rank writes its own memory-mapped files (a few
 microseconds per step) and appends one JSON line per log interval. The loss it publishes is the rank's own (the
@@ -18,153 +19,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import psutil
 import torch
 
-from trainstack import breakdown, catalog, ratios
+from trainstack import breakdown, ratios
 from trainstack.hang import start_responder
-from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, SEGMENT_ENDED, SEGMENT_MARKER, RunDir
-from trainstack.train.rank.comm import watch_gradient_communication
-from trainstack.train.rank.comm_setup import CommSetup
-from trainstack.train.rank.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
-from trainstack.train.rank.gpu_activity import GpuActivity
-from trainstack.train.rank.gpu_busy import GpuBusy
-from trainstack.train.rank.timeline import DeviceTimeline, IntervalSpans
+from trainstack.rundir import METRICS_DIR_ENV, SEGMENT_ENDED, RunDir
+from trainstack.telemetry.comm import watch_gradient_communication
+from trainstack.telemetry.comm_setup import CommSetup
+from trainstack.telemetry.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
+from trainstack.telemetry.device import RankIdentity
+from trainstack.telemetry.gpu_activity import GpuActivity
+from trainstack.telemetry.gpu_busy import GpuBusy
+from trainstack.telemetry.metrics import CommMetrics, RankMetrics
+from trainstack.telemetry.records import launch_time, open_records
+from trainstack.telemetry.timeline import DeviceTimeline, IntervalSpans
 from trainstack.write_failure import write_failure
-
-if TYPE_CHECKING:  # imported for real only once the multiprocess directory is set (catalog.rank_metric)
-    from prometheus_client import Counter, Gauge, Histogram
-
-# training_state_bytes keys (also its record keys) -> the gauge each is exported as.
-STATE_BYTES = {"param_bytes": catalog.TRAIN_PARAM_BYTES, "grad_bytes": catalog.TRAIN_GRAD_BYTES,
-               "optimizer_state_bytes": catalog.TRAIN_OPTIMIZER_STATE_BYTES}
-
-# Dense peak FLOP/s by (device name fragment, precision). "no" is fp32 on the CUDA cores (TF32 off); "tf32" is fp32
-# matmuls on the tensor cores, what precision "no" runs at with --tf32 (GPUs without TF32 have no entry).
-PEAK_FLOPS = {
-    "H200": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "no": 66.9e12},
-    "H100 SXM": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "no": 66.9e12},
-    "H100 PCIe": {"bf16": 756.5e12, "fp16": 756.5e12, "tf32": 378e12, "no": 51.2e12},
-    "H100": {"bf16": 989.4e12, "fp16": 989.4e12, "tf32": 494.7e12, "no": 66.9e12},
-    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "no": 19.5e12},
-    "L40S": {"bf16": 362.05e12, "fp16": 362.05e12, "tf32": 183e12, "no": 91.6e12},
-    "L4": {"bf16": 121e12, "fp16": 121e12, "tf32": 60e12, "no": 30.3e12},
-    "A10": {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "no": 31.2e12},
-    "V100": {"fp16": 125e12, "no": 15.7e12},
-    "T4": {"fp16": 65e12, "no": 8.1e12},
-}
-
-
-def peak_flops(device: torch.device, precision: str, tf32: bool = False) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for fragment, peaks in PEAK_FLOPS.items():
-        if fragment in name:
-            return peaks.get("tf32" if precision == "no" and tf32 and "tf32" in peaks else precision)
-    return None
-
-
-def device_uuid(device: torch.device) -> str:
-    if device.type != "cuda":
-        return ""
-    return f"GPU-{torch.cuda.get_device_properties(device).uuid}"  # NVML's spelling, so the two join
-
-
-@dataclass
-class RankIdentity:
-    rank: int
-    local_rank: int
-    node: str
-    uuid: str
-    run_id: str
-    world_size: int
-    nodes: int
-    mixed_precision: str
-    model: str
-    dataset: str
-    strategy: str = "ddp"
-    launcher: str = ""
-    """`trainstack train` or `watch` (rundir.LAUNCHER_ENV): whose knobs a verdict's fix names; "" unknown."""
-
-
-@dataclass(frozen=True)
-class RankMetrics:
-    """A rank's series in its multiprocess files, built from the catalog (trainstack/catalog.py)."""
-
-    steps: Counter
-    samples: Counter
-    tokens: Counter
-    forward_passes: Counter
-    forward_seconds: Counter
-    data_wait: Counter
-    host_data_wait: Counter
-    step_duration: Histogram
-    loss: Gauge
-    learning_rate: Gauge
-    last_step: Gauge
-    epoch: Gauge
-    last_checkpoint: Gauge
-    checkpoint_duration: Gauge
-    compile_seconds: Counter
-    recompiles: Counter
-    time: Counter
-    """The time-by-part counter, unlabelled: `time.labels(rank, part)` (trainstack/breakdown.py's parts)."""
-    state_bytes: dict[str, Gauge]
-    """training_state_bytes key -> its gauge."""
-    memory_allocated_peak: Gauge | None = None
-    """None off CUDA, as the next one."""
-    memory_reserved_peak: Gauge | None = None
-    mfu: Gauge | None = None
-    """None where the device's peak FLOP/s is unknown."""
-
-    @classmethod
-    def build(cls, identity: RankIdentity, clock: str, on_cuda: bool, knows_peak: bool) -> RankMetrics:
-        rank = str(identity.rank)
-
-        def series(metric: catalog.Metric):
-            return catalog.rank_metric(metric).labels(rank)
-
-        metrics = cls(
-            steps=series(catalog.TRAIN_STEPS), samples=series(catalog.TRAIN_SAMPLES),
-            tokens=series(catalog.TRAIN_TOKENS), forward_passes=series(catalog.TRAIN_FORWARD_PASSES),
-            forward_seconds=series(catalog.TRAIN_FORWARD_SECONDS), data_wait=series(catalog.TRAIN_DATA_WAIT),
-            host_data_wait=series(catalog.TRAIN_HOST_DATA_WAIT), step_duration=series(catalog.TRAIN_STEP_DURATION),
-            loss=series(catalog.TRAIN_LOSS), learning_rate=series(catalog.TRAIN_LEARNING_RATE),
-            last_step=series(catalog.TRAIN_LAST_STEP), epoch=series(catalog.TRAIN_EPOCH),
-            last_checkpoint=series(catalog.TRAIN_LAST_CHECKPOINT),
-            checkpoint_duration=series(catalog.TRAIN_CHECKPOINT_DURATION),
-            compile_seconds=series(catalog.TRAIN_COMPILE_SECONDS), recompiles=series(catalog.TRAIN_RECOMPILES),
-            time=catalog.rank_metric(catalog.TRAIN_TIME),
-            memory_allocated_peak=series(catalog.TRAIN_MEMORY_ALLOCATED_PEAK) if on_cuda else None,
-            memory_reserved_peak=series(catalog.TRAIN_MEMORY_RESERVED_PEAK) if on_cuda else None,
-            mfu=series(catalog.TRAIN_MFU) if knows_peak else None,
-            state_bytes={key: series(metric) for key, metric in STATE_BYTES.items()},
-        )
-        catalog.rank_metric(catalog.TRAIN_RANK_INFO).labels(
-            rank=rank, local_rank=str(identity.local_rank), node=identity.node, uuid=identity.uuid).set(1)
-        catalog.rank_metric(catalog.TRAIN_RUN_INFO).labels(
-            rank=rank, run_id=identity.run_id, world_size=str(identity.world_size), nodes=str(identity.nodes),
-            mixed_precision=identity.mixed_precision, model=identity.model, dataset=identity.dataset, clock=clock,
-            strategy=identity.strategy, launcher=identity.launcher).set(1)
-        return metrics
-
-
-@dataclass(frozen=True)
-class CommMetrics:
-    """A DDP or FSDP rank's communication series (train/rank/comm.py); a rank alone has none."""
-
-    seconds: Counter
-    exposed: Counter
-    bytes: Counter
-
-    @classmethod
-    def build(cls, identity: RankIdentity) -> CommMetrics:
-        rank = str(identity.rank)
-        return cls(*(catalog.rank_metric(metric).labels(rank) for metric in (
-            catalog.TRAIN_COMM_SECONDS, catalog.TRAIN_COMM_EXPOSED, catalog.TRAIN_COMM_BYTES)))
 
 
 @dataclass(frozen=True)
@@ -200,18 +70,18 @@ class Telemetry:
         self.flops_per_token = flops_per_token
         self.peak = peak
         self.device = device
-        # Where step, forward and data-wait times are measured: on a GPU its own timeline (train/rank/timeline.py),
-        # since the host's clock there says when work was queued, not when it ran.
+        # Where step, forward and data-wait times are measured: on a GPU its own timeline
+        # (trainstack/telemetry/timeline.py), since the host's clock there says when work was queued, not when it ran.
         self._timeline = DeviceTimeline(partial(torch.cuda.Event, enable_timing=True)) \
             if device.type == "cuda" else None
         self.clock = "gpu" if self._timeline else "host"
         self._comm = CommTimer(DeviceClock(partial(torch.cuda.Event, enable_timing=True)) if self._timeline
                                else HostClock(), in_forward=lambda: self._in_forward)
-        self._comm_metrics: CommMetrics | None = None
+        self._comm_metrics = CommMetrics.off()  # until a watched model communicates
         self._comm_watched = False
         self._identity = identity
         self._metrics = RankMetrics.build(identity, self.clock, device.type == "cuda", bool(peak)) \
-            if os.environ.get(METRICS_DIR_ENV) else None
+            if os.environ.get(METRICS_DIR_ENV) else RankMetrics.off()  # no metrics directory: no series
         self._launched_at = launch_time()
         start_responder(identity.rank)  # hang evidence on the launcher's request (trainstack/hang.py)
         self._records_path = RunDir(run_dir).rank_records(identity.rank)
@@ -242,9 +112,9 @@ class Telemetry:
         self._compile_seconds = 0.0
         self._paused: list[dict] = []
         self._not_stepping: list[tuple[float, float]] = []
-        if self._metrics:  # every part this rank measures is a series from the start: a rate needs two samples
-            for part in filter(self._measures, breakdown.LIVE_PARTS):
-                self._metrics.time.labels(self.rank, part)
+        # Every part this rank measures is a series from the start: a rate needs two samples
+        for part in filter(self._measures, breakdown.LIVE_PARTS):
+            self._metrics.time.labels(self.rank, part)
 
     def _measures(self, part: str) -> bool:
         """Whether this rank measures `part`: host-bound idle only on a GPU NVML answers for, exposed communication
@@ -253,12 +123,12 @@ class Telemetry:
                 breakdown.COMM_EXPOSED: self._comm_watched}.get(part, True)
 
     def watch_communication(self, model: torch.nn.Module) -> bool:
-        """Times the communication of a DDP or FSDP model (train/rank/comm.py); False for any other."""
+        """Times the communication of a DDP or FSDP model (trainstack/telemetry/comm.py); False for any other."""
         self._comm_watched = watch_gradient_communication(model, self._comm, training=lambda: self._pause is None)
         if self._comm_watched and os.environ.get(METRICS_DIR_ENV):
             self._comm_metrics = CommMetrics.build(self._identity)
             CommSetup.read().publish(self.rank)  # what diagnose's comm-bound evidence names
-        if self._comm_watched and self._metrics:
+        if self._comm_watched:
             self._metrics.time.labels(self.rank, breakdown.COMM_EXPOSED)
         return self._comm_watched
 
@@ -274,8 +144,7 @@ class Telemetry:
     def forward_done(self) -> None:
         self._in_forward = False
         self._forward_passes += 1
-        if self._metrics:
-            self._metrics.forward_passes.inc()
+        self._metrics.forward_passes.inc()
         if self._timeline:
             self._timeline.forward_done()
         else:
@@ -291,14 +160,12 @@ class Telemetry:
         """The loader answered (a batch, now on the device, or the end of the epoch)."""
         seconds = time.perf_counter() - self._wait_start
         self._host_data_wait += seconds
-        if self._metrics:
-            self._metrics.host_data_wait.inc(seconds)
+        self._metrics.host_data_wait.inc(seconds)
         if self._timeline:
             self._timeline.data_ready()
             return
         self._data_wait += seconds
-        if self._metrics:
-            self._metrics.data_wait.inc(seconds)
+        self._metrics.data_wait.inc(seconds)
 
     def step_done(self, samples: int) -> None:
         self._count_step(samples)
@@ -309,8 +176,7 @@ class Telemetry:
         duration = now - self._last_step_end
         self._last_step_end = now
         self._step_seconds.append(duration)
-        if self._metrics:
-            self._metrics.step_duration.observe(duration)
+        self._metrics.step_duration.observe(duration)
 
     def step_compiled(self, samples: int, seconds: float, recompiles: int) -> None:
         """A step that compiled counts as a step, but its time is compile time, not a step time."""
@@ -320,9 +186,8 @@ class Telemetry:
         self._not_stepping.append((now - seconds, now))
         self._spent(breakdown.COMPILE, seconds)
         self.resync_clock()
-        if self._metrics:
-            self._metrics.compile_seconds.inc(seconds)
-            self._metrics.recompiles.inc(recompiles)
+        self._metrics.compile_seconds.inc(seconds)
+        self._metrics.recompiles.inc(recompiles)
 
     def pause_started(self, part: str) -> None:
         """The loop stops training for `part`, one of trainstack/breakdown.py's PAUSES ("evaluation",
@@ -356,8 +221,7 @@ class Telemetry:
         self._spent(part, seconds)
 
     def _spent(self, part: str, seconds: float) -> None:
-        if self._metrics:
-            self._metrics.time.labels(self.rank, part).inc(seconds)
+        self._metrics.time.labels(self.rank, part).inc(seconds)
 
     def _end_startup(self, at: float) -> None:
         """Startup runs from the launch to `at`, the start of the first step's clock, less the pauses before it."""
@@ -371,10 +235,9 @@ class Telemetry:
         self._step_count += 1
         self._samples += samples
         self._comm.step_done()
-        if self._metrics:
-            self._metrics.steps.inc()
-            self._metrics.samples.inc(samples)
-            self._metrics.last_step.set(time.time())
+        self._metrics.steps.inc()
+        self._metrics.samples.inc(samples)
+        self._metrics.last_step.set(time.time())
 
     def resync_clock(self) -> None:
         """After a checkpoint or evaluation: that pause is not a step, so it must not count as one."""
@@ -408,15 +271,13 @@ class Telemetry:
             # when that step was queued.
             ended = time.time()
             step_seconds, data_wait, forward = times.step_seconds, times.data_wait_seconds, times.forward_seconds
-            if self._metrics:
-                self._metrics.data_wait.inc(data_wait)
-                for duration in step_seconds:
-                    self._metrics.step_duration.observe(duration)
+            self._metrics.data_wait.inc(data_wait)
+            for duration in step_seconds:
+                self._metrics.step_duration.observe(duration)
         comm = self._comm.read(cut.comm_steps) if cut.comm_steps is not None else None
         if comm:
             forward = max(0.0, forward - sum(step.forward_exposed_seconds for step in comm))
-        if self._metrics:
-            self._metrics.forward_seconds.inc(forward)
+        self._metrics.forward_seconds.inc(forward)
         # The samples NVML took while the device ran the interval: from the end of the previous one to now.
         busy = self._gpu_busy.share(self._interval_start, ended, cut.not_stepping) if self._gpu_busy else None
         activity = self._gpu_activity.read() if self._gpu_activity else {}
@@ -437,21 +298,20 @@ class Telemetry:
         record |= activity
         with self._storage_failures():
             self._records.write(json.dumps(record) + "\n")
-        if self._metrics:
-            m = self._metrics
-            m.tokens.inc(tokens)
-            if loss is not None:  # a loop that gives its monitor no loss (or no learning rate) has none to show
-                m.loss.set(loss)
-            if lr is not None:
-                m.learning_rate.set(lr)
-            m.epoch.set(epoch)
-            if m.memory_allocated_peak is not None:
-                m.memory_allocated_peak.set(torch.cuda.max_memory_allocated(self.device))
-                m.memory_reserved_peak.set(torch.cuda.max_memory_reserved(self.device))
-            if m.mfu is not None:
-                # Tokens this rank trained on over the time its steps took (a checkpoint or evaluation pause
-                # in the interval is no step): docs/metrics.md.
-                m.mfu.set(self.flops_per_token * tokens / stepped / self.peak)
+        m = self._metrics
+        m.tokens.inc(tokens)
+        if loss is not None:  # a loop that gives its monitor no loss (or no learning rate) has none to show
+            m.loss.set(loss)
+        if lr is not None:
+            m.learning_rate.set(lr)
+        m.epoch.set(epoch)
+        if m.memory_allocated_peak is not None:
+            m.memory_allocated_peak.set(torch.cuda.max_memory_allocated(self.device))
+            m.memory_reserved_peak.set(torch.cuda.max_memory_reserved(self.device))
+        if m.mfu is not None:
+            # Tokens this rank trained on over the time its steps took (a checkpoint or evaluation pause
+            # in the interval is no step): docs/metrics.md.
+            m.mfu.set(self.flops_per_token * tokens / stepped / self.peak)
         return ratios.DATA_WAIT_SHARE.of(data_wait, stepped)
 
     def _record_comm(self, steps: list[StepComm]) -> dict[str, float | int]:
@@ -459,10 +319,9 @@ class Telemetry:
         fields = {"comm_seconds": sum(step.seconds for step in steps),
                   "comm_exposed_seconds": sum(step.exposed_seconds for step in steps),
                   "comm_bytes": sum(step.bytes for step in steps), "comm_buckets": sum(step.buckets for step in steps)}
-        if self._comm_metrics:
-            self._comm_metrics.seconds.inc(fields["comm_seconds"])
-            self._comm_metrics.exposed.inc(fields["comm_exposed_seconds"])
-            self._comm_metrics.bytes.inc(fields["comm_bytes"])
+        self._comm_metrics.seconds.inc(fields["comm_seconds"])
+        self._comm_metrics.exposed.inc(fields["comm_exposed_seconds"])
+        self._comm_metrics.bytes.inc(fields["comm_bytes"])
         return fields
 
     def _record_time(self, cut: IntervalCut, step_seconds: float, data_wait: float, comm_exposed: float | None,
@@ -478,15 +337,13 @@ class Telemetry:
     def state_measured(self, sizes: dict[str, int]) -> None:
         """The rank's parameter, gradient and optimizer-state bytes (`training_state_bytes`)."""
         self._state_bytes = sizes
-        if self._metrics:
-            for key, value in sizes.items():
-                self._metrics.state_bytes[key].set(value)
+        for key, value in sizes.items():
+            self._metrics.state_bytes[key].set(value)
 
     def checkpoint_done(self, duration: float) -> None:
         """A checkpoint was saved (its pause, "checkpoint_save", has ended): its time and how long it took."""
-        if self._metrics:
-            self._metrics.last_checkpoint.set(time.time())
-            self._metrics.checkpoint_duration.set(duration)
+        self._metrics.last_checkpoint.set(time.time())
+        self._metrics.checkpoint_duration.set(duration)
 
     @contextmanager
     def _storage_failures(self):
@@ -516,65 +373,3 @@ class Telemetry:
         if self._gpu_activity:
             self._gpu_activity.close()
 
-
-def local_bytes(tensors) -> int:
-    """Bytes of the tensors this rank holds: a sharded parameter (a DTensor) counts its local shard only."""
-    from torch.distributed.tensor import DTensor
-
-    total = 0
-    for tensor in tensors:
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        total += local.numel() * local.element_size()
-    return total
-
-
-def training_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Measured right after an optimizer step: gradients are not yet freed and the optimizer state exists.
-    model.parameters() lists a tied weight once, as it is stored once."""
-    parameters = list(model.parameters())
-    return {
-        "param_bytes": local_bytes(parameters),
-        "grad_bytes": local_bytes(p.grad for p in parameters if p.grad is not None),
-        "optimizer_state_bytes": local_bytes(value for state in optimizer.state.values() for value in state.values()
-                                             if isinstance(value, torch.Tensor)),
-    }
-
-
-def launch_time() -> float:
-    """When this rank's launch began: the launcher's TRAINSTACK_LAUNCHED_AT, else (a rank started by other means)
-    this process's own start."""
-    try:
-        return float(os.environ[LAUNCHED_AT_ENV])
-    except (KeyError, ValueError):
-        return psutil.Process().create_time()
-
-
-def open_records(path: Path, identity: RankIdentity, launched_at: float):
-    """A resumed run appends: its file starts each launch (segment) with a marker line, which says when the launch
-    began. The marker has no "time" key, so readers of records alone skip it; a record cut off by a kill is ended
-    first, never glued to it."""
-    records = path.open("a", buffering=1)
-    if records.tell():
-        with path.open("rb") as existing:
-            existing.seek(-1, os.SEEK_END)
-            if existing.read(1) != b"\n":
-                records.write("\n")
-    records.write(json.dumps({SEGMENT_MARKER: time.time(), "rank": identity.rank, "run_id": identity.run_id,
-                              "launched_at": launched_at}) + "\n")
-    return records
-
-
-def progress_by_rank(metrics_dir: str | None) -> dict[str, tuple[float, float, float]]:
-    """rank -> (steps, forward passes, last step unix time), from every rank's files on this node: how a rank
-    that timed out in a collective names the peer that stopped, with no collective of its own."""
-    if not metrics_dir or not Path(metrics_dir).is_dir():
-        return {}
-    from prometheus_client.multiprocess import MultiProcessCollector
-
-    wanted = {catalog.TRAIN_STEPS.name: 0, catalog.TRAIN_FORWARD_PASSES.name: 1, catalog.TRAIN_LAST_STEP.name: 2}
-    progress: dict[str, list[float]] = {}
-    for family in MultiProcessCollector(None, metrics_dir).collect():
-        for sample in family.samples:
-            if sample.name in wanted:
-                progress.setdefault(sample.labels["rank"], [0.0, 0.0, 0.0])[wanted[sample.name]] = sample.value
-    return {rank: tuple(values) for rank, values in progress.items()}
