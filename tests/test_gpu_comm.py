@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO, explain, run_trainstack, summary
+from tests.helpers.runs import REPO, explain, run_trainstack, summary
 from trainstack.breakdown import OTHER
 from trainstack.rundir import RunDir, free_port, read_json_lines
 from trainstack.train.rank.comm import TEST_ALLREDUCE_DELAY_ENV

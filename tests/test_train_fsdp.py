@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import explain, summary, train
-from tests.test_train_checkpoint import EXACT, SLOW_RANK, _logged_steps, _start, _wait_for
+from tests.helpers.runs import EXACT, SLOW_RANK, explain, logged_steps, start, summary, train, wait_for
 from trainstack.rundir import step_dir_name
 from trainstack.train.launcher.export import read_dcp
 from trainstack.train.rank import checkpoint
@@ -32,7 +31,7 @@ def _records(run_dir: Path, rank: int) -> list[dict]:
 def _export(folder: Path, output: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    from tests.conftest import run_trainstack
+    from tests.helpers.runs import run_trainstack
 
     result = run_trainstack("export", str(folder), "--output", str(output), timeout=120)
     assert result.returncode == 0, explain(result)
@@ -114,8 +113,8 @@ def test_sigterm_then_resume_equals_an_uninterrupted_fsdp_run(tmp_path, monkeypa
     for name, value in SLOW_RANK.items():
         monkeypatch.setenv(name, value)
     stopped = tmp_path / "stopped"
-    process = _start(stopped, *command)
-    _wait_for(lambda: _logged_steps(stopped) >= 3, process)
+    process = start(stopped, *command)
+    wait_for(lambda: logged_steps(stopped) >= 3, process)
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 75, output[-4000:]
