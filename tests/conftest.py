@@ -17,6 +17,10 @@ import yaml
 
 from tests.helpers.netns import NODE_ADDRESSES, RATE_BITS, Node, ip
 from tests.helpers.runs import (
+    REFERENCE_DDP,
+    REFERENCE_DDP_STEPS,
+    REFERENCE_FSDP,
+    REFERENCE_FSDP_STEPS,
     explain,
     train,
 )
@@ -78,10 +82,28 @@ def pytest_runtest_teardown(item: pytest.Item):
 @pytest.fixture(scope="session")
 def cpu_run(tmp_path_factory) -> Path:
     """One finished 2-rank CPU run of the default model: read it, never write to it."""
-    run_dir = tmp_path_factory.mktemp("cpu-run") / "run"
-    result = train(run_dir, "--max-steps", "40", "--report")
+    return finished_run(tmp_path_factory, "cpu-run", "--max-steps", "40", "--report")
+
+
+def finished_run(tmp_path_factory, name: str, *args: str) -> Path:
+    """A run of `args` trained to its end, once per session."""
+    run_dir = tmp_path_factory.mktemp(name) / "run"
+    result = train(run_dir, *args)
     assert result.returncode == 0, explain(result)
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(tmp_path_factory) -> Path:
+    """REFERENCE_DDP trained straight to REFERENCE_DDP_STEPS: read it, never write to it."""
+    return finished_run(tmp_path_factory, "ddp-reference", *REFERENCE_DDP, "--max-steps", str(REFERENCE_DDP_STEPS))
+
+
+@pytest.fixture(scope="session")
+def fsdp_reference(tmp_path_factory) -> Path:
+    """REFERENCE_FSDP trained straight to REFERENCE_FSDP_STEPS: read it, never write to it."""
+    return finished_run(tmp_path_factory, "fsdp-reference", *REFERENCE_FSDP, "--max-steps",
+                        str(REFERENCE_FSDP_STEPS))
 
 
 @pytest.fixture

@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from tests.helpers.runs import (
-    EXACT,
     FAST,
+    REFERENCE_DDP,
+    REFERENCE_DDP_STEPS,
     REPO,
     explain,
     logged_steps,
@@ -39,18 +40,15 @@ pytestmark = pytest.mark.slow
 GRACE = 40.0  # TRAINSTACK_STOP_GRACE for these runs: what an orphan has to stop before it is killed
 # Rank 0 pauses in each forward pass, so a kill lands mid-run; the pause changes no number.
 ENV = {"TRAINSTACK_TEST_SLOW_RANK": "0", "TRAINSTACK_TEST_SLOW_SECONDS": "0.2", STOP_GRACE_ENV: f"{GRACE:g}"}
-STEPS = 30
+STEPS = REFERENCE_DDP_STEPS
 # torch's own log lines (glog style: level, date, time): a stop that went as planned prints none of them
 TORCH_LOG_LINE = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d", re.MULTILINE)
-COMMAND = (*EXACT, "--model", "tests.factories:pausing_gpt", "--max-steps", str(STEPS))
+COMMAND = (*REFERENCE_DDP, "--max-steps", str(STEPS))  # stopped runs of the session's ddp_reference
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict[str, torch.Tensor]:
-    run_dir = tmp_path_factory.mktemp("straight") / "run"
-    result = train(run_dir, *COMMAND, env=ENV)
-    assert result.returncode == 0, explain(result)
-    return weights(run_dir / "checkpoints" / step_dir_name(STEPS))
+def uninterrupted(ddp_reference) -> dict[str, torch.Tensor]:
+    return weights(ddp_reference / "checkpoints" / step_dir_name(STEPS))
 
 
 def _start(run_dir: Path, *args: str, exporter_port: int = 0) -> subprocess.Popen:

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tests.helpers.runs import (
-    EXACT,
+    REFERENCE_DDP,
+    REFERENCE_DDP_STEPS,
     SLOW_RANK,
     explain,
     kill_tree,
@@ -25,14 +26,15 @@ from trainstack.train.rank import checkpoint
 pytestmark = pytest.mark.slow
 
 
-def test_resume_mid_epoch_matches_an_uninterrupted_run(tmp_path):
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    # 37 samples / (2 ranks x 4) = 5 steps per epoch: step 7 is mid-epoch 1, step 12 mid-epoch 2.
-    for run_dir, steps in ((straight, "12"), (stopped, "7"), (stopped, "12")):
-        result = train(run_dir, *EXACT, "--max-steps", steps)
+def test_resume_mid_epoch_matches_an_uninterrupted_run(tmp_path, ddp_reference):
+    stopped = tmp_path / "stopped"
+    # 37 samples / (2 ranks x 4) = 5 steps per epoch: step 7 is mid-epoch 1.
+    for steps in ("7", str(REFERENCE_DDP_STEPS)):
+        result = train(stopped, *REFERENCE_DDP, "--max-steps", steps)
         assert result.returncode == 0, explain(result)
     assert summary(stopped)["resumed_from"].endswith("step-00000007")
-    expected, resumed = weights(straight / "checkpoints/step-00000012"), weights(stopped / "checkpoints/step-00000012")
+    last = step_dir_name(REFERENCE_DDP_STEPS)
+    expected, resumed = weights(ddp_reference / "checkpoints" / last), weights(stopped / "checkpoints" / last)
     assert expected.keys() == resumed.keys()
     for name in expected:
         assert torch.equal(expected[name], resumed[name]), name

@@ -10,7 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.runs import EXACT, SLOW_RANK, explain, logged_steps, start, summary, train, wait_for
+from tests.helpers.runs import (
+    EXACT,
+    REFERENCE_FSDP,
+    REFERENCE_FSDP_STEPS,
+    SLOW_RANK,
+    explain,
+    logged_steps,
+    start,
+    summary,
+    train,
+    wait_for,
+)
 from trainstack.rundir import step_dir_name
 from trainstack.train.launcher.export import read_dcp
 from trainstack.train.rank import checkpoint
@@ -103,13 +114,9 @@ def test_sharded_checkpoint_reshards_to_one_rank_and_exports_to_the_plain_model(
     assert torch.equal(plain.blocks[1].mlp[2].weight, two["blocks.1.mlp.2.weight"])
 
 
-def test_sigterm_then_resume_equals_an_uninterrupted_fsdp_run(tmp_path, monkeypatch):
-    # A factory model names its units with --fsdp-wrap; the slow rank leaves time to land the signal mid-run.
-    command = (*EXACT, *FSDP, "--model", "tests.factories:pausing_gpt", "--fsdp-wrap", "Block", "--max-steps", "12",
-               "--log-every", "1")
-    straight = tmp_path / "straight"
-    result = train(straight, *command)
-    assert result.returncode == 0, explain(result)
+def test_sigterm_then_resume_equals_an_uninterrupted_fsdp_run(tmp_path, monkeypatch, fsdp_reference):
+    # The slow rank leaves time to land the signal mid-run.
+    command = (*REFERENCE_FSDP, "--max-steps", str(REFERENCE_FSDP_STEPS))
     for name, value in SLOW_RANK.items():
         monkeypatch.setenv(name, value)
     stopped = tmp_path / "stopped"
@@ -119,12 +126,12 @@ def test_sigterm_then_resume_equals_an_uninterrupted_fsdp_run(tmp_path, monkeypa
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 75, output[-4000:]
     at = summary(stopped)["steps"]
-    assert 3 <= at < 12 and checkpoint.verify(stopped / "checkpoints" / step_dir_name(at))
+    assert 3 <= at < REFERENCE_FSDP_STEPS and checkpoint.verify(stopped / "checkpoints" / step_dir_name(at))
     resumed = train(stopped, *command)
     assert resumed.returncode == 0, explain(resumed)
     assert summary(stopped)["resumed_from"].endswith(step_dir_name(at))
-    last = step_dir_name(12)
-    expected = _export(straight / "checkpoints" / last, tmp_path / "straight.safetensors")
+    last = step_dir_name(REFERENCE_FSDP_STEPS)
+    expected = _export(fsdp_reference / "checkpoints" / last, tmp_path / "straight.safetensors")
     got = _export(stopped / "checkpoints" / last, tmp_path / "stopped.safetensors")
     assert expected.keys() == got.keys()
     for name in expected:

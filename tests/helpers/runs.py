@@ -71,12 +71,19 @@ def explain(result: subprocess.CompletedProcess) -> str:
     return f"exit {result.returncode}\n--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-8000:]}"
 
 
-
-
-# Constant learning rate: a run stopped at step 7 and continued to 12 follows the same schedule as one that
-# ran to 12 straight (a decaying schedule depends on --max-steps, which the two runs set differently).
+# Constant learning rate: a run stopped at step 7 and continued to the end follows the same schedule as one that
+# ran to the end straight (a decaying schedule depends on --max-steps, which the two runs set differently).
 EXACT = ["--lr-schedule", "constant", "--warmup-steps", "0", "--checkpoint-every", "0", "--batch-size", "4",
          "--dataset", "tests.factories:indexed_37", "--eval-fraction", "0"]
+# The uninterrupted runs that interrupted and resumed runs must equal bit for bit, one per configuration: each is
+# trained once per session (tests/conftest.py) and read by every test that compares with it. The tiny GPT that can
+# pause on a slow rank (the pause changes no number), so the interrupted runs can be slowed enough to stop mid-run.
+REFERENCE_DDP = (*EXACT, "--model", "tests.factories:pausing_gpt")
+REFERENCE_DDP_STEPS = 30
+# FSDP's units named with --fsdp-wrap, as a factory model needs; the loss logged at every step.
+REFERENCE_FSDP = (*EXACT, "--strategy", "fsdp", "--model", "tests.factories:pausing_gpt", "--fsdp-wrap", "Block",
+                  "--log-every", "1")
+REFERENCE_FSDP_STEPS = 12
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
