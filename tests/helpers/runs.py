@@ -78,7 +78,8 @@ EXACT = ["--lr-schedule", "constant", "--warmup-steps", "0", "--checkpoint-every
 # The uninterrupted runs that interrupted and resumed runs must equal bit for bit, one per configuration: each is
 # trained once per session (tests/conftest.py) and read by every test that compares with it. The tiny GPT that can
 # pause on a slow rank (the pause changes no number), so the interrupted runs can be slowed enough to stop mid-run.
-REFERENCE_DDP = (*EXACT, "--model", "tests.factories:pausing_gpt")
+# DDP's loss logged at every step: its first steps are also DDP's side of the FSDP comparison (test_train_fsdp.py).
+REFERENCE_DDP = (*EXACT, "--model", "tests.factories:pausing_gpt", "--log-every", "1")
 REFERENCE_DDP_STEPS = 30
 # FSDP's units named with --fsdp-wrap, as a factory model needs; the loss logged at every step.
 REFERENCE_FSDP = (*EXACT, "--strategy", "fsdp", "--model", "tests.factories:pausing_gpt", "--fsdp-wrap", "Block",
