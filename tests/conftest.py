@@ -1,29 +1,36 @@
-"""Shared test helpers: run `trainstack` for real, as a user would, in subprocesses on the CPU; and the guard that
-keeps those out of the fast tier unless marked `slow`."""
+"""The guard that keeps tests that start a process out of the fast tier unless marked `slow`, and the fixtures
+shared by more than one test module (their helpers live in tests/helpers/)."""
 
 from __future__ import annotations
 
-import json
 import multiprocessing.process
 import os
+import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers.netns import NODE_ADDRESSES, RATE_BITS, Node, ip
+from tests.helpers.runs import (
+    REFERENCE_DDP,
+    REFERENCE_DDP_STEPS,
+    REFERENCE_FSDP,
+    REFERENCE_FSDP_STEPS,
+    explain,
+    train,
+)
+from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, free_port
+
 pytest_plugins = ["pytester"]  # tests/test_process_guard.py runs a planted test file through the guard below
 # Nothing in the suite may reach the network; datasets and the hub are told so before anything imports them.
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TQDM_DISABLE", "1")
-
-# Small and quick, but still 2 ranks over gloo with loader workers: every rank code path runs.
-FAST = ["--batch-size", "8", "--num-workers", "1", "--log-every", "5", "--exporter-port", "0", "--no-report"]
 
 
 # The fast tier (`make check`: -m "not slow") is every test that starts no process, so a test that starts one
@@ -72,52 +79,99 @@ def pytest_runtest_teardown(item: pytest.Item):
         return (yield)
 
 
-def trainstack_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "trainstack", *args]
-
-
-def run_trainstack(*args: str, timeout: float = 300, env: dict | None = None,
-                   cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(trainstack_command(*args), cwd=cwd, env={**os.environ, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def train(run_dir: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
-    return run_trainstack("train", "--output-dir", str(run_dir), *FAST, *args, **kwargs)
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
-
-
-def stop_process(process: subprocess.Popen, timeout: float = 60) -> None:
-    """SIGTERM a process the test started, SIGKILL it if it does not exit in time, and reap it."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def wait_for(predicate, process: subprocess.Popen, timeout: float = 120) -> None:
-    """Until `predicate()` holds; fails with the process's output should it end first, or at `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert process.poll() is None, process.communicate()[0][-4000:]
-        assert time.monotonic() < deadline, "timed out waiting for the run"
-        time.sleep(0.05)
-
-
-def explain(result: subprocess.CompletedProcess) -> str:
-    return f"exit {result.returncode}\n--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-8000:]}"
-
-
 @pytest.fixture(scope="session")
 def cpu_run(tmp_path_factory) -> Path:
     """One finished 2-rank CPU run of the default model: read it, never write to it."""
-    run_dir = tmp_path_factory.mktemp("cpu-run") / "run"
-    result = train(run_dir, "--max-steps", "40", "--report")
+    return finished_run(tmp_path_factory, "cpu-run", "--max-steps", "40", "--report")
+
+
+def finished_run(tmp_path_factory, name: str, *args: str) -> Path:
+    """A run of `args` trained to its end, once per session."""
+    run_dir = tmp_path_factory.mktemp(name) / "run"
+    result = train(run_dir, *args)
     assert result.returncode == 0, explain(result)
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(tmp_path_factory) -> Path:
+    """REFERENCE_DDP trained straight to REFERENCE_DDP_STEPS: read it, never write to it."""
+    return finished_run(tmp_path_factory, "ddp-reference", *REFERENCE_DDP, "--max-steps", str(REFERENCE_DDP_STEPS))
+
+
+@pytest.fixture(scope="session")
+def fsdp_reference(tmp_path_factory) -> Path:
+    """REFERENCE_FSDP trained straight to REFERENCE_FSDP_STEPS: read it, never write to it."""
+    return finished_run(tmp_path_factory, "fsdp-reference", *REFERENCE_FSDP, "--max-steps",
+                        str(REFERENCE_FSDP_STEPS))
+
+
+@pytest.fixture
+def prometheus(tmp_path) -> Iterator[callable]:
+    """A function that starts Debian's Prometheus on loopback, scraping one target every second."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not found: install Debian's `prometheus` package (make system-deps)")
+    started: list[subprocess.Popen] = []
+
+    def start(target: str) -> str:
+        port = free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "scrape_configs": [{"job_name": "trainstack", "static_configs": [{"targets": [target]}]}]}))
+        log = (tmp_path / "prometheus.log").open("w")
+        started.append(subprocess.Popen(
+            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT))
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for process in started:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture
+def plain_env(monkeypatch):
+    """No metrics directory; the launch 2 s ago."""
+    monkeypatch.delenv(METRICS_DIR_ENV, raising=False)
+    launched = time.time() - 2.0
+    monkeypatch.setenv(LAUNCHED_AT_ENV, repr(launched))
+    return launched
+
+
+@pytest.fixture
+def slow_link() -> Iterator[tuple[Node, Node]]:
+    """Two namespaces joined by a veth pair limited to RATE_BITS in each direction; skips where none can be made."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root (ip netns add)")
+    if not (shutil.which("ip") and shutil.which("tc")):
+        pytest.skip("no `ip` or `tc` on PATH (iproute2)")
+    tag = f"{os.getpid()}"
+    nodes = (Node(f"ts{tag}-a", f"tv{tag}a"), Node(f"ts{tag}-b", f"tv{tag}b"))
+    made = []
+    try:
+        for node in nodes:
+            if (result := ip("netns", "add", node.namespace)).returncode:
+                pytest.skip(f"cannot make a network namespace: {result.stderr.strip()}")
+            made.append(node.namespace)
+        steps = [("link", "add", nodes[0].interface, "type", "veth", "peer", "name", nodes[1].interface)]
+        for node, address in zip(nodes, NODE_ADDRESSES, strict=True):
+            steps += [("link", "set", node.interface, "netns", node.namespace),
+                      ("-n", node.namespace, "addr", "add", f"{address}/30", "dev", node.interface),
+                      ("-n", node.namespace, "link", "set", "lo", "up"),
+                      ("-n", node.namespace, "link", "set", node.interface, "up")]
+        for step in steps:
+            result = ip(*step)
+            assert result.returncode == 0, f"ip {' '.join(step)}: {result.stderr}"
+        for node in nodes:
+            # Generous latency: a queue that drops makes TCP back off below the rate.
+            limited = subprocess.run(["ip", "netns", "exec", node.namespace, "tc", "qdisc", "add", "dev",
+                                      node.interface, "root", "tbf", "rate", f"{RATE_BITS // 1_000_000}mbit",
+                                      "burst", "64kb", "latency", "500ms"], capture_output=True, text=True)
+            if limited.returncode:
+                pytest.skip(f"no token bucket filter (sch_tbf): {limited.stderr.strip()}")
+        yield nodes
+    finally:
+        for namespace in made:  # the veth pair goes with them
+            ip("netns", "delete", namespace)

@@ -10,7 +10,7 @@ import sys
 import pytest
 from PIL import Image
 
-from tests.conftest import REPO, explain
+from tests.helpers.runs import REPO, explain
 from trainstack.errors import ConfigError
 from trainstack.rundir import RunDir
 from trainstack.train.launcher.scaling.config import ScalingConfig, default_device_counts

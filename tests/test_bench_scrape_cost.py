@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, explain
+from tests.helpers.runs import REPO, explain
 
 pytestmark = pytest.mark.slow
 

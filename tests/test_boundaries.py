@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.runs import REPO
 
 # Source folder -> the package it installs as (pyproject.toml's package-dir).
 LAYOUT = {"trainstack": "trainstack", "train": "trainstack.train", "monitoring": "trainstack.monitoring"}

@@ -10,7 +10,7 @@ import pynvml
 import pytest
 import torch
 
-from tests.test_timeline import FakeGpu
+from tests.helpers.fakes import FakeGpu, identity
 from trainstack import breakdown
 from trainstack.breakdown import (
     COMPUTE,
@@ -24,9 +24,8 @@ from trainstack.breakdown import (
     split_step_time,
 )
 from trainstack.monitor import Monitor
-from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, SEGMENT_ENDED, SEGMENT_MARKER, RunDir, read_json_lines
+from trainstack.rundir import SEGMENT_ENDED, SEGMENT_MARKER, RunDir, read_json_lines
 from trainstack.telemetry.core import Telemetry
-from trainstack.telemetry.device import RankIdentity
 from trainstack.telemetry.gpu_busy import GpuBusy
 
 # --- the arithmetic -------------------------------------------------------------------------------------------
@@ -123,20 +122,6 @@ def test_records_from_before_the_breakdown_are_left_out():
 
 
 # --- the rank's side --------------------------------------------------------------------------------------------
-
-
-def identity(uuid: str = "") -> RankIdentity:
-    return RankIdentity(rank=0, local_rank=0, node="n", uuid=uuid, run_id="r", world_size=1, nodes=1,
-                        mixed_precision="no", model="m", dataset="d")
-
-
-@pytest.fixture
-def plain_env(monkeypatch):
-    """No metrics directory; the launch 2 s ago."""
-    monkeypatch.delenv(METRICS_DIR_ENV, raising=False)
-    launched = time.time() - 2.0
-    monkeypatch.setenv(LAUNCHED_AT_ENV, repr(launched))
-    return launched
 
 
 def paused(telemetry: Telemetry, part: str):

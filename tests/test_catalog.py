@@ -25,19 +25,17 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REPO, stop_process
+from tests.helpers.promql import PROMETHEUS_SERIES, label_values_metric, metric_names
+from tests.helpers.runs import REPO, stop_process
+from tests.helpers.scrapes import scrape
 from tests.standin_ranks import write_rank
-from tests.test_monitoring_promql import PROMETHEUS_SERIES, label_values_metric, metric_names
 from trainstack import catalog, ratios
 from trainstack.rundir import RunDir, free_port
 from trainstack.train.launcher.watch import CommandState
@@ -191,12 +189,11 @@ def test_no_python_module_but_the_catalog_names_a_metric():
     assert not written, "metric names written outside trainstack/catalog.py:\n" + "\n".join(written)
 
 
-def exposed(families) -> dict[str, set[frozenset[str]]]:
+def exposed(samples) -> dict[str, set[frozenset[str]]]:
     """sample name -> the label-name sets its series carry."""
     found: dict[str, set[frozenset[str]]] = {}
-    for family in families:
-        for sample in family.samples:
-            found.setdefault(sample.name, set()).add(frozenset(sample.labels))
+    for sample in samples:
+        found.setdefault(sample.name, set()).add(frozenset(sample.labels))
     return found
 
 
@@ -214,7 +211,8 @@ def labels_wrong(found: dict[str, set[frozenset[str]]]) -> list[str]:
 @pytest.mark.parametrize("on_gpu", [False, True])
 def test_the_stand_in_ranks_write_catalog_metrics(tmp_path, on_gpu):
     write_rank(tmp_path, rank=0, steps=3, on_gpu=on_gpu)
-    found = exposed(MultiProcessCollector(None, str(tmp_path)).collect())
+    found = exposed(sample for family in MultiProcessCollector(None, str(tmp_path)).collect()
+                    for sample in family.samples)
     assert not unknown(set(found)), "tests/standin_ranks.py writes metrics trainstack/catalog.py lacks"
     assert not labels_wrong(found)
 
@@ -230,7 +228,7 @@ from trainstack.telemetry.core import Telemetry
 from trainstack.telemetry.device import RankIdentity
 
 if sys.argv[3] == "fake-cuda":
-    from tests.test_timeline import FakeGpu
+    from tests.helpers.fakes import FakeGpu
     gpu = FakeGpu()
     torch.cuda.Event = lambda enable_timing: gpu.new_event()
     torch.cuda.max_memory_allocated = lambda device: 61 << 30
@@ -286,14 +284,6 @@ def fake_host(rank_pid: int) -> dict:
     return host
 
 
-def scrape(port: int) -> dict[str, set[frozenset[str]]]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-            return exposed(text_string_to_metric_families(response.read().decode()))
-    except (urllib.error.URLError, ConnectionError):
-        return {}
-
-
 @pytest.mark.slow
 def test_every_catalog_metric_is_produced_and_nothing_else(tmp_path):
     metrics_dir = tmp_path / "metrics"
@@ -315,10 +305,10 @@ def test_every_catalog_metric_is_produced_and_nothing_else(tmp_path):
     wanted = set(SAMPLES)
     try:
         deadline = time.monotonic() + DEADLINE_SECONDS
-        found = scrape(port)
+        found = exposed(scrape(port) or [])
         while set(found) != wanted and time.monotonic() < deadline:
             time.sleep(0.5)
-            found = scrape(port)
+            found = exposed(scrape(port) or [])
     finally:
         stop_process(exporter)
     assert not unknown(set(found)), "the exporter serves metrics trainstack/catalog.py lacks"

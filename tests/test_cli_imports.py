@@ -15,31 +15,8 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import REPO, stop_process
+from tests.helpers.runs import REPO, WITHOUT_TORCH, run_without_torch, stop_process
 from trainstack.rundir import free_port
-
-ABSENT = ("torch", "accelerate", "datasets")
-# Runs trainstack's CLI with ABSENT unimportable, then prints the exit code and the heavy modules it loaded.
-WITHOUT_TORCH = f"""
-import json, sys
-for name in {ABSENT!r}:
-    sys.modules[name] = None  # `import torch` now raises ImportError, as where torch is not installed
-from trainstack.cli import main
-try:
-    code = main(sys.argv[1:])
-except SystemExit as exit:
-    code = exit.code
-loaded = sorted(m for m in sys.modules if m.partition('.')[0] in {ABSENT!r} and sys.modules[m] is not None)
-print(json.dumps({{"exit": code, "loaded": loaded}}))
-"""
-
-
-def run_without_torch(*args: str, timeout: float = 120, **popen) -> dict:
-    result = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, *args], capture_output=True, text=True,
-                            timeout=timeout, cwd=REPO, **popen)
-    assert "Traceback" not in result.stderr, result.stderr
-    outcome = json.loads(result.stdout.splitlines()[-1])
-    return {**outcome, "stdout": result.stdout, "stderr": result.stderr}
 
 
 @pytest.mark.slow

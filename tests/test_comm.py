@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from tests.test_timeline import FakeGpu
+from tests.helpers.fakes import FakeGpu
 from trainstack.rundir import METRICS_DIR_ENV, RunDir
 from trainstack.telemetry.comm import watch_gradient_communication
 from trainstack.telemetry.comm_timer import CommTimer, DeviceClock, HostClock, StepComm

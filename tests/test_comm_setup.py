@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from tests.conftest import REPO
+from tests.helpers.runs import REPO
 from trainstack import catalog
 from trainstack.telemetry.comm_setup import CommSetup
 

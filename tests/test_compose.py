@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.helpers.compose import GiB, size_bytes
+from tests.helpers.runs import REPO
 
 COMPOSE_FILE = REPO / "compose.yaml"
 TRAINERS = ("trainer", "trainer-cpu")
-GiB = 1024**3
 
 
 def resolved() -> dict:
@@ -28,11 +28,6 @@ def resolved() -> dict:
 
 def services() -> dict:
     return resolved()["services"]
-
-
-def size_bytes(text: str) -> int:
-    number, unit = re.fullmatch(r"(\d+)\s*([kmg]?)b?", str(text).lower()).groups()
-    return int(number) * {"": 1, "k": 1024, "m": 1024**2, "g": GiB}[unit]
 
 
 def flag(command: list[str], name: str) -> str:

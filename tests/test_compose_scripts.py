@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.runs import REPO
 
 pytestmark = pytest.mark.slow
 

@@ -5,55 +5,27 @@ straggler (one slowed rank), stalled (a hung rank), through the exporter and thr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import http.server
 import json
-import os
 import re
-import shutil
-import signal
-import subprocess
 import threading
 import time
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
-import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REPO, run_trainstack, trainstack_command
+from tests.helpers.fakes import LIMITS, NOW, CountersSource, gpu, kinds, rank
+from tests.helpers.runs import REPO, live_run, run_trainstack
 from trainstack import catalog
 from trainstack.errors import EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.monitoring.diagnose.render import render_text
-from trainstack.monitoring.diagnose.snapshot import GpuView, RankView, Snapshot, read_snapshot
+from trainstack.monitoring.diagnose.snapshot import Snapshot, read_snapshot
 from trainstack.monitoring.diagnose.sources import ExporterSource, PrometheusSource, open_source
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes
 from trainstack.rundir import RunDir, free_port
 from trainstack.telemetry.comm import TEST_ALLREDUCE_DELAY_ENV
-
-NOW = 1_800_000_000.0
-LIMITS = Thresholds()
-
-
-def kinds(verdicts) -> list[str]:
-    return [verdict.kind for verdict in verdicts]
-
-
-def rank(name: str, **figures) -> RankView:
-    healthy = dict(steps=100, steps_per_second=3.0, samples_per_second=48.0, data_wait_ratio=0.02,
-                   step_seconds=0.3, forward_seconds=0.05, last_step_time=NOW - 1)
-    return RankView(rank=name, **{**healthy, **figures})
-
-
-def gpu(index: int, **figures) -> GpuView:
-    healthy = dict(utilization=0.97, memory_used_ratio=0.6, thermal_throttle_ratio=0.0, power_throttle_ratio=0.1,
-                   sm_clock_ratio=1.0)
-    return GpuView(index=str(index), uuid=f"GPU-{index}", name="NVIDIA H100 80GB HBM3", **{**healthy, **figures})
 
 
 def gpu_snapshot(ranks=None, gpus=None) -> Snapshot:
@@ -134,22 +106,6 @@ def test_figures_say_which_clock_measured_the_data_wait():
     on_cpu = figures(Snapshot("test", NOW, [rank("0"), rank("1")]))
     assert on_cpu["data_wait_clock"] == "host"
     assert "data wait at most 2%" in render_text("t", [], on_cpu)
-
-
-class CountersSource:
-    """A Source of fixed rates and instants, shaped as the exporter serves a rank's series."""
-
-    description = "test"
-    now = NOW
-
-    def __init__(self, instants: dict[str, list], rates: dict[str, list]):
-        self.instants, self.rates = instants, rates
-
-    def instant(self, name: str) -> list:
-        return self.instants.get(name, [])
-
-    def rate(self, name: str) -> list:
-        return self.rates.get(name, [])
 
 
 def test_the_snapshot_reads_each_ranks_clock_and_both_waits():
@@ -405,51 +361,6 @@ def test_slow_gpu_counters_have_no_rate_until_the_exporter_reads_them_again():
 # --- real runs, read live -------------------------------------------------------------------------------------
 
 
-def scrape(url: str) -> dict[str, dict[str, float]]:
-    """sample name -> rank -> value."""
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    values: dict[str, dict[str, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            values.setdefault(sample.name, {})[sample.labels.get("rank", "")] = sample.value
-    return values
-
-
-@contextlib.contextmanager
-def live_run(folder: Path, *args: str, env: dict[str, str] | None = None, steps: int = 2,
-             ranks: int = 2) -> Iterator[str]:
-    """A run (2 CPU ranks unless the host has GPUs) that trains until the test ends; yields its exporter's
-    /metrics URL once all `ranks` ranks have made `steps` steps. Stopped by killing the launcher and its
-    descendants, each by PID. Later `args` override the defaults."""
-    port = free_port()
-    log_path = folder / "train.log"
-    with log_path.open("w") as log:
-        launcher = subprocess.Popen(
-            trainstack_command("train", "--output-dir", str(folder / "run"), "--max-steps", "100000",
-                               "--exporter-port", str(port), "--checkpoint-every", "0", "--log-every", "2",
-                               "--batch-size", "8", *args),
-            cwd=REPO, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/metrics"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert launcher.poll() is None, f"the run ended early:\n{log_path.read_text()[-4000:]}"
-            assert time.monotonic() < deadline, f"no steps within 300 s:\n{log_path.read_text()[-4000:]}"
-            with contextlib.suppress(OSError):
-                done = scrape(url).get("trainstack_train_steps_total", {})
-                if len(done) == ranks and min(done.values()) >= steps:
-                    break
-            time.sleep(0.5)
-        yield url
-    finally:
-        family = [launcher.pid, *(child.pid for child in psutil.Process(launcher.pid).children(recursive=True))]
-        for pid in family:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        launcher.wait()
-
-
 def diagnose_url(url: str, interval: float = 4.0, **limits) -> list:
     return diagnose(read_snapshot(open_source(url, "auto", interval, "")), Thresholds(**limits))
 
@@ -505,37 +416,12 @@ def test_a_slow_link_is_comm_bound_by_the_share_its_delay_predicts(tmp_path):
     assert re.search(r"rank 1: .* communicated per step at [0-9.]+ [MG]B/s bus bandwidth", evidence), evidence
     assert "no NCCL switch set on any rank (backend gloo)" in evidence and "/dev/shm is" in evidence, evidence
     assert "smaller than" not in evidence and "GPU" not in evidence, evidence
-    for rank, before in enumerate(plain):
+    for index, before in enumerate(plain):
         added = before.buckets * delay
         predicted = (before.exposed_seconds + added) / (before.step_seconds + added)
-        delayed = comm_per_step(tmp_path / "delayed/run", rank)
+        delayed = comm_per_step(tmp_path / "delayed/run", index)
         assert delayed.buckets == before.buckets
         assert delayed.exposed_seconds / delayed.step_seconds == pytest.approx(predicted, abs=0.05), (before, delayed)
-
-
-@pytest.fixture
-def prometheus(tmp_path) -> Iterator[callable]:
-    """A function that starts Debian's Prometheus on loopback, scraping one target every second."""
-    if shutil.which("prometheus") is None:
-        pytest.skip("prometheus not found: install Debian's `prometheus` package (make system-deps)")
-    started: list[subprocess.Popen] = []
-
-    def start(target: str) -> str:
-        port = free_port()
-        config = tmp_path / "prometheus.yml"
-        config.write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-            "scrape_configs": [{"job_name": "trainstack", "static_configs": [{"targets": [target]}]}]}))
-        log = (tmp_path / "prometheus.log").open("w")
-        started.append(subprocess.Popen(
-            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT))
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for process in started:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 @pytest.mark.slow

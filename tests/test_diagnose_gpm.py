@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 import trainstack.monitoring.nvml_fake as fake
-from tests.test_diagnose import LIMITS, NOW, CountersSource, gpu, kinds, rank
-from tests.test_exporter_nvml import Rig, render
+from tests.helpers.fakes import LIMITS, NOW, CountersSource, Rig, gpu, kinds, rank, render
 from trainstack import catalog
 from trainstack.monitoring.diagnose.snapshot import Snapshot, read_snapshot
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes

@@ -34,8 +34,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, stop_process
-from tests.test_compose import size_bytes
+from tests.helpers.compose import size_bytes
+from tests.helpers.runs import REPO, stop_process
 from trainstack.rundir import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.runs import REPO
 
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 # The CUDA version of torch's default (PyPI) Linux wheel, by torch minor release; bump with requirements.lock.

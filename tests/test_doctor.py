@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import explain, run_trainstack
+from tests.helpers.runs import explain, run_trainstack
 from trainstack.rundir import free_port
 from trainstack.train.launcher.doctor import (
     CheckResult,

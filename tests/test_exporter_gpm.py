@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import generate_latest
 
 import trainstack.monitoring.nvml_fake as fake
-from tests.test_exporter_nvml import Rig, errors, render, value
+from tests.helpers.fakes import Rig, errors, render, value
 from trainstack import catalog
 
 GPM_SERIES = {catalog.GPU_SM_ACTIVE.name, catalog.GPU_SM_OCCUPANCY.name, catalog.GPU_TENSOR_ACTIVE.name,

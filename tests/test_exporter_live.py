@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import FAST, REPO, explain, run_trainstack, stop_process, trainstack_command
+from tests.helpers.runs import FAST, REPO, explain, run_trainstack, stop_process, trainstack_command
+from tests.helpers.scrapes import by_labels, scrape
 from trainstack.rundir import free_port
 
 pytestmark = pytest.mark.slow
@@ -40,17 +40,6 @@ def wait_for(check: Callable[[], object], what: str, seconds: float = DEADLINE_S
             return result
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def scrape(port: int) -> dict[tuple[str, frozenset], float] | None:
-    """One scrape, or None while nothing answers on the port."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-            text = response.read().decode()
-    except (urllib.error.URLError, ConnectionError):
-        return None
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def by_rank(samples, name: str) -> dict[str, float]:
@@ -107,7 +96,7 @@ def live(tmp_path_factory):
 
 def test_a_live_run_is_scraped_over_http_with_both_ranks_rising(live):
     def both_ranks_stepping():
-        samples = scrape(live.port)
+        samples = by_labels(scrape(live.port))
         steps = by_rank(samples, "trainstack_train_steps_total") if samples else {}
         return samples if set(steps) == {"0", "1"} and min(steps.values()) >= 2 else None
 
@@ -115,7 +104,7 @@ def test_a_live_run_is_scraped_over_http_with_both_ranks_rising(live):
         pytest.fail(f"the run ended early:\n{live.output()}")
     first = wait_for(both_ranks_stepping, "both ranks to report steps")
     first_steps = by_rank(first, "trainstack_train_steps_total")
-    second = wait_for(lambda: (s := scrape(live.port)) and all(
+    second = wait_for(lambda: (s := by_labels(scrape(live.port))) and all(
         by_rank(s, "trainstack_train_steps_total")[r] > first_steps[r] for r in ("0", "1")) and s,
         "the step counters to rise")
     for name in ("trainstack_train_samples_total", "trainstack_train_tokens_total",
@@ -138,17 +127,17 @@ def test_a_hung_then_killed_rank_stops_while_the_endpoint_answers(live):
     pids = wait_for(lambda: (p := rank_pids(live.metrics_dir)) and set(p) == {"0", "1"} and p, "rank pids")
     os.kill(pids["1"], signal.SIGSTOP)  # rank 1 hangs; rank 0 then waits for it in the next collective
     last_step = "trainstack_train_last_step_timestamp_seconds"
-    first_hung = wait_for(lambda: scrape(live.port), "a scrape after rank 1 hung")
+    first_hung = wait_for(lambda: by_labels(scrape(live.port)), "a scrape after rank 1 hung")
     stopped_at = by_rank(first_hung, last_step)["1"]
     time.sleep(2)
-    hung = scrape(live.port)
+    hung = by_labels(scrape(live.port))
     assert hung is not None, "the launcher's exporter stopped answering while a rank hung"
     assert by_rank(hung, last_step)["1"] == stopped_at
 
     os.kill(pids["1"], signal.SIGKILL)
     code = live.launcher.wait(timeout=DEADLINE_SECONDS)  # the other rank is torn down; the run fails
     assert code != 0, live.output()
-    after = wait_for(lambda: scrape(live.standalone_port), "the standalone exporter to answer")
+    after = wait_for(lambda: by_labels(scrape(live.standalone_port)), "the standalone exporter to answer")
     assert by_rank(after, last_step)["1"] == stopped_at
     assert set(by_rank(after, "trainstack_train_steps_total")) == {"0", "1"}  # the dead rank's last values stay
 
@@ -156,13 +145,13 @@ def test_a_hung_then_killed_rank_stops_while_the_endpoint_answers(live):
 def test_a_second_run_in_the_same_directory_shows_no_series_of_the_first(live):
     if live.launcher.poll() is None:
         pytest.skip("needs the first run to have ended (the test before this one ends it)")
-    first_run_ids = {dict(labels)["run_id"] for (n, labels) in scrape(live.standalone_port)
+    first_run_ids = {dict(labels)["run_id"] for (n, labels) in by_labels(scrape(live.standalone_port))
                      if n == "trainstack_train_run_info"}
     result = run_trainstack("train", "--output-dir", str(live.run_dir), *FAST, "--max-steps", "5",
                             "--resume", "never", timeout=DEADLINE_SECONDS)
     assert result.returncode == 0, explain(result)
     new_run_id = json.loads((live.run_dir / "summary.json").read_text())["run_id"]
-    samples = scrape(live.standalone_port)  # the same exporter process, still reading the same path
+    samples = by_labels(scrape(live.standalone_port))  # the same exporter process, still reading the same path
     run_ids = {dict(labels)["run_id"] for (n, labels) in samples if n == "trainstack_train_run_info"}
     assert run_ids == {new_run_id} and not run_ids & first_run_ids
     assert by_rank(samples, "trainstack_train_steps_total") == {"0": 5, "1": 5}

@@ -12,15 +12,10 @@ import json
 import random
 
 import pytest
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 import trainstack.monitoring.nvml_fake as fake
-from trainstack.monitoring.exporter.app import build_registry
-from trainstack.monitoring.exporter.config import ExporterConfig
+from tests.helpers.fakes import Rig, errors, render, value
 from trainstack.monitoring.exporter.gpu import CLOCK_EVENT_REASONS, COUNTERS, GAUGES
-from trainstack.monitoring.exporter.nvml import NvmlSession
-from trainstack.monitoring.exporter.sampler import Sampler
 
 H100_UUID = "GPU-5f1c0a00-1a2b-4c3d-8e4f-9a0b1c2d3e00"
 
@@ -31,62 +26,12 @@ def no_fake_host_left_behind():
     fake.load(None)
 
 
-class ManualClock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Rig:
-    """An NVML session, sampler and registry on the fake `host`, as the exporter builds them, with the sampler on a
-    clock the test moves. By default the slow fields and GPM are read at every sample, as every scrape read them
-    before."""
-
-    def __init__(self, host, pcie_throughput=False, interval=1.0, slow_interval=1.0, gpm_interval=0.0):
-        fake.load(host)
-        config = ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake", pcie_throughput=pcie_throughput,
-                                sample_interval_seconds=interval,
-                                slow_sample_interval_seconds=slow_interval)
-        self.clock = ManualClock()
-        self.session = NvmlSession(fake, pcie_throughput=pcie_throughput, gpm_interval_seconds=gpm_interval)
-        self.sampler = Sampler(self.session, interval, slow_interval, self.clock)
-        self.registry = build_registry(config, self.sampler)
-
-    def sample(self) -> None:
-        """One tick of the sampler: the clock moves on by the interval and the sampler reads NVML."""
-        self.clock.now += self.sampler.interval_seconds
-        self.sampler.sample_now()
-
-    def scrape(self) -> dict[tuple[str, frozenset], float]:
-        """A fresh sample, then one scrape through the exposition format: (sample name, labels) -> value."""
-        self.sample()
-        return render(self.registry)
-
-
 def exporter(host, pcie_throughput=False) -> Rig:
     return Rig(host, pcie_throughput)
 
 
-def render(registry) -> dict[tuple[str, frozenset], float]:
-    """A scrape of what the registry serves now, without sampling."""
-    text = generate_latest(registry).decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def value(samples, metric, **labels):
-    return samples.get((metric, frozenset(labels.items())))
-
-
 def names_for_gpu(samples, gpu: str) -> set[str]:
     return {name for name, labels in samples if ("gpu", gpu) in labels}
-
-
-def errors(samples) -> dict[tuple[str, str], float]:
-    return {(dict(labels)["call"], dict(labels)["error"]): v for (name, labels), v in samples.items()
-            if name == "trainstack_exporter_nvml_errors_total"}
 
 
 def test_h100_exports_every_field_in_base_units():

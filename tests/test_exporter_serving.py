@@ -25,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import trainstack.monitoring.nvml_fake as fake
-from tests.conftest import REPO
+from tests.helpers.runs import REPO
 from tests.standin_ranks import write_rank
 from trainstack.errors import EXIT_RUNTIME
 from trainstack.monitoring.exporter.app import Exporter

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from tests.test_timeline import FakeEvent
+from tests.helpers.fakes import FakeEvent
 from trainstack.telemetry.comm import InjectedDelay
 from trainstack.telemetry.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
 from trainstack.telemetry.fsdp_comm import REDUCE_SCATTERS, FsdpCommWatch

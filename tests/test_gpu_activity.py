@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import trainstack.monitoring.nvml_fake as fake
-from tests.test_breakdown import identity, plain_env  # noqa: F401 (a fixture)
-from tests.test_timeline import FakeGpu
+from tests.helpers.fakes import FakeGpu, identity
 from trainstack.rundir import RunDir, read_json_lines
 from trainstack.telemetry.core import Telemetry
 from trainstack.telemetry.device import device_uuid
@@ -72,7 +71,7 @@ def test_no_reader_where_gpm_cannot_answer(host):
     assert fake.call_counts()["nvmlGpmSampleAlloc"] == fake.call_counts()["nvmlGpmSampleFree"]
 
 
-def test_gpu_ranks_records_carry_its_activity_a_cpu_ranks_none(tmp_path, plain_env, monkeypatch):  # noqa: F811
+def test_gpu_ranks_records_carry_its_activity_a_cpu_ranks_none(tmp_path, plain_env, monkeypatch):
     gpu, stand_in = FakeGpu(), nvml("ddp_h100")
     monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing: gpu.new_event())
     real_open = GpuActivity.open
@@ -143,7 +142,7 @@ def measured(size: int, dtype: torch.dtype):
     """The rank's reader and the exporter's scrape, through diagnose, while the GPU runs `size` matmuls in `dtype`."""
     import pynvml
 
-    from tests.test_diagnose import CountersSource
+    from tests.helpers.fakes import CountersSource
     from trainstack.monitoring.diagnose.snapshot import read_snapshot
     from trainstack.monitoring.diagnose.thresholds import Thresholds
     from trainstack.monitoring.diagnose.verdicts import diagnose

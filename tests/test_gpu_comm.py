@@ -10,12 +10,15 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO, explain, run_trainstack, summary
+from tests.helpers.runs import REPO, explain, run_trainstack, summary
 from trainstack.breakdown import OTHER
 from trainstack.rundir import RunDir, free_port, read_json_lines
 from trainstack.telemetry.comm import TEST_ALLREDUCE_DELAY_ENV
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+# Skipped without a GPU, but where one is at hand each test starts `trainstack`: slow, like every test that starts
+# a process (the guard in tests/conftest.py sees only tests that run, so it cannot catch this one on a CPU host).
+pytestmark = [pytest.mark.slow, pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def interval_records(run_dir, rank: int) -> list[dict]:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_diagnose import kinds, live_run
+from tests.helpers.fakes import kinds
+from tests.helpers.runs import live_run
 from trainstack.monitoring.diagnose.snapshot import Snapshot, read_snapshot
 from trainstack.monitoring.diagnose.sources import ExporterSource
 from trainstack.monitoring.diagnose.thresholds import Thresholds

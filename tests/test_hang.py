@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, wait_for
-from tests.test_watch import kill_tree, start_watch
+from tests.helpers.runs import REPO, kill_tree, start_watch, wait_for
 from trainstack import thresholds
 from trainstack.hang import FR_BUFFER_ENV, FR_DUMP_ENV, FR_SWITCH_ENV, hang_environment
 from trainstack.hang_verdict import (
@@ -223,7 +222,7 @@ def test_diagnose_names_where_ranks_wait_once_evidence_of_this_stall_is_there(tm
 # ---- trainstack train -------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_checkpoint_write_that_blocks_one_rank_is_named_and_the_timeout_carries_it(tmp_path):
-    from tests.conftest import explain, train
+    from tests.helpers.runs import explain, train
 
     result = train(tmp_path / "run", "--model", "tests.factories:stuck_save_gpt", "--max-steps", "50",
                    "--checkpoint-every", "5", "--collective-timeout", "20", timeout=240,

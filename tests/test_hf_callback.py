@@ -28,9 +28,9 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import trainstack.monitor as tsm
-from tests.conftest import REPO, run_trainstack, stop_process, trainstack_command
 from tests.drivers.hf_example import load_example
-from tests.test_diagnose import scrape
+from tests.helpers.runs import REPO, run_trainstack, stop_process, trainstack_command
+from tests.helpers.scrapes import per_rank, scrape
 from trainstack.integrations.hf import TrainstackCallback
 from trainstack.rundir import free_port
 
@@ -190,7 +190,7 @@ def test_a_resumed_run_numbers_its_steps_on_from_the_checkpoint(recorded, monkey
 # ---- 2 ranks under trainstack watch, read live ------------------------------------------------------------
 def steps_by_rank(url: str) -> dict[str, float]:
     with contextlib.suppress(OSError):
-        return scrape(url).get("trainstack_train_steps_total", {})
+        return per_rank(scrape(url) or []).get("trainstack_train_steps_total", {})
     return {}
 
 
@@ -250,7 +250,7 @@ def test_ddp_ranks_show_on_the_exporter_healthy_then_input_bound_once_the_collat
     with watched_run(tmp_path, "-m", "tests.drivers.hf_example", "--slow-down-when", str(slow_down),
                      "--delay", "0.3") as run:
         run.wait_for(10)
-        served, info = scrape(run.url), run_info(run.url)
+        served, info = per_rank(scrape(run.url)), run_info(run.url)
         healthy = verdicts(run.url)
         slow_down.touch()
         run.wait_for(max(steps_by_rank(run.url).values()) + 2)  # each rank is past the step it was making

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from tests.conftest import explain, summary, train
+from tests.helpers.runs import explain, summary, train
 from trainstack.errors import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from trainstack.rundir import ERROR_FILE_ENV, METRICS_DIR_ENV, UNSEALED_PREFIX, step_dir_name
 from trainstack.telemetry.core import Telemetry

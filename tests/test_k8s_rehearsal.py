@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.test_k8s_manifests import OVERLAYS_DIR, arg_value, needs_kubectl, only, render
+from tests.helpers.k8s import OVERLAYS_DIR, arg_value, needs_kubectl, only, render
+from tests.helpers.runs import REPO
 from trainstack.rundir import LEASE_DIR, free_port
 
 VENV_BIN = Path(sys.executable).parent

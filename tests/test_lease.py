@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.runs import REPO
 from trainstack.rundir import LEASE_DIR
 from trainstack.train.launcher.lease import Holder, LeaseHeld, RunDirLease, this_machine
 
@@ -255,7 +255,7 @@ def test_a_fresh_start_sets_an_earlier_attempts_record_aside_and_a_resume_keeps_
 
 @pytest.mark.slow
 def test_sigterm_while_waiting_for_the_lease_leaves_at_once_and_writes_nothing(tmp_path):
-    from tests.conftest import FAST, trainstack_command
+    from tests.helpers.runs import FAST, trainstack_command
 
     with lease(tmp_path, "holder") as held:
         held.acquire()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_monitoring_promql import label_values_metric, metric_names, undocumented
+from tests.helpers.promql import label_values_metric, metric_names, undocumented
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA_DIR = ROOT / "monitoring/grafana"

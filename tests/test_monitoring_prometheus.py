@@ -33,7 +33,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.test_monitoring_promql import (
+from tests.helpers.promql import (
     PROMETHEUS_SERIES,
     label_values_metric,
     metric_names,

@@ -3,56 +3,17 @@ check every rule and dashboard query against the series that exist. Here: the he
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.promql import (
+    label_values_metric,
+    metric_names,
+    undocumented,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
-# Where raw metric names are listed: training metrics in the architecture page, the exporter's in metrics.md.
-METRIC_DOCS = (ROOT / "docs/architecture.md", ROOT / "docs/metrics.md")
-# Series Prometheus itself writes.
-PROMETHEUS_SERIES = {"up", "ALERTS"}
-
-# Keywords and words that may stand before "(" without being a metric: everything followed by "(" is a function
-# or an aggregation, so only the keywords that are not need listing.
-_KEYWORDS = {"and", "or", "unless", "bool", "by", "without", "on", "ignoring", "group_left", "group_right",
-             "offset", "inf", "nan"}
-_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
-_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
-_NUMBER = re.compile(r"(?<![\w:])[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?(?![\w:])")
-_IDENTIFIER = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-
-
-def metric_names(expr: str) -> set[str]:
-    """The metric (and recorded series) names an expression selects."""
-    text = _STRINGS.sub('""', expr)
-    text = re.sub(r"\{[^}]*\}", " ", text)  # label matchers
-    text = re.sub(r"\[[^\]]*\]", " ", text)  # range and subquery durations
-    text = re.sub(r"\boffset\s+\S+", " ", text)
-    text = _GROUPING.sub(" ", text)
-    text = _NUMBER.sub(" ", text)
-    names = set()
-    for match in _IDENTIFIER.finditer(text):
-        followed_by_call = text[match.end():].lstrip().startswith("(")
-        if not followed_by_call and match.group().lower() not in _KEYWORDS:
-            names.add(match.group())
-    return names
-
-
-def label_values_metric(query: str) -> tuple[str, str]:
-    """A Grafana `label_values(selector, label)` variable query -> (selector, label)."""
-    match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", query.strip())
-    if not match:
-        raise ValueError(f"not a label_values(selector, label) query: {query!r}")
-    return match.group(1).strip(), match.group(2)
-
-
-def undocumented(names: set[str]) -> set[str]:
-    """The raw metric names (no `:`, so not recorded series) that no metric reference lists."""
-    text = "\n".join(path.read_text() for path in METRIC_DOCS if path.is_file())
-    return {name for name in names if ":" not in name and name not in PROMETHEUS_SERIES
-            and f"`{re.sub(r'_(bucket|sum|count)$', '', name)}`" not in text}
 
 
 @pytest.mark.parametrize(("expr", "names"), [

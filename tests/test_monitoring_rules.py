@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_monitoring_promql import metric_names, undocumented
+from tests.helpers.promql import metric_names, undocumented
 from trainstack import thresholds
 
 ROOT = Path(__file__).resolve().parents[1]

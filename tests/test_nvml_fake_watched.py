@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import trainstack.monitoring.nvml_fake as fake
-from tests.conftest import explain, run_trainstack, stop_process, trainstack_command, wait_for
+from tests.helpers.runs import explain, run_trainstack, stop_process, trainstack_command, wait_for
 from trainstack.rundir import SUPERVISOR_PID_ENV, free_port
 
 # GPU 0: the watched command beside a process of another user's, which stays whatever runs.

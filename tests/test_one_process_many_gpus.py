@@ -10,22 +10,14 @@ import json
 import shutil
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REPO, run_trainstack
-from tests.test_diagnose import (
-    LIMITS,
-    NOW,
-    gpu,
-    kinds,
-    prometheus,  # noqa: F401  (a fixture: a real Prometheus on loopback)
-    rank,
-)
+from tests.helpers.fakes import LIMITS, NOW, gpu, kinds, rank
+from tests.helpers.runs import REPO, run_trainstack
+from tests.helpers.scrapes import scrape
 from trainstack import catalog
 from trainstack.errors import ConfigError, RuntimeFailure
 from trainstack.monitoring import nvml_fake
@@ -150,12 +142,6 @@ def fake_exporter(host: str) -> Iterator[str]:
         nvml_fake.load(None)
 
 
-def scrape(url: str) -> list:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
-
-
 def test_the_exporter_serves_the_process_to_gpu_map_of_the_dataparallel_host():
     with fake_exporter("dataparallel") as url:
         served = {(s.labels["gpu"], s.labels["pid"], s.labels["process"]): s.value for s in scrape(url)
@@ -191,7 +177,7 @@ def test_the_diagnose_command_gives_the_gpu_verdicts_and_its_one_line_hint(host,
 
 
 @pytest.mark.slow
-def test_diagnose_names_the_process_through_a_real_prometheus(prometheus):  # noqa: F811 (the fixture)
+def test_diagnose_names_the_process_through_a_real_prometheus(prometheus):
     with fake_exporter("dataparallel") as url:
         target = url.removeprefix("http://").removesuffix("/metrics")
         source = PrometheusSource(prometheus(target))

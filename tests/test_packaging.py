@@ -13,7 +13,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.conftest import REPO, explain
+from tests.helpers.runs import REPO, explain
 
 
 @pytest.fixture(scope="module")

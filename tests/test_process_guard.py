@@ -4,7 +4,7 @@ test starts none itself."""
 
 from __future__ import annotations
 
-from tests.conftest import REPO
+from tests.helpers.runs import REPO
 
 PLANTED = '''
 import multiprocessing

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.conftest import run_trainstack
+from tests.helpers.runs import run_trainstack
 from trainstack.errors import ConfigError
 from trainstack.monitoring.report import cli as report_cli
 from trainstack.monitoring.report import write_report

@@ -18,8 +18,19 @@ import psutil
 import pytest
 import torch
 
-from tests.conftest import FAST, REPO, explain, summary, train, trainstack_command
-from tests.test_train_checkpoint import EXACT, _logged_steps, _wait_for, weights
+from tests.helpers.runs import (
+    FAST,
+    REFERENCE_DDP,
+    REFERENCE_DDP_STEPS,
+    REPO,
+    explain,
+    logged_steps,
+    summary,
+    train,
+    trainstack_command,
+    wait_for,
+    weights,
+)
 from trainstack.rundir import LEASE_DIR, METRICS_DIR_ENV, STOP_GRACE_ENV, free_port, step_dir_name
 from trainstack.train.launcher.exporter_process import SupervisedExporter
 from trainstack.train.rank import checkpoint
@@ -29,18 +40,15 @@ pytestmark = pytest.mark.slow
 GRACE = 40.0  # TRAINSTACK_STOP_GRACE for these runs: what an orphan has to stop before it is killed
 # Rank 0 pauses in each forward pass, so a kill lands mid-run; the pause changes no number.
 ENV = {"TRAINSTACK_TEST_SLOW_RANK": "0", "TRAINSTACK_TEST_SLOW_SECONDS": "0.2", STOP_GRACE_ENV: f"{GRACE:g}"}
-STEPS = 30
+STEPS = REFERENCE_DDP_STEPS
 # torch's own log lines (glog style: level, date, time): a stop that went as planned prints none of them
 TORCH_LOG_LINE = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d", re.MULTILINE)
-COMMAND = (*EXACT, "--model", "tests.factories:pausing_gpt", "--max-steps", str(STEPS))
+COMMAND = (*REFERENCE_DDP, "--max-steps", str(STEPS))  # stopped runs of the session's ddp_reference
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict[str, torch.Tensor]:
-    run_dir = tmp_path_factory.mktemp("straight") / "run"
-    result = train(run_dir, *COMMAND, env=ENV)
-    assert result.returncode == 0, explain(result)
-    return weights(run_dir / "checkpoints" / step_dir_name(STEPS))
+def uninterrupted(ddp_reference) -> dict[str, torch.Tensor]:
+    return weights(ddp_reference / "checkpoints" / step_dir_name(STEPS))
 
 
 def _start(run_dir: Path, *args: str, exporter_port: int = 0) -> subprocess.Popen:
@@ -104,7 +112,7 @@ def test_sigkill_to_the_launchers_process_group_stops_the_ranks_with_a_checkpoin
     run_dir = tmp_path / "run"
     moment = random.randint(1, 12)  # logged steps before the kill
     launcher = _start(run_dir)
-    _wait_for(lambda: _logged_steps(run_dir) >= moment, launcher)
+    wait_for(lambda: logged_steps(run_dir) >= moment, launcher)
     os.killpg(launcher.pid, signal.SIGKILL)  # as an OOM killer, a job timeout or `kill -9 -PGID` would
     output, _ = launcher.communicate()
     _wait_until_none_left(run_dir)
@@ -118,7 +126,7 @@ def test_sigkill_to_the_agent_stops_the_ranks_and_the_launcher_reports_it(tmp_pa
     run_dir = tmp_path / "run"
     moment = random.randint(1, 12)
     launcher = _start(run_dir)
-    _wait_for(lambda: _logged_steps(run_dir) >= moment, launcher)
+    wait_for(lambda: logged_steps(run_dir) >= moment, launcher)
     _child(launcher, "trainstack.train.launcher.agent").kill()
     output, _ = launcher.communicate(timeout=GRACE + 60)
     assert launcher.returncode == 75, output[-4000:]
@@ -134,7 +142,7 @@ def test_sigkill_to_the_agent_stops_the_ranks_and_the_launcher_reports_it(tmp_pa
 def test_a_sigkilled_rank_fails_the_launch_naming_it_and_the_rerun_resumes(tmp_path, uninterrupted):
     run_dir = tmp_path / "run"
     launcher = _start(run_dir, "--checkpoint-every", "5")
-    _wait_for(lambda: checkpoint.complete_checkpoints(run_dir / "checkpoints"), launcher)
+    wait_for(lambda: checkpoint.complete_checkpoints(run_dir / "checkpoints"), launcher)
     ranks = [p for p in psutil.Process(launcher.pid).children(recursive=True)
              if "trainstack.train.rank" in p.cmdline()]
     victim = next(p for p in ranks if p.environ().get("RANK") == "1")
@@ -165,12 +173,12 @@ def test_a_sigkilled_exporter_is_restarted_and_its_counters_carry_on(tmp_path):
     run_dir, port = tmp_path / "run", free_port()
     launcher = _start(run_dir, "--max-steps", "100000", exporter_port=port)
     try:
-        _wait_for(lambda: (_served_steps_or_none(port) or 0) >= 5, launcher)
+        wait_for(lambda: (_served_steps_or_none(port) or 0) >= 5, launcher)
         exporter = _child(launcher, "trainstack.monitoring.exporter")
         before = _steps_served(port)
         exporter.kill()
         exporter.wait(timeout=10)
-        _wait_for(lambda: _served_steps_or_none(port) is not None, launcher)
+        wait_for(lambda: _served_steps_or_none(port) is not None, launcher)
         assert _steps_served(port) >= before  # read again from the ranks' files: the count carries on
         assert _child(launcher, "trainstack.monitoring.exporter").pid != exporter.pid
     finally:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.runs import REPO
 from trainstack import rundir
 from trainstack.errors import ConfigError
 

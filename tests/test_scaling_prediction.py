@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from tests.conftest import run_trainstack
-from tests.test_slow_interconnect import RATE_BITS, _kill_tree, _start_node, slow_link  # noqa: F401 (a fixture)
+from tests.helpers.netns import RATE_BITS, start_node
+from tests.helpers.runs import kill_tree, run_trainstack
 from trainstack.train.launcher.scaling import predict
 from trainstack.train.launcher.scaling.predict import RunFigures
 
@@ -40,18 +40,18 @@ def test_bad_input_exits_2(tmp_path):
 
 
 def _run_on(nodes, run_dir, tmp_path) -> None:
-    started = [_start_node(node, rank, run_dir, tmp_path / f"{run_dir.name}-{rank}.log")
+    started = [start_node(node, rank, run_dir, tmp_path / f"{run_dir.name}-{rank}.log")
                for rank, node in enumerate(nodes)]
     try:
         for rank, node in enumerate(started):
             assert node.wait(timeout=300) == 0, (tmp_path / f"{run_dir.name}-{rank}.log").read_text()[-4000:]
     finally:
         for node in started:
-            _kill_tree(node)
+            kill_tree(node)
 
 
 @pytest.mark.slow
-def test_the_prediction_at_another_link_speed_matches_the_measured_step(slow_link, tmp_path):  # noqa: F811
+def test_the_prediction_at_another_link_speed_matches_the_measured_step(slow_link, tmp_path):
     slow = tmp_path / "slow"
     _run_on(slow_link, slow, tmp_path)
     faster = 2 * RATE_BITS

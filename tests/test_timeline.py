@@ -8,50 +8,10 @@ import time
 
 import pytest
 
+from tests.helpers.fakes import FakeGpu
 from trainstack.telemetry.core import Telemetry
 from trainstack.telemetry.device import RankIdentity
 from trainstack.telemetry.timeline import DeviceTimeline
-
-
-class FakeGpu:
-    """A host clock and one stream: work queued at host time t starts when the stream is free and t has come."""
-
-    def __init__(self) -> None:
-        self.host = 0.0
-        self.stream_free = 0.0
-        self.events_made = 0
-        self.synchronized = 0
-
-    def host_works(self, seconds: float) -> None:
-        self.host += seconds
-
-    def queue(self, seconds: float) -> None:
-        self.stream_free = max(self.stream_free, self.host) + seconds
-
-    def drain(self) -> None:
-        """The host blocks until the stream has run everything queued (a blocking copy, .item())."""
-        self.host = max(self.host, self.stream_free)
-
-    def new_event(self) -> FakeEvent:
-        self.events_made += 1
-        return FakeEvent(self)
-
-
-class FakeEvent:
-    def __init__(self, gpu: FakeGpu):
-        self.gpu = gpu
-        self.time: float | None = None
-
-    def record(self) -> None:
-        self.gpu.stream_free = self.time = max(self.gpu.stream_free, self.gpu.host)
-
-    def elapsed_time(self, end: FakeEvent) -> float:
-        assert self.time is not None and end.time is not None, "elapsed_time of an event never recorded"
-        return 1000 * (end.time - self.time)
-
-    def synchronize(self) -> None:
-        self.gpu.synchronized += 1
-        self.gpu.host = max(self.gpu.host, self.time)
 
 
 def train_steps(gpu: FakeGpu, timeline: DeviceTimeline, loader_seconds: list[float], forward: float = 0.02,

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import explain, run_trainstack, summary, train
-from tests.test_train_checkpoint import _kill_tree, _logged_steps, _start, _wait_for
+from tests.helpers.runs import explain, kill_tree, logged_steps, run_trainstack, start, summary, train, wait_for
 from trainstack.breakdown import LOST_PROGRESS, OTHER
 from trainstack.rundir import RunDir, read_json_lines
 from trainstack.train.rank import checkpoint
@@ -30,9 +29,9 @@ def killed_then_resumed(tmp_path_factory, monkeypatch_module) -> Path:
     run_dir = tmp_path_factory.mktemp("breakdown") / "run"
     for name, value in SLOW.items():
         monkeypatch_module.setenv(name, value)
-    process = _start(run_dir, *ARGS)
-    _wait_for(lambda: _logged_steps(run_dir) >= KILLED_PAST, process)
-    _kill_tree(process)
+    process = start(run_dir, *ARGS)
+    wait_for(lambda: logged_steps(run_dir) >= KILLED_PAST, process)
+    kill_tree(process)
     saved = [checkpoint.read_train_state(c)["step"] for c in checkpoint.complete_checkpoints(run_dir / "checkpoints")]
     assert saved == [10], f"killed too late: checkpoints {saved}"
     result = train(run_dir, *ARGS, "--report")

@@ -2,59 +2,42 @@
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-from pathlib import Path
 
-import psutil
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from tests.conftest import FAST, REPO, explain, summary, train, trainstack_command
-from tests.conftest import wait_for as _wait_for
+from tests.helpers.runs import (
+    REFERENCE_DDP,
+    REFERENCE_DDP_STEPS,
+    SLOW_RANK,
+    explain,
+    kill_tree,
+    logged_steps,
+    start,
+    summary,
+    train,
+    wait_for,
+    weights,
+)
 from trainstack.rundir import LEASE_DIR, step_dir_name
 from trainstack.train.rank import checkpoint
 
 pytestmark = pytest.mark.slow
 
-# Constant learning rate: a run stopped at step 7 and continued to 12 follows the same schedule as one that
-# ran to 12 straight (a decaying schedule depends on --max-steps, which the two runs set differently).
-EXACT = ["--lr-schedule", "constant", "--warmup-steps", "0", "--checkpoint-every", "0", "--batch-size", "4",
-         "--dataset", "tests.factories:indexed_37", "--eval-fraction", "0"]
 
-
-def weights(folder: Path) -> dict[str, torch.Tensor]:
-    return load_file(folder / "model.safetensors")
-
-
-def test_resume_mid_epoch_matches_an_uninterrupted_run(tmp_path):
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    # 37 samples / (2 ranks x 4) = 5 steps per epoch: step 7 is mid-epoch 1, step 12 mid-epoch 2.
-    for run_dir, steps in ((straight, "12"), (stopped, "7"), (stopped, "12")):
-        result = train(run_dir, *EXACT, "--max-steps", steps)
+def test_resume_mid_epoch_matches_an_uninterrupted_run(tmp_path, ddp_reference):
+    stopped = tmp_path / "stopped"
+    # 37 samples / (2 ranks x 4) = 5 steps per epoch: step 7 is mid-epoch 1.
+    for steps in ("7", str(REFERENCE_DDP_STEPS)):
+        result = train(stopped, *REFERENCE_DDP, "--max-steps", steps)
         assert result.returncode == 0, explain(result)
     assert summary(stopped)["resumed_from"].endswith("step-00000007")
-    expected, resumed = weights(straight / "checkpoints/step-00000012"), weights(stopped / "checkpoints/step-00000012")
+    last = step_dir_name(REFERENCE_DDP_STEPS)
+    expected, resumed = weights(ddp_reference / "checkpoints" / last), weights(stopped / "checkpoints" / last)
     assert expected.keys() == resumed.keys()
     for name in expected:
         assert torch.equal(expected[name], resumed[name]), name
-
-
-def _start(run_dir: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(trainstack_command("train", "--output-dir", str(run_dir), *FAST, *args), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _logged_steps(run_dir: Path) -> int:
-    records = run_dir / "telemetry" / "rank-0.jsonl"
-    lines = records.read_text().splitlines() if records.exists() else []
-    # Each launch's first line marks its segment and has no step.
-    return max((json.loads(line).get("step", 0) for line in lines if line.endswith("}")), default=0)
-
-
-SLOW_RANK = {"TRAINSTACK_TEST_SLOW_RANK": "0", "TRAINSTACK_TEST_SLOW_SECONDS": "0.1"}
 
 
 def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes(tmp_path, monkeypatch):
@@ -62,8 +45,8 @@ def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes(tmp_path, mon
         monkeypatch.setenv(name, value)
     run_dir = tmp_path / "run"
     command = ("--model", "tests.factories:pausing_gpt", "--max-steps", "60", "--checkpoint-every", "0")
-    process = _start(run_dir, *command)
-    _wait_for(lambda: _logged_steps(run_dir) >= 5, process)
+    process = start(run_dir, *command)
+    wait_for(lambda: logged_steps(run_dir) >= 5, process)
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 75, output[-4000:]
@@ -79,27 +62,16 @@ def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes(tmp_path, mon
     assert [s["exit_reason"] for s in finished["segments"]] == ["preempted", "completed"]
 
 
-def _kill_tree(process: subprocess.Popen) -> None:
-    """SIGKILL to the launcher and every process under it at once: what a node losing power looks like."""
-    tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
-    for member in tree:
-        try:
-            member.kill()
-        except psutil.NoSuchProcess:
-            pass
-    process.wait(timeout=30)
-
-
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(tmp_path, strategy):
     run_dir = tmp_path / "run"
     root = run_dir / "checkpoints"
     args = ("--checkpoint-every", "1", "--keep-checkpoints", "2", "--max-steps", "100000", "--strategy", strategy)
     for _ in range(5):  # the kill must land while a checkpoint is half-written; retry if the save won the race
-        process = _start(run_dir, *args)
-        _wait_for(lambda: len(checkpoint.complete_checkpoints(root)) >= 1 and any(root.glob(".tmp-step-*")),
+        process = start(run_dir, *args)
+        wait_for(lambda: len(checkpoint.complete_checkpoints(root)) >= 1 and any(root.glob(".tmp-step-*")),
                   process)
-        _kill_tree(process)
+        kill_tree(process)
         if any(root.glob(".tmp-step-*")):
             break
     else:

@@ -14,7 +14,7 @@ from functools import partial
 import pytest
 import torch
 
-from tests.conftest import REPO, explain, summary, train
+from tests.helpers.runs import REPO, explain, summary, train
 from trainstack.cli import main
 from trainstack.rundir import free_port
 from trainstack.telemetry.device import peak_flops

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.conftest import REPO, explain, summary, train
+from tests.helpers.runs import REPO, explain, summary, train
 from trainstack.rundir import free_port
 
 pytestmark = pytest.mark.slow

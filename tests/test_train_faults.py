@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import explain, summary, train
+from tests.helpers.runs import explain, summary, train
 from trainstack.rundir import LEASE_DIR
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import explain, summary, train
-from tests.test_train_checkpoint import EXACT, SLOW_RANK, _logged_steps, _start, _wait_for
+from tests.helpers.runs import (
+    EXACT,
+    REFERENCE_FSDP,
+    REFERENCE_FSDP_STEPS,
+    SLOW_RANK,
+    explain,
+    logged_steps,
+    start,
+    summary,
+    train,
+    wait_for,
+)
 from trainstack.rundir import step_dir_name
 from trainstack.train.launcher.export import read_dcp
 from trainstack.train.rank import checkpoint
@@ -32,7 +42,7 @@ def _records(run_dir: Path, rank: int) -> list[dict]:
 def _export(folder: Path, output: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    from tests.conftest import run_trainstack
+    from tests.helpers.runs import run_trainstack
 
     result = run_trainstack("export", str(folder), "--output", str(output), timeout=120)
     assert result.returncode == 0, explain(result)
@@ -40,19 +50,20 @@ def _export(folder: Path, output: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def side_by_side(tmp_path_factory) -> dict[str, Path]:
-    """The same 6 steps from the same seed, once per strategy, with the loss logged at every step."""
-    root = tmp_path_factory.mktemp("strategies")
-    for strategy in ("ddp", "fsdp"):
-        result = train(root / strategy, *EXACT, "--strategy", strategy, "--max-steps", "6", "--log-every", "1")
-        assert result.returncode == 0, explain(result)
-    return {strategy: root / strategy for strategy in ("ddp", "fsdp")}
+def side_by_side(tmp_path_factory, ddp_reference) -> dict[str, Path]:
+    """The same first 6 steps from the same seed, once per strategy, with the loss logged at every step. DDP's are
+    the first 6 of the session's reference run (its pausing GPT is the default tiny GPT while nothing pauses it)."""
+    fsdp = tmp_path_factory.mktemp("strategies") / "fsdp"
+    result = train(fsdp, *EXACT, *FSDP, "--max-steps", "6", "--log-every", "1")
+    assert result.returncode == 0, explain(result)
+    return {"ddp": ddp_reference, "fsdp": fsdp}
 
 
 def test_fsdp_learns_and_matches_ddp_on_the_first_steps(side_by_side):
     done = summary(side_by_side["fsdp"])
     assert done["distributed_type"] == "FSDP" and done["world_size"] == 2 and done["steps"] == 6
     ddp, fsdp = ([r["loss"] for r in _records(side_by_side[s], 0)] for s in ("ddp", "fsdp"))
+    ddp = ddp[:6]  # the reference trains on past the 6 steps compared
     assert len(fsdp) == 6 and fsdp[-1] < fsdp[0], fsdp
     # The same mathematics with another reduction (reduce-scatter instead of all-reduce): float rounding only.
     assert fsdp == pytest.approx(ddp, rel=1e-4), (ddp, fsdp)
@@ -104,28 +115,24 @@ def test_sharded_checkpoint_reshards_to_one_rank_and_exports_to_the_plain_model(
     assert torch.equal(plain.blocks[1].mlp[2].weight, two["blocks.1.mlp.2.weight"])
 
 
-def test_sigterm_then_resume_equals_an_uninterrupted_fsdp_run(tmp_path, monkeypatch):
-    # A factory model names its units with --fsdp-wrap; the slow rank leaves time to land the signal mid-run.
-    command = (*EXACT, *FSDP, "--model", "tests.factories:pausing_gpt", "--fsdp-wrap", "Block", "--max-steps", "12",
-               "--log-every", "1")
-    straight = tmp_path / "straight"
-    result = train(straight, *command)
-    assert result.returncode == 0, explain(result)
+def test_sigterm_then_resume_equals_an_uninterrupted_fsdp_run(tmp_path, monkeypatch, fsdp_reference):
+    # The slow rank leaves time to land the signal mid-run.
+    command = (*REFERENCE_FSDP, "--max-steps", str(REFERENCE_FSDP_STEPS))
     for name, value in SLOW_RANK.items():
         monkeypatch.setenv(name, value)
     stopped = tmp_path / "stopped"
-    process = _start(stopped, *command)
-    _wait_for(lambda: _logged_steps(stopped) >= 3, process)
+    process = start(stopped, *command)
+    wait_for(lambda: logged_steps(stopped) >= 3, process)
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 75, output[-4000:]
     at = summary(stopped)["steps"]
-    assert 3 <= at < 12 and checkpoint.verify(stopped / "checkpoints" / step_dir_name(at))
+    assert 3 <= at < REFERENCE_FSDP_STEPS and checkpoint.verify(stopped / "checkpoints" / step_dir_name(at))
     resumed = train(stopped, *command)
     assert resumed.returncode == 0, explain(resumed)
     assert summary(stopped)["resumed_from"].endswith(step_dir_name(at))
-    last = step_dir_name(12)
-    expected = _export(straight / "checkpoints" / last, tmp_path / "straight.safetensors")
+    last = step_dir_name(REFERENCE_FSDP_STEPS)
+    expected = _export(fsdp_reference / "checkpoints" / last, tmp_path / "straight.safetensors")
     got = _export(stopped / "checkpoints" / last, tmp_path / "stopped.safetensors")
     assert expected.keys() == got.keys()
     for name in expected:

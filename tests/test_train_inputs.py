@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_trainstack
+from tests.helpers.runs import run_trainstack
 from trainstack.cli import main
 from trainstack.errors import ConfigError
 from trainstack.train.rank import checkpoint
@@ -145,7 +145,7 @@ def test_config_validation_messages(values, message):
 def test_training_doc_lists_every_option():
     import dataclasses
 
-    from tests.conftest import REPO
+    from tests.helpers.runs import REPO
     from trainstack.train.rank.config import _flag
 
     doc = (REPO / "docs" / "training.md").read_text()

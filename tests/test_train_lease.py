@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import explain, summary, train
-from tests.test_train_checkpoint import _kill_tree, _logged_steps, _start, _wait_for
+from tests.helpers.runs import explain, kill_tree, logged_steps, start, summary, train, wait_for
 from trainstack.monitoring.report import write_report
 from trainstack.monitoring.report.runfiles import load_run
 from trainstack.rundir import LEASE_DIR, by_segment
@@ -34,9 +33,9 @@ def test_an_intruder_changes_nothing_and_a_sigkilled_run_is_taken_over_and_resum
         monkeypatch.setenv(name, value)
     run_dir = tmp_path / "run"
     args = ("--model", "tests.factories:pausing_gpt", "--checkpoint-every", "5")
-    first = _start(run_dir, *args, "--max-steps", "12")
+    first = start(run_dir, *args, "--max-steps", "12")
     try:
-        _wait_for(lambda: _logged_steps(run_dir) >= 5 and checkpoint.complete_checkpoints(run_dir / "checkpoints"),
+        wait_for(lambda: logged_steps(run_dir) >= 5 and checkpoint.complete_checkpoints(run_dir / "checkpoints"),
                   first)
         frozen, deadline = None, time.monotonic() + 60
         while frozen != (frozen := tree(run_dir)):  # settled: two looks a second apart agree
@@ -50,7 +49,7 @@ def test_an_intruder_changes_nothing_and_a_sigkilled_run_is_taken_over_and_resum
         assert "--wait-for-lease" in intruder.stderr
         assert tree(run_dir) == frozen
     finally:
-        _kill_tree(first)  # the whole tree at once: the lease file stays behind, held by nobody
+        kill_tree(first)  # the whole tree at once: the lease file stays behind, held by nobody
 
     monkeypatch.setenv("TRAINSTACK_TEST_SLOW_RANK", "-1")
     taker = train(run_dir, *args, "--max-steps", "12")

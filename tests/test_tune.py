@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.conftest import explain, run_trainstack
+from tests.helpers.runs import explain, run_trainstack
 from trainstack import cli
 from trainstack.errors import EXIT_CONFIG
 from trainstack.train.rank.config import TrainConfig

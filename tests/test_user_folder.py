@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import explain, summary, trainstack_command
+from tests.helpers.runs import explain, summary, trainstack_command
 from trainstack.rundir import free_port
 
 # A user's model factory, as a user would write it: any nn.Module whose forward returns the loss.

@@ -10,8 +10,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import REPO, explain, run_trainstack, wait_for
-from tests.test_watch import kill_tree, start_watch
+from tests.helpers.runs import REPO, explain, kill_tree, run_trainstack, start_watch, wait_for
 from trainstack.rundir import RunDir, free_port
 
 EXAMPLE = REPO / "examples" / "ddp_loop.py"

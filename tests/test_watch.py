@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import html
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -20,8 +19,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import explain, run_trainstack, stop_process, trainstack_command, wait_for
-from tests.test_cli_imports import run_without_torch
+from tests.helpers.runs import (
+    explain,
+    kill_tree,
+    run_trainstack,
+    run_without_torch,
+    start_watch,
+    stop_process,
+    wait_for,
+)
 from trainstack import catalog
 from trainstack.errors import ConfigError
 from trainstack.rundir import (
@@ -44,26 +50,8 @@ def watch(run_dir: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
     return run_trainstack("watch", "--run-dir", str(run_dir), *args, timeout=120, cwd=run_dir.parent, **kwargs)
 
 
-def start_watch(run_dir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    """Watch in a session of its own, as a container's PID 1 or a shell job would be."""
-    return subprocess.Popen(trainstack_command("watch", "--run-dir", str(run_dir), *args), cwd=run_dir.parent,
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-
-
 def python(code: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code)]
-
-
-def kill_tree(process: subprocess.Popen) -> None:
-    """SIGKILL to watch and all under it, should a test fail with them still running."""
-    if process.poll() is None:
-        for member in [*psutil.Process(process.pid).children(recursive=True), psutil.Process(process.pid)]:
-            try:
-                member.kill()
-            except psutil.NoSuchProcess:
-                pass
-    process.communicate(timeout=30)
 
 
 def tree(root: Path) -> dict[str, bytes | None]:

@@ -1,0 +1,182 @@
+"""Starting `trainstack` as a user would and following it: runs to the end, runs that train until stopped,
+watch, the CLI without torch, and the settings of the reference runs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import torch
+from safetensors.torch import load_file
+
+from tests.helpers.scrapes import per_rank, scrape
+from trainstack.rundir import (
+    free_port,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# Small and quick, but still 2 ranks over gloo with loader workers: every rank code path runs.
+FAST = ["--batch-size", "8", "--num-workers", "1", "--log-every", "5", "--exporter-port", "0", "--no-report"]
+
+
+def trainstack_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "trainstack", *args]
+
+
+def run_trainstack(*args: str, timeout: float = 300, env: dict | None = None,
+                   cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(trainstack_command(*args), cwd=cwd, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def train(run_dir: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return run_trainstack("train", "--output-dir", str(run_dir), *FAST, *args, **kwargs)
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM a process the test started, SIGKILL it if it does not exit in time, and reap it."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_for(predicate, process: subprocess.Popen, timeout: float = 120) -> None:
+    """Until `predicate()` holds; fails with the process's output should it end first, or at `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert process.poll() is None, process.communicate()[0][-4000:]
+        assert time.monotonic() < deadline, "timed out waiting for the run"
+        time.sleep(0.05)
+
+
+def explain(result: subprocess.CompletedProcess) -> str:
+    return f"exit {result.returncode}\n--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-8000:]}"
+
+
+# Constant learning rate: a run stopped at step 7 and continued to the end follows the same schedule as one that
+# ran to the end straight (a decaying schedule depends on --max-steps, which the two runs set differently).
+EXACT = ["--lr-schedule", "constant", "--warmup-steps", "0", "--checkpoint-every", "0", "--batch-size", "4",
+         "--dataset", "tests.factories:indexed_37", "--eval-fraction", "0"]
+# The uninterrupted runs that interrupted and resumed runs must equal bit for bit, one per configuration: each is
+# trained once per session (tests/conftest.py) and read by every test that compares with it. The tiny GPT that can
+# pause on a slow rank (the pause changes no number), so the interrupted runs can be slowed enough to stop mid-run.
+# DDP's loss logged at every step: its first steps are also DDP's side of the FSDP comparison (test_train_fsdp.py).
+REFERENCE_DDP = (*EXACT, "--model", "tests.factories:pausing_gpt", "--log-every", "1")
+REFERENCE_DDP_STEPS = 30
+# FSDP's units named with --fsdp-wrap, as a factory model needs; the loss logged at every step.
+REFERENCE_FSDP = (*EXACT, "--strategy", "fsdp", "--model", "tests.factories:pausing_gpt", "--fsdp-wrap", "Block",
+                  "--log-every", "1")
+REFERENCE_FSDP_STEPS = 12
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+def start(run_dir: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(trainstack_command("train", "--output-dir", str(run_dir), *FAST, *args), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def logged_steps(run_dir: Path) -> int:
+    records = run_dir / "telemetry" / "rank-0.jsonl"
+    lines = records.read_text().splitlines() if records.exists() else []
+    # Each launch's first line marks its segment and has no step.
+    return max((json.loads(line).get("step", 0) for line in lines if line.endswith("}")), default=0)
+
+
+SLOW_RANK = {"TRAINSTACK_TEST_SLOW_RANK": "0", "TRAINSTACK_TEST_SLOW_SECONDS": "0.1"}
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL to a process and every process under it at once, each by PID, then reap it: what a node losing power
+    looks like, and the cleanup for a test that failed with them still running."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        parent = psutil.Process(process.pid)
+        for member in [parent, *parent.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
+    process.communicate(timeout=30)
+
+
+@contextlib.contextmanager
+def live_run(folder: Path, *args: str, env: dict[str, str] | None = None, steps: int = 2,
+             ranks: int = 2) -> Iterator[str]:
+    """A run (2 CPU ranks unless the host has GPUs) that trains until the test ends; yields its exporter's
+    /metrics URL once all `ranks` ranks have made `steps` steps. Stopped by killing the launcher and its
+    descendants, each by PID. Later `args` override the defaults."""
+    port = free_port()
+    log_path = folder / "train.log"
+    with log_path.open("w") as log:
+        launcher = subprocess.Popen(
+            trainstack_command("train", "--output-dir", str(folder / "run"), "--max-steps", "100000",
+                               "--exporter-port", str(port), "--checkpoint-every", "0", "--log-every", "2",
+                               "--batch-size", "8", *args),
+            cwd=REPO, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert launcher.poll() is None, f"the run ended early:\n{log_path.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, f"no steps within 300 s:\n{log_path.read_text()[-4000:]}"
+            with contextlib.suppress(OSError):
+                done = per_rank(scrape(url) or []).get("trainstack_train_steps_total", {})
+                if len(done) == ranks and min(done.values()) >= steps:
+                    break
+            time.sleep(0.5)
+        yield url
+    finally:
+        family = [launcher.pid, *(child.pid for child in psutil.Process(launcher.pid).children(recursive=True))]
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        launcher.wait()
+
+
+def start_watch(run_dir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """Watch in a session of its own, as a container's PID 1 or a shell job would be."""
+    return subprocess.Popen(trainstack_command("watch", "--run-dir", str(run_dir), *args), cwd=run_dir.parent,
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+# Runs trainstack's CLI with ABSENT unimportable, then prints the exit code and the heavy modules it loaded.
+ABSENT = ("torch", "accelerate", "datasets")
+WITHOUT_TORCH = f"""
+import json, sys
+for name in {ABSENT!r}:
+    sys.modules[name] = None  # `import torch` now raises ImportError, as where torch is not installed
+from trainstack.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exit:
+    code = exit.code
+loaded = sorted(m for m in sys.modules if m.partition('.')[0] in {ABSENT!r} and sys.modules[m] is not None)
+print(json.dumps({{"exit": code, "loaded": loaded}}))
+"""
+
+
+def run_without_torch(*args: str, timeout: float = 120, **popen) -> dict:
+    result = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, *args], capture_output=True, text=True,
+                            timeout=timeout, cwd=REPO, **popen)
+    assert "Traceback" not in result.stderr, result.stderr
+    outcome = json.loads(result.stdout.splitlines()[-1])
+    return {**outcome, "stdout": result.stdout, "stderr": result.stderr}

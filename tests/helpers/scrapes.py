@@ -1,0 +1,35 @@
+"""The one way the tests read an exporter's /metrics, and the shapes they read it in."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+
+def scrape(target: str | int) -> list[Sample] | None:
+    """One scrape of `target` (a /metrics URL, or a port on loopback): its samples, or None while nothing answers."""
+    url = target if isinstance(target, str) else f"http://127.0.0.1:{target}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return None
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def per_rank(samples: list[Sample]) -> dict[str, dict[str, float]]:
+    """sample name -> rank -> value."""
+    values: dict[str, dict[str, float]] = {}
+    for sample in samples:
+        values.setdefault(sample.name, {})[sample.labels.get("rank", "")] = sample.value
+    return values
+
+
+def by_labels(samples: list[Sample] | None) -> dict[tuple[str, frozenset], float] | None:
+    """(sample name, labels) -> value; None while nothing answered."""
+    if samples is None:
+        return None
+    return {(s.name, frozenset(s.labels.items())): s.value for s in samples}
