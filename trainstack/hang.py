@@ -139,7 +139,7 @@ def flight_recorder() -> tuple[list[dict], str | None]:
     if "torch" not in sys.modules:
         return [], "torch is not imported"
     try:
-        from torch._C._distributed_c10d import _dump_fr_trace_json
+        from torch._C._distributed_c10d import _dump_fr_trace_json  # type: ignore[attr-defined]  # not in the stubs
 
         dump = json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=False))
     except Exception as error:  # noqa: BLE001 - an old torch, a recorder turned off

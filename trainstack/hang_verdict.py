@@ -53,7 +53,9 @@ def latest_hang(run_dir: Path) -> tuple[Hang, float] | None:
     """The latest stall's verdict under RUN_DIR/hang and when its evidence was collected (diagnose --run-dir)."""
     hang_dir = RunDir(Path(run_dir)).hang
     stall = latest_stall(hang_dir)
-    verdict = read_verdict(hang_dir) if stall else None
+    if stall is None:
+        return None
+    verdict = read_verdict(hang_dir)
     return (verdict, stall.stat().st_mtime) if verdict else None
 
 

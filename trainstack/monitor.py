@@ -95,7 +95,7 @@ class NullMonitor:
 
     steps = 0
     epoch = 0
-    data_wait_share = None
+    data_wait_share: float | None = None
 
     def watch(self, model: torch.nn.Module) -> bool:
         return False

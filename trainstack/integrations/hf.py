@@ -53,7 +53,7 @@ class TrainstackCallback(TrainerCallback):
     def __init__(self, trainer, **options):
         self._trainer = trainer
         self._options = options
-        self._monitor: tsm.Monitor | tsm.NullMonitor | None = None
+        self._monitor: tsm.NullMonitor | None = None  # a Monitor from on_train_begin to on_train_end
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._between: str | None = None
         self._main_input = "input_ids"
@@ -138,17 +138,23 @@ class TrainstackCallback(TrainerCallback):
         else:
             self._switch(BATCH)
 
+    @property
+    def _active(self) -> tsm.NullMonitor:
+        """The monitor, which the Trainer's events and the model's hooks reach only while it trains."""
+        assert self._monitor is not None, "the Trainer calls these between on_train_begin and on_train_end"
+        return self._monitor
+
     def _switch(self, between: str | None) -> None:
         if between == self._between:
             return
         if self._between == BATCH:
-            self._monitor.data_ready()
+            self._active.data_ready()
         elif self._between in PAUSES:
-            self._monitor.pause_ended(self._between)
+            self._active.pause_ended(self._between)
         if between == BATCH:
-            self._monitor.data_wait_started()
+            self._active.data_wait_started()
         elif between in PAUSES:
-            self._monitor.pause_started(between)
+            self._active.pause_started(between)
         self._between = between
 
     # ---- the model's hooks ------------------------------------------------------------------------------------
@@ -165,11 +171,11 @@ class TrainstackCallback(TrainerCallback):
                 self._tokens += batch.numel()
         else:
             self._samples += self._batch_size  # an input the hook cannot read: the configured batch size
-        self._monitor.forward_started()
+        self._active.forward_started()
 
     def _forward_ends(self, module: torch.nn.Module, args: tuple, output) -> None:
         if module.training:
-            self._monitor.forward_done()
+            self._active.forward_done()
 
     def _remove_hooks(self) -> None:
         for hook in self._hooks:

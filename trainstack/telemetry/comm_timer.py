@@ -147,15 +147,21 @@ class CommTimer(Generic[Mark]):
             self._step = _Step(self._clock.mark())
         return self._clock.mark()
 
+    def _open_step(self) -> _Step[Mark]:
+        """The step a collective or a wait belongs to: `mark` opened it (a wait's ready mark, a launch's)."""
+        assert self._step is not None, "a collective or a wait comes after a mark, which opens the step"
+        return self._step
+
     def launched(self, nbytes: int, group: Hashable = None, blocking: bool = False) -> Collective[Mark]:
         """A collective starts; `blocking`: compute waits for it right away, as a CPU rank's host does in gloo's
         blocking collectives."""
         collective = Collective(self.mark(), nbytes)
-        self._step.collectives.append(collective)
+        step = self._open_step()
+        step.collectives.append(collective)
         if blocking:
-            self._step.waits.append(_Wait(collective.launched, [collective], self._in_forward()))
+            step.waits.append(_Wait(collective.launched, [collective], self._in_forward()))
         else:
-            self._step.unwaited.setdefault(group, []).append(collective)
+            step.unwaited.setdefault(group, []).append(collective)
         return collective
 
     def done(self, collective: Collective[Mark]) -> None:
@@ -164,8 +170,9 @@ class CommTimer(Generic[Mark]):
 
     def waited(self, ready: Mark, group: Hashable) -> None:
         """Compute reached `ready` (a `mark`), then waited for the group's collectives not yet waited for."""
-        if pending := self._step.unwaited.pop(group, None):
-            self._step.waits.append(_Wait(ready, pending, self._in_forward()))
+        step = self._open_step()
+        if pending := step.unwaited.pop(group, None):
+            step.waits.append(_Wait(ready, pending, self._in_forward()))
         else:
             self._clock.release([ready])
 
@@ -203,7 +210,7 @@ class CommTimer(Generic[Mark]):
             def at(mark: Mark, origin: Mark = step.origin) -> float:
                 return self._clock.seconds(origin, mark)
 
-            flights = {id(c): (at(c.launched), at(c.done)) for c in step.collectives}
+            flights = {id(c): (at(c.launched), at(_ended(c))) for c in step.collectives}
             exposed = {id(wait): _covered((max(at(wait.ready), flights[id(c)][0]), flights[id(c)][1])
                                           for c in wait.collectives) for wait in step.waits}
             comms.append(StepComm(
@@ -212,6 +219,11 @@ class CommTimer(Generic[Mark]):
                 forward_exposed_seconds=sum(exposed[id(wait)] for wait in step.waits if wait.in_forward)))
             self._clock.release(marks)
         return comms
+
+
+def _ended(collective: Collective[Mark]) -> Mark:
+    assert collective.done is not None, "a step is read once closed: every collective of it has ended"
+    return collective.done
 
 
 def _marks(step: _Step) -> Iterable:

@@ -27,7 +27,7 @@ from trainstack.hang import start_responder
 from trainstack.rundir import METRICS_DIR_ENV, SEGMENT_ENDED, RunDir
 from trainstack.telemetry.comm import watch_gradient_communication
 from trainstack.telemetry.comm_setup import CommSetup
-from trainstack.telemetry.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
+from trainstack.telemetry.comm_timer import Clock, CommTimer, DeviceClock, HostClock, StepComm
 from trainstack.telemetry.device import RankIdentity
 from trainstack.telemetry.gpu_activity import GpuActivity
 from trainstack.telemetry.gpu_busy import GpuBusy
@@ -75,8 +75,8 @@ class Telemetry:
         self._timeline = DeviceTimeline(partial(torch.cuda.Event, enable_timing=True)) \
             if device.type == "cuda" else None
         self.clock = "gpu" if self._timeline else "host"
-        self._comm = CommTimer(DeviceClock(partial(torch.cuda.Event, enable_timing=True)) if self._timeline
-                               else HostClock(), in_forward=lambda: self._in_forward)
+        clock: Clock = DeviceClock(partial(torch.cuda.Event, enable_timing=True)) if self._timeline else HostClock()
+        self._comm: CommTimer = CommTimer(clock, in_forward=lambda: self._in_forward)
         self._comm_metrics = CommMetrics.off()  # until a watched model communicates
         self._comm_watched = False
         self._identity = identity
@@ -292,9 +292,9 @@ class Telemetry:
         }
         if cut.forward_passes:
             record["forward_seconds"] = forward
-        if comm is not None:
-            record |= self._record_comm(comm)
-        record |= self._record_time(cut, sum(step_seconds), data_wait, record.get("comm_exposed_seconds"), busy)
+        comm_fields = self._record_comm(comm) if comm is not None else {}
+        record |= comm_fields
+        record |= self._record_time(cut, sum(step_seconds), data_wait, comm_fields.get("comm_exposed_seconds"), busy)
         record |= activity
         with self._storage_failures():
             self._records.write(json.dumps(record) + "\n")
@@ -305,10 +305,10 @@ class Telemetry:
         if lr is not None:
             m.learning_rate.set(lr)
         m.epoch.set(epoch)
-        if m.memory_allocated_peak is not None:
+        if m.memory_allocated_peak is not None and m.memory_reserved_peak is not None:
             m.memory_allocated_peak.set(torch.cuda.max_memory_allocated(self.device))
             m.memory_reserved_peak.set(torch.cuda.max_memory_reserved(self.device))
-        if m.mfu is not None:
+        if m.mfu is not None and self.peak:
             # Tokens this rank trained on over the time its steps took (a checkpoint or evaluation pause
             # in the interval is no step): docs/metrics.md.
             m.mfu.set(self.flops_per_token * tokens / stepped / self.peak)

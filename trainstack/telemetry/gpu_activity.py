@@ -11,6 +11,8 @@ reader is not opened and the records carry no such fields: absent, never 0.
 
 from __future__ import annotations
 
+import importlib
+
 # NVML's GPM metric ids (nvml.h's nvmlGpmMetricId_t) -> the record field; NVML answers them in percent.
 FIELDS = {2: "sm_active_ratio", 5: "tensor_active_ratio"}  # NVML_GPM_METRIC_SM_UTIL, _ANY_TENSOR_UTIL
 METRICS_GET_VERSION = 1
@@ -27,7 +29,7 @@ class GpuActivity:
     def open(cls, uuid: str, nvml=None) -> GpuActivity | None:
         """None where GPM cannot answer for this GPU. `nvml`: pynvml, or a stand-in (tests)."""
         if nvml is None:
-            import pynvml as nvml
+            nvml = importlib.import_module("pynvml")
         try:
             nvml.nvmlInit()
         except nvml.NVMLError:

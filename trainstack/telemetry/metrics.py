@@ -144,4 +144,4 @@ def progress_by_rank(metrics_dir: str | None) -> dict[str, tuple[float, float, f
         for sample in family.samples:
             if sample.name in wanted:
                 progress.setdefault(sample.labels["rank"], [0.0, 0.0, 0.0])[wanted[sample.name]] = sample.value
-    return {rank: tuple(values) for rank, values in progress.items()}
+    return {rank: (steps, forwards, last) for rank, (steps, forwards, last) in progress.items()}

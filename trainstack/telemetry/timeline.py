@@ -61,6 +61,7 @@ class DeviceTimeline:
         self._open = self._mark()
 
     def _close_span(self, spans: list[Span]) -> None:
+        assert self._open is not None, "a span closes only after _open_span"
         spans.append((self._open, self._mark()))
         self._open = None
 
