@@ -33,12 +33,31 @@ class Run:
     def __init__(self, recorder: bool, cpus: set[int], args: argparse.Namespace):
         self._tmp = tempfile.TemporaryDirectory(prefix="fr-overhead-")
         self.run_dir = Path(self._tmp.name) / "run"
-        command = [sys.executable, "-m", "trainstack", "train", "--output-dir", str(self.run_dir),
-                   "--max-steps", str(args.steps), "--batch-size", str(args.batch_size), "--num-workers", "1",
-                   "--checkpoint-every", "0", "--resume", "never", "--exporter-port", "0", "--no-report"]
+        command = [
+            sys.executable,
+            "-m",
+            "trainstack",
+            "train",
+            "--output-dir",
+            str(self.run_dir),
+            "--max-steps",
+            str(args.steps),
+            "--batch-size",
+            str(args.batch_size),
+            "--num-workers",
+            "1",
+            "--checkpoint-every",
+            "0",
+            "--resume",
+            "never",
+            "--exporter-port",
+            "0",
+            "--no-report",
+        ]
         env = {**ENV, FR_SWITCH_ENV: "1" if recorder else "0"}
-        self.process = subprocess.Popen(pinned(command, cpus), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            pinned(command, cpus), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
 
     def steps_per_second(self, batch_size: int) -> float:
         stderr = self.process.communicate()[1]
@@ -63,9 +82,12 @@ def main() -> int:
         on_rate, off_rate = on.steps_per_second(args.batch_size), off.steps_per_second(args.batch_size)
         on_rates.append(on_rate)
         off_rates.append(off_rate)
-        print(f"pair {repeat + 1}: on {on_rate:.3f} steps/s (CPUs {sorted(on_cpus)}), off {off_rate:.3f} steps/s "
-              f"(CPUs {sorted(off_cpus)}), ratio {on_rate / off_rate:.3f}  (load average "
-              f"{os.getloadavg()[0]:.1f})", flush=True)
+        print(
+            f"pair {repeat + 1}: on {on_rate:.3f} steps/s (CPUs {sorted(on_cpus)}), off {off_rate:.3f} steps/s "
+            f"(CPUs {sorted(off_cpus)}), ratio {on_rate / off_rate:.3f}  (load average "
+            f"{os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
     print(report("Flight Recorder on (2000)", "Flight Recorder off", on_rates, off_rates, TARGET))
     return 0
 

@@ -38,8 +38,13 @@ from trainstack.rundir import (  # noqa: E402
     read_summary,
 )
 
-ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
-       "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+ENV = {
+    **os.environ,
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TQDM_DISABLE": "1",
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+}
 MODEL = "gpt2-small"
 EVAL_FRACTION = 0.01
 
@@ -57,9 +62,26 @@ def write_text(path: Path, lines: int, seq_len: int) -> None:
 
 
 def minimal(args: argparse.Namespace, data: Path, tuned: bool) -> dict:
-    command = [sys.executable, "bench/minimal_loop.py", "--steps", str(args.warmup + args.steps), "--warmup",
-               str(args.warmup), "--batch-size", str(args.batch_size), "--num-workers", str(args.num_workers),
-               "--seq-len", str(args.seq_len), "--model", MODEL, "--dataset", str(data), "--mixed-precision", "bf16"]
+    command = [
+        sys.executable,
+        "bench/minimal_loop.py",
+        "--steps",
+        str(args.warmup + args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--batch-size",
+        str(args.batch_size),
+        "--num-workers",
+        str(args.num_workers),
+        "--seq-len",
+        str(args.seq_len),
+        "--model",
+        MODEL,
+        "--dataset",
+        str(data),
+        "--mixed-precision",
+        "bf16",
+    ]
     if tuned:
         command += ["--compile", "--fused-adamw", "--tf32"]
     stdout = run(command, "the minimal loop")
@@ -68,20 +90,49 @@ def minimal(args: argparse.Namespace, data: Path, tuned: bool) -> dict:
 
 
 def trainstack(args: argparse.Namespace, data: Path, run_dir: Path, compile_: bool) -> dict:
-    command = [sys.executable, "-m", "trainstack", "train", "--output-dir", str(run_dir), "--model",
-               f"builtin:{MODEL}", "--dataset", str(data), "--seq-len", str(args.seq_len), "--batch-size",
-               str(args.batch_size), "--num-workers", str(args.num_workers), "--max-steps",
-               str(args.warmup + args.steps), "--checkpoint-every", "0", "--log-every", "10", "--eval-fraction",
-               str(EVAL_FRACTION), "--exporter-port", "0", "--no-report", *(["--compile"] if compile_ else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "trainstack",
+        "train",
+        "--output-dir",
+        str(run_dir),
+        "--model",
+        f"builtin:{MODEL}",
+        "--dataset",
+        str(data),
+        "--seq-len",
+        str(args.seq_len),
+        "--batch-size",
+        str(args.batch_size),
+        "--num-workers",
+        str(args.num_workers),
+        "--max-steps",
+        str(args.warmup + args.steps),
+        "--checkpoint-every",
+        "0",
+        "--log-every",
+        "10",
+        "--eval-fraction",
+        str(EVAL_FRACTION),
+        "--exporter-port",
+        "0",
+        "--no-report",
+        *(["--compile"] if compile_ else []),
+    ]
     run(command, "trainstack train")
     records = {r["step"]: r for r in read_rank_records(RunDir(run_dir).rank_records(0))}
     first, last = records[args.warmup], records[args.warmup + args.steps]
     timed = [r for step, r in records.items() if step > args.warmup]
     full = sum(r["tokens"] for r in timed) == args.steps * args.batch_size * args.seq_len
     summary = read_summary(RunDir(run_dir).summary)
-    return {"steps_per_second": args.steps / (last["time"] - first["time"]), "full_length_batches": full,
-            "mixed_precision": summary["mixed_precision"], "compile_seconds": summary.get("compile_seconds"),
-            "recompiles": summary.get("recompiles")}
+    return {
+        "steps_per_second": args.steps / (last["time"] - first["time"]),
+        "full_length_batches": full,
+        "mixed_precision": summary["mixed_precision"],
+        "compile_seconds": summary.get("compile_seconds"),
+        "recompiles": summary.get("recompiles"),
+    }
 
 
 def run(command: list[str], what: str) -> str:
@@ -118,8 +169,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpu-throughput-") as tmp:
         data = Path(tmp) / "text.txt"
         # Enough lines that no loop reaches the end of an epoch (a short last batch would be a new shape).
-        write_text(data, int((args.warmup + args.steps + 10) * args.batch_size / (1 - EVAL_FRACTION)) + 1,
-                   args.seq_len)
+        write_text(data, int((args.warmup + args.steps + 10) * args.batch_size / (1 - EVAL_FRACTION)) + 1, args.seq_len)
         rows["minimal loop, eager"] = minimal(args, data, tuned=False)
         rows["minimal loop, compile + fused AdamW + TF32"] = minimal(args, data, tuned=True)
         rows["trainstack train (GPU defaults)"] = trainstack(args, data, Path(tmp) / "default", compile_=False)
@@ -130,17 +180,34 @@ def main() -> None:
         row["mfu"] = flops_per_token * row["tokens_per_second"] / peak if peak else None
         row["ratio_to_best_minimal"] = row["steps_per_second"] / best
     name = torch.cuda.get_device_name(device)
-    print(f"{name}, {MODEL}, seq {args.seq_len}, batch {args.batch_size}, bf16, {args.steps} steps timed after "
-          f"{args.warmup}; MFU against {peak / 1e12 if peak else float('nan'):.1f} TFLOP/s")
+    print(
+        f"{name}, {MODEL}, seq {args.seq_len}, batch {args.batch_size}, bf16, {args.steps} steps timed after "
+        f"{args.warmup}; MFU against {peak / 1e12 if peak else float('nan'):.1f} TFLOP/s"
+    )
     print("| loop | steps/s | tokens/s | MFU | x best minimal |\n| --- | --- | --- | --- | --- |")
     for label, row in rows.items():
         mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a"
-        print(f"| {label} | {row['steps_per_second']:.2f} | {row['tokens_per_second'] / 1e3:,.0f}K | {mfu} | "
-              f"{row['ratio_to_best_minimal']:.3f} |")
-    args.json.write_text(json.dumps({"device": name, "model": MODEL, "seq_len": args.seq_len,
-                                     "batch_size": args.batch_size, "warmup": args.warmup, "steps": args.steps,
-                                     "flops_per_token": flops_per_token, "peak_flops": peak, "rows": rows},
-                                    indent=2) + "\n")
+        print(
+            f"| {label} | {row['steps_per_second']:.2f} | {row['tokens_per_second'] / 1e3:,.0f}K | {mfu} | "
+            f"{row['ratio_to_best_minimal']:.3f} |"
+        )
+    args.json.write_text(
+        json.dumps(
+            {
+                "device": name,
+                "model": MODEL,
+                "seq_len": args.seq_len,
+                "batch_size": args.batch_size,
+                "warmup": args.warmup,
+                "steps": args.steps,
+                "flops_per_token": flops_per_token,
+                "peak_flops": peak,
+                "rows": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -24,26 +24,59 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: the catalog comes from this checkout
 from trainstack import catalog  # noqa: E402
 
-ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
-       "PYTHONPATH": str(REPO)}
+ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "PYTHONPATH": str(REPO)}
 # The gauge of each, by the key trainstack/telemetry/'s training_state_bytes gives it.
-STATE = {catalog.TRAIN_PARAM_BYTES.name: "param_bytes", catalog.TRAIN_GRAD_BYTES.name: "grad_bytes",
-         catalog.TRAIN_OPTIMIZER_STATE_BYTES.name: "optimizer_state_bytes"}
+STATE = {
+    catalog.TRAIN_PARAM_BYTES.name: "param_bytes",
+    catalog.TRAIN_GRAD_BYTES.name: "grad_bytes",
+    catalog.TRAIN_OPTIMIZER_STATE_BYTES.name: "optimizer_state_bytes",
+}
 TARGET = 0.6
 # Runs a command and prints the peak RSS of the largest process in its tree: RUSAGE_CHILDREN covers every
 # descendant that was waited for, and the launcher, Accelerate's agent and torchrun wait for theirs.
-PEAK_RSS = ("import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
-            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024); sys.exit(code)")
+PEAK_RSS = (
+    "import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024); sys.exit(code)"
+)
 MiB = 1 << 20
 
 
 def train(args: argparse.Namespace, strategy: str, run_dir: Path) -> int:
-    command = [sys.executable, "-m", "trainstack", "train", "--output-dir", str(run_dir), "--strategy", strategy,
-               "--model", args.model, "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
-               "--seq-len", str(args.seq_len), "--num-workers", "0", "--log-every", "1", "--checkpoint-every", "0",
-               "--eval-fraction", "0", "--exporter-port", "0", "--no-report", "--cpu", "--nproc-per-node", "2"]
-    result = subprocess.run([sys.executable, "-c", PEAK_RSS, *command], cwd=REPO, env=ENV, capture_output=True,
-                            text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "trainstack",
+        "train",
+        "--output-dir",
+        str(run_dir),
+        "--strategy",
+        strategy,
+        "--model",
+        args.model,
+        "--max-steps",
+        str(args.steps),
+        "--batch-size",
+        str(args.batch_size),
+        "--seq-len",
+        str(args.seq_len),
+        "--num-workers",
+        "0",
+        "--log-every",
+        "1",
+        "--checkpoint-every",
+        "0",
+        "--eval-fraction",
+        "0",
+        "--exporter-port",
+        "0",
+        "--no-report",
+        "--cpu",
+        "--nproc-per-node",
+        "2",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS, *command], cwd=REPO, env=ENV, capture_output=True, text=True
+    )
     if result.returncode != 0:
         sys.exit(f"--strategy {strategy} failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
     return int(result.stdout.strip().splitlines()[-1])
@@ -81,14 +114,20 @@ def main() -> None:
         for key in (*STATE.values(), "total"):
             ddp_bytes = sum(ddp.values()) if key == "total" else ddp[key]
             fsdp_bytes = sum(fsdp.values()) if key == "total" else fsdp[key]
-            print(f"{rank:<6}{key.removesuffix('_bytes'):<18}{ddp_bytes / MiB:>10.1f}{fsdp_bytes / MiB:>10.1f}"
-                  f"{fsdp_bytes / ddp_bytes:>10.3f}")
+            print(
+                f"{rank:<6}{key.removesuffix('_bytes'):<18}{ddp_bytes / MiB:>10.1f}{fsdp_bytes / MiB:>10.1f}"
+                f"{fsdp_bytes / ddp_bytes:>10.3f}"
+            )
         ratios.append(sum(fsdp.values()) / sum(ddp.values()))
-    print(f"{'any':<6}{'peak RSS':<18}{rss['ddp'] / MiB:>10.1f}{rss['fsdp'] / MiB:>10.1f}"
-          f"{rss['fsdp'] / rss['ddp']:>10.3f}   (largest process; includes libraries and activations)")
+    print(
+        f"{'any':<6}{'peak RSS':<18}{rss['ddp'] / MiB:>10.1f}{rss['fsdp'] / MiB:>10.1f}"
+        f"{rss['fsdp'] / rss['ddp']:>10.3f}   (largest process; includes libraries and activations)"
+    )
     worst = max(ratios)
-    print(f"params + grads + optimizer state, FSDP/DDP per rank: worst {worst:.3f} (target <= {TARGET}): "
-          f"{'met' if worst <= TARGET else 'NOT met'}")
+    print(
+        f"params + grads + optimizer state, FSDP/DDP per rank: worst {worst:.3f} (target <= {TARGET}): "
+        f"{'met' if worst <= TARGET else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ def main() -> None:
     parser.add_argument("--fused-adamw", action="store_true")
     parser.add_argument("--tf32", action="store_true", help="fp32 matmuls as TF32")
     args = parser.parse_args()
-    accelerator = Accelerator(mixed_precision=args.mixed_precision,
-                              dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+    accelerator = Accelerator(
+        mixed_precision=args.mixed_precision, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True)
+    )
     on_gpu = accelerator.device.type == "cuda"
     if args.tf32:
         torch.set_float32_matmul_precision("high")
@@ -49,9 +50,15 @@ def main() -> None:
     model = GPT(BUILTIN_MODELS[args.model], data.vocab_size, args.seq_len)
     if args.compile:
         model.compile()
-    loader = torch.utils.data.DataLoader(data.train, batch_size=args.batch_size, shuffle=True,
-                                         collate_fn=partial(collate), num_workers=args.num_workers,
-                                         persistent_workers=args.num_workers > 0, pin_memory=on_gpu)
+    loader = torch.utils.data.DataLoader(
+        data.train,
+        batch_size=args.batch_size,
+        shuffle=True,
+        collate_fn=partial(collate),
+        num_workers=args.num_workers,
+        persistent_workers=args.num_workers > 0,
+        pin_memory=on_gpu,
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, fused=args.fused_adamw)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     step, started = 0, None

@@ -87,11 +87,20 @@ def main() -> int:
     torch.manual_seed(0)
     device = torch.device(args.device)
     features = torch.randn(16384, 64)
-    loader = DataLoader(TensorDataset(features, features @ torch.randn(64, 1)), batch_size=64, shuffle=True,
-                        drop_last=True, pin_memory=device.type == "cuda")
-    model = torch.nn.Sequential(torch.nn.Linear(64, args.hidden), torch.nn.ReLU(),
-                                torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
-                                torch.nn.Linear(args.hidden, 1)).to(device)
+    loader = DataLoader(
+        TensorDataset(features, features @ torch.randn(64, 1)),
+        batch_size=64,
+        shuffle=True,
+        drop_last=True,
+        pin_memory=device.type == "cuda",
+    )
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, args.hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(args.hidden, args.hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(args.hidden, 1),
+    ).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     monitors = {
         "on": trainstack.monitor.start(model, optimizer=optimizer, run_dir=scratch),
@@ -104,19 +113,24 @@ def main() -> int:
         for name in order:
             rates[name].append(loop(monitors[name], model, optimizer, loader, device, args.steps))
     loss = torch.ones((), device=device)
-    fixed = {name: statistics.median(calls_alone(monitor, loss) for _ in range(3))
-             for name, monitor in monitors.items()}
+    fixed = {
+        name: statistics.median(calls_alone(monitor, loss) for _ in range(3)) for name, monitor in monitors.items()
+    }
     for monitor in monitors.values():
         monitor.close()
     ratios = [on / off for on, off in zip(rates["on"], rates["off"], strict=True)]
     ratio = statistics.median(ratios)
-    print(f"device {device}, {args.rounds} rounds x {args.steps} steps per variant, load average "
-          f"{os.getloadavg()[0]:.1f}")
-    print(f"steps/s, median: monitor on {statistics.median(rates['on']):.1f}, "
-          f"off {statistics.median(rates['off']):.1f}")
+    print(
+        f"device {device}, {args.rounds} rounds x {args.steps} steps per variant, load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"steps/s, median: monitor on {statistics.median(rates['on']):.1f}, off {statistics.median(rates['off']):.1f}"
+    )
     print(f"on/off per round: {' '.join(f'{r:.3f}' for r in ratios)}")
-    print(f"the monitor's calls alone, per step: on {fixed['on']:.0f} us, off {fixed['off']:.0f} us; at most 1% of "
-          f"steps/s for steps of {(fixed['on'] - fixed['off']) / 10:.1f} ms or longer")
+    print(
+        f"the monitor's calls alone, per step: on {fixed['on']:.0f} us, off {fixed['off']:.0f} us; at most 1% of "
+        f"steps/s for steps of {(fixed['on'] - fixed['off']) / 10:.1f} ms or longer"
+    )
     print(f"on/off median {ratio:.3f} (target >= {TARGET}): {'met' if ratio >= TARGET else 'MISSED'}")
     return 0 if ratio >= TARGET else 1
 

@@ -99,8 +99,10 @@ def measure(nvml, gpu_index: int, calls: int, sampler_seconds: float) -> dict:
         ("nvmlDeviceGetGraphicsRunningProcesses", lambda: nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)),
         ("nvmlDeviceGetPcieReplayCounter", lambda: nvml.nvmlDeviceGetPcieReplayCounter(handle)),
         ("nvmlDeviceGetTotalEnergyConsumption", lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(handle)),
-        (f"nvmlDeviceGetFieldValues, the slow request ({len(gpu.field_requests)} fields)",
-         lambda: nvml.nvmlDeviceGetFieldValues(handle, list(gpu.field_requests))),
+        (
+            f"nvmlDeviceGetFieldValues, the slow request ({len(gpu.field_requests)} fields)",
+            lambda: nvml.nvmlDeviceGetFieldValues(handle, list(gpu.field_requests)),
+        ),
     ):
         rows[name] = timed(function, calls)
     for request in gpu.field_requests:
@@ -130,8 +132,12 @@ def main() -> int:
     parser.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU measured (default 0)")
     parser.add_argument("--profile", default="h100_driver580", help="host cost profile in monitoring/nvml_fake/hosts")
     parser.add_argument("--nvml-module", default="pynvml", help="the driver's NVML module (default pynvml)")
-    parser.add_argument("--sampler-seconds", type=float, default=20.0,
-                        help="how long the sampler runs at one sample a second, per column (default 20)")
+    parser.add_argument(
+        "--sampler-seconds",
+        type=float,
+        default=20.0,
+        help="how long the sampler runs at one sample a second, per column (default 20)",
+    )
     args = parser.parse_args()
 
     try:
@@ -155,12 +161,20 @@ def main() -> int:
         print(f"{name:<{width}}{driver_cpu:>12}{driver_wall:>10}{cpu:>14}{wall:>10}")
     for name in driver.get("rows", {}).keys() - profile["rows"].keys():  # a field the profile's GPU lacks
         print(f"{name:<{width}}{driver['rows'][name][0]:>12}{driver['rows'][name][1]:>10}")
-    shares = [f"{figures['share'] * 100:.3f}% ({who})" for who, figures in (("driver", driver), ("profile", profile))
-              if "share" in figures]
-    met = " ".join("met" if figures["share"] < SAMPLER_TARGET_SHARE else "MISSED"
-                   for figures in (driver, profile) if "share" in figures)
-    print(f"sampler at 1 sample/s, slow fields every {DEFAULT_SLOW_SAMPLE_INTERVAL:g} s, {TARGET_GPUS} GPUs: "
-          f"{' / '.join(shares)} of one core (target < {SAMPLER_TARGET_SHARE * 100:g}%: {met})")
+    shares = [
+        f"{figures['share'] * 100:.3f}% ({who})"
+        for who, figures in (("driver", driver), ("profile", profile))
+        if "share" in figures
+    ]
+    met = " ".join(
+        "met" if figures["share"] < SAMPLER_TARGET_SHARE else "MISSED"
+        for figures in (driver, profile)
+        if "share" in figures
+    )
+    print(
+        f"sampler at 1 sample/s, slow fields every {DEFAULT_SLOW_SAMPLE_INTERVAL:g} s, {TARGET_GPUS} GPUs: "
+        f"{' / '.join(shares)} of one core (target < {SAMPLER_TARGET_SHARE * 100:g}%: {met})"
+    )
     return 0
 
 

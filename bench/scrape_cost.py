@@ -66,7 +66,7 @@ THIS_CHECKOUT = "this checkout"
 # What Prometheus 2.x asks for: OpenMetrics if offered, gzip-compressed.
 PROMETHEUS_HEADERS = {
     "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
-              "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
     "Accept-Encoding": "gzip",
 }
 
@@ -80,8 +80,10 @@ def host(profile: str, gpus: int, rank_pids: list[int]) -> dict:
     """The profile's host with its GPU repeated `gpus` times; rank i's process on GPU i % gpus."""
     spec = json.loads((fake.DATA_DIR / "hosts" / f"{profile}.json").read_text())
     model = spec["gpus"][0]
-    spec["gpus"] = [{**model, "uuid": f"{model['uuid'][:-4]}{index:04x}",
-                     "pci_bus_id": f"00000000:{index + 16:02X}:00.0"} for index in range(gpus)]
+    spec["gpus"] = [
+        {**model, "uuid": f"{model['uuid'][:-4]}{index:04x}", "pci_bus_id": f"00000000:{index + 16:02X}:00.0"}
+        for index in range(gpus)
+    ]
     spec["processes"] = {str(gpu): [{"pid": 1, "used_gpu_memory": 1 << 20}] for gpu in range(gpus)}
     for rank, pid in enumerate(rank_pids):
         spec["processes"][str(rank % gpus)].append({"pid": pid, "used_gpu_memory": 61 << 30})
@@ -97,18 +99,48 @@ def install_baseline(ref: str, tmp: Path) -> Path:
     if archive.returncode != 0:
         sys.exit(f"--baseline-ref {ref}: git archive failed: {archive.stderr.decode().strip()}")
     subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(site), str(source)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        check=True,
+    )
     return site
 
 
 def start_exporter(pythonpath: Path, metrics_dir: Path, host_file: Path, interval: float, slow_interval: float):
     env = {**os.environ, "PYTHONPATH": str(pythonpath), "NVML_FAKE_HOST": str(host_file)}
     env.pop("NVML_FAKE_DELAY_US", None)  # the profile's costs, not a flat delay
-    process = subprocess.Popen([sys.executable, "-m", "trainstack.monitoring.exporter", "--port", "0",
-                                "--nvml-module", "trainstack.monitoring.nvml_fake", "--metrics-dir", str(metrics_dir),
-                                "--sample-interval", str(interval), "--slow-sample-interval", str(slow_interval)],
-                               cwd=pythonpath, env=env, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainstack.monitoring.exporter",
+            "--port",
+            "0",
+            "--nvml-module",
+            "trainstack.monitoring.nvml_fake",
+            "--metrics-dir",
+            str(metrics_dir),
+            "--sample-interval",
+            str(interval),
+            "--slow-sample-interval",
+            str(slow_interval),
+        ],
+        cwd=pythonpath,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = process.stderr.readline()
     if "serving http://" not in line:
         process.kill()
@@ -198,32 +230,48 @@ def figures(exporter: Exporter, window: float, scrapes: int, interval: float, sl
     process = exporter.cpu_end - exporter.cpu_start
     # A sample's CPU from the window where it holds samples of that cadence (warm code), else from all since the
     # start (the slow part is read at start and then every --slow-sample-interval).
-    mean = {cadence: (cpu_after[cadence] - cpu_before[cadence]) / (count_after[cadence] - count_before[cadence])
-            if count_after[cadence] > count_before[cadence] else cpu_after[cadence] / count_after[cadence]
-            for cadence in cpu_after}
+    mean = {
+        cadence: (cpu_after[cadence] - cpu_before[cadence]) / (count_after[cadence] - count_before[cadence])
+        if count_after[cadence] > count_before[cadence]
+        else cpu_after[cadence] / count_after[cadence]
+        for cadence in cpu_after
+    }
     per_slow = slow_interval / interval
     sampler_share = (mean["fast"] * (per_slow - 1) + mean["slow"]) / slow_interval
     per_scrape = (process - sampler_in_window) / scrapes
     latencies = exporter.latencies
     return {
         "series": sum(1 for line in exporter.last.splitlines() if line and not line.startswith("#")),
-        "p50": statistics.median(latencies), "p99": percentile(latencies, 0.99), "max": max(latencies),
-        "per_scrape": per_scrape, "sampler_share": sampler_share, "measured_share": process / window,
+        "p50": statistics.median(latencies),
+        "p99": percentile(latencies, 0.99),
+        "max": max(latencies),
+        "per_scrape": per_scrape,
+        "sampler_share": sampler_share,
+        "measured_share": process / window,
         "share_at_prometheus": sampler_share + per_scrape / PROMETHEUS_INTERVAL_SECONDS,
-        "fast": mean["fast"], "slow": mean["slow"],
+        "fast": mean["fast"],
+        "slow": mean["slow"],
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scrapes", type=int, default=100, help="scheduled scrapes per GPU count (counted)")
-    parser.add_argument("--scrape-interval", type=float, default=0.5,
-                        help="seconds between scheduled scrapes (default 0.5, to finish sooner; the 5-s figure is "
-                             "worked out from the measured CPU, or measured directly with 5)")
+    parser.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=0.5,
+        help="seconds between scheduled scrapes (default 0.5, to finish sooner; the 5-s figure is "
+        "worked out from the measured CPU, or measured directly with 5)",
+    )
     parser.add_argument("--gpus", default="1,8,16", help="GPU counts side by side (default 1,8,16)")
     parser.add_argument("--profile", default="h100_driver580", help="host cost profile in monitoring/nvml_fake/hosts")
-    parser.add_argument("--baseline-ref", default=None, metavar="REF",
-                        help="also run the exporter of this git commit, side by side (e.g. 0814e3f)")
+    parser.add_argument(
+        "--baseline-ref",
+        default=None,
+        metavar="REF",
+        help="also run the exporter of this git commit, side by side (e.g. 0814e3f)",
+    )
     parser.add_argument("--sample-interval", type=float, default=DEFAULT_SAMPLE_INTERVAL)
     parser.add_argument("--slow-sample-interval", type=float, default=DEFAULT_SLOW_SAMPLE_INTERVAL)
     args = parser.parse_args()
@@ -248,8 +296,9 @@ def main() -> int:
                     exporters.append(Exporter(label, process, Scraper(port), []))
                 window = scheduled(exporters, args.scrapes, args.scrape_interval)
                 for exporter in exporters:
-                    results.setdefault(exporter.label, {})[gpus] = figures(exporter, window, args.scrapes,
-                                                                           interval, slow_interval)
+                    results.setdefault(exporter.label, {})[gpus] = figures(
+                        exporter, window, args.scrapes, interval, slow_interval
+                    )
             finally:
                 for exporter in exporters:
                     exporter.scraper.close()
@@ -257,27 +306,35 @@ def main() -> int:
                     exporter.process.wait(timeout=60)
                     exporter.process.stderr.close()
 
-    print(f"scrape cost: profile {args.profile}, {RANKS} ranks, per GPU count {args.scrapes} scrapes every "
-          f"{args.scrape_interval:g} s after {WARM_UP_SCRAPES} not counted, a GPU sample every {interval:g} s, slow "
-          f"fields every {slow_interval:g} s; exporters: {', '.join(results)}; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"scrape cost: profile {args.profile}, {RANKS} ranks, per GPU count {args.scrapes} scrapes every "
+        f"{args.scrape_interval:g} s after {WARM_UP_SCRAPES} not counted, a GPU sample every {interval:g} s, slow "
+        f"fields every {slow_interval:g} s; exporters: {', '.join(results)}; load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
     for label, by_count in results.items():
         for gpus, result in by_count.items():
-            print(f"  {label}, {gpus:>2} GPU(s): {result['series']} series; scrape p50 {result['p50'] * 1e3:.2f} ms, "
-                  f"p99 {result['p99'] * 1e3:.2f} ms, max {result['max'] * 1e3:.2f} ms; CPU "
-                  f"{result['per_scrape'] * 1e3:.2f} ms per scrape; sampler {result['sampler_share'] * 100:.3f}% of "
-                  f"one core (fast sample {result['fast'] * 1e3:.2f} ms, slow {result['slow'] * 1e3:.2f} ms CPU); "
-                  f"process {result['measured_share'] * 100:.3f}% of one core over the window; with a "
-                  f"{PROMETHEUS_INTERVAL_SECONDS:g}-s scrape {result['share_at_prometheus'] * 100:.3f}% of one core")
+            print(
+                f"  {label}, {gpus:>2} GPU(s): {result['series']} series; scrape p50 {result['p50'] * 1e3:.2f} ms, "
+                f"p99 {result['p99'] * 1e3:.2f} ms, max {result['max'] * 1e3:.2f} ms; CPU "
+                f"{result['per_scrape'] * 1e3:.2f} ms per scrape; sampler {result['sampler_share'] * 100:.3f}% of "
+                f"one core (fast sample {result['fast'] * 1e3:.2f} ms, slow {result['slow'] * 1e3:.2f} ms CPU); "
+                f"process {result['measured_share'] * 100:.3f}% of one core over the window; with a "
+                f"{PROMETHEUS_INTERVAL_SECONDS:g}-s scrape {result['share_at_prometheus'] * 100:.3f}% of one core"
+            )
     for label, by_count in results.items():
         worst = max(result["p99"] for result in by_count.values())
-        line = (f"targets, {label}: scrape p99 < {P99_TARGET_SECONDS * 1e3:g} ms at every GPU count: "
-                f"{'met' if worst < P99_TARGET_SECONDS else 'MISSED'} (worst {worst * 1e3:.2f} ms)")
+        line = (
+            f"targets, {label}: scrape p99 < {P99_TARGET_SECONDS * 1e3:g} ms at every GPU count: "
+            f"{'met' if worst < P99_TARGET_SECONDS else 'MISSED'} (worst {worst * 1e3:.2f} ms)"
+        )
         if TARGET_GPUS in by_count:
             share = by_count[TARGET_GPUS]["share_at_prometheus"]
-            line += (f"; exporter < {CORE_SHARE_TARGET * 100:g}% of one core at {TARGET_GPUS} GPUs with a "
-                     f"{PROMETHEUS_INTERVAL_SECONDS:g}-s scrape: {'met' if share < CORE_SHARE_TARGET else 'MISSED'} "
-                     f"({share * 100:.3f}%)")
+            line += (
+                f"; exporter < {CORE_SHARE_TARGET * 100:g}% of one core at {TARGET_GPUS} GPUs with a "
+                f"{PROMETHEUS_INTERVAL_SECONDS:g}-s scrape: {'met' if share < CORE_SHARE_TARGET else 'MISSED'} "
+                f"({share * 100:.3f}%)"
+            )
         print(line)
     return 0
 

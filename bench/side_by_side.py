@@ -14,7 +14,7 @@ def cpu_halves() -> tuple[set[int], set[int]]:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         sys.exit("needs at least 2 CPUs: the two variants run side by side, one half of the CPUs each")
-    return set(cpus[: len(cpus) // 2]), set(cpus[len(cpus) // 2:])
+    return set(cpus[: len(cpus) // 2]), set(cpus[len(cpus) // 2 :])
 
 
 def halves_for_pair(pair: int) -> tuple[set[int], set[int]]:
@@ -33,7 +33,9 @@ def report(name: str, reference: str, ours: list[float], theirs: list[float], ta
     ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
     ratio = statistics.geometric_mean(ratios)
     verdict = "" if target is None else f"; target >= {target}: {'met' if ratio >= target else 'MISSED'}"
-    return (f"{name:<26}: {statistics.median(ours):.3f} steps/s (median of {len(ours)})\n"
-            f"{reference:<26}: {statistics.median(theirs):.3f} steps/s (median of {len(theirs)})\n"
-            f"ratio: {ratio:.3f} (geometric mean of {len(ratios)} pairs, spread {min(ratios):.3f}-{max(ratios):.3f})"
-            + verdict)
+    return (
+        f"{name:<26}: {statistics.median(ours):.3f} steps/s (median of {len(ours)})\n"
+        f"{reference:<26}: {statistics.median(theirs):.3f} steps/s (median of {len(theirs)})\n"
+        f"ratio: {ratio:.3f} (geometric mean of {len(ratios)} pairs, spread {min(ratios):.3f}-{max(ratios):.3f})"
+        + verdict
+    )

@@ -41,8 +41,19 @@ REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
 TARGET = 0.99
 # The GPU runs of issue 12; the factories live in tests/ (run from the repository root).
-GPU_RUN = ["--model", "tests.factories:gpt2_small", "--dataset", "tests.factories:random_bytes", "--seq-len", "1024",
-           "--mixed-precision", "bf16", "--nproc-per-node", "1", "--no-report"]
+GPU_RUN = [
+    "--model",
+    "tests.factories:gpt2_small",
+    "--dataset",
+    "tests.factories:random_bytes",
+    "--seq-len",
+    "1024",
+    "--mixed-precision",
+    "bf16",
+    "--nproc-per-node",
+    "1",
+    "--no-report",
+]
 
 
 class Scraper:
@@ -73,15 +84,33 @@ class Scraper:
 class Run:
     """One `trainstack train`, pinned to `cpus` if given; with telemetry, its exporter is scraped once a second."""
 
-    def __init__(self, telemetry: bool, cpus: set[int] | None, args: argparse.Namespace,
-                 non_blocking_copy: bool = True):
+    def __init__(
+        self, telemetry: bool, cpus: set[int] | None, args: argparse.Namespace, non_blocking_copy: bool = True
+    ):
         self._tmp = tempfile.TemporaryDirectory(prefix="telemetry-overhead-")
         self.run_dir = Path(self._tmp.name) / "run"
         self.world_size = 1 if args.gpu else 2
-        command = [sys.executable, "-m", "trainstack", "train", "--output-dir", str(self.run_dir),
-                   "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
-                   "--num-workers", str(args.num_workers), "--checkpoint-every", "0", "--resume", "never",
-                   "--strategy", args.strategy, *(GPU_RUN if args.gpu else [])]
+        command = [
+            sys.executable,
+            "-m",
+            "trainstack",
+            "train",
+            "--output-dir",
+            str(self.run_dir),
+            "--max-steps",
+            str(args.steps),
+            "--batch-size",
+            str(args.batch_size),
+            "--num-workers",
+            str(args.num_workers),
+            "--checkpoint-every",
+            "0",
+            "--resume",
+            "never",
+            "--strategy",
+            args.strategy,
+            *(GPU_RUN if args.gpu else []),
+        ]
         self.scraper = None
         if telemetry:
             port = free_port()
@@ -90,8 +119,14 @@ class Run:
         else:
             command += ["--no-telemetry", "--exporter-port", "0"]
         env = {**ENV, NON_BLOCKING_COPY_ENV: "1" if non_blocking_copy else "0"}
-        self.process = subprocess.Popen(pinned(command, cpus) if cpus else command, cwd=REPO, env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            pinned(command, cpus) if cpus else command,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def steps_per_second(self, batch_size: int) -> tuple[float, int]:
         """Waits for the run; returns its loop steps/s and how many scrapes its exporter answered."""
@@ -108,17 +143,24 @@ class Run:
 
 def gpu_rounds(args: argparse.Namespace) -> None:
     """Telemetry on, off, and on with blocking copies, one after the other on the one GPU."""
-    variants = {"on": dict(telemetry=True), "off": dict(telemetry=False),
-                "blocking": dict(telemetry=True, non_blocking_copy=False)}
+    variants = {
+        "on": dict(telemetry=True),
+        "off": dict(telemetry=False),
+        "blocking": dict(telemetry=True, non_blocking_copy=False),
+    }
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for repeat in range(args.repeats):
         order = list(variants) if repeat % 2 == 0 else list(reversed(variants))
         for name in order:
             rates[name].append(Run(cpus=None, args=args, **variants[name]).steps_per_second(args.batch_size)[0])
-        print(f"round {repeat + 1} ({', '.join(order)}): " + ", ".join(
-            f"{name} {rates[name][-1]:.3f} steps/s" for name in variants) + f"; telemetry on/off "
+        print(
+            f"round {repeat + 1} ({', '.join(order)}): "
+            + ", ".join(f"{name} {rates[name][-1]:.3f} steps/s" for name in variants)
+            + f"; telemetry on/off "
             f"{rates['on'][-1] / rates['off'][-1]:.3f}, non-blocking/blocking copies "
-            f"{rates['on'][-1] / rates['blocking'][-1]:.3f}", flush=True)
+            f"{rates['on'][-1] / rates['blocking'][-1]:.3f}",
+            flush=True,
+        )
     print(report("telemetry on, scraped 1/s", "telemetry off", rates["on"], rates["off"], TARGET))
     print(report("non-blocking batch copies", "blocking batch copies", rates["on"], rates["blocking"], None))
 
@@ -127,8 +169,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpu", action="store_true", help="one CUDA GPU, GPT-2 small's shape (see above)")
     parser.add_argument("--steps", type=int, help="steps per run (default 200; 300 with --gpu)")
-    parser.add_argument("--repeats", type=int, help="on/off pairs, the CPU halves swap each time (default 4); "
-                        "with --gpu, rounds of the three variants (default 2)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        help="on/off pairs, the CPU halves swap each time (default 4); "
+        "with --gpu, rounds of the three variants (default 2)",
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp", help="both runs' (default ddp)")
@@ -139,8 +185,10 @@ def main() -> int:
         import torch
 
         if not torch.cuda.is_available():
-            print("telemetry_overhead: --gpu needs a CUDA GPU, and torch sees none here; run it without --gpu",
-                  file=sys.stderr)
+            print(
+                "telemetry_overhead: --gpu needs a CUDA GPU, and torch sees none here; run it without --gpu",
+                file=sys.stderr,
+            )
             return 2
         gpu_rounds(args)
         return 0
@@ -152,9 +200,12 @@ def main() -> int:
         (on_rate, scrapes), (off_rate, _) = on.steps_per_second(args.batch_size), off.steps_per_second(args.batch_size)
         on_rates.append(on_rate)
         off_rates.append(off_rate)
-        print(f"pair {repeat + 1}: on {on_rate:.3f} steps/s (CPUs {sorted(on_cpus)}, {scrapes} scrapes), "
-              f"off {off_rate:.3f} steps/s (CPUs {sorted(off_cpus)}), ratio {on_rate / off_rate:.3f}  "
-              f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+        print(
+            f"pair {repeat + 1}: on {on_rate:.3f} steps/s (CPUs {sorted(on_cpus)}, {scrapes} scrapes), "
+            f"off {off_rate:.3f} steps/s (CPUs {sorted(off_cpus)}), ratio {on_rate / off_rate:.3f}  "
+            f"(load average {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
     print(report("telemetry on, scraped 1/s", "telemetry off", on_rates, off_rates, TARGET))
     return 0
 

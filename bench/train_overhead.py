@@ -23,22 +23,60 @@ from side_by_side import halves_for_pair, pinned, report
 from trainstack.rundir import RunDir, free_port, read_rank_records
 
 REPO = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
-       "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+ENV = {
+    **os.environ,
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TQDM_DISABLE": "1",
+    "ACCELERATE_USE_CPU": "1",
+    "OMP_NUM_THREADS": "1",
+    "PYTHONPATH": str(REPO),
+}
 TARGET = 0.98
 
 
 def minimal_command(args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-            "--main_process_port", str(free_port()), "bench/minimal_loop.py", "--steps", str(args.steps),
-            "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--num-workers",
-            str(args.num_workers)]
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(free_port()),
+        "bench/minimal_loop.py",
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--batch-size",
+        str(args.batch_size),
+        "--num-workers",
+        str(args.num_workers),
+    ]
 
 
 def trainstack_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "trainstack", "train", "--output-dir", str(run_dir), "--max-steps",
-            str(args.steps), "--batch-size", str(args.batch_size), "--num-workers", str(args.num_workers),
-            "--checkpoint-every", "0", "--exporter-port", "0", "--no-report"]
+    return [
+        sys.executable,
+        "-m",
+        "trainstack",
+        "train",
+        "--output-dir",
+        str(run_dir),
+        "--max-steps",
+        str(args.steps),
+        "--batch-size",
+        str(args.batch_size),
+        "--num-workers",
+        str(args.num_workers),
+        "--checkpoint-every",
+        "0",
+        "--exporter-port",
+        "0",
+        "--no-report",
+    ]
 
 
 def trainstack_rate(run_dir: Path, warmup: int) -> float:
@@ -78,8 +116,11 @@ def main() -> None:
             theirs.append(minimal_rate(finish(minimal, "the minimal loop")))
             finish(trainstack, "trainstack train")
             ours.append(trainstack_rate(run_dir, args.warmup))
-        print(f"pair {pair + 1}: trainstack {ours[-1]:.3f} steps/s (CPUs {sorted(our_cpus)}), minimal "
-              f"{theirs[-1]:.3f} steps/s (CPUs {sorted(their_cpus)}), ratio {ours[-1] / theirs[-1]:.3f}", flush=True)
+        print(
+            f"pair {pair + 1}: trainstack {ours[-1]:.3f} steps/s (CPUs {sorted(our_cpus)}), minimal "
+            f"{theirs[-1]:.3f} steps/s (CPUs {sorted(their_cpus)}), ratio {ours[-1] / theirs[-1]:.3f}",
+            flush=True,
+        )
     print(report("trainstack train", "minimal Accelerate loop", ours, theirs, TARGET))
 
 

@@ -33,8 +33,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--slow-rank", type=int, default=-1,
-                        help="this rank does extra work in each forward pass, as a slower rank would")
+    parser.add_argument(
+        "--slow-rank",
+        type=int,
+        default=-1,
+        help="this rank does extra work in each forward pass, as a slower rank would",
+    )
     parser.add_argument("--slow-seconds", type=float, default=0.05)
     args = parser.parse_args()
 
@@ -50,8 +54,9 @@ def main() -> None:
     data = TensorDataset(features, features @ torch.randn(64, 1))
     sampler = DistributedSampler(data)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True)
-    model = DistributedDataParallel(torch.nn.Sequential(
-        torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)).to(device))
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)).to(device)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     monitor = trainstack.monitor.start(model, optimizer=optimizer)  # trainstack

@@ -40,10 +40,24 @@ def collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 def build_trainer(args: TrainingArguments) -> Trainer:
     # Random init from a config: nothing to download. GPT-2's own special tokens lie outside this vocabulary.
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB_SIZE, n_positions=SEQ_LEN, n_embd=64, n_layer=2, n_head=2,
-                                       bos_token_id=None, eos_token_id=None))
-    trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(512, seed=0),
-                      eval_dataset=RandomTokens(64, seed=1), data_collator=collate)
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=VOCAB_SIZE,
+            n_positions=SEQ_LEN,
+            n_embd=64,
+            n_layer=2,
+            n_head=2,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=RandomTokens(512, seed=0),
+        eval_dataset=RandomTokens(64, seed=1),
+        data_collator=collate,
+    )
     trainer.add_callback(TrainstackCallback(trainer))  # trainstack
     return trainer
 
@@ -54,15 +68,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-steps", type=int, default=500, help="optimizer steps to train")
     parser.add_argument("--batch-size", type=int, default=8, help="samples per rank per step")
     options = parser.parse_args(argv)
-    args = TrainingArguments(output_dir=options.output_dir, max_steps=options.max_steps,
-                             per_device_train_batch_size=options.batch_size, learning_rate=3e-4,
-                             # a logged loss in each of trainstack's records (one every 10 steps)
-                             logging_steps=10, eval_strategy="steps", eval_steps=100, save_strategy="no",
-                             report_to="none",
-                             # GPT-2 uses every parameter: spare DDP its search for unused ones each step
-                             ddp_find_unused_parameters=False,
-                             # without GPUs, torchrun's ranks train on the CPU (gloo), not each alone
-                             use_cpu=not torch.cuda.is_available())
+    args = TrainingArguments(
+        output_dir=options.output_dir,
+        max_steps=options.max_steps,
+        per_device_train_batch_size=options.batch_size,
+        learning_rate=3e-4,
+        # a logged loss in each of trainstack's records (one every 10 steps)
+        logging_steps=10,
+        eval_strategy="steps",
+        eval_steps=100,
+        save_strategy="no",
+        report_to="none",
+        # GPT-2 uses every parameter: spare DDP its search for unused ones each step
+        ddp_find_unused_parameters=False,
+        # without GPUs, torchrun's ranks train on the CPU (gloo), not each alone
+        use_cpu=not torch.cuda.is_available(),
+    )
     build_trainer(args).train()
 
 

@@ -35,8 +35,15 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 # The fast tier (`make check`: -m "not slow") is every test that starts no process, so a test that starts one
 # must say so: without the `slow` mark, every way of starting a process fails the test. Threads stay allowed.
-PROCESS_STARTS = [(subprocess.Popen, "_execute_child"), (multiprocessing.process.BaseProcess, "start"),
-                  (os, "fork"), (os, "forkpty"), (os, "posix_spawn"), (os, "posix_spawnp"), (os, "system")]
+PROCESS_STARTS = [
+    (subprocess.Popen, "_execute_child"),
+    (multiprocessing.process.BaseProcess, "start"),
+    (os, "fork"),
+    (os, "forkpty"),
+    (os, "posix_spawn"),
+    (os, "posix_spawnp"),
+    (os, "system"),
+]
 UNMARKED_PROCESS = "this test starts a process: mark it slow"
 
 
@@ -102,8 +109,7 @@ def ddp_reference(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def fsdp_reference(tmp_path_factory) -> Path:
     """REFERENCE_FSDP trained straight to REFERENCE_FSDP_STEPS: read it, never write to it."""
-    return finished_run(tmp_path_factory, "fsdp-reference", *REFERENCE_FSDP, "--max-steps",
-                        str(REFERENCE_FSDP_STEPS))
+    return finished_run(tmp_path_factory, "fsdp-reference", *REFERENCE_FSDP, "--max-steps", str(REFERENCE_FSDP_STEPS))
 
 
 @pytest.fixture
@@ -116,13 +122,27 @@ def prometheus(tmp_path) -> Iterator[callable]:
     def start(target: str) -> str:
         port = free_port()
         config = tmp_path / "prometheus.yml"
-        config.write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-            "scrape_configs": [{"job_name": "trainstack", "static_configs": [{"targets": [target]}]}]}))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+                    "scrape_configs": [{"job_name": "trainstack", "static_configs": [{"targets": [target]}]}],
+                }
+            )
+        )
         log = (tmp_path / "prometheus.log").open("w")
-        started.append(subprocess.Popen(
-            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT))
+        started.append(
+            subprocess.Popen(
+                [
+                    "prometheus",
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
         return f"http://127.0.0.1:{port}"
 
     yield start
@@ -157,18 +177,40 @@ def slow_link() -> Iterator[tuple[Node, Node]]:
             made.append(node.namespace)
         steps = [("link", "add", nodes[0].interface, "type", "veth", "peer", "name", nodes[1].interface)]
         for node, address in zip(nodes, NODE_ADDRESSES, strict=True):
-            steps += [("link", "set", node.interface, "netns", node.namespace),
-                      ("-n", node.namespace, "addr", "add", f"{address}/30", "dev", node.interface),
-                      ("-n", node.namespace, "link", "set", "lo", "up"),
-                      ("-n", node.namespace, "link", "set", node.interface, "up")]
+            steps += [
+                ("link", "set", node.interface, "netns", node.namespace),
+                ("-n", node.namespace, "addr", "add", f"{address}/30", "dev", node.interface),
+                ("-n", node.namespace, "link", "set", "lo", "up"),
+                ("-n", node.namespace, "link", "set", node.interface, "up"),
+            ]
         for step in steps:
             result = ip(*step)
             assert result.returncode == 0, f"ip {' '.join(step)}: {result.stderr}"
         for node in nodes:
             # Generous latency: a queue that drops makes TCP back off below the rate.
-            limited = subprocess.run(["ip", "netns", "exec", node.namespace, "tc", "qdisc", "add", "dev",
-                                      node.interface, "root", "tbf", "rate", f"{RATE_BITS // 1_000_000}mbit",
-                                      "burst", "64kb", "latency", "500ms"], capture_output=True, text=True)
+            limited = subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    node.namespace,
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    node.interface,
+                    "root",
+                    "tbf",
+                    "rate",
+                    f"{RATE_BITS // 1_000_000}mbit",
+                    "burst",
+                    "64kb",
+                    "latency",
+                    "500ms",
+                ],
+                capture_output=True,
+                text=True,
+            )
             if limited.returncode:
                 pytest.skip(f"no token bucket filter (sch_tbf): {limited.stderr.strip()}")
         yield nodes

@@ -22,8 +22,13 @@ TINY = ["--max-steps", "3", "--batch-size", "4", "--num-workers", "0", "--seq-le
 
 @pytest.mark.slow
 def test_cpu_host_runs_ddp_on_one_and_two_ranks(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "trainstack", "bench", "scaling", "--output-dir", str(tmp_path),
-                           *TINY], cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainstack", "bench", "scaling", "--output-dir", str(tmp_path), *TINY],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, explain(done)
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["mode", "CPU", "ranks", "samples/s", "speed-up", "efficiency", "exposed", "comm"]
@@ -46,15 +51,25 @@ def test_cpu_host_runs_ddp_on_one_and_two_ranks(tmp_path):
 
 @pytest.mark.slow
 def test_dataparallel_loop_runs_unsplit_on_the_cpu():
-    done = subprocess.run([sys.executable, str(DATAPARALLEL_SCRIPT), "--gpus", "0", *TINY], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(DATAPARALLEL_SCRIPT), "--gpus", "0", *TINY],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, explain(done)
     assert json.loads(done.stdout.splitlines()[-1])["samples_per_second"] > 0
 
 
-GPU_HOST = [Measurement("DDP", 1, 100.0), Measurement("DDP", 2, 190.0, 0.04), Measurement("DDP", 4, 360.0, 0.081),
-            Measurement("DataParallel", 1, 98.0), Measurement("DataParallel", 2, 150.0),
-            Measurement("DataParallel", 4, 200.0)]
+GPU_HOST = [
+    Measurement("DDP", 1, 100.0),
+    Measurement("DDP", 2, 190.0, 0.04),
+    Measurement("DDP", 4, 360.0, 0.081),
+    Measurement("DataParallel", 1, 98.0),
+    Measurement("DataParallel", 2, 150.0),
+    Measurement("DataParallel", 4, 200.0),
+]
 
 
 def test_speedup_and_efficiency_are_against_ddp_per_device():
@@ -75,8 +90,10 @@ def test_exposed_share_is_the_least_exposed_ranks(tmp_path):
     layout = RunDir(tmp_path)
     layout.telemetry.mkdir(parents=True)
     for rank, waits in ((0, (0.5, 0.25)), (1, (0.25, 0.0))):
-        lines = [json.dumps({"time": t, "step_seconds": [1.0, 1.0], "comm_exposed_seconds": wait})
-                 for t, wait in enumerate(waits)]
+        lines = [
+            json.dumps({"time": t, "step_seconds": [1.0, 1.0], "comm_exposed_seconds": wait})
+            for t, wait in enumerate(waits)
+        ]
         layout.rank_records(rank).write_text("\n".join([*lines, '{"time": 9, "step_sec']) + "\n")
     assert exposed_comm_share(tmp_path) == 0.0625
     layout.rank_records(1).write_text(json.dumps({"time": 0, "step_seconds": [1.0]}) + "\n")

@@ -16,17 +16,35 @@ from tests.helpers.runs import REPO, explain
 
 pytestmark = pytest.mark.slow
 
-FIGURES = (r"(\d+) series; scrape p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms; CPU [\d.]+ ms per scrape; "
-           r"sampler [\d.]+% of one core \(fast sample [\d.]+ ms, slow [\d.]+ ms CPU\); process [\d.]+% of one core "
-           r"over the window; with a 5-s scrape [\d.]+% of one core")
-TARGETS = (r"scrape p99 < 25 ms at every GPU count: (met|MISSED) \(worst [\d.]+ ms\); exporter < 1% of one core at 8 "
-           r"GPUs with a 5-s scrape: (met|MISSED) \([\d.]+%\)")
+FIGURES = (
+    r"(\d+) series; scrape p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms; CPU [\d.]+ ms per scrape; "
+    r"sampler [\d.]+% of one core \(fast sample [\d.]+ ms, slow [\d.]+ ms CPU\); process [\d.]+% of one core "
+    r"over the window; with a 5-s scrape [\d.]+% of one core"
+)
+TARGETS = (
+    r"scrape p99 < 25 ms at every GPU count: (met|MISSED) \(worst [\d.]+ ms\); exporter < 1% of one core at 8 "
+    r"GPUs with a 5-s scrape: (met|MISSED) \([\d.]+%\)"
+)
 
 
 def bench(*args: str) -> list[str]:
-    done = subprocess.run([sys.executable, "bench/scrape_cost.py", "--scrapes", "3", "--scrape-interval", "0.2",
-                           "--slow-sample-interval", "2", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "bench/scrape_cost.py",
+            "--scrapes",
+            "3",
+            "--scrape-interval",
+            "0.2",
+            "--slow-sample-interval",
+            "2",
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, explain(done)
     return done.stdout.splitlines()
 
@@ -54,15 +72,24 @@ def test_a_baseline_commit_runs_beside_this_checkout():
 
 
 def test_nvml_cost_benchmark_prints_the_driver_next_to_the_profile():
-    done = subprocess.run([sys.executable, "bench/nvml_cost.py", "--calls", "3", "--sampler-seconds", "2"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "bench/nvml_cost.py", "--calls", "3", "--sampler-seconds", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, explain(done)
     lines = done.stdout.splitlines()
     assert lines[1].startswith("  this machine: ")  # a driver's version, or why there is none
     assert lines[2] == "  profile h100_driver580 (the NVML fake): driver 580.159.04, NVIDIA H100 80GB HBM3, GPU 0 of 1"
     rows = {re.split(r"\s{2,}", line.strip())[0]: line.split()[-2:] for line in lines[4:-1]}
-    for row in ("nvmlDeviceGetTotalEnergyConsumption", "per GPU: a fast sample (NvmlSession.read)",
-                "per GPU: a slow sample (fast + slow part)", "the sampler's slow sample of 1 GPU(s)"):
+    for row in (
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "per GPU: a fast sample (NvmlSession.read)",
+        "per GPU: a slow sample (fast + slow part)",
+        "the sampler's slow sample of 1 GPU(s)",
+    ):
         assert re.fullmatch(r"[\d.]+", rows[row][0]), (row, rows[row])  # the profile's CPU ms
     assert any(name.startswith("field 83 alone") for name in rows)
     assert re.search(r"8 GPUs: .*[\d.]+% \(profile\) of one core \(target < 0.3%: ", lines[-1])

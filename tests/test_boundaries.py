@@ -27,8 +27,10 @@ from tests.helpers.runs import REPO
 # Source folder -> the package it installs as (pyproject.toml's package-dir).
 LAYOUT = {"trainstack": "trainstack", "train": "trainstack.train", "monitoring": "trainstack.monitoring"}
 # The processes that must stay torch-free: every module of these packages, __main__ aside (it runs the command).
-TORCH_FREE = {folder: f"trainstack.{folder.replace('/', '.')}"
-              for folder in ("monitoring/exporter", "monitoring/diagnose", "monitoring/report")}
+TORCH_FREE = {
+    folder: f"trainstack.{folder.replace('/', '.')}"
+    for folder in ("monitoring/exporter", "monitoring/diagnose", "monitoring/report")
+}
 TORCH_FREE["trainstack"] = "trainstack"
 APART = ("trainstack.train", "trainstack.monitoring")  # neither imports the other
 # The trainstack modules that may import train/ and monitoring/: the CLI composes them, as `trainstack tune` does (it
@@ -44,9 +46,16 @@ LOOP_API = ("trainstack.monitor", "trainstack.telemetry")
 
 def within_any(module: str, packages: tuple[str, ...]) -> bool:
     return any(module == package or module.startswith(package + ".") for package in packages)
+
+
 # Packages whose members are each a part of the design: a module, or a subpackage taken whole.
-GROUPS = {"trainstack", "trainstack.train", "trainstack.train.launcher", "trainstack.train.rank",
-          "trainstack.monitoring"}
+GROUPS = {
+    "trainstack",
+    "trainstack.train",
+    "trainstack.train.launcher",
+    "trainstack.train.rank",
+    "trainstack.monitoring",
+}
 
 
 def project_modules(root: Path, layout=LAYOUT) -> dict[str, Path]:
@@ -60,8 +69,11 @@ def project_modules(root: Path, layout=LAYOUT) -> dict[str, Path]:
 
 
 def within(modules: dict[str, Path], packages) -> dict[str, Path]:
-    return {name: path for name, path in modules.items()
-            if any(name == package or name.startswith(package + ".") for package in packages)}
+    return {
+        name: path
+        for name, path in modules.items()
+        if any(name == package or name.startswith(package + ".") for package in packages)
+    }
 
 
 def import_statements(name: str, path: Path) -> list[tuple[str, list[str]]]:
@@ -77,7 +89,7 @@ def import_statements(name: str, path: Path) -> list[tuple[str, list[str]]]:
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join([*parts[:len(parts) - node.level + 1], *([node.module] if node.module else [])])
+                base = ".".join([*parts[: len(parts) - node.level + 1], *([node.module] if node.module else [])])
             statements.append((base, [alias.name for alias in node.names]))
     return statements
 
@@ -147,10 +159,11 @@ def subpackage_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     one node with all its modules; a GROUPS package's own modules (the launcher's launch, the rank's trainer) stay
     nodes of their own. A loop here is a loop between parts of the design even where each module imports fine
     (the doctor's cli importing the launcher, which imports the doctor)."""
+
     def component(module: str) -> str:
         parts = module.split(".")
         for end in range(1, len(parts) + 1):
-            if ".".join(parts[:end - 1]) in GROUPS and ".".join(parts[:end]) not in GROUPS:
+            if ".".join(parts[: end - 1]) in GROUPS and ".".join(parts[:end]) not in GROUPS:
                 return ".".join(parts[:end])
         return module
 
@@ -162,6 +175,7 @@ def subpackage_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 def crossings(root: Path) -> list[str]:
     """`module -> imported name` for every import from one of APART into the other."""
+
     def side(module: str) -> str | None:
         return next((part for part in APART if module == part or module.startswith(part + ".")), None)
 
@@ -178,13 +192,24 @@ def crossings(root: Path) -> list[str]:
 def torch_importers(root: Path, layout=TORCH_FREE) -> list[str]:
     """Imports every module of the layout's folders in a fresh interpreter (cwd: root) and returns the torch
     modules that ended up in sys.modules."""
-    names = [name for name in project_modules(root, layout) if not name.endswith("__main__")
-             and not within_any(name, RANK_SIDE)]
-    script = ("import importlib, json, sys\n"
-              f"for name in {names!r}:\n    importlib.import_module(name)\n"
-              "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))")
-    result = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120,
-                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)})
+    names = [
+        name
+        for name in project_modules(root, layout)
+        if not name.endswith("__main__") and not within_any(name, RANK_SIDE)
+    ]
+    script = (
+        "import importlib, json, sys\n"
+        f"for name in {names!r}:\n    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)},
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
 
@@ -203,9 +228,13 @@ def test_train_and_monitoring_never_import_each_other():
 def app_imports(root: Path, packages: tuple[str, ...] | None = None) -> list[str]:
     """`module -> imported name` for every import of train/ or monitoring/ by a trainstack module (those of
     `packages` only, when given) that is not one of the COMPOSERS."""
-    return [f"{name} -> {target}" for name, path in project_modules(root, {"trainstack": "trainstack"}).items()
-            if not within_any(name, COMPOSERS) and (packages is None or within_any(name, packages))
-            for target in sorted(imported_names(name, path)) if target.startswith(APART)]
+    return [
+        f"{name} -> {target}"
+        for name, path in project_modules(root, {"trainstack": "trainstack"}).items()
+        if not within_any(name, COMPOSERS) and (packages is None or within_any(name, packages))
+        for target in sorted(imported_names(name, path))
+        if target.startswith(APART)
+    ]
 
 
 def test_trainstack_imports_only_itself_but_for_the_cli():
@@ -239,49 +268,79 @@ def plant(root: Path, files: dict[str, str]) -> Path:
 def test_a_planted_torch_import_is_caught(tmp_path):
     # A stand-in torch: the check looks at sys.modules, so the real one need not load. The planted tree is laid
     # out as it installs (trainstack/monitoring/...), so it imports from its own folder.
-    root = plant(tmp_path, {"torch.py": "", "trainstack/monitoring/__init__.py": "",
-                            "trainstack/monitoring/exporter/__init__.py": "",
-                            "trainstack/monitoring/exporter/cli.py": "def run():\n    import torch\n",
-                            "trainstack/monitoring/diagnose/__init__.py": "",
-                            "trainstack/monitoring/diagnose/verdicts.py": "from trainstack import rundir\n",
-                            "trainstack/rundir.py": "import torch\n"})
+    root = plant(
+        tmp_path,
+        {
+            "torch.py": "",
+            "trainstack/monitoring/__init__.py": "",
+            "trainstack/monitoring/exporter/__init__.py": "",
+            "trainstack/monitoring/exporter/cli.py": "def run():\n    import torch\n",
+            "trainstack/monitoring/diagnose/__init__.py": "",
+            "trainstack/monitoring/diagnose/verdicts.py": "from trainstack import rundir\n",
+            "trainstack/rundir.py": "import torch\n",
+        },
+    )
     # Found through trainstack, not through the lazy import that never ran.
     assert torch_importers(root, layout={"trainstack": "trainstack"}) == ["torch"]
 
 
 def test_a_planted_crossing_is_caught(tmp_path):
-    root = plant(tmp_path, {"monitoring/report/__init__.py": "", "monitoring/report/runfiles.py":
-                            "def load():\n    from trainstack.train.rank.config import X\n",
-                            "train/launcher/launch.py": "import trainstack.monitoring.report\n",
-                            "train/rank/trainer.py": "from trainstack import rundir\n"})
-    assert sorted(crossings(root)) == ["trainstack.monitoring.report.runfiles -> trainstack.train.rank.config",
-                                       "trainstack.monitoring.report.runfiles -> trainstack.train.rank.config.X",
-                                       "trainstack.train.launcher.launch -> trainstack.monitoring.report"]
+    root = plant(
+        tmp_path,
+        {
+            "monitoring/report/__init__.py": "",
+            "monitoring/report/runfiles.py": "def load():\n    from trainstack.train.rank.config import X\n",
+            "train/launcher/launch.py": "import trainstack.monitoring.report\n",
+            "train/rank/trainer.py": "from trainstack import rundir\n",
+        },
+    )
+    assert sorted(crossings(root)) == [
+        "trainstack.monitoring.report.runfiles -> trainstack.train.rank.config",
+        "trainstack.monitoring.report.runfiles -> trainstack.train.rank.config.X",
+        "trainstack.train.launcher.launch -> trainstack.monitoring.report",
+    ]
 
 
 def test_a_planted_app_import_in_the_telemetry_is_caught(tmp_path):
-    root = plant(tmp_path, {"trainstack/telemetry/__init__.py": "",
-                            "trainstack/telemetry/core.py": "def f():\n    from trainstack.train.rank import step\n",
-                            "trainstack/cli.py": "import trainstack.train.rank\n"})
-    assert app_imports(root, LOOP_API) == ["trainstack.telemetry.core -> trainstack.train.rank",
-                                           "trainstack.telemetry.core -> trainstack.train.rank.step"]
+    root = plant(
+        tmp_path,
+        {
+            "trainstack/telemetry/__init__.py": "",
+            "trainstack/telemetry/core.py": "def f():\n    from trainstack.train.rank import step\n",
+            "trainstack/cli.py": "import trainstack.train.rank\n",
+        },
+    )
+    assert app_imports(root, LOOP_API) == [
+        "trainstack.telemetry.core -> trainstack.train.rank",
+        "trainstack.telemetry.core -> trainstack.train.rank.step",
+    ]
 
 
 def test_a_planted_cycle_is_caught_through_a_lazy_import(tmp_path):
-    root = plant(tmp_path, {"train/launcher/doctor/__init__.py": "from .checks import run\n",
-                            "train/launcher/doctor/checks.py": "def run():\n    from .. import launch\n",
-                            "train/launcher/launch.py": "from ..rank import config\nfrom .doctor import run\n",
-                            "train/rank/config.py": ""})
+    root = plant(
+        tmp_path,
+        {
+            "train/launcher/doctor/__init__.py": "from .checks import run\n",
+            "train/launcher/doctor/checks.py": "def run():\n    from .. import launch\n",
+            "train/launcher/launch.py": "from ..rank import config\nfrom .doctor import run\n",
+            "train/rank/config.py": "",
+        },
+    )
     doctor, launch = "trainstack.train.launcher.doctor", "trainstack.train.launcher.launch"
     assert cycles(import_graph(root)) == [[doctor, f"{doctor}.checks", launch]]
 
 
 def test_a_planted_loop_between_a_subpackage_and_a_module_is_caught(tmp_path):
     # Each module imports fine (the doctor's package does not import its cli), but the parts loop.
-    root = plant(tmp_path, {"train/launcher/doctor/__init__.py": "from .checks import run\n",
-                            "train/launcher/doctor/checks.py": "",
-                            "train/launcher/doctor/cli.py": "from trainstack.train.launcher import launch\n",
-                            "train/launcher/launch.py": "from trainstack.train.launcher.doctor import run\n"})
+    root = plant(
+        tmp_path,
+        {
+            "train/launcher/doctor/__init__.py": "from .checks import run\n",
+            "train/launcher/doctor/checks.py": "",
+            "train/launcher/doctor/cli.py": "from trainstack.train.launcher import launch\n",
+            "train/launcher/launch.py": "from trainstack.train.launcher.doctor import run\n",
+        },
+    )
     graph = import_graph(root)
     assert cycles(graph) == []
     assert cycles(subpackage_graph(graph)) == [["trainstack.train.launcher.doctor", "trainstack.train.launcher.launch"]]

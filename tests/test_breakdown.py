@@ -38,12 +38,15 @@ def test_a_steps_time_splits_into_parts_that_add_up_to_it():
     assert sum(parts.values()) == pytest.approx(10.0)
 
 
-@pytest.mark.parametrize(("busy", "host_bound", "compute"), [
-    (None, 0.0, 7.0),  # a CPU rank, or no NVML sample: not measured
-    (1.0, 0.0, 7.0),  # never idle
-    (0.95, 0.0, 7.0),  # idle less than it starved: the idle time is the starvation
-    (0.0, 7.0, 0.0),  # idle throughout: what is neither starvation nor exposed communication is the host's
-])
+@pytest.mark.parametrize(
+    ("busy", "host_bound", "compute"),
+    [
+        (None, 0.0, 7.0),  # a CPU rank, or no NVML sample: not measured
+        (1.0, 0.0, 7.0),  # never idle
+        (0.95, 0.0, 7.0),  # idle less than it starved: the idle time is the starvation
+        (0.0, 7.0, 0.0),  # idle throughout: what is neither starvation nor exposed communication is the host's
+    ],
+)
 def test_host_bound_idle_is_the_idle_time_starvation_does_not_explain(busy, host_bound, compute):
     parts = split_step_time(10.0, data_starvation=1.0, comm_exposed=2.0, busy_share=busy)
     assert (parts["host_bound"], parts["compute"]) == pytest.approx((host_bound, compute))
@@ -54,9 +57,20 @@ def marker(launched_at: float) -> dict:
 
 
 def record(time_: float, step: int, steps: int, compute: float, paused: list[dict] = ()) -> dict:
-    return {"time": time_, "step": step, "step_count": steps, "host_bound_measured": False, "paused": list(paused),
-            "time_parts": {"compute": compute, "comm_exposed": 1.0, "data_starvation": 1.0, "host_bound": 0.0,
-                           "compile": 0.0}}
+    return {
+        "time": time_,
+        "step": step,
+        "step_count": steps,
+        "host_bound_measured": False,
+        "paused": list(paused),
+        "time_parts": {
+            "compute": compute,
+            "comm_exposed": 1.0,
+            "data_starvation": 1.0,
+            "host_bound": 0.0,
+            "compile": 0.0,
+        },
+    }
 
 
 def pause(part: str, seconds: float, after_steps: int = 0) -> dict:
@@ -91,14 +105,26 @@ def test_steps_a_later_launch_trained_again_are_lost_progress():
 
 def test_an_interval_straddling_the_resumed_checkpoint_loses_its_later_steps_share():
     spent = Spent(COMPUTE, 8.0, first_step=10, last_step=20)
-    assert (spent.lost_share(15), spent.lost_share(20), spent.lost_share(5), spent.lost_share(None)) == \
-        (0.5, 0.0, 1.0, 0.0)
+    assert (spent.lost_share(15), spent.lost_share(20), spent.lost_share(5), spent.lost_share(None)) == (
+        0.5,
+        0.0,
+        1.0,
+        0.0,
+    )
     assert Spent("evaluation", 1.0, 15, 15).lost_share(15) == 0.0  # a pause at the checkpoint's own step is kept
 
 
 def test_the_earliest_later_resume_decides_what_was_trained_again():
-    segments = rank_segments([marker(0.0), record(5.0, 20, 20, 1.0), marker(10.0), record(15.0, 30, 10, 1.0),
-                              marker(20.0), record(25.0, 12, 2, 1.0)])
+    segments = rank_segments(
+        [
+            marker(0.0),
+            record(5.0, 20, 20, 1.0),
+            marker(10.0),
+            record(15.0, 30, 10, 1.0),
+            marker(20.0),
+            record(25.0, 12, 2, 1.0),
+        ]
+    )
     assert [s.resumed_from for s in segments] == [0, 20, 10]
     assert redone_after(segments) == [10, 10, None]  # the third launch resumed behind the second one's start
 
@@ -151,12 +177,15 @@ def test_a_cpu_rank_records_its_startup_pauses_and_exit(tmp_path, plain_env):
     lines = read_json_lines(RunDir(tmp_path).rank_records(0))
     assert lines[0]["launched_at"] == plain_env
     interval = lines[1]
-    assert [(p["part"], p["after_steps"]) for p in interval["paused"]] == \
-        [("checkpoint_load", 0), ("startup", 0), ("evaluation", 1)]
+    assert [(p["part"], p["after_steps"]) for p in interval["paused"]] == [
+        ("checkpoint_load", 0),
+        ("startup", 0),
+        ("evaluation", 1),
+    ]
     assert interval["step_count"] == 2 and not interval["host_bound_measured"]
     assert max(interval["step_seconds"]) < 0.2 <= min(p["seconds"] for p in interval["paused"])
     assert [p["part"] for p in lines[2]["paused"]] == ["checkpoint_save"] and SEGMENT_ENDED in lines[2]
-    segment, = rank_segments(lines)
+    (segment,) = rank_segments(lines)
     seconds = segment_seconds(segment, None)
     assert seconds["startup"] >= 2.0 and seconds["evaluation"] >= 0.2
     assert abs(seconds[OTHER]) < 0.02 * segment.wall_seconds  # the parts, measured apart, add up to the wall time
@@ -176,7 +205,7 @@ def test_pauses_are_named_and_do_not_nest(tmp_path, plain_env):
 
 def test_a_rank_that_never_steps_spent_its_launch_starting(tmp_path, plain_env):
     Telemetry(tmp_path, identity(), 1.0, None, torch.device("cpu")).close()
-    segment, = rank_segments(read_json_lines(RunDir(tmp_path).rank_records(0)))
+    (segment,) = rank_segments(read_json_lines(RunDir(tmp_path).rank_records(0)))
     assert segment_seconds(segment, None)["startup"] == pytest.approx(segment.wall_seconds, abs=1e-3)
 
 

@@ -60,8 +60,9 @@ def entry(name: str) -> catalog.Metric | catalog.Recorded:
 
 
 def rules() -> list[dict]:
-    return [rule for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]
-            for rule in group["rules"]]
+    return [
+        rule for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]
+    ]
 
 
 def dashboards() -> list[dict]:
@@ -70,8 +71,9 @@ def dashboards() -> list[dict]:
 
 def queries() -> list[tuple[str, str]]:
     """(reader, PromQL) for every rule, dashboard panel query and dashboard variable."""
-    found = [(f"record {rule['record']}" if "record" in rule else f"alert {rule['alert']}", rule["expr"])
-             for rule in rules()]
+    found = [
+        (f"record {rule['record']}" if "record" in rule else f"alert {rule['alert']}", rule["expr"]) for rule in rules()
+    ]
     for dashboard in dashboards():
         for panel in dashboard["panels"]:
             found += [(f"panel {panel['title']}", target["expr"]) for target in panel.get("targets", [])]
@@ -94,8 +96,9 @@ def test_names_follow_the_project_conventions():
         assert metric.name.endswith("_info") == (metric.type == catalog.INFO or metric.values == "1"), metric.name
         assert bool(metric.buckets) == (metric.type == catalog.HISTOGRAM), metric.name
         assert metric.help.endswith(".") and metric.origin, metric.name
-        assert all(reader.split(" ", 1)[0] in {"record", "alert", "panel", "variable", "diagnose"}
-                   for reader in metric.readers), metric.name
+        assert all(
+            reader.split(" ", 1)[0] in {"record", "alert", "panel", "variable", "diagnose"} for reader in metric.readers
+        ), metric.name
     for series in catalog.RECORDED:
         level, base, operation = series.name.split(":")
         assert level in {"rank", "job", "gpu"} and base.startswith(catalog.PREFIX) and operation, series.name
@@ -110,7 +113,8 @@ def test_the_recording_rules_record_the_catalogs_recorded_series():
     recorded = {rule["record"] for rule in rules() if "record" in rule}
     assert recorded == set(RECORDED), (
         f"recorded by the rules, not in the catalog: {sorted(recorded - set(RECORDED))}; "
-        f"in the catalog, recorded by no rule: {sorted(set(RECORDED) - recorded)}")
+        f"in the catalog, recorded by no rule: {sorted(set(RECORDED) - recorded)}"
+    )
 
 
 def test_rule_unit_tests_feed_only_catalog_metrics():
@@ -139,33 +143,51 @@ def test_readers_are_what_the_rules_and_dashboards_read():
 
 def catalog_references(path: Path) -> set[str]:
     """The catalog entries a module uses (`catalog.TRAIN_STEPS`...)."""
-    return {node.attr for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "catalog"
-            and isinstance(getattr(catalog, node.attr, None), catalog.Metric)}
+    return {
+        node.attr
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "catalog"
+        and isinstance(getattr(catalog, node.attr, None), catalog.Metric)
+    }
 
 
 def ratio_references(path: Path) -> set[str]:
     """The metrics a module reads through trainstack/ratios.py's definitions (`ratios.DATA_WAIT_SHARE`...)."""
-    used = [getattr(ratios, node.attr, None) for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ratios"]
+    used = [
+        getattr(ratios, node.attr, None)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ratios"
+    ]
     samples = {sample: metric.name for metric in catalog.METRICS for sample in metric.sample_names}
-    return {samples[series] for definition in used if isinstance(definition, (ratios.Ratio, ratios.Throttle))
-            for series in definition.series}
+    return {
+        samples[series]
+        for definition in used
+        if isinstance(definition, (ratios.Ratio, ratios.Throttle))
+        for series in definition.series
+    }
 
 
 def verdict_kinds() -> set[str]:
     tree = ast.parse((DIAGNOSE_DIR / "verdicts.py").read_text())
-    return {node.args[0].value for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Verdict"}
+    return {
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Verdict"
+    }
 
 
 def test_diagnose_reads_what_the_catalog_says():
     read = {getattr(catalog, name).name for path in DIAGNOSE_DIR.glob("*.py") for name in catalog_references(path)}
     read |= {name for path in DIAGNOSE_DIR.glob("*.py") for name in ratio_references(path)}
-    declared = {metric.name for metric in catalog.METRICS
-                if any(reader.startswith("diagnose ") for reader in metric.readers)}
-    assert read == declared, (f"read by monitoring/diagnose, no diagnose reader in the catalog: "
-                              f"{sorted(read - declared)}; declared but not read: {sorted(declared - read)}")
+    declared = {
+        metric.name for metric in catalog.METRICS if any(reader.startswith("diagnose ") for reader in metric.readers)
+    }
+    assert read == declared, (
+        f"read by monitoring/diagnose, no diagnose reader in the catalog: "
+        f"{sorted(read - declared)}; declared but not read: {sorted(declared - read)}"
+    )
     kinds = verdict_kinds() | {"figures"}
     assert len(kinds) > 5
     for metric in catalog.METRICS:
@@ -175,8 +197,9 @@ def test_diagnose_reads_what_the_catalog_says():
 
 @pytest.mark.slow
 def test_the_metrics_docs_are_generated_from_the_catalog():
-    result = subprocess.run([sys.executable, str(REPO / "scripts/metrics-docs.py"), "--check"], cwd=REPO,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts/metrics-docs.py"), "--check"], cwd=REPO, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -202,8 +225,11 @@ def labels_wrong(found: dict[str, set[frozenset[str]]]) -> list[str]:
     for name, label_sets in found.items():
         metric = SAMPLES[name]
         expected = frozenset(metric.labels) | ({"le"} if name.endswith("_bucket") else set())
-        wrong += [f"{name}: labels {sorted(labels)}, the catalog says {sorted(expected)}" for labels in label_sets
-                  if labels != expected]
+        wrong += [
+            f"{name}: labels {sorted(labels)}, the catalog says {sorted(expected)}"
+            for labels in label_sets
+            if labels != expected
+        ]
     return wrong
 
 
@@ -211,8 +237,9 @@ def labels_wrong(found: dict[str, set[frozenset[str]]]) -> list[str]:
 @pytest.mark.parametrize("on_gpu", [False, True])
 def test_the_stand_in_ranks_write_catalog_metrics(tmp_path, on_gpu):
     write_rank(tmp_path, rank=0, steps=3, on_gpu=on_gpu)
-    found = exposed(sample for family in MultiProcessCollector(None, str(tmp_path)).collect()
-                    for sample in family.samples)
+    found = exposed(
+        sample for family in MultiProcessCollector(None, str(tmp_path)).collect() for sample in family.samples
+    )
     assert not unknown(set(found)), "tests/standin_ranks.py writes metrics trainstack/catalog.py lacks"
     assert not labels_wrong(found)
 
@@ -268,16 +295,25 @@ torch.distributed.destroy_process_group()
 
 def run_telemetry_rank(tmp_path: Path, metrics_dir: Path, device: str) -> None:
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "PYTHONPATH": PYTHONPATH}
-    rank = subprocess.run([sys.executable, "-c", TELEMETRY_RANK, str(tmp_path / "run"), "GPU-catalog", device],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    rank = subprocess.run(
+        [sys.executable, "-c", TELEMETRY_RANK, str(tmp_path / "run"), "GPU-catalog", device],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rank.returncode == 0, rank.stderr[-3000:]
 
 
 def fake_host(rank_pid: int) -> dict:
     """dgx_h100 with a T4 added (its missing HBM sensor and NVLink make NVML errors), the rank on GPU 0, an Xid."""
     host = json.loads((REPO / "monitoring/nvml_fake/hosts/dgx_h100.json").read_text())
-    t4 = next(gpu for gpu in json.loads((REPO / "monitoring/nvml_fake/hosts/mixed.json").read_text())["gpus"]
-              if gpu["model"] == "t4")
+    t4 = next(
+        gpu
+        for gpu in json.loads((REPO / "monitoring/nvml_fake/hosts/mixed.json").read_text())["gpus"]
+        if gpu["model"] == "t4"
+    )
     host["gpus"].append(t4)
     host["processes"] = {"0": [{"pid": rank_pid, "used_gpu_memory": 1 << 30}]}
     host["xid_events"] = [{"gpu": 1, "xid": 79, "after_seconds": 0}]
@@ -298,10 +334,23 @@ def test_every_catalog_metric_is_produced_and_nothing_else(tmp_path):
     stall.verdict.write_text(json.dumps({"headline": "rank 1 has not joined all_reduce #3", "culprits": [1]}))
     port = free_port()
     exporter = subprocess.Popen(
-        [sys.executable, "-m", "trainstack.monitoring.exporter", "--nvml-module", "trainstack.monitoring.nvml_fake",
-         "--port", str(port), "--run-dir", str(tmp_path / "run"),
-         "--metrics-dir", str(metrics_dir), "--pcie-throughput"],
-        cwd=REPO, env={**os.environ, "NVML_FAKE_HOST": str(host_file), "PYTHONPATH": PYTHONPATH})
+        [
+            sys.executable,
+            "-m",
+            "trainstack.monitoring.exporter",
+            "--nvml-module",
+            "trainstack.monitoring.nvml_fake",
+            "--port",
+            str(port),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--metrics-dir",
+            str(metrics_dir),
+            "--pcie-throughput",
+        ],
+        cwd=REPO,
+        env={**os.environ, "NVML_FAKE_HOST": str(host_file), "PYTHONPATH": PYTHONPATH},
+    )
     wanted = set(SAMPLES)
     try:
         deadline = time.monotonic() + DEADLINE_SECONDS
@@ -312,8 +361,10 @@ def test_every_catalog_metric_is_produced_and_nothing_else(tmp_path):
     finally:
         stop_process(exporter)
     assert not unknown(set(found)), "the exporter serves metrics trainstack/catalog.py lacks"
-    assert not wanted - set(found), "in trainstack/catalog.py, produced by nothing (or not under the conditions " \
+    assert not wanted - set(found), (
+        "in trainstack/catalog.py, produced by nothing (or not under the conditions "
         f"this test sets up): {sorted(wanted - set(found))}"
+    )
     assert not labels_wrong(found)
 
 
@@ -323,8 +374,11 @@ def test_every_catalog_metric_is_produced_and_nothing_else(tmp_path):
 def test_cuda_telemetry_writes_its_gpu_only_gauges(tmp_path):
     """The real CUDA path of the stand-ins above: peak memory from torch.cuda, times from CUDA events."""
     run_telemetry_rank(tmp_path, tmp_path / "metrics", "cuda")
-    values = {sample.name: sample.value for family in MultiProcessCollector(None, str(tmp_path / "metrics")).collect()
-              for sample in family.samples}
+    values = {
+        sample.name: sample.value
+        for family in MultiProcessCollector(None, str(tmp_path / "metrics")).collect()
+        for sample in family.samples
+    }
     assert values[catalog.TRAIN_MEMORY_ALLOCATED_PEAK.name] > 0
     assert values[catalog.TRAIN_MEMORY_RESERVED_PEAK.name] >= values[catalog.TRAIN_MEMORY_ALLOCATED_PEAK.name]
     assert values[catalog.TRAIN_MFU.name] > 0

@@ -26,25 +26,48 @@ def test_a_share_outside_zero_to_one_has_no_ceiling(share):
         ceilings.speedup_ceiling(share)
 
 
-def _rank(rank: int, compute: float, comm: float, starved: float, host: float = 0.0, host_measured: bool = False,
-          **pauses: float) -> dict:
+def _rank(
+    rank: int,
+    compute: float,
+    comm: float,
+    starved: float,
+    host: float = 0.0,
+    host_measured: bool = False,
+    **pauses: float,
+) -> dict:
     seconds = dict.fromkeys(breakdown.PARTS, 0.0)
-    seconds.update({breakdown.COMPUTE: compute, breakdown.COMM_EXPOSED: comm, breakdown.DATA_STARVATION: starved,
-                    breakdown.HOST_BOUND: host, **pauses})
-    return {"rank": rank, "wall_seconds": sum(seconds.values()), "seconds": seconds,
-            "host_bound_measured": host_measured}
+    seconds.update(
+        {
+            breakdown.COMPUTE: compute,
+            breakdown.COMM_EXPOSED: comm,
+            breakdown.DATA_STARVATION: starved,
+            breakdown.HOST_BOUND: host,
+            **pauses,
+        }
+    )
+    return {
+        "rank": rank,
+        "wall_seconds": sum(seconds.values()),
+        "seconds": seconds,
+        "host_bound_measured": host_measured,
+    }
 
 
 def _times(*ranks: dict) -> dict:
     wall = sum(rank["wall_seconds"] for rank in ranks)
-    return {"wall_seconds": wall, "ranks": list(ranks),
-            "seconds": {part: sum(rank["seconds"][part] for rank in ranks) for part in breakdown.PARTS}}
+    return {
+        "wall_seconds": wall,
+        "ranks": list(ranks),
+        "seconds": {part: sum(rank["seconds"][part] for rank in ranks) for part in breakdown.PARTS},
+    }
 
 
 def test_each_kind_reads_its_own_share_of_the_breakdown():
     # Rank 0 starves 31% of its 10 s of steps and waits 1 s on communication; rank 1, its peer, waits 3 s for it.
-    times = _times(_rank(0, compute=5.9, comm=1.0, starved=3.1, evaluation=2.0),
-                   _rank(1, compute=7.0, comm=3.0, starved=0.0, checkpoint_save=2.0))
+    times = _times(
+        _rank(0, compute=5.9, comm=1.0, starved=3.1, evaluation=2.0),
+        _rank(1, compute=7.0, comm=3.0, starved=0.0, checkpoint_save=2.0),
+    )
     found = ceilings.from_breakdown(times)
     assert found["input-bound"].share == pytest.approx(0.31)
     assert found["input-bound"].speedup == pytest.approx(1.449, abs=1e-3)
@@ -57,8 +80,7 @@ def test_each_kind_reads_its_own_share_of_the_breakdown():
 
 
 def test_host_bound_counts_where_a_rank_measured_it():
-    found = ceilings.from_breakdown(_times(_rank(0, compute=6.0, comm=0.0, starved=0.0, host=4.0,
-                                                 host_measured=True)))
+    found = ceilings.from_breakdown(_times(_rank(0, compute=6.0, comm=0.0, starved=0.0, host=4.0, host_measured=True)))
     assert found["host-bound"].speedup == pytest.approx(1 / 0.6)
     assert set(found) == {"input-bound", "host-bound", "pauses"}  # one rank: nothing to wait for
 
@@ -72,24 +94,38 @@ def _snapshot(*ranks: RankView) -> Snapshot:
 
 
 def test_diagnose_prints_the_ceiling_beside_the_verdict_it_caps():
-    ranks = [RankView(rank=str(r), steps=50, steps_per_second=2.0, step_seconds=0.5, data_wait_ratio=wait,
-                      comm_exposed_ratio=0.05, forward_seconds=0.1, last_step_time=999.0)
-             for r, wait in ((0, 0.40), (1, 0.05))]
+    ranks = [
+        RankView(
+            rank=str(r),
+            steps=50,
+            steps_per_second=2.0,
+            step_seconds=0.5,
+            data_wait_ratio=wait,
+            comm_exposed_ratio=0.05,
+            forward_seconds=0.1,
+            last_step_time=999.0,
+        )
+        for r, wait in ((0, 0.40), (1, 0.05))
+    ]
     snapshot = _snapshot(*ranks)
     verdicts = diagnose(snapshot, Thresholds())
     assert [v.kind for v in verdicts] == ["input-bound"]
     found = of_snapshot(snapshot)
     text = render_text("test", verdicts, figures(snapshot), (), found)
-    assert "ceiling: input-bound: the loader starves the device 40% of step time; a loader that keeps up makes " \
-           "steps up to 1.67x faster" in text
+    assert (
+        "ceiling: input-bound: the loader starves the device 40% of step time; a loader that keeps up makes "
+        "steps up to 1.67x faster" in text
+    )
     judged = json.loads(render_json("test", verdicts, figures(snapshot), (), found))["verdicts"]
     assert judged[0]["ceiling"]["speedup"] == pytest.approx(1 / 0.6)
 
 
 def test_a_live_straggler_ceiling_is_what_its_peers_wait_beyond_it():
     # Rank 0 is slow: rank 1 waits for it at the all-reduce 30% of its step, rank 0 itself 5%.
-    ranks = [RankView(rank=str(r), step_seconds=1.0, forward_seconds=0.1, comm_exposed_ratio=wait)
-             for r, wait in ((0, 0.05), (1, 0.30))]
+    ranks = [
+        RankView(rank=str(r), step_seconds=1.0, forward_seconds=0.1, comm_exposed_ratio=wait)
+        for r, wait in ((0, 0.05), (1, 0.30))
+    ]
     snapshot = _snapshot(*ranks)
     found = of_snapshot(snapshot)
     assert found["straggler"].share == pytest.approx(0.25)

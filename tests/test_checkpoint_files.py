@@ -66,14 +66,17 @@ def damage(folder: Path, how: str) -> None:
         (folder / checkpoint.MANIFEST).write_text(json.dumps(manifest))
 
 
-@pytest.mark.parametrize(("how", "message"), [
-    ("missing file", "is missing model.safetensors; resume from an older checkpoint"),
-    ("truncated", "model.safetensors is 12 bytes, expected 13 (truncated)"),
-    ("modified", "model.safetensors does not match its recorded SHA-256 (modified or corrupted)"),
-    ("no manifest", f"is not a complete trainstack checkpoint (no {checkpoint.MANIFEST})"),
-    ("unreadable manifest", f"{checkpoint.MANIFEST} is unreadable; the checkpoint cannot be trusted"),
-    ("not trainstack's", f"has no {checkpoint.TRAIN_STATE}; it was not written by trainstack"),
-])
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("missing file", "is missing model.safetensors; resume from an older checkpoint"),
+        ("truncated", "model.safetensors is 12 bytes, expected 13 (truncated)"),
+        ("modified", "model.safetensors does not match its recorded SHA-256 (modified or corrupted)"),
+        ("no manifest", f"is not a complete trainstack checkpoint (no {checkpoint.MANIFEST})"),
+        ("unreadable manifest", f"{checkpoint.MANIFEST} is unreadable; the checkpoint cannot be trusted"),
+        ("not trainstack's", f"has no {checkpoint.TRAIN_STATE}; it was not written by trainstack"),
+    ],
+)
 def test_damage_is_named_in_one_line(root, how, message):
     folder = sealed(root, 5)
     damage(folder, how)
@@ -117,10 +120,16 @@ def test_the_newest_intact_checkpoint_wins_and_newer_damaged_ones_are_set_aside(
     said = []
     assert checkpoint.latest_valid(root, said.append) == middle
     assert checkpoint.complete_checkpoints(root) == [oldest, middle]
-    assert {p.name for p in root.iterdir()} == {oldest.name, middle.name, newer.name + ".damaged",
-                                                  newest.name + ".damaged"}
+    assert {p.name for p in root.iterdir()} == {
+        oldest.name,
+        middle.name,
+        newer.name + ".damaged",
+        newest.name + ".damaged",
+    }
     assert [line.split("; kept as ")[1] for line in said] == [
-        "step-00000020.damaged, resuming from step-00000010", "step-00000015.damaged, resuming from step-00000010"]
+        "step-00000020.damaged, resuming from step-00000010",
+        "step-00000015.damaged, resuming from step-00000010",
+    ]
     assert "truncated" in said[0] and "SHA-256" in said[1]
 
 
@@ -210,8 +219,9 @@ class OneRank:
 
 
 def trained(step: int) -> Progress:
-    return Progress(step=step, epoch=1, batch_in_epoch=3, initial_loss=4.0, last_loss=2.5, samples=8 * step,
-                    tokens=1024 * step)
+    return Progress(
+        step=step, epoch=1, batch_in_epoch=3, initial_loss=4.0, last_loss=2.5, samples=8 * step, tokens=1024 * step
+    )
 
 
 def test_a_save_publishes_a_sealed_checkpoint_then_rotates(tmp_path):

@@ -40,9 +40,22 @@ def test_exporter_and_diagnose_work_without_torch():
     port = free_port()
     env = {**os.environ, "NVML_FAKE_HOST": "dgx_h100"}
     exporter = subprocess.Popen(
-        [sys.executable, "-c", WITHOUT_TORCH, "exporter", "--port", str(port), "--nvml-module",
-         "trainstack.monitoring.nvml_fake"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        [
+            sys.executable,
+            "-c",
+            WITHOUT_TORCH,
+            "exporter",
+            "--port",
+            str(port),
+            "--nvml-module",
+            "trainstack.monitoring.nvml_fake",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -44,19 +44,22 @@ def test_host_clock_exposed_is_the_wait_after_the_last_launch():
     # Bucket 0's all-reduce is hidden behind the compute that goes on until bucket 1's launch at 2.0; bucket 1 ends
     # at 2.75: 0.75 s of waiting with nothing left to compute. In flight: 0.5 s, then 0.75 s.
     assert one_step((1.0, "launch", 0), (1.5, "done", 0), (2.0, "launch", 1), (2.75, "done", 1)) == [
-        StepComm(seconds=1.25, exposed_seconds=0.75, bytes=200, buckets=2)]
+        StepComm(seconds=1.25, exposed_seconds=0.75, bytes=200, buckets=2)
+    ]
 
 
 def test_host_clock_takes_the_latest_end_whatever_the_order():
     """gloo may finish an earlier bucket after a later one: the step's communication ends with the latest."""
     assert one_step((0.0, "launch", 0), (0.5, "launch", 1), (0.75, "done", 1), (2.0, "done", 0)) == [
-        StepComm(seconds=2.0, exposed_seconds=1.5, bytes=200, buckets=2)]
+        StepComm(seconds=2.0, exposed_seconds=1.5, bytes=200, buckets=2)
+    ]
 
 
 def test_hidden_communication_is_not_exposed():
     # Bucket 1 ended as it launched: nothing to wait for, nor any time in flight.
     assert one_step((0.0, "launch", 0), (0.25, "done", 0), (1.0, "launch", 1), (1.0, "done", 1)) == [
-        StepComm(seconds=0.25, exposed_seconds=0.0, bytes=200, buckets=2)]
+        StepComm(seconds=0.25, exposed_seconds=0.0, bytes=200, buckets=2)
+    ]
 
 
 def test_steps_and_micro_batches_group_their_buckets():
@@ -117,8 +120,18 @@ def test_only_a_ddp_model_is_watched():
 
 
 def identity() -> RankIdentity:
-    return RankIdentity(rank=0, local_rank=0, node="node0", uuid="", run_id="comm", world_size=2, nodes=1,
-                        mixed_precision="no", model="builtin:tiny-gpt", dataset="builtin:sequences")
+    return RankIdentity(
+        rank=0,
+        local_rank=0,
+        node="node0",
+        uuid="",
+        run_id="comm",
+        world_size=2,
+        nodes=1,
+        mixed_precision="no",
+        model="builtin:tiny-gpt",
+        dataset="builtin:sequences",
+    )
 
 
 @pytest.mark.parametrize("ddp", [False, True])

@@ -1,6 +1,7 @@
 """What a DDP rank says about how its gradient communication is set up (trainstack/telemetry/comm_setup.py): the NCCL
 switches in its environment, its process group's backend and the size of /dev/shm, published once with its other
 series."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,12 @@ from trainstack.telemetry.comm_setup import CommSetup
 
 def test_the_nccl_switches_set_are_read_and_the_unset_ones_are_empty(tmp_path):
     setup = CommSetup.read({"NCCL_P2P_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "INFO"}, str(tmp_path))
-    assert setup.switches == {"nccl_p2p_disable": "1", "nccl_shm_disable": "", "nccl_ib_disable": "",
-                              "nccl_socket_ifname": "eth0"}
+    assert setup.switches == {
+        "nccl_p2p_disable": "1",
+        "nccl_shm_disable": "",
+        "nccl_ib_disable": "",
+        "nccl_socket_ifname": "eth0",
+    }
     assert setup.backend == ""  # no process group in this process
     assert setup.shm_bytes == shutil.disk_usage(tmp_path).total
 
@@ -53,17 +58,36 @@ torch.distributed.destroy_process_group()
 def test_a_ddp_rank_publishes_its_communication_setup_once_it_is_watched(tmp_path):
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "PYTHONPATH": str(REPO),
-           "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1"}
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        "PYTHONPATH": str(REPO),
+        "NCCL_SHM_DISABLE": "1",
+        "NCCL_IB_DISABLE": "1",
+    }
     env.pop("NCCL_P2P_DISABLE", None)
     env.pop("NCCL_SOCKET_IFNAME", None)
-    rank = subprocess.run([sys.executable, "-c", DDP_RANK, str(tmp_path / "run")], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    rank = subprocess.run(
+        [sys.executable, "-c", DDP_RANK, str(tmp_path / "run")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert rank.returncode == 0, rank.stderr[-3000:]
-    samples = {sample.name: sample for family in MultiProcessCollector(None, str(metrics_dir)).collect()
-               for sample in family.samples}
+    samples = {
+        sample.name: sample
+        for family in MultiProcessCollector(None, str(metrics_dir)).collect()
+        for sample in family.samples
+    }
     assert samples[catalog.TRAIN_COMM_SETUP_INFO.name].labels == {
-        "rank": "3", "backend": "gloo", "nccl_p2p_disable": "", "nccl_shm_disable": "1", "nccl_ib_disable": "1",
-        "nccl_socket_ifname": ""}
+        "rank": "3",
+        "backend": "gloo",
+        "nccl_p2p_disable": "",
+        "nccl_shm_disable": "1",
+        "nccl_ib_disable": "1",
+        "nccl_socket_ifname": "",
+    }
     shm = samples[catalog.TRAIN_SHM_BYTES.name]
     assert (shm.labels, shm.value) == ({"rank": "3"}, shutil.disk_usage(Path("/dev/shm")).total)

@@ -15,8 +15,9 @@ from trainstack.monitoring.compare import profile
 from trainstack.monitoring.compare.comparison import MOVED, Comparison
 
 
-def _fake_run(run_dir: Path, model: str = "builtin:tiny-gpt", starved: float = 0.0, workers: int = 1,
-              steps: int = 4) -> Path:
+def _fake_run(
+    run_dir: Path, model: str = "builtin:tiny-gpt", starved: float = 0.0, workers: int = 1, steps: int = 4
+) -> Path:
     """A 2-rank run directory of `steps`-step records each 0.1 s of compute plus `starved` seconds of starvation."""
     (run_dir / "telemetry").mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"model": model, "num_workers": workers}))
@@ -24,12 +25,28 @@ def _fake_run(run_dir: Path, model: str = "builtin:tiny-gpt", starved: float = 0
     for rank in range(2):
         lines = [{"segment_started": 100.0, "rank": rank, "launched_at": 90.0}]
         for index in range(1, 4):
-            lines.append({"time": 100.0 + index * steps * step, "rank": rank, "step": index * steps,
-                          "samples": 8 * steps, "interval_seconds": steps * step, "step_count": steps,
-                          "step_seconds": [step] * steps, "data_wait_seconds": starved * steps, "param_bytes": 1000,
-                          "time_parts": {"compute": 0.1 * steps, "comm_exposed": 0.0,
-                                         "data_starvation": starved * steps, "host_bound": 0.0, "compile": 0.0},
-                          "paused": [], "host_bound_measured": False})
+            lines.append(
+                {
+                    "time": 100.0 + index * steps * step,
+                    "rank": rank,
+                    "step": index * steps,
+                    "samples": 8 * steps,
+                    "interval_seconds": steps * step,
+                    "step_count": steps,
+                    "step_seconds": [step] * steps,
+                    "data_wait_seconds": starved * steps,
+                    "param_bytes": 1000,
+                    "time_parts": {
+                        "compute": 0.1 * steps,
+                        "comm_exposed": 0.0,
+                        "data_starvation": starved * steps,
+                        "host_bound": 0.0,
+                        "compile": 0.0,
+                    },
+                    "paused": [],
+                    "host_bound_measured": False,
+                }
+            )
         (run_dir / "telemetry" / f"rank-{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return run_dir
 
@@ -42,8 +59,7 @@ def test_compare_marks_the_part_that_moved_and_the_speedup(tmp_path):
     assert [row[""] for row in comparison.parts() if row["part"] == "data_starvation"] == [MOVED]
     assert comparison.speedup == pytest.approx(2.0)  # 0.2 s steps against 0.1 s
     assert {row["setting"]: (row["A"], row["B"]) for row in comparison.settings()} == {"config.num_workers": (1, 4)}
-    assert [(row["run"], row["verdict"]) for row in comparison.verdicts()] == [("A", "input-bound"),
-                                                                              ("B", "healthy")]
+    assert [(row["run"], row["verdict"]) for row in comparison.verdicts()] == [("A", "input-bound"), ("B", "healthy")]
 
 
 def test_compare_prints_and_writes_its_page(tmp_path, capsys):
@@ -57,10 +73,12 @@ def test_compare_prints_and_writes_its_page(tmp_path, capsys):
 @pytest.mark.parametrize("case", ["not-a-run", "missing", "other-model"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
     run = _fake_run(tmp_path / "run")
-    other = {"not-a-run": tmp_path, "missing": tmp_path / "nowhere",
-             "other-model": _fake_run(tmp_path / "other", model="builtin:small-gpt")}[case]
+    other = {
+        "not-a-run": tmp_path,
+        "missing": tmp_path / "nowhere",
+        "other-model": _fake_run(tmp_path / "other", model="builtin:small-gpt"),
+    }[case]
     assert cli.main(["compare", str(run), str(other)]) == EXIT_CONFIG
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "Traceback" not in error
     assert ("different models" if case == "other-model" else "not a trainstack run directory") in error
-

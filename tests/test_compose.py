@@ -38,9 +38,14 @@ def compose_config(command: list[str], tmp_path: Path, **env: str) -> subprocess
     """`<compose> config` on compose.yaml with only the given variables (an empty --env-file hides any .env)."""
     empty_env_file = tmp_path / "empty.env"
     empty_env_file.write_text("")
-    return subprocess.run([*command, "--env-file", str(empty_env_file), "--file", str(COMPOSE_FILE),
-                           "--profile", "cpu", "config"], cwd=REPO, capture_output=True, text=True,
-                          env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"), **env}, timeout=60)
+    return subprocess.run(
+        [*command, "--env-file", str(empty_env_file), "--file", str(COMPOSE_FILE), "--profile", "cpu", "config"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"), **env},
+        timeout=60,
+    )
 
 
 def compose_v1() -> list[str]:
@@ -50,8 +55,10 @@ def compose_v1() -> list[str]:
 
 
 def compose_v2() -> list[str]:
-    if shutil.which("docker") is None or subprocess.run(["docker", "compose", "version"],
-                                                        capture_output=True).returncode != 0:
+    if (
+        shutil.which("docker") is None
+        or subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0
+    ):
         pytest.skip("Compose v2 (the docker compose plugin) not installed")
     return ["docker", "compose"]
 
@@ -61,8 +68,9 @@ def test_compose_spec_schema():
     checker = Path(sys.executable).parent / "check-jsonschema"
     if not checker.exists():
         pytest.skip("check-jsonschema not installed (make setup installs it)")
-    result = subprocess.run([str(checker), "--builtin-schema", "vendor.compose-spec", str(COMPOSE_FILE)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [str(checker), "--builtin-schema", "vendor.compose-spec", str(COMPOSE_FILE)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -97,7 +105,8 @@ def test_trainer_has_shared_memory_ulimits_volume_and_a_grace_period(name):
 def test_gpu_trainer_reserves_every_gpu_and_the_cpu_variant_none():
     trainer, cpu = services()["trainer"], services()["trainer-cpu"]
     assert trainer["deploy"]["resources"]["reservations"]["devices"] == [
-        {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+        {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
+    ]
     assert "profiles" not in trainer, "plain `docker compose up` on a GPU host must start the GPU trainer"
     assert "deploy" not in cpu and cpu["profiles"] == ["cpu"]
     assert "--cpu" in cpu["command"] and flag(cpu["command"], "--nproc-per-node") == "2"

@@ -43,14 +43,22 @@ def checkout(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def run_script(checkout: Path, name: str, *args: str, runtimes: str = '{"runc":{}}',
-               state: str = "running healthy 0", **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+def run_script(
+    checkout: Path, name: str, *args: str, runtimes: str = '{"runc":{}}', state: str = "running healthy 0", **env: str
+) -> tuple[subprocess.CompletedProcess, list[str]]:
     calls = checkout / "calls.log"
     calls.write_text("")
-    environment = {"PATH": f"{checkout / 'bin'}:/usr/bin:/bin", "HOME": str(checkout), "DOCKER_CALLS": str(calls),
-                   "RUNTIMES": runtimes, "TRAINER_STATE": state, **env}
-    result = subprocess.run(["bash", str(checkout / "scripts" / name), *args], env=environment, capture_output=True,
-                            text=True, timeout=60)
+    environment = {
+        "PATH": f"{checkout / 'bin'}:/usr/bin:/bin",
+        "HOME": str(checkout),
+        "DOCKER_CALLS": str(calls),
+        "RUNTIMES": runtimes,
+        "TRAINER_STATE": state,
+        **env,
+    }
+    result = subprocess.run(
+        ["bash", str(checkout / "scripts" / name), *args], env=environment, capture_output=True, text=True, timeout=60
+    )
     return result, calls.read_text().splitlines()
 
 
@@ -68,8 +76,7 @@ def test_up_without_nvidia_runtime_starts_the_cpu_trainer_with_a_fresh_password(
     assert settings["COMPOSE_PROJECT_NAME"] == "trainstack"
     assert "no NVIDIA runtime: training on 2 CPU ranks, service trainer-cpu" in result.stdout
     assert "compose --project-name trainstack --profile cpu rm --stop --force trainer" in calls
-    assert "compose --project-name trainstack --profile cpu up --detach --build trainer-cpu prometheus grafana" \
-        in calls
+    assert "compose --project-name trainstack --profile cpu up --detach --build trainer-cpu prometheus grafana" in calls
     for url in ("http://127.0.0.1:3000", "http://127.0.0.1:9090", "http://127.0.0.1:9450/metrics"):
         assert url in result.stdout
     assert f"GRAFANA_ADMIN_PASSWORD in {checkout}/.env" in result.stdout
@@ -79,8 +86,11 @@ def test_up_with_nvidia_runtime_starts_the_gpu_trainer_and_keeps_an_existing_pas
     (checkout / ".env").write_text("GRAFANA_ADMIN_PASSWORD=chosen-by-me\nGRAFANA_PORT=3300")  # no final newline
     result, calls = run_script(checkout, "compose-up.sh", runtimes='{"nvidia":{"path":"nvidia-container-runtime"}}')
     assert result.returncode == 0, result.stderr
-    assert dotenv(checkout) == {"GRAFANA_ADMIN_PASSWORD": "chosen-by-me", "GRAFANA_PORT": "3300",
-                                "COMPOSE_PROJECT_NAME": "trainstack"}
+    assert dotenv(checkout) == {
+        "GRAFANA_ADMIN_PASSWORD": "chosen-by-me",
+        "GRAFANA_PORT": "3300",
+        "COMPOSE_PROJECT_NAME": "trainstack",
+    }
     assert "NVIDIA runtime: training on every GPU, service trainer" in result.stdout
     assert "compose --project-name trainstack --profile cpu up --detach --build trainer prometheus grafana" in calls
     assert "http://127.0.0.1:3300" in result.stdout
@@ -89,8 +99,9 @@ def test_up_with_nvidia_runtime_starts_the_gpu_trainer_and_keeps_an_existing_pas
 def test_up_passes_its_arguments_to_compose_up(checkout):
     result, calls = run_script(checkout, "compose-up.sh", "--no-build")
     assert result.returncode == 0, result.stderr
-    assert "compose --project-name trainstack --profile cpu up --detach --no-build trainer-cpu prometheus grafana" \
-        in calls
+    assert (
+        "compose --project-name trainstack --profile cpu up --detach --no-build trainer-cpu prometheus grafana" in calls
+    )
 
 
 def test_up_reports_a_trainer_that_exits_with_an_error(checkout):
@@ -105,8 +116,10 @@ def test_up_refuses_an_unknown_device_choice(checkout):
     assert result.returncode == 2 and "TRAINSTACK_DEVICE must be gpu or cpu" in result.stderr
 
 
-@pytest.mark.parametrize("script, subcommand", [("compose-down.sh", "down"), ("compose-ps.sh", "ps"),
-                                                ("compose-logs.sh", "logs --follow --tail 200")])
+@pytest.mark.parametrize(
+    "script, subcommand",
+    [("compose-down.sh", "down"), ("compose-ps.sh", "ps"), ("compose-logs.sh", "logs --follow --tail 200")],
+)
 def test_down_ps_logs_cover_both_trainers_and_need_no_password(checkout, script, subcommand):
     result, calls = run_script(checkout, script)
     assert result.returncode == 0, result.stderr

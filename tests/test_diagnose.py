@@ -46,8 +46,9 @@ def test_a_healthy_run_has_no_verdict_and_shows_its_figures():
 
 
 def test_input_bound_names_the_waiting_ranks():
-    verdicts = diagnose(gpu_snapshot([rank("0", uuid="GPU-0"), rank("1", uuid="GPU-1", data_wait_ratio=0.45)],
-                                     [gpu(0), gpu(1)]), LIMITS)
+    verdicts = diagnose(
+        gpu_snapshot([rank("0", uuid="GPU-0"), rank("1", uuid="GPU-1", data_wait_ratio=0.45)], [gpu(0), gpu(1)]), LIMITS
+    )
     assert kinds(verdicts) == ["input-bound"]
     assert "rank 1" in verdicts[0].summary and "rank 0" not in verdicts[0].summary
     assert "45%" in verdicts[0].evidence[0] and "DataLoader(num_workers=...)" in verdicts[0].fix
@@ -59,8 +60,10 @@ def test_a_watched_command_without_rank_telemetry_is_uninstrumented_never_no_tra
     snapshot = Snapshot("test", NOW, [], gpus, command="torchrun --nproc-per-node 2 train.py", command_processes=3)
     assert diagnose(snapshot, LIMITS) == []
     (note,) = notes(snapshot, LIMITS)
-    assert note.startswith(f"uninstrumented: 3 process(es) of the watched command are running with no rank "
-                           f"telemetry ({judged}); add `import trainstack.monitor`")
+    assert note.startswith(
+        f"uninstrumented: 3 process(es) of the watched command are running with no rank "
+        f"telemetry ({judged}); add `import trainstack.monitor`"
+    )
     assert figures(snapshot)["command_processes"] == 3
     ended = Snapshot("test", NOW, [], [], command="python train.py", command_processes=0)
     assert diagnose(ended, LIMITS) == [] and "the watched command has ended" in notes(ended, LIMITS)[0]
@@ -68,16 +71,48 @@ def test_a_watched_command_without_rank_telemetry_is_uninstrumented_never_no_tra
     assert kinds(diagnose(Snapshot("test", NOW, [], [gpu(0, utilization=0.0)]), LIMITS)) == ["no-training"]
 
 
-@pytest.mark.parametrize("launcher, knobs, not_knobs", [
-    ("train", ("--num-workers", "--gradient-accumulation-steps", "--strategy fsdp", "--compile",
-               "--mixed-precision bf16"), ("DataLoader(", "DDP(model, bucket_cap_mb")),
-    ("watch", ("DataLoader(num_workers=...)", "DDP(model, bucket_cap_mb=...)", "DataLoader(batch_size=...)",
-               "torch.compile(model)", "torch.autocast"), ("--num-workers", "--batch-size", "--strategy", "--compile")),
-])
+@pytest.mark.parametrize(
+    "launcher, knobs, not_knobs",
+    [
+        (
+            "train",
+            (
+                "--num-workers",
+                "--gradient-accumulation-steps",
+                "--strategy fsdp",
+                "--compile",
+                "--mixed-precision bf16",
+            ),
+            ("DataLoader(", "DDP(model, bucket_cap_mb"),
+        ),
+        (
+            "watch",
+            (
+                "DataLoader(num_workers=...)",
+                "DDP(model, bucket_cap_mb=...)",
+                "DataLoader(batch_size=...)",
+                "torch.compile(model)",
+                "torch.autocast",
+            ),
+            ("--num-workers", "--batch-size", "--strategy", "--compile"),
+        ),
+    ],
+)
 def test_a_fix_names_the_knob_of_whatever_started_the_ranks(launcher, knobs, not_knobs):
     """`trainstack train`'s ranks are tuned by its flags; a watched script's by its own code."""
-    ranks = [rank(str(i), uuid=f"GPU-{i}", launcher=launcher, data_wait_ratio=0.45, comm_exposed_ratio=0.5,
-                  comm_seconds=0.2, host_bound_ratio=0.4, mfu=0.05) for i in range(2)]
+    ranks = [
+        rank(
+            str(i),
+            uuid=f"GPU-{i}",
+            launcher=launcher,
+            data_wait_ratio=0.45,
+            comm_exposed_ratio=0.5,
+            comm_seconds=0.2,
+            host_bound_ratio=0.4,
+            mfu=0.05,
+        )
+        for i in range(2)
+    ]
     verdicts = diagnose(gpu_snapshot(ranks, [gpu(0), gpu(1)]), LIMITS)
     assert {"input-bound", "comm-bound", "host-bound", "low-mfu"} <= set(kinds(verdicts))
     fixes = " ".join(v.fix for v in verdicts if v.kind in ("input-bound", "comm-bound", "host-bound", "low-mfu"))
@@ -92,14 +127,17 @@ def test_a_gpu_rank_is_input_bound_by_its_gpu_starvation_not_its_host_wait():
     starved = rank("0", uuid="GPU-0", clock="gpu", data_wait_ratio=0.35, host_data_wait_ratio=0.4)
     verdicts = diagnose(gpu_snapshot([starved], [gpu(0)]), LIMITS)
     assert kinds(verdicts) == ["input-bound"]
-    assert verdicts[0].evidence == ("rank 0: its GPU sat idle for want of the next batch 35% of its step time "
-                                    "(GPU timeline; its host waited in the loader 40%)",)
+    assert verdicts[0].evidence == (
+        "rank 0: its GPU sat idle for want of the next batch 35% of its step time "
+        "(GPU timeline; its host waited in the loader 40%)",
+    )
 
 
 def test_figures_say_which_clock_measured_the_data_wait():
 
-    on_gpu = gpu_snapshot([rank("0", uuid="GPU-0", clock="gpu", data_wait_ratio=0.01, host_data_wait_ratio=0.21)],
-                          [gpu(0)])
+    on_gpu = gpu_snapshot(
+        [rank("0", uuid="GPU-0", clock="gpu", data_wait_ratio=0.01, host_data_wait_ratio=0.21)], [gpu(0)]
+    )
     shown = figures(on_gpu)
     assert shown["data_wait_clock"] == "gpu" and shown["host_data_wait_ratio_max"] == 0.21
     assert "GPU starved for data at most 1% (host in the loader at most 21%)" in render_text("t", [], shown)
@@ -115,9 +153,12 @@ def test_the_snapshot_reads_each_ranks_clock_and_both_waits():
     info = [({"rank": "0", "run_id": "x", "clock": "gpu"}, 1.0), ({"rank": "1", "run_id": "x"}, 1.0)]
     source = CountersSource(
         {"trainstack_train_run_info": info, "trainstack_train_steps_total": series(r0=50, r1=50)},
-        {"trainstack_train_step_duration_seconds_sum": series(r0=1.0, r1=1.0),
-         "trainstack_train_data_wait_seconds_total": series(r0=0.02, r1=0.3),
-         "trainstack_train_host_data_wait_seconds_total": series(r0=0.25, r1=0.3)})
+        {
+            "trainstack_train_step_duration_seconds_sum": series(r0=1.0, r1=1.0),
+            "trainstack_train_data_wait_seconds_total": series(r0=0.02, r1=0.3),
+            "trainstack_train_host_data_wait_seconds_total": series(r0=0.25, r1=0.3),
+        },
+    )
     gpu_rank, older_rank = read_snapshot(source).ranks
     assert (gpu_rank.clock, gpu_rank.data_wait_ratio, gpu_rank.host_data_wait_ratio) == ("gpu", 0.02, 0.25)
     # a rank from before the clock label: the host's clock, as it was then
@@ -126,13 +167,16 @@ def test_the_snapshot_reads_each_ranks_clock_and_both_waits():
 
 def test_straggler_is_the_rank_that_waits_least_while_its_peers_wait():
     # Rank 1's forward pass is 50 ms longer: ranks 0 and 2 wait for it at the collectives, it hardly waits.
-    ranks = [rank("0", forward_seconds=0.001, comm_exposed_ratio=0.18),
-             rank("1", forward_seconds=0.051, comm_exposed_ratio=0.01),
-             rank("2", forward_seconds=0.002, comm_exposed_ratio=0.19)]
+    ranks = [
+        rank("0", forward_seconds=0.001, comm_exposed_ratio=0.18),
+        rank("1", forward_seconds=0.051, comm_exposed_ratio=0.01),
+        rank("2", forward_seconds=0.002, comm_exposed_ratio=0.19),
+    ]
     verdicts = diagnose(Snapshot("test", NOW, ranks), LIMITS)
     assert kinds(verdicts) == ["straggler"]
     assert verdicts[0].summary.startswith(
-        "rank 1 is a straggler: the other rank(s) wait for it 54 ms of each 300 ms step (18%)")
+        "rank 1 is a straggler: the other rank(s) wait for it 54 ms of each 300 ms step (18%)"
+    )
     assert verdicts[0].evidence[1] == "rank 1: waits at the collectives 3.0 ms (1%) per step, forward 51.0 ms per step"
     # Without the waits measured (no DDP or FSDP model given to the monitor), equal step times name no one.
     unmeasured = [rank(str(i), forward_seconds=0.001 if i else 0.05) for i in range(3)]
@@ -142,30 +186,35 @@ def test_straggler_is_the_rank_that_waits_least_while_its_peers_wait():
 
 def test_a_rank_slowed_outside_its_forward_pass_is_named_and_its_data_wait_shown():
     # Rank 0's loader is slow: rank 1 waits for it at the all-reduce (29% of its step), rank 0 only 2%.
-    ranks = [rank("0", data_wait_ratio=0.3, comm_exposed_ratio=0.02),
-             rank("1", data_wait_ratio=0.01, comm_exposed_ratio=0.29)]
-    verdict, = (v for v in diagnose(Snapshot("test", NOW, ranks), LIMITS) if v.kind == "straggler")
+    ranks = [
+        rank("0", data_wait_ratio=0.3, comm_exposed_ratio=0.02),
+        rank("1", data_wait_ratio=0.01, comm_exposed_ratio=0.29),
+    ]
+    (verdict,) = (v for v in diagnose(Snapshot("test", NOW, ranks), LIMITS) if v.kind == "straggler")
     assert verdict.summary.startswith("rank 0 is a straggler: the other rank(s) wait for it 81 ms of each 300 ms")
     assert "waits for data 90.0 ms (30%) per step" in verdict.evidence[0]
 
 
 def test_comm_bound_when_every_rank_waits_for_the_all_reduce():
-    ranks = [rank("0", comm_exposed_ratio=0.5, comm_seconds=0.2), rank("1", comm_exposed_ratio=0.4,
-                                                                       comm_seconds=0.18)]
+    ranks = [rank("0", comm_exposed_ratio=0.5, comm_seconds=0.2), rank("1", comm_exposed_ratio=0.4, comm_seconds=0.18)]
     verdicts = diagnose(Snapshot("test", NOW, ranks), LIMITS)
     assert kinds(verdicts) == ["comm-bound"]
     assert "at least 40% of its step time for communication (threshold 25%)" in verdicts[0].summary
-    assert verdicts[0].evidence[0] == ("rank 0: waits for communication 50% of its step time (150 ms "
-                                       "exposed of 200 ms communication per step)")
+    assert verdicts[0].evidence[0] == (
+        "rank 0: waits for communication 50% of its step time (150 ms exposed of 200 ms communication per step)"
+    )
     assert "bucket_cap_mb" in verdicts[0].fix and "NCCL_P2P_DISABLE" in verdicts[0].fix
     assert figures(Snapshot("test", NOW, ranks))["comm_exposed_ratio_min"] == 0.4
 
 
-@pytest.mark.parametrize("exposed", [
-    (0.1, 0.05),  # hidden by backward: a fast link
-    (0.6, 0.02),  # rank 0 waits for rank 1 inside the all-reduce: a straggler, not the network
-    (0.6, None),  # a rank that does not measure it (FSDP, or an older trainer): unknown, not comm-bound
-])
+@pytest.mark.parametrize(
+    "exposed",
+    [
+        (0.1, 0.05),  # hidden by backward: a fast link
+        (0.6, 0.02),  # rank 0 waits for rank 1 inside the all-reduce: a straggler, not the network
+        (0.6, None),  # a rank that does not measure it (FSDP, or an older trainer): unknown, not comm-bound
+    ],
+)
 def test_not_comm_bound(exposed):
     ranks = [rank(str(i), comm_exposed_ratio=share) for i, share in enumerate(exposed)]
     assert "comm-bound" not in kinds(diagnose(Snapshot("test", NOW, ranks), LIMITS))
@@ -175,49 +224,74 @@ def test_the_snapshot_reads_communication_per_rank():
     per_rank = [({"rank": "0"}, 2.0), ({"rank": "1"}, 2.0)]
     source = CountersSource(
         {"trainstack_train_steps_total": [({"rank": "0"}, 50.0), ({"rank": "1"}, 50.0)]},
-        {"trainstack_train_steps_total": per_rank,
-         "trainstack_train_step_duration_seconds_sum": per_rank,
-         "trainstack_train_comm_exposed_seconds_total": [({"rank": "0"}, 0.5)],
-         "trainstack_train_comm_seconds_total": [({"rank": "0"}, 1.0)]})
+        {
+            "trainstack_train_steps_total": per_rank,
+            "trainstack_train_step_duration_seconds_sum": per_rank,
+            "trainstack_train_comm_exposed_seconds_total": [({"rank": "0"}, 0.5)],
+            "trainstack_train_comm_seconds_total": [({"rank": "0"}, 1.0)],
+        },
+    )
     ddp_rank, unmeasured = read_snapshot(source).ranks
     assert (ddp_rank.comm_exposed_ratio, ddp_rank.comm_seconds) == (0.25, 0.5)
     assert (unmeasured.comm_exposed_ratio, unmeasured.comm_seconds) == (None, None)
 
 
 def test_host_bound_names_the_ranks_whose_gpu_idles_with_nothing_to_wait_for():
-    ranks = [rank("0", uuid="GPU-0", host_bound_ratio=0.35, comm_exposed_ratio=0.05),
-             rank("1", uuid="GPU-1", host_bound_ratio=0.1), rank("2", uuid="GPU-2", host_bound_ratio=None)]
+    ranks = [
+        rank("0", uuid="GPU-0", host_bound_ratio=0.35, comm_exposed_ratio=0.05),
+        rank("1", uuid="GPU-1", host_bound_ratio=0.1),
+        rank("2", uuid="GPU-2", host_bound_ratio=None),
+    ]
     verdicts = diagnose(gpu_snapshot(ranks, [gpu(i) for i in range(3)]), LIMITS)
     assert kinds(verdicts) == ["host-bound"]
     assert verdicts[0].summary.startswith("host-bound: rank 0: the GPU idles more than 20% of its step time")
-    assert verdicts[0].evidence == ("rank 0: its GPU idled 35% of its step time waiting for the host (besides: "
-                                    "starved for data 2%, waiting on communication 5%)",)
+    assert verdicts[0].evidence == (
+        "rank 0: its GPU idled 35% of its step time waiting for the host (besides: "
+        "starved for data 2%, waiting on communication 5%)",
+    )
     assert "DataLoader(batch_size=...)" in verdicts[0].fix and "torch.compile(model)" in verdicts[0].fix
 
 
 def test_the_snapshot_reads_the_host_bound_part_of_each_ranks_time():
     per_rank = [({"rank": "0"}, 2.0), ({"rank": "1"}, 2.0)]
-    time_by_part = [({"rank": "0", "part": "compute"}, 1.2), ({"rank": "0", "part": "host_bound"}, 0.5),
-                    ({"rank": "1", "part": "compute"}, 1.7)]  # a CPU rank: no host_bound series
+    time_by_part = [
+        ({"rank": "0", "part": "compute"}, 1.2),
+        ({"rank": "0", "part": "host_bound"}, 0.5),
+        ({"rank": "1", "part": "compute"}, 1.7),
+    ]  # a CPU rank: no host_bound series
     source = CountersSource(
         {"trainstack_train_steps_total": [({"rank": "0"}, 50.0), ({"rank": "1"}, 50.0)]},
-        {"trainstack_train_step_duration_seconds_sum": per_rank, "trainstack_train_time_seconds_total": time_by_part})
+        {"trainstack_train_step_duration_seconds_sum": per_rank, "trainstack_train_time_seconds_total": time_by_part},
+    )
     gpu_rank, cpu_rank = read_snapshot(source).ranks
     assert (gpu_rank.host_bound_ratio, cpu_rank.host_bound_ratio) == (0.25, None)
 
 
 def test_noise_in_a_tiny_forward_pass_is_no_straggler():
     # 1.6x the other's forward time, and waits 3% of the step apart: a slow loader's run on a busy CPU.
-    ranks = [rank("0", forward_seconds=0.016, step_seconds=0.9, comm_exposed_ratio=0.02),
-             rank("1", forward_seconds=0.010, step_seconds=0.9, comm_exposed_ratio=0.05)]
+    ranks = [
+        rank("0", forward_seconds=0.016, step_seconds=0.9, comm_exposed_ratio=0.02),
+        rank("1", forward_seconds=0.010, step_seconds=0.9, comm_exposed_ratio=0.05),
+    ]
     assert Snapshot("test", NOW, ranks).straggler_waits()["0"] == pytest.approx(0.03)
     assert diagnose(Snapshot("test", NOW, ranks), LIMITS) == []
 
 
 def test_stalled_names_the_rank_whose_gpu_idles_while_the_others_spin_in_nccl():
-    ranks = [rank(str(i), uuid=f"GPU-{i}", steps=57, last_step_time=NOW - 700, steps_per_second=0.0,
-                  samples_per_second=0.0, data_wait_ratio=0.0, step_seconds=None, forward_seconds=None)
-             for i in range(4)]
+    ranks = [
+        rank(
+            str(i),
+            uuid=f"GPU-{i}",
+            steps=57,
+            last_step_time=NOW - 700,
+            steps_per_second=0.0,
+            samples_per_second=0.0,
+            data_wait_ratio=0.0,
+            step_seconds=None,
+            forward_seconds=None,
+        )
+        for i in range(4)
+    ]
     verdicts = diagnose(gpu_snapshot(ranks, [gpu(0), gpu(1), gpu(2, utilization=0.0), gpu(3)]), LIMITS)
     assert kinds(verdicts) == ["stalled"]
     assert "for 700 s (threshold 600 s)" in verdicts[0].summary
@@ -232,8 +306,10 @@ def test_stalled_names_ranks_that_stopped_first():
 
 @pytest.mark.parametrize(
     ("ranks", "idle", "phrase"),
-    [([rank("0", uuid="GPU-0"), rank("1", uuid="GPU-1")], ["2", "3"], "2 rank(s) use 2 GPU(s); 2 of 4"),
-     ([rank("0"), rank("1")], ["2", "3"], "the ranks run on CPU while 2 of 4")],
+    [
+        ([rank("0", uuid="GPU-0"), rank("1", uuid="GPU-1")], ["2", "3"], "2 rank(s) use 2 GPU(s); 2 of 4"),
+        ([rank("0"), rank("1")], ["2", "3"], "the ranks run on CPU while 2 of 4"),
+    ],
 )
 def test_gpus_no_rank_uses_are_named(ranks, idle, phrase):
     gpus = [gpu(0), gpu(1), gpu(2, utilization=0.0), gpu(3, utilization=0.01)]
@@ -244,9 +320,11 @@ def test_gpus_no_rank_uses_are_named(ranks, idle, phrase):
 
 @pytest.mark.parametrize(
     ("changes", "kind", "phrase"),
-    [({"thermal_throttle_ratio": 0.3}, "throttled", "held down by temperature 30%"),
-     ({"power_throttle_ratio": 0.9, "sm_clock_ratio": 0.6}, "throttled", "power cap 90% of the time, SM clock 60%"),
-     ({"memory_used_ratio": 0.97}, "memory-full", "97% of its memory used")],
+    [
+        ({"thermal_throttle_ratio": 0.3}, "throttled", "held down by temperature 30%"),
+        ({"power_throttle_ratio": 0.9, "sm_clock_ratio": 0.6}, "throttled", "power cap 90% of the time, SM clock 60%"),
+        ({"memory_used_ratio": 0.97}, "memory-full", "97% of its memory used"),
+    ],
 )
 def test_gpu_verdicts(changes, kind, phrase):
     verdicts = diagnose(gpu_snapshot(gpus=[gpu(0), gpu(1), gpu(2, **changes), gpu(3)]), LIMITS)
@@ -298,11 +376,13 @@ def fake_host() -> dict:
     # NVML's violation counters are in nanoseconds: 0.9e9 per second is 90% of the time.
     host["gpus"][1]["overrides"] = {
         "nvmlDeviceGetViolationStatus": {"NVML_PERF_POLICY_POWER": {"start": 0, "per_second": 0.9e9}},
-        "nvmlDeviceGetClockInfo": {"NVML_CLOCK_SM": 1200}}
+        "nvmlDeviceGetClockInfo": {"NVML_CLOCK_SM": 1200},
+    }
     host["gpus"][2]["overrides"] = {"nvmlDeviceGetUtilizationRates": {"gpu": 0, "memory": 0}}
     host["gpus"][3]["overrides"] = {
         "nvmlDeviceGetViolationStatus": {"NVML_PERF_POLICY_THERMAL": {"start": 0, "per_second": 0.5e9}},
-        "nvmlDeviceGetMemoryInfo": {"used": 83_000_000_000}}
+        "nvmlDeviceGetMemoryInfo": {"used": 83_000_000_000},
+    }
     return host
 
 
@@ -313,9 +393,15 @@ def test_gpu_verdicts_through_the_real_exporter(cpu_run):
     from trainstack.monitoring.exporter.config import ExporterConfig
 
     nvml_fake.load(fake_host())
-    exporter = Exporter(ExporterConfig(port=0, metrics_dir=cpu_run / "metrics" / "node-0",
-                                       nvml_module="trainstack.monitoring.nvml_fake", sample_interval_seconds=0.1,
-                                       slow_sample_interval_seconds=0.2))
+    exporter = Exporter(
+        ExporterConfig(
+            port=0,
+            metrics_dir=cpu_run / "metrics" / "node-0",
+            nvml_module="trainstack.monitoring.nvml_fake",
+            sample_interval_seconds=0.1,
+            slow_sample_interval_seconds=0.2,
+        )
+    )
     exporter.start()
     try:
         source = ExporterSource(f"http://127.0.0.1:{exporter.server.port}/metrics", interval=1.0)
@@ -342,8 +428,14 @@ def test_slow_gpu_counters_have_no_rate_until_the_exporter_reads_them_again():
     from trainstack.monitoring.exporter.config import ExporterConfig
 
     nvml_fake.load(fake_host())
-    exporter = Exporter(ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake",
-                                       sample_interval_seconds=0.1, slow_sample_interval_seconds=600))
+    exporter = Exporter(
+        ExporterConfig(
+            port=0,
+            nvml_module="trainstack.monitoring.nvml_fake",
+            sample_interval_seconds=0.1,
+            slow_sample_interval_seconds=600,
+        )
+    )
     exporter.start()
     try:
         source = ExporterSource(f"http://127.0.0.1:{exporter.server.port}/metrics", interval=0.3)
@@ -391,9 +483,11 @@ def comm_per_step(run: Path, rank: int) -> CommPerStep:
     steady = records[1:]
     assert len(steady) >= 3, f"rank {rank}: {len(records)} records with communication times"
     steps = sum(len(r["step_seconds"]) for r in steady)
-    return CommPerStep(sum(sum(r["step_seconds"]) for r in steady) / steps,
-                       sum(r["comm_exposed_seconds"] for r in steady) / steps,
-                       sum(r["comm_buckets"] for r in steady) / steps)
+    return CommPerStep(
+        sum(sum(r["step_seconds"]) for r in steady) / steps,
+        sum(r["comm_exposed_seconds"] for r in steady) / steps,
+        sum(r["comm_buckets"] for r in steady) / steps,
+    )
 
 
 @pytest.mark.slow
@@ -460,10 +554,8 @@ def test_a_slowed_rank_is_named_the_straggler(tmp_path):
 
 @pytest.mark.slow
 def test_a_hung_rank_is_stalled(tmp_path):
-    hang = {"TRAINSTACK_TEST_SLOW_RANK": "1", "TRAINSTACK_TEST_SLOW_AFTER": "3",
-            "TRAINSTACK_TEST_SLOW_SECONDS": "3600"}
-    with live_run(tmp_path, "--model", "tests.factories:pausing_gpt", "--num-workers", "1", env=hang,
-                  steps=1) as url:
+    hang = {"TRAINSTACK_TEST_SLOW_RANK": "1", "TRAINSTACK_TEST_SLOW_AFTER": "3", "TRAINSTACK_TEST_SLOW_SECONDS": "3600"}
+    with live_run(tmp_path, "--model", "tests.factories:pausing_gpt", "--num-workers", "1", env=hang, steps=1) as url:
         deadline = time.monotonic() + 120
         while "stalled" not in kinds(verdicts := diagnose_url(url, interval=1.0, stall_seconds=3)):
             assert time.monotonic() < deadline, f"never stalled: {verdicts}"
@@ -476,9 +568,11 @@ def test_a_hung_rank_is_stalled(tmp_path):
 class OneScrapeExporter(http.server.BaseHTTPRequestHandler):
     """An exporter whose run ends right after its first scrape: it answers once, then stops listening."""
 
-    TEXT = (f"# TYPE {catalog.WATCH_COMMAND_PROCESSES.name} gauge\n{catalog.WATCH_COMMAND_PROCESSES.name} 2.0\n"
-            f"# TYPE {catalog.WATCH_COMMAND_INFO.name} gauge\n"
-            f'{catalog.WATCH_COMMAND_INFO.name}{{command="python train.py",run_id="r"}} 1.0\n')
+    TEXT = (
+        f"# TYPE {catalog.WATCH_COMMAND_PROCESSES.name} gauge\n{catalog.WATCH_COMMAND_PROCESSES.name} 2.0\n"
+        f"# TYPE {catalog.WATCH_COMMAND_INFO.name} gauge\n"
+        f'{catalog.WATCH_COMMAND_INFO.name}{{command="python train.py",run_id="r"}} 1.0\n'
+    )
 
     def do_GET(self):
         body = self.TEXT.encode()
@@ -499,8 +593,17 @@ def test_a_diagnose_whose_scrapes_straddle_the_runs_end_judges_the_first_reading
     threading.Thread(target=server.serve_forever, daemon=True).start()
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)  # the command line's own defaults, whatever flags it gains
-    args = parser.parse_args(["--url", f"http://127.0.0.1:{server.server_address[1]}/metrics", "--source", "exporter",
-                              "--interval", "0.5", "--json"])
+    args = parser.parse_args(
+        [
+            "--url",
+            f"http://127.0.0.1:{server.server_address[1]}/metrics",
+            "--source",
+            "exporter",
+            "--interval",
+            "0.5",
+            "--json",
+        ]
+    )
     assert cli.run(args) == 0  # not 69: what the first scrape gave is judged
     shown = json.loads(capsys.readouterr().out)
     assert shown["notes"][0].startswith("the run ended meanwhile: its exporter was gone 0.5 s after the first scrape")

@@ -32,7 +32,8 @@ def test_gradient_bytes_per_step_and_the_ring_bus_bandwidth_they_were_carried_at
     assert ranks[0].bus_bytes_per_second == pytest.approx(750e6)
     assert comm_bound(ranks).evidence[0] == (
         "rank 0: waits for communication 50% of its step time (150 ms exposed of 200 ms communication per "
-        "step); 95.4 MiB communicated per step at 750.0 MB/s bus bandwidth")
+        "step); 95.4 MiB communicated per step at 750.0 MB/s bus bandwidth"
+    )
     fast = [comm_rank("0", comm_bytes_per_step=10e9, comm_seconds=0.1, world_size=2)]
     assert fast[0].bus_bytes_per_second == pytest.approx(100e9)  # 2*(2-1)/2 = 1: a pair moves every byte once
     assert "at 100.0 GB/s bus bandwidth" in comm_bound(fast).evidence[0]
@@ -50,10 +51,13 @@ def test_a_pcie_link_below_its_maximum_is_flagged_and_named_in_the_fix():
     assert verdict.evidence[2:4] == (
         "rank 0's GPU 0: no NVLink active (traffic to other GPUs crosses PCIe); PCIe gen 4 x16",
         "rank 1's GPU 1: no NVLink active (traffic to other GPUs crosses PCIe); PCIe gen 4 x8, below its maximum "
-        "gen 4 x16")
+        "gen 4 x16",
+    )
     assert verdict.fix.startswith("bring the PCIe link of GPU 1 (gen 4 x8 of gen 4 x16) to its full speed")
-    nvlinked = comm_bound([comm_rank("0")], [gpu(0, pcie_generation=5, pcie_width=16, pcie_max_generation=5,
-                                                 pcie_max_width=16, nvlinks_active=18)])
+    nvlinked = comm_bound(
+        [comm_rank("0")],
+        [gpu(0, pcie_generation=5, pcie_width=16, pcie_max_generation=5, pcie_max_width=16, nvlinks_active=18)],
+    )
     assert nvlinked.evidence[1] == "rank 0's GPU 0: 18 NVLinks active; PCIe gen 5 x16"
     assert nvlinked.fix.startswith("fewer all-reduces")  # nothing specific to fix
 
@@ -75,7 +79,9 @@ def test_a_small_dev_shm_is_flagged_against_what_nccl_needs_for_the_ranks_on_its
     verdict = comm_bound(ranks)
     assert verdict.evidence[-2:] == (
         "node node0: /dev/shm is 64.0 MiB, smaller than the 192.0 MiB NCCL's shared-memory transport needs for its 2 "
-        "ranks", "node node1: /dev/shm is 16.0 GiB")
+        "ranks",
+        "node node1: /dev/shm is 16.0 GiB",
+    )
     assert verdict.fix.startswith("give /dev/shm at least 1 GiB (docker run --shm-size=1g")
     gloo = [comm_rank("0", node="node0", backend="gloo", shm_bytes=64 * MiB)]  # gloo does not use it
     assert comm_bound(gloo).evidence[-1] == "node node0: /dev/shm is 64.0 MiB"
@@ -83,16 +89,30 @@ def test_a_small_dev_shm_is_flagged_against_what_nccl_needs_for_the_ranks_on_its
 
 def test_the_snapshot_reads_the_setup_bytes_and_world_size_per_rank():
     per_rank = [({"rank": "0"}, 2.0), ({"rank": "1"}, 2.0)]
-    setup = {"rank": "0", "backend": "nccl", "nccl_p2p_disable": "1", "nccl_shm_disable": "0", "nccl_ib_disable": "",
-             "nccl_socket_ifname": ""}
+    setup = {
+        "rank": "0",
+        "backend": "nccl",
+        "nccl_p2p_disable": "1",
+        "nccl_shm_disable": "0",
+        "nccl_ib_disable": "",
+        "nccl_socket_ifname": "",
+    }
     source = CountersSource(
-        {"trainstack_train_steps_total": per_rank,
-         catalog.TRAIN_RUN_INFO.name: [({"rank": "0", "world_size": "2"}, 1.0), ({"rank": "1", "world_size": "2"}, 1)],
-         catalog.TRAIN_COMM_SETUP_INFO.name: [(setup, 1.0)],
-         catalog.TRAIN_SHM_BYTES.name: [({"rank": "0"}, 64.0 * MiB)]},
-        {"trainstack_train_steps_total": per_rank,
-         "trainstack_train_comm_seconds_total": per_rank,
-         "trainstack_train_comm_bytes_total": [({"rank": "0"}, 200e6)]})
+        {
+            "trainstack_train_steps_total": per_rank,
+            catalog.TRAIN_RUN_INFO.name: [
+                ({"rank": "0", "world_size": "2"}, 1.0),
+                ({"rank": "1", "world_size": "2"}, 1),
+            ],
+            catalog.TRAIN_COMM_SETUP_INFO.name: [(setup, 1.0)],
+            catalog.TRAIN_SHM_BYTES.name: [({"rank": "0"}, 64.0 * MiB)],
+        },
+        {
+            "trainstack_train_steps_total": per_rank,
+            "trainstack_train_comm_seconds_total": per_rank,
+            "trainstack_train_comm_bytes_total": [({"rank": "0"}, 200e6)],
+        },
+    )
     setup_rank, bare = read_snapshot(source).ranks
     assert (setup_rank.comm_bytes_per_step, setup_rank.world_size, setup_rank.backend) == (100e6, 2, "nccl")
     assert setup_rank.nccl_switches == {"NCCL_P2P_DISABLE": "1"}  # 0 switches NCCL_SHM_DISABLE off

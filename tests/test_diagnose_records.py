@@ -14,13 +14,36 @@ from trainstack.rundir import SEGMENT_ENDED, SEGMENT_MARKER, RunDir
 
 def record(rank: int, step: int, exposed: float, forward: float, data_wait: float = 0.01) -> dict:
     """An interval of 10 steps of 0.1 s on a CPU rank."""
-    return {"time": 1000.0 + step, "rank": rank, "step": step, "epoch": 0, "loss": 2.0, "lr": 1e-3, "samples": 80,
-            "tokens": 0, "interval_seconds": 1.0, "data_wait_seconds": data_wait, "step_seconds": [0.1] * 10,
-            "host_data_wait_seconds": data_wait, "clock": "host", "forward_seconds": forward,
-            "comm_seconds": exposed + 0.05, "comm_exposed_seconds": exposed, "comm_bytes": 4000, "comm_buckets": 10,
-            "step_count": 10, "time_parts": {"compute": 0.5, "comm_exposed": exposed, "data_starvation": data_wait,
-                                             "host_bound": 0.0, "compile": 0.0},
-            "paused": [], "host_bound_measured": False}
+    return {
+        "time": 1000.0 + step,
+        "rank": rank,
+        "step": step,
+        "epoch": 0,
+        "loss": 2.0,
+        "lr": 1e-3,
+        "samples": 80,
+        "tokens": 0,
+        "interval_seconds": 1.0,
+        "data_wait_seconds": data_wait,
+        "step_seconds": [0.1] * 10,
+        "host_data_wait_seconds": data_wait,
+        "clock": "host",
+        "forward_seconds": forward,
+        "comm_seconds": exposed + 0.05,
+        "comm_exposed_seconds": exposed,
+        "comm_bytes": 4000,
+        "comm_buckets": 10,
+        "step_count": 10,
+        "time_parts": {
+            "compute": 0.5,
+            "comm_exposed": exposed,
+            "data_starvation": data_wait,
+            "host_bound": 0.0,
+            "compile": 0.0,
+        },
+        "paused": [],
+        "host_bound_measured": False,
+    }
 
 
 def write_run(run: RunDir, launches: dict[int, list[list[dict]]]) -> None:
@@ -39,8 +62,10 @@ def test_the_last_launch_after_its_first_interval_is_judged(tmp_path):
     # An earlier launch where rank 0 was the straggler; in the last one rank 1 is: rank 0 waits 0.3 s of each 1 s
     # interval at the collectives, rank 1 0.02 s. Each launch's first interval (warm-up) says the opposite.
     earlier = {0: [record(0, s, 0.0, 0.3) for s in (10, 20, 30)], 1: [record(1, s, 0.3, 0.1) for s in (10, 20, 30)]}
-    last = {0: [record(0, 40, 0.0, 0.1)] + [record(0, s, 0.3, 0.1, data_wait=0.01) for s in (50, 60)],
-            1: [record(1, 40, 0.3, 0.1)] + [record(1, s, 0.02, 0.38, data_wait=0.01) for s in (50, 60)]}
+    last = {
+        0: [record(0, 40, 0.0, 0.1)] + [record(0, s, 0.3, 0.1, data_wait=0.01) for s in (50, 60)],
+        1: [record(1, 40, 0.3, 0.1)] + [record(1, s, 0.02, 0.38, data_wait=0.01) for s in (50, 60)],
+    }
     write_run(run, {rank: [earlier[rank], last[rank]] for rank in (0, 1)})
     snapshot = snapshot_from_records(tmp_path)
     assert "records in" in snapshot.source and snapshot.now == 1060.0
@@ -54,13 +79,25 @@ def test_the_last_launch_after_its_first_interval_is_judged(tmp_path):
     verdicts = diagnose(snapshot, Thresholds())
     assert [v.kind for v in verdicts] == ["straggler"]
     assert verdicts[0].summary.startswith(
-        "rank 1 is a straggler: the other rank(s) wait for it 28 ms of each 100 ms step")
+        "rank 1 is a straggler: the other rank(s) wait for it 28 ms of each 100 ms step"
+    )
 
 
 def test_a_loop_without_a_ddp_model_has_no_waits_and_no_straggler(tmp_path):
     run = RunDir(tmp_path)
-    unwatched = {rank: [[{key: value for key, value in record(rank, s, 0.0, 0.1 + 0.3 * rank).items()
-                          if not key.startswith("comm_")} for s in (10, 20)]] for rank in (0, 1)}
+    unwatched = {
+        rank: [
+            [
+                {
+                    key: value
+                    for key, value in record(rank, s, 0.0, 0.1 + 0.3 * rank).items()
+                    if not key.startswith("comm_")
+                }
+                for s in (10, 20)
+            ]
+        ]
+        for rank in (0, 1)
+    }
     write_run(run, unwatched)
     snapshot = snapshot_from_records(run)
     assert [r.comm_exposed_ratio for r in snapshot.ranks] == [None, None]

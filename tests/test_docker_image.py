@@ -117,18 +117,34 @@ def engine() -> Iterator[Engine]:
     leftover = _leftover_dockerd()
     if leftover:
         lock.close()
-        pytest.skip(f"dockerd pid {leftover}, left by an interrupted test run, still uses {CACHE / 'docker'}; "
-                    f"stop it (kill {leftover}) and rerun")
+        pytest.skip(
+            f"dockerd pid {leftover}, left by an interrupted test run, still uses {CACHE / 'docker'}; "
+            f"stop it (kill {leftover}) and rerun"
+        )
     # Short paths: containerd's sockets live under the exec root and unix socket paths are limited to 108 bytes.
     exec_root = Path(tempfile.mkdtemp(prefix="tsdocker-", dir="/tmp"))
     socket_path = exec_root / "docker.sock"
     log_path = exec_root / "dockerd.log"
     with log_path.open("wb") as log:
         daemon = subprocess.Popen(
-            ["dockerd", "--data-root", str(CACHE / "docker"), "--exec-root", str(exec_root),
-             "--pidfile", str(exec_root / "docker.pid"), "--host", f"unix://{socket_path}",
-             "--bridge", "none", "--iptables=false", "--ip-masq=false"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                "dockerd",
+                "--data-root",
+                str(CACHE / "docker"),
+                "--exec-root",
+                str(exec_root),
+                "--pidfile",
+                str(exec_root / "docker.pid"),
+                "--host",
+                f"unix://{socket_path}",
+                "--bridge",
+                "none",
+                "--iptables=false",
+                "--ip-masq=false",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     PID_FILE.write_text(str(daemon.pid))
     env["DOCKER_HOST"] = f"unix://{socket_path}"
@@ -184,8 +200,18 @@ def base_image(engine: Engine) -> str:
         with tempfile.TemporaryDirectory(dir=writable_cache()) as scratch:
             rootfs = Path(scratch) / "rootfs"
             result = subprocess.run(
-                ["debootstrap", "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES), SUITE, str(rootfs),
-                 mirror], capture_output=True, text=True, timeout=900)
+                [
+                    "debootstrap",
+                    "--variant=minbase",
+                    "--include=" + ",".join(BASE_PACKAGES),
+                    SUITE,
+                    str(rootfs),
+                    mirror,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             assert result.returncode == 0, f"debootstrap failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
             partial = Path(scratch) / "base.tar"
             with tarfile.open(partial, "w") as archive:
@@ -205,8 +231,12 @@ def wheelhouse() -> Path:
     folder = CACHE / f"wheelhouse-py{SUITE_PYTHON}-{key}"
     if not folder.is_dir():
         with tempfile.TemporaryDirectory(prefix="partial-wheelhouse-", dir=writable_cache()) as scratch:
-            result = subprocess.run(["bash", str(script), f"{scratch}/wheels", SUITE_PYTHON, SUITE_GLIBC],
-                                    capture_output=True, text=True, timeout=1200)
+            result = subprocess.run(
+                ["bash", str(script), f"{scratch}/wheels", SUITE_PYTHON, SUITE_GLIBC],
+                capture_output=True,
+                text=True,
+                timeout=1200,
+            )
             assert result.returncode == 0, f"docker/wheelhouse.sh failed:\n{result.stderr[-4000:]}"
             Path(scratch, "wheels").rename(folder)
         for outdated in CACHE.glob(f"wheelhouse-py{SUITE_PYTHON}-*"):
@@ -223,8 +253,16 @@ def compose_service(name: str) -> dict:
 
 def build_context(destination: Path, wheels: Path) -> None:
     """The checkout as `docker build .` would send it (files git tracks or would track), plus the wheelhouse."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         source = REPO / name
         if source.is_file():
@@ -245,8 +283,9 @@ def image(engine: Engine, base_image: str, wheelhouse: Path, tmp_path_factory) -
         command += ["--build-arg", f"{name}={value}"]
     # The build stage gets a tag of its own, so that pruning the previous images keeps its cached layers
     # (PyTorch and the other pinned packages) for the next run.
-    engine.docker(*command, "--target", "builder", "--tag", BUILDER_IMAGE, str(context / build["context"]),
-                  timeout=1500)
+    engine.docker(
+        *command, "--target", "builder", "--tag", BUILDER_IMAGE, str(context / build["context"]), timeout=1500
+    )
     engine.docker(*command, "--tag", TEST_IMAGE, str(context / build["context"]), timeout=1500)
     if engine.own_daemon:
         engine.docker("image", "prune", "--force", timeout=600)
@@ -267,8 +306,16 @@ def settable_limit(name: str, value: int) -> int:
 
 def container_options(service: dict, run_dir: Path) -> list[str]:
     """docker run options for the service's shared memory and ulimits; the runs volume becomes run_dir."""
-    options = ["--network", "host", "--shm-size", service["shm_size"], "--env", "TQDM_DISABLE=1",
-               "--volume", f"{run_dir}:/workspace/runs"]
+    options = [
+        "--network",
+        "host",
+        "--shm-size",
+        service["shm_size"],
+        "--env",
+        "TQDM_DISABLE=1",
+        "--volume",
+        f"{run_dir}:/workspace/runs",
+    ]
     for name, value in service["ulimits"].items():
         limit = settable_limit(name, value)
         options += ["--ulimit", f"{name}={limit}:{limit}"]
@@ -289,8 +336,10 @@ def steps_by_rank(port: int) -> dict[str, float]:
             text = response.read().decode()
     except (urllib.error.URLError, OSError):
         return {}
-    return {rank: float(value)
-            for rank, value in re.findall(r'^trainstack_train_steps_total\{rank="(\d+)"\} (\S+)$', text, re.M)}
+    return {
+        rank: float(value)
+        for rank, value in re.findall(r'^trainstack_train_steps_total\{rank="(\d+)"\} (\S+)$', text, re.M)
+    }
 
 
 def test_image_is_offline_by_default(engine: Engine, image: str):
@@ -314,15 +363,23 @@ def test_trainer_serves_metrics_checkpoints_on_docker_stop_and_resumes(engine: E
     name = f"trainstack-test-{os.getpid()}-{port}"
     options = container_options(service, run_dir)
     # A run far longer than the test: it only ends when `docker stop` ends it.
-    engine.docker("run", "--detach", "--name", name, *options, image,
-                  *trainer_command(service, port, "--max-steps", "100000", "--checkpoint-every", "0"))
+    engine.docker(
+        "run",
+        "--detach",
+        "--name",
+        name,
+        *options,
+        image,
+        *trainer_command(service, port, "--max-steps", "100000", "--checkpoint-every", "0"),
+    )
     try:
         deadline = time.monotonic() + 300
         steps: dict[str, float] = {}
         while set(steps) != {"0", "1"} or min(steps.values()) < 10:
             state = json.loads(engine.docker("inspect", name).stdout)[0]["State"]
-            assert state["Running"], f"trainer exited {state['ExitCode']}:\n" + \
-                engine.docker("logs", name, check=False).stderr[-4000:]
+            assert state["Running"], (
+                f"trainer exited {state['ExitCode']}:\n" + engine.docker("logs", name, check=False).stderr[-4000:]
+            )
             assert time.monotonic() < deadline, "the exporter never showed 10 steps on both ranks"
             time.sleep(1)
             steps = steps_by_rank(port)
@@ -338,8 +395,7 @@ def test_trainer_serves_metrics_checkpoints_on_docker_stop_and_resumes(engine: E
         logs = engine.docker("logs", name, check=False)
     finally:
         engine.docker("rm", "--force", name, check=False)
-    output = run_dir / service["command"][service["command"].index("--output-dir") + 1].removeprefix(
-        "/workspace/runs/")
+    output = run_dir / service["command"][service["command"].index("--output-dir") + 1].removeprefix("/workspace/runs/")
     stopped = json.loads((output / "summary.json").read_text())
     assert state["ExitCode"] == 75, f"exit {state['ExitCode']}:\n{logs.stderr[-4000:]}"
     assert stopped["exit_reason"] == "preempted" and stopped["world_size"] == 2
@@ -348,9 +404,15 @@ def test_trainer_serves_metrics_checkpoints_on_docker_stop_and_resumes(engine: E
     assert (saved / "trainstack.json").is_file(), sorted(p.name for p in (output / "checkpoints").iterdir())
 
     # The same command again (with a reachable end) picks the checkpoint up.
-    resumed = engine.docker("run", "--rm", *options, image,
-                            *trainer_command(service, port, "--max-steps", str(stopped["steps"] + 10),
-                                             "--checkpoint-every", "0"), timeout=600, check=False)
+    resumed = engine.docker(
+        "run",
+        "--rm",
+        *options,
+        image,
+        *trainer_command(service, port, "--max-steps", str(stopped["steps"] + 10), "--checkpoint-every", "0"),
+        timeout=600,
+        check=False,
+    )
     finished = json.loads((output / "summary.json").read_text())
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert finished["resumed_from"].endswith(saved.name)

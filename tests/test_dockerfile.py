@@ -57,8 +57,7 @@ def test_build_is_multi_stage_and_the_final_stage_takes_only_the_venv_and_the_wh
     stage = final_stage()
     copies = [args for op, args in stage if op == "COPY" and args.startswith("--from=")]
     assert copies == ["--from=builder /opt/venv /opt/venv", "--from=builder /build/wheels /tmp/wheels"]
-    assert [args for op, args in instructions() if op == "FROM"] == [
-        "${BASE_IMAGE} AS base", "base AS builder", "base"]
+    assert [args for op, args in instructions() if op == "FROM"] == ["${BASE_IMAGE} AS base", "base AS builder", "base"]
 
 
 def test_final_stage_runs_as_a_numeric_non_root_user():
@@ -96,8 +95,11 @@ def test_every_package_trainstack_ships_is_copied_into_the_build():
 
 
 def test_dockerignore_keeps_the_context_small_and_secrets_out():
-    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert {".git", ".venv", ".env", "runs"} <= ignored
     copied = {args.split()[0] for op, args in instructions() if op == "COPY" and not args.startswith("--")}
     assert not copied & ignored, "the Dockerfile copies a path .dockerignore leaves out"

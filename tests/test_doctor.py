@@ -196,9 +196,7 @@ def test_probe_on_this_host_matches_what_torch_reports():
 
 @pytest.mark.slow
 def test_shm_too_small_for_the_loader_workers_fails(small_shm):
-    result = check_shared_memory(
-        config(shm_path=small_shm, num_workers=2, loader_batch_bytes=4 * MiB), CPU_HOST
-    )
+    result = check_shared_memory(config(shm_path=small_shm, num_workers=2, loader_batch_bytes=4 * MiB), CPU_HOST)
     assert result.status is Status.FAIL
     assert "is 16.0 MiB, need ~32.0 MiB for 2 rank(s) x 2 loader worker(s)" in result.detail
     assert "--shm-size=1g" in result.fix and "shm_size: 1gb" in result.fix and "medium: Memory" in result.fix
@@ -328,10 +326,7 @@ def test_free_ports_pass(busy_port):
     assert check_rendezvous_port(config(master_port=port), CPU_HOST).status is Status.PASS
     assert check_exporter_port(config(exporter_port=port), CPU_HOST).status is Status.PASS
     # Only node 0 opens the rendezvous port; no exporter, nothing to open.
-    assert (
-        check_rendezvous_port(config(master_port=busy_port, nnodes=2, node_rank=1), CPU_HOST).status
-        is Status.PASS
-    )
+    assert check_rendezvous_port(config(master_port=busy_port, nnodes=2, node_rank=1), CPU_HOST).status is Status.PASS
     assert check_exporter_port(config(exporter_port=0), CPU_HOST).status is Status.PASS
 
 
@@ -342,9 +337,7 @@ def test_free_ports_pass(busy_port):
 def test_read_only_output_dir_fails(tmp_path):
     with tmpfs(tmp_path / "ro", "1m", "ro") as mount:
         result = check_output_dir(config(output_dir=mount / "run"), CPU_HOST)
-    assert (
-        result.status is Status.FAIL and "cannot write in" in result.detail and "Read-only" in result.detail
-    )
+    assert result.status is Status.FAIL and "cannot write in" in result.detail and "Read-only" in result.detail
 
 
 @pytest.mark.slow
@@ -359,9 +352,7 @@ def test_read_only_output_dir_fails(tmp_path):
 def test_output_dir_room_for_checkpoints(tmp_path, checkpoint_mib, keep, status, phrase):
     with tmpfs(tmp_path / "disk", "16m") as disk:
         result = check_output_dir(
-            config(
-                output_dir=disk / "runs" / "a", checkpoint_bytes=checkpoint_mib * MiB, keep_checkpoints=keep
-            ),
+            config(output_dir=disk / "runs" / "a", checkpoint_bytes=checkpoint_mib * MiB, keep_checkpoints=keep),
             CPU_HOST,
         )
         assert list(disk.iterdir()) == []  # the probe file is gone, the run directory is not made
@@ -395,8 +386,17 @@ def test_no_checkpoint_estimate_for_a_factory_model_says_so(tmp_path):
 def launch_config():
     from trainstack.train.launcher.launch_config import LaunchConfig
 
-    return LaunchConfig(nproc_per_node=2, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
-                        use_cpu=True, exporter_port=0, exporter_host="127.0.0.1", rendezvous_timeout=1.0)
+    return LaunchConfig(
+        nproc_per_node=2,
+        nnodes=1,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        master_port=29500,
+        use_cpu=True,
+        exporter_port=0,
+        exporter_host="127.0.0.1",
+        rendezvous_timeout=1.0,
+    )
 
 
 def test_output_dir_that_is_a_file_fails(tmp_path):
@@ -425,9 +425,7 @@ def test_run_checks_covers_every_concern(small_shm, tmp_path):
         "exporter-port",
         "output-dir",
     ]
-    assert {r.name for r in results if r.status is Status.FAIL} == {
-        "shm"
-    }  # 16 MiB cannot hold NCCL's buffers
+    assert {r.name for r in results if r.status is Status.FAIL} == {"shm"}  # 16 MiB cannot hold NCCL's buffers
 
 
 # --- the command and the launcher ---------------------------------------------------------------------------
@@ -445,8 +443,18 @@ def test_cli_json_fails_on_a_read_only_output_dir(tmp_path):
 
 @pytest.mark.slow
 def test_cli_table_takes_the_train_flags_and_environment(tmp_path):
-    done = run_trainstack("doctor", "--output-dir", str(tmp_path / "run"), "--exporter-port", "0",
-                          "--num-workers", "1", "--batch-size", "8", env={"NCCL_DEBUG": "INFO"})
+    done = run_trainstack(
+        "doctor",
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--exporter-port",
+        "0",
+        "--num-workers",
+        "1",
+        "--batch-size",
+        "8",
+        env={"NCCL_DEBUG": "INFO"},
+    )
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["STATUS", "CHECK", "DETAIL"] and lines[-1].startswith("doctor: ")
     assert any(line.startswith("WARN    debug-switches   NCCL_DEBUG=INFO") for line in lines), done.stdout
@@ -472,15 +480,26 @@ def launcher_runs_the_doctor() -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not launcher_runs_the_doctor(), reason="the launcher does not run the doctor yet "
-                    "(train/launcher/launch.py has no --skip-doctor)")
+@pytest.mark.skipif(
+    not launcher_runs_the_doctor(),
+    reason="the launcher does not run the doctor yet (train/launcher/launch.py has no --skip-doctor)",
+)
 def test_launcher_refuses_to_start_on_a_fail_unless_told(tmp_path):
     # The exporter's port is taken (FAIL); told to start anyway, the ranks train without an exporter.
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        flags = ("--output-dir", str(tmp_path / "run"), "--max-steps", "2", "--num-workers", "0",
-                 "--exporter-port", str(taken.getsockname()[1]), "--no-report")
+        flags = (
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--max-steps",
+            "2",
+            "--num-workers",
+            "0",
+            "--exporter-port",
+            str(taken.getsockname()[1]),
+            "--no-report",
+        )
         refused = run_trainstack("train", *flags)
         assert refused.returncode == 2, explain(refused)
         assert "FAIL    exporter-port" in refused.stdout + refused.stderr
@@ -489,10 +508,13 @@ def test_launcher_refuses_to_start_on_a_fail_unless_told(tmp_path):
         assert allowed.returncode == 0, explain(allowed)
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--strategy", "fsdp", "--fsdp-wrap", "Blok"], "--fsdp-wrap Blok: no such module class"),
-    (["--strategy", "fsdp", "--sync-batchnorm"], "--sync-batchnorm works with --strategy ddp only"),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--strategy", "fsdp", "--fsdp-wrap", "Blok"], "--fsdp-wrap Blok: no such module class"),
+        (["--strategy", "fsdp", "--sync-batchnorm"], "--sync-batchnorm works with --strategy ddp only"),
+    ],
+)
 def test_doctor_refuses_what_the_fsdp_trainer_refuses(flags, expected, capsys):
     from trainstack.cli import main
 

@@ -15,9 +15,16 @@ import trainstack.monitoring.nvml_fake as fake
 from tests.helpers.fakes import Rig, errors, render, value
 from trainstack import catalog
 
-GPM_SERIES = {catalog.GPU_SM_ACTIVE.name, catalog.GPU_SM_OCCUPANCY.name, catalog.GPU_TENSOR_ACTIVE.name,
-              catalog.GPU_DRAM_ACTIVE.name, catalog.GPU_GPM_PCIE_TRANSMIT.name, catalog.GPU_GPM_PCIE_RECEIVE.name,
-              catalog.GPU_GPM_NVLINK_TRANSMIT.name, catalog.GPU_GPM_NVLINK_RECEIVE.name}
+GPM_SERIES = {
+    catalog.GPU_SM_ACTIVE.name,
+    catalog.GPU_SM_OCCUPANCY.name,
+    catalog.GPU_TENSOR_ACTIVE.name,
+    catalog.GPU_DRAM_ACTIVE.name,
+    catalog.GPU_GPM_PCIE_TRANSMIT.name,
+    catalog.GPU_GPM_PCIE_RECEIVE.name,
+    catalog.GPU_GPM_NVLINK_TRANSMIT.name,
+    catalog.GPU_GPM_NVLINK_RECEIVE.name,
+}
 MIB = 1 << 20
 
 
@@ -46,8 +53,12 @@ def test_a_pair_of_samples_gives_each_metrics_mean_over_the_period_between_them(
     exporter = rig("ddp_h100")
     first = exporter.scrape()  # the first sample: no pair yet, so no GPM series
     assert gpm_series(first, "0") == set()
-    assert gpm_info(first)["0"] == {"gpu": "0", "uuid": "GPU-5f1c0a00-1a2b-4c3d-8e4f-9a0b1c2d3e00",
-                                    "supported": "true", "reason": ""}
+    assert gpm_info(first)["0"] == {
+        "gpu": "0",
+        "uuid": "GPU-5f1c0a00-1a2b-4c3d-8e4f-9a0b1c2d3e00",
+        "supported": "true",
+        "reason": "",
+    }
     samples = exporter.scrape()  # one interval (1 s) later: the pair [start, now]
     gpu0 = {"gpu": "0", "uuid": "GPU-5f1c0a00-1a2b-4c3d-8e4f-9a0b1c2d3e00"}
     assert gpm_series(samples, "0") == GPM_SERIES
@@ -66,9 +77,11 @@ def test_a_pair_of_samples_gives_each_metrics_mean_over_the_period_between_them(
     assert value(samples, "trainstack_gpu_sm_active_ratio", **gpu0) == pytest.approx(0.15)
     assert value(samples, "trainstack_gpu_tensor_active_ratio", **gpu0) == pytest.approx(0.50)
     assert value(samples, "trainstack_gpu_gpm_pcie_receive_bytes_total", **gpu0) == pytest.approx(
-        1100 * MIB + 100 * MIB * 2)
-    assert value(samples, "trainstack_gpu_sm_active_ratio", gpu="1",
-                 uuid="GPU-5f1c0a01-1a2c-4c3d-8e50-9a0b1c2d3e01") == pytest.approx(0.85)  # set per GPU
+        1100 * MIB + 100 * MIB * 2
+    )
+    assert value(
+        samples, "trainstack_gpu_sm_active_ratio", gpu="1", uuid="GPU-5f1c0a01-1a2c-4c3d-8e50-9a0b1c2d3e01"
+    ) == pytest.approx(0.85)  # set per GPU
     assert errors(samples) == {}
 
 
@@ -101,10 +114,13 @@ def test_a_gpm_period_longer_than_the_sample_interval_serves_each_pairs_means_un
     assert value(exporter.scrape(), "trainstack_gpu_sm_active_ratio", **gpu0) == pytest.approx(0.15)  # 10 s
 
 
-@pytest.mark.parametrize("host, gpu, reason", [
-    ("legacy_driver", "0", "the GPU has no GPM (Hopper and newer have it)"),  # T4
-    ("mixed", "1", "the GPU has no GPM (Hopper and newer have it)"),  # A100
-])
+@pytest.mark.parametrize(
+    "host, gpu, reason",
+    [
+        ("legacy_driver", "0", "the GPU has no GPM (Hopper and newer have it)"),  # T4
+        ("mixed", "1", "the GPU has no GPM (Hopper and newer have it)"),  # A100
+    ],
+)
 def test_a_gpu_without_gpm_has_none_of_its_series_and_its_info_says_why(host, gpu, reason):
     samples = rig(host).scrape()
     assert gpm_series(samples, gpu) == set()
@@ -113,9 +129,18 @@ def test_a_gpu_without_gpm_has_none_of_its_series_and_its_info_says_why(host, gp
 
 
 def one_h100(**host) -> dict:
-    return {"driver_version": "535.104.05", **host, "gpus": [
-        {"model": "h100_sxm5_80gb", "uuid": "GPU-0", "pci_bus_id": "00000000:18:00.0",
-         **({"overrides": host.pop("overrides")} if "overrides" in host else {})}]}
+    return {
+        "driver_version": "535.104.05",
+        **host,
+        "gpus": [
+            {
+                "model": "h100_sxm5_80gb",
+                "uuid": "GPU-0",
+                "pci_bus_id": "00000000:18:00.0",
+                **({"overrides": host.pop("overrides")} if "overrides" in host else {}),
+            }
+        ],
+    }
 
 
 def test_a_driver_without_gpm_says_so_counts_the_call_once_and_serves_everything_else():
@@ -133,8 +158,12 @@ def test_a_mig_mode_gpu_whose_whole_gpu_samples_nvml_refuses_stops_asking_and_fr
     exporter.sample()
     samples = exporter.scrape()
     assert gpm_series(samples, "0") == set()
-    assert gpm_info(samples)["0"] == {"gpu": "0", "uuid": "GPU-0", "supported": "false",
-                                      "reason": "nvmlGpmSampleGet: NotSupported"}
+    assert gpm_info(samples)["0"] == {
+        "gpu": "0",
+        "uuid": "GPU-0",
+        "supported": "false",
+        "reason": "nvmlGpmSampleGet: NotSupported",
+    }
     assert errors(samples) == {("nvmlGpmSampleGet", "NotSupported"): 1}
     assert fake.call_counts()["nvmlGpmSampleFree"] == 2
 
@@ -154,7 +183,8 @@ def test_a_failed_sample_skips_its_periods_and_a_metric_the_gpu_lacks_is_omitted
     exporter.scrape()
     assert errors(exporter.scrape()) == {
         ("nvmlGpmSampleGet", "Unknown"): 1,
-        ("nvmlGpmMetricsGet/NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", "NotSupported"): 1}
+        ("nvmlGpmMetricsGet/NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", "NotSupported"): 1,
+    }
 
 
 @pytest.mark.slow

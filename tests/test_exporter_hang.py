@@ -24,15 +24,17 @@ def served(run_dir) -> list:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(HangCollector(run_dir))
     text = generate_latest(registry).decode()
-    return [(sample.labels, sample.value) for family in text_string_to_metric_families(text)
-            for sample in family.samples]
+    return [
+        (sample.labels, sample.value) for family in text_string_to_metric_families(text) for sample in family.samples
+    ]
 
 
 def collected_stall(run_dir, at: float) -> None:
     stall = RunDir(run_dir).stall(1)
     stall.path.mkdir(parents=True)
-    stall.verdict.write_text(json.dumps({"headline": HEADLINE, "evidence": ["rank 0: at train.py:40"], "fix": FIX,
-                                         "culprits": [1]}))
+    stall.verdict.write_text(
+        json.dumps({"headline": HEADLINE, "evidence": ["rank 0: at train.py:40"], "fix": FIX, "culprits": [1]})
+    )
     os.utime(stall.path, (at, at))
 
 
@@ -53,9 +55,11 @@ class Served:
 
     def __init__(self, now: float, last_step: float, hang: list):
         self.now = now
-        self._instants = {catalog.TRAIN_STEPS.name: [({"rank": "0"}, 60.0), ({"rank": "1"}, 60.0)],
-                          catalog.TRAIN_LAST_STEP.name: [({"rank": "0"}, last_step), ({"rank": "1"}, last_step)],
-                          catalog.HANG_EVIDENCE.name: hang}
+        self._instants = {
+            catalog.TRAIN_STEPS.name: [({"rank": "0"}, 60.0), ({"rank": "1"}, 60.0)],
+            catalog.TRAIN_LAST_STEP.name: [({"rank": "0"}, last_step), ({"rank": "1"}, last_step)],
+            catalog.HANG_EVIDENCE.name: hang,
+        }
 
     def instant(self, name: str) -> list:
         return self._instants.get(name, [])
@@ -68,7 +72,7 @@ def test_diagnose_names_the_rank_from_the_served_verdict_long_before_the_stall_t
     collected_stall(tmp_path, time.time())
     now = time.time() + 5
     hang = served(tmp_path)
-    stalled, = diagnose(read_snapshot(Served(now, now - 90, hang)), Thresholds())  # 90 s: under the 600 s one
+    (stalled,) = diagnose(read_snapshot(Served(now, now - 90, hang)), Thresholds())  # 90 s: under the 600 s one
     assert stalled.kind == "stalled" and HEADLINE in stalled.summary and FIX in stalled.fix
     # Evidence older than the last step is a stall the run came out of: nothing now.
     assert diagnose(read_snapshot(Served(now + 60, now + 50, hang)), Thresholds()) == []

@@ -55,8 +55,7 @@ def rank_pids(metrics_dir: Path) -> dict[str, int]:
             for path in metrics_dir.glob(f"gauge_*_{pid}.db"):
                 shutil.copy(path, alone)
             for family in MultiProcessCollector(None, path=alone).collect():
-                ranks.update((sample.labels["rank"], int(pid)) for sample in family.samples
-                             if "rank" in sample.labels)
+                ranks.update((sample.labels["rank"], int(pid)) for sample in family.samples if "rank" in sample.labels)
     return ranks
 
 
@@ -67,13 +66,28 @@ class LiveRun:
         self.port = free_port()
         self.standalone_port = free_port()
         self.launcher = subprocess.Popen(
-            trainstack_command("train", "--output-dir", str(run_dir), *FAST, "--max-steps", "100000",
-                               "--exporter-port", str(self.port)),
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            trainstack_command(
+                "train", "--output-dir", str(run_dir), *FAST, "--max-steps", "100000", "--exporter-port", str(self.port)
+            ),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         wait_for(self.metrics_dir.is_dir, "the launcher to make the metrics directory")
         self.standalone = subprocess.Popen(
-            [sys.executable, "-m", "trainstack.monitoring.exporter", "--port", str(self.standalone_port),
-             "--metrics-dir", str(self.metrics_dir)], cwd=REPO, stderr=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "trainstack.monitoring.exporter",
+                "--port",
+                str(self.standalone_port),
+                "--metrics-dir",
+                str(self.metrics_dir),
+            ],
+            cwd=REPO,
+            stderr=subprocess.DEVNULL,
+        )
 
     def stop(self) -> None:
         for process in (self.launcher, self.standalone):
@@ -104,11 +118,20 @@ def test_a_live_run_is_scraped_over_http_with_both_ranks_rising(live):
         pytest.fail(f"the run ended early:\n{live.output()}")
     first = wait_for(both_ranks_stepping, "both ranks to report steps")
     first_steps = by_rank(first, "trainstack_train_steps_total")
-    second = wait_for(lambda: (s := by_labels(scrape(live.port))) and all(
-        by_rank(s, "trainstack_train_steps_total")[r] > first_steps[r] for r in ("0", "1")) and s,
-        "the step counters to rise")
-    for name in ("trainstack_train_samples_total", "trainstack_train_tokens_total",
-                 "trainstack_train_step_duration_seconds_count", "trainstack_train_last_step_timestamp_seconds"):
+    second = wait_for(
+        lambda: (
+            (s := by_labels(scrape(live.port)))
+            and all(by_rank(s, "trainstack_train_steps_total")[r] > first_steps[r] for r in ("0", "1"))
+            and s
+        ),
+        "the step counters to rise",
+    )
+    for name in (
+        "trainstack_train_samples_total",
+        "trainstack_train_tokens_total",
+        "trainstack_train_step_duration_seconds_count",
+        "trainstack_train_last_step_timestamp_seconds",
+    ):
         assert set(by_rank(second, name)) == {"0", "1"}, name
     info = {dict(labels)["rank"]: dict(labels) for (n, labels) in second if n == "trainstack_train_rank_info"}
     assert set(info) == {"0", "1"} and {i["local_rank"] for i in info.values()} == {"0", "1"}
@@ -145,10 +168,22 @@ def test_a_hung_then_killed_rank_stops_while_the_endpoint_answers(live):
 def test_a_second_run_in_the_same_directory_shows_no_series_of_the_first(live):
     if live.launcher.poll() is None:
         pytest.skip("needs the first run to have ended (the test before this one ends it)")
-    first_run_ids = {dict(labels)["run_id"] for (n, labels) in by_labels(scrape(live.standalone_port))
-                     if n == "trainstack_train_run_info"}
-    result = run_trainstack("train", "--output-dir", str(live.run_dir), *FAST, "--max-steps", "5",
-                            "--resume", "never", timeout=DEADLINE_SECONDS)
+    first_run_ids = {
+        dict(labels)["run_id"]
+        for (n, labels) in by_labels(scrape(live.standalone_port))
+        if n == "trainstack_train_run_info"
+    }
+    result = run_trainstack(
+        "train",
+        "--output-dir",
+        str(live.run_dir),
+        *FAST,
+        "--max-steps",
+        "5",
+        "--resume",
+        "never",
+        timeout=DEADLINE_SECONDS,
+    )
     assert result.returncode == 0, explain(result)
     new_run_id = json.loads((live.run_dir / "summary.json").read_text())["run_id"]
     samples = by_labels(scrape(live.standalone_port))  # the same exporter process, still reading the same path

@@ -38,8 +38,17 @@ def test_h100_exports_every_field_in_base_units():
     rig = exporter("dgx_h100")
     samples = rig.scrape()
     gpu0 = {"gpu": "0", "uuid": H100_UUID}
-    assert value(samples, "trainstack_gpu_info", **gpu0, name="NVIDIA H100 80GB HBM3",
-                 pci_bus_id="00000000:18:00.0", driver_version="550.90.07") == 1
+    assert (
+        value(
+            samples,
+            "trainstack_gpu_info",
+            **gpu0,
+            name="NVIDIA H100 80GB HBM3",
+            pci_bus_id="00000000:18:00.0",
+            driver_version="550.90.07",
+        )
+        == 1
+    )
     opt_in = {"trainstack_gpu_pcie_transmit_bytes_per_second", "trainstack_gpu_pcie_receive_bytes_per_second"}
     gpm = {metric.name for metric in (*GAUGES.values(), *COUNTERS.values()) if "GPM" in metric.origin}  # a pair's
     expected = {metric.name for metric in GAUGES.values()} - opt_in | {metric.name for metric in COUNTERS.values()}
@@ -59,48 +68,80 @@ def test_h100_exports_every_field_in_base_units():
     for reason in CLOCK_EVENT_REASONS:
         assert value(samples, "trainstack_gpu_clock_event_active", **gpu0, reason=reason) == 0
     assert {dict(labels)["gpu"] for name, labels in samples if name == "trainstack_gpu_info"} == {
-        str(i) for i in range(8)}
+        str(i) for i in range(8)
+    }
     assert value(samples, "trainstack_exporter_nvml_up") == 1
     assert errors(samples) == {}
 
 
 def test_gpu_series_carry_only_gpu_and_uuid():
     rig = exporter("mixed")
-    dimensions = {"trainstack_gpu_info": {"name", "pci_bus_id", "driver_version"},
-                  "trainstack_gpu_clock_event_active": {"reason"},
-                  "trainstack_gpu_gpm_info": {"supported", "reason"},
-                  "trainstack_gpu_link_info": {"pcie_generation", "pcie_width", "pcie_max_generation",
-                                               "pcie_max_width", "nvlinks_active"}}
-    for (name, labels) in rig.scrape():
+    dimensions = {
+        "trainstack_gpu_info": {"name", "pci_bus_id", "driver_version"},
+        "trainstack_gpu_clock_event_active": {"reason"},
+        "trainstack_gpu_gpm_info": {"supported", "reason"},
+        "trainstack_gpu_link_info": {
+            "pcie_generation",
+            "pcie_width",
+            "pcie_max_generation",
+            "pcie_max_width",
+            "nvlinks_active",
+        },
+    }
+    for name, labels in rig.scrape():
         if name.startswith("trainstack_gpu_"):
             assert {k for k, _ in labels} == {"gpu", "uuid"} | dimensions.get(name, set()), name
 
 
 def test_nvlink_traffic_is_summed_over_all_links():
     per_link = [{"start": 1000 * (link + 1), "per_second": 0} for link in range(18)]
-    host = {"driver_version": "550.90.07", "gpus": [{
-        "model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0",
-        "overrides": {"fields": {"NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX": {"per_link": per_link}}}}]}
+    host = {
+        "driver_version": "550.90.07",
+        "gpus": [
+            {
+                "model": "h100_sxm5_80gb",
+                "uuid": H100_UUID,
+                "pci_bus_id": "00000000:18:00.0",
+                "overrides": {"fields": {"NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX": {"per_link": per_link}}},
+            }
+        ],
+    }
     rig = exporter(host)
     total_kib = sum(1000 * (link + 1) for link in range(18))
-    assert value(rig.scrape(), "trainstack_gpu_nvlink_transmit_bytes_total", gpu="0",
-                 uuid=H100_UUID) == total_kib * 1024
+    assert (
+        value(rig.scrape(), "trainstack_gpu_nvlink_transmit_bytes_total", gpu="0", uuid=H100_UUID) == total_kib * 1024
+    )
 
 
 def link_info(samples) -> dict[str, dict[str, str]]:
     """gpu index -> the labels of its trainstack_gpu_link_info series, less gpu and uuid."""
-    return {dict(labels)["gpu"]: {k: v for k, v in labels if k not in ("gpu", "uuid")}
-            for name, labels in samples if name == "trainstack_gpu_link_info"}
+    return {
+        dict(labels)["gpu"]: {k: v for k, v in labels if k not in ("gpu", "uuid")}
+        for name, labels in samples
+        if name == "trainstack_gpu_link_info"
+    }
 
 
 def test_the_links_each_gpu_has_are_served_nvlink_and_a_pcie_link_below_its_maximum():
-    links = {"dgx_h100": link_info(exporter("dgx_h100").scrape()),
-             "pcie_pair": link_info(exporter("pcie_pair").scrape())}
-    h100 = {"pcie_generation": "5", "pcie_width": "16", "pcie_max_generation": "5", "pcie_max_width": "16",
-            "nvlinks_active": "18"}
+    links = {
+        "dgx_h100": link_info(exporter("dgx_h100").scrape()),
+        "pcie_pair": link_info(exporter("pcie_pair").scrape()),
+    }
+    h100 = {
+        "pcie_generation": "5",
+        "pcie_width": "16",
+        "pcie_max_generation": "5",
+        "pcie_max_width": "16",
+        "nvlinks_active": "18",
+    }
     assert links["dgx_h100"] == {str(gpu): h100 for gpu in range(8)}
-    a100 = {"pcie_generation": "4", "pcie_width": "16", "pcie_max_generation": "4", "pcie_max_width": "16",
-            "nvlinks_active": "0"}  # 12 links, no bridge: none active
+    a100 = {
+        "pcie_generation": "4",
+        "pcie_width": "16",
+        "pcie_max_generation": "4",
+        "pcie_max_width": "16",
+        "nvlinks_active": "0",
+    }  # 12 links, no bridge: none active
     assert links["pcie_pair"] == {"0": a100, "1": a100 | {"pcie_width": "8"}}
 
 
@@ -111,8 +152,13 @@ def test_a_link_call_the_driver_lacks_leaves_its_label_empty_and_is_asked_once()
     for _ in range(3):
         samples = rig.scrape()
     # The T4 (gpu 2) has no NVLink at all: its NVLink label is empty too, and neither is an NVML error per scrape.
-    assert link_info(samples)["2"] == {"pcie_generation": "3", "pcie_width": "16", "pcie_max_generation": "3",
-                                       "pcie_max_width": "", "nvlinks_active": ""}
+    assert link_info(samples)["2"] == {
+        "pcie_generation": "3",
+        "pcie_width": "16",
+        "pcie_max_generation": "3",
+        "pcie_max_width": "",
+        "nvlinks_active": "",
+    }
     assert fake.call_counts()["nvmlDeviceGetMaxPcieLinkWidth"] == 4  # once per GPU, then remembered
     assert errors(samples)[("nvmlDeviceGetMaxPcieLinkWidth", "FunctionNotFound")] == 4
 
@@ -155,16 +201,29 @@ def test_static_answers_are_read_once_not_per_scrape():
     assert calls["nvmlDeviceGetPcieThroughput"] == 0  # opt-in
 
 
-FAST_SAMPLE_CALLS = {"nvmlDeviceGetUtilizationRates": 8, "nvmlDeviceGetMemoryInfo": 8, "nvmlDeviceGetTemperature": 8,
-                     "nvmlDeviceGetClockInfo": 16, "nvmlDeviceGetCurrentClocksEventReasons": 8,
-                     "nvmlDeviceGetPowerUsage": 8, "nvmlDeviceGetComputeRunningProcesses": 8,
-                     "nvmlDeviceGetGraphicsRunningProcesses": 8, "nvmlEventSetWait_v2": 1,
-                     "nvmlGpmSampleGet": 8, "nvmlGpmMetricsGet": 8}
+FAST_SAMPLE_CALLS = {
+    "nvmlDeviceGetUtilizationRates": 8,
+    "nvmlDeviceGetMemoryInfo": 8,
+    "nvmlDeviceGetTemperature": 8,
+    "nvmlDeviceGetClockInfo": 16,
+    "nvmlDeviceGetCurrentClocksEventReasons": 8,
+    "nvmlDeviceGetPowerUsage": 8,
+    "nvmlDeviceGetComputeRunningProcesses": 8,
+    "nvmlDeviceGetGraphicsRunningProcesses": 8,
+    "nvmlEventSetWait_v2": 1,
+    "nvmlGpmSampleGet": 8,
+    "nvmlGpmMetricsGet": 8,
+}
 # A slow sample adds, per GPU, one field-values call for the counters and the link calls: PCIe generation and width
 # now and at most, and the state of each of an H100's 18 NVLinks.
 SLOW_SAMPLE_CALLS = FAST_SAMPLE_CALLS | {
-    "nvmlDeviceGetFieldValues": 8, "nvmlDeviceGetCurrPcieLinkGeneration": 8, "nvmlDeviceGetCurrPcieLinkWidth": 8,
-    "nvmlDeviceGetMaxPcieLinkGeneration": 8, "nvmlDeviceGetMaxPcieLinkWidth": 8, "nvmlDeviceGetNvLinkState": 8 * 18}
+    "nvmlDeviceGetFieldValues": 8,
+    "nvmlDeviceGetCurrPcieLinkGeneration": 8,
+    "nvmlDeviceGetCurrPcieLinkWidth": 8,
+    "nvmlDeviceGetMaxPcieLinkGeneration": 8,
+    "nvmlDeviceGetMaxPcieLinkWidth": 8,
+    "nvmlDeviceGetNvLinkState": 8 * 18,
+}
 
 
 def test_a_slow_sample_reads_power_limit_and_violation_counters_with_the_other_fields_in_one_call():
@@ -196,8 +255,12 @@ def test_slow_fields_are_read_at_their_own_cadence_and_keep_their_last_exact_val
         at_start = fake.call_counts()
         if second < 30:  # between slow reads: the counters served are the first read's, unchanged
             samples = render(rig.registry)
-            for name in ("trainstack_gpu_energy_joules_total", "trainstack_gpu_power_violation_seconds_total",
-                         "trainstack_gpu_memory_temperature_celsius", "trainstack_gpu_nvlink_transmit_bytes_total"):
+            for name in (
+                "trainstack_gpu_energy_joules_total",
+                "trainstack_gpu_power_violation_seconds_total",
+                "trainstack_gpu_memory_temperature_celsius",
+                "trainstack_gpu_nvlink_transmit_bytes_total",
+            ):
                 assert value(samples, name, gpu="0", uuid=H100_UUID) == value(first, name, gpu="0", uuid=H100_UUID)
     slow_seconds = [second for second, calls in enumerate(counted, 1) if calls["nvmlDeviceGetFieldValues"]]
     assert slow_seconds == [30, 60]
@@ -217,9 +280,11 @@ def test_slow_fields_are_read_at_their_own_cadence_and_keep_their_last_exact_val
 
 
 def test_without_the_field_values_call_power_comes_from_the_dedicated_calls():
-    host = {"driver_version": "384.183", "missing_functions": ["nvmlDeviceGetFieldValues"],
-            "gpus": [{"model": "p4", "uuid": "GPU-5f1c0a15-1a40-4c3d-8e64-9a0b1c2d3e15",
-                      "pci_bus_id": "00000000:2A:00.0"}]}
+    host = {
+        "driver_version": "384.183",
+        "missing_functions": ["nvmlDeviceGetFieldValues"],
+        "gpus": [{"model": "p4", "uuid": "GPU-5f1c0a15-1a40-4c3d-8e64-9a0b1c2d3e15", "pci_bus_id": "00000000:2A:00.0"}],
+    }
     rig = exporter(host)
     for _ in range(2):
         samples = rig.scrape()
@@ -231,26 +296,39 @@ def test_without_the_field_values_call_power_comes_from_the_dedicated_calls():
     assert errors(samples) == {("nvmlDeviceGetFieldValues", "FunctionNotFound"): 1}
 
 
-H100_WITHOUT_LIMIT_FIELD = {"driver_version": "550.90.07", "gpus": [{
-    "model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0",
-    "overrides": {"fields": {"NVML_FI_DEV_POWER_CURRENT_LIMIT": "NVMLError_NotSupported"}}}]}
+H100_WITHOUT_LIMIT_FIELD = {
+    "driver_version": "550.90.07",
+    "gpus": [
+        {
+            "model": "h100_sxm5_80gb",
+            "uuid": H100_UUID,
+            "pci_bus_id": "00000000:18:00.0",
+            "overrides": {"fields": {"NVML_FI_DEV_POWER_CURRENT_LIMIT": "NVMLError_NotSupported"}},
+        }
+    ],
+}
 
 
-@pytest.mark.parametrize("host, gpu, uuid, lacking, field_error", [
-    # A GPU whose driver has the field but not for this GPU answers NotSupported.
-    (H100_WITHOUT_LIMIT_FIELD, "0", H100_UUID, 1, "NotSupported"),
-    # An R470 driver predates the power fields: it answers InvalidArgument for an id it does not know.
-    ("legacy_driver", "0", "GPU-5f1c0a14-1a3f-4c3d-8e63-9a0b1c2d3e14", 2, "InvalidArgument"),
-])
+@pytest.mark.parametrize(
+    "host, gpu, uuid, lacking, field_error",
+    [
+        # A GPU whose driver has the field but not for this GPU answers NotSupported.
+        (H100_WITHOUT_LIMIT_FIELD, "0", H100_UUID, 1, "NotSupported"),
+        # An R470 driver predates the power fields: it answers InvalidArgument for an id it does not know.
+        ("legacy_driver", "0", "GPU-5f1c0a14-1a3f-4c3d-8e63-9a0b1c2d3e14", 2, "InvalidArgument"),
+    ],
+)
 def test_a_field_the_gpu_or_driver_lacks_is_read_with_its_own_call(host, gpu, uuid, lacking, field_error):
     rig = exporter(host)
     answers = fake._require_host().gpus[int(gpu)].answers
     for _ in range(3):
         samples = rig.scrape()
     assert value(samples, "trainstack_gpu_power_watts", gpu=gpu, uuid=uuid) == pytest.approx(
-        answers["nvmlDeviceGetPowerUsage"] / 1000)
+        answers["nvmlDeviceGetPowerUsage"] / 1000
+    )
     assert value(samples, "trainstack_gpu_power_limit_watts", gpu=gpu, uuid=uuid) == pytest.approx(
-        answers["nvmlDeviceGetEnforcedPowerLimit"] / 1000)
+        answers["nvmlDeviceGetEnforcedPowerLimit"] / 1000
+    )
     assert fake.call_counts()["nvmlDeviceGetEnforcedPowerLimit"] == 3 * lacking
     # The field is asked once per GPU that lacks it, then only the call is.
     assert errors(samples)[("nvmlDeviceGetFieldValues/NVML_FI_DEV_POWER_CURRENT_LIMIT", field_error)] == lacking
@@ -259,8 +337,15 @@ def test_a_field_the_gpu_or_driver_lacks_is_read_with_its_own_call(host, gpu, uu
 def test_pcie_throughput_when_asked_for():
     rig = exporter("mixed", pcie_throughput=True)
     samples = rig.scrape()
-    assert value(samples, "trainstack_gpu_pcie_receive_bytes_per_second", gpu="2",
-                 uuid="GPU-5f1c0a0c-1a37-4c3d-8e5b-9a0b1c2d3e0c") == 345678 * 1024
+    assert (
+        value(
+            samples,
+            "trainstack_gpu_pcie_receive_bytes_per_second",
+            gpu="2",
+            uuid="GPU-5f1c0a0c-1a37-4c3d-8e5b-9a0b1c2d3e0c",
+        )
+        == 345678 * 1024
+    )
 
 
 def test_legacy_driver_uses_the_older_calls():
@@ -303,8 +388,9 @@ def test_a_lost_gpu_drops_out_and_is_not_asked_again():
     gpu3 = {"gpu": "3", "uuid": "GPU-5f1c0a03-1a2e-4c3d-8e52-9a0b1c2d3e03"}
     assert names_for_gpu(after, "3") == {"trainstack_gpu_xid_errors_total"}  # the Xid that preceded it stays
     assert value(after, "trainstack_gpu_xid_errors_total", **gpu3, xid="79") == 1
-    assert {g for g in range(8) if g != 3} == {int(g) for g in (
-        dict(labels)["gpu"] for name, labels in after if name == "trainstack_gpu_power_watts")}
+    assert {g for g in range(8) if g != 3} == {
+        int(g) for g in (dict(labels)["gpu"] for name, labels in after if name == "trainstack_gpu_power_watts")
+    }
     assert value(after, "trainstack_exporter_gpus_lost") == 1
     assert errors(again) == {("nvmlDeviceGetUtilizationRates", "GpuIsLost"): 1}
     assert fake.call_counts()["nvmlDeviceGetUtilizationRates"] == calls["nvmlDeviceGetUtilizationRates"] + 7
@@ -312,9 +398,11 @@ def test_a_lost_gpu_drops_out_and_is_not_asked_again():
 
 
 def test_xid_events_are_counted_by_code():
-    host = {"driver_version": "550.90.07",
-            "gpus": [{"model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0"}],
-            "xid_events": [{"gpu": 0, "xid": 48, "after_seconds": 0}]}
+    host = {
+        "driver_version": "550.90.07",
+        "gpus": [{"model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0"}],
+        "xid_events": [{"gpu": 0, "xid": 48, "after_seconds": 0}],
+    }
     rig = exporter(host)
     fake.raise_xid(0, 13)
     fake.raise_xid(0, 13)
@@ -329,34 +417,53 @@ def test_xid_events_are_counted_by_code():
 
 def processes(samples) -> dict[tuple[str, str, str], float]:
     """(gpu, pid, process name) -> the memory the process uses on that GPU."""
-    return {(labels["gpu"], labels["pid"], labels["process"]): v for (name, key), v in samples.items()
-            if name == "trainstack_gpu_process_memory_used_bytes" and (labels := dict(key))}
+    return {
+        (labels["gpu"], labels["pid"], labels["process"]): v
+        for (name, key), v in samples.items()
+        if name == "trainstack_gpu_process_memory_used_bytes" and (labels := dict(key))
+    }
 
 
 def test_every_process_on_a_gpu_is_served_with_its_name_asked_once():
-    host = {"driver_version": "550.90.07",
-            "gpus": [{"model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0"},
-                     {"model": "h100_sxm5_80gb", "uuid": "GPU-b", "pci_bus_id": "00000000:2A:00.0"}],
-            "processes": {"0": [{"pid": 4242, "name": "/opt/conda/bin/python", "used_gpu_memory": 60129542144},
-                                {"pid": 777, "used_gpu_memory": 1073741824}],  # another PID namespace: no name
-                          "1": [{"pid": 4242, "name": "/opt/conda/bin/python", "used_gpu_memory": 2 << 30},
-                                {"pid": 900, "name": "Xorg", "type": "G", "used_gpu_memory": 1 << 20},
-                                {"pid": 901, "name": "blender", "type": "C+G", "used_gpu_memory": 5 << 20}]}}
+    host = {
+        "driver_version": "550.90.07",
+        "gpus": [
+            {"model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0"},
+            {"model": "h100_sxm5_80gb", "uuid": "GPU-b", "pci_bus_id": "00000000:2A:00.0"},
+        ],
+        "processes": {
+            "0": [
+                {"pid": 4242, "name": "/opt/conda/bin/python", "used_gpu_memory": 60129542144},
+                {"pid": 777, "used_gpu_memory": 1073741824},
+            ],  # another PID namespace: no name
+            "1": [
+                {"pid": 4242, "name": "/opt/conda/bin/python", "used_gpu_memory": 2 << 30},
+                {"pid": 900, "name": "Xorg", "type": "G", "used_gpu_memory": 1 << 20},
+                {"pid": 901, "name": "blender", "type": "C+G", "used_gpu_memory": 5 << 20},
+            ],
+        },
+    }
     rig = exporter(host)
     for _ in range(3):
         samples = rig.scrape()
-    assert processes(samples) == {("0", "4242", "python"): 60129542144, ("0", "777", ""): 1073741824,
-                                  ("1", "4242", "python"): 2 << 30, ("1", "900", "Xorg"): 1 << 20,
-                                  ("1", "901", "blender"): 5 << 20}  # in both lists, served once
+    assert processes(samples) == {
+        ("0", "4242", "python"): 60129542144,
+        ("0", "777", ""): 1073741824,
+        ("1", "4242", "python"): 2 << 30,
+        ("1", "900", "Xorg"): 1 << 20,
+        ("1", "901", "blender"): 5 << 20,
+    }  # in both lists, served once
     # Asked once per process over three samples, so a process NVML cannot name is one error, not one a sample.
     assert fake.call_counts()["nvmlSystemGetProcessName"] == 4
     assert errors(samples) == {("nvmlSystemGetProcessName", "NotFound"): 1}
 
 
 def test_a_process_that_leaves_its_gpu_is_no_longer_served():
-    host = {"driver_version": "550.90.07",
-            "gpus": [{"model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0"}],
-            "processes": {"0": [{"pid": 4242, "name": "python", "used_gpu_memory": 1 << 30}]}}
+    host = {
+        "driver_version": "550.90.07",
+        "gpus": [{"model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0"}],
+        "processes": {"0": [{"pid": 4242, "name": "python", "used_gpu_memory": 1 << 30}]},
+    }
     rig = exporter(host)
     assert processes(rig.scrape()) == {("0", "4242", "python"): 1 << 30}
     fake._require_host().processes[0] = [{"pid": 4343, "name": "torchrun", "used_gpu_memory": 2 << 30}]
@@ -409,8 +516,17 @@ def test_random_failures_never_fail_a_scrape_and_are_all_counted():
 
 def test_a_thousand_random_failure_patterns_fail_no_scrape_and_no_counter_goes_back():
     rng = random.Random(14)
-    errors_pool = ["Unknown", "Timeout", "NoPermission", "InsufficientSize", "NotSupported", "Memory",
-                   "GpuIsLost", "Uninitialized", "FunctionNotFound"]
+    errors_pool = [
+        "Unknown",
+        "Timeout",
+        "NoPermission",
+        "InsufficientSize",
+        "NotSupported",
+        "Memory",
+        "GpuIsLost",
+        "Uninitialized",
+        "FunctionNotFound",
+    ]
     calls = sorted(FAST_SAMPLE_CALLS) + ["nvmlDeviceGetFieldValues", "nvmlDeviceGetComputeRunningProcesses"]
     served: dict[tuple[str, frozenset], float] = {}
     for pattern in range(1000):
@@ -418,11 +534,13 @@ def test_a_thousand_random_failure_patterns_fail_no_scrape_and_no_counter_goes_b
             rig = Rig("mixed", interval=1.0, slow_interval=rng.choice([1.0, 3.0]))
             served = {}
         # Each pattern: a failure rate and a mix of errors on every device call, plus a run of one call failing.
-        fake.fail_randomly(rng.choice([0.0, 0.02, 0.2, 0.6, 1.0]), rng.sample(errors_pool, rng.randint(1, 3)),
-                           seed=pattern)
+        fake.fail_randomly(
+            rng.choice([0.0, 0.02, 0.2, 0.6, 1.0]), rng.sample(errors_pool, rng.randint(1, 3)), seed=pattern
+        )
         if rng.random() < 0.3:
-            fake.fail(rng.choice(calls), rng.choice(errors_pool), gpu=rng.choice([None, 0, 1, 2, 3]),
-                      times=rng.randint(1, 5))
+            fake.fail(
+                rng.choice(calls), rng.choice(errors_pool), gpu=rng.choice([None, 0, 1, 2, 3]), times=rng.randint(1, 5)
+            )
         samples = rig.scrape()  # raises if a scrape failed or produced unparsable text
         assert value(samples, "trainstack_exporter_collector_success", collector="gpu") == 1, pattern
         assert value(samples, "trainstack_exporter_nvml_up") == 1, pattern

@@ -35,13 +35,21 @@ from trainstack.monitoring.exporter.training import TrainingCollector
 pytestmark = pytest.mark.slow
 
 TRAINING_METRICS = [
-    "trainstack_train_steps_total", "trainstack_train_samples_total", "trainstack_train_tokens_total",
-    "trainstack_train_step_duration_seconds_bucket", "trainstack_train_step_duration_seconds_count",
-    "trainstack_train_data_wait_seconds_total", "trainstack_train_forward_seconds_total",
-    "trainstack_train_loss", "trainstack_train_learning_rate",
-    "trainstack_train_last_step_timestamp_seconds", "trainstack_train_epoch",
-    "trainstack_train_last_checkpoint_timestamp_seconds", "trainstack_train_checkpoint_duration_seconds",
-    "trainstack_train_rank_info", "trainstack_train_run_info",
+    "trainstack_train_steps_total",
+    "trainstack_train_samples_total",
+    "trainstack_train_tokens_total",
+    "trainstack_train_step_duration_seconds_bucket",
+    "trainstack_train_step_duration_seconds_count",
+    "trainstack_train_data_wait_seconds_total",
+    "trainstack_train_forward_seconds_total",
+    "trainstack_train_loss",
+    "trainstack_train_learning_rate",
+    "trainstack_train_last_step_timestamp_seconds",
+    "trainstack_train_epoch",
+    "trainstack_train_last_checkpoint_timestamp_seconds",
+    "trainstack_train_checkpoint_duration_seconds",
+    "trainstack_train_rank_info",
+    "trainstack_train_run_info",
 ]
 
 
@@ -64,8 +72,15 @@ def fake_host():
 
 @pytest.fixture
 def running(metrics_dir, fake_host, tmp_path):
-    exporter = Exporter(ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake", metrics_dir=metrics_dir,
-                                       run_dir=tmp_path, gpu_log_interval_seconds=0.05))
+    exporter = Exporter(
+        ExporterConfig(
+            port=0,
+            nvml_module="trainstack.monitoring.nvml_fake",
+            metrics_dir=metrics_dir,
+            run_dir=tmp_path,
+            gpu_log_interval_seconds=0.05,
+        )
+    )
     exporter.start()
     yield exporter
     exporter.stop()
@@ -80,8 +95,11 @@ def get(port: int, path: str) -> tuple[int, str, str]:
 
 
 def parse(text: str) -> dict[tuple[str, frozenset], float]:
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def series(samples, name: str) -> dict[frozenset, float]:
@@ -97,18 +115,25 @@ def test_metrics_endpoint_serves_gpu_training_and_exporter_metrics(running):
         assert ranks == {"0", "1"}, name
     steps = {dict(labels)["rank"]: v for labels, v in series(samples, "trainstack_train_steps_total").items()}
     assert steps == {"0": 20, "1": 19}
-    assert series(samples, "trainstack_train_loss") == {frozenset({("rank", "0")}): 2.5,
-                                                         frozenset({("rank", "1")}): 2.5}  # no pid label
+    assert series(samples, "trainstack_train_loss") == {
+        frozenset({("rank", "0")}): 2.5,
+        frozenset({("rank", "1")}): 2.5,
+    }  # no pid label
     assert len(series(samples, "trainstack_gpu_info")) == 4
     assert series(samples, "trainstack_exporter_nvml_up") == {frozenset(): 1}
     assert series(samples, "trainstack_exporter_collector_success") == {
-        frozenset({("collector", "gpu")}): 1, frozenset({("collector", "training")}): 1,
-        frozenset({("collector", "hang")}): 1, frozenset({("collector", "watched command")}): 1}
+        frozenset({("collector", "gpu")}): 1,
+        frozenset({("collector", "training")}): 1,
+        frozenset({("collector", "hang")}): 1,
+        frozenset({("collector", "watched command")}): 1,
+    }
 
 
 def test_metrics_are_the_text_format_gzipped_when_asked(running):
-    prometheus = {"Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
-                  "Accept-Encoding": "gzip"}
+    prometheus = {
+        "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+        "Accept-Encoding": "gzip",
+    }
     request = urllib.request.Request(f"http://127.0.0.1:{running.server.port}/metrics", headers=prometheus)
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
@@ -177,14 +202,28 @@ def test_gpu_snapshots_are_logged_for_the_run_report(running):
     assert len(records) >= 8
     assert {r["gpu"] for r in records} == {0, 1, 2, 3}
     h100 = next(r for r in records if r["gpu"] == 0)
-    assert set(h100) == {"time", "gpu", "uuid", "utilization_ratio", "memory_used_bytes", "memory_total_bytes",
-                         "power_watts"}
+    assert set(h100) == {
+        "time",
+        "gpu",
+        "uuid",
+        "utilization_ratio",
+        "memory_used_bytes",
+        "memory_total_bytes",
+        "power_watts",
+    }
     assert h100["utilization_ratio"] == 0.98 and h100["memory_total_bytes"] == 85520809984
 
 
 def test_a_scrape_while_an_nvml_call_hangs_answers_from_the_last_sample_and_its_age_grows(metrics_dir, fake_host):
-    exporter = Exporter(ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake", metrics_dir=metrics_dir,
-                                       sample_interval_seconds=0.05, slow_sample_interval_seconds=0.05))
+    exporter = Exporter(
+        ExporterConfig(
+            port=0,
+            nvml_module="trainstack.monitoring.nvml_fake",
+            metrics_dir=metrics_dir,
+            sample_interval_seconds=0.05,
+            slow_sample_interval_seconds=0.05,
+        )
+    )
     exporter.start()
     entered, release = fake.hang("nvmlDeviceGetUtilizationRates")
     try:
@@ -195,8 +234,7 @@ def test_a_scrape_while_an_nvml_call_hangs_answers_from_the_last_sample_and_its_
             if len(ages) >= 2 and ages[-1] > ages[0]:
                 break
             samples = parse(get(exporter.server.port, "/metrics")[2])
-            ages.append(series(samples, "trainstack_exporter_gpu_sample_age_seconds")[
-                frozenset({("cadence", "fast")})])
+            ages.append(series(samples, "trainstack_exporter_gpu_sample_age_seconds")[frozenset({("cadence", "fast")})])
             assert len(series(samples, "trainstack_gpu_utilization_ratio")) == 4  # the last sample, all GPUs
             assert series(samples, "trainstack_exporter_collector_success")[frozenset({("collector", "gpu")})] == 1
             time.sleep(0.05)
@@ -257,13 +295,19 @@ def test_a_new_metrics_directory_is_picked_up_without_a_restart(tmp_path, fake_h
 
 # --- the command line, in its own process -----------------------------------------------------------------------
 
+
 def start_cli(*args: str, host: str | None = "mixed") -> tuple[subprocess.Popen, int]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("NVML_FAKE_HOST", None)
     if host:
         env["NVML_FAKE_HOST"] = host
-    process = subprocess.Popen([sys.executable, "-m", "trainstack.monitoring.exporter", "--port", "0", *args], cwd=REPO,
-                               env=env, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainstack.monitoring.exporter", "--port", "0", *args],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = process.stderr.readline()
     if "serving http://" not in line:
         process.kill()
@@ -273,8 +317,14 @@ def start_cli(*args: str, host: str | None = "mixed") -> tuple[subprocess.Popen,
 
 
 def test_cli_serves_until_sigterm_and_exits_0(metrics_dir, tmp_path):
-    process, port = start_cli("--nvml-module", "trainstack.monitoring.nvml_fake", "--metrics-dir", str(metrics_dir),
-                              "--run-dir", str(tmp_path))
+    process, port = start_cli(
+        "--nvml-module",
+        "trainstack.monitoring.nvml_fake",
+        "--metrics-dir",
+        str(metrics_dir),
+        "--run-dir",
+        str(tmp_path),
+    )
     try:
         samples = parse(get(port, "/metrics")[2])
         assert len(series(samples, "trainstack_gpu_info")) == 4
@@ -289,8 +339,9 @@ def test_promtool_check_metrics_on_a_live_scrape_is_clean(metrics_dir):
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not found: install Debian's prometheus package (make system-deps)")
-    process, port = start_cli("--nvml-module", "trainstack.monitoring.nvml_fake", "--metrics-dir", str(metrics_dir),
-                              "--pcie-throughput")
+    process, port = start_cli(
+        "--nvml-module", "trainstack.monitoring.nvml_fake", "--metrics-dir", str(metrics_dir), "--pcie-throughput"
+    )
     try:
         for _ in range(2):  # the second scrape also carries the collectors' own durations
             text = get(port, "/metrics")[2]
@@ -303,17 +354,25 @@ def test_promtool_check_metrics_on_a_live_scrape_is_clean(metrics_dir):
     assert check.returncode == 0 and check.stdout + check.stderr == "", check.stdout + check.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--port", "70000"], "--port 70000 is not a TCP port"),
-    (["--metrics-dir", "pyproject.toml"], "--metrics-dir pyproject.toml is a file"),
-    (["--nvml-module", "no_such_nvml_module"], "--nvml-module 'no_such_nvml_module' cannot be imported"),
-    (["--sample-interval", "0"], "--sample-interval 0 is not positive"),
-    (["--sample-interval", "2", "--slow-sample-interval", "1"], "--slow-sample-interval 1 is shorter than"),
-    (["--sample-interval", "2", "--gpm-interval", "1"], "--gpm-interval 1 is shorter than --sample-interval 2"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--port", "70000"], "--port 70000 is not a TCP port"),
+        (["--metrics-dir", "pyproject.toml"], "--metrics-dir pyproject.toml is a file"),
+        (["--nvml-module", "no_such_nvml_module"], "--nvml-module 'no_such_nvml_module' cannot be imported"),
+        (["--sample-interval", "0"], "--sample-interval 0 is not positive"),
+        (["--sample-interval", "2", "--slow-sample-interval", "1"], "--slow-sample-interval 1 is shorter than"),
+        (["--sample-interval", "2", "--gpm-interval", "1"], "--gpm-interval 1 is shorter than --sample-interval 2"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, message):
-    result = subprocess.run([sys.executable, "-m", "trainstack.monitoring.exporter", *args], cwd=REPO,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "trainstack.monitoring.exporter", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
 
@@ -323,8 +382,13 @@ def test_a_port_in_use_is_a_clear_error_and_a_runtime_failure():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run([sys.executable, "-m", "trainstack.monitoring.exporter", "--port", str(port)], cwd=REPO,
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "trainstack.monitoring.exporter", "--port", str(port)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert result.returncode == EXIT_RUNTIME == 69  # not bad input: retrying once the port is free can work
     assert result.stderr.count("\n") == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
@@ -337,6 +401,14 @@ def test_trainstack_exporter_subcommand_is_wired(capsys):
         main(["exporter", "--help"])
     assert exit_.value.code == 0
     usage = capsys.readouterr().out
-    for flag in ("--host", "--port", "--metrics-dir", "--run-dir", "--pcie-throughput", "--nvml-module",
-                 "--sample-interval", "--slow-sample-interval"):
+    for flag in (
+        "--host",
+        "--port",
+        "--metrics-dir",
+        "--run-dir",
+        "--pcie-throughput",
+        "--nvml-module",
+        "--sample-interval",
+        "--slow-sample-interval",
+    ):
         assert flag in usage

@@ -14,8 +14,11 @@ def served(metrics_dir) -> dict:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(WatchedCommandCollector(metrics_dir))
     text = generate_latest(registry).decode()
-    return {sample.name: (sample.labels, sample.value) for family in text_string_to_metric_families(text)
-            for sample in family.samples}
+    return {
+        sample.name: (sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def test_the_command_and_its_running_processes_are_served_as_watch_last_counted_them(tmp_path):
@@ -23,7 +26,8 @@ def test_the_command_and_its_running_processes_are_served_as_watch_last_counted_
     state.running(3)
     assert served(tmp_path) == {
         catalog.WATCH_COMMAND_INFO.name: ({"command": "torchrun --nproc-per-node 2 train.py", "run_id": "run-1"}, 1.0),
-        catalog.WATCH_COMMAND_PROCESSES.name: ({}, 3.0)}
+        catalog.WATCH_COMMAND_PROCESSES.name: ({}, 3.0),
+    }
     state.running(0)  # the command ended
     assert served(tmp_path)[catalog.WATCH_COMMAND_PROCESSES.name] == ({}, 0.0)
 

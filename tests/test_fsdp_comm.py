@@ -94,8 +94,11 @@ class ScheduleTimer(CommTimer):
 
     def launched(self, nbytes, group=None, blocking=False):
         collective = super().launched(nbytes, group)
-        self.labels[collective.launched] = (f"reduce-scatter {next(self._reduce_scatters)}" if group == REDUCE_SCATTERS
-                                            else f"all-gather {self.names[group]}")
+        self.labels[collective.launched] = (
+            f"reduce-scatter {next(self._reduce_scatters)}"
+            if group == REDUCE_SCATTERS
+            else f"all-gather {self.names[group]}"
+        )
         return collective
 
     def step_done(self) -> None:
@@ -106,10 +109,17 @@ class ScheduleTimer(CommTimer):
         """Each step's waits: where compute reached the wait ("mark": a hook's mark, "launch": the collective's
         own launch), the collectives it waited for, and how many of the step's collectives had been launched
         when compute reached it (which pins the hook between FSDP's own)."""
-        return [[("launch" if wait.ready == wait.collectives[-1].launched else "mark",
-                  [self.labels[c.launched] for c in wait.collectives],
-                  sum(c.launched < wait.ready for c in step.collectives)) for wait in step.waits]
-                for step in self.cut()]
+        return [
+            [
+                (
+                    "launch" if wait.ready == wait.collectives[-1].launched else "mark",
+                    [self.labels[c.launched] for c in wait.collectives],
+                    sum(c.launched < wait.ready for c in step.collectives),
+                )
+                for wait in step.waits
+            ]
+            for step in self.cut()
+        ]
 
 
 def train(net: torch.nn.Module, timer: CommTimer, steps: int) -> None:
@@ -161,8 +171,10 @@ def two_ranks(tmp_path_factory) -> list[dict]:
 
 # Forward: each unit's mark comes before FSDP's pre-forward launches its all-gather and waits for it; the embedding's
 # and head's are one all-gather, waited for before the embedding.
-FORWARD = [("mark", ["all-gather embedding+head"], 0),
-           *(("mark", [f"all-gather blocks.{i}"], i + 1) for i in range(BLOCKS))]
+FORWARD = [
+    ("mark", ["all-gather embedding+head"], 0),
+    *(("mark", [f"all-gather blocks.{i}"], i + 1) for i in range(BLOCKS)),
+]
 BACKWARD = [
     ("mark", ["all-gather blocks.2"], 5),  # prefetched by the head's backward; marked before block 2's prefetch
     ("mark", ["all-gather blocks.1"], 7),  # prefetched by block 2's backward, after its reduce-scatter's launch
@@ -184,8 +196,9 @@ def test_each_collective_is_waited_for_where_fsdp_waits(two_ranks):
 def test_a_cpu_rank_waits_for_all_of_each_collective(two_ranks):
     """gloo's collectives hold the host; each is held back DELAY longer by the test delay."""
     net = Net()
-    params = {name: sum(p.numel() for p in module.parameters())
-              for name, module in (("all", net), ("blocks", net.blocks))}
+    params = {
+        name: sum(p.numel() for p in module.parameters()) for name, module in (("all", net), ("blocks", net.blocks))
+    }
     collectives = 2 * (BLOCKS + 1) + BLOCKS  # an all-gather and a reduce-scatter per unit, the blocks' backward
     for rank in two_ranks:
         steps = [StepComm(**step) for step in rank["steps"]]

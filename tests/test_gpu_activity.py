@@ -32,11 +32,16 @@ def nvml(host):
     fake.load(host)
 
     def by_uuid(uuid):
-        return next(fake.nvmlDeviceGetHandleByIndex(i) for i in range(fake.nvmlDeviceGetCount())
-                    if fake.nvmlDeviceGetUUID(fake.nvmlDeviceGetHandleByIndex(i)) == uuid)
+        return next(
+            fake.nvmlDeviceGetHandleByIndex(i)
+            for i in range(fake.nvmlDeviceGetCount())
+            if fake.nvmlDeviceGetUUID(fake.nvmlDeviceGetHandleByIndex(i)) == uuid
+        )
 
-    return SimpleNamespace(**{name: getattr(fake, name) for name in dir(fake) if not name.startswith("__")},
-                           nvmlDeviceGetHandleByUUID=by_uuid)
+    return SimpleNamespace(
+        **{name: getattr(fake, name) for name in dir(fake) if not name.startswith("__")},
+        nvmlDeviceGetHandleByUUID=by_uuid,
+    )
 
 
 def test_each_read_gives_the_mean_activity_since_the_last_one():
@@ -55,14 +60,28 @@ def test_each_read_gives_the_mean_activity_since_the_last_one():
     assert fake.call_counts()["nvmlGpmSampleFree"] == 2
 
 
-@pytest.mark.parametrize("host", [
-    "pcie_pair",  # A100s: no GPM
-    {"driver_version": "470.256.02", "missing_functions": ["nvmlGpmQueryDeviceSupport"],
-     "gpus": [{"model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0"}]},
-    {"driver_version": "550.90.07",  # MIG mode: NVML refuses whole-GPU samples
-     "gpus": [{"model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0",
-               "overrides": {"gpm": "NVMLError_NotSupported"}}]},
-])
+@pytest.mark.parametrize(
+    "host",
+    [
+        "pcie_pair",  # A100s: no GPM
+        {
+            "driver_version": "470.256.02",
+            "missing_functions": ["nvmlGpmQueryDeviceSupport"],
+            "gpus": [{"model": "h100_sxm5_80gb", "uuid": H100_UUID, "pci_bus_id": "00000000:18:00.0"}],
+        },
+        {
+            "driver_version": "550.90.07",  # MIG mode: NVML refuses whole-GPU samples
+            "gpus": [
+                {
+                    "model": "h100_sxm5_80gb",
+                    "uuid": H100_UUID,
+                    "pci_bus_id": "00000000:18:00.0",
+                    "overrides": {"gpm": "NVMLError_NotSupported"},
+                }
+            ],
+        },
+    ],
+)
 def test_no_reader_where_gpm_cannot_answer(host):
     stand_in = nvml(host)
     fake.nvmlInit()
@@ -100,12 +119,29 @@ def test_the_report_shows_each_ranks_mean_activity_where_its_records_carry_it(tm
     from trainstack.monitoring.report.tables import rank_rows
 
     def record(step: int, seconds: float, **activity) -> dict:
-        return {"time": 1000.0 + step, "step": step, "samples": 16, "interval_seconds": seconds,
-                "data_wait_seconds": 0.0, "step_seconds": [0.1], "host_data_wait_seconds": 0.0, **activity}
+        return {
+            "time": 1000.0 + step,
+            "step": step,
+            "samples": 16,
+            "interval_seconds": seconds,
+            "data_wait_seconds": 0.0,
+            "step_seconds": [0.1],
+            "host_data_wait_seconds": 0.0,
+            **activity,
+        }
 
-    run = RunFiles(tmp_path, {0: [record(10, 1.0, sm_active_ratio=0.9, tensor_active_ratio=0.6),
-                                  record(20, 3.0, sm_active_ratio=0.1, tensor_active_ratio=0.0)],
-                              1: [record(10, 1.0)]}, {}, {})
+    run = RunFiles(
+        tmp_path,
+        {
+            0: [
+                record(10, 1.0, sm_active_ratio=0.9, tensor_active_ratio=0.6),
+                record(20, 3.0, sm_active_ratio=0.1, tensor_active_ratio=0.0),
+            ],
+            1: [record(10, 1.0)],
+        },
+        {},
+        {},
+    )
     with_gpm, without = rank_rows(run)
     assert with_gpm["SM activity"] == pytest.approx(0.3) and with_gpm["tensor activity"] == pytest.approx(0.15)
     assert (without["SM activity"], without["tensor activity"]) == (None, None)  # "-": a column for every rank

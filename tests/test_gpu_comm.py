@@ -17,8 +17,11 @@ from trainstack.telemetry.comm import TEST_ALLREDUCE_DELAY_ENV
 
 # Skipped without a GPU, but where one is at hand each test starts `trainstack`: slow, like every test that starts
 # a process (the guard in tests/conftest.py sees only tests that run, so it cannot catch this one on a CPU host).
-pytestmark = [pytest.mark.slow, pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 
 def interval_records(run_dir, rank: int) -> list[dict]:
@@ -28,9 +31,25 @@ def interval_records(run_dir, rank: int) -> list[dict]:
 def test_one_gpu_ddp_loop_times_its_all_reduce_on_the_gpu_clock(tmp_path):
     run_dir = tmp_path / "run"
     result = run_trainstack(
-        "watch", "--run-dir", str(run_dir), "--exporter-port", "0", "--no-report", "--", sys.executable, "-m",
-        "torch.distributed.run", "--nproc-per-node", "1", "--master-port", str(free_port()),
-        str(REPO / "examples" / "ddp_loop.py"), "--steps", "300", timeout=300)
+        "watch",
+        "--run-dir",
+        str(run_dir),
+        "--exporter-port",
+        "0",
+        "--no-report",
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "1",
+        "--master-port",
+        str(free_port()),
+        str(REPO / "examples" / "ddp_loop.py"),
+        "--steps",
+        "300",
+        timeout=300,
+    )
     assert result.returncode == 0, explain(result)
     records = interval_records(run_dir, 0)[1:]  # past the first step's warm-up
     assert records and all(line["clock"] == "gpu" for line in records)
@@ -42,14 +61,27 @@ def test_one_gpu_ddp_loop_times_its_all_reduce_on_the_gpu_clock(tmp_path):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_two_gpus_with_a_slow_link_are_comm_bound_and_their_time_adds_up(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_trainstack("train", "--output-dir", str(run_dir), "--nproc-per-node", "2", "--max-steps", "60",
-                            "--log-every", "10", "--exporter-port", "0", "--no-report",
-                            env={TEST_ALLREDUCE_DELAY_ENV: "0.05"}, timeout=600)
+    result = run_trainstack(
+        "train",
+        "--output-dir",
+        str(run_dir),
+        "--nproc-per-node",
+        "2",
+        "--max-steps",
+        "60",
+        "--log-every",
+        "10",
+        "--exporter-port",
+        "0",
+        "--no-report",
+        env={TEST_ALLREDUCE_DELAY_ENV: "0.05"},
+        timeout=600,
+    )
     assert result.returncode == 0, explain(result)
     for rank in (0, 1):
         records = interval_records(run_dir, rank)[1:]
         exposed = sum(line["comm_exposed_seconds"] for line in records)
         assert exposed / sum(sum(line["step_seconds"]) for line in records) > 0.25  # the comm-bound threshold
     for rank in summary(run_dir)["time_breakdown"]["ranks"]:
-        segment, = rank["segments"]
+        (segment,) = rank["segments"]
         assert abs(segment["seconds"][OTHER]) <= 0.02 * segment["wall_seconds"], segment

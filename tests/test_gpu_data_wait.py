@@ -18,29 +18,46 @@ from trainstack.monitoring.diagnose.sources import ExporterSource
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import Verdict, diagnose
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 BATCH_SIZE = 16
-GPT2_SMALL_RUN = ("--model", "tests.factories:gpt2_small", "--dataset", "tests.factories:random_bytes",
-                  "--seq-len", "1024", "--batch-size", str(BATCH_SIZE), "--mixed-precision", "bf16",
-                  "--log-every", "10", "--nproc-per-node", "1")
+GPT2_SMALL_RUN = (
+    "--model",
+    "tests.factories:gpt2_small",
+    "--dataset",
+    "tests.factories:random_bytes",
+    "--seq-len",
+    "1024",
+    "--batch-size",
+    str(BATCH_SIZE),
+    "--mixed-precision",
+    "bf16",
+    "--log-every",
+    "10",
+    "--nproc-per-node",
+    "1",
+)
 WARMUP_STEPS = 40  # allocator growth, cuBLAS set-up and the loader's first batches stay out of the window
 WINDOW_SECONDS = 6.0
 
 
 def diagnose_live(folder: Path, workers: int, sample_delay: float = 0.0) -> tuple[Snapshot, list[Verdict]]:
     env = {"TRAINSTACK_TEST_SAMPLE_DELAY": str(sample_delay)}
-    with live_run(folder, *GPT2_SMALL_RUN, "--num-workers", str(workers), env=env, steps=WARMUP_STEPS,
-                  ranks=1) as url:
+    with live_run(folder, *GPT2_SMALL_RUN, "--num-workers", str(workers), env=env, steps=WARMUP_STEPS, ranks=1) as url:
         snapshot = read_snapshot(ExporterSource(url, WINDOW_SECONDS))
     assert len(snapshot.ranks) == 1 and snapshot.ranks[0].steps_per_second, snapshot
     verdicts = diagnose(snapshot, Thresholds())
     rank = snapshot.ranks[0]
     # The figures docs/benchmarks.md records: shown with `pytest -s`.
-    print(f"\n{workers} worker(s), {sample_delay * 1e3:.2f} ms a sample: {rank.steps_per_second:.2f} steps/s, GPU "
-          f"starved {rank.data_wait_ratio:.4f}, host waited {rank.host_data_wait_ratio:.4f}, verdicts "
-          f"{sorted(kinds(verdicts))}")
+    print(
+        f"\n{workers} worker(s), {sample_delay * 1e3:.2f} ms a sample: {rank.steps_per_second:.2f} steps/s, GPU "
+        f"starved {rank.data_wait_ratio:.4f}, host waited {rank.host_data_wait_ratio:.4f}, verdicts "
+        f"{sorted(kinds(verdicts))}"
+    )
     return snapshot, verdicts
 
 
@@ -77,4 +94,5 @@ def test_a_slowed_loader_is_input_bound_by_what_it_costs(healthy, tmp_path):
     lost = 1 - slow.steps_per_second / fast.steps_per_second
     assert abs(slow.data_wait_ratio - lost) <= 0.05, (
         f"GPU starvation {slow.data_wait_ratio:.3f} of the step, but the slowed loader cost {lost:.3f} of the "
-        f"healthy run's {fast.steps_per_second:.2f} steps/s (now {slow.steps_per_second:.2f})")
+        f"healthy run's {fast.steps_per_second:.2f} steps/s (now {slow.steps_per_second:.2f})"
+    )

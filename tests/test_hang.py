@@ -36,8 +36,13 @@ C10D = {"file": f"{SITE}/torch/distributed/distributed_c10d.py", "line": 3252, "
 
 
 def entry(seq: int, op: str = "all_reduce", sizes=((4,),)) -> dict:
-    return {"pg_id": 0, "collective_seq_id": seq, "profiling_name": f"gloo:{op}", "input_sizes": sizes,
-            "state": "scheduled"}
+    return {
+        "pg_id": 0,
+        "collective_seq_id": seq,
+        "profiling_name": f"gloo:{op}",
+        "input_sizes": sizes,
+        "state": "scheduled",
+    }
 
 
 def write_rank(stall: Path, rank: int, stack: list[dict], entries: list[dict]) -> None:
@@ -52,9 +57,16 @@ def user(line: int, function: str = "main") -> dict:
 # ---- the verdict, from evidence folders --------------------------------------------------------------------------
 def test_a_rank_that_never_joined_is_named_with_the_collective_and_its_place(tmp_path):
     write_rank(tmp_path, 0, [user(40), C10D], [entry(s) for s in range(1, 27)])
-    write_rank(tmp_path, 1, [user(40), {"file": f"{SITE}/torch/utils/data/dataloader.py", "line": 733,
-                                        "function": "__next__"}, user(12, "__getitem__")],
-               [entry(s) for s in range(1, 26)])
+    write_rank(
+        tmp_path,
+        1,
+        [
+            user(40),
+            {"file": f"{SITE}/torch/utils/data/dataloader.py", "line": 733, "function": "__next__"},
+            user(12, "__getitem__"),
+        ],
+        [entry(s) for s in range(1, 26)],
+    )
     hang = analyze(tmp_path)
     assert hang.headline.startswith("rank 1 has not joined all_reduce #26 of process group 0 (rank 0 waits in it)")
     assert "train.py:12 in `__getitem__`, in `__next__` (torch/utils/data/dataloader.py:733)" in hang.headline
@@ -65,44 +77,60 @@ def test_different_collectives_at_one_sequence_number_are_a_mismatch(tmp_path):
     write_rank(tmp_path, 0, [user(50), C10D], [entry(1), entry(2, "broadcast", [[8]])])
     write_rank(tmp_path, 1, [user(40), C10D], [entry(1), entry(2)])
     hang = analyze(tmp_path)
-    assert hang.headline.startswith("mismatched collectives at #2 of process group 0: rank 0 broadcast of sizes "
-                                    "[[8]] at train.py:50")
+    assert hang.headline.startswith(
+        "mismatched collectives at #2 of process group 0: rank 0 broadcast of sizes [[8]] at train.py:50"
+    )
     assert "if rank == 0:" in hang.fix
 
 
 def test_a_rank_whose_process_is_gone_is_named_as_died(tmp_path):
     write_rank(tmp_path, 0, [user(40), C10D], [entry(1), entry(2)])
-    (tmp_path / "collection.json").write_text(json.dumps({"ranks": {"0": {"alive": True, "steps": 9},
-                                                                    "1": {"alive": False, "steps": 9}}}))
+    (tmp_path / "collection.json").write_text(
+        json.dumps({"ranks": {"0": {"alive": True, "steps": 9}, "1": {"alive": False, "steps": 9}}})
+    )
     assert analyze(tmp_path).headline == "rank 1 died; the other ranks wait for it"
 
 
 def test_ranks_stuck_outside_any_collective_are_named_where_they_are(tmp_path):
-    write_rank(tmp_path, 0, [user(70), {"file": f"{SITE}/torch/serialization.py", "line": 900, "function": "save"}],
-               [entry(1)])
+    write_rank(
+        tmp_path, 0, [user(70), {"file": f"{SITE}/torch/serialization.py", "line": 900, "function": "save"}], [entry(1)]
+    )
     write_rank(tmp_path, 1, [user(40), C10D], [entry(1)])
     hang = analyze(tmp_path)
-    assert hang.headline == ("no rank is behind the others' collectives; rank 0 is at train.py:70 in `main`, in "
-                             "`save` (torch/serialization.py:900) while rank 1 wait in a collective")
+    assert hang.headline == (
+        "no rank is behind the others' collectives; rank 0 is at train.py:70 in `main`, in "
+        "`save` (torch/serialization.py:900) while rank 1 wait in a collective"
+    )
     assert "checkpoint" in hang.fix
 
 
 def test_stacks_are_read_from_faulthandler_and_py_spy_output():
-    faulthandler = ('Thread 0x00007f (most recent call first):\n  File "/x/threading.py", line 3 in wait\n\n'
-                    'Current thread 0x00007e (most recent call first):\n'
-                    f'  File "{SITE}/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
-                    '  File "/home/me/train.py", line 40 in main\n')
+    faulthandler = (
+        'Thread 0x00007f (most recent call first):\n  File "/x/threading.py", line 3 in wait\n\n'
+        "Current thread 0x00007e (most recent call first):\n"
+        f'  File "{SITE}/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
+        '  File "/home/me/train.py", line 40 in main\n'
+    )
     assert [str(f) for f in stack_from_faulthandler(faulthandler)] == [
-        "train.py:40 in `main`", "distributed_c10d.py:3252 in `all_reduce`"]
-    pyspy = ("Process 12: python train.py\nPython v3.11.2\n\nThread 12 (idle): \"MainThread\"\n"
-             f"    Batches.__getitem__ (/home/me/train.py:12)\n"
-             f"    _BaseDataLoaderIter.__next__ ({SITE}/torch/utils/data/dataloader.py:733)\n"
-             "    main (/home/me/train.py:40)\n")
+        "train.py:40 in `main`",
+        "distributed_c10d.py:3252 in `all_reduce`",
+    ]
+    pyspy = (
+        'Process 12: python train.py\nPython v3.11.2\n\nThread 12 (idle): "MainThread"\n'
+        f"    Batches.__getitem__ (/home/me/train.py:12)\n"
+        f"    _BaseDataLoaderIter.__next__ ({SITE}/torch/utils/data/dataloader.py:733)\n"
+        "    main (/home/me/train.py:40)\n"
+    )
     stack = stack_from_pyspy(pyspy)
-    assert [str(f) for f in stack] == ["train.py:40 in `main`", "dataloader.py:733 in `_BaseDataLoaderIter.__next__`",
-                                       "train.py:12 in `Batches.__getitem__`"]
-    assert where(stack) == ("at train.py:12 in `Batches.__getitem__`, in `_BaseDataLoaderIter.__next__` "
-                            "(torch/utils/data/dataloader.py:733)")
+    assert [str(f) for f in stack] == [
+        "train.py:40 in `main`",
+        "dataloader.py:733 in `_BaseDataLoaderIter.__next__`",
+        "train.py:12 in `Batches.__getitem__`",
+    ]
+    assert where(stack) == (
+        "at train.py:12 in `Batches.__getitem__`, in `_BaseDataLoaderIter.__next__` "
+        "(torch/utils/data/dataloader.py:733)"
+    )
 
 
 def test_the_latest_stall_is_read_and_an_unanalyzed_one_analyzed(tmp_path):
@@ -137,10 +165,25 @@ def test_the_flight_recorder_is_on_unless_the_user_says_otherwise(tmp_path):
 def watch_hang(run_dir: Path, hang: str, env: dict | None = None, *args: str) -> tuple[dict | None, str]:
     """The driver under watch with a 2 s stall threshold; the verdict once written (then the run is killed), or
     None and the output when the run ended without one."""
-    watched = start_watch(run_dir, "--exporter-port", "0", "--no-report", "--", sys.executable, "-m",
-                          "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-                          str(DRIVER), "--hang", hang, *args,
-                          env={"OMP_NUM_THREADS": "1", "TRAINSTACK_HANG_SECONDS": "2", **(env or {})})
+    watched = start_watch(
+        run_dir,
+        "--exporter-port",
+        "0",
+        "--no-report",
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        str(DRIVER),
+        "--hang",
+        hang,
+        *args,
+        env={"OMP_NUM_THREADS": "1", "TRAINSTACK_HANG_SECONDS": "2", **(env or {})},
+    )
     verdicts = lambda: list(RunDir(run_dir).hang.glob("stall-*/verdict.json"))  # noqa: E731
     try:
         if hang == "none":
@@ -163,8 +206,9 @@ def test_a_collective_under_if_rank_0_names_the_rank_that_skipped_it(tmp_path):
     # py-spy is a dev dependency: where it may attach (ptrace), it gives the stacks; else the ranks' own dumps do
     source = "py-spy" if shutil.which("py-spy", path=os.path.dirname(sys.executable)) else "the rank's own thread"
     assert all(f"(stack from {source})" in line for line in verdict["evidence"][:2]), verdict
-    assert re.search(r"^rank 0: .* at hang_loop\.py:\d+ in `main`, in `all_reduce` \(torch/distributed/",
-                     verdict["evidence"][0]), verdict  # the waiting rank's own line, not torch's, is its place
+    assert re.search(
+        r"^rank 0: .* at hang_loop\.py:\d+ in `main`, in `all_reduce` \(torch/distributed/", verdict["evidence"][0]
+    ), verdict  # the waiting rank's own line, not torch's, is its place
 
 
 @pytest.mark.slow
@@ -209,12 +253,25 @@ def test_diagnose_names_where_ranks_wait_once_evidence_of_this_stall_is_there(tm
     write_rank(stall, 1, [user(12, "load")], [entry(1)])
     hang = latest_hang(tmp_path)
     collected = hang[1]
-    ranks = [RankView(rank=r, steps=60, steps_per_second=0.0, samples_per_second=0.0, data_wait_ratio=0.0,
-                      step_seconds=None, forward_seconds=None, last_step_time=collected - 70) for r in "01"]
+    ranks = [
+        RankView(
+            rank=r,
+            steps=60,
+            steps_per_second=0.0,
+            samples_per_second=0.0,
+            data_wait_ratio=0.0,
+            step_seconds=None,
+            forward_seconds=None,
+            last_step_time=collected - 70,
+        )
+        for r in "01"
+    ]
     verdicts = diagnose(Snapshot("test", collected + 5, ranks, hang=hang), Thresholds())
     assert [v.kind for v in verdicts] == ["stalled"]
-    assert verdicts[0].summary == ("no rank has completed a step for 75 s: rank 1 has not joined all_reduce #2 of "
-                                   "process group 0 (rank 0 waits in it); rank 1 is at train.py:12 in `load`")
+    assert verdicts[0].summary == (
+        "no rank has completed a step for 75 s: rank 1 has not joined all_reduce #2 of "
+        "process group 0 (rank 0 waits in it); rank 1 is at train.py:12 in `load`"
+    )
     stepped_since = [RankView(**{**vars(r), "last_step_time": collected + 1}) for r in ranks]
     assert diagnose(Snapshot("test", collected + 5, stepped_since, hang=hang), Thresholds()) == []
 
@@ -224,13 +281,24 @@ def test_diagnose_names_where_ranks_wait_once_evidence_of_this_stall_is_there(tm
 def test_a_checkpoint_write_that_blocks_one_rank_is_named_and_the_timeout_carries_it(tmp_path):
     from tests.helpers.runs import explain, train
 
-    result = train(tmp_path / "run", "--model", "tests.factories:stuck_save_gpt", "--max-steps", "50",
-                   "--checkpoint-every", "5", "--collective-timeout", "20", timeout=240,
-                   env={"TRAINSTACK_TEST_STUCK_SAVE_RANK": "1", "TRAINSTACK_HANG_SECONDS": "2"})
+    result = train(
+        tmp_path / "run",
+        "--model",
+        "tests.factories:stuck_save_gpt",
+        "--max-steps",
+        "50",
+        "--checkpoint-every",
+        "5",
+        "--collective-timeout",
+        "20",
+        timeout=240,
+        env={"TRAINSTACK_TEST_STUCK_SAVE_RANK": "1", "TRAINSTACK_HANG_SECONDS": "2"},
+    )
     assert result.returncode == 1, explain(result)
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("trainstack train: rank 0: a collective waited longer than --collective-timeout 20 s"), \
+    assert last.startswith("trainstack train: rank 0: a collective waited longer than --collective-timeout 20 s"), (
         explain(result)
+    )
     assert "; where the ranks waited: rank 1 has not joined " in last and "state_dict`" in last, last
     assert re.search(r"in `(\w+\.)?save` \(checkpointer\.py:\d+\)", last), last
     verdict = json.loads(next(RunDir(tmp_path / "run").hang.glob("stall-*/verdict.json")).read_text())
@@ -238,9 +306,15 @@ def test_a_checkpoint_write_that_blocks_one_rank_is_named_and_the_timeout_carrie
 
 
 # ---- the doctor -------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("env, status", [({}, "PASS"), ({"TRAINSTACK_FLIGHT_RECORDER": "0"}, "WARN"),
-                                         ({"TORCH_FR_BUFFER_SIZE": "0"}, "WARN"),
-                                         ({"TORCH_FR_BUFFER_SIZE": "500"}, "PASS")])
+@pytest.mark.parametrize(
+    "env, status",
+    [
+        ({}, "PASS"),
+        ({"TRAINSTACK_FLIGHT_RECORDER": "0"}, "WARN"),
+        ({"TORCH_FR_BUFFER_SIZE": "0"}, "WARN"),
+        ({"TORCH_FR_BUFFER_SIZE": "500"}, "PASS"),
+    ],
+)
 def test_the_doctor_says_whether_a_hang_will_name_its_collective(env, status):
     from trainstack.train.launcher.doctor.config import DoctorConfig
     from trainstack.train.launcher.doctor.hang_checks import check_hang_evidence
@@ -260,9 +334,11 @@ def test_faulthandler_gives_the_stack_of_a_rank_that_does_not_answer(tmp_path):
     metrics = tmp_path / "metrics"
     metrics.mkdir()
     script = tmp_path / "stuck.py"
-    script.write_text("import sys, time\nfrom trainstack.hang import start_responder\n"
-                      f"assert start_responder(3, {str(metrics)!r})\nprint('ready', flush=True)\n"
-                      "def stuck():\n    time.sleep(3600)\nstuck()\n")
+    script.write_text(
+        "import sys, time\nfrom trainstack.hang import start_responder\n"
+        f"assert start_responder(3, {str(metrics)!r})\nprint('ready', flush=True)\n"
+        "def stuck():\n    time.sleep(3600)\nstuck()\n"
+    )
     child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline() == "ready\n"
@@ -274,8 +350,10 @@ def test_faulthandler_gives_the_stack_of_a_rank_that_does_not_answer(tmp_path):
         child.wait()
     write_rank(stall, 0, [user(40), C10D], [entry(1), entry(2)])
     hang = analyze(stall)
-    assert hang.headline == ("rank 0 waits in all_reduce #2 of process group 0; rank 3 gave no Flight Recorder "
-                             "entries: rank 3 is at stuck.py:6 in `stuck`"), hang
+    assert hang.headline == (
+        "rank 0 waits in all_reduce #2 of process group 0; rank 3 gave no Flight Recorder "
+        "entries: rank 3 is at stuck.py:6 in `stuck`"
+    ), hang
     assert hang.evidence[-1].endswith("(stack from faulthandler)") and hang.culprits == [3]
 
 
@@ -346,8 +424,19 @@ def test_diagnose_run_dir_flag_reads_the_evidence(tmp_path, monkeypatch, capsys)
     write_rank(stall, 0, [user(40), C10D], [entry(1), entry(2)])
     write_rank(stall, 1, [user(12, "load")], [entry(1)])
     collected = stall.stat().st_mtime
-    ranks = [snapshot.RankView(rank=r, steps=60, steps_per_second=0.0, samples_per_second=0.0, data_wait_ratio=0.0,
-                               step_seconds=None, forward_seconds=None, last_step_time=collected - 70) for r in "01"]
+    ranks = [
+        snapshot.RankView(
+            rank=r,
+            steps=60,
+            steps_per_second=0.0,
+            samples_per_second=0.0,
+            data_wait_ratio=0.0,
+            step_seconds=None,
+            forward_seconds=None,
+            last_step_time=collected - 70,
+        )
+        for r in "01"
+    ]
     monkeypatch.setattr(sources, "open_source", lambda *args: argparse.Namespace(ended_meanwhile=""))
     monkeypatch.setattr(snapshot, "read_snapshot", lambda source: snapshot.Snapshot("test", collected + 5, ranks))
     parser = argparse.ArgumentParser()

@@ -60,7 +60,8 @@ def test_ranks_that_torchrun_started_but_the_trainer_runs_alone_are_named(monkey
     TrainstackCallback(trainer).on_train_begin(args, SimpleNamespace(global_step=0), control=None)
     assert capsys.readouterr().err == (
         "trainstack: 2 processes were launched but the Trainer is not distributed, so each trains alone; without "
-        "GPUs, set TrainingArguments(use_cpu=True) or ACCELERATE_USE_CPU=1\n")
+        "GPUs, set TrainingArguments(use_cpu=True) or ACCELERATE_USE_CPU=1\n"
+    )
 
 
 # ---- what the callback tells the monitor, in one process ------------------------------------------------------
@@ -126,10 +127,20 @@ def recorded(tmp_path_factory) -> Recorded:
         patch.setattr(tsm, "start", lambda model, **options: started.append((model, options)) or Recorder(events))
         patch.setattr(example, "collate", noting("collate", example.collate, events))
         args = TrainingArguments(
-            output_dir=str(tmp_path_factory.mktemp("hf-recorded")), max_steps=STEPS,
-            per_device_train_batch_size=BATCH_SIZE, gradient_accumulation_steps=ACCUMULATE, logging_steps=2,
-            eval_strategy="steps", eval_steps=3, eval_on_start=True, save_strategy="steps", save_steps=4,
-            report_to="none", disable_tqdm=True, dataloader_pin_memory=False)
+            output_dir=str(tmp_path_factory.mktemp("hf-recorded")),
+            max_steps=STEPS,
+            per_device_train_batch_size=BATCH_SIZE,
+            gradient_accumulation_steps=ACCUMULATE,
+            logging_steps=2,
+            eval_strategy="steps",
+            eval_steps=3,
+            eval_on_start=True,
+            save_strategy="steps",
+            save_steps=4,
+            report_to="none",
+            disable_tqdm=True,
+            dataloader_pin_memory=False,
+        )
         trainer = example.build_trainer(args)
         trainer.train_dataset = example.RandomTokens(TRAIN_SAMPLES, seed=0)
         for method in ("log", "save_model"):  # the Trainer's public methods for logging and saving
@@ -153,8 +164,15 @@ def test_each_training_batch_is_made_inside_a_data_wait_and_each_evaluation_and_
     assert (places[("log", None)], places[("log", "evaluation")]) == (3 + 1, evaluations)
     # Only the training steps' forward passes are timed, none of an evaluation's.
     assert places[("forward_started", None)] == places[("forward_done", None)] == micro_batches
-    assert set(places) == {("collate", "evaluation"), ("collate", "data wait"), ("save_model", "checkpoint_save"),
-                           ("log", None), ("log", "evaluation"), ("forward_started", None), ("forward_done", None)}
+    assert set(places) == {
+        ("collate", "evaluation"),
+        ("collate", "data wait"),
+        ("save_model", "checkpoint_save"),
+        ("log", None),
+        ("log", "evaluation"),
+        ("forward_started", None),
+        ("forward_done", None),
+    }
     assert len(steps) == STEPS == recorded.trainer.state.global_step
 
 
@@ -169,7 +187,8 @@ def test_each_step_carries_its_samples_tokens_epoch_and_the_loss_the_trainer_log
     _, steps = where_things_happen(recorded.events)
     samples = BATCH_SIZE * ACCUMULATE
     assert [(s["samples"], int(s["tokens"]), s["epoch"]) for s in steps] == [
-        (samples, samples * 64, epoch) for epoch in (0, 0, 0, 1, 1, 1, 2)]
+        (samples, samples * 64, epoch) for epoch in (0, 0, 0, 1, 1, 1, 2)
+    ]
     logged = {entry["step"]: entry["loss"] for entry in recorded.trainer.state.log_history if "loss" in entry}
     assert sorted(logged) == [2, 4, 6]
     # A log comes after its step's end: its loss goes with the next step, once.
@@ -218,11 +237,31 @@ def watched_run(folder: Path, *command: str) -> Iterator[WatchedRun]:
     log = folder / "watch.log"
     with log.open("w") as output:
         watch = subprocess.Popen(
-            trainstack_command("watch", "--run-dir", str(folder / "run"), "--exporter-port", str(port), "--no-report",
-                               "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                               "--master_port", str(free_port()), *command, "--output-dir", str(folder / "out"),
-                               "--max-steps", "100000"),
-            cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
+            trainstack_command(
+                "watch",
+                "--run-dir",
+                str(folder / "run"),
+                "--exporter-port",
+                str(port),
+                "--no-report",
+                "--",
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                "2",
+                "--master_port",
+                str(free_port()),
+                *command,
+                "--output-dir",
+                str(folder / "out"),
+                "--max-steps",
+                "100000",
+            ),
+            cwd=REPO,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
     try:
         yield WatchedRun(f"http://127.0.0.1:{port}/metrics", watch, log)
     finally:
@@ -233,8 +272,12 @@ def run_info(url: str) -> list[dict[str, str]]:
     """The labels of each rank's trainstack_train_run_info series."""
     with urllib.request.urlopen(url, timeout=10) as response:
         families = text_string_to_metric_families(response.read().decode())
-        return [sample.labels for family in families if family.name == "trainstack_train_run_info"
-                for sample in family.samples]
+        return [
+            sample.labels
+            for family in families
+            if family.name == "trainstack_train_run_info"
+            for sample in family.samples
+        ]
 
 
 def verdicts(url: str) -> list[str]:
@@ -247,8 +290,9 @@ def verdicts(url: str) -> list[str]:
 @pytest.mark.slow
 def test_ddp_ranks_show_on_the_exporter_healthy_then_input_bound_once_the_collator_slows_down(tmp_path):
     slow_down = tmp_path / "slow-down"
-    with watched_run(tmp_path, "-m", "tests.drivers.hf_example", "--slow-down-when", str(slow_down),
-                     "--delay", "0.3") as run:
+    with watched_run(
+        tmp_path, "-m", "tests.drivers.hf_example", "--slow-down-when", str(slow_down), "--delay", "0.3"
+    ) as run:
         run.wait_for(10)
         served, info = per_rank(scrape(run.url)), run_info(run.url)
         healthy = verdicts(run.url)

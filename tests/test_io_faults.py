@@ -37,11 +37,14 @@ QUICK = ["--num-workers", "0", "--checkpoint-every", "5", "--keep-checkpoints", 
 def tmpfs(where: Path, size: str):
     """A file system of `size` at `where`, unmounted on the way out; the test skips where none can be mounted."""
     where.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True
+    )
     if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}): needs root; "
-                    "test_injected_disk_full_names_rank_1 covers the same path")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}): needs root; "
+            "test_injected_disk_full_names_rank_1 covers the same path"
+        )
     try:
         yield where
     finally:
@@ -77,13 +80,16 @@ def make_checkpoint(root: Path, step: int) -> Path:
 
 
 # ---- the one line -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("code", "said", "remedy"), [
-    (errno.ENOSPC, "no space left on device", "free space there"),
-    (errno.EDQUOT, "disk quota exceeded", "raise the quota"),
-    (errno.EROFS, "read-only file system", "mount it read-write"),
-    (errno.EACCES, "permission denied", "write access"),
-    (errno.EPERM, "operation not permitted", "write access"),
-])
+@pytest.mark.parametrize(
+    ("code", "said", "remedy"),
+    [
+        (errno.ENOSPC, "no space left on device", "free space there"),
+        (errno.EDQUOT, "disk quota exceeded", "raise the quota"),
+        (errno.EROFS, "read-only file system", "mount it read-write"),
+        (errno.EACCES, "permission denied", "write access"),
+        (errno.EPERM, "operation not permitted", "write access"),
+    ],
+)
 def test_a_refused_write_is_one_line_naming_what_where_and_the_free_space(tmp_path, code, said, remedy):
     target = tmp_path / "checkpoints" / ".tmp-step-00000015"  # gone already: the free space is its parent's
     failure = write_failure(OSError(code, os.strerror(code)), "checkpoint step 15", target)
@@ -94,8 +100,9 @@ def test_a_refused_write_is_one_line_naming_what_where_and_the_free_space(tmp_pa
 
 
 def test_the_path_the_error_names_is_where():
-    failure = write_failure(OSError(errno.ENOSPC, "No space left", "/run/summary.json.tmp"), "the summary",
-                            Path("/run/summary.json"))
+    failure = write_failure(
+        OSError(errno.ENOSPC, "No space left", "/run/summary.json.tmp"), "the summary", Path("/run/summary.json")
+    )
     assert "writing the summary to /run/summary.json.tmp (" in str(failure)
 
 
@@ -142,8 +149,18 @@ def test_an_atomic_write_on_a_read_only_file_system_says_so(tmp_path):
 @pytest.mark.slow  # mounts a tmpfs (mount(8) is a process)
 def test_telemetry_on_a_full_disk_is_a_write_failure_and_closes_quietly(tmp_path, monkeypatch):
     monkeypatch.delenv(METRICS_DIR_ENV, raising=False)
-    identity = RankIdentity(rank=0, local_rank=0, node="n", uuid="", run_id="r", world_size=1, nodes=1,
-                            mixed_precision="no", model="m", dataset="d")
+    identity = RankIdentity(
+        rank=0,
+        local_rank=0,
+        node="n",
+        uuid="",
+        run_id="r",
+        world_size=1,
+        nodes=1,
+        mixed_precision="no",
+        model="m",
+        dataset="d",
+    )
     with tmpfs(tmp_path / "disk", "1m") as disk:
         telemetry = Telemetry(disk, identity, 1.0, None, torch.device("cpu"))
         fill(disk)
@@ -175,8 +192,9 @@ def test_a_truncated_checkpoint_is_passed_over(tmp_path):
 
 # ---- which rank failed --------------------------------------------------------------------------------------
 def test_a_dropped_connection_is_not_called_a_timeout():
-    lost = outcome.explain_runtime_error(RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:4242"),
-                                         TrainConfig(collective_timeout=600))
+    lost = outcome.explain_runtime_error(
+        RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:4242"), TrainConfig(collective_timeout=600)
+    )
     assert lost.peer_lost and "lost the connection to a peer rank" in lost.message
     assert "collective-timeout" not in lost.message
 
@@ -226,9 +244,11 @@ def test_a_report_the_disk_refuses_is_one_line_and_exit_69(tmp_path, capsys):
     newest = make_checkpoint(tmp_path / "checkpoints", 5)
     assert launch.write_report(tmp_path, refused) == EXIT_RUNTIME
     line = capsys.readouterr().err.strip()
-    assert line == ("trainstack train: error: no space left on device writing the report to x (0 B free of 1.0 MiB); "
-                    f"free space there, then `trainstack report {tmp_path}` writes it; the checkpoints are untouched, "
-                    f"the newest intact is {newest}")
+    assert line == (
+        "trainstack train: error: no space left on device writing the report to x (0 B free of 1.0 MiB); "
+        f"free space there, then `trainstack report {tmp_path}` writes it; the checkpoints are untouched, "
+        f"the newest intact is {newest}"
+    )
     assert launch.write_report(tmp_path, lambda run_dir: run_dir / "report.html") == EXIT_OK
 
 
@@ -241,9 +261,12 @@ def test_a_disk_that_fills_during_a_checkpoint_ends_in_one_line_and_resumes_once
         assert result.returncode == EXIT_RUNTIME, explain(result)
         newest = run_dir / "checkpoints" / step_dir_name(10)
         assert last_line(result.stderr).startswith(
-            "trainstack train: rank 0: no space left on device writing checkpoint step 15 to "), explain(result)
-        assert f"free of 12.0 MiB); free space there; a rerun of the same command resumes from {newest} (step 10)" \
+            "trainstack train: rank 0: no space left on device writing checkpoint step 15 to "
+        ), explain(result)
+        assert (
+            f"free of 12.0 MiB); free space there; a rerun of the same command resumes from {newest} (step 10)"
             in last_line(result.stderr)
+        )
         assert "Traceback" not in result.stderr and "collective-timeout" not in result.stderr, explain(result)
         assert "trainstack rank 1: error: lost the connection to a peer rank" in result.stderr
         checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
@@ -267,12 +290,14 @@ def test_injected_disk_full_names_rank_1(tmp_path):
     rank 1, its error, and exits 69."""
     full = {"TRAINSTACK_TEST_DISK_FULL_RANK": "1", "TRAINSTACK_TEST_DISK_FULL_AFTER": "1"}
     run_dir = tmp_path / "run"
-    result = train(run_dir, "--model", "tests.factories:disk_full_gpt", "--max-steps", "12", *QUICK, env=full,
-                   timeout=400)
+    result = train(
+        run_dir, "--model", "tests.factories:disk_full_gpt", "--max-steps", "12", *QUICK, env=full, timeout=400
+    )
     assert result.returncode == EXIT_RUNTIME, explain(result)
     newest = run_dir / "checkpoints" / step_dir_name(5)
     assert last_line(result.stderr).startswith(
-        "trainstack train: rank 1: no space left on device writing checkpoint step 10 to "), explain(result)
+        "trainstack train: rank 1: no space left on device writing checkpoint step 10 to "
+    ), explain(result)
     assert last_line(result.stderr).endswith(f"resumes from {newest} (step 5)")
     assert "Traceback" not in result.stderr and "collective-timeout" not in result.stderr, explain(result)
     # Rank 1 leaves the step-10 folder to rank 0, which may be writing there: unsealed, never loaded, and removed
@@ -289,5 +314,7 @@ def test_a_read_only_run_directory_is_refused_at_start_with_exit_2(tmp_path):
         remount(disk, "ro")
         result = train(disk / "run", "--max-steps", "4", "--num-workers", "0")
     assert result.returncode == EXIT_CONFIG, explain(result)
-    assert result.stderr.strip() == (f"trainstack train: error: --output-dir {disk / 'run'}: {disk / 'run'} is on a "
-                                     "read-only file system; choose another path"), explain(result)
+    assert result.stderr.strip() == (
+        f"trainstack train: error: --output-dir {disk / 'run'}: {disk / 'run'} is on a "
+        "read-only file system; choose another path"
+    ), explain(result)

@@ -62,8 +62,13 @@ def trainer_pod(docs: list[dict]) -> tuple[dict, dict]:
     pod = copy.deepcopy(patch["template"]["spec"]["template"])
     container = pod["spec"]["containers"][0]
     trainer = trainjob["spec"]["trainer"]
-    container.update(image=trainer["image"], command=trainer["command"], args=trainer["args"],
-                     resources=trainer["resourcesPerNode"], env=trainer.get("env", []))
+    container.update(
+        image=trainer["image"],
+        command=trainer["command"],
+        args=trainer["args"],
+        resources=trainer["resourcesPerNode"],
+        env=trainer.get("env", []),
+    )
     return pod, container
 
 
@@ -122,8 +127,11 @@ def _strict(schema: dict) -> dict:
     otherwise prune them silently)."""
     if isinstance(schema, dict):
         schema = {k: _strict(v) for k, v in schema.items()}
-        if ("properties" in schema and "additionalProperties" not in schema
-                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
             schema["additionalProperties"] = False
     elif isinstance(schema, list):
         schema = [_strict(v) for v in schema]
@@ -133,8 +141,10 @@ def _strict(schema: dict) -> dict:
 @pytest.fixture(scope="module")
 def crd_schemas() -> dict[tuple[str, str], dict]:
     if not CRDS_DIR.is_dir():
-        pytest.skip(f"{CRDS_DIR} is absent (the CRD schemas live beside the project's checkout, in ../shared/crds): "
-                    "custom resources not validated")
+        pytest.skip(
+            f"{CRDS_DIR} is absent (the CRD schemas live beside the project's checkout, in ../shared/crds): "
+            "custom resources not validated"
+        )
     schemas = {}
     for path in CRDS_DIR.glob("*.yaml"):
         crd = yaml.load(path.read_text(), Loader=SAFE_LOADER)
@@ -188,8 +198,12 @@ def test_dev_shm_is_a_sized_memory_volume_covered_by_the_memory_limit(rendered, 
 def test_gpus_are_requested_and_their_taint_tolerated(rendered, overlay):
     pod, container = trainer_pod(rendered[overlay])
     assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
-    assert any(t["key"] == "nvidia.com/gpu" and t.get("effect") == "NoSchedule"
-               and (t.get("operator") == "Exists" or "value" in t) for t in pod["spec"]["tolerations"])
+    assert any(
+        t["key"] == "nvidia.com/gpu"
+        and t.get("effect") == "NoSchedule"
+        and (t.get("operator") == "Exists" or "value" in t)
+        for t in pod["spec"]["tolerations"]
+    )
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -222,7 +236,7 @@ def test_trainer_runs_trainstack_with_its_config_and_checkpoints_on_the_volumes(
 
     def volume_holding(path: str) -> tuple[dict, str]:
         mount_path = max((m for m in mounts if path.startswith(m.rstrip("/") + "/")), key=len)
-        return volumes[mounts[mount_path]], path[len(mount_path):].lstrip("/")
+        return volumes[mounts[mount_path]], path[len(mount_path) :].lstrip("/")
 
     volume, key = volume_holding(arg_value(args, "--config"))
     configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
@@ -279,8 +293,10 @@ def test_failure_policy_fails_fast_on_config_errors_and_retries_only_real_failur
     assert action_for_exit(EXIT_PREEMPTED) == "Ignore"  # a checkpoint was saved: the rerun resumes
     assert action_for_exit(EXIT_FAILED) == "Count"
     disruption = {"type": "DisruptionTarget", "status": "True"}
-    assert any(r["action"] == "Ignore" and disruption in r.get("onPodConditions", [])
-               for r in spec["podFailurePolicy"]["rules"])
+    assert any(
+        r["action"] == "Ignore" and disruption in r.get("onPodConditions", [])
+        for r in spec["podFailurePolicy"]["rules"]
+    )
 
 
 @pytest.mark.parametrize("overlay", JOB_OVERLAYS)
@@ -316,8 +332,9 @@ def test_indexed_job_gives_one_pod_per_node_and_a_stable_rendezvous_name(rendere
 
 @needs_kubectl
 def test_a_renamed_job_keeps_its_rendezvous_name_consistent(tmp_path):
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "resources": [os.path.relpath(OVERLAYS_DIR / "multi-node", tmp_path)], "namePrefix": "exp1-"}))
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump({"resources": [os.path.relpath(OVERLAYS_DIR / "multi-node", tmp_path)], "namePrefix": "exp1-"})
+    )
     docs = render(tmp_path)
     job, service = only(docs, "Job"), only(docs, "Service")
     assert job["metadata"]["name"] == service["metadata"]["name"] == "exp1-trainstack"

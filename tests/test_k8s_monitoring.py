@@ -40,7 +40,8 @@ def test_prometheus_rules_carry_every_rule_file_unchanged():
     assert all(rule["kind"] == "PrometheusRule" for rule in rules)
     as_text = partial(json.dumps, sort_keys=True)
     assert sorted(as_text(rule["spec"]["groups"]) for rule in rules) == sorted(
-        as_text(yaml.safe_load(source.read_text())["groups"]) for source in sources)
+        as_text(yaml.safe_load(source.read_text())["groups"]) for source in sources
+    )
 
 
 def test_dashboards_are_configmaps_for_the_grafana_sidecar_with_the_json_unchanged():
@@ -60,8 +61,9 @@ def _scratch_checkout(tmp_path: Path) -> Path:
     shutil.copy(SCRIPT, tmp_path / "scripts")
     rules = tmp_path / "monitoring/prometheus/rules"
     rules.mkdir(parents=True)
-    (rules / "alerts.yml").write_text("groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: |\n"
-                                      "          up == 0\n        for: 1m\n")
+    (rules / "alerts.yml").write_text(
+        "groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: |\n          up == 0\n        for: 1m\n"
+    )
     dashboards = tmp_path / "monitoring/grafana/dashboards"
     dashboards.mkdir(parents=True)
     (dashboards / "Training Overview.json").write_text('{"title": "Training"}\n')
@@ -83,8 +85,9 @@ def test_check_fails_once_a_source_changes(tmp_path):
     (tmp_path / "monitoring/prometheus/rules/alerts.yml").write_text("groups: []\n")
     result = run_script(script, "--check")
     assert result.returncode == 1
-    assert result.stderr.strip() == ("k8s/common/generated/prometheusrules.yaml is stale: run "
-                                     "python scripts/k8s-monitoring.py and commit the result")
+    assert result.stderr.strip() == (
+        "k8s/common/generated/prometheusrules.yaml is stale: run python scripts/k8s-monitoring.py and commit the result"
+    )
 
 
 @pytest.mark.slow
@@ -93,5 +96,6 @@ def test_a_file_that_is_not_a_rule_file_is_refused_in_one_line(tmp_path):
     (tmp_path / "monitoring/prometheus/rules/tests.yml").write_text("rule_files: [alerts.yml]\ntests: []\n")
     result = run_script(script)
     assert result.returncode == 1
-    assert result.stderr.strip() == ("monitoring/prometheus/rules/tests.yml is not a Prometheus rule file "
-                                     "(no top-level `groups:` list)")
+    assert result.stderr.strip() == (
+        "monitoring/prometheus/rules/tests.yml is not a Prometheus rule file (no top-level `groups:` list)"
+    )

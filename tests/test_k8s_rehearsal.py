@@ -27,12 +27,15 @@ VENV_BIN = Path(sys.executable).parent
 MAX_STEPS = 6
 JOB_UID = "5b7e6f0e-1c2d-4e5f-8a9b-0c1d2e3f4a5b"  # what the Job controller labels its pods with
 # Variables a developer's shell may hold that would leak into the rehearsal's rendezvous.
-DISTRIBUTED_ENV = re.compile(r"^(MASTER_ADDR|MASTER_PORT|NNODES|NODE_RANK|NPROC_PER_NODE|JOB_COMPLETION_INDEX|"
-                             r"RANK|LOCAL_RANK|WORLD_SIZE|GROUP_RANK|PET_.*|ACCELERATE_.*|PROMETHEUS_MULTIPROC_DIR)$")
+DISTRIBUTED_ENV = re.compile(
+    r"^(MASTER_ADDR|MASTER_PORT|NNODES|NODE_RANK|NPROC_PER_NODE|JOB_COMPLETION_INDEX|"
+    r"RANK|LOCAL_RANK|WORLD_SIZE|GROUP_RANK|PET_.*|ACCELERATE_.*|PROMETHEUS_MULTIPROC_DIR)$"
+)
 
 
 def expand(value: str, variables: dict[str, str]) -> str:
     """Kubernetes' $(VAR) expansion: defined names are replaced, $$ escapes, anything else is left as written."""
+
     def replace(match: re.Match) -> str:
         if match.group(0) == "$$":
             return "$"
@@ -43,8 +46,11 @@ def expand(value: str, variables: dict[str, str]) -> str:
 
 def pod_environment(job: dict, container: dict, index: int) -> dict[str, str]:
     """The container's environment in pod <index> of the Indexed Job, as the kubelet builds it."""
-    labels = {**job["spec"]["template"]["metadata"]["labels"], "batch.kubernetes.io/job-name": job["metadata"]["name"],
-              "batch.kubernetes.io/controller-uid": JOB_UID}
+    labels = {
+        **job["spec"]["template"]["metadata"]["labels"],
+        "batch.kubernetes.io/job-name": job["metadata"]["name"],
+        "batch.kubernetes.io/controller-uid": JOB_UID,
+    }
     env = {"JOB_COMPLETION_INDEX": str(index)}  # injected by the Job controller in Indexed mode
     for variable in container["env"]:
         if "value" in variable:
@@ -105,7 +111,7 @@ def pod_volumes(job: dict, container: dict, docs: list[dict], tmp_path: Path):
     def local_path(arg: str) -> str:
         for mount_path, folder in mounts.items():
             if arg == mount_path or arg.startswith(mount_path + "/"):
-                return folder + arg[len(mount_path):]
+                return folder + arg[len(mount_path) :]
         return arg
 
     return local_path
@@ -117,8 +123,22 @@ def pod_command(container: dict, local_path) -> list[str]:
     assert arg_value(args, "--exporter-host") == "0.0.0.0"
     args[args.index("--exporter-host") + 1] = "127.0.0.1"  # tests listen on loopback only
     args[args.index("--exporter-port") + 1] = str(free_port())
-    args += ["--nproc-per-node", "1", "--max-steps", str(MAX_STEPS), "--model", "builtin:tiny-gpt",
-             "--mixed-precision", "no", "--batch-size", "4", "--num-workers", "0", "--log-every", "2"]
+    args += [
+        "--nproc-per-node",
+        "1",
+        "--max-steps",
+        str(MAX_STEPS),
+        "--model",
+        "builtin:tiny-gpt",
+        "--mixed-precision",
+        "no",
+        "--batch-size",
+        "4",
+        "--num-workers",
+        "0",
+        "--log-every",
+        "2",
+    ]
     return container["command"] + args
 
 
@@ -127,8 +147,13 @@ def pod_process_environment(job: dict, container: dict, index: int, master_port:
     env["MASTER_ADDR"] = "127.0.0.1"  # what <job>-0.<service> resolves to: pod 0's address
     env["MASTER_PORT"] = master_port
     environment = {k: v for k, v in os.environ.items() if not DISTRIBUTED_ENV.match(k)}
-    environment.update(env, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
-                       HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    environment.update(
+        env,
+        PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+        OMP_NUM_THREADS="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+    )
     return environment
 
 
@@ -143,8 +168,12 @@ def test_multi_node_job_trains_as_one_world_across_two_pods(multi_node_job, tmp_
     for index in (1, 0):  # node 1 first: a pod may well start before node 0 exists
         environment = pod_process_environment(job, container, index, master_port)
         log = (tmp_path / f"pod-{index}.log").open("w")
-        processes[index] = (subprocess.Popen(pod_command(container, local_path), env=environment, cwd=tmp_path,
-                                             stdout=log, stderr=subprocess.STDOUT), log)
+        processes[index] = (
+            subprocess.Popen(
+                pod_command(container, local_path), env=environment, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT
+            ),
+            log,
+        )
     try:
         codes = {index: process.wait(timeout=480) for index, (process, _) in processes.items()}
     finally:
@@ -197,16 +226,22 @@ def test_a_replacement_pod_waits_for_the_old_pod_to_let_go_then_trains(tmp_path)
 
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # inherited: the old pod takes it with sigwait
     try:
-        old = subprocess.Popen([sys.executable, "-c", OLD_POD, str(run_dir), JOB_UID], env=environment, cwd=REPO,
-                               stdout=subprocess.PIPE, text=True)
+        old = subprocess.Popen(
+            [sys.executable, "-c", OLD_POD, str(run_dir), JOB_UID],
+            env=environment,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
     log_path, new = tmp_path / "new-pod.log", None
     with log_path.open("w") as log:
         try:
             assert old.stdout.readline().strip() == "holding"
-            new = subprocess.Popen(pod_command(container, local_path), env=environment, cwd=tmp_path, stdout=log,
-                                   stderr=subprocess.STDOUT)
+            new = subprocess.Popen(
+                pod_command(container, local_path), env=environment, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT
+            )
             deadline = time.monotonic() + 120
             while "waiting up to 900 s" not in log_path.read_text():
                 assert new.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]

@@ -26,15 +26,30 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
 
 
 def lease(run_dir: Path, run_id: str, node_rank: int = 0, said: list | None = None, **options) -> RunDirLease:
-    return RunDirLease(run_dir, run_id, node_rank, options.pop("timeout", 60.0),
-                       say=(said.append if said is not None else lambda line: None), **options)
+    return RunDirLease(
+        run_dir,
+        run_id,
+        node_rank,
+        options.pop("timeout", 60.0),
+        say=(said.append if said is not None else lambda line: None),
+        **options,
+    )
 
 
 def write_holder(run_dir: Path, node_rank: int = 0, **fields) -> Path:
     """A lease file as a launcher that is no longer here (or elsewhere) left it."""
-    record = {"run_id": "old-run", "node_rank": node_rank, "host": "node-a", "machine": this_machine(),
-              "pid": os.getpid(), "pid_started": 0.0, "since": time.time() - 100, "timeout": 60.0,
-              "token": "feedfacefeedface", **fields}
+    record = {
+        "run_id": "old-run",
+        "node_rank": node_rank,
+        "host": "node-a",
+        "machine": this_machine(),
+        "pid": os.getpid(),
+        "pid_started": 0.0,
+        "since": time.time() - 100,
+        "timeout": 60.0,
+        "token": "feedfacefeedface",
+        **fields,
+    }
     path = run_dir / LEASE_DIR / f"node-{node_rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record))
@@ -94,8 +109,10 @@ def test_a_second_launcher_for_the_same_node_of_the_same_run_is_refused(tmp_path
 
 @pytest.mark.slow
 def test_a_sigkilled_holder_is_taken_over_at_once_and_the_taker_says_so(tmp_path):
-    code = ("import sys, time; from trainstack.train.launcher.lease import RunDirLease; "
-            f"RunDirLease({str(tmp_path)!r}, 'killed-run').acquire(); print('held', flush=True); time.sleep(600)")
+    code = (
+        "import sys, time; from trainstack.train.launcher.lease import RunDirLease; "
+        f"RunDirLease({str(tmp_path)!r}, 'killed-run').acquire(); print('held', flush=True); time.sleep(600)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -236,11 +253,24 @@ def test_a_fresh_start_sets_an_earlier_attempts_record_aside_and_a_resume_keeps_
     from trainstack.train.launcher.launch_config import LaunchConfig
     from trainstack.train.rank.config import TrainConfig
 
-    launch = LaunchConfig(nproc_per_node=2, nnodes=1, node_rank=0, master_addr="127.0.0.1", master_port=29500,
-                          use_cpu=True, exporter_port=0, exporter_host="127.0.0.1", rendezvous_timeout=1.0)
+    launch = LaunchConfig(
+        nproc_per_node=2,
+        nnodes=1,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        master_port=29500,
+        use_cpu=True,
+        exporter_port=0,
+        exporter_host="127.0.0.1",
+        rendezvous_timeout=1.0,
+    )
     config = TrainConfig(output_dir=str(tmp_path))
-    old = {"telemetry/rank-0.jsonl": b'{"time": 1}\n', "telemetry/rank-1.jsonl": b'{"time": 2}\n',
-           "summary.json": b"{}", "report.html": b"<html>"}
+    old = {
+        "telemetry/rank-0.jsonl": b'{"time": 1}\n',
+        "telemetry/rank-1.jsonl": b'{"time": 2}\n',
+        "summary.json": b"{}",
+        "report.html": b"<html>",
+    }
     for name, data in old.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_bytes(data)
@@ -260,9 +290,12 @@ def test_sigterm_while_waiting_for_the_lease_leaves_at_once_and_writes_nothing(t
     with lease(tmp_path, "holder") as held:
         held.acquire()
         before = snapshot(tmp_path)
-        waiting = subprocess.Popen(trainstack_command("train", "--output-dir", str(tmp_path), *FAST,
-                                                      "--wait-for-lease", "600"),
-                                   cwd=REPO, stderr=subprocess.PIPE, text=True)
+        waiting = subprocess.Popen(
+            trainstack_command("train", "--output-dir", str(tmp_path), *FAST, "--wait-for-lease", "600"),
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             first = waiting.stderr.readline()
             assert "is in use by" in first and "waiting up to 600 s" in first, first

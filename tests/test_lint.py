@@ -18,6 +18,8 @@ def test_ruff_is_clean():
         pytest.skip("ruff not installed: make setup installs it from requirements-dev.lock")
     result = subprocess.run([ruff, "check", "."], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-4000:]
+    formatted = subprocess.run([ruff, "format", "--check", "."], cwd=REPO, capture_output=True, text=True)
+    assert formatted.returncode == 0, f"run `ruff format .`:\n{formatted.stdout[-4000:]}"
 
 
 def test_mypy_is_clean():

@@ -17,8 +17,11 @@ from trainstack.rundir import RUN_DIR_ENV, RunDir
 
 
 def public_methods(cls) -> dict[str, list[str]]:
-    return {name: list(inspect.signature(member).parameters) for name, member in vars(cls).items()
-            if callable(member) and not name.startswith("_")}
+    return {
+        name: list(inspect.signature(member).parameters)
+        for name, member in vars(cls).items()
+        if callable(member) and not name.startswith("_")
+    }
 
 
 def records(run_dir) -> list[dict]:
@@ -152,10 +155,13 @@ def test_inside_a_pause_the_loops_shared_calls_record_nothing_as_training(unwatc
     assert evaluation["seconds"] >= 0.3
 
 
-@pytest.mark.parametrize("mistake, message", [
-    (lambda: trainstack.monitor.start(run_dir="x", log_every=0), "log_every must be at least 1"),
-    (lambda: trainstack.monitor.start(run_dir=None).pause_started("lunch"), None),
-])
+@pytest.mark.parametrize(
+    "mistake, message",
+    [
+        (lambda: trainstack.monitor.start(run_dir="x", log_every=0), "log_every must be at least 1"),
+        (lambda: trainstack.monitor.start(run_dir=None).pause_started("lunch"), None),
+    ],
+)
 def test_mistakes_are_named(unwatched, tmp_path, mistake, message):
     if message is None:  # outside a watched run even a wrong pause name is ignored: nothing is recorded
         mistake()

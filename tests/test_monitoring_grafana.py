@@ -29,14 +29,19 @@ def panels(dashboard: dict) -> list[dict]:
 
 
 def recorded_series() -> set[str]:
-    return {rule["record"] for group in yaml.safe_load(RECORDING_RULES.read_text())["groups"]
-            for rule in group["rules"]}
+    return {
+        rule["record"] for group in yaml.safe_load(RECORDING_RULES.read_text())["groups"] for rule in group["rules"]
+    }
 
 
 @pytest.mark.slow
 def test_committed_dashboards_and_panel_docs_are_current() -> None:
-    result = subprocess.run([sys.executable, str(GRAFANA_DIR / "build_dashboards.py"), "--check"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(GRAFANA_DIR / "build_dashboards.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert DASHBOARD_FILES, "no dashboards built"
 

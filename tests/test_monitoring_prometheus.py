@@ -56,8 +56,10 @@ DEADLINE_SECONDS = 150
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("prometheus") is None,
-                       reason="prometheus not found: install Debian's `prometheus` package (make system-deps)"),
+    pytest.mark.skipif(
+        shutil.which("prometheus") is None,
+        reason="prometheus not found: install Debian's `prometheus` package (make system-deps)",
+    ),
 ]
 
 # A rank that is not a training run: the trainer's telemetry module writing one rank's files as if it trained on
@@ -88,8 +90,9 @@ while True:
 
 
 def rules() -> list[dict]:
-    return [rule for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]
-            for rule in group["rules"]]
+    return [
+        rule for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]
+    ]
 
 
 RECORDING_RULES = [rule for rule in rules() if "record" in rule]
@@ -133,9 +136,13 @@ class Processes:
     def start(self, name: str, command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         self.names.append(name)
         with (self.logs / f"{name}.log").open("w") as log:  # the child keeps its own descriptor
-            process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                       env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-                                            **(env or {})})
+            process = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **(env or {})},
+            )
         self.started.append(process)
         return process
 
@@ -182,7 +189,8 @@ class Stack:
         if not self._produced:
             texts = self.eventually(
                 lambda: [_text(url) for url in self.exporters.values()],
-                lambda texts: all("trainstack_train_rank_info{" in text for text in texts))
+                lambda texts: all("trainstack_train_rank_info{" in text for text in texts),
+            )
             for text in texts:
                 for family in text_string_to_metric_families(text):
                     self._produced |= {sample.name for sample in family.samples}
@@ -204,7 +212,8 @@ def prometheus_config(folder: Path, targets: dict[str, str]) -> Path:
         targets_file = folder / f"targets-{job}.yml"
         targets_file.write_text(yaml.safe_dump([{"targets": [target]}]))
         config["scrape_configs"].append(
-            {**template, "job_name": job, "file_sd_configs": [{"files": [str(targets_file)]}]})
+            {**template, "job_name": job, "file_sd_configs": [{"files": [str(targets_file)]}]}
+        )
     path = folder / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -212,9 +221,25 @@ def prometheus_config(folder: Path, targets: dict[str, str]) -> Path:
 
 def train_command(run_dir: Path, exporter_port: int, *extra: str) -> list[str]:
     # far more steps than the test lasts: the runs train until the test stops them with SIGTERM
-    return [str(TRAINSTACK), "train", "--output-dir", str(run_dir), "--max-steps", "100000",
-            "--exporter-port", str(exporter_port), "--master-port", str(free_port()), "--num-workers", "0",
-            "--log-every", "2", "--checkpoint-every", "0", *extra]
+    return [
+        str(TRAINSTACK),
+        "train",
+        "--output-dir",
+        str(run_dir),
+        "--max-steps",
+        "100000",
+        "--exporter-port",
+        str(exporter_port),
+        "--master-port",
+        str(free_port()),
+        "--num-workers",
+        "0",
+        "--log-every",
+        "2",
+        "--checkpoint-every",
+        "0",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -226,26 +251,62 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     (fake_run / "metrics").mkdir(parents=True)
     gpu0_uuid = json.loads(FAKE_HOST.read_text())["gpus"][0]["uuid"]
     try:
-        processes.start("fake-gpu-exporter", [
-            sys.executable, "-m", "trainstack.monitoring.exporter", "--nvml-module", "trainstack.monitoring.nvml_fake",
-            "--port", str(ports[FAKE_GPU]), "--metrics-dir", str(fake_run / "metrics")],
-            env={"NVML_FAKE_HOST": str(FAKE_HOST)})
-        processes.start("synthetic-rank", [sys.executable, "-c", SYNTHETIC_RANK, str(fake_run), gpu0_uuid],
-                        env={"PROMETHEUS_MULTIPROC_DIR": str(fake_run / "metrics")})
+        processes.start(
+            "fake-gpu-exporter",
+            [
+                sys.executable,
+                "-m",
+                "trainstack.monitoring.exporter",
+                "--nvml-module",
+                "trainstack.monitoring.nvml_fake",
+                "--port",
+                str(ports[FAKE_GPU]),
+                "--metrics-dir",
+                str(fake_run / "metrics"),
+            ],
+            env={"NVML_FAKE_HOST": str(FAKE_HOST)},
+        )
+        processes.start(
+            "synthetic-rank",
+            [sys.executable, "-c", SYNTHETIC_RANK, str(fake_run), gpu0_uuid],
+            env={"PROMETHEUS_MULTIPROC_DIR": str(fake_run / "metrics")},
+        )
         processes.start("baseline-run", train_command(folder / "baseline", ports[BASELINE]))
-        processes.start("slowed-run", train_command(
-            folder / "slowed", ports[SLOWED], "--batch-size", "4",
-            "--dataset", "tests.factories:slow_dataset", "--model", "tests.factories:pausing_gpt"),
-            env={"TRAINSTACK_TEST_SAMPLE_DELAY": "0.1", "TRAINSTACK_TEST_SLOW_RANK": SLOW_RANK,
-                 "TRAINSTACK_TEST_SLOW_SECONDS": "0.3"})
+        processes.start(
+            "slowed-run",
+            train_command(
+                folder / "slowed",
+                ports[SLOWED],
+                "--batch-size",
+                "4",
+                "--dataset",
+                "tests.factories:slow_dataset",
+                "--model",
+                "tests.factories:pausing_gpt",
+            ),
+            env={
+                "TRAINSTACK_TEST_SAMPLE_DELAY": "0.1",
+                "TRAINSTACK_TEST_SLOW_RANK": SLOW_RANK,
+                "TRAINSTACK_TEST_SLOW_SECONDS": "0.3",
+            },
+        )
         prometheus_port = free_port()
         config = prometheus_config(folder, {job: f"127.0.0.1:{port}" for job, port in ports.items()})
-        processes.start("prometheus", [
-            "prometheus", f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
-            f"--web.listen-address=127.0.0.1:{prometheus_port}", "--storage.tsdb.retention.time=1h"])
-        stack = Stack(prometheus=f"http://127.0.0.1:{prometheus_port}",
-                      exporters={job: f"http://127.0.0.1:{port}/metrics" for job, port in ports.items()},
-                      processes=processes)
+        processes.start(
+            "prometheus",
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{prometheus_port}",
+                "--storage.tsdb.retention.time=1h",
+            ],
+        )
+        stack = Stack(
+            prometheus=f"http://127.0.0.1:{prometheus_port}",
+            exporters={job: f"http://127.0.0.1:{port}/metrics" for job, port in ports.items()},
+            processes=processes,
+        )
         ready = stack.eventually(lambda: [_text(f"{stack.prometheus}/-/ready")], all)
         assert all(ready), f"Prometheus did not start: {(folder / 'prometheus.log').read_text()[-2000:]}"
         yield stack
@@ -279,15 +340,21 @@ def test_recording_rule_returns_data(stack: Stack, rule: dict) -> None:
 
 
 def dashboard_targets() -> list[tuple[str, str]]:
-    return [(f"{panel['title']} {target['refId']}", target["expr"])
-            for path in DASHBOARD_FILES for panel in json.loads(path.read_text())["panels"]
-            for target in panel.get("targets", [])]
+    return [
+        (f"{panel['title']} {target['refId']}", target["expr"])
+        for path in DASHBOARD_FILES
+        for panel in json.loads(path.read_text())["panels"]
+        for target in panel.get("targets", [])
+    ]
 
 
 def dashboard_variables() -> list[tuple[str, str]]:
-    return [(variable["name"], variable["definition"])
-            for path in DASHBOARD_FILES for variable in json.loads(path.read_text())["templating"]["list"]
-            if variable["type"] == "query"]
+    return [
+        (variable["name"], variable["definition"])
+        for path in DASHBOARD_FILES
+        for variable in json.loads(path.read_text())["templating"]["list"]
+        if variable["type"] == "query"
+    ]
 
 
 def with_all_selected(expr: str) -> str:
@@ -313,13 +380,15 @@ def test_dashboard_variable_has_values(stack: Stack, name: str, definition: str)
 def test_slowed_loader_shows_data_wait_above_the_input_bound_threshold(stack: Stack) -> None:
     threshold = thresholds.INPUT_BOUND.value
     ratio = f'rank:trainstack_train_data_wait:ratio_rate2m{{job="{SLOWED}"}}'
-    result = stack.eventually(lambda: stack.query(ratio),
-                              lambda r: len(r) == 2 and all(float(s["value"][1]) > threshold for s in r))
+    result = stack.eventually(
+        lambda: stack.query(ratio), lambda r: len(r) == 2 and all(float(s["value"][1]) > threshold for s in r)
+    )
     assert sorted(s["metric"]["rank"] for s in result) == ["0", "1"], result
     assert all(float(s["value"][1]) > threshold for s in result), f"data wait not above {threshold}: {result}"
     # Prometheus evaluated the loaded alert rule: pending, waiting out its `for`
     pending = stack.eventually(
-        lambda: stack.query(f'ALERTS{{alertname="TrainstackInputBound", job="{SLOWED}"}}'), lambda r: len(r) == 2)
+        lambda: stack.query(f'ALERTS{{alertname="TrainstackInputBound", job="{SLOWED}"}}'), lambda r: len(r) == 2
+    )
     assert sorted(s["metric"]["rank"] for s in pending) == ["0", "1"], pending
 
 
@@ -328,5 +397,6 @@ def test_slowed_rank_is_named_the_straggler(stack: Stack) -> None:
     result = stack.eventually(lambda: stack.query(alert), lambda r: [s["metric"]["rank"] for s in r] == [SLOW_RANK])
     assert [s["metric"]["rank"] for s in result] == [SLOW_RANK], result
     pending = stack.eventually(
-        lambda: stack.query(f'ALERTS{{alertname="TrainstackStragglerRank", job="{SLOWED}"}}'), bool)
+        lambda: stack.query(f'ALERTS{{alertname="TrainstackStragglerRank", job="{SLOWED}"}}'), bool
+    )
     assert [s["metric"]["rank"] for s in pending] == [SLOW_RANK], pending

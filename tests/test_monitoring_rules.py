@@ -26,12 +26,14 @@ BUILD_RULES = PROMETHEUS_DIR / "build_rules.py"
 
 needs_promtool = pytest.mark.skipif(
     shutil.which("promtool") is None,
-    reason="promtool not found: install Debian's `prometheus` package (make system-deps)")
+    reason="promtool not found: install Debian's `prometheus` package (make system-deps)",
+)
 
 
 def rules() -> list[dict]:
-    return [rule for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]
-            for rule in group["rules"]]
+    return [
+        rule for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]
+    ]
 
 
 def alert_rules() -> list[dict]:
@@ -66,7 +68,8 @@ def test_check_catches_a_threshold_edited_in_the_rule_file_instead_of_the_table(
     assert build_rules.main(["--check"]) == 1
     assert capsys.readouterr().err.strip() == (
         "monitoring/prometheus/rules/alerts.yml is stale: run python monitoring/prometheus/build_rules.py and "
-        "commit the result")
+        "commit the result"
+    )
     assert build_rules.main([]) == 0
     assert build_rules.main(["--check"]) == 0
 
@@ -112,7 +115,8 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
                 outcomes.setdefault(check["alertname"], set()).add(bool(check.get("exp_alerts")))
     for rule in alert_rules():
         assert outcomes.get(rule["alert"]) == {True, False}, (
-            f"{rule['alert']} needs an alert_rule_test where it fires and one where it does not")
+            f"{rule['alert']} needs an alert_rule_test where it fires and one where it does not"
+        )
 
 
 def test_every_alert_says_cause_and_fix_and_links_its_runbook() -> None:

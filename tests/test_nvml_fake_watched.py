@@ -22,8 +22,12 @@ from trainstack.rundir import SUPERVISOR_PID_ENV, free_port
 HOST = {
     "driver_version": "550.90.07",
     "gpus": [{"model": "h100_sxm5_80gb", "uuid": "GPU-0", "pci_bus_id": "00000000:18:00.0"}],
-    "processes": {"0": [{"pid": 4242, "name": "/opt/conda/bin/python", "used_gpu_memory": 70_000, "watched": True},
-                        {"pid": 777, "name": "/usr/bin/Xorg", "used_gpu_memory": 1_000, "type": "C+G"}]},
+    "processes": {
+        "0": [
+            {"pid": 4242, "name": "/opt/conda/bin/python", "used_gpu_memory": 70_000, "watched": True},
+            {"pid": 777, "name": "/usr/bin/Xorg", "used_gpu_memory": 1_000, "type": "C+G"},
+        ]
+    },
 }
 
 
@@ -73,8 +77,9 @@ LAUNCHER = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_under_a_launcher_the_watched_entry_is_its_command_until_that_ends(host, monkeypatch):
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         command = int(launcher.stdout.readline())
         monkeypatch.setenv(SUPERVISOR_PID_ENV, str(launcher.pid))
@@ -109,11 +114,27 @@ def test_a_dataparallel_script_under_watch_on_the_fake_is_named_by_its_own_pid(t
     script.write_text(DATAPARALLEL_SCRIPT)
     port = free_port()
     watched = subprocess.Popen(
-        trainstack_command("watch", "--run-dir", str(tmp_path / "run"), "--exporter-port", str(port), "--no-report",
-                           "--nvml-module", "trainstack.monitoring.nvml_fake", "--",
-                           sys.executable, str(script), str(pid_file), str(release)),
-        env={**os.environ, "NVML_FAKE_HOST": "dataparallel"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True)
+        trainstack_command(
+            "watch",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--exporter-port",
+            str(port),
+            "--no-report",
+            "--nvml-module",
+            "trainstack.monitoring.nvml_fake",
+            "--",
+            sys.executable,
+            str(script),
+            str(pid_file),
+            str(release),
+        ),
+        env={**os.environ, "NVML_FAKE_HOST": "dataparallel"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_for(pid_file.exists, watched)
         pid = int(pid_file.read_text())

@@ -54,8 +54,9 @@ def test_dataparallel_is_named_with_each_gpu_against_the_first():
     verdicts = diagnose(Snapshot("test", NOW, [], dataparallel_gpus(), processes=DATAPARALLEL), LIMITS)
     assert kinds(verdicts) == ["one-process-many-gpus"]
     verdict = verdicts[0]
-    assert verdict.summary == ("one process drives several GPUs (nn.DataParallel, or a model split by hand): "
-                               "pid 4242 (python) on 4 GPUs")
+    assert verdict.summary == (
+        "one process drives several GPUs (nn.DataParallel, or a model split by hand): pid 4242 (python) on 4 GPUs"
+    )
     assert verdict.evidence == (
         "pid 4242 (python) is the main user of GPUs 0, 1, 2, 3",
         "GPU 0: 64.0 GiB used by it, utilization 90% (its first GPU)",
@@ -76,25 +77,33 @@ def test_it_is_named_beside_rank_telemetry_too():
 
 
 def test_a_model_split_by_hand_is_named_without_the_dataparallel_shape():
-    halves = [process("77", 0, 30.0, name="", instance="node5:9450"), process("77", 1, 30.0, name="",
-                                                                              instance="node5:9450")]
+    halves = [
+        process("77", 0, 30.0, name="", instance="node5:9450"),
+        process("77", 1, 30.0, name="", instance="node5:9450"),
+    ]
     verdicts = diagnose(Snapshot("test", NOW, [], dataparallel_gpus(0.5, 0.5), processes=halves), LIMITS)
     assert kinds(verdicts) == ["one-process-many-gpus"]
     assert verdicts[0].summary.endswith(": pid 77 on node5:9450 on 2 GPUs")
     assert not any("DataParallel's shape" in line for line in verdicts[0].evidence)
 
 
-@pytest.mark.parametrize(("utilizations", "processes"), [
-    # DDP: one process per GPU, and ranks 1-3 each left a CUDA context on GPU 0, where rank 0 is the main user
-    ((0.97, 0.96, 0.97, 0.95),
-     [process(f"510{i}", i, 60.0) for i in range(4)] + [process(f"510{i}", 0, 0.5) for i in range(1, 4)]),
-    # a notebook that loaded a model onto two GPUs and computes nothing
-    ((0.0, 0.0), [process("88", 0, 8.0), process("88", 1, 8.0)]),
-    # the same pid on two hosts is two processes
-    ((0.9, 0.9), [process("31", 0, 40.0, instance="node3:9450"), process("31", 1, 40.0, instance="node4:9450")]),
-    # a GPU without a utilization figure does not count as busy
-    ((0.9, None), [process("4242", 0, 60.0), process("4242", 1, 20.0)]),
-], ids=["ddp-with-stray-contexts", "idle-notebook", "two-hosts", "utilization-unknown"])
+@pytest.mark.parametrize(
+    ("utilizations", "processes"),
+    [
+        # DDP: one process per GPU, and ranks 1-3 each left a CUDA context on GPU 0, where rank 0 is the main user
+        (
+            (0.97, 0.96, 0.97, 0.95),
+            [process(f"510{i}", i, 60.0) for i in range(4)] + [process(f"510{i}", 0, 0.5) for i in range(1, 4)],
+        ),
+        # a notebook that loaded a model onto two GPUs and computes nothing
+        ((0.0, 0.0), [process("88", 0, 8.0), process("88", 1, 8.0)]),
+        # the same pid on two hosts is two processes
+        ((0.9, 0.9), [process("31", 0, 40.0, instance="node3:9450"), process("31", 1, 40.0, instance="node4:9450")]),
+        # a GPU without a utilization figure does not count as busy
+        ((0.9, None), [process("4242", 0, 60.0), process("4242", 1, 20.0)]),
+    ],
+    ids=["ddp-with-stray-contexts", "idle-notebook", "two-hosts", "utilization-unknown"],
+)
 def test_look_alikes_are_not_named(utilizations, processes):
     snapshot = Snapshot("test", NOW, [], dataparallel_gpus(*utilizations), processes=processes)
     assert "one-process-many-gpus" not in kinds(diagnose(snapshot, LIMITS))
@@ -132,8 +141,14 @@ def fake_exporter(host: str) -> Iterator[str]:
     """The exporter, in this process, on a host of the NVML fake and no metrics directory (no rank telemetry, as for
     an uninstrumented job); yields its /metrics URL."""
     nvml_fake.load(host)
-    exporter = Exporter(ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake",
-                                       sample_interval_seconds=0.1, slow_sample_interval_seconds=0.2))
+    exporter = Exporter(
+        ExporterConfig(
+            port=0,
+            nvml_module="trainstack.monitoring.nvml_fake",
+            sample_interval_seconds=0.1,
+            slow_sample_interval_seconds=0.2,
+        )
+    )
     exporter.start()
     try:
         yield f"http://127.0.0.1:{exporter.server.port}/metrics"
@@ -144,10 +159,17 @@ def fake_exporter(host: str) -> Iterator[str]:
 
 def test_the_exporter_serves_the_process_to_gpu_map_of_the_dataparallel_host():
     with fake_exporter("dataparallel") as url:
-        served = {(s.labels["gpu"], s.labels["pid"], s.labels["process"]): s.value for s in scrape(url)
-                  if s.name == PROCESS_MEMORY}
-    assert served == {("0", "4242", "python"): 70.5e9, ("1", "4242", "python"): 24.1e9,
-                      ("2", "4242", "python"): 24.3e9, ("3", "4242", "python"): 24.2e9}
+        served = {
+            (s.labels["gpu"], s.labels["pid"], s.labels["process"]): s.value
+            for s in scrape(url)
+            if s.name == PROCESS_MEMORY
+        }
+    assert served == {
+        ("0", "4242", "python"): 70.5e9,
+        ("1", "4242", "python"): 24.1e9,
+        ("2", "4242", "python"): 24.3e9,
+        ("3", "4242", "python"): 24.2e9,
+    }
 
 
 @pytest.mark.parametrize(("host", "expected"), [("dataparallel", ["one-process-many-gpus"]), ("ddp_h100", [])])
@@ -163,10 +185,13 @@ def test_diagnose_judges_the_fake_hosts_from_the_exporter_alone(host, expected):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("host", "code", "first"), [
-    ("dataparallel", 1, "ONE-PROCESS-MANY-GPUS  one process drives several GPUs"),
-    ("ddp_h100", 0, "HEALTHY  0 rank(s), 4 GPU(s), GPU utilization 98% on average"),
-])
+@pytest.mark.parametrize(
+    ("host", "code", "first"),
+    [
+        ("dataparallel", 1, "ONE-PROCESS-MANY-GPUS  one process drives several GPUs"),
+        ("ddp_h100", 0, "HEALTHY  0 rank(s), 4 GPU(s), GPU utilization 98% on average"),
+    ],
+)
 def test_the_diagnose_command_gives_the_gpu_verdicts_and_its_one_line_hint(host, code, first):
     with fake_exporter(host) as url:
         result = run_trainstack("diagnose", "--url", url, "--interval", "0.5")
@@ -184,8 +209,9 @@ def test_diagnose_names_the_process_through_a_real_prometheus(prometheus):
 
         def scraped() -> bool:
             try:
-                return len(source.instant(PROCESS_MEMORY)) == 4 and \
-                    len(source.instant(catalog.GPU_UTILIZATION.name)) == 4
+                return (
+                    len(source.instant(PROCESS_MEMORY)) == 4 and len(source.instant(catalog.GPU_UTILIZATION.name)) == 4
+                )
             except (ConfigError, RuntimeFailure):  # Prometheus is still starting
                 return False
 
@@ -213,8 +239,10 @@ def input_series(url: str, job: str, instance: str) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("promtool") is None,
-                    reason="promtool not found: install Debian's `prometheus` package (make system-deps)")
+@pytest.mark.skipif(
+    shutil.which("promtool") is None,
+    reason="promtool not found: install Debian's `prometheus` package (make system-deps)",
+)
 def test_the_alert_fires_on_what_the_exporter_serves_for_the_dataparallel_host_only(tmp_path):
     served = []
     for host, job, instance in (("dataparallel", "dataparallel", "node0:9450"), ("ddp_h100", "ddp", "node1:9450")):
@@ -222,19 +250,42 @@ def test_the_alert_fires_on_what_the_exporter_serves_for_the_dataparallel_host_o
             served += input_series(url, job, instance)
     rules = yaml.safe_load((REPO / "monitoring/prometheus/rules/alerts.yml").read_text())
     alert = next(rule for group in rules["groups"] for rule in group["rules"] if rule.get("alert") == ALERT)
-    tests = {"rule_files": [str(REPO / "monitoring/prometheus/rules/recording.yml"),
-                            str(REPO / "monitoring/prometheus/rules/alerts.yml")],
-             "evaluation_interval": "15s",
-             "tests": [{"interval": "15s", "input_series": served, "alert_rule_test": [
-                 {"eval_time": "8m", "alertname": ALERT, "exp_alerts": []},
-                 {"eval_time": "12m", "alertname": ALERT, "exp_alerts": [{
-                     "exp_labels": {"severity": "warning", "job": "dataparallel", "instance": "node0:9450",
-                                    "pid": "4242", "process": "python"},
-                     "exp_annotations": {**alert["annotations"],
-                                         "summary": "Process 4242 (python) on node0:9450 drives 4 GPUs by itself"}}]},
-             ]}]}
+    tests = {
+        "rule_files": [
+            str(REPO / "monitoring/prometheus/rules/recording.yml"),
+            str(REPO / "monitoring/prometheus/rules/alerts.yml"),
+        ],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": served,
+                "alert_rule_test": [
+                    {"eval_time": "8m", "alertname": ALERT, "exp_alerts": []},
+                    {
+                        "eval_time": "12m",
+                        "alertname": ALERT,
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "job": "dataparallel",
+                                    "instance": "node0:9450",
+                                    "pid": "4242",
+                                    "process": "python",
+                                },
+                                "exp_annotations": {
+                                    **alert["annotations"],
+                                    "summary": "Process 4242 (python) on node0:9450 drives 4 GPUs by itself",
+                                },
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
     test_file = tmp_path / "one-process.test.yml"
     test_file.write_text(yaml.safe_dump(tests, sort_keys=False))
-    result = subprocess.run(["promtool", "test", "rules", str(test_file)], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(["promtool", "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

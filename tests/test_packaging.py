@@ -22,15 +22,31 @@ def wheel(tmp_path_factory) -> Path:
     build = tmp_path_factory.mktemp("build")
     # A copy of the sources, so the build's own files (build/, *.egg-info) never land in the checkout.
     src = build / "src"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
-                           text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     for name in files:
         if (REPO / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             (src / name).write_bytes((REPO / name).read_bytes())
-    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                             "--disable-pip-version-check", "--wheel-dir", str(out), str(src)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--wheel-dir",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, explain(result)
     (path,) = out.glob("trainstack-*.whl")
     return path
@@ -59,8 +75,11 @@ def test_the_wheel_installs_one_import_package(wheel):
     assert tops == {"trainstack"}
     # Every module of the source packages is in it, under its namespaced name, and the NVML fake's host files
     # (monitoring/grafana/build_dashboards.py and monitoring/prometheus/build_rules.py are build scripts, no modules).
-    for folder, package in (("train", "trainstack/train"), ("monitoring", "trainstack/monitoring"),
-                            ("trainstack", "trainstack")):
+    for folder, package in (
+        ("train", "trainstack/train"),
+        ("monitoring", "trainstack/monitoring"),
+        ("trainstack", "trainstack"),
+    ):
         for path in (REPO / folder).rglob("*.py"):
             if (path.parent / "__init__.py").exists():
                 assert f"{package}/{path.relative_to(REPO / folder).as_posix()}" in names, path
@@ -87,14 +106,22 @@ def problems(requirements: list[Requirement], pins: dict[str, str]) -> list[str]
 def test_no_dependency_is_pinned_and_the_lock_satisfies_every_range(wheel):
     requirements = [Requirement(text) for text in metadata(wheel).get_all("Requires-Dist")]
     runtime = [r for r in requirements if not r.marker]  # extras carry a marker: extra == "dev"
-    assert {canonicalize_name(r.name) for r in runtime} >= {"torch", "accelerate", "datasets", "prometheus-client",
-                                                            "nvidia-ml-py"}
+    assert {canonicalize_name(r.name) for r in runtime} >= {
+        "torch",
+        "accelerate",
+        "datasets",
+        "prometheus-client",
+        "nvidia-ml-py",
+    }
     assert problems(runtime, locked()) == []
 
 
 def test_a_pin_an_open_range_and_a_lock_outside_the_range_are_caught():
     pins = {"torch": "2.13.0", "tqdm": "4.70.1", "psutil": "7.2.2"}
     planted = [Requirement("torch==2.13.0"), Requirement("tqdm"), Requirement("psutil>=8"), Requirement("h11>=0.14")]
-    assert problems(planted, pins) == ["torch==2.13.0 pins one version", "tqdm states no range",
-                                       "requirements.lock pins psutil==7.2.2, outside >=8",
-                                       "h11 is not in requirements.lock"]
+    assert problems(planted, pins) == [
+        "torch==2.13.0 pins one version",
+        "tqdm states no range",
+        "requirements.lock pins psutil==7.2.2, outside >=8",
+        "h11 is not in requirements.lock",
+    ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tests.helpers.runs import REPO
 
-PLANTED = '''
+PLANTED = """
 import multiprocessing
 import os
 import subprocess
@@ -55,7 +55,7 @@ def test_a_thread_is_fine():
     thread.start()
     thread.join()
     assert done == [1]
-'''
+"""
 
 
 def test_every_way_of_starting_a_process_fails_an_unmarked_test_in_one_line(pytester):

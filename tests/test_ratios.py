@@ -18,15 +18,17 @@ def test_a_share_is_undefined_without_step_time_and_capped_at_the_whole():
 
 def test_the_recording_rule_divides_the_same_rates_and_caps_the_same_way():
     expr = ratios.DATA_WAIT_SHARE.promql("2m")
-    assert expr == ("clamp_max(\n  rate(trainstack_train_data_wait_seconds_total[2m])\n"
-                    "  / (rate(trainstack_train_step_duration_seconds_sum[2m]) > 0),\n  1\n)")
+    assert expr == (
+        "clamp_max(\n  rate(trainstack_train_data_wait_seconds_total[2m])\n"
+        "  / (rate(trainstack_train_step_duration_seconds_sum[2m]) > 0),\n  1\n)"
+    )
     assert ratios.MEMORY_USED_SHARE.promql() == (
-        "trainstack_gpu_memory_used_bytes\n/ (trainstack_gpu_memory_total_bytes > 0)")
+        "trainstack_gpu_memory_used_bytes\n/ (trainstack_gpu_memory_total_bytes > 0)"
+    )
 
 
 def test_the_straggler_wait_is_what_the_most_waiting_rank_waits_beyond_each():
-    assert ratios.STRAGGLER_WAIT.of({"0": 0.3, "1": 0.02, "2": 0.25}) == pytest.approx(
-        {"0": 0.0, "1": 0.28, "2": 0.05})
+    assert ratios.STRAGGLER_WAIT.of({"0": 0.3, "1": 0.02, "2": 0.25}) == pytest.approx({"0": 0.0, "1": 0.28, "2": 0.05})
     assert ratios.STRAGGLER_WAIT.of({"0": 0.29, "1": 0.02}) == pytest.approx({"0": 0.0, "1": 0.27})  # two ranks
     assert ratios.STRAGGLER_WAIT.of({"0": 0.1}) == {}  # a rank alone waits for no one
     assert ratios.STRAGGLER_WAIT.promql("s") == "max by (job) (s)\n- on (job) group_right ()\ns"

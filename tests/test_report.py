@@ -36,8 +36,11 @@ def gpu_run(cpu_run, tmp_path) -> Path:
     run_dir = tmp_path / "run"
     shutil.copytree(cpu_run, run_dir)
     nvml_fake.load("dgx_h100")
-    exporter = Exporter(ExporterConfig(port=0, run_dir=run_dir, nvml_module="trainstack.monitoring.nvml_fake",
-                                       gpu_log_interval_seconds=0.05))
+    exporter = Exporter(
+        ExporterConfig(
+            port=0, run_dir=run_dir, nvml_module="trainstack.monitoring.nvml_fake", gpu_log_interval_seconds=0.05
+        )
+    )
     exporter.start()
     try:
         log, deadline = run_dir / "telemetry" / "gpu.jsonl", time.monotonic() + 60
@@ -86,11 +89,24 @@ def test_report_is_not_blank_in_a_browser(gpu_run, tmp_path):
     report = write_report(gpu_run)
     screenshot = tmp_path / "report.png"
     subprocess.run(
-        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={screenshot}", "--window-size=1200,4000",
-         report.resolve().as_uri()],
-        capture_output=True, timeout=120, check=True,
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={screenshot}",
+            "--window-size=1200,4000",
+            report.resolve().as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
     )
     image = Image.open(screenshot).convert("RGB")
     colours = image.getcolors(maxcolors=1 << 20)
@@ -106,8 +122,10 @@ def test_a_cut_off_last_line_and_unsupported_gpu_fields_are_tolerated(gpu_run):
         records.write('{"time": 1, "rank": 1, "st')
     snapshot = json.loads((gpu_run / "telemetry" / "gpu.jsonl").read_text().splitlines()[-1])
     with (gpu_run / "telemetry" / "gpu.jsonl").open("a") as snapshots:
-        snapshots.write(json.dumps({**snapshot, "time": snapshot["time"] + 1, "power_watts": None,
-                                    "utilization_ratio": None}) + "\n")
+        snapshots.write(
+            json.dumps({**snapshot, "time": snapshot["time"] + 1, "power_watts": None, "utilization_ratio": None})
+            + "\n"
+        )
     assert set(embedded_figures(write_report(gpu_run))) == {spec.id for spec in FIGURES}
 
 
@@ -122,9 +140,20 @@ def test_a_run_with_gpu_snapshots_and_no_rank_records_gets_the_gpu_figures(tmp_p
     with (tmp_path / "telemetry" / "gpu.jsonl").open("w") as snapshots:
         for second in range(3):
             for gpu in range(2):
-                snapshots.write(json.dumps({"time": 1000.0 + second, "gpu": gpu, "uuid": f"GPU-{gpu}",
-                                            "utilization_ratio": 0.5, "memory_used_bytes": 1 << 30,
-                                            "memory_total_bytes": 1 << 34, "power_watts": 300.0}) + "\n")
+                snapshots.write(
+                    json.dumps(
+                        {
+                            "time": 1000.0 + second,
+                            "gpu": gpu,
+                            "uuid": f"GPU-{gpu}",
+                            "utilization_ratio": 0.5,
+                            "memory_used_bytes": 1 << 30,
+                            "memory_total_bytes": 1 << 34,
+                            "power_watts": 300.0,
+                        }
+                    )
+                    + "\n"
+                )
     report = write_report(tmp_path)
     assert set(embedded_figures(report)) == {"gpu-utilization", "gpu-memory"}
     assert "No rank records" in report.read_text()
@@ -149,8 +178,15 @@ def test_a_gpu_run_shows_its_gpu_starvation_with_the_host_wait_beside_it(tmp_pat
     from trainstack.monitoring.report.tables import rank_rows
 
     def record(step: int, clock: str | None) -> dict:
-        fields = {"time": 1000.0 + step, "step": step, "samples": 160, "interval_seconds": 0.4,
-                  "data_wait_seconds": 0.004, "step_seconds": [0.04] * 10, "host_data_wait_seconds": 0.08}
+        fields = {
+            "time": 1000.0 + step,
+            "step": step,
+            "samples": 160,
+            "interval_seconds": 0.4,
+            "data_wait_seconds": 0.004,
+            "step_seconds": [0.04] * 10,
+            "host_data_wait_seconds": 0.08,
+        }
         return {**fields, "clock": clock} if clock else fields
 
     on_gpu = RunFiles(tmp_path, {0: [record(10, "gpu"), record(20, "gpu")]}, {}, {})
@@ -179,16 +215,44 @@ def synthetic_run(run_dir: Path, ranks: int = 2, intervals: int = 4, evaluation_
                 paused.append({"part": "evaluation", "seconds": evaluation_seconds, "after_steps": 10})
             seconds = 10.0 + sum(p["seconds"] for p in paused)
             now += seconds
-            lines.append({"time": now, "rank": rank, "step": 10 * (number + 1), "epoch": 0, "loss": 1.0, "lr": 0.1,
-                          "samples": 80, "tokens": 0, "interval_seconds": seconds, "data_wait_seconds": 0.5,
-                          "host_data_wait_seconds": 0.5, "step_seconds": [1.0] * 10, "clock": "host",
-                          "step_count": 10, "time_parts": {"compute": 9.5, "data_starvation": 0.5},
-                          "host_bound_measured": False, "paused": paused})
+            lines.append(
+                {
+                    "time": now,
+                    "rank": rank,
+                    "step": 10 * (number + 1),
+                    "epoch": 0,
+                    "loss": 1.0,
+                    "lr": 0.1,
+                    "samples": 80,
+                    "tokens": 0,
+                    "interval_seconds": seconds,
+                    "data_wait_seconds": 0.5,
+                    "host_data_wait_seconds": 0.5,
+                    "step_seconds": [1.0] * 10,
+                    "clock": "host",
+                    "step_count": 10,
+                    "time_parts": {"compute": 9.5, "data_starvation": 0.5},
+                    "host_bound_measured": False,
+                    "paused": paused,
+                }
+            )
         lines.append({"segment_ended": now + 0.1, "rank": rank, "step_count": 0, "paused": []})
         (telemetry / f"rank-{rank}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    (run_dir / "summary.json").write_text(json.dumps({
-        "version": 1, "run_id": "r", "launcher": "watch", "command": "torchrun --nproc-per-node 2 train.py",
-        "exit_code": 3, "exit_reason": "failed", "started": 1000.0, "wall_seconds": 53.5, "world_size": ranks}))
+    (run_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "run_id": "r",
+                "launcher": "watch",
+                "command": "torchrun --nproc-per-node 2 train.py",
+                "exit_code": 3,
+                "exit_reason": "failed",
+                "started": 1000.0,
+                "wall_seconds": 53.5,
+                "world_size": ranks,
+            }
+        )
+    )
     return run_dir
 
 
@@ -200,8 +264,13 @@ def table_after(page: str, heading: str) -> list[list[str]]:
 def test_the_report_heads_with_the_command_its_exit_and_duration(tmp_path):
     page = write_report(synthetic_run(tmp_path / "run")).read_text()
     header = dict(row for row in table_after(page, "</p>")[1:])
-    assert header == {"command": "torchrun --nproc-per-node 2 train.py", "exit code": "3", "ended": "failed",
-                      "duration (s)": "53.5", "world size": "2"}
+    assert header == {
+        "command": "torchrun --nproc-per-node 2 train.py",
+        "exit code": "3",
+        "ended": "failed",
+        "duration (s)": "53.5",
+        "world size": "2",
+    }
 
 
 def test_where_the_time_went_is_per_rank_wall_time_with_unmeasured_parts_said_so(tmp_path):
@@ -228,7 +297,16 @@ def test_throughput_is_over_training_time_so_a_pause_is_no_dip(tmp_path):
 def test_an_uninstrumented_run_without_a_gpu_still_gets_a_report_of_its_command(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "summary.json").write_text(json.dumps({"version": 1, "command": "python train.py", "exit_code": 0,
-                                                      "exit_reason": "completed", "wall_seconds": 12.0}))
+    (run_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "command": "python train.py",
+                "exit_code": 0,
+                "exit_reason": "completed",
+                "wall_seconds": 12.0,
+            }
+        )
+    )
     page = write_report(run_dir).read_text()
     assert "python train.py" in page and "No rank records" in page and "No GPU snapshots" in page

@@ -53,26 +53,36 @@ def uninterrupted(ddp_reference) -> dict[str, torch.Tensor]:
 
 def _start(run_dir: Path, *args: str, exporter_port: int = 0) -> subprocess.Popen:
     """The launcher in a process group of its own, as a shell job or a container's PID 1 would be."""
-    command = trainstack_command("train", "--output-dir", str(run_dir), *FAST, *COMMAND, *args,
-                                 "--exporter-port", str(exporter_port))
-    return subprocess.Popen(command, cwd=REPO, env={**os.environ, **ENV}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    command = trainstack_command(
+        "train", "--output-dir", str(run_dir), *FAST, *COMMAND, *args, "--exporter-port", str(exporter_port)
+    )
+    return subprocess.Popen(
+        command,
+        cwd=REPO,
+        env={**os.environ, **ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _of_the_run(process: psutil.Process, run_dir: Path) -> bool:
     """The launcher names the run directory on its command line; everything under it has the run's metrics
     folder in its environment (the agent, the ranks, their loader workers, the exporter)."""
     try:
-        return (str(run_dir) in " ".join(process.cmdline())
-                or process.environ().get(METRICS_DIR_ENV, "").startswith(str(run_dir.resolve())))
+        return str(run_dir) in " ".join(process.cmdline()) or process.environ().get(METRICS_DIR_ENV, "").startswith(
+            str(run_dir.resolve())
+        )
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
 
 
 def _left_running(run_dir: Path) -> list[str]:
     left = [p for p in psutil.process_iter() if _of_the_run(p, run_dir)]
-    return [f"{p.pid} {' '.join(p.cmdline())[:160]}" for p in left if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
+    return [
+        f"{p.pid} {' '.join(p.cmdline())[:160]}" for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def _wait_until_none_left(run_dir: Path) -> None:
@@ -143,8 +153,7 @@ def test_a_sigkilled_rank_fails_the_launch_naming_it_and_the_rerun_resumes(tmp_p
     run_dir = tmp_path / "run"
     launcher = _start(run_dir, "--checkpoint-every", "5")
     wait_for(lambda: checkpoint.complete_checkpoints(run_dir / "checkpoints"), launcher)
-    ranks = [p for p in psutil.Process(launcher.pid).children(recursive=True)
-             if "trainstack.train.rank" in p.cmdline()]
+    ranks = [p for p in psutil.Process(launcher.pid).children(recursive=True) if "trainstack.train.rank" in p.cmdline()]
     victim = next(p for p in ranks if p.environ().get("RANK") == "1")
     victim.kill()
     output, _ = launcher.communicate(timeout=GRACE + 60)  # a hang guard: the peer sees the connection drop at once
@@ -158,8 +167,9 @@ def test_a_sigkilled_rank_fails_the_launch_naming_it_and_the_rerun_resumes(tmp_p
 def _steps_served(port: int) -> float:
     """The run's trainstack_train_steps_total summed over ranks, from the exporter's /metrics."""
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
-               if line.startswith("trainstack_train_steps_total{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith("trainstack_train_steps_total{")
+    )
 
 
 def _served_steps_or_none(port: int) -> float | None:
@@ -199,9 +209,21 @@ def test_an_exporter_that_cannot_listen_is_retried_with_a_backoff_and_announced_
         port = taken.getsockname()[1]
         url = f"http://127.0.0.1:{port}/metrics"
         exporter = SupervisedExporter(
-            [sys.executable, "-m", "trainstack.monitoring.exporter", "--port", str(port),
-             "--nvml-module", "trainstack.monitoring.nvml_fake"],
-            env=dict(os.environ), port=port, host="127.0.0.1", url=url, say=said.append)
+            [
+                sys.executable,
+                "-m",
+                "trainstack.monitoring.exporter",
+                "--port",
+                str(port),
+                "--nvml-module",
+                "trainstack.monitoring.nvml_fake",
+            ],
+            env=dict(os.environ),
+            port=port,
+            host="127.0.0.1",
+            url=url,
+            say=said.append,
+        )
         exporter.start()
         try:
             _wait_until(lambda: len(said) >= 2)
@@ -210,8 +232,10 @@ def test_an_exporter_that_cannot_listen_is_retried_with_a_backoff_and_announced_
             health = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read()
         finally:
             exporter.stop()
-    assert said[:2] == ["the exporter exited with code 69 before serving; starting it again in 1 s",
-                        "the exporter exited with code 69 before serving; starting it again in 2 s"], said
+    assert said[:2] == [
+        "the exporter exited with code 69 before serving; starting it again in 1 s",
+        "the exporter exited with code 69 before serving; starting it again in 2 s",
+    ], said
     assert said[2:] == [f"metrics at {url}"], said
     assert b'"status": "ok"' in health
 

@@ -40,8 +40,9 @@ def test_bad_input_exits_2(tmp_path):
 
 
 def _run_on(nodes, run_dir, tmp_path) -> None:
-    started = [start_node(node, rank, run_dir, tmp_path / f"{run_dir.name}-{rank}.log")
-               for rank, node in enumerate(nodes)]
+    started = [
+        start_node(node, rank, run_dir, tmp_path / f"{run_dir.name}-{rank}.log") for rank, node in enumerate(nodes)
+    ]
     try:
         for rank, node in enumerate(started):
             assert node.wait(timeout=300) == 0, (tmp_path / f"{run_dir.name}-{rank}.log").read_text()[-4000:]
@@ -56,14 +57,36 @@ def test_the_prediction_at_another_link_speed_matches_the_measured_step(slow_lin
     _run_on(slow_link, slow, tmp_path)
     faster = 2 * RATE_BITS
     for node in slow_link:
-        subprocess.run(["ip", "netns", "exec", node.namespace, "tc", "qdisc", "change", "dev", node.interface,
-                        "root", "tbf", "rate", f"{faster // 1_000_000}mbit", "burst", "64kb", "latency", "500ms"],
-                       check=True)
+        subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                node.namespace,
+                "tc",
+                "qdisc",
+                "change",
+                "dev",
+                node.interface,
+                "root",
+                "tbf",
+                "rate",
+                f"{faster // 1_000_000}mbit",
+                "burst",
+                "64kb",
+                "latency",
+                "500ms",
+            ],
+            check=True,
+        )
     fast = tmp_path / "fast"
     _run_on(slow_link, fast, tmp_path)
     measured = predict.figures_of(slow)
     # The link's own rate, less TCP/IP's headers (about 4% at a 1500-byte MTU), as the bus bandwidth.
     predicted = predict.predict(measured, 2, bus_bytes_per_second=faster / 8 * 0.96)
     actual = predict.figures_of(fast)
-    assert predicted.step_seconds == pytest.approx(actual.compute_seconds + actual.exposed_seconds,
-                                                   rel=TOLERANCE), (measured, actual, predicted)
+    assert predicted.step_seconds == pytest.approx(actual.compute_seconds + actual.exposed_seconds, rel=TOLERANCE), (
+        measured,
+        actual,
+        predicted,
+    )

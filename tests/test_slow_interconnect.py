@@ -40,9 +40,26 @@ def test_a_rate_limited_link_is_comm_bound_by_the_share_its_rate_predicts(slow_l
             assert time.monotonic() < deadline, "no steps within 300 s"
             time.sleep(0.5)
         diagnosed = subprocess.run(
-            ["ip", "netns", "exec", slow_link[0].namespace, sys.executable, "-m", "trainstack", "diagnose", "--url",
-             f"http://127.0.0.1:{EXPORTER_PORT}", "--interval", "4", "--json"],
-            cwd=REPO, capture_output=True, text=True, timeout=120)
+            [
+                "ip",
+                "netns",
+                "exec",
+                slow_link[0].namespace,
+                sys.executable,
+                "-m",
+                "trainstack",
+                "diagnose",
+                "--url",
+                f"http://127.0.0.1:{EXPORTER_PORT}",
+                "--interval",
+                "4",
+                "--json",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         for rank, node in enumerate(nodes):
             assert node.wait(timeout=300) == 0, (tmp_path / f"node-{rank}.log").read_text()[-4000:]
     finally:
@@ -63,4 +80,5 @@ def test_a_rate_limited_link_is_comm_bound_by_the_share_its_rate_predicts(slow_l
         exposed = sum(record["comm_exposed_seconds"] for record in steady) / steps / step_seconds
         assert exposed == pytest.approx(predicted, abs=EXPOSED_SHARE_TOLERANCE), (
             f"rank {rank}: exposed {exposed:.3f} of {step_seconds:.3f} s steps, {on_the_wire:.0f} bytes each way "
-            f"per step predict {predicted:.3f}")
+            f"per step predict {predicted:.3f}"
+        )

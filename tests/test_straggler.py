@@ -23,12 +23,32 @@ DRIVER = REPO / "tests" / "drivers" / "straggler_matrix.py"
 @pytest.fixture(scope="module")
 def phases(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("straggler-matrix")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONWARNINGS": "ignore::FutureWarning"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONWARNINGS": "ignore::FutureWarning",
+    }
     env.pop("TRAINSTACK_RUN_DIR", None)
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-         str(DRIVER), str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            str(DRIVER),
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return out, json.loads((out / "phases.json").read_text())
 
@@ -44,8 +64,10 @@ def test_the_slowed_rank_is_named_with_its_peers_wait_as_the_cost(phases):
     extra = matrix["extra_seconds"]
     slowed = [phase for phase in matrix["phases"] if phase["slow_in"]]
     assert {(p["buffers"], p["broadcast_buffers"], p["slow_in"]) for p in slowed} >= {
-        (buffers, broadcast, where) for buffers, broadcast in ((True, True), (True, False), (False, True))
-        for where in ("forward", "after_step", "data")}
+        (buffers, broadcast, where)
+        for buffers, broadcast in ((True, True), (True, False), (False, True))
+        for where in ("forward", "after_step", "data")
+    }
     for phase in slowed:
         snapshot, named = _judged(out, phase["name"])
         assert len(named) == 1, (phase["name"], named)
@@ -79,5 +101,7 @@ def test_the_buffer_broadcast_is_communication_not_forward_time(phases):
         peer, slow = snapshot.ranks
         assert slow.forward_seconds - peer.forward_seconds == pytest.approx(matrix["extra_seconds"], rel=0.3)
     buffers_bytes = [r.comm_bytes_per_step for r in broadcast.ranks]
-    assert all(with_b > without for with_b, without in
-               zip(buffers_bytes, [r.comm_bytes_per_step for r in unbroadcast.ranks], strict=True))
+    assert all(
+        with_b > without
+        for with_b, without in zip(buffers_bytes, [r.comm_bytes_per_step for r in unbroadcast.ranks], strict=True)
+    )

@@ -41,5 +41,9 @@ def test_a_planted_cross_import_is_caught(tmp_path):
     (tmp_path / "test_b.py").write_text("def test_b():\n    from tests.test_a import helper\n")
     (tmp_path / "test_c.py").write_text("from tests import test_a\nfrom tests.helpers.runs import train\n")
     (tmp_path / "test_d.py").write_text("from .test_a import helper\nimport tests.test_a\n")
-    assert cross_imports(tmp_path) == ["test_b.py: tests.test_a", "test_c.py: tests.test_a",
-                                       "test_d.py: tests.test_a", "test_d.py: tests.test_a"]
+    assert cross_imports(tmp_path) == [
+        "test_b.py: tests.test_a",
+        "test_c.py: tests.test_a",
+        "test_d.py: tests.test_a",
+        "test_d.py: tests.test_a",
+    ]

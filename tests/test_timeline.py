@@ -14,8 +14,15 @@ from trainstack.telemetry.device import RankIdentity
 from trainstack.telemetry.timeline import DeviceTimeline
 
 
-def train_steps(gpu: FakeGpu, timeline: DeviceTimeline, loader_seconds: list[float], forward: float = 0.02,
-                backward: float = 0.04, launch: float = 0.0005, blocking_copy: bool = False) -> list[float]:
+def train_steps(
+    gpu: FakeGpu,
+    timeline: DeviceTimeline,
+    loader_seconds: list[float],
+    forward: float = 0.02,
+    backward: float = 0.04,
+    launch: float = 0.0005,
+    blocking_copy: bool = False,
+) -> list[float]:
     """The loop's marks, one step per loader time; the host spends `launch` seconds queueing each pass.
     Returns the host's time in next() at each step."""
     host_waits = []
@@ -145,8 +152,18 @@ def test_cpu_telemetry_counts_the_host_wait_as_data_wait(tmp_path, monkeypatch):
     import torch
 
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
-    identity = RankIdentity(rank=0, local_rank=0, node="n", uuid="", run_id="r", world_size=1, nodes=1,
-                            mixed_precision="no", model="m", dataset="d")
+    identity = RankIdentity(
+        rank=0,
+        local_rank=0,
+        node="n",
+        uuid="",
+        run_id="r",
+        world_size=1,
+        nodes=1,
+        mixed_precision="no",
+        model="m",
+        dataset="d",
+    )
     telemetry = Telemetry(tmp_path, identity, 1.0, None, torch.device("cpu"))
     telemetry.data_wait_started()
     time.sleep(0.05)
@@ -168,8 +185,18 @@ def test_gpu_telemetry_records_the_gpus_starvation_and_the_hosts_wait_apart(tmp_
 
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing: gpu.new_event())
-    identity = RankIdentity(rank=0, local_rank=0, node="n", uuid="GPU-0", run_id="r", world_size=1, nodes=1,
-                            mixed_precision="bf16", model="m", dataset="d")
+    identity = RankIdentity(
+        rank=0,
+        local_rank=0,
+        node="n",
+        uuid="GPU-0",
+        run_id="r",
+        world_size=1,
+        nodes=1,
+        mixed_precision="bf16",
+        model="m",
+        dataset="d",
+    )
     telemetry = Telemetry(tmp_path, identity, 1.0, None, torch.device("cuda"))
     gpu.queue(0.5)  # work queued before the loop: the GPU is busy throughout
     for _ in range(3):

@@ -19,8 +19,18 @@ pytestmark = pytest.mark.slow
 
 DELAY = 1.5  # seconds each checkpoint save and each evaluation takes longer (tests/factories: SlowPausesGPT)
 SLOW = {"TRAINSTACK_TEST_SAVE_DELAY": str(DELAY), "TRAINSTACK_TEST_EVAL_DELAY": str(DELAY)}
-ARGS = ("--model", "tests.factories:slow_pauses_gpt", "--max-steps", "30", "--checkpoint-every", "10",
-        "--eval-every", "10", "--log-every", "2")
+ARGS = (
+    "--model",
+    "tests.factories:slow_pauses_gpt",
+    "--max-steps",
+    "30",
+    "--checkpoint-every",
+    "10",
+    "--eval-every",
+    "10",
+    "--log-every",
+    "2",
+)
 KILLED_PAST = 14  # the first launch is killed once it has logged this step: steps 11-14 (at least) are redone
 
 
@@ -67,8 +77,11 @@ def test_a_slow_checkpoint_and_a_slow_evaluation_land_in_their_parts(killed_then
         assert resumed["checkpoint_load"] > 0
     # and in no step: the step after a pause is timed from the pause's end
     lines = read_json_lines(RunDir(killed_then_resumed).rank_records(0))
-    after_pauses = [line["step_seconds"][0] for line in lines if "time" in line and
-                    {pause["part"] for pause in line["paused"]} & {"checkpoint_save", "evaluation"}]
+    after_pauses = [
+        line["step_seconds"][0]
+        for line in lines
+        if "time" in line and {pause["part"] for pause in line["paused"]} & {"checkpoint_save", "evaluation"}
+    ]
     assert len(after_pauses) == 2 and max(after_pauses) < DELAY  # after step 10 in each launch (20 in the second)
 
 
@@ -94,10 +107,20 @@ def test_the_report_draws_each_rank_and_each_launch(killed_then_resumed):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_gpu_rank_measures_its_host_bound_idle(tmp_path):
-    result = run_trainstack("train", "--output-dir", str(tmp_path / "run"), "--max-steps", "200", "--log-every", "20",
-                            "--exporter-port", "0", "--no-report")
+    result = run_trainstack(
+        "train",
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--max-steps",
+        "200",
+        "--log-every",
+        "20",
+        "--exporter-port",
+        "0",
+        "--no-report",
+    )
     assert result.returncode == 0, explain(result)
     for rank in summary(tmp_path / "run")["time_breakdown"]["ranks"]:
         assert rank["host_bound_measured"]
-        segment, = rank["segments"]
+        (segment,) = rank["segments"]
         assert abs(segment["seconds"][OTHER]) <= 0.02 * segment["wall_seconds"], segment

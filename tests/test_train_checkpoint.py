@@ -69,8 +69,7 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(
     args = ("--checkpoint-every", "1", "--keep-checkpoints", "2", "--max-steps", "100000", "--strategy", strategy)
     for _ in range(5):  # the kill must land while a checkpoint is half-written; retry if the save won the race
         process = start(run_dir, *args)
-        wait_for(lambda: len(checkpoint.complete_checkpoints(root)) >= 1 and any(root.glob(".tmp-step-*")),
-                  process)
+        wait_for(lambda: len(checkpoint.complete_checkpoints(root)) >= 1 and any(root.glob(".tmp-step-*")), process)
         kill_tree(process)
         if any(root.glob(".tmp-step-*")):
             break
@@ -99,8 +98,16 @@ def test_rotation_keeps_the_newest_and_they_load(tmp_path):
     assert summary(tmp_path / "from-15")["resumed_from"] == str(kept[0])
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")],
+        ),
+    ],
+)
 def test_tied_weights_are_saved_once_quietly_and_reload_exactly(tmp_path, caplog, device):
     """The GPT's head is its token embedding. The checkpoint stores it once with no "Removed shared tensor"
     warning, and loading restores every parameter bit for bit with the tie intact."""

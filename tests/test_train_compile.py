@@ -51,13 +51,24 @@ def test_bucketed_padding_gives_the_same_loss_as_none():
 def test_buckets_bound_the_shapes_a_dataset_of_varied_lengths_takes():
     config = TrainConfig(seq_len=100, bucket_size=32)
     data = ArithmeticSequences(300, 64, 2, 100, seed=1)
-    loader = torch.utils.data.DataLoader(data, batch_size=3, shuffle=True, collate_fn=partial(
-        collate, pad_to_multiple_of=config.bucket_size, max_width=config.seq_len))
+    loader = torch.utils.data.DataLoader(
+        data,
+        batch_size=3,
+        shuffle=True,
+        collate_fn=partial(collate, pad_to_multiple_of=config.bucket_size, max_width=config.seq_len),
+    )
     widths = {batch["input_ids"].shape[1] for batch in loader}
     assert widths <= {32, 64, 96, 100} and len(widths) > 1
     assert len(widths) <= bucket_count(config) == 4
-    assert len({batch["input_ids"].shape[1] for batch in torch.utils.data.DataLoader(data, batch_size=3,
-                                                                                     collate_fn=collate)}) > 4
+    assert (
+        len(
+            {
+                batch["input_ids"].shape[1]
+                for batch in torch.utils.data.DataLoader(data, batch_size=3, collate_fn=collate)
+            }
+        )
+        > 4
+    )
 
 
 def test_full_sequences_need_no_padding():
@@ -112,11 +123,20 @@ def test_cuda_defaults_fill_only_what_the_configuration_leaves_out(monkeypatch):
     train_config.add_arguments(parser)
     on_gpu = train_config.from_sources(parser.parse_args(["--batch-size", "8"]), on_cuda=True)
     assert (on_gpu.model, on_gpu.dataset, on_gpu.seq_len, on_gpu.mixed_precision, on_gpu.batch_size) == (
-        "builtin:gpt2-small", "builtin:full-sequences", 1024, "bf16", 8)
+        "builtin:gpt2-small",
+        "builtin:full-sequences",
+        1024,
+        "bf16",
+        8,
+    )
     on_cpu = train_config.from_sources(parser.parse_args([]), on_cuda=False)
     assert on_cpu == TrainConfig()
     assert (on_cpu.model, on_cpu.seq_len, on_cpu.batch_size, on_cpu.mixed_precision) == (
-        "builtin:tiny-gpt", 128, 16, "no")
+        "builtin:tiny-gpt",
+        128,
+        16,
+        "no",
+    )
 
 
 def test_mfu_peak_of_fp32_runs_is_the_tf32_peak_when_tf32_is_on(monkeypatch):
@@ -145,14 +165,46 @@ def test_two_ddp_ranks_compile_the_module_in_place_with_recompiles_bounded_by_bu
     """aot_eager: dynamo and AOTAutograd as with inductor, without generating C++ (minutes on this CPU).
     ACCELERATE_DYNAMO_BACKEND is what `accelerate launch --dynamo_backend inductor` sets: it must not add a compile
     of the DDP wrapper on top."""
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--main_process_port", str(free_port()), "-m", "tests.drivers.compile_probe", "--probe-dir",
-               str(tmp_path), "--output-dir", str(tmp_path / "run"), "--compile", "--compile-backend", "aot_eager",
-               "--seq-len", "64", "--bucket-size", "8", "--batch-size", "2", "--max-steps", "12", "--num-workers",
-               "0", "--checkpoint-every", "0", "--no-telemetry"]
-    result = subprocess.run(command, cwd=REPO, env={**os.environ, "ACCELERATE_USE_CPU": "1",
-                                                    "ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"},
-                            capture_output=True, text=True, timeout=500)
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "tests.drivers.compile_probe",
+        "--probe-dir",
+        str(tmp_path),
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--compile",
+        "--compile-backend",
+        "aot_eager",
+        "--seq-len",
+        "64",
+        "--bucket-size",
+        "8",
+        "--batch-size",
+        "2",
+        "--max-steps",
+        "12",
+        "--num-workers",
+        "0",
+        "--checkpoint-every",
+        "0",
+        "--no-telemetry",
+    ]
+    result = subprocess.run(
+        command,
+        cwd=REPO,
+        env={**os.environ, "ACCELERATE_USE_CPU": "1", "ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"},
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
     assert result.returncode == 0, explain(result)
     ranks = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
     eager_keys = sorted(GPT(BUILTIN_MODELS["tiny-gpt"], 64, 64).state_dict())
@@ -173,16 +225,34 @@ def test_cuda_defaults_train_gpt2_small_in_bf16(tmp_path):
     assert result.returncode == 0, explain(result)
     done = summary(tmp_path / "run")
     assert (done["model"], done["dataset"], done["mixed_precision"]) == (
-        "builtin:gpt2-small", "builtin:full-sequences", "bf16" if torch.cuda.is_bf16_supported() else "no")
+        "builtin:gpt2-small",
+        "builtin:full-sequences",
+        "bf16" if torch.cuda.is_bf16_supported() else "no",
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.gpu
 @needs_gpu
 def test_compile_on_cuda_keeps_to_the_buckets(tmp_path):
-    result = train(tmp_path / "run", "--compile", "--model", "builtin:tiny-gpt", "--dataset", "builtin:sequences",
-                   "--seq-len", "256", "--bucket-size", "128", "--max-steps", "30", "--checkpoint-every", "0",
-                   "--nproc-per-node", "1")
+    result = train(
+        tmp_path / "run",
+        "--compile",
+        "--model",
+        "builtin:tiny-gpt",
+        "--dataset",
+        "builtin:sequences",
+        "--seq-len",
+        "256",
+        "--bucket-size",
+        "128",
+        "--max-steps",
+        "30",
+        "--checkpoint-every",
+        "0",
+        "--nproc-per-node",
+        "1",
+    )
     assert result.returncode == 0, explain(result)
     done = summary(tmp_path / "run")
     assert done["compile_seconds"] > 0 and 0 <= done["recompiles"] <= 1, done

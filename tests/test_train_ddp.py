@@ -36,13 +36,38 @@ def test_default_run_uses_two_gloo_ranks_and_learns(cpu_run):
 def probe(tmp_path_factory):
     """Both ranks' parameters and sample order after 2 epochs over 37 samples (batch 4: an uneven tail)."""
     out = tmp_path_factory.mktemp("probe")
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--main_process_port", str(free_port()), "-m", "tests.drivers.ddp_probe", "--probe-dir", str(out),
-               "--output-dir", str(out / "run"), "--dataset", "tests.factories:indexed_37", "--batch-size", "4",
-               "--epochs", "2", "--max-steps", "0", "--eval-fraction", "0", "--num-workers", "1",
-               "--no-telemetry"]
-    result = subprocess.run(command, cwd=REPO, env={**os.environ, "ACCELERATE_USE_CPU": "1"},
-                            capture_output=True, text=True, timeout=300)
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "tests.drivers.ddp_probe",
+        "--probe-dir",
+        str(out),
+        "--output-dir",
+        str(out / "run"),
+        "--dataset",
+        "tests.factories:indexed_37",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "2",
+        "--max-steps",
+        "0",
+        "--eval-fraction",
+        "0",
+        "--num-workers",
+        "1",
+        "--no-telemetry",
+    ]
+    result = subprocess.run(
+        command, cwd=REPO, env={**os.environ, "ACCELERATE_USE_CPU": "1"}, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, explain(result)
     return [torch.load(out / f"rank-{rank}.pt", weights_only=True) for rank in (0, 1)]
 
@@ -69,7 +94,8 @@ def test_each_epoch_covers_every_sample_once_apart_from_evenness_padding(probe):
         assert len(seen) == 40
         assert sum(count - 1 for count in Counter(seen).values()) == 3
         assert not set(probe[0]["orders"][epoch]) & set(probe[1]["orders"][epoch]) - {
-            s for s, c in Counter(seen).items() if c > 1}
+            s for s, c in Counter(seen).items() if c > 1
+        }
 
 
 def test_each_epoch_has_a_new_order(probe):
@@ -93,8 +119,9 @@ def test_local_text_files_of_varied_length(tmp_path, suffix):
 
 
 def test_bf16_with_gradient_accumulation(tmp_path):
-    result = train(tmp_path / "run", "--mixed-precision", "bf16", "--gradient-accumulation-steps", "2",
-                   "--max-steps", "6")
+    result = train(
+        tmp_path / "run", "--mixed-precision", "bf16", "--gradient-accumulation-steps", "2", "--max-steps", "6"
+    )
     assert result.returncode == 0, explain(result)
     done = summary(tmp_path / "run")
     assert done["mixed_precision"] == "bf16" and done["steps"] == 6

@@ -20,17 +20,31 @@ def test_unused_parameter_error_names_the_flag_and_exits_2(tmp_path):
 
 
 def test_unused_parameter_trains_with_the_flag(tmp_path):
-    result = train(tmp_path / "run", "--model", "tests.factories:with_unused_parameter", "--max-steps", "4",
-                   "--find-unused-parameters")
+    result = train(
+        tmp_path / "run",
+        "--model",
+        "tests.factories:with_unused_parameter",
+        "--max-steps",
+        "4",
+        "--find-unused-parameters",
+    )
     assert result.returncode == 0, explain(result)
     assert summary(tmp_path / "run")["steps"] == 4
 
 
 def test_a_hung_rank_becomes_an_error_that_names_it(tmp_path):
-    hang = {"TRAINSTACK_TEST_SLOW_RANK": "1", "TRAINSTACK_TEST_SLOW_AFTER": "7",
-            "TRAINSTACK_TEST_SLOW_SECONDS": "3600"}
-    result = train(tmp_path / "run", "--model", "tests.factories:pausing_gpt", "--max-steps", "50",
-                   "--collective-timeout", "5", env=hang, timeout=240)
+    hang = {"TRAINSTACK_TEST_SLOW_RANK": "1", "TRAINSTACK_TEST_SLOW_AFTER": "7", "TRAINSTACK_TEST_SLOW_SECONDS": "3600"}
+    result = train(
+        tmp_path / "run",
+        "--model",
+        "tests.factories:pausing_gpt",
+        "--max-steps",
+        "50",
+        "--collective-timeout",
+        "5",
+        env=hang,
+        timeout=240,
+    )
     assert result.returncode == 1, explain(result)
     failed = summary(tmp_path / "run")
     assert failed["exit_reason"] == "failed"
@@ -44,6 +58,14 @@ def test_batchnorm_model_trains_on_two_cpu_ranks(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="SyncBatchNorm runs only on CUDA: needs 2 GPUs")
 def test_sync_batchnorm_trains_on_two_gpus(tmp_path):
-    result = train(tmp_path / "run", "--model", "tests.factories:batchnorm_lm", "--max-steps", "4",
-                   "--sync-batchnorm", "--nproc-per-node", "2")
+    result = train(
+        tmp_path / "run",
+        "--model",
+        "tests.factories:batchnorm_lm",
+        "--max-steps",
+        "4",
+        "--sync-batchnorm",
+        "--nproc-per-node",
+        "2",
+    )
     assert result.returncode == 0, explain(result)

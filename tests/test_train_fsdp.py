@@ -104,8 +104,9 @@ def test_sharded_checkpoint_reshards_to_one_rank_and_exports_to_the_plain_model(
     assert two.keys() == one.keys()
     for name in two:
         assert torch.equal(two[name], one[name]), name
-    optimizer_two, optimizer_one = (read_dcp(folder / "optimizer_0")["optimizer"]["state"] for folder in (saved,
-                                                                                                       resaved))
+    optimizer_two, optimizer_one = (
+        read_dcp(folder / "optimizer_0")["optimizer"]["state"] for folder in (saved, resaved)
+    )
     for name, state in optimizer_two.items():
         for key, value in state.items():
             assert torch.equal(value, optimizer_one[name][key]), (name, key)
@@ -143,8 +144,24 @@ def test_sigterm_then_resume_equals_an_uninterrupted_fsdp_run(tmp_path, monkeypa
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_one_gpu_fsdp_run_in_bf16_learns_and_reports_its_memory(tmp_path):
     run_dir = tmp_path / "run"
-    result = train(run_dir, *FSDP, "--model", "builtin:small-gpt", "--mixed-precision", "bf16", "--max-steps", "50",
-                   "--nproc-per-node", "1", "--batch-size", "16", "--num-workers", "2", "--log-every", "10")
+    result = train(
+        run_dir,
+        *FSDP,
+        "--model",
+        "builtin:small-gpt",
+        "--mixed-precision",
+        "bf16",
+        "--max-steps",
+        "50",
+        "--nproc-per-node",
+        "1",
+        "--batch-size",
+        "16",
+        "--num-workers",
+        "2",
+        "--log-every",
+        "10",
+    )
     assert result.returncode == 0, explain(result)
     done = summary(run_dir)
     assert done["distributed_type"] == "FSDP" and done["world_size"] == 1 and done["device"] == "cuda"

@@ -16,8 +16,11 @@ from trainstack.train.rank.config import TrainConfig, read_config_file
 
 
 def _fingerprint(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
@@ -27,11 +30,15 @@ def damaged_runs(tmp_path, cpu_run):
     for kind in ("truncated", "tampered"):
         run_dir = tmp_path / kind
         shutil.copytree(cpu_run / "checkpoints", run_dir / "checkpoints")
-        target = run_dir / "checkpoints" / "step-00000040" / ("model.safetensors" if kind == "truncated"
-                                                              else "optimizer.bin")
+        target = (
+            run_dir
+            / "checkpoints"
+            / "step-00000040"
+            / ("model.safetensors" if kind == "truncated" else "optimizer.bin")
+        )
         data = bytearray(target.read_bytes())
         if kind == "truncated":
-            del data[len(data) // 2:]
+            del data[len(data) // 2 :]
         else:
             data[len(data) // 2] ^= 0xFF
         target.write_bytes(bytes(data))
@@ -65,12 +72,28 @@ def _cases(tmp_path: Path, damaged: dict[str, Path]) -> dict[str, tuple[list[str
         "zero batch size": (["--output-dir", run, "--batch-size", "0"], "--batch-size must be at least 1"),
         "negative batch size": (["--output-dir", run, "--batch-size", "-4"], "--batch-size must be at least 1"),
         "output dir is a file": (["--output-dir", str(a_file)], "is a file"),
-        "resume path without checkpoint": (["--output-dir", run, "--resume", str(tmp_path / "empty")],
-                                           "not a complete trainstack checkpoint"),
-        "truncated checkpoint": (["--output-dir", str(damaged["truncated"]), "--resume",
-                                  str(damaged["truncated"] / "checkpoints/step-00000040")], "truncated"),
-        "tampered checkpoint": (["--output-dir", str(damaged["tampered"]), "--resume",
-                                 str(damaged["tampered"] / "checkpoints/step-00000040")], "SHA-256"),
+        "resume path without checkpoint": (
+            ["--output-dir", run, "--resume", str(tmp_path / "empty")],
+            "not a complete trainstack checkpoint",
+        ),
+        "truncated checkpoint": (
+            [
+                "--output-dir",
+                str(damaged["truncated"]),
+                "--resume",
+                str(damaged["truncated"] / "checkpoints/step-00000040"),
+            ],
+            "truncated",
+        ),
+        "tampered checkpoint": (
+            [
+                "--output-dir",
+                str(damaged["tampered"]),
+                "--resume",
+                str(damaged["tampered"] / "checkpoints/step-00000040"),
+            ],
+            "SHA-256",
+        ),
         "only damaged checkpoints, auto": (["--output-dir", str(damaged["tampered"])], "none of the 1 checkpoints"),
         "unknown config key": (["--output-dir", run, "--config", str(typo)], "did you mean 'batch_size'"),
         "config of the wrong type": (["--output-dir", run, "--config", str(wrong_type)], "batch_size must be int"),
@@ -78,22 +101,30 @@ def _cases(tmp_path: Path, damaged: dict[str, Path]) -> dict[str, tuple[list[str
         "fp16 on CPU": (["--output-dir", run, "--mixed-precision", "fp16"], "fp16 needs CUDA"),
         "SyncBatchNorm on CPU": (["--output-dir", run, "--sync-batchnorm"], "SyncBatchNorm has no CPU kernel"),
         "no stopping condition": (["--output-dir", run, "--max-steps", "0"], "set --max-steps or --epochs"),
-        "FSDP with SyncBatchNorm": (["--output-dir", run, "--strategy", "fsdp", "--sync-batchnorm"],
-                                    "--sync-batchnorm works with --strategy ddp only"),
-        "FSDP with find_unused_parameters": (["--output-dir", run, "--strategy", "fsdp",
-                                              "--find-unused-parameters"], "--find-unused-parameters is a DDP option"),
-        "unknown class to shard": (["--output-dir", run, "--strategy", "fsdp", "--fsdp-wrap", "Block,Blok"],
-                                   "--fsdp-wrap Blok: no such module class in builtin:tiny-gpt"),
+        "FSDP with SyncBatchNorm": (
+            ["--output-dir", run, "--strategy", "fsdp", "--sync-batchnorm"],
+            "--sync-batchnorm works with --strategy ddp only",
+        ),
+        "FSDP with find_unused_parameters": (
+            ["--output-dir", run, "--strategy", "fsdp", "--find-unused-parameters"],
+            "--find-unused-parameters is a DDP option",
+        ),
+        "unknown class to shard": (
+            ["--output-dir", run, "--strategy", "fsdp", "--fsdp-wrap", "Block,Blok"],
+            "--fsdp-wrap Blok: no such module class in builtin:tiny-gpt",
+        ),
         "class to shard without FSDP": (["--output-dir", run, "--fsdp-wrap", "Block"], "needs --strategy fsdp"),
-        "compile with FSDP": (["--output-dir", run, "--strategy", "fsdp", "--compile"],
-                              "--compile with --strategy fsdp is not supported yet"),
+        "compile with FSDP": (
+            ["--output-dir", run, "--strategy", "fsdp", "--compile"],
+            "--compile with --strategy fsdp is not supported yet",
+        ),
         "unknown strategy": (["--output-dir", run, "--strategy", "zero3"], "--strategy must be one of ddp, fsdp"),
-        "FSDP checkpoint resumed as DDP": (["--output-dir", str(damaged["fsdp-written"])],
-                                           "was written with --strategy fsdp; resume it with --strategy fsdp"),
+        "FSDP checkpoint resumed as DDP": (
+            ["--output-dir", str(damaged["fsdp-written"])],
+            "was written with --strategy fsdp; resume it with --strategy fsdp",
+        ),
         "bad node rank": (["--output-dir", run, "--nnodes", "2", "--node-rank", "2"], "--node-rank must be in 0..1"),
     }
-
-
 
 
 @pytest.mark.slow
@@ -105,8 +136,9 @@ def test_every_bad_input_is_one_line_exit_2_and_touches_nothing(tmp_path, damage
     for name, (args, expected) in _cases(tmp_path, damaged_runs).items():
         code = main(["train", "--exporter-port", "0", *args])
         lines = capsys.readouterr().err.strip().splitlines()
-        if not (code == 2 and len(lines) == 1 and lines[0].startswith("trainstack train: error: ")
-                and expected in lines[0]):
+        if not (
+            code == 2 and len(lines) == 1 and lines[0].startswith("trainstack train: error: ") and expected in lines[0]
+        ):
             failures.append(f"{name}: exit {code}, stderr: {lines}")
     assert not failures, "\n".join(failures)
     assert {kind: _fingerprint(path) for kind, path in damaged_runs.items()} == before
@@ -128,15 +160,18 @@ def test_config_file_and_flags_merge_with_flags_winning(tmp_path):
     assert (config.batch_size, config.lr, config.model) == (8, 0.01, "builtin:small-gpt")
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"grad_accum": 0}, "--gradient-accumulation-steps must be at least 1"),
-    ({"lr": 0.0}, "--learning-rate must be positive"),
-    ({"lr_schedule": "step"}, "--lr-schedule must be one of"),
-    ({"mixed_precision": "fp8"}, "--mixed-precision must be one of"),
-    ({"collective_timeout": -1.0}, "--collective-timeout must be positive"),
-    ({"eval_fraction": 1.0}, "--eval-fraction must be in [0, 1)"),
-    ({"sync_batchnorm": 1}, "sync_batchnorm must be bool"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"grad_accum": 0}, "--gradient-accumulation-steps must be at least 1"),
+        ({"lr": 0.0}, "--learning-rate must be positive"),
+        ({"lr_schedule": "step"}, "--lr-schedule must be one of"),
+        ({"mixed_precision": "fp8"}, "--mixed-precision must be one of"),
+        ({"collective_timeout": -1.0}, "--collective-timeout must be positive"),
+        ({"eval_fraction": 1.0}, "--eval-fraction must be in [0, 1)"),
+        ({"sync_batchnorm": 1}, "sync_batchnorm must be bool"),
+    ],
+)
 def test_config_validation_messages(values, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         TrainConfig(**values)

@@ -21,22 +21,28 @@ pytestmark = pytest.mark.slow
 def tree(root: Path) -> dict[str, tuple[bytes | None, int]]:
     """Every path under root: its bytes (None for a folder) and modification time. The lease file's time is its
     heartbeat, so it is left out of the times."""
-    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes(),
-                                       0 if p.parent.name == LEASE_DIR else p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): (
+            None if p.is_dir() else p.read_bytes(),
+            0 if p.parent.name == LEASE_DIR else p.stat().st_mtime_ns,
+        )
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def test_an_intruder_changes_nothing_and_a_sigkilled_run_is_taken_over_and_resumed(tmp_path, monkeypatch):
     # Rank 1 hangs in its 8th forward pass: the run is alive and holds its directory, but writes nothing more.
-    for name, value in {"TRAINSTACK_TEST_SLOW_RANK": "1", "TRAINSTACK_TEST_SLOW_AFTER": "7",
-                        "TRAINSTACK_TEST_SLOW_SECONDS": "3600"}.items():
+    for name, value in {
+        "TRAINSTACK_TEST_SLOW_RANK": "1",
+        "TRAINSTACK_TEST_SLOW_AFTER": "7",
+        "TRAINSTACK_TEST_SLOW_SECONDS": "3600",
+    }.items():
         monkeypatch.setenv(name, value)
     run_dir = tmp_path / "run"
     args = ("--model", "tests.factories:pausing_gpt", "--checkpoint-every", "5")
     first = start(run_dir, *args, "--max-steps", "12")
     try:
-        wait_for(lambda: logged_steps(run_dir) >= 5 and checkpoint.complete_checkpoints(run_dir / "checkpoints"),
-                  first)
+        wait_for(lambda: logged_steps(run_dir) >= 5 and checkpoint.complete_checkpoints(run_dir / "checkpoints"), first)
         frozen, deadline = None, time.monotonic() + 60
         while frozen != (frozen := tree(run_dir)):  # settled: two looks a second apart agree
             assert time.monotonic() < deadline, "the paused run kept writing"
@@ -66,7 +72,8 @@ def test_an_intruder_changes_nothing_and_a_sigkilled_run_is_taken_over_and_resum
     assert killed["exit_reason"] == "interrupted" and resumed["exit_reason"] == "completed"
     assert (resumed["first_step"], resumed["last_step"]) == (5, 12)
     assert finished["samples_per_second"] == pytest.approx(
-        (killed["samples"] + resumed["samples"]) / (killed["train_seconds"] + resumed["train_seconds"]))
+        (killed["samples"] + resumed["samples"]) / (killed["train_seconds"] + resumed["train_seconds"])
+    )
     # The killed launch's records are kept: the report reads both segments.
     run = load_run(run_dir)
     for records in run.ranks.values():
@@ -84,7 +91,8 @@ def test_rerunning_a_completed_run_changes_no_byte_and_a_higher_target_trains_on
     assert again.returncode == 0, explain(again)
     assert again.stderr.splitlines() == [
         f"trainstack train: {run_dir} already holds a completed run (4 steps, run {summary(run_dir)['run_id']}); "
-        "nothing changed: raise --max-steps or --epochs to train further, or choose another --output-dir"]
+        "nothing changed: raise --max-steps or --epochs to train further, or choose another --output-dir"
+    ]
     assert tree(run_dir) == before
 
     further = train(run_dir, "--max-steps", "6")

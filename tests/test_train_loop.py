@@ -48,8 +48,23 @@ print(json.dumps({"code": code, "reads": reads, "steps": trainer.progress.step, 
 
 
 def probe_loop(tmp_path, stop_after_queued: int, *args: str) -> dict:
-    command = [sys.executable, "-c", LOOP_PROBE, str(stop_after_queued), "--output-dir", str(tmp_path / "run"),
-               "--batch-size", "8", "--num-workers", "0", "--max-steps", "12", "--log-every", "5", *args]
+    command = [
+        sys.executable,
+        "-c",
+        LOOP_PROBE,
+        str(stop_after_queued),
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--batch-size",
+        "8",
+        "--num-workers",
+        "0",
+        "--max-steps",
+        "12",
+        "--log-every",
+        "5",
+        *args,
+    ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, explain(result)
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -28,18 +28,21 @@ from trainstack.train.rank.schedule import lr_factor, lr_scheduler
 def test_no_compile_watch_answers_what_the_loop_and_the_summary_ask():
     watch = NoCompileWatch()
     for name in ("step_done", "resync", "close"):
-        assert inspect.signature(getattr(NoCompileWatch, name)).parameters.keys() == \
-            inspect.signature(getattr(CompileWatch, name)).parameters.keys(), name
+        assert (
+            inspect.signature(getattr(NoCompileWatch, name)).parameters.keys()
+            == inspect.signature(getattr(CompileWatch, name)).parameters.keys()
+        ), name
     assert isinstance(CompileWatch.recompiles, property)
     assert watch.step_done() is None  # no step compiled: the loop records a plain step
     assert (watch.seconds, watch.recompiles) == (None, None)  # summary.json: null without --compile
 
 
-@pytest.mark.parametrize("schedule, middle, end", [("cosine", 0.5, 0.0), ("linear", 0.5, 0.0),
-                                                   ("constant", 1.0, 1.0)])
+@pytest.mark.parametrize("schedule, middle, end", [("cosine", 0.5, 0.0), ("linear", 0.5, 0.0), ("constant", 1.0, 1.0)])
 def test_lr_factor_warms_up_linearly_then_decays(schedule, middle, end):
-    factor = {step: lr_factor(step, warmup_steps=10, total_steps=110, schedule=schedule)
-              for step in (0, 4, 9, 10, 60, 110, 500)}
+    factor = {
+        step: lr_factor(step, warmup_steps=10, total_steps=110, schedule=schedule)
+        for step in (0, 4, 9, 10, 60, 110, 500)
+    }
     assert (factor[0], factor[4], factor[9]) == (0.1, 0.5, 1.0)
     assert factor[10] == 1.0
     assert math.isclose(factor[60], middle, abs_tol=1e-12)
@@ -77,8 +80,7 @@ def test_interval_sums_reduce_to_the_mean_loss_and_start_over():
     sums.add(torch.tensor(2.0), batch["attention_mask"].sum())
     sums.add(torch.tensor(4.0, dtype=torch.bfloat16), batch["attention_mask"].sum())
     totals = sums.start_reduce(SumAccelerator(), stop_requested=True).result()
-    assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches, totals.stop) == (3.0, 8, 8, 2,
-                                                                                                    True)
+    assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches, totals.stop) == (3.0, 8, 8, 2, True)
     assert sums.start_reduce(SumAccelerator(), stop_requested=False).result().micro_batches == 0
 
 
@@ -93,8 +95,7 @@ def test_interval_sums_keep_this_ranks_tokens_apart_from_the_reduced_ones():
     sums = IntervalSums(torch.device("cpu"))
     sums.add(torch.tensor(2.0), collate([{"input_ids": [1, 2, 3]}])["attention_mask"].sum())
     totals = sums.start_reduce(TwoRanksAccelerator(), stop_requested=False).result()
-    assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches, totals.stop) == (2.0, 6, 3, 1,
-                                                                                                    False)
+    assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches, totals.stop) == (2.0, 6, 3, 1, False)
 
 
 class FixedLogits(torch.nn.Module):
@@ -105,8 +106,9 @@ class FixedLogits(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask, labels):
         logits = self.table(input_ids)
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:],
-                                                 ignore_index=IGNORE_INDEX)
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].transpose(1, 2), labels[:, 1:], ignore_index=IGNORE_INDEX
+        )
         return SimpleNamespace(logits=logits, loss=loss) if self.with_logits else {"loss": loss}
 
 
@@ -115,9 +117,18 @@ def test_evaluation_counts_every_real_token_once_and_no_padding():
     model = FixedLogits(8, with_logits=True)
     batches = [collate([{"input_ids": [1, 2, 3, 4, 5]}, {"input_ids": [6, 7]}]), collate([{"input_ids": [3, 1]}])]
     logits = [model.table(batch["input_ids"]) for batch in batches]
-    expected = torch.cat([torch.nn.functional.cross_entropy(
-        lg[:, :-1].transpose(1, 2), b["labels"][:, 1:], ignore_index=IGNORE_INDEX, reduction="none")[
-        b["labels"][:, 1:] != IGNORE_INDEX] for lg, b in zip(logits, batches, strict=True)]).mean().item()
+    expected = (
+        torch.cat(
+            [
+                torch.nn.functional.cross_entropy(
+                    lg[:, :-1].transpose(1, 2), b["labels"][:, 1:], ignore_index=IGNORE_INDEX, reduction="none"
+                )[b["labels"][:, 1:] != IGNORE_INDEX]
+                for lg, b in zip(logits, batches, strict=True)
+            ]
+        )
+        .mean()
+        .item()
+    )
     assert math.isclose(mean_loss(SumAccelerator(), model, batches), expected, rel_tol=1e-6)
     assert model.training  # evaluation hands the model back in training mode
 
@@ -127,15 +138,15 @@ def test_evaluation_without_logits_weighs_each_batch_by_its_tokens():
     batches = [collate([{"input_ids": [1, 2, 3, 4, 5]}]), collate([{"input_ids": [6, 7]}])]
     with torch.no_grad():
         losses = [model(**batch)["loss"].item() for batch in batches]
-    assert math.isclose(mean_loss(SumAccelerator(), model, batches), (4 * losses[0] + 1 * losses[1]) / 5,
-                        rel_tol=1e-6)
+    assert math.isclose(mean_loss(SumAccelerator(), model, batches), (4 * losses[0] + 1 * losses[1]) / 5, rel_tol=1e-6)
 
 
 def test_the_exit_code_comes_with_the_explanation_not_from_its_words(monkeypatch):
     monkeypatch.delenv(METRICS_DIR_ENV, raising=False)
     config = TrainConfig(collective_timeout=5)
-    unused = explain_runtime_error(RuntimeError("Expected to have finished reduction ... find_unused_parameters"),
-                                   config)
+    unused = explain_runtime_error(
+        RuntimeError("Expected to have finished reduction ... find_unused_parameters"), config
+    )
     assert unused.exit_code == EXIT_CONFIG and "--find-unused-parameters" in unused.message
     grad = explain_runtime_error(RuntimeError("parameter 3 did not receive grad for rank 0"), config)
     assert grad.exit_code == EXIT_CONFIG
@@ -146,12 +157,24 @@ def test_the_exit_code_comes_with_the_explanation_not_from_its_words(monkeypatch
 
 
 def test_summary_says_null_for_compile_figures_without_compile(tmp_path):
-    accelerator = SimpleNamespace(num_processes=2, distributed_type="DistributedType.MULTI_CPU",
-                                  device=torch.device("cpu"))
+    accelerator = SimpleNamespace(
+        num_processes=2, distributed_type="DistributedType.MULTI_CPU", device=torch.device("cpu")
+    )
     progress = Progress(step=7, epoch=1, batch_in_epoch=3, initial_loss=4.0, last_loss=1.0)
-    fields = summary(accelerator, TrainConfig(), progress, run_id="r1", started=0.0, throughput={},
-                     compile_watch=NoCompileWatch(), segments=[], exit_reason="completed", exit_code=EXIT_OK,
-                     eval_loss=None, error=None)
+    fields = summary(
+        accelerator,
+        TrainConfig(),
+        progress,
+        run_id="r1",
+        started=0.0,
+        throughput={},
+        compile_watch=NoCompileWatch(),
+        segments=[],
+        exit_reason="completed",
+        exit_code=EXIT_OK,
+        eval_loss=None,
+        error=None,
+    )
     assert (fields["compile_seconds"], fields["recompiles"]) == (None, None)
     assert (fields["distributed_type"], fields["steps"], fields["epochs"]) == ("MULTI_CPU", 7, 2)
     path = tmp_path / "summary.json"

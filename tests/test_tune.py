@@ -41,13 +41,33 @@ def test_each_verdict_brings_its_own_fixes():
 @pytest.mark.slow
 def test_tune_picks_more_workers_for_a_starved_loader(tmp_path):
     source = tmp_path / "base.yaml"
-    source.write_text(yaml.safe_dump({"batch_size": 8, "num_workers": 2, "dataset": "tests.factories:slow_dataset",
-                                      "output_dir": str(tmp_path / "never-written")}))
+    source.write_text(
+        yaml.safe_dump(
+            {
+                "batch_size": 8,
+                "num_workers": 2,
+                "dataset": "tests.factories:slow_dataset",
+                "output_dir": str(tmp_path / "never-written"),
+            }
+        )
+    )
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     write = tmp_path / "tuned.yaml"
-    result = run_trainstack("tune", str(source), "--write", str(write), "--steps", "10", "--max-rounds", "2",
-                            "--scratch", str(scratch), env={"TRAINSTACK_TEST_SAMPLE_DELAY": "0.04"}, timeout=400)
+    result = run_trainstack(
+        "tune",
+        str(source),
+        "--write",
+        str(write),
+        "--steps",
+        "10",
+        "--max-rounds",
+        "2",
+        "--scratch",
+        str(scratch),
+        env={"TRAINSTACK_TEST_SAMPLE_DELAY": "0.04"},
+        timeout=400,
+    )
     assert result.returncode == 0, explain(result)
     assert result.stderr.count("tune: trial") == 4, result.stderr  # baseline and candidate, two rounds
     line = next(line for line in result.stdout.splitlines() if line.startswith("num_workers=4"))

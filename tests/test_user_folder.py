@@ -14,7 +14,7 @@ from tests.helpers.runs import explain, summary, trainstack_command
 from trainstack.rundir import free_port
 
 # A user's model factory, as a user would write it: any nn.Module whose forward returns the loss.
-USER_MODEL = '''
+USER_MODEL = """
 import os
 from pathlib import Path
 
@@ -35,7 +35,7 @@ class Bigram(nn.Module):
 def build(config, vocab_size):
     Path(f"built-on-rank-{os.environ['RANK']}").touch()
     return Bigram(vocab_size)
-'''
+"""
 
 
 def steps_by_rank(port: int) -> dict[str, float]:
@@ -45,8 +45,12 @@ def steps_by_rank(port: int) -> dict[str, float]:
             text = response.read().decode()
     except OSError:
         return {}
-    return {sample.labels["rank"]: sample.value for family in text_string_to_metric_families(text)
-            for sample in family.samples if sample.name == "trainstack_train_steps_total"}
+    return {
+        sample.labels["rank"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "trainstack_train_steps_total"
+    }
 
 
 @pytest.mark.slow
@@ -54,12 +58,29 @@ def test_files_named_like_trainstack_parts_never_replace_them(tmp_path):
     project = tmp_path / "project"
     project.mkdir()
     for name in ("train", "monitoring", "bench"):
-        (project / f"{name}.py").write_text(f"raise SystemExit(\"the user's {name}.py ran\")\n")
+        (project / f"{name}.py").write_text(f'raise SystemExit("the user\'s {name}.py ran")\n')
     (project / "model.py").write_text(USER_MODEL)
     port = free_port()
-    command = trainstack_command("train", "--output-dir", "run", "--model", "model:build", "--max-steps", "400",
-                                 "--batch-size", "8", "--num-workers", "0", "--log-every", "5", "--no-report",
-                                 "--exporter-port", str(port), "--master-port", str(free_port()))
+    command = trainstack_command(
+        "train",
+        "--output-dir",
+        "run",
+        "--model",
+        "model:build",
+        "--max-steps",
+        "400",
+        "--batch-size",
+        "8",
+        "--num-workers",
+        "0",
+        "--log-every",
+        "5",
+        "--no-report",
+        "--exporter-port",
+        str(port),
+        "--master-port",
+        str(free_port()),
+    )
     process = subprocess.Popen(command, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     served, deadline = {}, time.monotonic() + 240
     while process.poll() is None and time.monotonic() < deadline:

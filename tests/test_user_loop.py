@@ -21,17 +21,37 @@ def steps_by_rank(port: int) -> dict[str, float]:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     except OSError:
         return {}
-    return {line.split('rank="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line.startswith("trainstack_train_steps_total{")}
+    return {
+        line.split('rank="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("trainstack_train_steps_total{")
+    }
 
 
 @pytest.mark.slow
 def test_a_plain_ddp_loop_under_watch_has_its_straggler_named(tmp_path):
     run_dir, port = tmp_path / "run", free_port()
     watched = start_watch(
-        run_dir, "--exporter-port", str(port), "--", sys.executable, "-m", "torch.distributed.run",
-        "--nproc-per-node", "2", "--master-port", str(free_port()), str(EXAMPLE), "--steps", "150",
-        "--slow-rank", "1", "--slow-seconds", "0.1", env={"OMP_NUM_THREADS": "1"})
+        run_dir,
+        "--exporter-port",
+        str(port),
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        str(EXAMPLE),
+        "--steps",
+        "150",
+        "--slow-rank",
+        "1",
+        "--slow-seconds",
+        "0.1",
+        env={"OMP_NUM_THREADS": "1"},
+    )
     try:
         wait_for(lambda: len(steps := steps_by_rank(port)) == 2 and min(steps.values()) >= 20, watched)
         diagnosed = run_trainstack("diagnose", "--url", f"http://127.0.0.1:{port}", "--interval", "4", "--json")
@@ -51,8 +71,12 @@ def test_a_plain_ddp_loop_under_watch_has_its_straggler_named(tmp_path):
     assert "<figure id='loss'>" in (run_dir / "report.html").read_text()
     # watch's summary.json: the command, its exit, and each rank's wall time accounted for by its parts
     summary = json.loads(RunDir(run_dir).summary.read_text())
-    assert (summary["launcher"], summary["exit_code"], summary["exit_reason"], summary["world_size"]) == \
-        ("watch", 0, "completed", 2)
+    assert (summary["launcher"], summary["exit_code"], summary["exit_reason"], summary["world_size"]) == (
+        "watch",
+        0,
+        "completed",
+        2,
+    )
     assert str(EXAMPLE) in summary["command"] and 0 < summary["goodput"] <= 1
     assert [v["kind"] for v in summary["verdicts"]] == ["straggler"]  # judged from the records at the end
     assert summary["verdicts"][0]["summary"].startswith("rank 1 is a straggler")

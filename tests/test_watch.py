@@ -67,7 +67,12 @@ def test_no_command_is_refused(given):
 
 def test_the_separator_is_dropped_and_the_rest_kept_as_given():
     assert command_of(argparse.Namespace(watched=["--", "python", "-c", "pass", "--", "x"])) == [
-        "python", "-c", "pass", "--", "x"]
+        "python",
+        "-c",
+        "pass",
+        "--",
+        "x",
+    ]
 
 
 def test_a_command_that_cannot_start_is_refused_with_what_to_do(tmp_path):
@@ -88,8 +93,11 @@ def test_a_death_by_signal_is_reported_as_a_shell_does():
 def test_an_earlier_record_is_set_aside_unless_the_run_is_named(tmp_path, monkeypatch, named_run, moved):
     """TRAINSTACK_RUN_ID names a job's run (its pods share it): a restarted pod appends to the record."""
     run_dir = RunDir(tmp_path / "run")
-    earlier = {run_dir.rank_records(3): b'{"time": 1.0}\n', run_dir.gpu_log: b'{"time": 1.0, "gpu": 0}\n',
-               run_dir.report: b"<html>"}
+    earlier = {
+        run_dir.rank_records(3): b'{"time": 1.0}\n',
+        run_dir.gpu_log: b'{"time": 1.0, "gpu": 0}\n',
+        run_dir.report: b"<html>",
+    }
     for path, data in earlier.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
@@ -110,11 +118,17 @@ def test_the_commands_exit_code_comes_through_and_it_gets_the_run_environment(tm
     run_dir = tmp_path / "run"
     seen = tmp_path / "env.json"
     names = [METRICS_DIR_ENV, RUN_DIR_ENV, RUN_ID_ENV, LAUNCHED_AT_ENV, SUPERVISOR_PID_ENV]
-    result = watch(run_dir, *NO_EXPORTER, "--", *python(f"""
+    result = watch(
+        run_dir,
+        *NO_EXPORTER,
+        "--",
+        *python(f"""
         import json, os
         open({str(seen)!r}, "w").write(json.dumps({{name: os.environ.get(name) for name in {names!r}}}))
         raise SystemExit({code})
-    """), env={SUPERVISOR_PID_ENV: "1"})
+    """),
+        env={SUPERVISOR_PID_ENV: "1"},
+    )
     assert result.returncode == code, explain(result)
     env = json.loads(seen.read_text())
     assert env[METRICS_DIR_ENV] == str(run_dir.resolve() / "metrics" / "node-0")
@@ -128,10 +142,15 @@ def test_the_commands_exit_code_comes_through_and_it_gets_the_run_environment(tm
 
 @pytest.mark.slow
 def test_a_command_killed_by_a_signal_exits_128_plus_its_number(tmp_path):
-    result = watch(tmp_path / "run", *NO_EXPORTER, "--", *python("""
+    result = watch(
+        tmp_path / "run",
+        *NO_EXPORTER,
+        "--",
+        *python("""
         import os, signal
         os.kill(os.getpid(), signal.SIGKILL)
-    """))
+    """),
+    )
     assert result.returncode == 128 + signal.SIGKILL, explain(result)
     assert "trainstack watch: the command was killed by SIGKILL" in result.stderr
 
@@ -142,9 +161,11 @@ def test_bad_input_is_one_line_and_touches_nothing(tmp_path):
     (run_dir / "telemetry").mkdir(parents=True)
     (run_dir / "telemetry" / "rank-0.jsonl").write_text('{"time": 1.0, "step": 1}\n')
     before = tree(run_dir)
-    for args, line in [(("--",), "no command to watch: put it after --"),
-                       (("--", "no-such-trainer", "--lr", "1"), "command not found: no-such-trainer is not on PATH"),
-                       (("--exporter-port", "70000", "--", "true"), "--exporter-port 70000 is not a TCP port")]:
+    for args, line in [
+        (("--",), "no command to watch: put it after --"),
+        (("--", "no-such-trainer", "--lr", "1"), "command not found: no-such-trainer is not on PATH"),
+        (("--exporter-port", "70000", "--", "true"), "--exporter-port 70000 is not a TCP port"),
+    ]:
         result = watch(run_dir, *args)
         assert result.returncode == 2, explain(result)
         assert result.stderr.startswith(f"trainstack watch: error: {line}"), explain(result)
@@ -159,7 +180,8 @@ def test_a_signal_to_watch_reaches_the_command_and_its_exit_code_comes_through(t
     process group, as a terminal's Ctrl-C would."""
     run_dir = tmp_path / "run"
     script = tmp_path / "trapping.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, signal, subprocess, sys, time
         FOLDER = {str(tmp_path)!r}
         role = sys.argv[1]
@@ -181,7 +203,8 @@ def test_a_signal_to_watch_reaches_the_command_and_its_exit_code_comes_through(t
             raise SystemExit(0)
         while True:
             time.sleep(0.1)
-    """))
+    """)
+    )
     watched = start_watch(run_dir, *NO_EXPORTER, "--", sys.executable, str(script), "command")
     try:
         wait_for(lambda: (tmp_path / "child-ready").exists(), watched)
@@ -201,20 +224,27 @@ def test_a_signal_to_watch_reaches_the_command_and_its_exit_code_comes_through(t
 def test_what_the_command_leaves_running_is_stopped_before_the_run_directory_is_let_go(tmp_path):
     run_dir = tmp_path / "run"
     pid_file = tmp_path / "left.pid"
-    result = watch(run_dir, *NO_EXPORTER, "--", *python(f"""
+    result = watch(
+        run_dir,
+        *NO_EXPORTER,
+        "--",
+        *python(f"""
         import subprocess, sys, time
         # In a session of its own, as torchrun starts its workers: it leaves the command's process group.
         left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         open({str(pid_file)!r}, "w").write(str(left.pid))
         time.sleep(1.5)  # watch looks for the command's processes once a second
-    """))
+    """),
+    )
+
     def left() -> psutil.Process | None:
         """The process the command left, while it runs."""
         try:
             process = psutil.Process(int(pid_file.read_text()))
-            return process if process.status() != psutil.STATUS_ZOMBIE and "sleep(600)" in process.cmdline()[-1] \
-                else None
+            return (
+                process if process.status() != psutil.STATUS_ZOMBIE and "sleep(600)" in process.cmdline()[-1] else None
+            )
         except psutil.NoSuchProcess:
             return None
 
@@ -257,13 +287,22 @@ def test_an_uninstrumented_command_gets_the_gpu_series_and_a_report_of_them(tmp_
     (run_dir / "telemetry" / "rank-0.jsonl").write_text('{"time": 1.0, "step": 1}\n')  # an earlier run's
     port = free_port()
     release = tmp_path / "release"
-    watched = start_watch(run_dir, "--exporter-port", str(port), "--nvml-module", "trainstack.monitoring.nvml_fake",
-                          "--", *python(f"""
+    watched = start_watch(
+        run_dir,
+        "--exporter-port",
+        str(port),
+        "--nvml-module",
+        "trainstack.monitoring.nvml_fake",
+        "--",
+        *python(f"""
         import os, time
         while not os.path.exists({str(release)!r}):
             time.sleep(0.1)
-    """), env={"NVML_FAKE_HOST": "dgx_h100"})
+    """),
+        env={"NVML_FAKE_HOST": "dgx_h100"},
+    )
     try:
+
         def served() -> str | None:
             try:
                 return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -280,8 +319,10 @@ def test_an_uninstrumented_command_gets_the_gpu_series_and_a_report_of_them(tmp_
         diagnosis = json.loads(diagnosed.stdout)
         assert diagnosis["figures"]["gpus"] == 8
         (note,) = diagnosis["notes"]  # the one line on what per-rank verdicts need
-        assert note.startswith("uninstrumented: 1 process(es) of the watched command are running with no rank "
-                               "telemetry (GPU checks only); add `import trainstack.monitor`"), note
+        assert note.startswith(
+            "uninstrumented: 1 process(es) of the watched command are running with no rank "
+            "telemetry (GPU checks only); add `import trainstack.monitor`"
+        ), note
         release.touch()
         output, _ = watched.communicate(timeout=120)
     finally:
@@ -304,18 +345,39 @@ def test_an_uninstrumented_ddp_job_on_a_host_without_gpus_is_called_uninstrument
     run_dir, port, release = tmp_path / "run", free_port(), tmp_path / "release"
     script = tmp_path / "train.py"
     script.write_text(f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.1)\n")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-               str(free_port()), str(script)]
-    watched = start_watch(run_dir, "--exporter-port", str(port), "--", *command,
-                          env={WATCH_HINT_SECONDS_ENV: "1", "CUDA_VISIBLE_DEVICES": ""})
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        str(script),
+    ]
+    watched = start_watch(
+        run_dir,
+        "--exporter-port",
+        str(port),
+        "--",
+        *command,
+        env={WATCH_HINT_SECONDS_ENV: "1", "CUDA_VISIBLE_DEVICES": ""},
+    )
     try:
+
         def processes() -> float:
             try:
                 text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
             except OSError:
                 return 0.0
-            return next((float(line.split()[-1]) for line in text.splitlines()
-                         if line.startswith(catalog.WATCH_COMMAND_PROCESSES.name + " ")), 0.0)
+            return next(
+                (
+                    float(line.split()[-1])
+                    for line in text.splitlines()
+                    if line.startswith(catalog.WATCH_COMMAND_PROCESSES.name + " ")
+                ),
+                0.0,
+            )
 
         wait_for(lambda: processes() >= 3, watched)  # torchrun and its 2 workers
         diagnosed = run_trainstack("diagnose", "--url", f"http://127.0.0.1:{port}", "--interval", "0.5", "--json")
@@ -328,8 +390,10 @@ def test_an_uninstrumented_ddp_job_on_a_host_without_gpus_is_called_uninstrument
     diagnosis = json.loads(diagnosed.stdout)
     assert diagnosis["verdicts"] == [] and "no-training" not in diagnosed.stdout.lower()
     (note,) = diagnosis["notes"]
-    assert note.startswith("uninstrumented: 3 process(es) of the watched command are running with no rank telemetry "
-                           "(no GPU here, so nothing can be judged); add `import trainstack.monitor`"), note
+    assert note.startswith(
+        "uninstrumented: 3 process(es) of the watched command are running with no rank telemetry "
+        "(no GPU here, so nothing can be judged); add `import trainstack.monitor`"
+    ), note
     assert watched.returncode == 0, output
     assert output.count("trainstack watch: uninstrumented: the command runs, but no rank has started records") == 1
     summary = json.loads(RunDir(run_dir).summary.read_text())
@@ -342,6 +406,15 @@ def test_an_uninstrumented_ddp_job_on_a_host_without_gpus_is_called_uninstrument
 
 @pytest.mark.slow
 def test_watch_loads_no_torch(tmp_path):
-    outcome = run_without_torch("watch", "--run-dir", str(tmp_path / "run"), *NO_EXPORTER, "--no-report", "--",
-                                sys.executable, "-c", "raise SystemExit(4)")
+    outcome = run_without_torch(
+        "watch",
+        "--run-dir",
+        str(tmp_path / "run"),
+        *NO_EXPORTER,
+        "--no-report",
+        "--",
+        sys.executable,
+        "-c",
+        "raise SystemExit(4)",
+    )
     assert outcome["exit"] == 4 and outcome["loaded"] == [], outcome

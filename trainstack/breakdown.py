@@ -43,14 +43,14 @@ PARTS = {
     COMM_EXPOSED: "waiting for gradient communication that backward compute did not hide (DDP ranks)",
     DATA_STARVATION: "the device idle for want of the next batch",
     HOST_BOUND: "the device idle although neither starved nor waiting on communication (GPU ranks, from NVML's "
-                "utilization samples; not measured on CPU ranks)",
+    "utilization samples; not measured on CPU ranks)",
     EVALUATION: "evaluating on the held-out set",
     CHECKPOINT_SAVE: "saving a checkpoint",
     CHECKPOINT_LOAD: "loading the checkpoint a launch resumes from",
     COMPILE: "torch.compile: the steps during which it compiled, and pauses to compile",
     STARTUP: "launch to the first step, less any pause before it",
     LOST_PROGRESS: "steps, and the pauses among them, that a later launch trained again after resuming from an "
-                   "earlier checkpoint",
+    "earlier checkpoint",
     OTHER: "wall time no part accounts for (launch to exit less every part)",
 }
 """Every part, in the order tables and figures show them."""
@@ -62,8 +62,9 @@ LIVE_PARTS = tuple(part for part in PARTS if part not in (LOST_PROGRESS, OTHER))
 """The parts a rank measures as it runs (the counter's `part` values); the last two are known only afterwards."""
 
 
-def split_step_time(step_seconds: float, data_starvation: float, comm_exposed: float,
-                    busy_share: float | None) -> dict[str, float]:
+def split_step_time(
+    step_seconds: float, data_starvation: float, comm_exposed: float, busy_share: float | None
+) -> dict[str, float]:
     """A stretch of steps' time into STEP_PARTS. Starvation and exposed communication are measured; the device
     idled (1 - busy_share) of the steps' time, and the idle time starvation does not explain was the host's: kernels
     launched too slowly, host synchronizations. NCCL's kernels keep running while they wait, so exposed communication
@@ -73,8 +74,12 @@ def split_step_time(step_seconds: float, data_starvation: float, comm_exposed: f
     host_bound = 0.0
     if busy_share is not None:
         host_bound = max(0.0, min((1 - busy_share) * step_seconds - data_starvation, step_seconds - waiting))
-    return {COMPUTE: max(0.0, step_seconds - waiting - host_bound), COMM_EXPOSED: comm_exposed,
-            DATA_STARVATION: data_starvation, HOST_BOUND: host_bound}
+    return {
+        COMPUTE: max(0.0, step_seconds - waiting - host_bound),
+        COMM_EXPOSED: comm_exposed,
+        DATA_STARVATION: data_starvation,
+        HOST_BOUND: host_bound,
+    }
 
 
 @dataclass(frozen=True)
@@ -89,8 +94,7 @@ class Spent:
 
     def lost_share(self, redone_after: int | None) -> float:
         """The share of these seconds spent on steps after `redone_after`, which a later launch trained again."""
-        if redone_after is None or self.first_step is None or self.last_step is None or \
-                self.last_step <= redone_after:
+        if redone_after is None or self.first_step is None or self.last_step is None or self.last_step <= redone_after:
             return 0.0
         if self.last_step == self.first_step:
             return 1.0
@@ -180,8 +184,9 @@ def _totals(wall: float, seconds: dict[str, float]) -> dict:
 
 def _summed(rows: list[dict]) -> dict:
     """The rows' wall time and seconds per part added up, and their goodput."""
-    return _totals(sum(row["wall_seconds"] for row in rows),
-                   {part: sum(row["seconds"][part] for row in rows) for part in PARTS})
+    return _totals(
+        sum(row["wall_seconds"] for row in rows), {part: sum(row["seconds"][part] for row in rows) for part in PARTS}
+    )
 
 
 def run_breakdown(segments_by_rank: dict[int, list[SegmentTimes]]) -> dict | None:
@@ -189,23 +194,40 @@ def run_breakdown(segments_by_rank: dict[int, list[SegmentTimes]]) -> dict | Non
     summed; the n-th launch of every rank is segment n). None when no rank measured one."""
     ranks = []
     for rank, segments in sorted(segments_by_rank.items()):
-        rows = [{"segment": number, "launched_at": segment.launched_at,
-                 "ended": "exited" if segment.closed else "killed",
-                 **_totals(segment.wall_seconds, segment_seconds(segment, threshold))}
-                for number, (segment, threshold) in enumerate(zip(segments, redone_after(segments), strict=True))]
+        rows = [
+            {
+                "segment": number,
+                "launched_at": segment.launched_at,
+                "ended": "exited" if segment.closed else "killed",
+                **_totals(segment.wall_seconds, segment_seconds(segment, threshold)),
+            }
+            for number, (segment, threshold) in enumerate(zip(segments, redone_after(segments), strict=True))
+        ]
         if rows:
-            ranks.append({"rank": rank, **_summed(rows),
-                          "host_bound_measured": any(s.host_bound_measured for s in segments), "segments": rows})
+            ranks.append(
+                {
+                    "rank": rank,
+                    **_summed(rows),
+                    "host_bound_measured": any(s.host_bound_measured for s in segments),
+                    "segments": rows,
+                }
+            )
     if not ranks:
         return None
     launches = max(len(rank["segments"]) for rank in ranks)
-    return {"parts": list(PARTS), **_summed(ranks), "ranks": ranks,
-            "segments": [{"segment": number, **_summed([r["segments"][number] for r in ranks
-                                                         if len(r["segments"]) > number])}
-                         for number in range(launches)]}
+    return {
+        "parts": list(PARTS),
+        **_summed(ranks),
+        "ranks": ranks,
+        "segments": [
+            {"segment": number, **_summed([r["segments"][number] for r in ranks if len(r["segments"]) > number])}
+            for number in range(launches)
+        ],
+    }
 
 
 def of_run(run_dir: Path) -> dict | None:
     """The breakdown of every rank's records in the run directory (`run_breakdown`)."""
-    return run_breakdown({rank: rank_segments(read_json_lines(path))
-                          for rank, path in RunDir(run_dir).all_rank_records().items()})
+    return run_breakdown(
+        {rank: rank_segments(read_json_lines(path)) for rank, path in RunDir(run_dir).all_rank_records().items()}
+    )

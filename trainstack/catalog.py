@@ -34,8 +34,13 @@ GPU_PREFIX = f"{PREFIX}gpu_"
 EXPORTER_PREFIX = f"{PREFIX}exporter_"
 WATCH_PREFIX = f"{PREFIX}watch_"
 HANG_PREFIX = f"{PREFIX}hang_"
-PREFIXES = {TELEMETRY: TRAIN_PREFIX, NVML: GPU_PREFIX, EXPORTER: EXPORTER_PREFIX, WATCH: WATCH_PREFIX,
-            HANG: HANG_PREFIX}
+PREFIXES = {
+    TELEMETRY: TRAIN_PREFIX,
+    NVML: GPU_PREFIX,
+    EXPORTER: EXPORTER_PREFIX,
+    WATCH: WATCH_PREFIX,
+    HANG: HANG_PREFIX,
+}
 
 RANK_LABELS = ("rank",)
 GPU_LABELS = ("gpu", "uuid")
@@ -100,558 +105,1107 @@ class Recorded:
 # --- training: written by each rank (trainstack/telemetry/) -----------------------------------------------------
 
 TRAIN_STEPS = Metric(
-    "trainstack_train_steps_total", COUNTER, "Optimizer steps completed.", RANK_LABELS, TELEMETRY,
+    "trainstack_train_steps_total",
+    COUNTER,
+    "Optimizer steps completed.",
+    RANK_LABELS,
+    TELEMETRY,
     "optimizer steps completed",
-    readers=("record rank:trainstack_train_steps:rate2m",
-             "diagnose no-training", "diagnose stalled", "diagnose straggler", "diagnose figures"))
+    readers=(
+        "record rank:trainstack_train_steps:rate2m",
+        "diagnose no-training",
+        "diagnose stalled",
+        "diagnose straggler",
+        "diagnose figures",
+    ),
+)
 TRAIN_SAMPLES = Metric(
-    "trainstack_train_samples_total", COUNTER, "Samples consumed.", RANK_LABELS, TELEMETRY,
+    "trainstack_train_samples_total",
+    COUNTER,
+    "Samples consumed.",
+    RANK_LABELS,
+    TELEMETRY,
     "samples (sequences) consumed",
-    readers=("record rank:trainstack_train_samples:rate2m", "diagnose figures"))
+    readers=("record rank:trainstack_train_samples:rate2m", "diagnose figures"),
+)
 TRAIN_TOKENS = Metric(
-    "trainstack_train_tokens_total", COUNTER, "Non-padding tokens consumed.", RANK_LABELS, TELEMETRY,
+    "trainstack_train_tokens_total",
+    COUNTER,
+    "Non-padding tokens consumed.",
+    RANK_LABELS,
+    TELEMETRY,
     "non-padding tokens consumed",
-    readers=("record rank:trainstack_train_tokens:rate2m",))
+    readers=("record rank:trainstack_train_tokens:rate2m",),
+)
 TRAIN_STEP_DURATION = Metric(
-    "trainstack_train_step_duration_seconds", HISTOGRAM,
-    "Time per optimizer step (a GPU rank's on its GPU's timeline).", RANK_LABELS, TELEMETRY,
+    "trainstack_train_step_duration_seconds",
+    HISTOGRAM,
+    "Time per optimizer step (a GPU rank's on its GPU's timeline).",
+    RANK_LABELS,
+    TELEMETRY,
     "time per optimizer step, end of the previous step to the end of this one; on a GPU rank on the GPU's "
     "timeline, observed at each log interval ([which clock](#which-clock-data-wait-on-gpu-and-cpu-ranks))",
-    unit="s", buckets=STEP_BUCKETS,
-    readers=("record rank:trainstack_train_step_duration_seconds:mean_rate2m",
-             "record rank:trainstack_train_step_duration_seconds:quantile_rate2m",
-             "record job:trainstack_train_step_duration_seconds:quantile_rate2m",
-             "record rank:trainstack_train_data_wait:ratio_rate2m",
-             "record rank:trainstack_train_comm_exposed:ratio_rate2m",
-             "record rank:trainstack_train_host_bound:ratio_rate2m", "diagnose input-bound", "diagnose straggler",
-             "diagnose host-bound", "diagnose figures"))
+    unit="s",
+    buckets=STEP_BUCKETS,
+    readers=(
+        "record rank:trainstack_train_step_duration_seconds:mean_rate2m",
+        "record rank:trainstack_train_step_duration_seconds:quantile_rate2m",
+        "record job:trainstack_train_step_duration_seconds:quantile_rate2m",
+        "record rank:trainstack_train_data_wait:ratio_rate2m",
+        "record rank:trainstack_train_comm_exposed:ratio_rate2m",
+        "record rank:trainstack_train_host_bound:ratio_rate2m",
+        "diagnose input-bound",
+        "diagnose straggler",
+        "diagnose host-bound",
+        "diagnose figures",
+    ),
+)
 TRAIN_FORWARD_SECONDS = Metric(
-    "trainstack_train_forward_seconds_total", COUNTER,
-    "Time in the forward pass, less its waits for collectives.", RANK_LABELS, TELEMETRY,
+    "trainstack_train_forward_seconds_total",
+    COUNTER,
+    "Time in the forward pass, less its waits for collectives.",
+    RANK_LABELS,
+    TELEMETRY,
     "time in the forward pass, less its waits for collectives (DDP's buffer broadcast, FSDP's all-gathers, which "
     "count as exposed communication): which part of a straggler's step is slow; added at each log interval, on a "
     "GPU rank on the GPU's timeline",
-    unit="s", readers=("diagnose straggler",))
+    unit="s",
+    readers=("diagnose straggler",),
+)
 TRAIN_FORWARD_PASSES = Metric(
-    "trainstack_train_forward_passes_total", COUNTER, "Forward passes (micro-batches) completed.", RANK_LABELS,
+    "trainstack_train_forward_passes_total",
+    COUNTER,
+    "Forward passes (micro-batches) completed.",
+    RANK_LABELS,
     TELEMETRY,
-    "forward passes (micro-batches) completed; a rank that timed out names the peer with the fewest")
+    "forward passes (micro-batches) completed; a rank that timed out names the peer with the fewest",
+)
 TRAIN_DATA_WAIT = Metric(
-    "trainstack_train_data_wait_seconds_total", COUNTER,
+    "trainstack_train_data_wait_seconds_total",
+    COUNTER,
     "Time the rank's device sat idle for want of the next batch (GPU: on its own timeline; CPU: the host's time "
-    "in the loader).", RANK_LABELS, TELEMETRY,
+    "in the loader).",
+    RANK_LABELS,
+    TELEMETRY,
     "time the rank's device sat idle for want of the next batch: on a GPU rank the GPU's starvation, measured on "
     "its timeline and added at each log interval; on a CPU rank the host's time blocked in the loader "
     "([which clock](#which-clock-data-wait-on-gpu-and-cpu-ranks)). The input-bound alert and `trainstack "
     "diagnose` read this one",
-    unit="s", readers=("record rank:trainstack_train_data_wait:ratio_rate2m", "diagnose input-bound",
-                       "diagnose figures"))
+    unit="s",
+    readers=("record rank:trainstack_train_data_wait:ratio_rate2m", "diagnose input-bound", "diagnose figures"),
+)
 TRAIN_HOST_DATA_WAIT = Metric(
-    "trainstack_train_host_data_wait_seconds_total", COUNTER,
-    "Host time blocked in the data loader's next(), on every device.", RANK_LABELS, TELEMETRY,
+    "trainstack_train_host_data_wait_seconds_total",
+    COUNTER,
+    "Host time blocked in the data loader's next(), on every device.",
+    RANK_LABELS,
+    TELEMETRY,
     "the host's time blocked in the loader's `next()`, on every device (equal to the data wait on a CPU rank)",
-    unit="s", readers=("diagnose input-bound", "diagnose figures"))
+    unit="s",
+    readers=("diagnose input-bound", "diagnose figures"),
+)
 _COMM_ABSENT = "the rank communicates with no other: one process (DDP or FSDP) on its own"
 TRAIN_COMM_SECONDS = Metric(
-    "trainstack_train_comm_seconds_total", COUNTER,
-    "Training communication time per step: while at least one collective was in flight.", RANK_LABELS,
+    "trainstack_train_comm_seconds_total",
+    COUNTER,
+    "Training communication time per step: while at least one collective was in flight.",
+    RANK_LABELS,
     TELEMETRY,
     "each step's time with at least one collective in flight: DDP's gradient all-reduces, FSDP's parameter "
     "all-gathers and gradient reduce-scatters, much of it overlapped with compute (trainstack.telemetry.comm); "
     "on a GPU rank on the GPU's timeline; added at each log interval",
-    unit="s", absent_when=_COMM_ABSENT, readers=("diagnose comm-bound",))
+    unit="s",
+    absent_when=_COMM_ABSENT,
+    readers=("diagnose comm-bound",),
+)
 TRAIN_COMM_EXPOSED = Metric(
-    "trainstack_train_comm_exposed_seconds_total", COUNTER,
-    "Communication time compute did not hide: the rank waited for the network or its peers.", RANK_LABELS,
+    "trainstack_train_comm_exposed_seconds_total",
+    COUNTER,
+    "Communication time compute did not hide: the rank waited for the network or its peers.",
+    RANK_LABELS,
     TELEMETRY,
     "the part of the communication that compute did not hide, the rank's wait for the network or for slower peers: "
     "DDP from the end of backward compute (the last bucket's launch) to the end of the last bucket's all-reduce, "
     "and its buffer broadcast at the start of each forward pass (`broadcast_buffers`, a model with buffers); FSDP "
     "wherever compute waits for an all-gather or reduce-scatter; on a CPU rank FSDP's collectives hold the host, "
     "so all of them",
-    unit="s", absent_when=_COMM_ABSENT,
-    readers=("record rank:trainstack_train_comm_exposed:ratio_rate2m", "diagnose comm-bound", "diagnose straggler",
-             "diagnose figures"))
+    unit="s",
+    absent_when=_COMM_ABSENT,
+    readers=(
+        "record rank:trainstack_train_comm_exposed:ratio_rate2m",
+        "diagnose comm-bound",
+        "diagnose straggler",
+        "diagnose figures",
+    ),
+)
 TRAIN_COMM_BYTES = Metric(
-    "trainstack_train_comm_bytes_total", COUNTER, "Bytes of the rank's collectives, at their full size.",
-    RANK_LABELS, TELEMETRY,
+    "trainstack_train_comm_bytes_total",
+    COUNTER,
+    "Bytes of the rank's collectives, at their full size.",
+    RANK_LABELS,
+    TELEMETRY,
     "the collectives' sizes: DDP's gradient buckets; FSDP's all-gathers (the gathered parameters) and "
     "reduce-scatters (the gradients before scattering); per step: its rate over the steps' rate",
-    unit="bytes", absent_when=_COMM_ABSENT, readers=("diagnose comm-bound",))
+    unit="bytes",
+    absent_when=_COMM_ABSENT,
+    readers=("diagnose comm-bound",),
+)
 # The NCCL switches a rank publishes, as labels: each is the environment variable's name in lower case.
 NCCL_SWITCH_LABELS = ("nccl_p2p_disable", "nccl_shm_disable", "nccl_ib_disable", "nccl_socket_ifname")
 TRAIN_COMM_SETUP_INFO = Metric(
-    "trainstack_train_comm_setup_info", GAUGE,
+    "trainstack_train_comm_setup_info",
+    GAUGE,
     "How the rank's gradient communication is set up: its process group's backend and the NCCL switches.",
-    ("rank", "backend", *NCCL_SWITCH_LABELS), TELEMETRY,
+    ("rank", "backend", *NCCL_SWITCH_LABELS),
+    TELEMETRY,
     "the rank's process-group backend (`nccl`, `gloo`) and the value of each NCCL switch in its environment "
     "(`NCCL_P2P_DISABLE`, `NCCL_SHM_DISABLE`, `NCCL_IB_DISABLE`, `NCCL_SOCKET_IFNAME`; empty where unset), "
-    "written once, when the rank starts timing its DDP all-reduce (trainstack.telemetry.comm_setup)", values="1",
-    absent_when=_COMM_ABSENT, readers=("diagnose comm-bound",))
+    "written once, when the rank starts timing its DDP all-reduce (trainstack.telemetry.comm_setup)",
+    values="1",
+    absent_when=_COMM_ABSENT,
+    readers=("diagnose comm-bound",),
+)
 TRAIN_SHM_BYTES = Metric(
-    "trainstack_train_shm_bytes", GAUGE, "Size of /dev/shm where the rank runs.", RANK_LABELS, TELEMETRY,
+    "trainstack_train_shm_bytes",
+    GAUGE,
+    "Size of /dev/shm where the rank runs.",
+    RANK_LABELS,
+    TELEMETRY,
     "size of the `/dev/shm` file system the rank sees (`os.statvfs`), which NCCL's shared-memory transport between "
     "the ranks of a node uses: a container's default 64 MiB makes it fall back to slower paths; written once, "
     "with the communication setup",
-    unit="bytes", absent_when=f"{_COMM_ABSENT}; or the rank sees no /dev/shm",
-    readers=("diagnose comm-bound",))
+    unit="bytes",
+    absent_when=f"{_COMM_ABSENT}; or the rank sees no /dev/shm",
+    readers=("diagnose comm-bound",),
+)
 TRAIN_TIME = Metric(
-    "trainstack_train_time_seconds_total", COUNTER,
+    "trainstack_train_time_seconds_total",
+    COUNTER,
     "Where the rank's time went, by part: compute, comm_exposed, data_starvation, host_bound, evaluation, "
-    "checkpoint_save, checkpoint_load, compile, startup.", ("rank", "part"), TELEMETRY,
+    "checkpoint_save, checkpoint_load, compile, startup.",
+    ("rank", "part"),
+    TELEMETRY,
     "the rank's time by `part` ([where each rank's time goes](#where-each-ranks-time-goes)): the steps' parts added "
     "at each log interval, a pause's time when it ends, startup's at the first step. `host_bound` only on GPU ranks "
     "NVML answers for, `comm_exposed` only on DDP ranks",
-    unit="s", readers=("record rank:trainstack_train_time:share_rate2m",
-                       "record rank:trainstack_train_host_bound:ratio_rate2m", "diagnose host-bound"))
+    unit="s",
+    readers=(
+        "record rank:trainstack_train_time:share_rate2m",
+        "record rank:trainstack_train_host_bound:ratio_rate2m",
+        "diagnose host-bound",
+    ),
+)
 TRAIN_LOSS = Metric(
-    "trainstack_train_loss", GAUGE, "The rank's own training loss, its mean over the last log interval.",
-    RANK_LABELS, TELEMETRY, "the rank's own training loss, its mean over the last log interval",
-    absent_when="before the first log interval", readers=("panel Loss",))
-TRAIN_LEARNING_RATE = Metric(
-    "trainstack_train_learning_rate", GAUGE, "Current learning rate.", RANK_LABELS, TELEMETRY,
-    "current learning rate", absent_when="before the first log interval", readers=("panel Learning rate",))
-TRAIN_LAST_STEP = Metric(
-    "trainstack_train_last_step_timestamp_seconds", GAUGE, "Unix time of the last step.", RANK_LABELS, TELEMETRY,
-    "when the last step completed", unit="s (unix)", absent_when="before the first step",
-    readers=("record job:trainstack_train_last_step_age:seconds", "diagnose no-step-yet", "diagnose stalled",
-             "diagnose figures"))
-TRAIN_EPOCH = Metric(
-    "trainstack_train_epoch", GAUGE, "Current epoch (0-based).", RANK_LABELS, TELEMETRY, "current epoch (0-based)")
-TRAIN_LAST_CHECKPOINT = Metric(
-    "trainstack_train_last_checkpoint_timestamp_seconds", GAUGE, "Unix time the last checkpoint finished.",
-    RANK_LABELS, TELEMETRY, "when the last checkpoint finished", unit="s (unix)",
-    absent_when="before the first checkpoint")
-TRAIN_CHECKPOINT_DURATION = Metric(
-    "trainstack_train_checkpoint_duration_seconds", GAUGE, "Duration of the last checkpoint.", RANK_LABELS,
-    TELEMETRY, "how long the last checkpoint took", unit="s", absent_when="before the first checkpoint")
-TRAIN_COMPILE_SECONDS = Metric(
-    "trainstack_train_compile_seconds_total", COUNTER, "Wall time of the steps that ran torch.compile.", RANK_LABELS,
+    "trainstack_train_loss",
+    GAUGE,
+    "The rank's own training loss, its mean over the last log interval.",
+    RANK_LABELS,
     TELEMETRY,
-    "wall time of the steps during which `torch.compile` compiled (left out of the step durations)", unit="s",
-    readers=("diagnose gpu-underused",))
+    "the rank's own training loss, its mean over the last log interval",
+    absent_when="before the first log interval",
+    readers=("panel Loss",),
+)
+TRAIN_LEARNING_RATE = Metric(
+    "trainstack_train_learning_rate",
+    GAUGE,
+    "Current learning rate.",
+    RANK_LABELS,
+    TELEMETRY,
+    "current learning rate",
+    absent_when="before the first log interval",
+    readers=("panel Learning rate",),
+)
+TRAIN_LAST_STEP = Metric(
+    "trainstack_train_last_step_timestamp_seconds",
+    GAUGE,
+    "Unix time of the last step.",
+    RANK_LABELS,
+    TELEMETRY,
+    "when the last step completed",
+    unit="s (unix)",
+    absent_when="before the first step",
+    readers=(
+        "record job:trainstack_train_last_step_age:seconds",
+        "diagnose no-step-yet",
+        "diagnose stalled",
+        "diagnose figures",
+    ),
+)
+TRAIN_EPOCH = Metric(
+    "trainstack_train_epoch", GAUGE, "Current epoch (0-based).", RANK_LABELS, TELEMETRY, "current epoch (0-based)"
+)
+TRAIN_LAST_CHECKPOINT = Metric(
+    "trainstack_train_last_checkpoint_timestamp_seconds",
+    GAUGE,
+    "Unix time the last checkpoint finished.",
+    RANK_LABELS,
+    TELEMETRY,
+    "when the last checkpoint finished",
+    unit="s (unix)",
+    absent_when="before the first checkpoint",
+)
+TRAIN_CHECKPOINT_DURATION = Metric(
+    "trainstack_train_checkpoint_duration_seconds",
+    GAUGE,
+    "Duration of the last checkpoint.",
+    RANK_LABELS,
+    TELEMETRY,
+    "how long the last checkpoint took",
+    unit="s",
+    absent_when="before the first checkpoint",
+)
+TRAIN_COMPILE_SECONDS = Metric(
+    "trainstack_train_compile_seconds_total",
+    COUNTER,
+    "Wall time of the steps that ran torch.compile.",
+    RANK_LABELS,
+    TELEMETRY,
+    "wall time of the steps during which `torch.compile` compiled (left out of the step durations)",
+    unit="s",
+    readers=("diagnose gpu-underused",),
+)
 TRAIN_RECOMPILES = Metric(
-    "trainstack_train_recompiles_total", COUNTER,
+    "trainstack_train_recompiles_total",
+    COUNTER,
     "Frames torch.compile compiled again for a new batch shape (or a failed guard) after the first step's.",
-    RANK_LABELS, TELEMETRY,
+    RANK_LABELS,
+    TELEMETRY,
     "frames compiled again after the first step's: each new batch shape (at most one per length bucket) or a "
-    "failed guard")
+    "failed guard",
+)
 TRAIN_MEMORY_ALLOCATED_PEAK = Metric(
-    "trainstack_train_memory_allocated_peak_bytes", GAUGE, "Peak accelerator memory allocated.", RANK_LABELS,
-    TELEMETRY, "peak accelerator memory allocated", unit="bytes", absent_when="on CPU")
+    "trainstack_train_memory_allocated_peak_bytes",
+    GAUGE,
+    "Peak accelerator memory allocated.",
+    RANK_LABELS,
+    TELEMETRY,
+    "peak accelerator memory allocated",
+    unit="bytes",
+    absent_when="on CPU",
+)
 TRAIN_MEMORY_RESERVED_PEAK = Metric(
-    "trainstack_train_memory_reserved_peak_bytes", GAUGE, "Peak accelerator memory reserved.", RANK_LABELS,
-    TELEMETRY, "peak accelerator memory reserved", unit="bytes", absent_when="on CPU")
+    "trainstack_train_memory_reserved_peak_bytes",
+    GAUGE,
+    "Peak accelerator memory reserved.",
+    RANK_LABELS,
+    TELEMETRY,
+    "peak accelerator memory reserved",
+    unit="bytes",
+    absent_when="on CPU",
+)
 TRAIN_PARAM_BYTES = Metric(
-    "trainstack_train_param_bytes", GAUGE,
+    "trainstack_train_param_bytes",
+    GAUGE,
     "Bytes of parameters this rank holds at an optimizer step (its shards under FSDP), where they peak.",
-    RANK_LABELS, TELEMETRY,
+    RANK_LABELS,
+    TELEMETRY,
     "bytes of parameters this rank holds (its shards under `--strategy fsdp`; a tied weight once), measured at "
-    "the first optimizer step", unit="bytes", absent_when="before the first optimizer step")
+    "the first optimizer step",
+    unit="bytes",
+    absent_when="before the first optimizer step",
+)
 TRAIN_GRAD_BYTES = Metric(
-    "trainstack_train_grad_bytes", GAUGE,
+    "trainstack_train_grad_bytes",
+    GAUGE,
     "Bytes of gradients this rank holds at an optimizer step (its shards under FSDP), where they peak.",
-    RANK_LABELS, TELEMETRY, "bytes of gradients this rank holds at an optimizer step, where they peak",
-    unit="bytes", absent_when="before the first optimizer step")
+    RANK_LABELS,
+    TELEMETRY,
+    "bytes of gradients this rank holds at an optimizer step, where they peak",
+    unit="bytes",
+    absent_when="before the first optimizer step",
+)
 TRAIN_OPTIMIZER_STATE_BYTES = Metric(
-    "trainstack_train_optimizer_state_bytes", GAUGE,
+    "trainstack_train_optimizer_state_bytes",
+    GAUGE,
     "Bytes of optimizer state this rank holds at an optimizer step (its shards under FSDP), where they peak.",
-    RANK_LABELS, TELEMETRY,
-    "bytes of optimizer state (AdamW: two moments and a step count per parameter) this rank holds", unit="bytes",
-    absent_when="before the first optimizer step")
+    RANK_LABELS,
+    TELEMETRY,
+    "bytes of optimizer state (AdamW: two moments and a step count per parameter) this rank holds",
+    unit="bytes",
+    absent_when="before the first optimizer step",
+)
 TRAIN_MFU = Metric(
-    "trainstack_train_mfu_ratio", GAUGE, "Model FLOPs utilization.", RANK_LABELS, TELEMETRY,
-    "model FLOPs utilization over the last log interval ([formula and peaks](#mfu))", unit="0..1",
+    "trainstack_train_mfu_ratio",
+    GAUGE,
+    "Model FLOPs utilization.",
+    RANK_LABELS,
+    TELEMETRY,
+    "model FLOPs utilization over the last log interval ([formula and peaks](#mfu))",
+    unit="0..1",
     absent_when="the device peak is unknown (e.g. CPU)",
-    readers=("record job:trainstack_train_mfu:avg_ratio", "panel MFU per rank", "diagnose low-mfu",
-             "diagnose figures"))
+    readers=("record job:trainstack_train_mfu:avg_ratio", "panel MFU per rank", "diagnose low-mfu", "diagnose figures"),
+)
 TRAIN_RANK_INFO = Metric(
-    "trainstack_train_rank_info", GAUGE, "Joins a rank to its GPU.", ("rank", "local_rank", "node", "uuid"),
-    TELEMETRY, "joins a rank to its GPU (`uuid` empty on CPU)", values="1",
-    readers=("alert TrainstackGPUUnused", "alert TrainstackNVMLUnavailable", "panel GPU utilization by rank",
-             "variable rank", "diagnose no-training", "diagnose gpus-unused", "diagnose stalled"))
+    "trainstack_train_rank_info",
+    GAUGE,
+    "Joins a rank to its GPU.",
+    ("rank", "local_rank", "node", "uuid"),
+    TELEMETRY,
+    "joins a rank to its GPU (`uuid` empty on CPU)",
+    values="1",
+    readers=(
+        "alert TrainstackGPUUnused",
+        "alert TrainstackNVMLUnavailable",
+        "panel GPU utilization by rank",
+        "variable rank",
+        "diagnose no-training",
+        "diagnose gpus-unused",
+        "diagnose stalled",
+    ),
+)
 TRAIN_RUN_INFO = Metric(
-    "trainstack_train_run_info", GAUGE,
+    "trainstack_train_run_info",
+    GAUGE,
     "The run; clock: where step, forward and data-wait times are measured; strategy: ddp or fsdp; launcher: "
     "train or watch.",
     ("rank", "run_id", "world_size", "nodes", "mixed_precision", "model", "dataset", "clock", "strategy", "launcher"),
     TELEMETRY,
     "the run; `clock` is where the rank measures step, forward and data-wait times: `gpu` (its GPU's timeline) "
     "or `host`; `strategy`: `ddp` or `fsdp`; `launcher`: `train` (`trainstack train`) or `watch` (a user's "
-    "script under `trainstack watch`), empty when unknown: whose knobs a verdict's fix names", values="1",
-    readers=("diagnose input-bound", "diagnose comm-bound", "diagnose host-bound", "diagnose low-mfu",
-             "diagnose gpu-underused", "diagnose figures"))
+    "script under `trainstack watch`), empty when unknown: whose knobs a verdict's fix names",
+    values="1",
+    readers=(
+        "diagnose input-bound",
+        "diagnose comm-bound",
+        "diagnose host-bound",
+        "diagnose low-mfu",
+        "diagnose gpu-underused",
+        "diagnose figures",
+    ),
+)
 
 # --- the watched command: written by `trainstack watch` (train/launcher/watch.py) -----------------------------
 
 WATCH_COMMAND_PROCESSES = Metric(
-    "trainstack_watch_command_processes", GAUGE,
-    "Processes of the watched command running now: the command and every process it started.", (), WATCH,
+    "trainstack_watch_command_processes",
+    GAUGE,
+    "Processes of the watched command running now: the command and every process it started.",
+    (),
+    WATCH,
     "the command and its descendants still running, counted in watch's poll loop; 0 once the command has ended",
     absent_when="the run is not a `trainstack watch` run",
-    readers=("diagnose no-training", "diagnose figures"))
+    readers=("diagnose no-training", "diagnose figures"),
+)
 WATCH_COMMAND_INFO = Metric(
-    "trainstack_watch_command_info", GAUGE, "The command trainstack watch runs.", ("command", "run_id"), WATCH,
-    "the watched command line (as a shell would quote it) and the run id", values="1",
+    "trainstack_watch_command_info",
+    GAUGE,
+    "The command trainstack watch runs.",
+    ("command", "run_id"),
+    WATCH,
+    "the watched command line (as a shell would quote it) and the run id",
+    values="1",
     absent_when="the run is not a `trainstack watch` run",
-    readers=("diagnose no-training",))
+    readers=("diagnose no-training",),
+)
 
 # --- a stall's evidence: the launcher's, in RUN_DIR/hang, served by the exporter (monitoring/exporter/hang.py) ---
 
 HANG_EVIDENCE = Metric(
-    "trainstack_hang_evidence_timestamp_seconds", GAUGE,
+    "trainstack_hang_evidence_timestamp_seconds",
+    GAUGE,
     "When the latest stall's evidence was collected into RUN_DIR/hang: where each rank waits (headline), the ranks "
-    "it names (culprits) and the fix the evidence points to.", ("headline", "culprits", "fix"), HANG,
+    "it names (culprits) and the fix the evidence points to.",
+    ("headline", "culprits", "fix"),
+    HANG,
     "unix time the launcher (`trainstack train` or `watch`) collected the latest stall's evidence, once no rank had "
-    "stepped for 20 median steps (docs/diagnostics.md, \"When a run hangs\"); `headline` names the rank and the "
+    'stepped for 20 median steps (docs/diagnostics.md, "When a run hangs"); `headline` names the rank and the '
     "collective or frame it waits in, `culprits` the ranks named (comma-separated), `fix` what the evidence points "
-    "to. Evidence newer than the last step is a stall now; older is a stall the run came out of", unit="s",
+    "to. Evidence newer than the last step is a stall now; older is a stall the run came out of",
+    unit="s",
     absent_when="the exporter has no run directory (`--run-dir`), or no stall has been collected in it",
-    readers=("diagnose stalled",))
+    readers=("diagnose stalled",),
+)
 
 # --- GPUs: read from NVML by the exporter (monitoring/exporter/gpu.py) ---------------------------------------
 
 GPU_INFO = Metric(
-    "trainstack_gpu_info", INFO, "The GPU: model name, PCI bus id and driver version.",
-    (*GPU_LABELS, "name", "pci_bus_id", "driver_version"), NVML,
-    "`nvmlDeviceGetName`, `nvmlDeviceGetPciInfo`, `nvmlSystemGetDriverVersion` (read once)", values="1",
-    readers=("variable gpu", "diagnose gpus-unused", "diagnose throttled", "diagnose memory-full",
-             "diagnose figures"))
+    "trainstack_gpu_info",
+    INFO,
+    "The GPU: model name, PCI bus id and driver version.",
+    (*GPU_LABELS, "name", "pci_bus_id", "driver_version"),
+    NVML,
+    "`nvmlDeviceGetName`, `nvmlDeviceGetPciInfo`, `nvmlSystemGetDriverVersion` (read once)",
+    values="1",
+    readers=("variable gpu", "diagnose gpus-unused", "diagnose throttled", "diagnose memory-full", "diagnose figures"),
+)
 # The GPU's links, as labels of trainstack_gpu_link_info; a label is empty where the driver lacks its call.
 GPU_LINK_LABELS = ("pcie_generation", "pcie_width", "pcie_max_generation", "pcie_max_width", "nvlinks_active")
 GPU_LINK_INFO = Metric(
-    "trainstack_gpu_link_info", INFO, "The GPU's links: PCIe generation and width, now and at most; NVLinks active.",
-    (*GPU_LABELS, *GPU_LINK_LABELS), NVML,
+    "trainstack_gpu_link_info",
+    INFO,
+    "The GPU's links: PCIe generation and width, now and at most; NVLinks active.",
+    (*GPU_LABELS, *GPU_LINK_LABELS),
+    NVML,
     "`nvmlDeviceGetCurrPcieLinkGeneration`, `nvmlDeviceGetCurrPcieLinkWidth`, `nvmlDeviceGetMaxPcieLinkGeneration`, "
     "`nvmlDeviceGetMaxPcieLinkWidth` (the most this GPU and its slot allow), and the links "
     "`nvmlDeviceGetNvLinkState` calls active, of the `NVML_FI_DEV_NVLINK_LINK_COUNT` the GPU has; read at the slow "
     "cadence (a PCIe link can train down while the exporter runs). A label is empty where the GPU or driver lacks "
-    "the call: `nvlinks_active` on a GPU without NVLink", values="1",
-    absent_when="NVML answers none of the calls", readers=("diagnose comm-bound",))
+    "the call: `nvlinks_active` on a GPU without NVLink",
+    values="1",
+    absent_when="NVML answers none of the calls",
+    readers=("diagnose comm-bound",),
+)
 GPU_UTILIZATION = Metric(
-    "trainstack_gpu_utilization_ratio", GAUGE,
-    "Share of the last sample period in which a kernel was running (not SM occupancy).", GPU_LABELS, NVML,
-    "`nvmlDeviceGetUtilizationRates().gpu` / 100", unit="0..1",
-    readers=("record job:trainstack_gpu_utilization:avg_ratio", "alert TrainstackGPUUnused",
-             "alert TrainstackOneProcessManyGPUs", "alert TrainstackGPUUnderused", "panel GPU utilization",
-             "panel GPU utilization by rank", "panel Busy vs really busy", "diagnose gpu-underused",
-             "diagnose no-training", "diagnose stalled", "diagnose gpus-unused", "diagnose one-process-many-gpus",
-             "diagnose figures"))
+    "trainstack_gpu_utilization_ratio",
+    GAUGE,
+    "Share of the last sample period in which a kernel was running (not SM occupancy).",
+    GPU_LABELS,
+    NVML,
+    "`nvmlDeviceGetUtilizationRates().gpu` / 100",
+    unit="0..1",
+    readers=(
+        "record job:trainstack_gpu_utilization:avg_ratio",
+        "alert TrainstackGPUUnused",
+        "alert TrainstackOneProcessManyGPUs",
+        "alert TrainstackGPUUnderused",
+        "panel GPU utilization",
+        "panel GPU utilization by rank",
+        "panel Busy vs really busy",
+        "diagnose gpu-underused",
+        "diagnose no-training",
+        "diagnose stalled",
+        "diagnose gpus-unused",
+        "diagnose one-process-many-gpus",
+        "diagnose figures",
+    ),
+)
 GPU_MEMORY_BUSY = Metric(
-    "trainstack_gpu_memory_busy_ratio", GAUGE,
-    "Share of the last sample period in which device memory was read or written.", GPU_LABELS, NVML,
-    "`nvmlDeviceGetUtilizationRates().memory` / 100", unit="0..1")
+    "trainstack_gpu_memory_busy_ratio",
+    GAUGE,
+    "Share of the last sample period in which device memory was read or written.",
+    GPU_LABELS,
+    NVML,
+    "`nvmlDeviceGetUtilizationRates().memory` / 100",
+    unit="0..1",
+)
 GPU_MEMORY_USED = Metric(
-    "trainstack_gpu_memory_used_bytes", GAUGE, "Device memory in use.", GPU_LABELS, NVML,
+    "trainstack_gpu_memory_used_bytes",
+    GAUGE,
+    "Device memory in use.",
+    GPU_LABELS,
+    NVML,
     "`nvmlDeviceGetMemoryInfo(version=v2).used` (v1 on old drivers, where it includes the reserved memory)",
     unit="bytes",
-    readers=("record gpu:trainstack_gpu_memory_used:ratio", "panel GPU memory used", "diagnose memory-full",
-             "diagnose figures"))
+    readers=(
+        "record gpu:trainstack_gpu_memory_used:ratio",
+        "panel GPU memory used",
+        "diagnose memory-full",
+        "diagnose figures",
+    ),
+)
 GPU_MEMORY_TOTAL = Metric(
-    "trainstack_gpu_memory_total_bytes", GAUGE, "Device memory installed.", GPU_LABELS, NVML,
-    "`nvmlDeviceGetMemoryInfo().total`", unit="bytes",
-    readers=("record gpu:trainstack_gpu_memory_used:ratio", "diagnose memory-full", "diagnose figures"))
+    "trainstack_gpu_memory_total_bytes",
+    GAUGE,
+    "Device memory installed.",
+    GPU_LABELS,
+    NVML,
+    "`nvmlDeviceGetMemoryInfo().total`",
+    unit="bytes",
+    readers=("record gpu:trainstack_gpu_memory_used:ratio", "diagnose memory-full", "diagnose figures"),
+)
 GPU_MEMORY_RESERVED = Metric(
-    "trainstack_gpu_memory_reserved_bytes", GAUGE, "Device memory the driver reserves.", GPU_LABELS, NVML,
-    "`nvmlDeviceGetMemoryInfo(version=v2).reserved`", unit="bytes",
-    absent_when="driver without the v2 call (< R510)")
+    "trainstack_gpu_memory_reserved_bytes",
+    GAUGE,
+    "Device memory the driver reserves.",
+    GPU_LABELS,
+    NVML,
+    "`nvmlDeviceGetMemoryInfo(version=v2).reserved`",
+    unit="bytes",
+    absent_when="driver without the v2 call (< R510)",
+)
 GPU_POWER = Metric(
-    "trainstack_gpu_power_watts", GAUGE, "Power draw.", GPU_LABELS, NVML,
+    "trainstack_gpu_power_watts",
+    GAUGE,
+    "Power draw.",
+    GPU_LABELS,
+    NVML,
     "`nvmlDeviceGetPowerUsage` (mW averaged over 1 s on Ampere except GA100 and newer, the same as field "
-    "`NVML_FI_DEV_POWER_AVERAGE` there; instantaneous on GA100 and older, which lack that field)", unit="W",
-    readers=("record job:trainstack_gpu_power_watts:sum", "record job:trainstack_gpu_energy_joules:rate2m",
-             "panel Power draw and limit"))
+    "`NVML_FI_DEV_POWER_AVERAGE` there; instantaneous on GA100 and older, which lack that field)",
+    unit="W",
+    readers=(
+        "record job:trainstack_gpu_power_watts:sum",
+        "record job:trainstack_gpu_energy_joules:rate2m",
+        "panel Power draw and limit",
+    ),
+)
 GPU_POWER_LIMIT = Metric(
-    "trainstack_gpu_power_limit_watts", GAUGE, "Enforced power limit.", GPU_LABELS, NVML,
+    "trainstack_gpu_power_limit_watts",
+    GAUGE,
+    "Enforced power limit.",
+    GPU_LABELS,
+    NVML,
     "field `NVML_FI_DEV_POWER_CURRENT_LIMIT` (mW, the limit enforced, whoever set it); "
-    "`nvmlDeviceGetEnforcedPowerLimit` on drivers without the field", unit="W",
-    readers=("panel Power draw and limit",))
+    "`nvmlDeviceGetEnforcedPowerLimit` on drivers without the field",
+    unit="W",
+    readers=("panel Power draw and limit",),
+)
 GPU_ENERGY = Metric(
-    "trainstack_gpu_energy_joules_total", COUNTER, "Energy consumed since the driver was loaded.", GPU_LABELS, NVML,
-    "field `NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION` (mJ since the driver loaded)", unit="J",
-    absent_when="before Volta", readers=("record job:trainstack_gpu_energy_joules:rate2m",))
+    "trainstack_gpu_energy_joules_total",
+    COUNTER,
+    "Energy consumed since the driver was loaded.",
+    GPU_LABELS,
+    NVML,
+    "field `NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION` (mJ since the driver loaded)",
+    unit="J",
+    absent_when="before Volta",
+    readers=("record job:trainstack_gpu_energy_joules:rate2m",),
+)
 GPU_TEMPERATURE = Metric(
-    "trainstack_gpu_temperature_celsius", GAUGE, "GPU core temperature.", GPU_LABELS, NVML,
-    "`nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)`", unit="°C", readers=("panel Temperature",))
+    "trainstack_gpu_temperature_celsius",
+    GAUGE,
+    "GPU core temperature.",
+    GPU_LABELS,
+    NVML,
+    "`nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)`",
+    unit="°C",
+    readers=("panel Temperature",),
+)
 GPU_MEMORY_TEMPERATURE = Metric(
-    "trainstack_gpu_memory_temperature_celsius", GAUGE, "Device memory (HBM) temperature.", GPU_LABELS, NVML,
-    "field `NVML_FI_DEV_MEMORY_TEMP`", unit="°C",
-    absent_when="GPUs without an HBM sensor (GDDR: T4, L4, P4...)")
+    "trainstack_gpu_memory_temperature_celsius",
+    GAUGE,
+    "Device memory (HBM) temperature.",
+    GPU_LABELS,
+    NVML,
+    "field `NVML_FI_DEV_MEMORY_TEMP`",
+    unit="°C",
+    absent_when="GPUs without an HBM sensor (GDDR: T4, L4, P4...)",
+)
 GPU_SM_CLOCK = Metric(
-    "trainstack_gpu_sm_clock_hertz", GAUGE, "Current SM clock.", GPU_LABELS, NVML,
-    "`nvmlDeviceGetClockInfo(NVML_CLOCK_SM)` (MHz)", unit="Hz",
-    readers=("alert TrainstackGPUPowerThrottling", "panel SM clock", "diagnose throttled"))
+    "trainstack_gpu_sm_clock_hertz",
+    GAUGE,
+    "Current SM clock.",
+    GPU_LABELS,
+    NVML,
+    "`nvmlDeviceGetClockInfo(NVML_CLOCK_SM)` (MHz)",
+    unit="Hz",
+    readers=("alert TrainstackGPUPowerThrottling", "panel SM clock", "diagnose throttled"),
+)
 GPU_SM_CLOCK_MAX = Metric(
-    "trainstack_gpu_sm_clock_max_hertz", GAUGE, "Maximum SM clock.", GPU_LABELS, NVML,
-    "`nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM)` (read once)", unit="Hz",
-    readers=("alert TrainstackGPUPowerThrottling", "panel SM clock", "diagnose throttled"))
+    "trainstack_gpu_sm_clock_max_hertz",
+    GAUGE,
+    "Maximum SM clock.",
+    GPU_LABELS,
+    NVML,
+    "`nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM)` (read once)",
+    unit="Hz",
+    readers=("alert TrainstackGPUPowerThrottling", "panel SM clock", "diagnose throttled"),
+)
 GPU_MEMORY_CLOCK = Metric(
-    "trainstack_gpu_memory_clock_hertz", GAUGE, "Current memory clock.", GPU_LABELS, NVML,
-    "`nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)`", unit="Hz")
+    "trainstack_gpu_memory_clock_hertz",
+    GAUGE,
+    "Current memory clock.",
+    GPU_LABELS,
+    NVML,
+    "`nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)`",
+    unit="Hz",
+)
 GPU_MEMORY_CLOCK_MAX = Metric(
-    "trainstack_gpu_memory_clock_max_hertz", GAUGE, "Maximum memory clock.", GPU_LABELS, NVML,
-    "`nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM)` (read once)", unit="Hz")
+    "trainstack_gpu_memory_clock_max_hertz",
+    GAUGE,
+    "Maximum memory clock.",
+    GPU_LABELS,
+    NVML,
+    "`nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM)` (read once)",
+    unit="Hz",
+)
 GPU_CLOCK_EVENT_ACTIVE = Metric(
-    "trainstack_gpu_clock_event_active", GAUGE,
-    "1 while this reason holds the clocks down (clocks event / throttle reason).", (*GPU_LABELS, "reason"), NVML,
+    "trainstack_gpu_clock_event_active",
+    GAUGE,
+    "1 while this reason holds the clocks down (clocks event / throttle reason).",
+    (*GPU_LABELS, "reason"),
+    NVML,
     "`nvmlDeviceGetCurrentClocksEventReasons` (`…ThrottleReasons` on drivers before R535): one series per reason, "
-    "1 while it holds the clocks down", values="0/1",
-    readers=("record gpu:trainstack_gpu_thermal_throttle:ratio_rate2m",
-             "record gpu:trainstack_gpu_power_throttle:ratio_rate2m", "panel Throttle reasons", "diagnose throttled"))
+    "1 while it holds the clocks down",
+    values="0/1",
+    readers=(
+        "record gpu:trainstack_gpu_thermal_throttle:ratio_rate2m",
+        "record gpu:trainstack_gpu_power_throttle:ratio_rate2m",
+        "panel Throttle reasons",
+        "diagnose throttled",
+    ),
+)
 GPU_POWER_VIOLATION = Metric(
-    "trainstack_gpu_power_violation_seconds_total", COUNTER, "Time the clocks were held down by the power limit.",
-    GPU_LABELS, NVML,
+    "trainstack_gpu_power_violation_seconds_total",
+    COUNTER,
+    "Time the clocks were held down by the power limit.",
+    GPU_LABELS,
+    NVML,
     "field `NVML_FI_DEV_PERF_POLICY_POWER` (ns); `nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_POWER)"
-    ".violationTime` where the field is missing", unit="s",
-    readers=("record gpu:trainstack_gpu_power_throttle:ratio_rate2m", "diagnose throttled"))
+    ".violationTime` where the field is missing",
+    unit="s",
+    readers=("record gpu:trainstack_gpu_power_throttle:ratio_rate2m", "diagnose throttled"),
+)
 GPU_THERMAL_VIOLATION = Metric(
-    "trainstack_gpu_thermal_violation_seconds_total", COUNTER, "Time the clocks were held down by temperature.",
-    GPU_LABELS, NVML,
+    "trainstack_gpu_thermal_violation_seconds_total",
+    COUNTER,
+    "Time the clocks were held down by temperature.",
+    GPU_LABELS,
+    NVML,
     "field `NVML_FI_DEV_PERF_POLICY_THERMAL` (ns); `nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_THERMAL)"
-    ".violationTime` where the field is missing", unit="s",
-    readers=("record gpu:trainstack_gpu_thermal_throttle:ratio_rate2m", "diagnose throttled"))
+    ".violationTime` where the field is missing",
+    unit="s",
+    readers=("record gpu:trainstack_gpu_thermal_throttle:ratio_rate2m", "diagnose throttled"),
+)
 GPU_PCIE_REPLAYS = Metric(
-    "trainstack_gpu_pcie_replays_total", COUNTER, "PCIe packets retransmitted.", GPU_LABELS, NVML,
-    "field `NVML_FI_DEV_PCIE_REPLAY_COUNTER`")
+    "trainstack_gpu_pcie_replays_total",
+    COUNTER,
+    "PCIe packets retransmitted.",
+    GPU_LABELS,
+    NVML,
+    "field `NVML_FI_DEV_PCIE_REPLAY_COUNTER`",
+)
 GPU_ECC_CORRECTED = Metric(
-    "trainstack_gpu_ecc_corrected_errors_total", COUNTER,
-    "Single-bit ECC errors corrected since the driver was loaded.", GPU_LABELS, NVML,
+    "trainstack_gpu_ecc_corrected_errors_total",
+    COUNTER,
+    "Single-bit ECC errors corrected since the driver was loaded.",
+    GPU_LABELS,
+    NVML,
     "field `NVML_FI_DEV_ECC_SBE_VOL_TOTAL` (volatile: since the driver loaded)",
-    absent_when="ECC disabled or absent")
+    absent_when="ECC disabled or absent",
+)
 GPU_ECC_UNCORRECTED = Metric(
-    "trainstack_gpu_ecc_uncorrected_errors_total", COUNTER, "Double-bit ECC errors since the driver was loaded.",
-    GPU_LABELS, NVML, "field `NVML_FI_DEV_ECC_DBE_VOL_TOTAL`", absent_when="ECC disabled or absent")
+    "trainstack_gpu_ecc_uncorrected_errors_total",
+    COUNTER,
+    "Double-bit ECC errors since the driver was loaded.",
+    GPU_LABELS,
+    NVML,
+    "field `NVML_FI_DEV_ECC_DBE_VOL_TOTAL`",
+    absent_when="ECC disabled or absent",
+)
 GPU_XID_ERRORS = Metric(
-    "trainstack_gpu_xid_errors_total", COUNTER,
-    "Xid errors the driver reported (NVML critical Xid events), by Xid code.", (*GPU_LABELS, "xid"), NVML,
+    "trainstack_gpu_xid_errors_total",
+    COUNTER,
+    "Xid errors the driver reported (NVML critical Xid events), by Xid code.",
+    (*GPU_LABELS, "xid"),
+    NVML,
     "NVML event set registered for `nvmlEventTypeXidCriticalError`, drained at each scrape without waiting",
     absent_when="until the first Xid on that GPU (alert on the series existing, not only on `increase()`)",
-    readers=("alert TrainstackGPUXidError",))
+    readers=("alert TrainstackGPUXidError",),
+)
 GPU_NVLINK_TRANSMIT = Metric(
-    "trainstack_gpu_nvlink_transmit_bytes_total", COUNTER, "Data sent over all NVLinks.", GPU_LABELS, NVML,
-    "field `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`, scope `UINT_MAX` = summed over all links (KiB)", unit="bytes",
-    absent_when="no active NVLink (PCIe cards without a bridge)")
+    "trainstack_gpu_nvlink_transmit_bytes_total",
+    COUNTER,
+    "Data sent over all NVLinks.",
+    GPU_LABELS,
+    NVML,
+    "field `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`, scope `UINT_MAX` = summed over all links (KiB)",
+    unit="bytes",
+    absent_when="no active NVLink (PCIe cards without a bridge)",
+)
 GPU_NVLINK_RECEIVE = Metric(
-    "trainstack_gpu_nvlink_receive_bytes_total", COUNTER, "Data received over all NVLinks.", GPU_LABELS, NVML,
-    "field `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX`, scope `UINT_MAX`", unit="bytes",
-    absent_when="no active NVLink")
+    "trainstack_gpu_nvlink_receive_bytes_total",
+    COUNTER,
+    "Data received over all NVLinks.",
+    GPU_LABELS,
+    NVML,
+    "field `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX`, scope `UINT_MAX`",
+    unit="bytes",
+    absent_when="no active NVLink",
+)
 GPU_PCIE_TRANSMIT = Metric(
-    "trainstack_gpu_pcie_transmit_bytes_per_second", GAUGE,
-    "PCIe transmit throughput over NVML's 20 ms window (opt-in).", GPU_LABELS, NVML,
-    "`nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES)` (KiB/s over 20 ms)", unit="B/s",
-    absent_when="unless `--pcie-throughput`")
+    "trainstack_gpu_pcie_transmit_bytes_per_second",
+    GAUGE,
+    "PCIe transmit throughput over NVML's 20 ms window (opt-in).",
+    GPU_LABELS,
+    NVML,
+    "`nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES)` (KiB/s over 20 ms)",
+    unit="B/s",
+    absent_when="unless `--pcie-throughput`",
+)
 GPU_PCIE_RECEIVE = Metric(
-    "trainstack_gpu_pcie_receive_bytes_per_second", GAUGE,
-    "PCIe receive throughput over NVML's 20 ms window (opt-in).", GPU_LABELS, NVML,
-    "`nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES)`", unit="B/s", absent_when="unless `--pcie-throughput`")
+    "trainstack_gpu_pcie_receive_bytes_per_second",
+    GAUGE,
+    "PCIe receive throughput over NVML's 20 ms window (opt-in).",
+    GPU_LABELS,
+    NVML,
+    "`nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES)`",
+    unit="B/s",
+    absent_when="unless `--pcie-throughput`",
+)
 # GPM (Hopper and newer): what the GPU really did over each sampling period (monitoring/exporter/gpm.py).
-_GPM_ABSENT = "the GPU has no GPM (before Hopper), NVML refuses whole-GPU samples (MIG mode), the driver or " \
+_GPM_ABSENT = (
+    "the GPU has no GPM (before Hopper), NVML refuses whole-GPU samples (MIG mode), the driver or "
     "nvidia-ml-py predates GPM (`trainstack_gpu_gpm_info` says which); and until the second sample"
-_GPM_PERIOD = "mean over the latest GPM period (`--gpm-interval`, 5 s): `nvmlGpmMetricsGet` over the period's " \
+)
+_GPM_PERIOD = (
+    "mean over the latest GPM period (`--gpm-interval`, 5 s): `nvmlGpmMetricsGet` over the period's "
     "pair of `nvmlGpmSampleGet` samples"
+)
 GPU_GPM_INFO = Metric(
-    "trainstack_gpu_gpm_info", INFO,
+    "trainstack_gpu_gpm_info",
+    INFO,
     "Whether the GPU answers NVML's GPM metrics (SM, tensor, DRAM activity; link traffic), and why not where not.",
-    (*GPU_LABELS, "supported", "reason"), NVML,
+    (*GPU_LABELS, "supported", "reason"),
+    NVML,
     "`nvmlGpmQueryDeviceSupport` and two `nvmlGpmSampleAlloc` buffers at start; `supported` `true` or `false`; "
     "`reason` empty where supported, else the call and NVML's error (`nvmlGpmSampleGet: NotSupported` on a MIG-mode "
     "GPU, `nvmlGpmQueryDeviceSupport: FunctionNotFound` on a driver without GPM) or that the GPU has none",
-    values="1", readers=("diagnose gpu-underused", "diagnose no-tensor-cores"))
+    values="1",
+    readers=("diagnose gpu-underused", "diagnose no-tensor-cores"),
+)
 GPU_SM_ACTIVE = Metric(
-    "trainstack_gpu_sm_active_ratio", GAUGE,
+    "trainstack_gpu_sm_active_ratio",
+    GAUGE,
     "Share of the GPU's SMs busy, averaged over the sampling period (GPM; utilization counts a kernel on one SM as "
-    "busy).", GPU_LABELS, NVML, f"`NVML_GPM_METRIC_SM_UTIL` / 100, {_GPM_PERIOD}", unit="0..1",
+    "busy).",
+    GPU_LABELS,
+    NVML,
+    f"`NVML_GPM_METRIC_SM_UTIL` / 100, {_GPM_PERIOD}",
+    unit="0..1",
     absent_when=_GPM_ABSENT,
-    readers=("alert TrainstackGPUUnderused", "alert TrainstackNoTensorCores", "panel Busy vs really busy",
-             "diagnose gpu-underused", "diagnose no-tensor-cores", "diagnose figures"))
+    readers=(
+        "alert TrainstackGPUUnderused",
+        "alert TrainstackNoTensorCores",
+        "panel Busy vs really busy",
+        "diagnose gpu-underused",
+        "diagnose no-tensor-cores",
+        "diagnose figures",
+    ),
+)
 GPU_SM_OCCUPANCY = Metric(
-    "trainstack_gpu_sm_occupancy_ratio", GAUGE,
-    "Warps resident on the SMs over the most they hold, averaged over the sampling period (GPM).", GPU_LABELS, NVML,
-    f"`NVML_GPM_METRIC_SM_OCCUPANCY` / 100, {_GPM_PERIOD}", unit="0..1", absent_when=_GPM_ABSENT,
-    readers=("panel SM occupancy and DRAM bandwidth", "diagnose gpu-underused"))
+    "trainstack_gpu_sm_occupancy_ratio",
+    GAUGE,
+    "Warps resident on the SMs over the most they hold, averaged over the sampling period (GPM).",
+    GPU_LABELS,
+    NVML,
+    f"`NVML_GPM_METRIC_SM_OCCUPANCY` / 100, {_GPM_PERIOD}",
+    unit="0..1",
+    absent_when=_GPM_ABSENT,
+    readers=("panel SM occupancy and DRAM bandwidth", "diagnose gpu-underused"),
+)
 GPU_TENSOR_ACTIVE = Metric(
-    "trainstack_gpu_tensor_active_ratio", GAUGE,
-    "Share of the sampling period the SMs ran tensor-core instructions of any kind (GPM).", GPU_LABELS, NVML,
-    f"`NVML_GPM_METRIC_ANY_TENSOR_UTIL` / 100, {_GPM_PERIOD}", unit="0..1", absent_when=_GPM_ABSENT,
-    readers=("alert TrainstackNoTensorCores", "panel Busy vs really busy", "diagnose no-tensor-cores",
-             "diagnose figures"))
+    "trainstack_gpu_tensor_active_ratio",
+    GAUGE,
+    "Share of the sampling period the SMs ran tensor-core instructions of any kind (GPM).",
+    GPU_LABELS,
+    NVML,
+    f"`NVML_GPM_METRIC_ANY_TENSOR_UTIL` / 100, {_GPM_PERIOD}",
+    unit="0..1",
+    absent_when=_GPM_ABSENT,
+    readers=(
+        "alert TrainstackNoTensorCores",
+        "panel Busy vs really busy",
+        "diagnose no-tensor-cores",
+        "diagnose figures",
+    ),
+)
 GPU_DRAM_ACTIVE = Metric(
-    "trainstack_gpu_dram_active_ratio", GAUGE,
-    "Device memory bandwidth used over its maximum, averaged over the sampling period (GPM).", GPU_LABELS, NVML,
-    f"`NVML_GPM_METRIC_DRAM_BW_UTIL` / 100, {_GPM_PERIOD}", unit="0..1", absent_when=_GPM_ABSENT,
-    readers=("panel SM occupancy and DRAM bandwidth", "diagnose gpu-underused", "diagnose figures"))
-_GPM_BYTES = "added up from the GPM periods' mean rates (MiB/s) times their length, since the exporter started: " \
-    "a counter, so that `rate()` over any window is the traffic in it, where a gauge of the latest period's rate " \
+    "trainstack_gpu_dram_active_ratio",
+    GAUGE,
+    "Device memory bandwidth used over its maximum, averaged over the sampling period (GPM).",
+    GPU_LABELS,
+    NVML,
+    f"`NVML_GPM_METRIC_DRAM_BW_UTIL` / 100, {_GPM_PERIOD}",
+    unit="0..1",
+    absent_when=_GPM_ABSENT,
+    readers=("panel SM occupancy and DRAM bandwidth", "diagnose gpu-underused", "diagnose figures"),
+)
+_GPM_BYTES = (
+    "added up from the GPM periods' mean rates (MiB/s) times their length, since the exporter started: "
+    "a counter, so that `rate()` over any window is the traffic in it, where a gauge of the latest period's rate "
     "would show one period per scrape. `gpm_` in the name: the same traffic from another NVML call has the plain name"
+)
 GPU_GPM_PCIE_TRANSMIT = Metric(
-    "trainstack_gpu_gpm_pcie_transmit_bytes_total", COUNTER, "PCIe traffic from the GPU, measured by GPM.", GPU_LABELS,
-    NVML, f"`NVML_GPM_METRIC_PCIE_TX_PER_SEC`, {_GPM_BYTES} (`trainstack_gpu_pcie_transmit_bytes_per_second`, opt-in)",
-    unit="bytes", absent_when=_GPM_ABSENT, readers=("panel Link traffic", "diagnose comm-bound"))
+    "trainstack_gpu_gpm_pcie_transmit_bytes_total",
+    COUNTER,
+    "PCIe traffic from the GPU, measured by GPM.",
+    GPU_LABELS,
+    NVML,
+    f"`NVML_GPM_METRIC_PCIE_TX_PER_SEC`, {_GPM_BYTES} (`trainstack_gpu_pcie_transmit_bytes_per_second`, opt-in)",
+    unit="bytes",
+    absent_when=_GPM_ABSENT,
+    readers=("panel Link traffic", "diagnose comm-bound"),
+)
 GPU_GPM_PCIE_RECEIVE = Metric(
-    "trainstack_gpu_gpm_pcie_receive_bytes_total", COUNTER, "PCIe traffic to the GPU, measured by GPM.", GPU_LABELS,
-    NVML, "`NVML_GPM_METRIC_PCIE_RX_PER_SEC`, as the transmit counter", unit="bytes", absent_when=_GPM_ABSENT,
-    readers=("panel Link traffic", "diagnose comm-bound"))
+    "trainstack_gpu_gpm_pcie_receive_bytes_total",
+    COUNTER,
+    "PCIe traffic to the GPU, measured by GPM.",
+    GPU_LABELS,
+    NVML,
+    "`NVML_GPM_METRIC_PCIE_RX_PER_SEC`, as the transmit counter",
+    unit="bytes",
+    absent_when=_GPM_ABSENT,
+    readers=("panel Link traffic", "diagnose comm-bound"),
+)
 GPU_GPM_NVLINK_TRANSMIT = Metric(
-    "trainstack_gpu_gpm_nvlink_transmit_bytes_total", COUNTER, "NVLink traffic from the GPU over all its links, "
-    "measured by GPM.", GPU_LABELS, NVML,
+    "trainstack_gpu_gpm_nvlink_transmit_bytes_total",
+    COUNTER,
+    "NVLink traffic from the GPU over all its links, measured by GPM.",
+    GPU_LABELS,
+    NVML,
     f"`NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC`, {_GPM_BYTES} (`trainstack_gpu_nvlink_transmit_bytes_total`, read "
-    "at the slow cadence from a field)", unit="bytes", absent_when=f"{_GPM_ABSENT}; a GPU without NVLink",
-    readers=("panel Link traffic", "diagnose comm-bound"))
+    "at the slow cadence from a field)",
+    unit="bytes",
+    absent_when=f"{_GPM_ABSENT}; a GPU without NVLink",
+    readers=("panel Link traffic", "diagnose comm-bound"),
+)
 GPU_GPM_NVLINK_RECEIVE = Metric(
-    "trainstack_gpu_gpm_nvlink_receive_bytes_total", COUNTER, "NVLink traffic to the GPU over all its links, "
-    "measured by GPM.", GPU_LABELS, NVML, "`NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC`, as the transmit counter",
-    unit="bytes", absent_when=f"{_GPM_ABSENT}; a GPU without NVLink",
-    readers=("panel Link traffic", "diagnose comm-bound"))
+    "trainstack_gpu_gpm_nvlink_receive_bytes_total",
+    COUNTER,
+    "NVLink traffic to the GPU over all its links, measured by GPM.",
+    GPU_LABELS,
+    NVML,
+    "`NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC`, as the transmit counter",
+    unit="bytes",
+    absent_when=f"{_GPM_ABSENT}; a GPU without NVLink",
+    readers=("panel Link traffic", "diagnose comm-bound"),
+)
 GPU_PROCESS_MEMORY_USED = Metric(
-    "trainstack_gpu_process_memory_used_bytes", GAUGE,
+    "trainstack_gpu_process_memory_used_bytes",
+    GAUGE,
     "Device memory one process uses on the GPU (every process NVML lists, trainstack's or not).",
-    (*GPU_LABELS, "pid", "process"), NVML,
+    (*GPU_LABELS, "pid", "process"),
+    NVML,
     "`nvmlDeviceGetComputeRunningProcesses` and `nvmlDeviceGetGraphicsRunningProcesses` (`_v2` on R470 drivers), "
     "a process in both once; `process`: `nvmlSystemGetProcessName`'s base name (what nvidia-smi shows), asked once "
-    "per process, empty where the exporter's PID namespace does not see the process", unit="bytes",
+    "per process, empty where the exporter's PID namespace does not see the process",
+    unit="bytes",
     absent_when="no process on the GPU; a figure NVML does not have (Windows WDDM); a container without the host "
-                "PID namespace may see host pids, or none",
-    readers=("alert TrainstackOneProcessManyGPUs", "diagnose one-process-many-gpus", "diagnose gpus-unused",
-             "diagnose no-training"))
+    "PID namespace may see host pids, or none",
+    readers=(
+        "alert TrainstackOneProcessManyGPUs",
+        "diagnose one-process-many-gpus",
+        "diagnose gpus-unused",
+        "diagnose no-training",
+    ),
+)
 
 # --- the exporter's own (monitoring/exporter/health.py) -------------------------------------------------------
 
 EXPORTER_NVML_UP = Metric(
-    "trainstack_exporter_nvml_up", GAUGE, "1 when NVML initialised (a driver is present), else 0.", (), EXPORTER,
+    "trainstack_exporter_nvml_up",
+    GAUGE,
+    "1 when NVML initialised (a driver is present), else 0.",
+    (),
+    EXPORTER,
     "1 when `nvmlInit` succeeded at start (a driver is present); 0 on a CPU host or a broken driver, and then no "
-    "GPU metric is served", values="0/1",
-    readers=("alert TrainstackNVMLUnavailable", "panel NVML up", "variable job", "variable instance"))
+    "GPU metric is served",
+    values="0/1",
+    readers=("alert TrainstackNVMLUnavailable", "panel NVML up", "variable job", "variable instance"),
+)
 EXPORTER_NVML_ERRORS = Metric(
-    "trainstack_exporter_nvml_errors_total", COUNTER,
+    "trainstack_exporter_nvml_errors_total",
+    COUNTER,
     "Failed NVML calls by call and error (NotSupported: counted once, then the field is omitted).",
-    ("call", "error"), EXPORTER,
+    ("call", "error"),
+    EXPORTER,
     "failed NVML calls: `call` is the pynvml function (`nvmlDeviceGetFieldValues/<field>` for one field), `error` "
     "the `NVMLError_` class without its prefix (`NotSupported`, `FunctionNotFound`, `GpuIsLost`, `Unknown`, "
     "`Timeout`, `NoPermission`, `LibraryNotFound`, `DriverNotLoaded`...). `NotSupported`/`FunctionNotFound` are "
-    "counted once per GPU and call", absent_when="until the first error", readers=("panel NVML errors",))
+    "counted once per GPU and call",
+    absent_when="until the first error",
+    readers=("panel NVML errors",),
+)
 EXPORTER_GPUS_LOST = Metric(
-    "trainstack_exporter_gpus_lost", GAUGE, "GPUs that answered NVMLError_GpuIsLost and dropped out (need a reset).",
-    (), EXPORTER,
-    "GPUs that answered `NVMLError_GpuIsLost` since the exporter started (they need a reset)")
+    "trainstack_exporter_gpus_lost",
+    GAUGE,
+    "GPUs that answered NVMLError_GpuIsLost and dropped out (need a reset).",
+    (),
+    EXPORTER,
+    "GPUs that answered `NVMLError_GpuIsLost` since the exporter started (they need a reset)",
+)
 EXPORTER_COLLECTOR_DURATION = Metric(
-    "trainstack_exporter_collector_duration_seconds", GAUGE, "Time the collector took in its latest run.",
-    ("collector",), EXPORTER,
-    "time the `gpu`, `training`, `hang` or `watched command` collector took in its latest run (scrape cost)", unit="s",
-    readers=("panel Exporter collector time",))
+    "trainstack_exporter_collector_duration_seconds",
+    GAUGE,
+    "Time the collector took in its latest run.",
+    ("collector",),
+    EXPORTER,
+    "time the `gpu`, `training`, `hang` or `watched command` collector took in its latest run (scrape cost)",
+    unit="s",
+    readers=("panel Exporter collector time",),
+)
 EXPORTER_COLLECTOR_SUCCESS = Metric(
-    "trainstack_exporter_collector_success", GAUGE, "1 when the collector's latest run succeeded, else 0.",
-    ("collector",), EXPORTER,
+    "trainstack_exporter_collector_success",
+    GAUGE,
+    "1 when the collector's latest run succeeded, else 0.",
+    ("collector",),
+    EXPORTER,
     "0 when the collector's latest run raised (its metrics were left out of that scrape; the rest was served)",
-    values="0/1")
+    values="0/1",
+)
 EXPORTER_GPU_SAMPLE_AGE = Metric(
-    "trainstack_exporter_gpu_sample_age_seconds", GAUGE,
+    "trainstack_exporter_gpu_sample_age_seconds",
+    GAUGE,
     "Time since the GPU sample served started: fast, every GPU metric; slow, the counters and slow sensors read "
-    "at the slow cadence (docs/metrics.md).", CADENCE_LABELS, EXPORTER,
+    "at the slow cadence (docs/metrics.md).",
+    CADENCE_LABELS,
+    EXPORTER,
     "time since the GPU sample served started: `fast` for every GPU metric, `slow` for the slow ones "
     "([freshness](#freshness-and-cost-of-the-gpu-metrics)). It grows while an NVML call hangs; the "
-    "`TrainstackGPUDataStale` alert fires past 3 intervals", unit="s", absent_when="NVML is down",
-    readers=("alert TrainstackGPUDataStale", "diagnose gpu-data-stale", "diagnose throttled"))
+    "`TrainstackGPUDataStale` alert fires past 3 intervals",
+    unit="s",
+    absent_when="NVML is down",
+    readers=("alert TrainstackGPUDataStale", "diagnose gpu-data-stale", "diagnose throttled"),
+)
 EXPORTER_GPU_SAMPLE_INTERVAL = Metric(
-    "trainstack_exporter_gpu_sample_interval_seconds", GAUGE,
-    "How often the sampler reads that part of the GPU sample (its flag).", CADENCE_LABELS, EXPORTER,
-    "the sampler's cadences (`--sample-interval`, `--slow-sample-interval`)", unit="s", absent_when="NVML is down",
-    readers=("alert TrainstackGPUDataStale", "diagnose gpu-data-stale"))
+    "trainstack_exporter_gpu_sample_interval_seconds",
+    GAUGE,
+    "How often the sampler reads that part of the GPU sample (its flag).",
+    CADENCE_LABELS,
+    EXPORTER,
+    "the sampler's cadences (`--sample-interval`, `--slow-sample-interval`)",
+    unit="s",
+    absent_when="NVML is down",
+    readers=("alert TrainstackGPUDataStale", "diagnose gpu-data-stale"),
+)
 EXPORTER_GPU_SAMPLES = Metric(
-    "trainstack_exporter_gpu_samples_total", COUNTER,
-    "GPU samples taken, by cadence (a slow sample reads both parts).", CADENCE_LABELS, EXPORTER,
-    "samples taken; a `slow` sample reads both parts", absent_when="NVML is down",
-    readers=("diagnose throttled",))
+    "trainstack_exporter_gpu_samples_total",
+    COUNTER,
+    "GPU samples taken, by cadence (a slow sample reads both parts).",
+    CADENCE_LABELS,
+    EXPORTER,
+    "samples taken; a `slow` sample reads both parts",
+    absent_when="NVML is down",
+    readers=("diagnose throttled",),
+)
 EXPORTER_GPU_SAMPLE_CPU = Metric(
-    "trainstack_exporter_gpu_sample_cpu_seconds_total", COUNTER,
-    "CPU time the GPU sampler spent in samples of that cadence.", CADENCE_LABELS, EXPORTER,
+    "trainstack_exporter_gpu_sample_cpu_seconds_total",
+    COUNTER,
+    "CPU time the GPU sampler spent in samples of that cadence.",
+    CADENCE_LABELS,
+    EXPORTER,
     "CPU the sampler spent in samples of that cadence (its thread's CPU time): `rate()` of the sum is its share of "
-    "a core", unit="s", absent_when="NVML is down")
+    "a core",
+    unit="s",
+    absent_when="NVML is down",
+)
 EXPORTER_GPU_SAMPLE_DURATION = Metric(
-    "trainstack_exporter_gpu_sample_duration_seconds", GAUGE,
-    "Wall time the latest GPU sample of that cadence took.", CADENCE_LABELS, EXPORTER,
-    "wall time the latest sample of that cadence took", unit="s", absent_when="NVML is down")
+    "trainstack_exporter_gpu_sample_duration_seconds",
+    GAUGE,
+    "Wall time the latest GPU sample of that cadence took.",
+    CADENCE_LABELS,
+    EXPORTER,
+    "wall time the latest sample of that cadence took",
+    unit="s",
+    absent_when="NVML is down",
+)
 
 # --- recorded series (monitoring/prometheus/rules/recording.yml) ----------------------------------------------
 
 RANK_STEPS_RATE = Recorded(
-    "rank:trainstack_train_steps:rate2m", "optimizer steps per second", readers=("alert TrainstackGPUUnused",))
+    "rank:trainstack_train_steps:rate2m", "optimizer steps per second", readers=("alert TrainstackGPUUnused",)
+)
 RANK_SAMPLES_RATE = Recorded(
-    "rank:trainstack_train_samples:rate2m", "samples per second",
-    readers=("record job:trainstack_train_samples:rate2m", "panel Samples/s per rank"))
+    "rank:trainstack_train_samples:rate2m",
+    "samples per second",
+    readers=("record job:trainstack_train_samples:rate2m", "panel Samples/s per rank"),
+)
 RANK_TOKENS_RATE = Recorded(
-    "rank:trainstack_train_tokens:rate2m", "non-padding tokens per second",
-    readers=("record job:trainstack_train_tokens:rate2m", "panel Tokens/s per rank"))
+    "rank:trainstack_train_tokens:rate2m",
+    "non-padding tokens per second",
+    readers=("record job:trainstack_train_tokens:rate2m", "panel Tokens/s per rank"),
+)
 JOB_SAMPLES_RATE = Recorded(
-    "job:trainstack_train_samples:rate2m", "the job's samples per second",
-    readers=("record job:trainstack_gpu_energy_per_sample:joules", "panel Samples/s", "panel Samples/s per rank"))
+    "job:trainstack_train_samples:rate2m",
+    "the job's samples per second",
+    readers=("record job:trainstack_gpu_energy_per_sample:joules", "panel Samples/s", "panel Samples/s per rank"),
+)
 JOB_TOKENS_RATE = Recorded(
-    "job:trainstack_train_tokens:rate2m", "the job's non-padding tokens per second",
-    readers=("panel Tokens/s", "panel Tokens/s per rank"))
+    "job:trainstack_train_tokens:rate2m",
+    "the job's non-padding tokens per second",
+    readers=("panel Tokens/s", "panel Tokens/s per rank"),
+)
 RANK_STEP_DURATION_MEAN = Recorded(
-    "rank:trainstack_train_step_duration_seconds:mean_rate2m", "mean wall time per optimizer step")
+    "rank:trainstack_train_step_duration_seconds:mean_rate2m", "mean wall time per optimizer step"
+)
 RANK_STEP_DURATION_QUANTILE = Recorded(
     "rank:trainstack_train_step_duration_seconds:quantile_rate2m",
-    "step time quantiles (`quantile` 0.5, 0.9, 0.99)", readers=("panel Step time per rank",))
+    "step time quantiles (`quantile` 0.5, 0.9, 0.99)",
+    readers=("panel Step time per rank",),
+)
 JOB_STEP_DURATION_QUANTILE = Recorded(
-    "job:trainstack_train_step_duration_seconds:quantile_rate2m", "the job's step time quantiles")
+    "job:trainstack_train_step_duration_seconds:quantile_rate2m", "the job's step time quantiles"
+)
 RANK_DATA_WAIT_RATIO = Recorded(
-    "rank:trainstack_train_data_wait:ratio_rate2m", "share of step time the device idled for want of a batch",
-    readers=("record job:trainstack_train_data_wait:ratio_rate2m", "alert TrainstackInputBound",
-             "panel Data-wait ratio per rank"))
+    "rank:trainstack_train_data_wait:ratio_rate2m",
+    "share of step time the device idled for want of a batch",
+    readers=(
+        "record job:trainstack_train_data_wait:ratio_rate2m",
+        "alert TrainstackInputBound",
+        "panel Data-wait ratio per rank",
+    ),
+)
 JOB_DATA_WAIT_RATIO = Recorded(
-    "job:trainstack_train_data_wait:ratio_rate2m", "the ranks' mean data-wait ratio",
-    readers=("panel Data-wait ratio",))
+    "job:trainstack_train_data_wait:ratio_rate2m", "the ranks' mean data-wait ratio", readers=("panel Data-wait ratio",)
+)
 RANK_COMM_EXPOSED_RATIO = Recorded(
     "rank:trainstack_train_comm_exposed:ratio_rate2m",
     "share of step time the rank waited for communication compute did not hide (DDP's all-reduce, FSDP's "
     "all-gathers and reduce-scatters)",
-    readers=("record job:trainstack_train_comm_exposed:min_ratio_rate2m",
-             "record rank:trainstack_train_straggler_wait:ratio_rate2m"))
+    readers=(
+        "record job:trainstack_train_comm_exposed:min_ratio_rate2m",
+        "record rank:trainstack_train_straggler_wait:ratio_rate2m",
+    ),
+)
 JOB_COMM_EXPOSED_MIN_RATIO = Recorded(
     "job:trainstack_train_comm_exposed:min_ratio_rate2m",
     "the least exposed-communication share of the job's ranks: over the threshold, every rank waits on the network",
-    readers=("alert TrainstackCommunicationBound",))
+    readers=("alert TrainstackCommunicationBound",),
+)
 RANK_TIME_SHARE = Recorded(
-    "rank:trainstack_train_time:share_rate2m", "each part's share of the rank's time measured in the window (`part`)",
-    readers=("record rank:trainstack_train_goodput:ratio_rate2m", "panel Where the time goes"))
+    "rank:trainstack_train_time:share_rate2m",
+    "each part's share of the rank's time measured in the window (`part`)",
+    readers=("record rank:trainstack_train_goodput:ratio_rate2m", "panel Where the time goes"),
+)
 RANK_GOODPUT = Recorded(
-    "rank:trainstack_train_goodput:ratio_rate2m", "goodput: the compute share of the rank's measured time",
-    readers=("record job:trainstack_train_goodput:avg_ratio_rate2m", "panel Goodput per rank"))
+    "rank:trainstack_train_goodput:ratio_rate2m",
+    "goodput: the compute share of the rank's measured time",
+    readers=("record job:trainstack_train_goodput:avg_ratio_rate2m", "panel Goodput per rank"),
+)
 JOB_GOODPUT = Recorded(
-    "job:trainstack_train_goodput:avg_ratio_rate2m", "the ranks' mean goodput", readers=("panel Goodput per rank",))
+    "job:trainstack_train_goodput:avg_ratio_rate2m", "the ranks' mean goodput", readers=("panel Goodput per rank",)
+)
 RANK_HOST_BOUND_RATIO = Recorded(
     "rank:trainstack_train_host_bound:ratio_rate2m",
     "share of step time the rank's GPU idled though neither starved of data nor waiting on communication",
-    readers=("alert TrainstackHostBound",))
+    readers=("alert TrainstackHostBound",),
+)
 RANK_STRAGGLER_WAIT = Recorded(
     "rank:trainstack_train_straggler_wait:ratio_rate2m",
     "the most any rank of the job waits at the collectives, less this rank's wait (shares of step time): "
     "largest on the straggler, what the others wait for it",
-    readers=("record job:trainstack_train_straggler_wait:max_ratio_rate2m", "alert TrainstackStragglerRank",
-             "panel Peers' wait beyond each rank"))
+    readers=(
+        "record job:trainstack_train_straggler_wait:max_ratio_rate2m",
+        "alert TrainstackStragglerRank",
+        "panel Peers' wait beyond each rank",
+    ),
+)
 JOB_STRAGGLER_WAIT = Recorded(
     "job:trainstack_train_straggler_wait:max_ratio_rate2m",
-    "what the job's ranks wait for its straggler, as a share of step time", readers=("panel Waiting for a straggler",))
+    "what the job's ranks wait for its straggler, as a share of step time",
+    readers=("panel Waiting for a straggler",),
+)
 JOB_LAST_STEP_AGE = Recorded(
-    "job:trainstack_train_last_step_age:seconds", "seconds since the job's newest step",
-    readers=("alert TrainstackTrainingStalled", "panel Since last step"))
+    "job:trainstack_train_last_step_age:seconds",
+    "seconds since the job's newest step",
+    readers=("alert TrainstackTrainingStalled", "panel Since last step"),
+)
 JOB_MFU = Recorded("job:trainstack_train_mfu:avg_ratio", "the ranks' mean MFU", readers=("panel MFU",))
 GPU_MEMORY_USED_RATIO = Recorded(
-    "gpu:trainstack_gpu_memory_used:ratio", "used over installed device memory",
-    readers=("alert TrainstackGPUMemoryNearlyFull", "panel GPU memory used share"))
+    "gpu:trainstack_gpu_memory_used:ratio",
+    "used over installed device memory",
+    readers=("alert TrainstackGPUMemoryNearlyFull", "panel GPU memory used share"),
+)
 JOB_GPU_UTILIZATION = Recorded("job:trainstack_gpu_utilization:avg_ratio", "the job's mean GPU utilization")
 JOB_GPU_POWER = Recorded("job:trainstack_gpu_power_watts:sum", "the job's GPUs' power draw")
 JOB_GPU_ENERGY_RATE = Recorded(
-    "job:trainstack_gpu_energy_joules:rate2m", "the job's GPUs' energy per second",
-    readers=("record job:trainstack_gpu_energy_per_sample:joules",))
+    "job:trainstack_gpu_energy_joules:rate2m",
+    "the job's GPUs' energy per second",
+    readers=("record job:trainstack_gpu_energy_per_sample:joules",),
+)
 JOB_GPU_ENERGY_PER_SAMPLE = Recorded(
-    "job:trainstack_gpu_energy_per_sample:joules", "joules per training sample", readers=("panel Energy per sample",))
+    "job:trainstack_gpu_energy_per_sample:joules", "joules per training sample", readers=("panel Energy per sample",)
+)
 GPU_THERMAL_THROTTLE = Recorded(
-    "gpu:trainstack_gpu_thermal_throttle:ratio_rate2m", "share of time the clocks were held down by temperature",
-    readers=("alert TrainstackGPUThermalThrottling", "panel Throttled time share"))
+    "gpu:trainstack_gpu_thermal_throttle:ratio_rate2m",
+    "share of time the clocks were held down by temperature",
+    readers=("alert TrainstackGPUThermalThrottling", "panel Throttled time share"),
+)
 GPU_POWER_THROTTLE = Recorded(
-    "gpu:trainstack_gpu_power_throttle:ratio_rate2m", "share of time the clocks were held down by the power limit",
-    readers=("alert TrainstackGPUPowerThrottling", "panel Throttled time share"))
+    "gpu:trainstack_gpu_power_throttle:ratio_rate2m",
+    "share of time the clocks were held down by the power limit",
+    readers=("alert TrainstackGPUPowerThrottling", "panel Throttled time share"),
+)
 
 METRICS: tuple[Metric, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Metric))
 RECORDED: tuple[Recorded, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Recorded))

@@ -34,8 +34,10 @@ PAUSES = "pauses"
 
 WHAT_FIX_GAINS = {
     INPUT_BOUND: ("the loader starves the device {share} of step time", "a loader that keeps up"),
-    COMM_BOUND: ("every rank waits for communication compute does not hide at least {share} of step time",
-                 "communication that compute hides"),
+    COMM_BOUND: (
+        "every rank waits for communication compute does not hide at least {share} of step time",
+        "communication that compute hides",
+    ),
     HOST_BOUND: ("the GPU idles waiting for the host {share} of step time", "a host that keeps the GPU fed"),
     STRAGGLER: ("the other ranks wait for the straggler {share} of step time", "a straggler as fast as its peers"),
     PAUSES: ("evaluation and checkpoints pause training {share} of the wall time", "a loop that never pauses"),
@@ -67,8 +69,10 @@ def ceiling(kind: str, share: float) -> Ceiling:
     share = max(0.0, share)  # a difference of noisy shares can dip below 0: nothing to gain
     speedup = speedup_ceiling(share)
     what, fix = WHAT_FIX_GAINS[kind]
-    text = f"{kind}: {what.format(share=f'{100 * share:.0f}%')}; {fix} makes " \
-           f"{'the run' if kind == PAUSES else 'steps'} up to {speedup:.2f}x faster"
+    text = (
+        f"{kind}: {what.format(share=f'{100 * share:.0f}%')}; {fix} makes "
+        f"{'the run' if kind == PAUSES else 'steps'} up to {speedup:.2f}x faster"
+    )
     return Ceiling(kind, share, speedup, text)
 
 

@@ -31,27 +31,41 @@ class Subcommand(NamedTuple):
 
 
 SUBCOMMANDS = {
-    "train": Subcommand("trainstack.train.launcher.launch_config",
-                        "launch the training ranks (one per GPU; 2 CPU ranks without a GPU)"),
-    "watch": Subcommand("trainstack.train.launcher.watch",
-                        "run any training command (python, torchrun, accelerate launch) with the exporter, a run "
-                        "directory and a report beside it"),
+    "train": Subcommand(
+        "trainstack.train.launcher.launch_config", "launch the training ranks (one per GPU; 2 CPU ranks without a GPU)"
+    ),
+    "watch": Subcommand(
+        "trainstack.train.launcher.watch",
+        "run any training command (python, torchrun, accelerate launch) with the exporter, a run "
+        "directory and a report beside it",
+    ),
     "exporter": Subcommand("trainstack.monitoring.exporter.cli", "serve per-GPU NVML and per-rank training metrics"),
-    "doctor": Subcommand("trainstack.train.launcher.doctor.cli",
-                         "preflight checks: GPUs, CUDA, /dev/shm, ulimits, NCCL switches, ports, disk"),
-    "export": Subcommand("trainstack.train.launcher.export",
-                         "write a checkpoint's full model weights as one safetensors file (DDP or FSDP)"),
-    "report": Subcommand("trainstack.monitoring.report.cli",
-                         f"write {SHOWN.report}: loss, throughput, step times, data wait, GPUs"),
-    "diagnose": Subcommand("trainstack.monitoring.diagnose.cli",
-                           "why a live run leaves GPUs idle: reads its exporter or Prometheus"),
-    "compare": Subcommand("trainstack.monitoring.compare.cli",
-                          "two run directories side by side: throughput, goodput, time breakdown, verdicts, settings"),
-    "tune": Subcommand("trainstack.tune.cli",
-                       "short trials of the fixes the diagnosis names, against the baseline; writes the fastest as "
-                       "a config file"),
-    "bench": Subcommand("trainstack.train.launcher.scaling.cli",
-                        "benchmarks: scaling = DDP vs DataParallel samples/s, efficiency on 1..N devices"),
+    "doctor": Subcommand(
+        "trainstack.train.launcher.doctor.cli",
+        "preflight checks: GPUs, CUDA, /dev/shm, ulimits, NCCL switches, ports, disk",
+    ),
+    "export": Subcommand(
+        "trainstack.train.launcher.export",
+        "write a checkpoint's full model weights as one safetensors file (DDP or FSDP)",
+    ),
+    "report": Subcommand(
+        "trainstack.monitoring.report.cli", f"write {SHOWN.report}: loss, throughput, step times, data wait, GPUs"
+    ),
+    "diagnose": Subcommand(
+        "trainstack.monitoring.diagnose.cli", "why a live run leaves GPUs idle: reads its exporter or Prometheus"
+    ),
+    "compare": Subcommand(
+        "trainstack.monitoring.compare.cli",
+        "two run directories side by side: throughput, goodput, time breakdown, verdicts, settings",
+    ),
+    "tune": Subcommand(
+        "trainstack.tune.cli",
+        "short trials of the fixes the diagnosis names, against the baseline; writes the fastest as a config file",
+    ),
+    "bench": Subcommand(
+        "trainstack.train.launcher.scaling.cli",
+        "benchmarks: scaling = DDP vs DataParallel samples/s, efficiency on 1..N devices",
+    ),
 }
 EXIT_CODES = f"""exit codes (docs/training.md): {EXIT_OK} done; {EXIT_FAILED} failed (a rank crashed or timed out; \
 diagnose: a problem found); {EXIT_CONFIG} bad input or a failed preflight check (retrying cannot help); \

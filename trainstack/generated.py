@@ -13,15 +13,23 @@ from pathlib import Path
 __all__ = ["write_or_check"]
 
 
-def write_or_check(description: str, wanted: Callable[[], dict[Path, str]], root: Path, command: str,
-                   argv: list[str] | None = None,
-                   leftovers: Callable[[dict[Path, str]], list[Path]] | None = None) -> int:
+def write_or_check(
+    description: str,
+    wanted: Callable[[], dict[Path, str]],
+    root: Path,
+    command: str,
+    argv: list[str] | None = None,
+    leftovers: Callable[[dict[Path, str]], list[Path]] | None = None,
+) -> int:
     """The generator's main: `wanted()` maps each file to the text it should hold; `leftovers(wanted)` names files
     an earlier version generated that nothing builds now (a dashboard no longer built would still be provisioned).
     `command` is how a person reruns the generator. Returns the exit status."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if a committed file differs from what this script builds")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a committed file differs from what this script builds",
+    )
     args = parser.parse_args(argv)
     files = wanted()
     stale = [path for path, text in files.items() if not path.is_file() or path.read_text() != text]

@@ -86,18 +86,20 @@ def start_responder(rank: int | str, metrics_dir: str | None = None) -> bool:
     directory = Path(metrics_dir)
     try:
         # Only where SIGUSR2 is free: a job's own handler (a scheduler's "time is nearly up" signal) is left alone.
-        registered = threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(STACK_SIGNAL) in (signal.SIG_DFL, None)
+        registered = threading.current_thread() is threading.main_thread() and signal.getsignal(STACK_SIGNAL) in (
+            signal.SIG_DFL,
+            None,
+        )
         if registered:
             stacks = open(hang_stacks_file(directory, rank), "a")  # noqa: SIM115 - faulthandler writes it until exit
             faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
-        hang_pid_file(directory, rank).write_text(json.dumps({"rank": int(rank), "pid": os.getpid(),
-                                                         "faulthandler": registered}))
+        hang_pid_file(directory, rank).write_text(
+            json.dumps({"rank": int(rank), "pid": os.getpid(), "faulthandler": registered})
+        )
     except (OSError, ValueError, RuntimeError):
         return False
     main = threading.main_thread().ident
-    threading.Thread(target=_respond, args=(directory, int(rank), main), name="trainstack-hang",
-                     daemon=True).start()
+    threading.Thread(target=_respond, args=(directory, int(rank), main), name="trainstack-hang", daemon=True).start()
     return True
 
 
@@ -122,11 +124,23 @@ def _respond(directory: Path, rank: int, main: int) -> None:
 
 def answer(evidence: Path, rank: int, main: int) -> None:
     frame = sys._current_frames().get(main)
-    stack = [{"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line or ""}
-             for f in traceback.extract_stack(frame)] if frame else []
+    stack = (
+        [
+            {"file": f.filename, "line": f.lineno, "function": f.name, "code": f.line or ""}
+            for f in traceback.extract_stack(frame)
+        ]
+        if frame
+        else []
+    )
     fr, fr_error = flight_recorder()
-    record = {"rank": rank, "pid": os.getpid(), "time": time.time(), "stack": stack, "flight_recorder": fr,
-              "flight_recorder_error": fr_error}
+    record = {
+        "rank": rank,
+        "pid": os.getpid(),
+        "time": time.time(),
+        "stack": stack,
+        "flight_recorder": fr,
+        "flight_recorder_error": fr_error,
+    }
     target, partial = StallDir(evidence).answer(rank), StallDir(evidence).partial_answer(rank)
     partial.write_text(json.dumps(record))
     os.link(partial, target)  # never replaces: a second answer to the same directory fails here
@@ -144,16 +158,34 @@ def flight_recorder() -> tuple[list[dict], str | None]:
         dump = json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=False))
     except Exception as error:  # noqa: BLE001 - an old torch, a recorder turned off
         return [], f"{type(error).__name__}: {error}"
-    keep = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
-            "input_sizes", "output_sizes", "state", "time_created_ns", "is_p2p")
+    keep = (
+        "record_id",
+        "pg_id",
+        "process_group",
+        "collective_seq_id",
+        "p2p_seq_id",
+        "op_id",
+        "profiling_name",
+        "input_sizes",
+        "output_sizes",
+        "state",
+        "time_created_ns",
+        "is_p2p",
+    )
     entries = [{k: e.get(k) for k in keep} for e in dump.get("entries", [])]
     if not entries and not os.environ.get(FR_BUFFER_ENV) and not os.environ.get(FR_BUFFER_OLD_ENV):
         return [], f"the Flight Recorder is off ({FR_BUFFER_ENV} unset)"
     return entries, None
 
 
-LIBRARY_DIRS = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
-                      sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+LIBRARY_DIRS = tuple(
+    {
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["platstdlib"],
+        sysconfig.get_paths()["purelib"],
+        sysconfig.get_paths()["platlib"],
+    }
+)
 
 
 def is_library(filename: str) -> bool:

@@ -43,8 +43,9 @@ def verdict_of(stall: Path) -> Hang:
     """One stall folder's verdict.json, or its analysis when the collection did not get to write one."""
     try:
         data = json.loads(StallDir(stall).verdict.read_text())
-        return Hang(data["headline"], list(data.get("evidence", [])), data.get("fix", ""),
-                    list(data.get("culprits", [])))
+        return Hang(
+            data["headline"], list(data.get("evidence", [])), data.get("fix", ""), list(data.get("culprits", []))
+        )
     except (OSError, ValueError, KeyError):
         return analyze(stall)
 
@@ -71,8 +72,12 @@ class Frame:
 
     @property
     def library(self) -> bool:
-        return "site-packages" in self.file or "dist-packages" in self.file or "/lib/python3" in self.file \
+        return (
+            "site-packages" in self.file
+            or "dist-packages" in self.file
+            or "/lib/python3" in self.file
             or self.file.startswith("<")
+        )
 
 
 FAULTHANDLER_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
@@ -93,10 +98,10 @@ def stack_from_faulthandler(text: str) -> list[Frame]:
 def stack_from_pyspy(text: str) -> list[Frame]:
     """The main thread's frames, outermost first, from `py-spy dump` (its first thread, innermost first)."""
     threads = re.split(r"\nThread ", text)
-    chosen = next((t for t in threads[1:] if "MainThread" in t.splitlines()[0]), threads[1] if len(threads) > 1
-                  else text)
-    frames = [Frame(m["file"], int(m["line"]), m["function"]) for m in map(PYSPY_LINE.match, chosen.splitlines())
-              if m]
+    chosen = next(
+        (t for t in threads[1:] if "MainThread" in t.splitlines()[0]), threads[1] if len(threads) > 1 else text
+    )
+    frames = [Frame(m["file"], int(m["line"]), m["function"]) for m in map(PYSPY_LINE.match, chosen.splitlines()) if m]
     return frames[::-1]
 
 
@@ -120,15 +125,19 @@ def _interesting(frames: list[Frame]) -> Frame | None:
     """The call worth naming: a DataLoader's `__next__`, a c10d collective, a checkpoint's save."""
     for frame in frames:
         # py-spy names methods with their class (`_BaseDataLoaderIter.__next__`), Python's own stacks do not
-        if "torch/utils/data" in frame.file and \
-                frame.function.rsplit(".", 1)[-1] in ("__next__", "_next_data", "_get_data"):
+        if "torch/utils/data" in frame.file and frame.function.rsplit(".", 1)[-1] in (
+            "__next__",
+            "_next_data",
+            "_get_data",
+        ):
             return frame
     for frame in reversed(frames):
         if "torch/distributed/distributed_c10d" in frame.file:
             return frame
     for frame in frames:
-        if ("checkpoint" in Path(frame.file).name or Path(frame.file).name == "serialization.py") and \
-                "save" in frame.function:
+        if (
+            "checkpoint" in Path(frame.file).name or Path(frame.file).name == "serialization.py"
+        ) and "save" in frame.function:
             return frame
     return None
 
@@ -137,7 +146,7 @@ def _library_name(frame: Frame) -> str:
     parts = Path(frame.file).parts
     for anchor in ("site-packages", "dist-packages"):
         if anchor in parts:
-            return "/".join(parts[parts.index(anchor) + 1:]) + f":{frame.line}"
+            return "/".join(parts[parts.index(anchor) + 1 :]) + f":{frame.line}"
     return f"{Path(frame.file).name}:{frame.line}"
 
 
@@ -191,8 +200,11 @@ def load(stall: Path) -> tuple[dict, dict[int, RankEvidence]]:
         pyspy, faults = files.pyspy(rank), files.faulthandler(rank)
         if pyspy.is_file() and (frames := stack_from_pyspy(pyspy.read_text(errors="replace"))):
             evidence.stack, evidence.stack_source = frames, "py-spy"
-        elif not evidence.stack and faults.is_file() and \
-                (frames := stack_from_faulthandler(faults.read_text(errors="replace"))):
+        elif (
+            not evidence.stack
+            and faults.is_file()
+            and (frames := stack_from_faulthandler(faults.read_text(errors="replace")))
+        ):
             evidence.stack, evidence.stack_source = frames, "faulthandler"
     return collection, dict(sorted(ranks.items()))
 
@@ -220,19 +232,19 @@ def _names(ranks: list[int]) -> str:
 # ---- the verdict ------------------------------------------------------------------------------------------------
 FIXES = {
     "died": "the rank's own log says why it died (`dmesg` for the kernel's OOM killer); rerun the same command to "
-            "resume from the last checkpoint",
+    "resume from the last checkpoint",
     "mismatch": "every rank must call the same collectives in the same order with the same sizes: look for a "
-                "collective under `if rank == 0:` (logging, a metric, saving), or an uneven last batch that gives one "
-                "rank an extra step (drop_last=True, or a DistributedSampler with even shards)",
+    "collective under `if rank == 0:` (logging, a metric, saving), or an uneven last batch that gives one "
+    "rank an extra step (drop_last=True, or a DistributedSampler with even shards)",
     "collective": "the rank(s) named never called the collective the others wait in: a collective under "
-                  "`if rank == 0:` (a metric, a log line, a checkpoint) that the other ranks skip, or a rank that "
-                  "left the loop early (an uneven last batch: drop_last=True)",
+    "`if rank == 0:` (a metric, a log line, a checkpoint) that the other ranks skip, or a rank that "
+    "left the loop early (an uneven last batch: drop_last=True)",
     "dataloader": "the rank waits for its DataLoader: a loader worker that is stuck or died, a dataset read from a "
-                  "slow or unreachable file system; py-spy dump --pid on its worker processes shows where",
+    "slow or unreachable file system; py-spy dump --pid on its worker processes shows where",
     "checkpoint": "the rank is writing a checkpoint: a slow or full file system (docs/training.md, checkpoints); "
-                  "save asynchronously or less often",
+    "save asynchronously or less often",
     "other": "the stacks above show where each rank is: a deadlock (a lock, a queue, a subprocess) or a wait on "
-             "something outside the job",
+    "something outside the job",
 }
 
 
@@ -245,17 +257,24 @@ def analyze(stall: Path) -> Hang:
             evidence.append(f"rank {r.rank}: {steps}its process is gone")
             continue
         last = _last_by_group(r)
-        collective = "; ".join(f"last collective {_op(e)} #{e['collective_seq_id']} of group {g}"
-                               for g, e in sorted(last.items())) or \
-            f"no Flight Recorder entries ({r.recorder_note or 'none recorded'})"
+        collective = (
+            "; ".join(
+                f"last collective {_op(e)} #{e['collective_seq_id']} of group {g}" for g, e in sorted(last.items())
+            )
+            or f"no Flight Recorder entries ({r.recorder_note or 'none recorded'})"
+        )
         evidence.append(f"rank {r.rank}: {steps}{collective}; {where(r.stack)} (stack from {r.stack_source})")
     if note := collection.get("stack_note"):
         evidence.append(note)
 
     dead = [r.rank for r in ranks.values() if not r.alive]
     if dead:
-        return Hang(f"{_names(dead)} died; the other ranks wait for {'it' if len(dead) == 1 else 'them'}", evidence,
-                    FIXES["died"], dead)
+        return Hang(
+            f"{_names(dead)} died; the other ranks wait for {'it' if len(dead) == 1 else 'them'}",
+            evidence,
+            FIXES["died"],
+            dead,
+        )
 
     alive = [r for r in ranks.values()]
     lasts = {r.rank: _last_by_group(r) for r in alive}
@@ -270,10 +289,16 @@ def analyze(stall: Path) -> Hang:
             calls = by_seq[seq]
             shapes = {(_op(e), json.dumps(e.get("input_sizes"))) for e in calls.values()}
             if len(calls) > 1 and len(shapes) > 1:
-                said = "; ".join(f"rank {rank} {_op(e)} of sizes {e.get('input_sizes')} "
-                                 f"{where(ranks[rank].stack)}" for rank, e in sorted(calls.items()))
-                return Hang(f"mismatched collectives at #{seq} of process group {group}: {said}", evidence,
-                            FIXES["mismatch"], sorted(calls))
+                said = "; ".join(
+                    f"rank {rank} {_op(e)} of sizes {e.get('input_sizes')} {where(ranks[rank].stack)}"
+                    for rank, e in sorted(calls.items())
+                )
+                return Hang(
+                    f"mismatched collectives at #{seq} of process group {group}: {said}",
+                    evidence,
+                    FIXES["mismatch"],
+                    sorted(calls),
+                )
         have = {rank: last[group] for rank, last in lasts.items() if group in last}
         top = max(e["collective_seq_id"] for e in have.values())
         waiting = sorted(rank for rank, e in have.items() if e["collective_seq_id"] == top)
@@ -282,20 +307,30 @@ def analyze(stall: Path) -> Hang:
         if not behind and unknown:
             op = _op(have[waiting[0]])
             places = "; ".join(f"rank {rank} is {where(ranks[rank].stack)}" for rank in unknown)
-            culprit_kind = next((kind(ranks[rank].stack) for rank in unknown
-                                 if kind(ranks[rank].stack) != "collective"), "collective")
-            return Hang(f"{_names(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in {op} #{top} of process "
-                        f"group {group}; {_names(unknown)} gave no Flight Recorder entries: {places}", evidence,
-                        FIXES["collective" if culprit_kind in ("collective", "other") else culprit_kind], unknown)
+            culprit_kind = next(
+                (kind(ranks[rank].stack) for rank in unknown if kind(ranks[rank].stack) != "collective"), "collective"
+            )
+            return Hang(
+                f"{_names(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in {op} #{top} of process "
+                f"group {group}; {_names(unknown)} gave no Flight Recorder entries: {places}",
+                evidence,
+                FIXES["collective" if culprit_kind in ("collective", "other") else culprit_kind],
+                unknown,
+            )
         if behind and waiting:
             op = _op(have[waiting[0]])
             places = "; ".join(f"rank {rank} is {where(ranks[rank].stack)}" for rank in behind)
-            culprit_kind = next((kind(ranks[rank].stack) for rank in behind
-                                 if kind(ranks[rank].stack) != "collective"), "collective")
+            culprit_kind = next(
+                (kind(ranks[rank].stack) for rank in behind if kind(ranks[rank].stack) != "collective"), "collective"
+            )
             waits = f"{_names(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in it"
-            return Hang(f"{_names(behind)} {'has' if len(behind) == 1 else 'have'} not joined {op} #{top} of process "
-                        f"group {group} ({waits}); {places}", evidence,
-                        FIXES["collective" if culprit_kind in ("collective", "other") else culprit_kind], behind)
+            return Hang(
+                f"{_names(behind)} {'has' if len(behind) == 1 else 'have'} not joined {op} #{top} of process "
+                f"group {group} ({waits}); {places}",
+                evidence,
+                FIXES["collective" if culprit_kind in ("collective", "other") else culprit_kind],
+                behind,
+            )
 
     stuck = [r for r in alive if kind(r.stack) != "collective"] or alive
     places = "; ".join(f"rank {r.rank} is {where(r.stack)}" for r in stuck)
@@ -305,5 +340,9 @@ def analyze(stall: Path) -> Hang:
     culprit_kind = next((k for k in kinds if k != "other"), "other")
     if culprit_kind == "collective":
         culprit_kind = "other"
-    return Hang(f"no rank is behind the others' collectives; {places}{tail}", evidence, FIXES[culprit_kind],
-                [r.rank for r in stuck])
+    return Hang(
+        f"no rank is behind the others' collectives; {places}{tail}",
+        evidence,
+        FIXES[culprit_kind],
+        [r.rank for r in stuck],
+    )

@@ -50,10 +50,20 @@ PAUSES = breakdown.PAUSES
 own (trainstack/breakdown.py), kept out of step time."""
 
 
-def start(model: torch.nn.Module | None = None, *, flops_per_token: float | None = None, accelerator=None,
-          log_every: int = 10, precision: str | None = None, run_dir: str | Path | None = None,
-          model_name: str | None = None, dataset: str = "", run_id: str | None = None, optimizer=None,
-          enabled: bool = True) -> NullMonitor:
+def start(
+    model: torch.nn.Module | None = None,
+    *,
+    flops_per_token: float | None = None,
+    accelerator=None,
+    log_every: int = 10,
+    precision: str | None = None,
+    run_dir: str | Path | None = None,
+    model_name: str | None = None,
+    dataset: str = "",
+    run_id: str | None = None,
+    optimizer=None,
+    enabled: bool = True,
+) -> NullMonitor:
     """A Monitor for this rank, or a NullMonitor outside a watched run (or with `enabled=False`).
 
     model: the model as the loop calls it (after DDP/FSDP wrapping or `accelerator.prepare`); its gradient
@@ -72,15 +82,23 @@ def start(model: torch.nn.Module | None = None, *, flops_per_token: float | None
     if not enabled:
         return NullMonitor()
     if not run_dir:
-        _say_once(f"trainstack.monitor: not in a watched run ({RUN_DIR_ENV} is unset), so nothing is recorded; "
-                  "run the script with `trainstack watch -- python ...` to see its ranks")
+        _say_once(
+            f"trainstack.monitor: not in a watched run ({RUN_DIR_ENV} is unset), so nothing is recorded; "
+            "run the script with `trainstack watch -- python ...` to see its ranks"
+        )
         return NullMonitor()
     device = device_of(model, accelerator)
     precision = precision or precision_of(model, accelerator)
-    identity = rank_identity(model, accelerator, device, precision, model_name, dataset,
-                             run_id or os.environ.get(RUN_ID_ENV, "manual"))
-    telemetry = Telemetry(Path(run_dir), identity, flops_per_token or 0.0,
-                          peak_flops(device, precision, tf32_allowed()) if flops_per_token else None, device)
+    identity = rank_identity(
+        model, accelerator, device, precision, model_name, dataset, run_id or os.environ.get(RUN_ID_ENV, "manual")
+    )
+    telemetry = Telemetry(
+        Path(run_dir),
+        identity,
+        flops_per_token or 0.0,
+        peak_flops(device, precision, tf32_allowed()) if flops_per_token else None,
+        device,
+    )
     monitor = Monitor(telemetry, log_every, optimizer)
     if model is not None:
         monitor.watch(model)
@@ -122,8 +140,9 @@ class NullMonitor:
     def micro_batch(self, *, tokens=None, loss=None) -> None:
         pass
 
-    def step(self, samples: int, *, tokens=None, loss=None, lr=None, epoch=None, compile_seconds=None,
-             recompiles=0) -> None:
+    def step(
+        self, samples: int, *, tokens=None, loss=None, lr=None, epoch=None, compile_seconds=None, recompiles=0
+    ) -> None:
         pass
 
     def resumed_at(self, step: int, epoch: int = 0) -> None:
@@ -205,15 +224,24 @@ class Monitor(NullMonitor):
         if not self._paused:
             self.telemetry.forward_done()
 
-    def micro_batch(self, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None
-                    ) -> None:
+    def micro_batch(
+        self, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None
+    ) -> None:
         """A micro-batch of gradient accumulation that did not step the optimizer: its tokens and loss."""
         if not self._paused:
             self._sums.add(loss, tokens)
 
-    def step(self, samples: int, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None,
-             lr: float | None = None, epoch: int | None = None, compile_seconds: float | None = None,
-             recompiles: int = 0) -> None:
+    def step(
+        self,
+        samples: int,
+        *,
+        tokens: int | torch.Tensor | None = None,
+        loss: float | torch.Tensor | None = None,
+        lr: float | None = None,
+        epoch: int | None = None,
+        compile_seconds: float | None = None,
+        recompiles: int = 0,
+    ) -> None:
         """An optimizer step: the samples it trained on (all micro-batches); its last micro-batch's tokens and loss
         (device tensors are summed on the device, never read here). `compile_seconds`: the step compiled, and
         that long is compile time, not step time. Inside a pause (an evaluation's batches) it records nothing."""

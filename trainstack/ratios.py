@@ -63,39 +63,60 @@ class Ratio:
 
 
 STEP_SECONDS = Ratio(
-    catalog.TRAIN_STEP_DURATION.sample("sum"), catalog.TRAIN_STEP_DURATION.sample("count"),
-    "mean wall time per optimizer step")
+    catalog.TRAIN_STEP_DURATION.sample("sum"),
+    catalog.TRAIN_STEP_DURATION.sample("count"),
+    "mean wall time per optimizer step",
+)
 DATA_WAIT_SHARE = Ratio(
-    catalog.TRAIN_DATA_WAIT.name, catalog.TRAIN_STEP_DURATION.sample("sum"),
+    catalog.TRAIN_DATA_WAIT.name,
+    catalog.TRAIN_STEP_DURATION.sample("sum"),
     "share of the rank's step time its device sat idle for want of the next batch (a step's time includes its "
-    "wait for the batch); on a GPU rank both on the GPU's timeline", at_most=1.0)
+    "wait for the batch); on a GPU rank both on the GPU's timeline",
+    at_most=1.0,
+)
 HOST_DATA_WAIT_SHARE = Ratio(
-    catalog.TRAIN_HOST_DATA_WAIT.name, catalog.TRAIN_STEP_DURATION.sample("sum"),
-    "share of the rank's step time its host spent blocked in the loader's next()", at_most=1.0)
+    catalog.TRAIN_HOST_DATA_WAIT.name,
+    catalog.TRAIN_STEP_DURATION.sample("sum"),
+    "share of the rank's step time its host spent blocked in the loader's next()",
+    at_most=1.0,
+)
 COMM_EXPOSED_SHARE = Ratio(
-    catalog.TRAIN_COMM_EXPOSED.name, catalog.TRAIN_STEP_DURATION.sample("sum"),
+    catalog.TRAIN_COMM_EXPOSED.name,
+    catalog.TRAIN_STEP_DURATION.sample("sum"),
     "share of the rank's step time it waited for communication compute did not hide",
-    at_most=1.0)
+    at_most=1.0,
+)
 HOST_BOUND_SHARE = Ratio(
-    catalog.TRAIN_TIME.name, catalog.TRAIN_STEP_DURATION.sample("sum"),
+    catalog.TRAIN_TIME.name,
+    catalog.TRAIN_STEP_DURATION.sample("sum"),
     "share of the rank's step time its GPU idled although neither starved of data nor waiting on communication "
-    "(trainstack/breakdown.py), both on the GPU's timeline", at_most=1.0,
-    numerator_labels=(("part", breakdown.HOST_BOUND),))
+    "(trainstack/breakdown.py), both on the GPU's timeline",
+    at_most=1.0,
+    numerator_labels=(("part", breakdown.HOST_BOUND),),
+)
 COMM_SECONDS = Ratio(
-    catalog.TRAIN_COMM_SECONDS.name, catalog.TRAIN_STEPS.name,
-    "communication per optimizer step, while at least one collective was in flight, hidden or not")
+    catalog.TRAIN_COMM_SECONDS.name,
+    catalog.TRAIN_STEPS.name,
+    "communication per optimizer step, while at least one collective was in flight, hidden or not",
+)
 COMM_BYTES_PER_STEP = Ratio(
-    catalog.TRAIN_COMM_BYTES.name, catalog.TRAIN_STEPS.name, "bytes of the rank's collectives per optimizer step")
+    catalog.TRAIN_COMM_BYTES.name, catalog.TRAIN_STEPS.name, "bytes of the rank's collectives per optimizer step"
+)
 FORWARD_SECONDS = Ratio(
-    catalog.TRAIN_FORWARD_SECONDS.name, catalog.TRAIN_STEPS.name,
+    catalog.TRAIN_FORWARD_SECONDS.name,
+    catalog.TRAIN_STEPS.name,
     "mean forward-pass time per optimizer step, less its waits for collectives (DDP's buffer broadcast, FSDP's "
-    "all-gathers): which part of a straggler's step is slow")
+    "all-gathers): which part of a straggler's step is slow",
+)
 MEMORY_USED_SHARE = Ratio(
-    catalog.GPU_MEMORY_USED.name, catalog.GPU_MEMORY_TOTAL.name, "used over installed device memory",
-    counters=False)
+    catalog.GPU_MEMORY_USED.name, catalog.GPU_MEMORY_TOTAL.name, "used over installed device memory", counters=False
+)
 SM_CLOCK_SHARE = Ratio(
-    catalog.GPU_SM_CLOCK.name, catalog.GPU_SM_CLOCK_MAX.name,
-    "the SM clock over its maximum (the power-throttling alert compares its 5m average)", counters=False)
+    catalog.GPU_SM_CLOCK.name,
+    catalog.GPU_SM_CLOCK_MAX.name,
+    "the SM clock over its maximum (the power-throttling alert compares its 5m average)",
+    counters=False,
+)
 
 
 @dataclass(frozen=True)
@@ -112,9 +133,11 @@ class Shares:
 
 
 TIME_SHARES = Shares(
-    catalog.TRAIN_TIME.name, "part",
+    catalog.TRAIN_TIME.name,
+    "part",
     "each part's share of the rank's time measured in the window (trainstack/breakdown.py); the compute share is the "
-    "rank's goodput. Lost progress and the residual are known only after the run (the run summary, the report)")
+    "rank's goodput. Lost progress and the residual are known only after the run (the run summary, the report)",
+)
 
 
 @dataclass(frozen=True)
@@ -137,11 +160,13 @@ class WaitBeyond:
 
 
 STRAGGLER_WAIT = WaitBeyond(
-    "job", "the most any rank of the job waits at its collectives (COMM_EXPOSED_SHARE: DDP's gradient all-reduce "
+    "job",
+    "the most any rank of the job waits at its collectives (COMM_EXPOSED_SHARE: DDP's gradient all-reduce "
     "and buffer broadcast, FSDP's all-gathers and reduce-scatters), less this rank's own wait. Every rank of a "
     "synchronous job takes the same wall time per step, so a rank slowed anywhere in its step (data, forward, "
     "backward, optimizer, logging) makes the others wait for it at the next collective and itself waits least: "
-    "its figure is what it costs them")
+    "its figure is what it costs them",
+)
 
 
 @dataclass(frozen=True)
@@ -166,12 +191,14 @@ class Throttle:
 
     def promql(self, window: str = WINDOW) -> str:
         active = f'{catalog.GPU_CLOCK_EVENT_ACTIVE.name}{{reason=~"{"|".join(self.reasons)}"}}'
-        return (f"rate({self.violation_counter}[{window}])\n"
-                f"or max without (reason) (avg_over_time(\n  {active}[{window}]))")
+        return (
+            f"rate({self.violation_counter}[{window}])\nor max without (reason) (avg_over_time(\n  {active}[{window}]))"
+        )
 
 
 # hw_slowdown counts as thermal: NVML raises it for overheating, a power brake or over-current, and overheating is
 # the usual one.
 THERMAL_THROTTLE = Throttle(
-    catalog.GPU_THERMAL_VIOLATION.name, ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown"))
+    catalog.GPU_THERMAL_VIOLATION.name, ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown")
+)
 POWER_THROTTLE = Throttle(catalog.GPU_POWER_VIOLATION.name, ("sw_power_cap", "hw_power_brake_slowdown"))

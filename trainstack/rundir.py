@@ -38,9 +38,11 @@ LAUNCHER_TRAIN = "train"
 LAUNCHER_WATCH = "watch"
 # What a watched command without trainstack.monitor in its loop lacks, and how to add it: watch prints it on its
 # console, diagnose notes it.
-INSTRUMENT_HINT = ("add `import trainstack.monitor` to the training loop (8 lines for a DDP loop with evaluation and "
-                   "checkpoints: docs/monitor-your-training.md) for per-rank verdicts: input-bound, straggler, "
-                   "stalled, comm-bound, host-bound")
+INSTRUMENT_HINT = (
+    "add `import trainstack.monitor` to the training loop (8 lines for a DDP loop with evaluation and "
+    "checkpoints: docs/monitor-your-training.md) for per-rank verdicts: input-bound, straggler, "
+    "stalled, comm-bound, host-bound"
+)
 # Seconds a watched command may run before watch, seeing no rank record, prints INSTRUMENT_HINT (default 60).
 WATCH_HINT_SECONDS_ENV = "TRAINSTACK_WATCH_HINT_SECONDS"
 LEASE_TIMEOUT_ENV = "TRAINSTACK_LEASE_TIMEOUT"  # seconds without a heartbeat before another host's lease is stale
@@ -90,12 +92,16 @@ def exporter_url(host: str = DEFAULT_EXPORTER_HOST, port: int = DEFAULT_EXPORTER
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-def run_environment(run_dir: Path, metrics_dir: Path, run_id: str, launched_at: float,
-                    launcher: str) -> dict[str, str]:
+def run_environment(run_dir: Path, metrics_dir: Path, run_id: str, launched_at: float, launcher: str) -> dict[str, str]:
     """What a launcher hands the processes of its run (`trainstack train`'s ranks, `trainstack watch`'s command):
     the environment trainstack.monitor records by. launcher: LAUNCHER_TRAIN or LAUNCHER_WATCH."""
-    return {METRICS_DIR_ENV: str(metrics_dir.resolve()), RUN_DIR_ENV: str(run_dir.resolve()), RUN_ID_ENV: run_id,
-            LAUNCHED_AT_ENV: repr(launched_at), LAUNCHER_ENV: launcher}
+    return {
+        METRICS_DIR_ENV: str(metrics_dir.resolve()),
+        RUN_DIR_ENV: str(run_dir.resolve()),
+        RUN_ID_ENV: run_id,
+        LAUNCHED_AT_ENV: repr(launched_at),
+        LAUNCHER_ENV: launcher,
+    }
 
 
 def new_run_id() -> str:
@@ -412,6 +418,8 @@ def read_summary(path: Path) -> Summary:
         raise ConfigError(f"{path} is not a trainstack summary (not a JSON object); move it away")
     version = summary.setdefault("version", 0)
     if not isinstance(version, int) or version > SUMMARY_VERSION:
-        raise ConfigError(f"{path} has summary version {version!r}, newer than this trainstack reads "
-                          f"({SUMMARY_VERSION}); use the trainstack that wrote it")
+        raise ConfigError(
+            f"{path} has summary version {version!r}, newer than this trainstack reads "
+            f"({SUMMARY_VERSION}); use the trainstack that wrote it"
+        )
     return cast(Summary, summary)  # checked above as far as a reader relies on it: an object of a known version

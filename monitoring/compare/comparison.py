@@ -22,11 +22,15 @@ class Comparison:
 
     def __post_init__(self) -> None:
         # Throughput of two different models compares nothing: refuse rather than print a misleading ratio.
-        for what, x, y in (("model", self.a.model, self.b.model), ("parameter bytes", self.a.param_bytes,
-                                                                    self.b.param_bytes)):
+        for what, x, y in (
+            ("model", self.a.model, self.b.model),
+            ("parameter bytes", self.a.param_bytes, self.b.param_bytes),
+        ):
             if x is not None and y is not None and x != y:
-                raise ConfigError(f"{self.a.run_dir} and {self.b.run_dir} train different models ({what} {x} vs "
-                                  f"{y}): compare runs of one model")
+                raise ConfigError(
+                    f"{self.a.run_dir} and {self.b.run_dir} train different models ({what} {x} vs "
+                    f"{y}): compare runs of one model"
+                )
 
     @property
     def speedup(self) -> float | None:
@@ -37,18 +41,20 @@ class Comparison:
         def rate(profile: RunProfile, field: str) -> float | None:
             return getattr(profile.rate, field) if profile.rate else None
 
-        rows = [("steps/s (steady, ranks' median)", rate(self.a, "steps_per_second"),
-                 rate(self.b, "steps_per_second")),
-                ("samples/s (steady, all ranks)", rate(self.a, "samples_per_second"),
-                 rate(self.b, "samples_per_second")),
-                ("goodput (compute / wall time)", self.a.goodput, self.b.goodput)]
+        rows = [
+            ("steps/s (steady, ranks' median)", rate(self.a, "steps_per_second"), rate(self.b, "steps_per_second")),
+            ("samples/s (steady, all ranks)", rate(self.a, "samples_per_second"), rate(self.b, "samples_per_second")),
+            ("goodput (compute / wall time)", self.a.goodput, self.b.goodput),
+        ]
         return [{"": name, "A": x, "B": y, "B / A": _ratio(x, y)} for name, x, y in rows]
 
     def moved_most(self) -> str | None:
         """The step part whose seconds per step changed the most between the runs."""
-        changes = {part: abs(self.b.seconds_per_step.get(part, 0.0) - self.a.seconds_per_step.get(part, 0.0))
-                   for part in breakdown.STEP_PARTS if part in self.a.seconds_per_step or
-                   part in self.b.seconds_per_step}
+        changes = {
+            part: abs(self.b.seconds_per_step.get(part, 0.0) - self.a.seconds_per_step.get(part, 0.0))
+            for part in breakdown.STEP_PARTS
+            if part in self.a.seconds_per_step or part in self.b.seconds_per_step
+        }
         return max(changes, key=changes.get) if changes and max(changes.values()) > 0 else None
 
     def parts(self) -> list[dict]:
@@ -57,25 +63,44 @@ class Comparison:
         for part in breakdown.PARTS:
             x, y = self.a.seconds_per_step.get(part), self.b.seconds_per_step.get(part)
             unit = "s per step" if part in breakdown.STEP_PARTS else "s per rank"
-            rows.append({"part": part, "unit": unit, "A": x, "B": y,
-                         "B - A": None if x is None or y is None else y - x, "": MOVED if part == moved else ""})
+            rows.append(
+                {
+                    "part": part,
+                    "unit": unit,
+                    "A": x,
+                    "B": y,
+                    "B - A": None if x is None or y is None else y - x,
+                    "": MOVED if part == moved else "",
+                }
+            )
         return rows
 
     def ranks(self) -> list[dict]:
         ranks = sorted(set(self.a.rank_step_seconds) | set(self.b.rank_step_seconds))
-        return [{"rank": rank, "A median step (ms)": _ms(self.a.rank_step_seconds.get(rank)),
-                 "B median step (ms)": _ms(self.b.rank_step_seconds.get(rank))} for rank in ranks]
+        return [
+            {
+                "rank": rank,
+                "A median step (ms)": _ms(self.a.rank_step_seconds.get(rank)),
+                "B median step (ms)": _ms(self.b.rank_step_seconds.get(rank)),
+            }
+            for rank in ranks
+        ]
 
     def verdicts(self) -> list[dict]:
-        return [{"run": name, "verdict": kind, "ceiling": text}
-                for name, profile in (("A", self.a), ("B", self.b))
-                for kind, text in (profile.verdicts or {"healthy": ""}).items()]
+        return [
+            {"run": name, "verdict": kind, "ceiling": text}
+            for name, profile in (("A", self.a), ("B", self.b))
+            for kind, text in (profile.verdicts or {"healthy": ""}).items()
+        ]
 
     def settings(self) -> list[dict]:
         """The settings that differ (config.yaml, summary.json, records); those only one run records are shown."""
         keys = sorted(set(self.a.settings) | set(self.b.settings))
-        return [{"setting": key, "A": self.a.settings.get(key, "-"), "B": self.b.settings.get(key, "-")}
-                for key in keys if self.a.settings.get(key) != self.b.settings.get(key)]
+        return [
+            {"setting": key, "A": self.a.settings.get(key, "-"), "B": self.b.settings.get(key, "-")}
+            for key in keys
+            if self.a.settings.get(key) != self.b.settings.get(key)
+        ]
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -56,14 +56,18 @@ class RunProfile:
 
 
 def _not_a_run(path: Path) -> ConfigError:
-    return ConfigError(f"{path} is not a trainstack run directory: it has no {CONFIG_FILE}, {SUMMARY_FILE} or "
-                       f"telemetry records ({SHOWN.rank_records('<r>')})")
+    return ConfigError(
+        f"{path} is not a trainstack run directory: it has no {CONFIG_FILE}, {SUMMARY_FILE} or "
+        f"telemetry records ({SHOWN.rank_records('<r>')})"
+    )
 
 
 def _per_step(times: dict, steps: int) -> dict[str, float]:
     ranks = len(times["ranks"])
-    return {part: seconds / ranks / (steps if part in breakdown.STEP_PARTS else 1)
-            for part, seconds in times["seconds"].items()}
+    return {
+        part: seconds / ranks / (steps if part in breakdown.STEP_PARTS else 1)
+        for part, seconds in times["seconds"].items()
+    }
 
 
 def _verdicts(summary: dict, run_dir: Path) -> dict[str, str]:
@@ -74,28 +78,43 @@ def _verdicts(summary: dict, run_dir: Path) -> dict[str, str]:
 
 def load(run_dir: Path) -> RunProfile:
     layout = RunDir(run_dir)
-    records = {rank: lines for rank, path in layout.all_rank_records().items()
-               if (lines := [r for r in read_rank_records(path) if r.get("step_count")])}
+    records = {
+        rank: lines
+        for rank, path in layout.all_rank_records().items()
+        if (lines := [r for r in read_rank_records(path) if r.get("step_count")])
+    }
     config_path = run_dir / CONFIG_FILE
     if not run_dir.is_dir() or not (records or config_path.is_file() or layout.summary.is_file()):
         raise _not_a_run(run_dir)
     if not records:
-        raise ConfigError(f"{run_dir} has no telemetry records with steps ({SHOWN.rank_records('<r>')}): a run "
-                          "compares by what its ranks recorded (a watched command records them with "
-                          "trainstack.monitor in its loop)")
+        raise ConfigError(
+            f"{run_dir} has no telemetry records with steps ({SHOWN.rank_records('<r>')}): a run "
+            "compares by what its ranks recorded (a watched command records them with "
+            "trainstack.monitor in its loop)"
+        )
     summary = dict(read_summary(layout.summary))
     config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
     times = breakdown.of_run(run_dir)
     steps = statistics.median(sum(r["step_count"] for r in lines) for lines in records.values())
     last = records[min(records)][-1]
-    settings = {**{f"config.{k}": v for k, v in (config or {}).items() if k != "output_dir"},
-                **{f"summary.{k}": summary[k] for k in SUMMARY_SETTINGS if k in summary},
-                **{f"records.{k}": last[k] for k in RECORD_SETTINGS if k in last},
-                "ranks": len(records)}
+    settings = {
+        **{f"config.{k}": v for k, v in (config or {}).items() if k != "output_dir"},
+        **{f"summary.{k}": summary[k] for k in SUMMARY_SETTINGS if k in summary},
+        **{f"records.{k}": last[k] for k in RECORD_SETTINGS if k in last},
+        "ranks": len(records),
+    }
     return RunProfile(
-        run_dir=run_dir, rate=steady_rate(records), goodput=times["goodput"] if times else None,
+        run_dir=run_dir,
+        rate=steady_rate(records),
+        goodput=times["goodput"] if times else None,
         seconds_per_step=_per_step(times, steps) if times else {},
-        rank_step_seconds={rank: statistics.median(s for r in lines for s in r["step_seconds"])
-                           for rank, lines in records.items() if any(r["step_seconds"] for r in lines)},
-        verdicts=_verdicts(summary, run_dir), settings=settings,
-        model=summary.get("model") or (config or {}).get("model"), param_bytes=last.get("param_bytes"))
+        rank_step_seconds={
+            rank: statistics.median(s for r in lines for s in r["step_seconds"])
+            for rank, lines in records.items()
+            if any(r["step_seconds"] for r in lines)
+        },
+        verdicts=_verdicts(summary, run_dir),
+        settings=settings,
+        model=summary.get("model") or (config or {}).get("model"),
+        param_bytes=last.get("param_bytes"),
+    )

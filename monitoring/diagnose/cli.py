@@ -23,23 +23,43 @@ DEFAULT_URL = exporter_url()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=DEFAULT_URL,
-                        help=f"an exporter (its /metrics) or a Prometheus server (default {DEFAULT_URL}: the "
-                             "launcher's exporter)")
-    parser.add_argument("--source", choices=("auto", "exporter", "prometheus"), default="auto",
-                        help="what --url is (default auto: a Prometheus answers /api/v1/status/buildinfo)")
+    parser.add_argument(
+        "--url",
+        default=DEFAULT_URL,
+        help=f"an exporter (its /metrics) or a Prometheus server (default {DEFAULT_URL}: the launcher's exporter)",
+    )
+    parser.add_argument(
+        "--source",
+        choices=("auto", "exporter", "prometheus"),
+        default="auto",
+        help="what --url is (default auto: a Prometheus answers /api/v1/status/buildinfo)",
+    )
     parser.add_argument("--job", help="Prometheus only: the scrape job of the run, when it holds several")
-    parser.add_argument("--window", default=PROMETHEUS_WINDOW,
-                        help=f"Prometheus only: rate() range (default {PROMETHEUS_WINDOW}, the recording rules'; "
-                             "shorter for a run younger than that)")
-    parser.add_argument("--interval", type=float, default=10.0,
-                        help="exporter only: seconds between the two scrapes that give the rates (default 10)")
-    parser.add_argument("--stall-seconds", type=float, default=thresholds.STALL.value,
-                        help=f"no step for this long is a stall (default {thresholds.STALL.promql}, as the "
-                             f"{thresholds.STALL.alert} alert)")
-    parser.add_argument("--run-dir", type=Path,
-                        help="the run's directory (--output-dir of trainstack train, --run-dir of watch): a stall "
-                             "then names where each rank waits, from the evidence in RUN_DIR/hang/")
+    parser.add_argument(
+        "--window",
+        default=PROMETHEUS_WINDOW,
+        help=f"Prometheus only: rate() range (default {PROMETHEUS_WINDOW}, the recording rules'; "
+        "shorter for a run younger than that)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=10.0,
+        help="exporter only: seconds between the two scrapes that give the rates (default 10)",
+    )
+    parser.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=thresholds.STALL.value,
+        help=f"no step for this long is a stall (default {thresholds.STALL.promql}, as the "
+        f"{thresholds.STALL.alert} alert)",
+    )
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        help="the run's directory (--output-dir of trainstack train, --run-dir of watch): a stall "
+        "then names where each rank waits, from the evidence in RUN_DIR/hang/",
+    )
     parser.add_argument("--json", action="store_true", help="print verdicts and figures as JSON")
 
 
@@ -63,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     verdicts = diagnose(snapshot, limits)
     render = render_json if args.json else render_text
     said = [source.ended_meanwhile] if source.ended_meanwhile else []
-    print(render(snapshot.source, verdicts, figures(snapshot), said + notes(snapshot, limits), of_snapshot(snapshot)),
-          flush=True)
+    print(
+        render(snapshot.source, verdicts, figures(snapshot), said + notes(snapshot, limits), of_snapshot(snapshot)),
+        flush=True,
+    )
     return EXIT_PROBLEM if verdicts else EXIT_OK
-

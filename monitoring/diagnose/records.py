@@ -51,21 +51,25 @@ def rank_view(rank: int, records: list[dict], world_size: int) -> RankView | Non
 
     host_bound = None
     if judged and all(record.get("host_bound_measured") for record in judged):
-        host_bound = share(ratios.HOST_BOUND_SHARE,
-                           sum(record["time_parts"][breakdown.HOST_BOUND] for record in judged))
+        host_bound = share(
+            ratios.HOST_BOUND_SHARE, sum(record["time_parts"][breakdown.HOST_BOUND] for record in judged)
+        )
     return RankView(
-        rank=str(rank), steps=float(last["step"]),
+        rank=str(rank),
+        steps=float(last["step"]),
         steps_per_second=count / interval if interval > 0 else None,
         samples_per_second=_sum(judged, "samples") / interval if judged and interval > 0 else None,
         data_wait_ratio=share(ratios.DATA_WAIT_SHARE, _sum(judged, "data_wait_seconds")),
         host_data_wait_ratio=share(ratios.HOST_DATA_WAIT_SHARE, _sum(judged, "host_data_wait_seconds")),
-        clock=last.get("clock", "host"), step_seconds=ratios.STEP_SECONDS.of(stepped, count),
+        clock=last.get("clock", "host"),
+        step_seconds=ratios.STEP_SECONDS.of(stepped, count),
         forward_seconds=per_step(ratios.FORWARD_SECONDS, _sum(judged, "forward_seconds")),
         last_step_time=last["time"],
         comm_exposed_ratio=share(ratios.COMM_EXPOSED_SHARE, _sum(judged, "comm_exposed_seconds")),
         comm_seconds=per_step(ratios.COMM_SECONDS, _sum(judged, "comm_seconds")),
         comm_bytes_per_step=per_step(ratios.COMM_BYTES_PER_STEP, _sum(judged, "comm_bytes")),
-        world_size=world_size, host_bound_ratio=host_bound,
+        world_size=world_size,
+        host_bound_ratio=host_bound,
     )
 
 
@@ -74,8 +78,9 @@ def snapshot_from_records(run_dir: Path | RunDir) -> Snapshot:
     time, so the last step's age reads from the end of the run."""
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     launches = {rank: last_launch(read_json_lines(path)) for rank, path in sorted(run.all_rank_records().items())}
-    views = [view for rank, records in launches.items()
-             if (view := rank_view(rank, records, len(launches))) is not None]
+    views = [
+        view for rank, records in launches.items() if (view := rank_view(rank, records, len(launches))) is not None
+    ]
     now = max((view.last_step_time for view in views), default=0.0)
     return Snapshot(f"records in {run.telemetry} (the last launch, its intervals after the first)", now, views)
 

@@ -18,21 +18,29 @@ def _figure_line(figures: dict) -> str:
         parts.append(f"{figures['samples_per_second']:.1f} samples/s in all")
     if figures["data_wait_ratio_max"] is not None and figures["data_wait_clock"] == "gpu":
         host = figures["host_data_wait_ratio_max"]
-        parts.append(f"GPU starved for data at most {100 * figures['data_wait_ratio_max']:.0f}%"
-                     + ("" if host is None else f" (host in the loader at most {100 * host:.0f}%)"))
+        parts.append(
+            f"GPU starved for data at most {100 * figures['data_wait_ratio_max']:.0f}%"
+            + ("" if host is None else f" (host in the loader at most {100 * host:.0f}%)")
+        )
     elif figures["data_wait_ratio_max"] is not None:
         parts.append(f"data wait at most {100 * figures['data_wait_ratio_max']:.0f}%")
     if figures["straggler_wait_ratio_max"] is not None:
-        parts.append(f"the ranks wait for the least-waiting one at most "
-                     f"{100 * figures['straggler_wait_ratio_max']:.0f}% of step time")
+        parts.append(
+            f"the ranks wait for the least-waiting one at most "
+            f"{100 * figures['straggler_wait_ratio_max']:.0f}% of step time"
+        )
     elif figures["ranks"] > 1:
-        parts.append("stragglers unknown (no rank's wait at the collectives is measured: the loop's monitor was "
-                     "given no DDP or FSDP model)")
+        parts.append(
+            "stragglers unknown (no rank's wait at the collectives is measured: the loop's monitor was "
+            "given no DDP or FSDP model)"
+        )
     elif figures["ranks"] == 1:
         parts.append("stragglers unknown (one rank: none waits for another)")
     if figures["comm_exposed_ratio_min"] is not None:
-        parts.append(f"gradient all-reduce exposed at least {100 * figures['comm_exposed_ratio_min']:.0f}% "
-                     "of step time on every rank")
+        parts.append(
+            f"gradient all-reduce exposed at least {100 * figures['comm_exposed_ratio_min']:.0f}% "
+            "of step time on every rank"
+        )
     if figures["last_step_age_seconds"] is not None:
         parts.append(f"last step {figures['last_step_age_seconds']:.0f} s ago")
     if figures["mfu_mean"] is not None:
@@ -46,8 +54,13 @@ def _figure_line(figures: dict) -> str:
     return ", ".join(parts)
 
 
-def render_text(source: str, verdicts: list[Verdict], figures: dict, notes: Sequence[str] = (),
-                ceilings: dict[str, Ceiling] | None = None) -> str:
+def render_text(
+    source: str,
+    verdicts: list[Verdict],
+    figures: dict,
+    notes: Sequence[str] = (),
+    ceilings: dict[str, Ceiling] | None = None,
+) -> str:
     """`ceilings`: verdict kind -> how much its fix can gain at most (monitoring/diagnose/ceilings.py)."""
     ceilings = ceilings or {}
     lines = [f"trainstack diagnose: {source}"]
@@ -65,11 +78,24 @@ def render_text(source: str, verdicts: list[Verdict], figures: dict, notes: Sequ
     return "\n".join([*lines, *notes])
 
 
-def render_json(source: str, verdicts: list[Verdict], figures: dict, notes: Sequence[str] = (),
-                ceilings: dict[str, Ceiling] | None = None) -> str:
+def render_json(
+    source: str,
+    verdicts: list[Verdict],
+    figures: dict,
+    notes: Sequence[str] = (),
+    ceilings: dict[str, Ceiling] | None = None,
+) -> str:
     """Each verdict with a time share carries its `ceiling` ({kind, share, speedup, text}; null for the others)."""
-    return json.dumps({"source": source, "healthy": not verdicts, "verdicts": verdict_dicts(verdicts, ceilings),
-                       "figures": figures, "notes": list(notes)}, indent=2)
+    return json.dumps(
+        {
+            "source": source,
+            "healthy": not verdicts,
+            "verdicts": verdict_dicts(verdicts, ceilings),
+            "figures": figures,
+            "notes": list(notes),
+        },
+        indent=2,
+    )
 
 
 def verdict_dicts(verdicts: list[Verdict], ceilings: dict[str, Ceiling] | None = None) -> list[dict]:

@@ -113,8 +113,10 @@ class GpuView:
     def pcie_below_max(self) -> bool:
         """The PCIe link runs at a lower generation or width than GPU and slot allow (the lower generation of an
         idle GPU saving power is no concern; a busy one's is, as is a narrower link at any time)."""
-        return any(now is not None and most is not None and now < most for now, most in (
-            (self.pcie_generation, self.pcie_max_generation), (self.pcie_width, self.pcie_max_width)))
+        return any(
+            now is not None and most is not None and now < most
+            for now, most in ((self.pcie_generation, self.pcie_max_generation), (self.pcie_width, self.pcie_max_width))
+        )
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,8 @@ class Snapshot:
         """Per rank, what the most waiting rank waits at the collectives beyond it, as a share of step time
         (ratios.STRAGGLER_WAIT): largest on the straggler. Empty where fewer than two ranks' waits are measured."""
         return ratios.STRAGGLER_WAIT.of(
-            {r.rank: r.comm_exposed_ratio for r in self.ranks if r.comm_exposed_ratio is not None})
+            {r.rank: r.comm_exposed_ratio for r in self.ranks if r.comm_exposed_ratio is not None}
+        )
 
 
 def _by(label: str, samples: list[Sample]) -> dict[str, float]:
@@ -181,16 +184,27 @@ def _ratio_of(source: Source, ratio: ratios.Ratio, label: str) -> dict[str, floa
     read = source.rate if ratio.counters else source.instant
     numerators = _by(label, [(labels, value) for labels, value in read(ratio.numerator) if ratio.counts(labels)])
     denominators = _by(label, read(ratio.denominator))
-    return {key: value for key, numerator in numerators.items()
-            if (value := ratio.of(numerator, denominators.get(key, 0.0))) is not None}
+    return {
+        key: value
+        for key, numerator in numerators.items()
+        if (value := ratio.of(numerator, denominators.get(key, 0.0))) is not None
+    }
 
 
 def read_snapshot(source: Source) -> Snapshot:
     running = [value for _, value in source.instant(catalog.WATCH_COMMAND_PROCESSES.name)]
     commands = [labels.get("command", "") for labels, _ in source.instant(catalog.WATCH_COMMAND_INFO.name)]
-    return Snapshot(source.description, source.now, _ranks(source), _gpus(source), _gpu_sample_ages(source),
-                    _processes(source), command=commands[0] if commands else "",
-                    command_processes=int(sum(running)) if running else None, hang=_hang(source))
+    return Snapshot(
+        source.description,
+        source.now,
+        _ranks(source),
+        _gpus(source),
+        _gpu_sample_ages(source),
+        _processes(source),
+        command=commands[0] if commands else "",
+        command_processes=int(sum(running)) if running else None,
+        hang=_hang(source),
+    )
 
 
 def _hang(source: Source) -> tuple[Hang, float] | None:
@@ -205,9 +219,11 @@ def _hang(source: Source) -> tuple[Hang, float] | None:
 
 
 def _processes(source: Source) -> list[GpuProcess]:
-    return [GpuProcess(labels.get("instance", ""), labels["pid"], labels.get("process", ""), labels["uuid"], value)
-            for labels, value in source.instant(catalog.GPU_PROCESS_MEMORY_USED.name)
-            if "pid" in labels and "uuid" in labels]
+    return [
+        GpuProcess(labels.get("instance", ""), labels["pid"], labels.get("process", ""), labels["uuid"], value)
+        for labels, value in source.instant(catalog.GPU_PROCESS_MEMORY_USED.name)
+        if "pid" in labels and "uuid" in labels
+    ]
 
 
 def _gpu_sample_ages(source: Source) -> dict[str, tuple[float, float]]:
@@ -215,8 +231,11 @@ def _gpu_sample_ages(source: Source) -> dict[str, tuple[float, float]]:
         return " ".join(filter(None, (labels.get("instance"), labels.get("cadence"))))
 
     intervals = {key(labels): value for labels, value in source.instant(GPU_SAMPLE_INTERVAL)}
-    return {key(labels): (age, intervals[key(labels)]) for labels, age in source.instant(GPU_SAMPLE_AGE)
-            if key(labels) in intervals}
+    return {
+        key(labels): (age, intervals[key(labels)])
+        for labels, age in source.instant(GPU_SAMPLE_AGE)
+        if key(labels) in intervals
+    }
 
 
 def _ranks(source: Source) -> list[RankView]:
@@ -233,8 +252,9 @@ def _ranks(source: Source) -> list[RankView]:
     comm_exposed = _ratio_of(source, ratios.COMM_EXPOSED_SHARE, "rank")
     comm = _ratio_of(source, ratios.COMM_SECONDS, "rank")
     comm_bytes = _ratio_of(source, ratios.COMM_BYTES_PER_STEP, "rank")
-    world_sizes = {rank: int(labels["world_size"]) for rank, labels in run_info.items()
-                   if labels.get("world_size", "").isdigit()}
+    world_sizes = {
+        rank: int(labels["world_size"]) for rank, labels in run_info.items() if labels.get("world_size", "").isdigit()
+    }
     comm_setup = _labels_by_rank(source.instant(catalog.TRAIN_COMM_SETUP_INFO.name))
     shm = _by("rank", source.instant(catalog.TRAIN_SHM_BYTES.name))
     host_bound = _ratio_of(source, ratios.HOST_BOUND_SHARE, "rank")
@@ -244,28 +264,45 @@ def _ranks(source: Source) -> list[RankView]:
     views = []
     for rank in sorted(set(info) | set(steps), key=lambda r: int(r) if r.isdigit() else r):
         labels = info.get(rank, {})
-        views.append(RankView(
-            rank=rank, uuid=labels.get("uuid", ""), node=labels.get("node", ""), steps=steps.get(rank, 0.0),
-            steps_per_second=step_rate.get(rank), samples_per_second=samples_rate.get(rank),
-            data_wait_ratio=wait.get(rank), host_data_wait_ratio=host_wait.get(rank),
-            clock=clocks.get(rank, "host"), step_seconds=step_seconds.get(rank),
-            forward_seconds=forward.get(rank), last_step_time=last.get(rank) or None, mfu=mfu.get(rank),
-            comm_exposed_ratio=comm_exposed.get(rank), comm_seconds=comm.get(rank),
-            host_bound_ratio=host_bound.get(rank), comm_bytes_per_step=comm_bytes.get(rank),
-            world_size=world_sizes.get(rank), strategy=run_info.get(rank, {}).get("strategy", ""),
-            launcher=run_info.get(rank, {}).get("launcher", ""),
-            backend=comm_setup.get(rank, {}).get("backend", ""),
-            nccl_switches=_switches_set(comm_setup.get(rank, {})), shm_bytes=shm.get(rank),
-            mixed_precision=run_info.get(rank, {}).get("mixed_precision", ""),
-            compiled=compile_seconds[rank] > 0 if rank in compile_seconds else None,
-        ))
+        views.append(
+            RankView(
+                rank=rank,
+                uuid=labels.get("uuid", ""),
+                node=labels.get("node", ""),
+                steps=steps.get(rank, 0.0),
+                steps_per_second=step_rate.get(rank),
+                samples_per_second=samples_rate.get(rank),
+                data_wait_ratio=wait.get(rank),
+                host_data_wait_ratio=host_wait.get(rank),
+                clock=clocks.get(rank, "host"),
+                step_seconds=step_seconds.get(rank),
+                forward_seconds=forward.get(rank),
+                last_step_time=last.get(rank) or None,
+                mfu=mfu.get(rank),
+                comm_exposed_ratio=comm_exposed.get(rank),
+                comm_seconds=comm.get(rank),
+                host_bound_ratio=host_bound.get(rank),
+                comm_bytes_per_step=comm_bytes.get(rank),
+                world_size=world_sizes.get(rank),
+                strategy=run_info.get(rank, {}).get("strategy", ""),
+                launcher=run_info.get(rank, {}).get("launcher", ""),
+                backend=comm_setup.get(rank, {}).get("backend", ""),
+                nccl_switches=_switches_set(comm_setup.get(rank, {})),
+                shm_bytes=shm.get(rank),
+                mixed_precision=run_info.get(rank, {}).get("mixed_precision", ""),
+                compiled=compile_seconds[rank] > 0 if rank in compile_seconds else None,
+            )
+        )
     return views
 
 
 def _switches_set(labels: dict[str, str]) -> dict[str, str]:
     """The NCCL switches a rank's setup labels carry, by environment variable, where set (0 switches one off)."""
-    return {label.upper(): value for label in catalog.NCCL_SWITCH_LABELS
-            if (value := labels.get(label, "").strip()) not in ("", "0")}
+    return {
+        label.upper(): value
+        for label in catalog.NCCL_SWITCH_LABELS
+        if (value := labels.get(label, "").strip()) not in ("", "0")
+    }
 
 
 def _active_reasons(source: Source) -> dict[str, set[str]]:
@@ -289,25 +326,45 @@ def _gpus(source: Source) -> list[GpuView]:
     active = _active_reasons(source)
     links = {labels["uuid"]: labels for labels, _ in source.instant(catalog.GPU_LINK_INFO.name) if "uuid" in labels}
     gpm = {labels["uuid"]: labels for labels, _ in source.instant(catalog.GPU_GPM_INFO.name) if "uuid" in labels}
-    activity = {field_name: _by("uuid", source.instant(metric.name)) for field_name, metric in (
-        ("sm_active", catalog.GPU_SM_ACTIVE), ("sm_occupancy", catalog.GPU_SM_OCCUPANCY),
-        ("tensor_active", catalog.GPU_TENSOR_ACTIVE), ("dram_active", catalog.GPU_DRAM_ACTIVE))}
-    traffic = {link: _by("uuid", source.rate(metric.name)) for link, metric in (
-        ("pcie transmit", catalog.GPU_GPM_PCIE_TRANSMIT), ("pcie receive", catalog.GPU_GPM_PCIE_RECEIVE),
-        ("nvlink transmit", catalog.GPU_GPM_NVLINK_TRANSMIT), ("nvlink receive", catalog.GPU_GPM_NVLINK_RECEIVE))}
+    activity = {
+        field_name: _by("uuid", source.instant(metric.name))
+        for field_name, metric in (
+            ("sm_active", catalog.GPU_SM_ACTIVE),
+            ("sm_occupancy", catalog.GPU_SM_OCCUPANCY),
+            ("tensor_active", catalog.GPU_TENSOR_ACTIVE),
+            ("dram_active", catalog.GPU_DRAM_ACTIVE),
+        )
+    }
+    traffic = {
+        link: _by("uuid", source.rate(metric.name))
+        for link, metric in (
+            ("pcie transmit", catalog.GPU_GPM_PCIE_TRANSMIT),
+            ("pcie receive", catalog.GPU_GPM_PCIE_RECEIVE),
+            ("nvlink transmit", catalog.GPU_GPM_NVLINK_TRANSMIT),
+            ("nvlink receive", catalog.GPU_GPM_NVLINK_RECEIVE),
+        )
+    }
     views = []
     for uuid, labels in sorted(info.items(), key=lambda item: int(item[1].get("gpu", "0"))):
-        views.append(GpuView(
-            index=labels.get("gpu", "?"), uuid=uuid, name=labels.get("name", ""),
-            utilization=utilization.get(uuid), memory_used_ratio=memory.get(uuid),
-            thermal_throttle_ratio=ratios.THERMAL_THROTTLE.of(thermal.get(uuid), active.get(uuid)),
-            power_throttle_ratio=ratios.POWER_THROTTLE.of(power.get(uuid), active.get(uuid)),
-            sm_clock_ratio=clock.get(uuid),
-            **{label: int(value) for label in catalog.GPU_LINK_LABELS
-               if (value := links.get(uuid, {}).get(label, "")).isdigit()},  # "": the driver lacks the call
-            gpm_supported={"true": True, "false": False}.get(gpm.get(uuid, {}).get("supported", "")),
-            gpm_reason=gpm.get(uuid, {}).get("reason", ""),
-            **{field_name: by_uuid.get(uuid) for field_name, by_uuid in activity.items()},
-            link_bytes_per_second={link: rates[uuid] for link, rates in traffic.items() if uuid in rates},
-        ))
+        views.append(
+            GpuView(
+                index=labels.get("gpu", "?"),
+                uuid=uuid,
+                name=labels.get("name", ""),
+                utilization=utilization.get(uuid),
+                memory_used_ratio=memory.get(uuid),
+                thermal_throttle_ratio=ratios.THERMAL_THROTTLE.of(thermal.get(uuid), active.get(uuid)),
+                power_throttle_ratio=ratios.POWER_THROTTLE.of(power.get(uuid), active.get(uuid)),
+                sm_clock_ratio=clock.get(uuid),
+                **{
+                    label: int(value)
+                    for label in catalog.GPU_LINK_LABELS
+                    if (value := links.get(uuid, {}).get(label, "")).isdigit()
+                },  # "": the driver lacks the call
+                gpm_supported={"true": True, "false": False}.get(gpm.get(uuid, {}).get("supported", "")),
+                gpm_reason=gpm.get(uuid, {}).get("reason", ""),
+                **{field_name: by_uuid.get(uuid) for field_name, by_uuid in activity.items()},
+                link_bytes_per_second={link: rates[uuid] for link, rates in traffic.items() if uuid in rates},
+            )
+        )
     return views

@@ -50,9 +50,11 @@ def _get(url: str, timeout: float) -> bytes:
             return response.read()
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
-        raise RuntimeFailure(f"cannot read {url} ({reason}); is the run going? The launcher's exporter listens on "
-                             f"{DEFAULT_EXPORTER_HOST}:{DEFAULT_EXPORTER_PORT} unless --exporter-port says "
-                             "otherwise: pass its address to --url") from None
+        raise RuntimeFailure(
+            f"cannot read {url} ({reason}); is the run going? The launcher's exporter listens on "
+            f"{DEFAULT_EXPORTER_HOST}:{DEFAULT_EXPORTER_PORT} unless --exporter-port says "
+            "otherwise: pass its address to --url"
+        ) from None
 
 
 class ExporterSource:
@@ -68,8 +70,10 @@ class ExporterSource:
         except RuntimeFailure:
             # The exporter went with its run between the scrapes: the first reading is all there is, and no rate.
             self._second, self.now = self._first, first_time
-            self.ended_meanwhile = (f"the run ended meanwhile: its exporter was gone {interval:g} s after the first "
-                                    "scrape, so this is judged from that one reading, with no rates")
+            self.ended_meanwhile = (
+                f"the run ended meanwhile: its exporter was gone {interval:g} s after the first "
+                "scrape, so this is judged from that one reading, with no rates"
+            )
         self.window_seconds = self.now - first_time
         # The slow counters' own window: between the exporter's two reads of them, not between the scrapes.
         first_read, second_read = _slow_read(self._first, first_time), _slow_read(self._second, self.now)
@@ -88,8 +92,10 @@ class ExporterSource:
                 for sample in family.samples:
                     samples[sample.name].append((sample.labels, sample.value))
         except ValueError as error:
-            raise ConfigError(f"{self.url} does not serve Prometheus metrics ({error}); pass the exporter's "
-                              "/metrics URL or a Prometheus server's URL to --url") from None
+            raise ConfigError(
+                f"{self.url} does not serve Prometheus metrics ({error}); pass the exporter's "
+                "/metrics URL or a Prometheus server's URL to --url"
+            ) from None
         return samples
 
     def instant(self, name: str) -> list[Sample]:
@@ -126,8 +132,9 @@ class PrometheusSource:
         self.selector = selector
         self.window = window
         self.timeout = timeout
-        self.description = f"Prometheus {self.url}" + (f", series {{{selector}}}" if selector else "") + \
-            f", rates over {window}"
+        self.description = (
+            f"Prometheus {self.url}" + (f", series {{{selector}}}" if selector else "") + f", rates over {window}"
+        )
         self.now = time.time()
         self.ended_meanwhile = ""  # Prometheus keeps the series of a run that has ended
 
@@ -138,8 +145,10 @@ class PrometheusSource:
             answer = json.loads(body)
             results = answer["data"]["result"]
         except (ValueError, KeyError, TypeError):
-            raise ConfigError(f"{self.url} did not answer a Prometheus query; pass a Prometheus server's URL, "
-                              "or an exporter's /metrics URL") from None
+            raise ConfigError(
+                f"{self.url} did not answer a Prometheus query; pass a Prometheus server's URL, "
+                "or an exporter's /metrics URL"
+            ) from None
         samples = []
         for result in results:
             timestamp, value = result["value"]
@@ -173,8 +182,10 @@ def open_source(url: str, kind: str, interval: float, selector: str = "", window
     if kind == "prometheus":
         return PrometheusSource(url, selector, window)
     if selector or window != PROMETHEUS_WINDOW:
-        raise ConfigError("--job and --window apply to a Prometheus server; an exporter serves one job, and "
-                          "--interval sets its rate window")
+        raise ConfigError(
+            "--job and --window apply to a Prometheus server; an exporter serves one job, and "
+            "--interval sets its rate window"
+        )
     if not url.rstrip("/").endswith("/metrics"):
         url = url.rstrip("/") + "/metrics"
     return ExporterSource(url, interval)

@@ -17,5 +17,8 @@ def _check_positive(self) -> None:
 
 
 Thresholds = dataclasses.make_dataclass(
-    "Thresholds", [(t.name, float, dataclasses.field(default=t.value)) for t in thresholds.THRESHOLDS],
-    frozen=True, namespace={"__post_init__": _check_positive, "__doc__": __doc__})
+    "Thresholds",
+    [(t.name, float, dataclasses.field(default=t.value)) for t in thresholds.THRESHOLDS],
+    frozen=True,
+    namespace={"__post_init__": _check_positive, "__doc__": __doc__},
+)

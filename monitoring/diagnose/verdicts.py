@@ -48,18 +48,25 @@ def _knob(ranks: list[RankView], train: str, script: str) -> str:
 def _uninstrumented(snapshot: Snapshot, limits: Thresholds) -> bool:
     """A job runs but no rank reports telemetry: `trainstack watch` says it runs a command, NVML lists a process on
     a GPU, or a GPU is busy."""
-    return not snapshot.ranks and (bool(snapshot.command) or bool(snapshot.processes) or any(
-        (g.utilization or 0.0) >= limits.gpu_idle_ratio for g in snapshot.gpus))
+    return not snapshot.ranks and (
+        bool(snapshot.command)
+        or bool(snapshot.processes)
+        or any((g.utilization or 0.0) >= limits.gpu_idle_ratio for g in snapshot.gpus)
+    )
 
 
 def no_training(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if snapshot.ranks or _uninstrumented(snapshot, limits):  # the latter: a job without telemetry (notes)
         return None
-    evidence = [f"GPU {g.index} ({g.uuid}) utilization {_percent(g.utilization)}" for g in snapshot.gpus
-                if g.utilization is not None]
+    evidence = [
+        f"GPU {g.index} ({g.uuid}) utilization {_percent(g.utilization)}"
+        for g in snapshot.gpus
+        if g.utilization is not None
+    ]
     return Verdict(
-        "no-training", "the source has no training series: no rank has started, or the exporter reads the "
-        "wrong metrics directory", tuple(evidence) or (f"no {catalog.TRAIN_PREFIX}* series at all",),
+        "no-training",
+        "the source has no training series: no rank has started, or the exporter reads the wrong metrics directory",
+        tuple(evidence) or (f"no {catalog.TRAIN_PREFIX}* series at all",),
         "start the run with trainstack train (its exporter reads RUN_DIR/metrics); for a separate exporter pass "
         "--metrics-dir RUN_DIR/metrics; with Prometheus, check --job and the target on its /targets page",
     )
@@ -69,7 +76,8 @@ def not_started(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if not snapshot.ranks or any(r.last_step_time for r in snapshot.ranks):
         return None
     return Verdict(
-        "no-step-yet", f"{len(snapshot.ranks)} rank(s) registered but none has completed a step",
+        "no-step-yet",
+        f"{len(snapshot.ranks)} rank(s) registered but none has completed a step",
         (f"{catalog.TRAIN_LAST_STEP.name} is 0 on every rank",),
         "wait for the first step (model build, data loading, rendezvous); if it never comes, the ranks hang "
         "before the loop: read the ranks' logs, or py-spy dump --pid <rank pid>",
@@ -86,8 +94,11 @@ def stalled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     hang = snapshot.hang[0] if snapshot.hang and snapshot.hang[1] > last_step else None
     if age <= limits.stall_seconds and hang is None:
         return None
-    evidence = [f"rank {r.rank}: step {r.steps:.0f}, last step {snapshot.now - r.last_step_time:.0f} s ago"
-                for r in snapshot.ranks if r.last_step_time]
+    evidence = [
+        f"rank {r.rank}: step {r.steps:.0f}, last step {snapshot.now - r.last_step_time:.0f} s ago"
+        for r in snapshot.ranks
+        if r.last_step_time
+    ]
     most = max(r.steps for r in snapshot.ranks)
     behind = [r for r in snapshot.ranks if r.steps < most]
     if behind:
@@ -98,15 +109,21 @@ def stalled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if idle and len(idle) < len(gpu_ranks):
         # A rank blocked in an NCCL collective keeps its GPU at 100% (the kernel spins); the one stuck elsewhere
         # leaves its GPU idle.
-        evidence.append(f"{_ranks_list(idle)}: GPU idle while the other ranks' GPUs are busy waiting in NCCL: "
-                        "the likely culprit")
+        evidence.append(
+            f"{_ranks_list(idle)}: GPU idle while the other ranks' GPUs are busy waiting in NCCL: the likely culprit"
+        )
     if hang is not None:
-        return Verdict("stalled", f"no rank has completed a step for {age:.0f} s: {hang.headline}",
-                       (*evidence, *hang.evidence), f"{hang.fix}; --collective-timeout turns such a hang into an "
-                       "error; rerun the same command to resume from the last checkpoint")
+        return Verdict(
+            "stalled",
+            f"no rank has completed a step for {age:.0f} s: {hang.headline}",
+            (*evidence, *hang.evidence),
+            f"{hang.fix}; --collective-timeout turns such a hang into an "
+            "error; rerun the same command to resume from the last checkpoint",
+        )
     return Verdict(
-        "stalled", f"no rank has completed a step for {age:.0f} s (threshold {limits.stall_seconds:g} s) while "
-        "the exporter is up", tuple(evidence),
+        "stalled",
+        f"no rank has completed a step for {age:.0f} s (threshold {limits.stall_seconds:g} s) while the exporter is up",
+        tuple(evidence),
         "the launcher (trainstack train or watch) collects where each rank waits into RUN_DIR/hang/ once no "
         "rank has stepped for 20 median steps (at least 60 s), and diagnose then names the rank and the collective "
         "or frame it waits in (the exporter beside the run serves it; elsewhere --run-dir RUN_DIR); "
@@ -119,8 +136,7 @@ def gpus_unused(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     """A GPU no rank runs on; without rank telemetry (an uninstrumented job), a GPU no process holds memory on."""
     if snapshot.ranks:
         used = {r.uuid for r in snapshot.ranks if r.uuid}
-        where = "the ranks run on CPU while" if not used else \
-            f"{len(snapshot.ranks)} rank(s) use {len(used)} GPU(s);"
+        where = "the ranks run on CPU while" if not used else f"{len(snapshot.ranks)} rank(s) use {len(used)} GPU(s);"
         user, unused = "rank", "no rank's uuid"
     elif snapshot.processes:
         used = {p.uuid for p in snapshot.processes}
@@ -128,14 +144,21 @@ def gpus_unused(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         user, unused = "process", "no process on it"
     else:
         return None
-    idle = [g for g in snapshot.gpus if g.uuid not in used
-            and (g.utilization is None or g.utilization < limits.gpu_idle_ratio)]
+    idle = [
+        g
+        for g in snapshot.gpus
+        if g.uuid not in used and (g.utilization is None or g.utilization < limits.gpu_idle_ratio)
+    ]
     if not idle:
         return None
     return Verdict(
-        "gpus-unused", f"{where} {len(idle)} of {len(snapshot.gpus)} visible GPU(s) sit idle with no {user} on them",
-        tuple(f"GPU {g.index} ({g.name or g.uuid}): utilization "
-              f"{'unknown' if g.utilization is None else _percent(g.utilization)}, {unused}" for g in idle),
+        "gpus-unused",
+        f"{where} {len(idle)} of {len(snapshot.gpus)} visible GPU(s) sit idle with no {user} on them",
+        tuple(
+            f"GPU {g.index} ({g.name or g.uuid}): utilization "
+            f"{'unknown' if g.utilization is None else _percent(g.utilization)}, {unused}"
+            for g in idle
+        ),
         "start one rank per GPU (trainstack train, or torchrun/accelerate launch with --nproc-per-node equal to "
         "the GPU count) instead of a single process or nn.DataParallel; or hide the GPU with CUDA_VISIBLE_DEVICES",
     )
@@ -157,16 +180,22 @@ def _against(value: float, first: float, first_gpu: GpuView) -> str:
 def _driven_gpus_evidence(held: list[tuple[GpuProcess, GpuView]]) -> list[str]:
     """One process's GPUs, each against its first (the lowest index: nn.DataParallel's output device)."""
     (first, first_gpu), *others = held
-    evidence = [f"{_process_name(first)} is the main user of GPUs {', '.join(g.index for _, g in held)}",
-                f"GPU {first_gpu.index}: {_gib(first.memory_bytes)} used by it, utilization "
-                f"{_percent(first_gpu.utilization)} (its first GPU)"]
-    evidence += [f"GPU {gpu.index}: {_gib(process.memory_bytes)} used by it"
-                 f"{_against(process.memory_bytes, first.memory_bytes, first_gpu)}, utilization "
-                 f"{_percent(gpu.utilization)}{_against(gpu.utilization, first_gpu.utilization, first_gpu)}"
-                 for process, gpu in others]
+    evidence = [
+        f"{_process_name(first)} is the main user of GPUs {', '.join(g.index for _, g in held)}",
+        f"GPU {first_gpu.index}: {_gib(first.memory_bytes)} used by it, utilization "
+        f"{_percent(first_gpu.utilization)} (its first GPU)",
+    ]
+    evidence += [
+        f"GPU {gpu.index}: {_gib(process.memory_bytes)} used by it"
+        f"{_against(process.memory_bytes, first.memory_bytes, first_gpu)}, utilization "
+        f"{_percent(gpu.utilization)}{_against(gpu.utilization, first_gpu.utilization, first_gpu)}"
+        for process, gpu in others
+    ]
     if all(first.memory_bytes > p.memory_bytes and first_gpu.utilization > g.utilization for p, g in others):
-        evidence.append(f"GPU {first_gpu.index} is the busiest and the fullest: nn.DataParallel's shape (it "
-                        "scatters each batch, gathers the outputs and computes the loss there)")
+        evidence.append(
+            f"GPU {first_gpu.index} is the busiest and the fullest: nn.DataParallel's shape (it "
+            "scatters each batch, gathers the outputs and computes the loss there)"
+        )
     return evidence
 
 
@@ -184,7 +213,8 @@ def one_process_many_gpus(snapshot: Snapshot, limits: Thresholds) -> Verdict | N
     if not driven:
         return None
     return Verdict(
-        "one-process-many-gpus", "one process drives several GPUs (nn.DataParallel, or a model split by hand): "
+        "one-process-many-gpus",
+        "one process drives several GPUs (nn.DataParallel, or a model split by hand): "
         + "; ".join(f"{_process_name(held[0][0])} on {len(held)} GPUs" for held in driven),
         tuple(line for held in driven for line in _driven_gpus_evidence(held)),
         "run one process per GPU with DistributedDataParallel: torchrun --nproc-per-node <GPUs> (or trainstack "
@@ -198,20 +228,27 @@ def _data_wait_evidence(rank: RankView) -> str:
     if rank.clock != "gpu":
         return f"rank {rank.rank}: blocked on the loader {_percent(rank.data_wait_ratio)} of its step time"
     # The host's wait is no evidence on a GPU: it can sit in next() while the GPU works through queued steps.
-    host = "" if rank.host_data_wait_ratio is None else \
-        f"; its host waited in the loader {_percent(rank.host_data_wait_ratio)}"
-    return (f"rank {rank.rank}: its GPU sat idle for want of the next batch {_percent(rank.data_wait_ratio)} of "
-            f"its step time (GPU timeline{host})")
+    host = (
+        ""
+        if rank.host_data_wait_ratio is None
+        else f"; its host waited in the loader {_percent(rank.host_data_wait_ratio)}"
+    )
+    return (
+        f"rank {rank.rank}: its GPU sat idle for want of the next batch {_percent(rank.data_wait_ratio)} of "
+        f"its step time (GPU timeline{host})"
+    )
 
 
 def input_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     """Reads each rank's data wait on its own device's clock: on a GPU, the time the GPU starved."""
-    waiting = [r for r in snapshot.ranks
-               if r.data_wait_ratio is not None and r.data_wait_ratio > limits.input_bound_ratio]
+    waiting = [
+        r for r in snapshot.ranks if r.data_wait_ratio is not None and r.data_wait_ratio > limits.input_bound_ratio
+    ]
     if not waiting:
         return None
     return Verdict(
-        "input-bound", f"input-bound: {_ranks_list(waiting)} wait(s) for the data loader more than "
+        "input-bound",
+        f"input-bound: {_ranks_list(waiting)} wait(s) for the data loader more than "
         f"{_percent(limits.input_bound_ratio)} of the time",
         tuple(_data_wait_evidence(r) for r in waiting),
         f"raise {_knob(snapshot.ranks, '--num-workers', 'DataLoader(num_workers=...)')}, pre-tokenize or move "
@@ -232,12 +269,17 @@ def straggler(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if share <= limits.straggler_wait_ratio:
         return None
     slow = next(r for r in snapshot.ranks if r.rank == named)
-    cost = f"{_percent(share)} of each step" if slow.step_seconds is None else \
-        f"{1000 * share * slow.step_seconds:.0f} ms of each {1000 * slow.step_seconds:.0f} ms step ({_percent(share)})"
+    cost = (
+        f"{_percent(share)} of each step"
+        if slow.step_seconds is None
+        else f"{1000 * share * slow.step_seconds:.0f} ms of each {1000 * slow.step_seconds:.0f} ms step ({_percent(share)})"
+    )
     measured = [r for r in snapshot.ranks if r.rank in beyond]
     return Verdict(
-        "straggler", f"rank {named} is a straggler: the other rank(s) wait for it {cost} at the collectives "
-        f"(threshold {_percent(limits.straggler_wait_ratio)})", tuple(_straggler_evidence(measured)),
+        "straggler",
+        f"rank {named} is a straggler: the other rank(s) wait for it {cost} at the collectives "
+        f"(threshold {_percent(limits.straggler_wait_ratio)})",
+        tuple(_straggler_evidence(measured)),
         "the others wait for it at each gradient all-reduce (and DDP's buffer broadcast); the evidence says which "
         "part of its step is slow. Check its GPU's clocks, temperature and throttle reasons, its loader, and work "
         "only it does between steps (logging, evaluation, checkpoints on one rank); move other processes off its "
@@ -251,8 +293,9 @@ def _straggler_evidence(ranks: list[RankView]) -> list[str]:
     data_differs = len(data_waits) > 1 and max(data_waits) - min(data_waits) > 0.02
 
     def per_step(ratio: float, r: RankView) -> str:
-        return _percent(ratio) if r.step_seconds is None else f"{1000 * ratio * r.step_seconds:.1f} ms " \
-            f"({_percent(ratio)})"
+        return (
+            _percent(ratio) if r.step_seconds is None else f"{1000 * ratio * r.step_seconds:.1f} ms ({_percent(ratio)})"
+        )
 
     lines = []
     for r in ranks:
@@ -284,19 +327,26 @@ def comm_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     shm = _shm_by_node(snapshot, limits)
     evidence += [_shm(node, *figures) for node, figures in shm.items()]
     small_shm = {node: needed for node, (size, _, needed) in shm.items() if size < needed}
-    first = [fix for fix in (_switches_fix(measured), _shm_fix(small_shm),
-                             _pcie_fix([g for _, g in links if g.pcie_below_max])) if fix]
+    first = [
+        fix
+        for fix in (_switches_fix(measured), _shm_fix(small_shm), _pcie_fix([g for _, g in links if g.pcie_below_max]))
+        if fix
+    ]
     return Verdict(
-        "comm-bound", f"communication-bound: every rank waits at least {_percent(least)} of its step time for "
+        "comm-bound",
+        f"communication-bound: every rank waits at least {_percent(least)} of its step time for "
         f"communication (threshold {_percent(limits.comm_bound_ratio)}): compute does not hide it",
         tuple(evidence),
-        "".join(f"{fix}; " for fix in first) +
-        "fewer all-reduces per sample: " + _knob(
-            measured, "a larger per-rank --batch-size or --gradient-accumulation-steps (the micro-batches before the "
+        "".join(f"{fix}; " for fix in first)
+        + "fewer all-reduces per sample: "
+        + _knob(
+            measured,
+            "a larger per-rank --batch-size or --gradient-accumulation-steps (the micro-batches before the "
             "last skip the all-reduce under no_sync); fewer, larger buckets (DDP bucket_cap_mb)",
             "a larger per-GPU batch (your DataLoader(batch_size=...)) or gradient accumulation with the micro-batches "
-            "before the last under model.no_sync(); fewer, larger buckets (DDP(model, bucket_cap_mb=...))") +
-        "; a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in containers, and that "
+            "before the last under model.no_sync(); fewer, larger buckets (DDP(model, bucket_cap_mb=...))",
+        )
+        + "; a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in containers, and that "
         "NCCL_P2P_DISABLE, NCCL_SHM_DISABLE or NCCL_IB_DISABLE are not set; or "
         + _knob(measured, "--strategy fsdp", "FSDP (fully_shard) instead of DDP"),
     )
@@ -309,9 +359,12 @@ def _comm_per_rank(r: RankView) -> str:
     if r.comm_bytes_per_step is not None:
         bus = r.bus_bytes_per_second
         carried = f"; {human_bytes(r.comm_bytes_per_step)} communicated per step" + (
-            "" if bus is None else f" at {_bandwidth(bus)} bus bandwidth")
-    return f"rank {r.rank}: waits for communication {_percent(r.comm_exposed_ratio)} of its step time " \
-           f"({exposed}{total}){carried}"
+            "" if bus is None else f" at {_bandwidth(bus)} bus bandwidth"
+        )
+    return (
+        f"rank {r.rank}: waits for communication {_percent(r.comm_exposed_ratio)} of its step time "
+        f"({exposed}{total}){carried}"
+    )
 
 
 def _bandwidth(bytes_per_second: float) -> str:
@@ -340,8 +393,10 @@ def _link_traffic(r: RankView, g: GpuView) -> str:
     """What GPM measured on the GPU's links, against their most: a link near its most is the bottleneck; one far
     below it while the ranks wait says the traffic takes another path (sockets, the host) or is latency-bound."""
     parts = []
-    for link, most in (("nvlink", (g.nvlinks_active or 0) * NVLINK_BYTES_PER_SECOND),
-                       ("pcie", PCIE_LANE_BYTES_PER_SECOND.get(g.pcie_generation, 0.0) * (g.pcie_width or 0))):
+    for link, most in (
+        ("nvlink", (g.nvlinks_active or 0) * NVLINK_BYTES_PER_SECOND),
+        ("pcie", PCIE_LANE_BYTES_PER_SECOND.get(g.pcie_generation, 0.0) * (g.pcie_width or 0)),
+    ):
         sent, received = (g.link_bytes_per_second.get(f"{link} {way}") for way in ("transmit", "receive"))
         if sent is None or received is None:
             continue
@@ -361,13 +416,17 @@ def _nccl_switches(ranks: list[RankView]) -> list[str]:
             by_switches.setdefault(tuple(sorted(r.nccl_switches.items())), []).append(r)
     if published and not by_switches:
         return [f"no NCCL switch set on any rank (backend {published[0].backend})"]
-    return [f"{_ranks_list(group)}: {', '.join(f'{name}={value}' for name, value in switches)} set "
-            f"(backend {group[0].backend})" for switches, group in by_switches.items()]
+    return [
+        f"{_ranks_list(group)}: {', '.join(f'{name}={value}' for name, value in switches)} set "
+        f"(backend {group[0].backend})"
+        for switches, group in by_switches.items()
+    ]
 
 
 def _switches_fix(ranks: list[RankView]) -> str:
-    disabled = sorted({name for r in ranks if r.backend != "gloo" for name in r.nccl_switches
-                       if name.endswith("_DISABLE")})
+    disabled = sorted(
+        {name for r in ranks if r.backend != "gloo" for name in r.nccl_switches if name.endswith("_DISABLE")}
+    )
     return f"unset {', '.join(disabled)} (a debugging switch that takes the fast path away)" if disabled else ""
 
 
@@ -379,8 +438,7 @@ def _shm_by_node(snapshot: Snapshot, limits: Thresholds) -> dict[str, tuple[floa
         on_node = [r for r in snapshot.ranks if r.node == node]
         sizes = [r.shm_bytes for r in on_node if r.shm_bytes is not None]
         if sizes:
-            needed = 0.0 if all(r.backend == "gloo" for r in on_node) else \
-                len(on_node) * limits.shm_mib_per_rank * MIB
+            needed = 0.0 if all(r.backend == "gloo" for r in on_node) else len(on_node) * limits.shm_mib_per_rank * MIB
             found[node] = (min(sizes), len(on_node), needed)
     return dict(sorted(found.items()))
 
@@ -388,8 +446,10 @@ def _shm_by_node(snapshot: Snapshot, limits: Thresholds) -> dict[str, tuple[floa
 def _shm(node: str, shm: float, ranks: int, needed: float) -> str:
     where = f"node {node}" if node else "the node"
     if shm < needed:
-        return f"{where}: /dev/shm is {human_bytes(shm)}, smaller than the {human_bytes(needed)} NCCL's " \
-               f"shared-memory transport needs for its {ranks} rank{'s' if ranks > 1 else ''}"
+        return (
+            f"{where}: /dev/shm is {human_bytes(shm)}, smaller than the {human_bytes(needed)} NCCL's "
+            f"shared-memory transport needs for its {ranks} rank{'s' if ranks > 1 else ''}"
+        )
     return f"{where}: /dev/shm is {human_bytes(shm)}"
 
 
@@ -397,53 +457,77 @@ def _shm_fix(small: dict[str, float]) -> str:
     if not small:
         return ""
     size = max(1, math.ceil(max(small.values()) / GIB))
-    return f"give /dev/shm at least {size} GiB (docker run --shm-size={size}g or --ipc=host; Kubernetes: an emptyDir " \
-           "with medium: Memory)"
+    return (
+        f"give /dev/shm at least {size} GiB (docker run --shm-size={size}g or --ipc=host; Kubernetes: an emptyDir "
+        "with medium: Memory)"
+    )
 
 
 def _pcie_fix(narrowed: list[GpuView]) -> str:
     if not narrowed:
         return ""
-    gpus = ", ".join(f"GPU {g.index} (gen {g.pcie_generation} x{g.pcie_width} of gen {g.pcie_max_generation} "
-                     f"x{g.pcie_max_width})" for g in narrowed)
-    return f"bring the PCIe link of {gpus} to its full speed: reseat the card, move it to a full-width slot, check " \
-           "the BIOS's lane settings and risers"
+    gpus = ", ".join(
+        f"GPU {g.index} (gen {g.pcie_generation} x{g.pcie_width} of gen {g.pcie_max_generation} x{g.pcie_max_width})"
+        for g in narrowed
+    )
+    return (
+        f"bring the PCIe link of {gpus} to its full speed: reseat the card, move it to a full-width slot, check "
+        "the BIOS's lane settings and risers"
+    )
 
 
 def host_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     """A GPU that runs out of queued work with batches at hand and no all-reduce to wait for: the host does not
     launch kernels fast enough (trainstack/breakdown.py measures the idle time from NVML's utilization samples)."""
-    idle = [r for r in snapshot.ranks
-            if r.host_bound_ratio is not None and r.host_bound_ratio > limits.host_bound_ratio]
+    idle = [
+        r for r in snapshot.ranks if r.host_bound_ratio is not None and r.host_bound_ratio > limits.host_bound_ratio
+    ]
     if not idle:
         return None
 
     def evidence(rank: RankView) -> str:
-        others = [f"{what} {_percent(share)}" for what, share in (
-            ("starved for data", rank.data_wait_ratio), ("waiting on communication", rank.comm_exposed_ratio))
-            if share is not None]
+        others = [
+            f"{what} {_percent(share)}"
+            for what, share in (
+                ("starved for data", rank.data_wait_ratio),
+                ("waiting on communication", rank.comm_exposed_ratio),
+            )
+            if share is not None
+        ]
         besides = f" (besides: {', '.join(others)})" if others else ""
-        return f"rank {rank.rank}: its GPU idled {_percent(rank.host_bound_ratio)} of its step time waiting for the " \
-               f"host{besides}"
+        return (
+            f"rank {rank.rank}: its GPU idled {_percent(rank.host_bound_ratio)} of its step time waiting for the "
+            f"host{besides}"
+        )
 
     return Verdict(
-        "host-bound", f"host-bound: {_ranks_list(idle)}: the GPU idles more than "
+        "host-bound",
+        f"host-bound: {_ranks_list(idle)}: the GPU idles more than "
         f"{_percent(limits.host_bound_ratio)} of its step time although it has data and waits on no communication",
         tuple(evidence(r) for r in idle),
-        "give each kernel launch more work: " + _knob(
-            idle, "a larger per-rank --batch-size (lower --gradient-accumulation-steps to keep the global batch); "
-            "--compile", "a larger per-GPU batch in your DataLoader(batch_size=...) (fewer accumulation micro-batches "
-            "to keep the global batch); model = torch.compile(model)") +
-        " (torch.compile fuses small kernels: fewer launches); and no host synchronization in the loop (.item(), "
+        "give each kernel launch more work: "
+        + _knob(
+            idle,
+            "a larger per-rank --batch-size (lower --gradient-accumulation-steps to keep the global batch); --compile",
+            "a larger per-GPU batch in your DataLoader(batch_size=...) (fewer accumulation micro-batches "
+            "to keep the global batch); model = torch.compile(model)",
+        )
+        + " (torch.compile fuses small kernels: fewer launches); and no host synchronization in the loop (.item(), "
         "printing or copying tensors to the CPU each step)",
     )
 
 
 def _activity(g: GpuView) -> str:
     figures = [f"SM activity {_percent(g.sm_active)}"]
-    figures += [f"{what} {_percent(value)}" for what, value in (
-        ("occupancy", g.sm_occupancy), ("tensor-core activity", g.tensor_active), ("DRAM bandwidth", g.dram_active))
-        if value is not None]
+    figures += [
+        f"{what} {_percent(value)}"
+        for what, value in (
+            ("occupancy", g.sm_occupancy),
+            ("tensor-core activity", g.tensor_active),
+            ("DRAM bandwidth", g.dram_active),
+        )
+        if value is not None
+    ]
     busy = "" if g.utilization is None else f"utilization {_percent(g.utilization)}, "
     return f"GPU {g.index}: {busy}{', '.join(figures)}"
 
@@ -463,16 +547,23 @@ def _rank_setup(r: RankView, g: GpuView) -> str:
 def _memory_bound(g: GpuView, limits: Thresholds) -> str:
     if g.dram_active is None or g.dram_active < limits.memory_bound_dram_ratio:
         return ""
-    return (f"GPU {g.index}: DRAM bandwidth at {_percent(g.dram_active)} of its maximum while its SMs work: its "
-            "kernels wait on memory (memory-bound), which more SMs would not help; fusing kernels cuts the traffic")
+    return (
+        f"GPU {g.index}: DRAM bandwidth at {_percent(g.dram_active)} of its maximum while its SMs work: its "
+        "kernels wait on memory (memory-bound), which more SMs would not help; fusing kernels cuts the traffic"
+    )
 
 
 def gpu_underused(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     """A GPU that reads busy (a kernel runs most of the time) while most of its SMs idle (GPM): too little work per
     kernel. NVML's utilization cannot tell it from a GPU at full work (docs/diagnostics.md, "Busy is not working")."""
-    hollow = [g for g in snapshot.gpus if g.utilization is not None and g.sm_active is not None
-              and g.utilization >= limits.gpu_underused_utilization_ratio
-              and g.sm_active < limits.gpu_underused_sm_active_ratio]
+    hollow = [
+        g
+        for g in snapshot.gpus
+        if g.utilization is not None
+        and g.sm_active is not None
+        and g.utilization >= limits.gpu_underused_utilization_ratio
+        and g.sm_active < limits.gpu_underused_sm_active_ratio
+    ]
     if not hollow:
         return None
     ranks = {r.uuid: r for r in snapshot.ranks if r.uuid}
@@ -481,27 +572,40 @@ def gpu_underused(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         rank = ranks.get(g.uuid)
         on_hollow += [rank] if rank else []
         evidence += filter(None, (_activity(g), rank and _rank_setup(rank, g), _memory_bound(g, limits)))
-    fixes = ["a larger per-GPU --batch-size (lower --gradient-accumulation-steps to keep the global batch): more "
-             "work per kernel fills more SMs"]
+    fixes = [
+        "a larger per-GPU --batch-size (lower --gradient-accumulation-steps to keep the global batch): more "
+        "work per kernel fills more SMs"
+    ]
     if any(r.mixed_precision == "no" for r in on_hollow):
         fixes.append("--mixed-precision bf16 (bf16 autocast: the tensor cores do the matmuls)")
     if not any(r.compiled for r in on_hollow):
-        fixes.append("--compile (torch.compile fuses small kernels) or CUDA graphs (mode=\"reduce-overhead\"): "
-                     "fewer, larger kernels")
-    fixes.append("fewer tiny kernels in the model's code (fused optimizers: AdamW(fused=True); no per-parameter "
-                 "Python loops)")
+        fixes.append(
+            '--compile (torch.compile fuses small kernels) or CUDA graphs (mode="reduce-overhead"): '
+            "fewer, larger kernels"
+        )
+    fixes.append(
+        "fewer tiny kernels in the model's code (fused optimizers: AdamW(fused=True); no per-parameter Python loops)"
+    )
     return Verdict(
-        "gpu-underused", f"{len(hollow)} GPU(s) read busy but do little: a kernel runs at least "
+        "gpu-underused",
+        f"{len(hollow)} GPU(s) read busy but do little: a kernel runs at least "
         f"{_percent(limits.gpu_underused_utilization_ratio)} of the time while under "
-        f"{_percent(limits.gpu_underused_sm_active_ratio)} of their SMs work", tuple(evidence), "; ".join(fixes),
+        f"{_percent(limits.gpu_underused_sm_active_ratio)} of their SMs work",
+        tuple(evidence),
+        "; ".join(fixes),
     )
 
 
 def no_tensor_cores(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     """A working GPU whose tensor cores stay idle: its matmuls run on the plain fp32 units (fp32 without TF32)."""
-    idle = [g for g in snapshot.gpus if g.sm_active is not None and g.tensor_active is not None
-            and g.sm_active >= limits.no_tensor_cores_sm_active_ratio
-            and g.tensor_active < limits.no_tensor_cores_tensor_active_ratio]
+    idle = [
+        g
+        for g in snapshot.gpus
+        if g.sm_active is not None
+        and g.tensor_active is not None
+        and g.sm_active >= limits.no_tensor_cores_sm_active_ratio
+        and g.tensor_active < limits.no_tensor_cores_tensor_active_ratio
+    ]
     if not idle:
         return None
     ranks = {r.uuid: r for r in snapshot.ranks if r.uuid}
@@ -509,15 +613,18 @@ def no_tensor_cores(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     for g in idle:
         evidence.append(_activity(g))
         if (rank := ranks.get(g.uuid)) and rank.mixed_precision:
-            evidence.append(f"rank {rank.rank} on GPU {g.index}: mixed precision {rank.mixed_precision}"
-                            + (" (fp32 matmuls use the tensor cores only with TF32 on)"
-                               if rank.mixed_precision == "no" else ""))
+            evidence.append(
+                f"rank {rank.rank} on GPU {g.index}: mixed precision {rank.mixed_precision}"
+                + (" (fp32 matmuls use the tensor cores only with TF32 on)" if rank.mixed_precision == "no" else "")
+            )
     return Verdict(
-        "no-tensor-cores", f"{len(idle)} GPU(s) work without their tensor cores: at least "
+        "no-tensor-cores",
+        f"{len(idle)} GPU(s) work without their tensor cores: at least "
         f"{_percent(limits.no_tensor_cores_sm_active_ratio)} of the SMs busy, tensor cores under "
-        f"{_percent(limits.no_tensor_cores_tensor_active_ratio)} of the time", tuple(evidence),
+        f"{_percent(limits.no_tensor_cores_tensor_active_ratio)} of the time",
+        tuple(evidence),
         "--mixed-precision bf16 (bf16 autocast); or, to stay in fp32, TF32 for its matmuls: "
-        "torch.set_float32_matmul_precision(\"high\"); matmul sizes that are multiples of 8 let the tensor cores "
+        'torch.set_float32_matmul_precision("high"); matmul sizes that are multiples of 8 let the tensor cores '
         "take them",
     )
 
@@ -526,16 +633,24 @@ def throttled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     evidence = []
     for g in snapshot.gpus:
         if g.thermal_throttle_ratio is not None and g.thermal_throttle_ratio > limits.thermal_throttle_ratio:
-            evidence.append(f"GPU {g.index}: clocks held down by temperature {_percent(g.thermal_throttle_ratio)} "
-                            "of the time")
-        if (g.power_throttle_ratio is not None and g.power_throttle_ratio > limits.power_throttle_ratio
-                and g.sm_clock_ratio is not None and g.sm_clock_ratio < limits.power_throttle_clock_ratio):
-            evidence.append(f"GPU {g.index}: at its power cap {_percent(g.power_throttle_ratio)} of the time, SM "
-                            f"clock {_percent(g.sm_clock_ratio)} of its maximum")
+            evidence.append(
+                f"GPU {g.index}: clocks held down by temperature {_percent(g.thermal_throttle_ratio)} of the time"
+            )
+        if (
+            g.power_throttle_ratio is not None
+            and g.power_throttle_ratio > limits.power_throttle_ratio
+            and g.sm_clock_ratio is not None
+            and g.sm_clock_ratio < limits.power_throttle_clock_ratio
+        ):
+            evidence.append(
+                f"GPU {g.index}: at its power cap {_percent(g.power_throttle_ratio)} of the time, SM "
+                f"clock {_percent(g.sm_clock_ratio)} of its maximum"
+            )
     if not evidence:
         return None
     return Verdict(
-        "throttled", f"{len(evidence)} GPU throttling finding(s): the throttled GPUs' ranks hold up the job",
+        "throttled",
+        f"{len(evidence)} GPU throttling finding(s): the throttled GPUs' ranks hold up the job",
         tuple(evidence),
         "thermal: check fans, airflow and inlet temperature; power: compare the power limit with the card's "
         "rating and restore it (nvidia-smi -rpl), or have the node's power delivery checked",
@@ -543,12 +658,14 @@ def throttled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
 
 
 def memory_full(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
-    full = [g for g in snapshot.gpus
-            if g.memory_used_ratio is not None and g.memory_used_ratio > limits.memory_full_ratio]
+    full = [
+        g for g in snapshot.gpus if g.memory_used_ratio is not None and g.memory_used_ratio > limits.memory_full_ratio
+    ]
     if not full:
         return None
     return Verdict(
-        "memory-full", f"GPU memory nearly full on {len(full)} GPU(s) (over {_percent(limits.memory_full_ratio)})",
+        "memory-full",
+        f"GPU memory nearly full on {len(full)} GPU(s) (over {_percent(limits.memory_full_ratio)})",
         tuple(f"GPU {g.index}: {_percent(g.memory_used_ratio)} of its memory used" for g in full),
         "a longer batch or fragmentation ends in CUDA out of memory: lower --batch-size and raise "
         "--gradient-accumulation-steps, use --mixed-precision bf16, or set "
@@ -564,34 +681,57 @@ def low_mfu(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if mean >= limits.low_mfu_ratio:
         return None
     return Verdict(
-        "low-mfu", f"low MFU: the ranks use {_percent(mean)} of the GPUs' peak FLOP/s "
-        f"(under {_percent(limits.low_mfu_ratio)})", tuple(f"rank {r.rank}: MFU {_percent(r.mfu)}" for r in measured),
-        "first rule out input-bound and stragglers; then " + _knob(
-            measured, "a larger per-rank --batch-size, --mixed-precision bf16",
+        "low-mfu",
+        f"low MFU: the ranks use {_percent(mean)} of the GPUs' peak FLOP/s (under {_percent(limits.low_mfu_ratio)})",
+        tuple(f"rank {r.rank}: MFU {_percent(r.mfu)}" for r in measured),
+        "first rule out input-bound and stragglers; then "
+        + _knob(
+            measured,
+            "a larger per-rank --batch-size, --mixed-precision bf16",
             "a larger per-GPU batch in your DataLoader(batch_size=...), bf16 autocast "
-            "(torch.autocast(\"cuda\", dtype=torch.bfloat16))") +
-        ", fewer host synchronizations in the loop, or a model big enough to fill the GPU",
+            '(torch.autocast("cuda", dtype=torch.bfloat16))',
+        )
+        + ", fewer host synchronizations in the loop, or a model big enough to fill the GPU",
     )
 
 
 def gpu_data_stale(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
-    stale = {where: (age, interval) for where, (age, interval) in snapshot.gpu_sample_ages.items()
-             if age > limits.gpu_sample_stale_intervals * interval}
+    stale = {
+        where: (age, interval)
+        for where, (age, interval) in snapshot.gpu_sample_ages.items()
+        if age > limits.gpu_sample_stale_intervals * interval
+    }
     if not stale:
         return None
     return Verdict(
-        "gpu-data-stale", f"the exporter's GPU data is stale: no GPU sample for more than "
+        "gpu-data-stale",
+        f"the exporter's GPU data is stale: no GPU sample for more than "
         f"{limits.gpu_sample_stale_intervals:g} sampling intervals, so the GPU figures here are old",
-        tuple(f"{where}: sample {age:.0f} s old, read every {interval:g} s"
-              for where, (age, interval) in sorted(stale.items())),
+        tuple(
+            f"{where}: sample {age:.0f} s old, read every {interval:g} s"
+            for where, (age, interval) in sorted(stale.items())
+        ),
         "an NVML call hangs in the driver or the host is starved of CPU: check nvidia-smi and the kernel log for "
         "Xid errors on the node; drain it if nvidia-smi hangs too, else restart the exporter",
     )
 
 
 CHECKS: tuple[Callable[[Snapshot, Thresholds], Verdict | None], ...] = (
-    no_training, not_started, stalled, gpus_unused, one_process_many_gpus, input_bound, straggler, comm_bound,
-    host_bound, gpu_underused, no_tensor_cores, throttled, memory_full, low_mfu, gpu_data_stale,
+    no_training,
+    not_started,
+    stalled,
+    gpus_unused,
+    one_process_many_gpus,
+    input_bound,
+    straggler,
+    comm_bound,
+    host_bound,
+    gpu_underused,
+    no_tensor_cores,
+    throttled,
+    memory_full,
+    low_mfu,
+    gpu_data_stale,
 )
 
 
@@ -609,9 +749,11 @@ def uninstrumented(snapshot: Snapshot) -> str:
     else:
         running = "the GPUs are in use"
     judged = "GPU checks only" if snapshot.gpus else "no GPU here, so nothing can be judged"
-    return (f"uninstrumented: {running} with no rank telemetry ({judged}); {INSTRUMENT_HINT}; or give a "
-            "transformers Trainer trainer.add_callback(trainstack.integrations.hf.TrainstackCallback(trainer)), or "
-            "run it with `trainstack train`")
+    return (
+        f"uninstrumented: {running} with no rank telemetry ({judged}); {INSTRUMENT_HINT}; or give a "
+        "transformers Trainer trainer.add_callback(trainstack.integrations.hf.TrainstackCallback(trainer)), or "
+        "run it with `trainstack train`"
+    )
 
 
 def notes(snapshot: Snapshot, limits: Thresholds) -> list[str]:
@@ -627,8 +769,11 @@ def _without_gpm(snapshot: Snapshot) -> list[str]:
     for g in snapshot.gpus:
         if g.gpm_supported is False:
             by_reason.setdefault(g.gpm_reason, []).append(g.index)
-    return [f"GPU {', '.join(indices)}: no GPM ({reason or 'unknown reason'}): gpu-underused and no-tensor-cores "
-            "could not be judged there, nor the links' measured traffic" for reason, indices in by_reason.items()]
+    return [
+        f"GPU {', '.join(indices)}: no GPM ({reason or 'unknown reason'}): gpu-underused and no-tensor-cores "
+        "could not be judged there, nor the links' measured traffic"
+        for reason, indices in by_reason.items()
+    ]
 
 
 def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
@@ -662,6 +807,7 @@ def figures(snapshot: Snapshot) -> dict[str, float | int | str | None]:
         "gpu_sm_active_mean": mean(g.sm_active for g in gpus),
         "gpu_tensor_active_mean": mean(g.tensor_active for g in gpus),
         "gpu_dram_active_max": max((g.dram_active for g in gpus if g.dram_active is not None), default=None),
-        "gpu_memory_used_ratio_max": max((g.memory_used_ratio for g in gpus if g.memory_used_ratio is not None),
-                                         default=None),
+        "gpu_memory_used_ratio_max": max(
+            (g.memory_used_ratio for g in gpus if g.memory_used_ratio is not None), default=None
+        ),
     }

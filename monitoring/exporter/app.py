@@ -45,8 +45,9 @@ class Exporter:
             nvml = importlib.import_module(config.nvml_module)
         except ImportError as error:
             raise ConfigError(f"--nvml-module {config.nvml_module!r} cannot be imported ({error})") from None
-        self.session = NvmlSession(nvml, pcie_throughput=config.pcie_throughput,
-                                   gpm_interval_seconds=config.gpm_interval_seconds)
+        self.session = NvmlSession(
+            nvml, pcie_throughput=config.pcie_throughput, gpm_interval_seconds=config.gpm_interval_seconds
+        )
         self.sampler = build_sampler(config, self.session)
         self.registry = build_registry(config, self.sampler)
         try:
@@ -56,8 +57,7 @@ class Exporter:
             raise
         self.gpu_log = None
         if config.run_dir is not None and self.session.up:
-            self.gpu_log = GpuLog(self.sampler, RunDir(config.run_dir).gpu_log,
-                                  config.gpu_log_interval_seconds)
+            self.gpu_log = GpuLog(self.sampler, RunDir(config.run_dir).gpu_log, config.gpu_log_interval_seconds)
 
     def health(self) -> dict:
         nvml = self.session.health()

@@ -50,20 +50,28 @@ class ExporterConfig:
         if not self.gpu_log_interval_seconds > 0:
             raise ConfigError(f"the GPU log interval must be positive, not {self.gpu_log_interval_seconds}")
         if not self.sample_interval_seconds > 0:
-            raise ConfigError(f"--sample-interval {self.sample_interval_seconds:g} is not positive: give seconds "
-                              f"between GPU samples, e.g. {DEFAULT_SAMPLE_INTERVAL:g}")
+            raise ConfigError(
+                f"--sample-interval {self.sample_interval_seconds:g} is not positive: give seconds "
+                f"between GPU samples, e.g. {DEFAULT_SAMPLE_INTERVAL:g}"
+            )
         if not self.slow_sample_interval_seconds >= self.sample_interval_seconds:
-            raise ConfigError(f"--slow-sample-interval {self.slow_sample_interval_seconds:g} is shorter than "
-                              f"--sample-interval {self.sample_interval_seconds:g}: the slow fields are read on a "
-                              "sample, so give at least the sample interval")
+            raise ConfigError(
+                f"--slow-sample-interval {self.slow_sample_interval_seconds:g} is shorter than "
+                f"--sample-interval {self.sample_interval_seconds:g}: the slow fields are read on a "
+                "sample, so give at least the sample interval"
+            )
         if not self.gpm_interval_seconds >= self.sample_interval_seconds:
-            raise ConfigError(f"--gpm-interval {self.gpm_interval_seconds:g} is shorter than --sample-interval "
-                              f"{self.sample_interval_seconds:g}: GPM samples are taken on a sample, so give at least "
-                              "the sample interval")
+            raise ConfigError(
+                f"--gpm-interval {self.gpm_interval_seconds:g} is shorter than --sample-interval "
+                f"{self.sample_interval_seconds:g}: GPM samples are taken on a sample, so give at least "
+                "the sample interval"
+            )
         try:
             found = importlib.util.find_spec(self.nvml_module) is not None
         except (ImportError, ValueError):
             found = False
         if not found:
-            raise ConfigError(f"--nvml-module {self.nvml_module!r} cannot be imported: use pynvml "
-                              "(from nvidia-ml-py) or the fake, trainstack.monitoring.nvml_fake")
+            raise ConfigError(
+                f"--nvml-module {self.nvml_module!r} cannot be imported: use pynvml "
+                "(from nvidia-ml-py) or the fake, trainstack.monitoring.nvml_fake"
+            )

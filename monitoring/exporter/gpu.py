@@ -78,8 +78,9 @@ class GpuCollector(Collector):
         memory_max = catalog.family(catalog.GPU_MEMORY_CLOCK_MAX)
         for gpu in reading.gpus:
             labels = [str(gpu.index), gpu.uuid]
-            info.add_metric(labels, {"name": gpu.name, "pci_bus_id": gpu.pci_bus_id,
-                                     "driver_version": reading.driver_version})
+            info.add_metric(
+                labels, {"name": gpu.name, "pci_bus_id": gpu.pci_bus_id, "driver_version": reading.driver_version}
+            )
             _add(sm_max, labels, gpu.sm_clock_max_hertz)
             _add(memory_max, labels, gpu.memory_clock_max_hertz)
 
@@ -104,14 +105,17 @@ class GpuCollector(Collector):
         for sample in reading.samples:
             answered = {attribute: getattr(sample, attribute) for attribute in LINK_ATTRIBUTES}
             if any(value is not None for value in answered.values()):  # "": the driver lacks that call
-                links.add_metric([str(sample.index), sample.uuid],
-                                 {name: "" if value is None else str(value) for name, value in answered.items()})
+                links.add_metric(
+                    [str(sample.index), sample.uuid],
+                    {name: "" if value is None else str(value) for name, value in answered.items()},
+                )
 
         gpm = catalog.family(catalog.GPU_GPM_INFO, labels=catalog.GPU_LABELS)
         for gpu in reading.gpus:
             if gpu.gpm is not None:  # None: the GPU was lost while it was being described
-                gpm.add_metric([str(gpu.index), gpu.uuid],
-                               {"supported": str(gpu.gpm.supported).lower(), "reason": gpu.gpm.reason})
+                gpm.add_metric(
+                    [str(gpu.index), gpu.uuid], {"supported": str(gpu.gpm.supported).lower(), "reason": gpu.gpm.reason}
+                )
 
         for family in (info, sm_max, memory_max, *fields.values(), reasons, processes, xids, links, gpm):
             if family.samples:

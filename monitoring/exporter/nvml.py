@@ -90,11 +90,15 @@ FALLBACK_CALLS = {
     FI_PERF_POLICY_THERMAL: ("nvmlDeviceGetViolationStatus", (PERF_POLICY_THERMAL,)),
 }
 FIELD_NAMES = {
-    FI_PERF_POLICY_POWER: "NVML_FI_DEV_PERF_POLICY_POWER", FI_PERF_POLICY_THERMAL: "NVML_FI_DEV_PERF_POLICY_THERMAL",
+    FI_PERF_POLICY_POWER: "NVML_FI_DEV_PERF_POLICY_POWER",
+    FI_PERF_POLICY_THERMAL: "NVML_FI_DEV_PERF_POLICY_THERMAL",
     FI_POWER_CURRENT_LIMIT: "NVML_FI_DEV_POWER_CURRENT_LIMIT",
-    FI_ECC_SBE_VOL_TOTAL: "NVML_FI_DEV_ECC_SBE_VOL_TOTAL", FI_ECC_DBE_VOL_TOTAL: "NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
-    FI_MEMORY_TEMP: "NVML_FI_DEV_MEMORY_TEMP", FI_TOTAL_ENERGY_CONSUMPTION: "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-    FI_NVLINK_LINK_COUNT: "NVML_FI_DEV_NVLINK_LINK_COUNT", FI_PCIE_REPLAY_COUNTER: "NVML_FI_DEV_PCIE_REPLAY_COUNTER",
+    FI_ECC_SBE_VOL_TOTAL: "NVML_FI_DEV_ECC_SBE_VOL_TOTAL",
+    FI_ECC_DBE_VOL_TOTAL: "NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
+    FI_MEMORY_TEMP: "NVML_FI_DEV_MEMORY_TEMP",
+    FI_TOTAL_ENERGY_CONSUMPTION: "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    FI_NVLINK_LINK_COUNT: "NVML_FI_DEV_NVLINK_LINK_COUNT",
+    FI_PCIE_REPLAY_COUNTER: "NVML_FI_DEV_PCIE_REPLAY_COUNTER",
     FI_NVLINK_THROUGHPUT_DATA_TX: "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
     FI_NVLINK_THROUGHPUT_DATA_RX: "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX",
 }
@@ -109,7 +113,8 @@ MAX_EVENTS_PER_READ = 1000
 # The process lists of a GPU, each newest API first: R470 drivers lack the v3 calls pynvml's unversioned names make.
 PROCESS_LISTS = tuple(
     ((f"nvmlDeviceGet{kind}RunningProcesses", (), {}), (f"nvmlDeviceGet{kind}RunningProcesses_v2", (), {}))
-    for kind in ("Compute", "Graphics"))
+    for kind in ("Compute", "Graphics")
+)
 
 
 @dataclass
@@ -362,14 +367,23 @@ class NvmlSession:
         memory_max = self._ask(gpu, "nvmlDeviceGetMaxClockInfo", CLOCK_MEM)
         gpu.sm_clock_max_hertz = sm_max * 1e6 if sm_max is not None else None
         gpu.memory_clock_max_hertz = memory_max * 1e6 if memory_max is not None else None
-        requests = [(FI_POWER_CURRENT_LIMIT, 0), (FI_PERF_POLICY_POWER, 0),
-                    (FI_PERF_POLICY_THERMAL, 0), (FI_MEMORY_TEMP, 0), (FI_TOTAL_ENERGY_CONSUMPTION, 0),
-                    (FI_PCIE_REPLAY_COUNTER, 0), (FI_ECC_SBE_VOL_TOTAL, 0), (FI_ECC_DBE_VOL_TOTAL, 0)]
+        requests = [
+            (FI_POWER_CURRENT_LIMIT, 0),
+            (FI_PERF_POLICY_POWER, 0),
+            (FI_PERF_POLICY_THERMAL, 0),
+            (FI_MEMORY_TEMP, 0),
+            (FI_TOTAL_ENERGY_CONSUMPTION, 0),
+            (FI_PCIE_REPLAY_COUNTER, 0),
+            (FI_ECC_SBE_VOL_TOTAL, 0),
+            (FI_ECC_DBE_VOL_TOTAL, 0),
+        ]
         links = self._field_values(gpu, ((FI_NVLINK_LINK_COUNT, 0),)).get(FI_NVLINK_LINK_COUNT)
         gpu.nvlinks = int(links) if links is not None else None
         if self._active_nvlinks(gpu):
-            requests += [(FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS),
-                         (FI_NVLINK_THROUGHPUT_DATA_RX, SCOPE_ALL_LINKS)]
+            requests += [
+                (FI_NVLINK_THROUGHPUT_DATA_TX, SCOPE_ALL_LINKS),
+                (FI_NVLINK_THROUGHPUT_DATA_RX, SCOPE_ALL_LINKS),
+            ]
         gpu.field_requests = tuple(requests)
         if self._events is not None:
             self._ask(gpu, "nvmlDeviceRegisterEvents", EVENT_TYPE_XID_CRITICAL_ERROR, self._events)
@@ -394,8 +408,14 @@ class NvmlSession:
                     if not gpu.lost and (sample := self._sample_present(gpu, slow)) is not None:
                         samples.append(sample)
             names = self._names({pid for sample in samples for pid in sample.process_memory_bytes})
-            return NvmlReading(self.up, self.driver_version, [g for g in self._gpus if not g.lost], samples,
-                               dict(self._xid_errors), names)
+            return NvmlReading(
+                self.up,
+                self.driver_version,
+                [g for g in self._gpus if not g.lost],
+                samples,
+                dict(self._xid_errors),
+                names,
+            )
 
     def health(self) -> NvmlHealth:
         with self._count_lock:
@@ -416,8 +436,9 @@ class NvmlSession:
         if rates is not None:
             sample.utilization_ratio = rates.gpu / 100
             sample.memory_busy_ratio = rates.memory / 100
-        memory = self._ask_first(gpu, ("nvmlDeviceGetMemoryInfo", (), {"version": MEMORY_INFO_V2}),
-                                 ("nvmlDeviceGetMemoryInfo", (), {}))
+        memory = self._ask_first(
+            gpu, ("nvmlDeviceGetMemoryInfo", (), {"version": MEMORY_INFO_V2}), ("nvmlDeviceGetMemoryInfo", (), {})
+        )
         if memory is not None:
             sample.memory_total_bytes = memory.total
             sample.memory_used_bytes = memory.used
@@ -425,8 +446,11 @@ class NvmlSession:
         sample.temperature_celsius = self._ask(gpu, "nvmlDeviceGetTemperature", TEMPERATURE_GPU)
         sample.sm_clock_hertz = _scaled(self._ask(gpu, "nvmlDeviceGetClockInfo", CLOCK_SM), 1e6)  # MHz
         sample.memory_clock_hertz = _scaled(self._ask(gpu, "nvmlDeviceGetClockInfo", CLOCK_MEM), 1e6)
-        sample.clock_event_reasons = self._ask_first(gpu, ("nvmlDeviceGetCurrentClocksEventReasons", (), {}),
-                                                     ("nvmlDeviceGetCurrentClocksThrottleReasons", (), {}))
+        sample.clock_event_reasons = self._ask_first(
+            gpu,
+            ("nvmlDeviceGetCurrentClocksEventReasons", (), {}),
+            ("nvmlDeviceGetCurrentClocksThrottleReasons", (), {}),
+        )
         sample.power_watts = _scaled(self._ask(gpu, "nvmlDeviceGetPowerUsage"), 1e-3)  # mW
         if gpu.gpm is not None:
             gpm_metrics.read(self, gpu, gpu.gpm, sample, self.clock())
@@ -434,9 +458,11 @@ class NvmlSession:
             self._sample_slow(gpu, sample)
         if self._pcie_throughput:  # each call blocks ~20 ms while NVML measures
             sample.pcie_transmit_bytes_per_second = _scaled(
-                self._ask(gpu, "nvmlDeviceGetPcieThroughput", PCIE_UTIL_TX_BYTES), 1024.0)  # KiB/s
+                self._ask(gpu, "nvmlDeviceGetPcieThroughput", PCIE_UTIL_TX_BYTES), 1024.0
+            )  # KiB/s
             sample.pcie_receive_bytes_per_second = _scaled(
-                self._ask(gpu, "nvmlDeviceGetPcieThroughput", PCIE_UTIL_RX_BYTES), 1024.0)
+                self._ask(gpu, "nvmlDeviceGetPcieThroughput", PCIE_UTIL_RX_BYTES), 1024.0
+            )
         for process_list in PROCESS_LISTS:
             # A process in both lists (a CUDA program that also draws) has one figure for the GPU: kept once.
             for process in self._ask_first(gpu, *process_list) or ():

@@ -52,8 +52,13 @@ class SamplerCost:
 
 
 class Sampler:
-    def __init__(self, session: NvmlSession, interval_seconds: float, slow_interval_seconds: float,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        session: NvmlSession,
+        interval_seconds: float,
+        slow_interval_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.session = session
         self.interval_seconds = interval_seconds
         self.slow_interval_seconds = slow_interval_seconds
@@ -87,13 +92,21 @@ class Sampler:
             if slow is None:
                 last_slow = previous.sampled_at.get("slow")
                 # Half a fast interval of slack: a tick that comes a little early still reads the slow part.
-                slow = last_slow is None or started - last_slow >= self.slow_interval_seconds - \
-                    self.interval_seconds / 2
+                slow = (
+                    last_slow is None or started - last_slow >= self.slow_interval_seconds - self.interval_seconds / 2
+                )
             reading = self.session.read(slow=slow)
             samples = tuple(self._with_slow_values(sample, slow) for sample in reading.samples)
             sampled_at = {**previous.sampled_at, "fast": started} | ({"slow": started} if slow else {})
-            self._snapshot = GpuSnapshot(reading.up, reading.driver_version, tuple(reading.gpus), samples,
-                                         reading.xid_errors, reading.process_names, sampled_at)
+            self._snapshot = GpuSnapshot(
+                reading.up,
+                reading.driver_version,
+                tuple(reading.gpus),
+                samples,
+                reading.xid_errors,
+                reading.process_names,
+                sampled_at,
+            )
             cadence = "slow" if slow else "fast"
             self._samples[cadence] += 1
             self._cpu_seconds[cadence] += time.thread_time() - cpu

@@ -47,16 +47,18 @@ class Endpoints:
                 health = json.dumps(self._health()).encode() + b"\n"
             except Exception:
                 log.exception("answering /healthz failed")
-                return _answer(start_response, "500 Internal Server Error", TEXT,
-                               b"internal error: see the exporter's log\n")
+                return _answer(
+                    start_response, "500 Internal Server Error", TEXT, b"internal error: see the exporter's log\n"
+                )
             # 200 whenever the exporter can answer: NVML being down is reported in the body and in the metrics,
             # not as a failed probe that would restart a container that is doing its job.
             return _answer(start_response, "200 OK", "application/json", health)
         return _answer(start_response, "200 OK" if path == "/" else "404 Not Found", TEXT, INDEX)
 
 
-def _answer(start_response: Callable, status: str, content_type: str, body: bytes,
-            headers: list[tuple[str, str]] = ()) -> list[bytes]:
+def _answer(
+    start_response: Callable, status: str, content_type: str, body: bytes, headers: list[tuple[str, str]] = ()
+) -> list[bytes]:
     start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))), *headers])
     return [body]
 
@@ -86,8 +88,9 @@ class MetricsServer:
         try:
             self._server = server_class((host, port), _QuietHandler)
         except OSError as error:  # the port is taken, or not ours to open: not a typo in the flags
-            raise RuntimeFailure(f"cannot listen on {host}:{port} ({error.strerror}): pick another --port, "
-                                 "or stop what is using it") from None
+            raise RuntimeFailure(
+                f"cannot listen on {host}:{port} ({error.strerror}): pick another --port, or stop what is using it"
+            ) from None
         self._server.set_app(app)
         self.host = host
         self.port = self._server.server_address[1]

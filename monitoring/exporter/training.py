@@ -31,4 +31,3 @@ class TrainingCollector(Collector):
             return list(merge.collect())
         except FileNotFoundError:  # a file went between listing and reading: a new run is clearing the directory
             return list(merge.collect())
-

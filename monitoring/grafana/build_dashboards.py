@@ -79,187 +79,416 @@ def training_overview() -> Dashboard:
     stalled = thresholds.STALL.value
     memory_full = thresholds.MEMORY_FULL.value
     underused = thresholds.GPU_UNDERUSED_SM_ACTIVE.value
-    overview = Row("Overview", (
-        Panel("stat", "Samples/s", "Training samples consumed per second by all ranks of the job.",
-              "count:samples/s", (Query(f"sum({catalog.JOB_SAMPLES_RATE.name}{{{JOB}}})", "samples/s"),),
-              width=4, height=4),
-        Panel("stat", "Tokens/s", "Non-padding tokens consumed per second by all ranks of the job.",
-              "count:tokens/s", (Query(f"sum({catalog.JOB_TOKENS_RATE.name}{{{JOB}}})", "tokens/s"),),
-              width=4, height=4),
-        Panel("stat", "MFU", "Model FLOPs utilization, the mean over ranks: the share of the GPUs' peak FLOP/s "
-              "that the model's own arithmetic uses (absent on CPU and on GPUs of unknown peak).",
-              "percentunit", (Query(f"avg({catalog.JOB_MFU.name}{{{JOB}}})", "MFU"),),
-              width=4, height=4),
-        Panel("stat", "Data-wait ratio", "Share of step time the ranks spend blocked on the data loader, the mean "
-              "over ranks; red above the input-bound alert threshold.",
-              "percentunit", (Query(f"max({catalog.JOB_DATA_WAIT_RATIO.name}{{{JOB}}})", "data wait"),),
-              width=4, height=4, threshold=input_bound),
-        Panel("stat", "Waiting for a straggler", "Share of step time the ranks wait at the collectives beyond "
-              "the least-waiting rank, the straggler; red above the straggler alert threshold.",
-              "percentunit", (Query(f"max({catalog.JOB_STRAGGLER_WAIT.name}{{{JOB}}})", "straggler"),),
-              width=4, height=4, threshold=straggler),
-        Panel("stat", "Since last step", "Time since the newest training step of any rank; red when the "
-              "training-stalled alert would fire.",
-              "s", (Query(f"min({catalog.JOB_LAST_STEP_AGE.name}{{{JOB}}})", "since last step"),),
-              width=4, height=4, threshold=stalled),
-    ))
-    throughput = Row("Throughput and loss", (
-        Panel("timeseries", "Samples/s per rank", "Samples each rank consumes per second, and the job's total; "
-              "ranks of one DDP job should sit on top of each other.",
-              "count:samples/s",
-              (Query(f"{catalog.RANK_SAMPLES_RATE.name}{{{RANK}}}", "rank {{rank}}"),
-               Query(f"{catalog.JOB_SAMPLES_RATE.name}{{{JOB}}}", "total {{job}}")),
-              width=12),
-        Panel("timeseries", "Tokens/s per rank", "Non-padding tokens each rank consumes per second, and the "
-              "job's total.",
-              "count:tokens/s",
-              (Query(f"{catalog.RANK_TOKENS_RATE.name}{{{RANK}}}", "rank {{rank}}"),
-               Query(f"{catalog.JOB_TOKENS_RATE.name}{{{JOB}}}", "total {{job}}")),
-              width=12),
-        Panel("timeseries", "Loss", "Training loss, the mean over all ranks at each log interval.",
-              "none", (Query(f"avg by (job) ({catalog.TRAIN_LOSS.name}{{{RANK}}})", "{{job}}"),), width=12),
-        Panel("timeseries", "Learning rate", "The optimizer's learning rate (warm-up, then decay).",
-              "none", (Query(f"avg by (job) ({catalog.TRAIN_LEARNING_RATE.name}{{{RANK}}})", "{{job}}"),),
-              width=12),
-    ))
-    steps = Row("Step time, data wait, stragglers", (
-        Panel("timeseries", "Step time per rank", "Median and 90th percentile wall time per optimizer step, per "
-              "rank; in DDP all ranks show the pace of the slowest.",
-              "s",
-              (Query(f'{catalog.RANK_STEP_DURATION_QUANTILE.name}{{{RANK}, quantile="0.5"}}',
-                     "rank {{rank}} p50"),
-               Query(f'{catalog.RANK_STEP_DURATION_QUANTILE.name}{{{RANK}, quantile="0.9"}}',
-                     "rank {{rank}} p90")),
-              minimum=0),
-        Panel("timeseries", "Data-wait ratio per rank", "Share of each rank's step time spent blocked on its data "
-              "loader; the red line is the input-bound alert threshold.",
-              "percentunit", (Query(f"{catalog.RANK_DATA_WAIT_RATIO.name}{{{RANK}}}", "rank {{rank}}"),),
-              threshold=input_bound, minimum=0, maximum=1),
-        Panel("timeseries", "Peers' wait beyond each rank", "The most any rank waits at the collectives, less "
-              "each rank's own wait (shares of step time): the rank above the red line waits least and is the one "
-              "the others wait for.",
-              "percentunit", (Query(f"{catalog.RANK_STRAGGLER_WAIT.name}{{{RANK}}}", "rank {{rank}}"),),
-              threshold=straggler, minimum=0, maximum=1),
-        Panel("timeseries", "MFU per rank", "Model FLOPs utilization of each rank at each log interval.",
-              "percentunit", (Query(f"{catalog.TRAIN_MFU.name}{{{RANK}}}", "rank {{rank}}"),),
-              width=12, minimum=0),
-        Panel("timeseries", "GPU utilization by rank", "Utilization of the GPU each rank runs on, joined by GPU "
-              "UUID: shows which GPU belongs to which rank.",
-              "percentunit",
-              (Query(f"{catalog.TRAIN_RANK_INFO.name}{{{RANK}}} * on (job, instance, uuid) group_left (gpu) "
-                     f"{catalog.GPU_UTILIZATION.name}", "rank {{rank}} (GPU {{gpu}})"),),
-              width=12, minimum=0, maximum=1),
-    ))
-    time_parts = Row("Where the time goes", (
-        Panel("timeseries", "Where the time goes", "Each part's share of the selected ranks' time (their mean; pick "
-              "one rank with the rank variable), stacked to 1: compute, exposed communication, data starvation, "
-              "host-bound idle, evaluation, checkpoint save and load, compile, startup (docs/metrics.md).",
-              "percentunit",
-              (Query(f"avg by (part) ({catalog.RANK_TIME_SHARE.name}{{{RANK}}})", "{{part}}"),),
-              width=16, minimum=0, maximum=1, stacked=True),
-        Panel("timeseries", "Goodput per rank", "The compute share of each rank's time, and the ranks' mean: what "
-              "is left of the wall time once waiting, idling and pausing are taken out.",
-              "percentunit",
-              (Query(f"{catalog.RANK_GOODPUT.name}{{{RANK}}}", "rank {{rank}}"),
-               Query(f"{catalog.JOB_GOODPUT.name}{{{JOB}}}", "mean {{job}}")),
-              minimum=0, maximum=1),
-    ))
-    gpus = Row("GPUs", (
-        Panel("timeseries", "GPU utilization", "Share of time a kernel ran on each GPU (not SM occupancy: a GPU "
-              "stuck in a collective also reads 100%).",
-              "percentunit",
-              (Query(f"{catalog.GPU_UTILIZATION.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
-              minimum=0, maximum=1),
-        Panel("timeseries", "Busy vs really busy", "Utilization (a kernel ran) beside SM activity (the share of SMs "
-              "that worked) and tensor-core activity, per GPU (GPM, Hopper and newer): utilization far above SM "
-              "activity is a GPU that reads busy but does little; tensor activity near 0 on a busy GPU is fp32 "
-              "math without the tensor cores.",
-              "percentunit",
-              (Query(f"{catalog.GPU_UTILIZATION.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} utilization"),
-               Query(f"{catalog.GPU_SM_ACTIVE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} SM activity"),
-               Query(f"{catalog.GPU_TENSOR_ACTIVE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} tensor activity")),
-              width=16, threshold=underused, minimum=0, maximum=1),
-        Panel("timeseries", "SM occupancy and DRAM bandwidth", "Warps resident over the most the SMs hold, and "
-              "device-memory bandwidth used over its maximum, per GPU (GPM): DRAM near its maximum with the SMs "
-              "active is a memory-bound workload.",
-              "percentunit",
-              (Query(f"{catalog.GPU_SM_OCCUPANCY.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} occupancy"),
-               Query(f"{catalog.GPU_DRAM_ACTIVE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} DRAM bandwidth")),
-              minimum=0, maximum=1),
-        Panel("timeseries", "Link traffic", "PCIe and NVLink bytes per second each GPU sends and receives, "
-              "measured by GPM.",
-              "Bps",
-              tuple(Query(f"rate({metric.name}{{{GPU}}}[$__rate_interval])", f"{{{{instance}}}} GPU {{{{gpu}}}} {what}")
-                    for metric, what in ((catalog.GPU_GPM_PCIE_TRANSMIT, "PCIe tx"),
-                                         (catalog.GPU_GPM_PCIE_RECEIVE, "PCIe rx"),
-                                         (catalog.GPU_GPM_NVLINK_TRANSMIT, "NVLink tx"),
-                                         (catalog.GPU_GPM_NVLINK_RECEIVE, "NVLink rx"))),
-              minimum=0),
-        Panel("timeseries", "GPU memory used", "Device memory in use on each GPU, including PyTorch's cache.",
-              "bytes", (Query(f"{catalog.GPU_MEMORY_USED.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
-              minimum=0),
-        Panel("timeseries", "GPU memory used share", "Used over installed device memory per GPU; the red line is "
-              "the memory-nearly-full alert threshold.",
-              "percentunit", (Query(f"{catalog.GPU_MEMORY_USED_RATIO.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
-              threshold=memory_full, minimum=0, maximum=1),
-        Panel("timeseries", "Power draw and limit", "Power each GPU draws, and the power limit it is held to.",
-              "watt",
-              (Query(f"{catalog.GPU_POWER.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),
-               Query(f"{catalog.GPU_POWER_LIMIT.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} limit")),
-              minimum=0),
-        Panel("timeseries", "Energy per sample", "Joules all of the job's GPUs draw per training sample: the cost "
-              "of a sample, lower is better.",
-              "joule", (Query(f"{catalog.JOB_GPU_ENERGY_PER_SAMPLE.name}{{{JOB}}}", "{{job}}"),), minimum=0),
-        Panel("timeseries", "Temperature", "GPU core temperature.",
-              "celsius", (Query(f"{catalog.GPU_TEMPERATURE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),)),
-        Panel("timeseries", "SM clock", "Current SM clock of each GPU, and its maximum: a clock held low while busy "
-              "means throttling.",
-              "hertz",
-              (Query(f"{catalog.GPU_SM_CLOCK.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),
-               Query(f"{catalog.GPU_SM_CLOCK_MAX.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} max")),
-              minimum=0),
-        Panel("timeseries", "Throttled time share", "Share of time each GPU's clocks were held down by temperature "
-              "or by the power limit.",
-              "percentunit",
-              (Query(f"{catalog.GPU_THERMAL_THROTTLE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} thermal"),
-               Query(f"{catalog.GPU_POWER_THROTTLE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} power")),
-              minimum=0, maximum=1),
-        Panel("timeseries", "Throttle reasons", "How many of the selected GPUs have each clock-event (throttle) "
-              "reason active, idle excluded.",
-              "suffix: GPUs",
-              (Query(f'sum by (reason) ({catalog.GPU_CLOCK_EVENT_ACTIVE.name}{{{GPU}, reason!="gpu_idle"}})',
-                     "{{reason}}"),),
-              minimum=0),
-    ))
-    health = Row("Alerts and exporter", (
-        Panel("stat", "Alerts", "trainstack alerts now firing or pending (waiting out their `for`), by name; "
-              "docs/alerts.md has a runbook for each.",
-              "none",
-              (Query(f'ALERTS{{alertname=~"Trainstack.*", {JOB}}}', "{{alertname}} ({{alertstate}})"),),
-              width=12, height=6, stat_text="name"),
-        Panel("stat", "NVML up", "Whether each exporter can read its GPUs through NVML (down on a host without an "
-              "NVIDIA driver).",
-              "bool:up/down",
-              (Query(f'{catalog.EXPORTER_NVML_UP.name}{{{JOB}, instance=~"$instance"}}', "{{instance}}"),),
-              width=4, height=6),
-        Panel("timeseries", "Exporter collector time", "Time each of the exporter's collectors took in its latest "
-              "scrape.",
-              "s",
-              (Query(f'{catalog.EXPORTER_COLLECTOR_DURATION.name}{{{JOB}, instance=~"$instance"}}',
-                     "{{instance}} {{collector}}"),),
-              width=8, height=6, minimum=0),
-        Panel("timeseries", "NVML errors", "Failed NVML calls per second, by call and error (NotSupported is "
-              "counted once per field, then the field is left out).",
-              "count:errors/s",
-              (Query(f'sum by (instance, call, error) (rate({catalog.EXPORTER_NVML_ERRORS.name}{{{JOB}, '
-                     'instance=~"$instance"}[$__rate_interval]))', "{{instance}} {{call}} {{error}}"),),
-              width=12, height=6, minimum=0),
-    ))
+    overview = Row(
+        "Overview",
+        (
+            Panel(
+                "stat",
+                "Samples/s",
+                "Training samples consumed per second by all ranks of the job.",
+                "count:samples/s",
+                (Query(f"sum({catalog.JOB_SAMPLES_RATE.name}{{{JOB}}})", "samples/s"),),
+                width=4,
+                height=4,
+            ),
+            Panel(
+                "stat",
+                "Tokens/s",
+                "Non-padding tokens consumed per second by all ranks of the job.",
+                "count:tokens/s",
+                (Query(f"sum({catalog.JOB_TOKENS_RATE.name}{{{JOB}}})", "tokens/s"),),
+                width=4,
+                height=4,
+            ),
+            Panel(
+                "stat",
+                "MFU",
+                "Model FLOPs utilization, the mean over ranks: the share of the GPUs' peak FLOP/s "
+                "that the model's own arithmetic uses (absent on CPU and on GPUs of unknown peak).",
+                "percentunit",
+                (Query(f"avg({catalog.JOB_MFU.name}{{{JOB}}})", "MFU"),),
+                width=4,
+                height=4,
+            ),
+            Panel(
+                "stat",
+                "Data-wait ratio",
+                "Share of step time the ranks spend blocked on the data loader, the mean "
+                "over ranks; red above the input-bound alert threshold.",
+                "percentunit",
+                (Query(f"max({catalog.JOB_DATA_WAIT_RATIO.name}{{{JOB}}})", "data wait"),),
+                width=4,
+                height=4,
+                threshold=input_bound,
+            ),
+            Panel(
+                "stat",
+                "Waiting for a straggler",
+                "Share of step time the ranks wait at the collectives beyond "
+                "the least-waiting rank, the straggler; red above the straggler alert threshold.",
+                "percentunit",
+                (Query(f"max({catalog.JOB_STRAGGLER_WAIT.name}{{{JOB}}})", "straggler"),),
+                width=4,
+                height=4,
+                threshold=straggler,
+            ),
+            Panel(
+                "stat",
+                "Since last step",
+                "Time since the newest training step of any rank; red when the training-stalled alert would fire.",
+                "s",
+                (Query(f"min({catalog.JOB_LAST_STEP_AGE.name}{{{JOB}}})", "since last step"),),
+                width=4,
+                height=4,
+                threshold=stalled,
+            ),
+        ),
+    )
+    throughput = Row(
+        "Throughput and loss",
+        (
+            Panel(
+                "timeseries",
+                "Samples/s per rank",
+                "Samples each rank consumes per second, and the job's total; "
+                "ranks of one DDP job should sit on top of each other.",
+                "count:samples/s",
+                (
+                    Query(f"{catalog.RANK_SAMPLES_RATE.name}{{{RANK}}}", "rank {{rank}}"),
+                    Query(f"{catalog.JOB_SAMPLES_RATE.name}{{{JOB}}}", "total {{job}}"),
+                ),
+                width=12,
+            ),
+            Panel(
+                "timeseries",
+                "Tokens/s per rank",
+                "Non-padding tokens each rank consumes per second, and the job's total.",
+                "count:tokens/s",
+                (
+                    Query(f"{catalog.RANK_TOKENS_RATE.name}{{{RANK}}}", "rank {{rank}}"),
+                    Query(f"{catalog.JOB_TOKENS_RATE.name}{{{JOB}}}", "total {{job}}"),
+                ),
+                width=12,
+            ),
+            Panel(
+                "timeseries",
+                "Loss",
+                "Training loss, the mean over all ranks at each log interval.",
+                "none",
+                (Query(f"avg by (job) ({catalog.TRAIN_LOSS.name}{{{RANK}}})", "{{job}}"),),
+                width=12,
+            ),
+            Panel(
+                "timeseries",
+                "Learning rate",
+                "The optimizer's learning rate (warm-up, then decay).",
+                "none",
+                (Query(f"avg by (job) ({catalog.TRAIN_LEARNING_RATE.name}{{{RANK}}})", "{{job}}"),),
+                width=12,
+            ),
+        ),
+    )
+    steps = Row(
+        "Step time, data wait, stragglers",
+        (
+            Panel(
+                "timeseries",
+                "Step time per rank",
+                "Median and 90th percentile wall time per optimizer step, per "
+                "rank; in DDP all ranks show the pace of the slowest.",
+                "s",
+                (
+                    Query(f'{catalog.RANK_STEP_DURATION_QUANTILE.name}{{{RANK}, quantile="0.5"}}', "rank {{rank}} p50"),
+                    Query(f'{catalog.RANK_STEP_DURATION_QUANTILE.name}{{{RANK}, quantile="0.9"}}', "rank {{rank}} p90"),
+                ),
+                minimum=0,
+            ),
+            Panel(
+                "timeseries",
+                "Data-wait ratio per rank",
+                "Share of each rank's step time spent blocked on its data "
+                "loader; the red line is the input-bound alert threshold.",
+                "percentunit",
+                (Query(f"{catalog.RANK_DATA_WAIT_RATIO.name}{{{RANK}}}", "rank {{rank}}"),),
+                threshold=input_bound,
+                minimum=0,
+                maximum=1,
+            ),
+            Panel(
+                "timeseries",
+                "Peers' wait beyond each rank",
+                "The most any rank waits at the collectives, less "
+                "each rank's own wait (shares of step time): the rank above the red line waits least and is the one "
+                "the others wait for.",
+                "percentunit",
+                (Query(f"{catalog.RANK_STRAGGLER_WAIT.name}{{{RANK}}}", "rank {{rank}}"),),
+                threshold=straggler,
+                minimum=0,
+                maximum=1,
+            ),
+            Panel(
+                "timeseries",
+                "MFU per rank",
+                "Model FLOPs utilization of each rank at each log interval.",
+                "percentunit",
+                (Query(f"{catalog.TRAIN_MFU.name}{{{RANK}}}", "rank {{rank}}"),),
+                width=12,
+                minimum=0,
+            ),
+            Panel(
+                "timeseries",
+                "GPU utilization by rank",
+                "Utilization of the GPU each rank runs on, joined by GPU UUID: shows which GPU belongs to which rank.",
+                "percentunit",
+                (
+                    Query(
+                        f"{catalog.TRAIN_RANK_INFO.name}{{{RANK}}} * on (job, instance, uuid) group_left (gpu) "
+                        f"{catalog.GPU_UTILIZATION.name}",
+                        "rank {{rank}} (GPU {{gpu}})",
+                    ),
+                ),
+                width=12,
+                minimum=0,
+                maximum=1,
+            ),
+        ),
+    )
+    time_parts = Row(
+        "Where the time goes",
+        (
+            Panel(
+                "timeseries",
+                "Where the time goes",
+                "Each part's share of the selected ranks' time (their mean; pick "
+                "one rank with the rank variable), stacked to 1: compute, exposed communication, data starvation, "
+                "host-bound idle, evaluation, checkpoint save and load, compile, startup (docs/metrics.md).",
+                "percentunit",
+                (Query(f"avg by (part) ({catalog.RANK_TIME_SHARE.name}{{{RANK}}})", "{{part}}"),),
+                width=16,
+                minimum=0,
+                maximum=1,
+                stacked=True,
+            ),
+            Panel(
+                "timeseries",
+                "Goodput per rank",
+                "The compute share of each rank's time, and the ranks' mean: what "
+                "is left of the wall time once waiting, idling and pausing are taken out.",
+                "percentunit",
+                (
+                    Query(f"{catalog.RANK_GOODPUT.name}{{{RANK}}}", "rank {{rank}}"),
+                    Query(f"{catalog.JOB_GOODPUT.name}{{{JOB}}}", "mean {{job}}"),
+                ),
+                minimum=0,
+                maximum=1,
+            ),
+        ),
+    )
+    gpus = Row(
+        "GPUs",
+        (
+            Panel(
+                "timeseries",
+                "GPU utilization",
+                "Share of time a kernel ran on each GPU (not SM occupancy: a GPU "
+                "stuck in a collective also reads 100%).",
+                "percentunit",
+                (Query(f"{catalog.GPU_UTILIZATION.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
+                minimum=0,
+                maximum=1,
+            ),
+            Panel(
+                "timeseries",
+                "Busy vs really busy",
+                "Utilization (a kernel ran) beside SM activity (the share of SMs "
+                "that worked) and tensor-core activity, per GPU (GPM, Hopper and newer): utilization far above SM "
+                "activity is a GPU that reads busy but does little; tensor activity near 0 on a busy GPU is fp32 "
+                "math without the tensor cores.",
+                "percentunit",
+                (
+                    Query(f"{catalog.GPU_UTILIZATION.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} utilization"),
+                    Query(f"{catalog.GPU_SM_ACTIVE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} SM activity"),
+                    Query(f"{catalog.GPU_TENSOR_ACTIVE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} tensor activity"),
+                ),
+                width=16,
+                threshold=underused,
+                minimum=0,
+                maximum=1,
+            ),
+            Panel(
+                "timeseries",
+                "SM occupancy and DRAM bandwidth",
+                "Warps resident over the most the SMs hold, and "
+                "device-memory bandwidth used over its maximum, per GPU (GPM): DRAM near its maximum with the SMs "
+                "active is a memory-bound workload.",
+                "percentunit",
+                (
+                    Query(f"{catalog.GPU_SM_OCCUPANCY.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} occupancy"),
+                    Query(f"{catalog.GPU_DRAM_ACTIVE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} DRAM bandwidth"),
+                ),
+                minimum=0,
+                maximum=1,
+            ),
+            Panel(
+                "timeseries",
+                "Link traffic",
+                "PCIe and NVLink bytes per second each GPU sends and receives, measured by GPM.",
+                "Bps",
+                tuple(
+                    Query(f"rate({metric.name}{{{GPU}}}[$__rate_interval])", f"{{{{instance}}}} GPU {{{{gpu}}}} {what}")
+                    for metric, what in (
+                        (catalog.GPU_GPM_PCIE_TRANSMIT, "PCIe tx"),
+                        (catalog.GPU_GPM_PCIE_RECEIVE, "PCIe rx"),
+                        (catalog.GPU_GPM_NVLINK_TRANSMIT, "NVLink tx"),
+                        (catalog.GPU_GPM_NVLINK_RECEIVE, "NVLink rx"),
+                    )
+                ),
+                minimum=0,
+            ),
+            Panel(
+                "timeseries",
+                "GPU memory used",
+                "Device memory in use on each GPU, including PyTorch's cache.",
+                "bytes",
+                (Query(f"{catalog.GPU_MEMORY_USED.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
+                minimum=0,
+            ),
+            Panel(
+                "timeseries",
+                "GPU memory used share",
+                "Used over installed device memory per GPU; the red line is the memory-nearly-full alert threshold.",
+                "percentunit",
+                (Query(f"{catalog.GPU_MEMORY_USED_RATIO.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
+                threshold=memory_full,
+                minimum=0,
+                maximum=1,
+            ),
+            Panel(
+                "timeseries",
+                "Power draw and limit",
+                "Power each GPU draws, and the power limit it is held to.",
+                "watt",
+                (
+                    Query(f"{catalog.GPU_POWER.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),
+                    Query(f"{catalog.GPU_POWER_LIMIT.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} limit"),
+                ),
+                minimum=0,
+            ),
+            Panel(
+                "timeseries",
+                "Energy per sample",
+                "Joules all of the job's GPUs draw per training sample: the cost of a sample, lower is better.",
+                "joule",
+                (Query(f"{catalog.JOB_GPU_ENERGY_PER_SAMPLE.name}{{{JOB}}}", "{{job}}"),),
+                minimum=0,
+            ),
+            Panel(
+                "timeseries",
+                "Temperature",
+                "GPU core temperature.",
+                "celsius",
+                (Query(f"{catalog.GPU_TEMPERATURE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),),
+            ),
+            Panel(
+                "timeseries",
+                "SM clock",
+                "Current SM clock of each GPU, and its maximum: a clock held low while busy means throttling.",
+                "hertz",
+                (
+                    Query(f"{catalog.GPU_SM_CLOCK.name}{{{GPU}}}", "{{instance}} GPU {{gpu}}"),
+                    Query(f"{catalog.GPU_SM_CLOCK_MAX.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} max"),
+                ),
+                minimum=0,
+            ),
+            Panel(
+                "timeseries",
+                "Throttled time share",
+                "Share of time each GPU's clocks were held down by temperature or by the power limit.",
+                "percentunit",
+                (
+                    Query(f"{catalog.GPU_THERMAL_THROTTLE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} thermal"),
+                    Query(f"{catalog.GPU_POWER_THROTTLE.name}{{{GPU}}}", "{{instance}} GPU {{gpu}} power"),
+                ),
+                minimum=0,
+                maximum=1,
+            ),
+            Panel(
+                "timeseries",
+                "Throttle reasons",
+                "How many of the selected GPUs have each clock-event (throttle) reason active, idle excluded.",
+                "suffix: GPUs",
+                (
+                    Query(
+                        f'sum by (reason) ({catalog.GPU_CLOCK_EVENT_ACTIVE.name}{{{GPU}, reason!="gpu_idle"}})',
+                        "{{reason}}",
+                    ),
+                ),
+                minimum=0,
+            ),
+        ),
+    )
+    health = Row(
+        "Alerts and exporter",
+        (
+            Panel(
+                "stat",
+                "Alerts",
+                "trainstack alerts now firing or pending (waiting out their `for`), by name; "
+                "docs/alerts.md has a runbook for each.",
+                "none",
+                (Query(f'ALERTS{{alertname=~"Trainstack.*", {JOB}}}', "{{alertname}} ({{alertstate}})"),),
+                width=12,
+                height=6,
+                stat_text="name",
+            ),
+            Panel(
+                "stat",
+                "NVML up",
+                "Whether each exporter can read its GPUs through NVML (down on a host without an NVIDIA driver).",
+                "bool:up/down",
+                (Query(f'{catalog.EXPORTER_NVML_UP.name}{{{JOB}, instance=~"$instance"}}', "{{instance}}"),),
+                width=4,
+                height=6,
+            ),
+            Panel(
+                "timeseries",
+                "Exporter collector time",
+                "Time each of the exporter's collectors took in its latest scrape.",
+                "s",
+                (
+                    Query(
+                        f'{catalog.EXPORTER_COLLECTOR_DURATION.name}{{{JOB}, instance=~"$instance"}}',
+                        "{{instance}} {{collector}}",
+                    ),
+                ),
+                width=8,
+                height=6,
+                minimum=0,
+            ),
+            Panel(
+                "timeseries",
+                "NVML errors",
+                "Failed NVML calls per second, by call and error (NotSupported is "
+                "counted once per field, then the field is left out).",
+                "count:errors/s",
+                (
+                    Query(
+                        f"sum by (instance, call, error) (rate({catalog.EXPORTER_NVML_ERRORS.name}{{{JOB}, "
+                        'instance=~"$instance"}[$__rate_interval]))',
+                        "{{instance}} {{call}} {{error}}",
+                    ),
+                ),
+                width=12,
+                height=6,
+                minimum=0,
+            ),
+        ),
+    )
     return Dashboard(
         uid="trainstack-training",
         title="trainstack: training overview",
         description="Per-rank throughput, step time, data wait and stragglers next to per-GPU utilization, memory, "
-                    "power and throttling, with the alerts that name why GPUs idle.",
+        "power and throttling, with the alerts that name why GPUs idle.",
         rows=(overview, throughput, steps, time_parts, gpus, health),
     )
 
@@ -269,23 +498,40 @@ DASHBOARDS = (training_overview,)
 
 def _variable(name: str, label: str, query: str) -> dict:
     return {
-        "name": name, "label": label, "type": "query", "datasource": DATASOURCE,
-        "query": {"query": query, "refId": f"{name}-values"}, "definition": query,
-        "refresh": 2, "includeAll": True, "multi": True, "allValue": ".*", "sort": 3,
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "query": {"query": query, "refId": f"{name}-values"},
+        "definition": query,
+        "refresh": 2,
+        "includeAll": True,
+        "multi": True,
+        "allValue": ".*",
+        "sort": 3,
         "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
     }
 
 
 def _variables() -> list[dict]:
     return [
-        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-         "current": {"text": "Prometheus", "value": DATASOURCE_UID}, "refresh": 1, "regex": "", "hide": 0},
+        {
+            "name": "datasource",
+            "label": "Data source",
+            "type": "datasource",
+            "query": "prometheus",
+            "current": {"text": "Prometheus", "value": DATASOURCE_UID},
+            "refresh": 1,
+            "regex": "",
+            "hide": 0,
+        },
         # every trainstack exporter serves the NVML-up gauge, with or without GPUs and ranks
         _variable("job", "Job", f"label_values({catalog.EXPORTER_NVML_UP.name}, job)"),
         _variable("instance", "Instance", f'label_values({catalog.EXPORTER_NVML_UP.name}{{job=~"$job"}}, instance)'),
         _variable("gpu", "GPU", f'label_values({catalog.GPU_INFO.name}{{job=~"$job", instance=~"$instance"}}, gpu)'),
-        _variable("rank", "Rank",
-                  f'label_values({catalog.TRAIN_RANK_INFO.name}{{job=~"$job", instance=~"$instance"}}, rank)'),
+        _variable(
+            "rank", "Rank", f'label_values({catalog.TRAIN_RANK_INFO.name}{{job=~"$job", instance=~"$instance"}}, rank)'
+        ),
     ]
 
 
@@ -301,8 +547,12 @@ def _field_config(panel: Panel) -> dict:
     if panel.kind == "timeseries":
         defaults["color"] = {"mode": "palette-classic"}
         defaults["custom"] = {
-            "drawStyle": "line", "lineWidth": 1, "fillOpacity": 70 if panel.stacked else 10, "showPoints": "never",
-            "spanNulls": False, "thresholdsStyle": {"mode": "line" if panel.threshold is not None else "off"},
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 70 if panel.stacked else 10,
+            "showPoints": "never",
+            "spanNulls": False,
+            "thresholdsStyle": {"mode": "line" if panel.threshold is not None else "off"},
         }
         if panel.stacked:
             defaults["custom"]["stacking"] = {"mode": "normal", "group": "A"}
@@ -313,21 +563,39 @@ def _field_config(panel: Panel) -> dict:
 
 def _options(panel: Panel) -> dict:
     if panel.kind == "timeseries":
-        return {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-                "tooltip": {"mode": "multi", "sort": "desc"}}
-    return {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "colorMode": "value", "graphMode": "area" if panel.stat_text == "auto" else "none",
-            "justifyMode": "auto", "orientation": "auto", "textMode": panel.stat_text}
+        return {
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        }
+    return {
+        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "colorMode": "value",
+        "graphMode": "area" if panel.stat_text == "auto" else "none",
+        "justifyMode": "auto",
+        "orientation": "auto",
+        "textMode": panel.stat_text,
+    }
 
 
 def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict:
     return {
-        "id": panel_id, "type": panel.kind, "title": panel.title, "description": panel.description,
+        "id": panel_id,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
         "datasource": DATASOURCE,
         "gridPos": {"x": x, "y": y, "w": panel.width, "h": panel.height},
-        "targets": [{"refId": chr(ord("A") + i), "datasource": DATASOURCE, "expr": q.expr,
-                     "legendFormat": q.legend, "range": True, "instant": False}
-                    for i, q in enumerate(panel.queries)],
+        "targets": [
+            {
+                "refId": chr(ord("A") + i),
+                "datasource": DATASOURCE,
+                "expr": q.expr,
+                "legendFormat": q.legend,
+                "range": True,
+                "instant": False,
+            }
+            for i, q in enumerate(panel.queries)
+        ],
         "fieldConfig": _field_config(panel),
         "options": _options(panel),
     }
@@ -336,8 +604,16 @@ def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict:
 def dashboard_json(dashboard: Dashboard) -> dict:
     panels, panel_id, y = [], 1, 0
     for row in dashboard.rows:
-        panels.append({"id": panel_id, "type": "row", "title": row.title, "collapsed": False, "panels": [],
-                       "gridPos": {"x": 0, "y": y, "w": GRID_WIDTH, "h": 1}})
+        panels.append(
+            {
+                "id": panel_id,
+                "type": "row",
+                "title": row.title,
+                "collapsed": False,
+                "panels": [],
+                "gridPos": {"x": 0, "y": y, "w": GRID_WIDTH, "h": 1},
+            }
+        )
         panel_id, y, x, row_height = panel_id + 1, y + 1, 0, 0
         for panel in row.panels:
             if x + panel.width > GRID_WIDTH:
@@ -346,10 +622,19 @@ def dashboard_json(dashboard: Dashboard) -> dict:
             panel_id, x, row_height = panel_id + 1, x + panel.width, max(row_height, panel.height)
         y += row_height
     return {
-        "uid": dashboard.uid, "title": dashboard.title, "description": dashboard.description,
-        "tags": list(dashboard.tags), "editable": True, "graphTooltip": 1, "schemaVersion": 39,
-        "time": {"from": "now-1h", "to": "now"}, "refresh": "30s", "timezone": "browser",
-        "templating": {"list": _variables()}, "annotations": {"list": []}, "links": [],
+        "uid": dashboard.uid,
+        "title": dashboard.title,
+        "description": dashboard.description,
+        "tags": list(dashboard.tags),
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "timezone": "browser",
+        "templating": {"list": _variables()},
+        "annotations": {"list": []},
+        "links": [],
         "panels": panels,
     }
 
@@ -362,8 +647,16 @@ def dashboard_files() -> dict[Path, str]:
     return files
 
 
-UNIT_NAMES = {"percentunit": "%", "s": "seconds", "bytes": "bytes", "watt": "W", "joule": "J", "celsius": "°C",
-              "hertz": "Hz", "none": "no unit"}
+UNIT_NAMES = {
+    "percentunit": "%",
+    "s": "seconds",
+    "bytes": "bytes",
+    "watt": "W",
+    "joule": "J",
+    "celsius": "°C",
+    "hertz": "Hz",
+    "none": "no unit",
+}
 
 
 def unit_name(unit: str) -> str:
@@ -394,10 +687,14 @@ def docs_text() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     return write_or_check(
-        __doc__.split("\n\n")[0], lambda: {**dashboard_files(), DOCS_FILE: docs_text()}, ROOT,
-        "python monitoring/grafana/build_dashboards.py", argv,
+        __doc__.split("\n\n")[0],
+        lambda: {**dashboard_files(), DOCS_FILE: docs_text()},
+        ROOT,
+        "python monitoring/grafana/build_dashboards.py",
+        argv,
         # a dashboard that is no longer built would still be provisioned
-        leftovers=lambda wanted: [path for path in sorted(DASHBOARDS_DIR.glob("*.json")) if path not in wanted])
+        leftovers=lambda wanted: [path for path in sorted(DASHBOARDS_DIR.glob("*.json")) if path not in wanted],
+    )
 
 
 if __name__ == "__main__":

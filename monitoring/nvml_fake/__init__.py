@@ -54,17 +54,24 @@ import pynvml as _real
 from trainstack.rundir import SUPERVISOR_PID_ENV
 
 # The constants and exception classes of the real module, so code written against pynvml runs unchanged.
-globals().update({
-    name: getattr(_real, name) for name in dir(_real)
-    if name.startswith(("NVML_", "NVMLError", "nvmlClocks", "nvmlEventType", "nvmlMemory_v"))
-    or name in ("NVMLLibraryMismatchError", "nvmlFriendlyObject")
-})
+globals().update(
+    {
+        name: getattr(_real, name)
+        for name in dir(_real)
+        if name.startswith(("NVML_", "NVMLError", "nvmlClocks", "nvmlEventType", "nvmlMemory_v"))
+        or name in ("NVMLLibraryMismatchError", "nvmlFriendlyObject")
+    }
+)
 
 DATA_DIR = Path(__file__).parent
 _UINT_MAX = 0xFFFFFFFF
 _PR_SET_TIMERSLACK = 29
-_NVLINK_FIELDS = {_real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
-                  _real.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX, _real.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX}
+_NVLINK_FIELDS = {
+    _real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+    _real.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+    _real.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX,
+    _real.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX,
+}
 # NVML's value type for each field the data files use (everything else is an unsigned long long).
 _FIELD_VALUE_TYPES = {
     _real.NVML_FI_DEV_MEMORY_TEMP: (_real.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal"),
@@ -141,6 +148,7 @@ def _merge(base: dict, overrides: dict) -> None:
 
 # --- driving the fake -------------------------------------------------------------------------------------------
 
+
 def load(host: str | Path | dict | None) -> None:
     """Install a host: a name from hosts/, a path to a JSON file, a dict of the same shape, or None (no driver)."""
     global _host
@@ -206,9 +214,11 @@ def _check_mode(mode: str) -> None:
 
 def _delay_from_environment(spec: str, mode: str) -> None:
     default, *overrides = spec.split(",")
-    set_delay(float(default) / 1e6,
-              {call: float(us) / 1e6 for call, us in (override.split("=") for override in overrides)},
-              mode=mode)
+    set_delay(
+        float(default) / 1e6,
+        {call: float(us) / 1e6 for call, us in (override.split("=") for override in overrides)},
+        mode=mode,
+    )
 
 
 def call_counts() -> Counter[str]:
@@ -228,6 +238,7 @@ def _require_host() -> _Host:
 
 
 # --- what every call goes through -------------------------------------------------------------------------------
+
 
 def _error(name: str) -> _real.NVMLError:
     return getattr(_real, f"NVMLError_{name.removeprefix('NVMLError_')}")()
@@ -316,6 +327,7 @@ def _answer_for(gpu: _Gpu, call: str, constant: int):
 
 # --- the NVML API ----------------------------------------------------------------------------------------------
 
+
 def nvmlInit() -> None:
     host = _host
     if host is None:
@@ -389,8 +401,9 @@ def nvmlDeviceGetMemoryInfo(handle, version=None):
     memory = _answer(gpu, "nvmlDeviceGetMemoryInfo")
     free = memory["total"] - memory["reserved"] - memory["used"]
     if version:
-        answer = _real.c_nvmlMemory_v2_t(version=version, total=memory["total"], reserved=memory["reserved"],
-                                         free=free, used=memory["used"])
+        answer = _real.c_nvmlMemory_v2_t(
+            version=version, total=memory["total"], reserved=memory["reserved"], free=free, used=memory["used"]
+        )
     else:
         # The v1 API counts the memory the driver reserves as used.
         answer = _real.c_nvmlMemory_t(total=memory["total"], free=free, used=memory["total"] - free)
@@ -513,8 +526,12 @@ def nvmlDeviceGetFieldValues(handle, field_ids):
             if field_id in _NVLINK_FIELDS:
                 links = spec["per_link"]
                 if scope == _UINT_MAX:  # the links' counters summed into one counter, read once
-                    answer = _value({"start": sum(link["start"] for link in links),
-                                     "per_second": sum(link["per_second"] for link in links)})
+                    answer = _value(
+                        {
+                            "start": sum(link["start"] for link in links),
+                            "per_second": sum(link["per_second"] for link in links),
+                        }
+                    )
                 elif scope < len(links):
                     answer = _value(links[scope])
                 else:
@@ -535,13 +552,21 @@ def _running_processes(call: str, handle, kind: str) -> list:
     host = _require_host()
     if not call.endswith("_v2") and f"{call}_v3" in host.missing_functions:
         _enter(call)
-        raise _real.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match "
-                                             "the NVML lib version.")
+        raise _real.NVMLLibraryMismatchError(
+            "Unversioned function called and the pyNVML version does not match the NVML lib version."
+        )
     gpu = _enter(call, handle)
     return [
-        _real.nvmlFriendlyObject({"pid": process["pid"], "usedGpuMemory": process["used_gpu_memory"],
-                                  "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF})
-        for process in _listed(host).get(gpu.index, ()) if kind in process.get("type", "C")
+        _real.nvmlFriendlyObject(
+            {
+                "pid": process["pid"],
+                "usedGpuMemory": process["used_gpu_memory"],
+                "gpuInstanceId": 0xFFFFFFFF,
+                "computeInstanceId": 0xFFFFFFFF,
+            }
+        )
+        for process in _listed(host).get(gpu.index, ())
+        if kind in process.get("type", "C")
     ]
 
 
@@ -551,9 +576,14 @@ def _listed(host: _Host) -> dict[int, list[dict]]:
     if not host.watches or not os.environ.get(SUPERVISOR_PID_ENV):
         return host.processes
     watched = _watched_command(host)
-    return {index: [{**process, "pid": watched[0], "name": watched[1]} if process.get("watched") else process
-                    for process in listed if watched or not process.get("watched")]
-            for index, listed in host.processes.items()}
+    return {
+        index: [
+            {**process, "pid": watched[0], "name": watched[1]} if process.get("watched") else process
+            for process in listed
+            if watched or not process.get("watched")
+        ]
+        for index, listed in host.processes.items()
+    }
 
 
 def _watched_command(host: _Host) -> tuple[int, str] | None:
@@ -566,8 +596,11 @@ def _watched_command(host: _Host) -> tuple[int, str] | None:
             started = psutil.Process(int(os.environ[SUPERVISOR_PID_ENV])).children()
         except psutil.NoSuchProcess:
             started = []
-        host.watched = min((child for child in started if child.pid != os.getpid()),
-                           key=lambda child: (child.create_time(), child.pid), default=None)
+        host.watched = min(
+            (child for child in started if child.pid != os.getpid()),
+            key=lambda child: (child.create_time(), child.pid),
+            default=None,
+        )
     try:
         argv = host.watched.cmdline() if host.watched else []
     except psutil.NoSuchProcess:  # ended since (a zombie too: it holds no GPU)
@@ -596,8 +629,7 @@ def nvmlSystemGetProcessName(pid: int) -> str:
     NVML's NotFound for a process it cannot see (not listed, or listed without a name: one outside the caller's PID
     namespace)."""
     _enter("nvmlSystemGetProcessName")
-    names = {process["pid"]: process.get("name") for listed in _listed(_require_host()).values()
-             for process in listed}
+    names = {process["pid"]: process.get("name") for listed in _listed(_require_host()).values() for process in listed}
     if names.get(pid) is None:
         raise _error("NotFound")
     return names[pid]

@@ -39,9 +39,19 @@ the package imports this module, so this one cannot import the package."""
 
 
 # What the package serves as pynvml's names.
-API = ("c_nvmlGpmSample_t", "c_nvmlGpmMetricsGet_t", "c_nvmlGpmSupport_t", "NVML_GPM_METRICS_GET_VERSION",
-       "NVML_GPM_SUPPORT_VERSION", "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleFree",
-       "nvmlGpmSampleGet", "nvmlGpmMetricsGet", "set_gpm")
+API = (
+    "c_nvmlGpmSample_t",
+    "c_nvmlGpmMetricsGet_t",
+    "c_nvmlGpmSupport_t",
+    "NVML_GPM_METRICS_GET_VERSION",
+    "NVML_GPM_SUPPORT_VERSION",
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleFree",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMetricsGet",
+    "set_gpm",
+)
 
 
 def bind(**helpers) -> None:
@@ -104,8 +114,9 @@ def nvmlGpmMetricsGet(metrics_get):
     slots = c_nvmlGpmMetricsGet_t.metrics.__get__(metrics_get)  # the fields' own descriptors
     for index in range(c_nvmlGpmMetricsGet_t.numMetrics.__get__(metrics_get)):
         metric = slots[index]
-        answer = answers.get(_METRIC_NAMES.get(ctypes.Structure.__getattribute__(metric, "metricId")),
-                             "NVMLError_NotSupported")
+        answer = answers.get(
+            _METRIC_NAMES.get(ctypes.Structure.__getattribute__(metric, "metricId")), "NVMLError_NotSupported"
+        )
         if isinstance(answer, str):
             ctypes.Structure.__setattr__(metric, "nvmlReturn", _fake.error(answer).value)
         else:

@@ -53,8 +53,12 @@ def loss(run: RunFiles) -> Figure:
         for number, records in enumerate(segments, start=1):
             # one line per launch: a resumed run retrains the steps its killed launch lost
             label = f"rank {rank}" + (f", segment {number}" if len(segments) > 1 else "")
-            axes.plot([r["step"] for r in records], [math.nan if r["loss"] is None else r["loss"] for r in records],
-                      marker=".", label=label)
+            axes.plot(
+                [r["step"] for r in records],
+                [math.nan if r["loss"] is None else r["loss"] for r in records],
+                marker=".",
+                label=label,
+            )
             lines += 1
     _legend(axes, lines)
     return figure
@@ -65,15 +69,26 @@ def throughput(run: RunFiles) -> Figure:
     so they show as the marked pauses they are, not as dips."""
     figure, axes = _figure("Throughput per rank (over training time; dotted: pauses)", "step", "samples / s")
     for rank, records in run.ranks.items():
-        axes.plot([r["step"] for r in records],
-                  [r["samples"] / seconds if (seconds := training_seconds(r)) > 0 else math.nan for r in records],
-                  marker=".", label=f"rank {rank}")
+        axes.plot(
+            [r["step"] for r in records],
+            [r["samples"] / seconds if (seconds := training_seconds(r)) > 0 else math.nan for r in records],
+            marker=".",
+            label=f"rank {rank}",
+        )
     first_rank = run.ranks[min(run.ranks)]
     marked = sorted({pause for record in first_rank for pause in pauses(record) if pause[1] != breakdown.STARTUP})
     for step, part in marked:
         axes.axvline(step, color="grey", linestyle=":", alpha=0.7)
-        axes.annotate(part, (step, 0), xytext=(2, 2), textcoords="offset points", rotation=90, fontsize="x-small",
-                      color="grey", va="bottom")
+        axes.annotate(
+            part,
+            (step, 0),
+            xytext=(2, 2),
+            textcoords="offset points",
+            rotation=90,
+            fontsize="x-small",
+            color="grey",
+            va="bottom",
+        )
     axes.set_ylim(bottom=0)
     _legend(axes, len(run.ranks))
     return figure
@@ -86,8 +101,14 @@ def step_times(run: RunFiles) -> Figure:
     axes.boxplot(durations, tick_labels=[str(rank) for rank in ranks], showfliers=True, widths=0.6)
     axes.set_ylim(bottom=0)
     for position, values in enumerate(durations, start=1):
-        axes.annotate(f"{statistics.median(values):.0f}", (position, statistics.median(values)),
-                      textcoords="offset points", xytext=(18, 0), fontsize="small", va="center")
+        axes.annotate(
+            f"{statistics.median(values):.0f}",
+            (position, statistics.median(values)),
+            textcoords="offset points",
+            xytext=(18, 0),
+            fontsize="small",
+            va="center",
+        )
     return figure
 
 
@@ -98,8 +119,9 @@ def data_wait(run: RunFiles) -> Figure:
         title = "Data-wait ratio per rank (time blocked on the loader / step time)"
     figure, axes = _figure(title, "step", "ratio")
     for rank, records in run.ranks.items():
-        axes.plot([r["step"] for r in records], [data_wait_ratio([r]) for r in records],
-                  marker=".", label=f"rank {rank}")
+        axes.plot(
+            [r["step"] for r in records], [data_wait_ratio([r]) for r in records], marker=".", label=f"rank {rank}"
+        )
     axes.axhline(thresholds.INPUT_BOUND.value, color="tab:red", linestyle="--", label="input-bound threshold")
     axes.set_ylim(0, 1)
     _legend(axes, len(run.ranks) + 1)
@@ -130,7 +152,7 @@ def gpu_memory(run: RunFiles) -> Figure | None:
     start = run.start_time
     figure, axes = _figure("GPU memory used (dashed: total)", "seconds since start", "GiB")
     for (index, _uuid), snapshots in run.gpus.items():
-        line, = axes.plot(*_gpu_series(snapshots, "memory_used_bytes", start, GiB), label=f"GPU {index}")
+        (line,) = axes.plot(*_gpu_series(snapshots, "memory_used_bytes", start, GiB), label=f"GPU {index}")
         totals = _gpu_series(snapshots, "memory_total_bytes", start, GiB)[1]
         if totals:
             axes.axhline(max(totals), color=line.get_color(), linestyle="--", alpha=0.5)
@@ -149,8 +171,10 @@ def time_breakdown(run: RunFiles) -> Figure | None:
     figure.suptitle(f"Where the time went (goodput {100 * (times['goodput'] or 0):.0f}%: compute over wall time)")
     shown = [part for part in times["parts"] if any(abs(r["seconds"][part]) > 0 for r in times["ranks"])]
     colors = dict(zip(times["parts"], colormaps["tab20"].colors, strict=False))
-    panels = ((f"rank {r['rank']}" for r in times["ranks"]), times["ranks"], "per rank, every launch"), \
-        ((f"launch {s['segment'] + 1}" for s in times["segments"]), times["segments"], "per launch, every rank")
+    panels = (
+        ((f"rank {r['rank']}" for r in times["ranks"]), times["ranks"], "per rank, every launch"),
+        ((f"launch {s['segment'] + 1}" for s in times["segments"]), times["segments"], "per launch, every rank"),
+    )
     for axes, (labels, rows, title) in zip(figure.subplots(1, 2), panels, strict=True):
         labels = list(labels)
         left = [0.0] * len(rows)
@@ -161,8 +185,12 @@ def time_breakdown(run: RunFiles) -> Figure | None:
         axes.set_title(title)
         axes.set_xlabel("seconds")
         axes.invert_yaxis()
-    figure.legend(*figure.axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=min(len(shown), 6),
-                  fontsize="small")
+    figure.legend(
+        *figure.axes[0].get_legend_handles_labels(),
+        loc="outside lower center",
+        ncols=min(len(shown), 6),
+        fontsize="small",
+    )
     return figure
 
 

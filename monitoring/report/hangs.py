@@ -16,6 +16,8 @@ def hang_section(run_dir: Path) -> list[str]:
     for stall in RunDir(Path(run_dir)).stalls():
         verdict = verdict_of(stall.path)
         evidence = "".join(f"<li>{html.escape(line)}</li>" for line in verdict.evidence)
-        parts.append(f"<h3>{html.escape(stall.path.name)}</h3><p>{html.escape(verdict.headline)}</p><ul>{evidence}</ul>"
-                     f"<p class='note'>fix: {html.escape(verdict.fix)}</p>")
+        parts.append(
+            f"<h3>{html.escape(stall.path.name)}</h3><p>{html.escape(verdict.headline)}</p><ul>{evidence}</ul>"
+            f"<p class='note'>fix: {html.escape(verdict.fix)}</p>"
+        )
     return ["<h2>Hangs</h2>", *parts] if parts else []

@@ -25,70 +25,104 @@ figure { margin: 0 0 1.5em 0; } img { max-width: 100%; }
 
 def _table(rows: list[dict[str, object]]) -> str:
     header = "".join(f"<th>{html.escape(str(key))}</th>" for key in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(v))}</td>" for v in row.values()) + "</tr>"
-                   for row in rows)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(v))}</td>" for v in row.values()) + "</tr>" for row in rows)
     return f"<table><tr>{header}</tr>{body}</table>"
 
 
 def render(run: RunFiles, figures: dict[str, bytes]) -> str:
     title = f"trainstack run report: {run.summary.get('run_id') or run.run_dir.name}"
-    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{STYLE}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1>",
-             f"<p class='note'>{html.escape(str(run.run_dir.resolve()))}, report written "
-             f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}</p>"]
+    parts = [
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f"<p class='note'>{html.escape(str(run.run_dir.resolve()))}, report written "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}</p>",
+    ]
     if run.summary:
         parts.append(_table(header_rows(run)))
     parts.append("<h2>Summary</h2>")
     if run.summary:
-        parts.append(_table([{"field": key, "value": value} for key, value in run.summary.items()
-                             if key not in ("segments", "time_breakdown", "ceilings", "verdicts")]))  # own tables
+        parts.append(
+            _table(
+                [
+                    {"field": key, "value": value}
+                    for key, value in run.summary.items()
+                    if key not in ("segments", "time_breakdown", "ceilings", "verdicts")
+                ]
+            )
+        )  # own tables
         if run.summary.get("verdicts") is not None:
-            parts += ["<h2>Verdicts</h2>", "<p class='note'>What keeps the GPUs from being used, judged from the "
-                      "ranks' records when the run ended, as <code>trainstack diagnose</code> judges a live run "
-                      "(docs/diagnostics.md).</p>",
-                      _table([{"verdict": v["kind"], "what": v["summary"], "fix": v["fix"],
-                               "at most": (v.get("ceiling") or {}).get("text", "")}
-                              for v in run.summary["verdicts"]])
-                      if run.summary["verdicts"] else "<p>Healthy: no verdict.</p>"]
+            parts += [
+                "<h2>Verdicts</h2>",
+                "<p class='note'>What keeps the GPUs from being used, judged from the "
+                "ranks' records when the run ended, as <code>trainstack diagnose</code> judges a live run "
+                "(docs/diagnostics.md).</p>",
+                _table(
+                    [
+                        {
+                            "verdict": v["kind"],
+                            "what": v["summary"],
+                            "fix": v["fix"],
+                            "at most": (v.get("ceiling") or {}).get("text", ""),
+                        }
+                        for v in run.summary["verdicts"]
+                    ]
+                )
+                if run.summary["verdicts"]
+                else "<p>Healthy: no verdict.</p>",
+            ]
         if run.summary.get("segments"):
-            parts += ["<h2>Segments</h2>", "<p class='note'>One per launch that trained the run; samples/s and "
-                      "tokens/s above are over all of them.</p>", _table(segment_rows(run.summary["segments"]))]
+            parts += [
+                "<h2>Segments</h2>",
+                "<p class='note'>One per launch that trained the run; samples/s and "
+                "tokens/s above are over all of them.</p>",
+                _table(segment_rows(run.summary["segments"])),
+            ]
     else:
-        parts.append(f"<p class='note'>No {SUMMARY_FILE}: the run is still going, or it stopped before writing "
-                     "it.</p>")
+        parts.append(f"<p class='note'>No {SUMMARY_FILE}: the run is still going, or it stopped before writing it.</p>")
     parts.append("<h2>Per rank</h2>")
     if run.ranks:
         parts.append(_table(rank_rows(run)))
     else:
-        parts.append(f"<p class='note'>No rank records ({TELEMETRY_DIR}/rank-&lt;r&gt;.jsonl): the command ran "
-                     "without trainstack.monitor in its loop, so only the GPUs were seen; a few lines in the loop "
-                     "add steps, throughput, data wait and the per-rank verdicts.</p>")
+        parts.append(
+            f"<p class='note'>No rank records ({TELEMETRY_DIR}/rank-&lt;r&gt;.jsonl): the command ran "
+            "without trainstack.monitor in its loop, so only the GPUs were seen; a few lines in the loop "
+            "add steps, throughput, data wait and the per-rank verdicts.</p>"
+        )
     if run.time_breakdown:
         times = run.time_breakdown
         longest = max(row["wall_seconds"] for row in times["ranks"])
-        parts += ["<h2>Where the time went</h2>",
-                  f"<p>Each rank's wall time, launch to exit over every launch (the run's: {cell(longest)} s, its "
-                  f"longest rank's; ranks run side by side, so their seconds are not added). Goodput "
-                  f"{cell(times['goodput'])}: compute over the ranks' wall time. A killed launch counts to its last "
-                  "record; <code>other</code> is what no part accounts for; <code>lost_progress</code> is the steps "
-                  "a later launch trained again; <code>not measured</code>: the rank could not measure that part "
-                  "(host-bound idle needs NVML on a GPU; communication, DDP or FSDP).</p>",
-                  _table(time_rows(run))]
+        parts += [
+            "<h2>Where the time went</h2>",
+            f"<p>Each rank's wall time, launch to exit over every launch (the run's: {cell(longest)} s, its "
+            f"longest rank's; ranks run side by side, so their seconds are not added). Goodput "
+            f"{cell(times['goodput'])}: compute over the ranks' wall time. A killed launch counts to its last "
+            "record; <code>other</code> is what no part accounts for; <code>lost_progress</code> is the steps "
+            "a later launch trained again; <code>not measured</code>: the rank could not measure that part "
+            "(host-bound idle needs NVML on a GPU; communication, DDP or FSDP).</p>",
+            _table(time_rows(run)),
+        ]
         if found := ceilings.from_breakdown(times):
-            parts += ["<h3>How much each fix can gain</h3>",
-                      "<p class='note'>A fix that removes a share s of the time makes it at most 1 / (1 - s) times "
-                      "faster (docs/diagnostics.md, \"From verdict to fix\").</p>",
-                      _table([{"verdict": c.kind, "share": c.share, "speedup at most": c.speedup, "why": c.text}
-                              for c in found.values()])]
+            parts += [
+                "<h3>How much each fix can gain</h3>",
+                "<p class='note'>A fix that removes a share s of the time makes it at most 1 / (1 - s) times "
+                'faster (docs/diagnostics.md, "From verdict to fix").</p>',
+                _table(
+                    [
+                        {"verdict": c.kind, "share": c.share, "speedup at most": c.speedup, "why": c.text}
+                        for c in found.values()
+                    ]
+                ),
+            ]
     parts += hang_section(run.run_dir)  # each stall's verdict, from RUN_DIR/hang/
     parts.append("<h2>Figures</h2>")
     for figure_id, image in figures.items():
         data = base64.b64encode(image).decode("ascii")
-        parts.append(f"<figure id='{figure_id}'><img alt='{figure_id}' src='data:image/png;base64,{data}'>"
-                     "</figure>")
+        parts.append(f"<figure id='{figure_id}'><img alt='{figure_id}' src='data:image/png;base64,{data}'></figure>")
     if not run.gpus:
-        parts.append(f"<p class='note'>No GPU snapshots ({TELEMETRY_DIR}/{GPU_LOG_FILE}): the run had no GPU, or no "
-                     "exporter with NVML access; GPU utilization and memory figures are left out.</p>")
+        parts.append(
+            f"<p class='note'>No GPU snapshots ({TELEMETRY_DIR}/{GPU_LOG_FILE}): the run had no GPU, or no "
+            "exporter with NVML access; GPU utilization and memory figures are left out.</p>"
+        )
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -81,8 +81,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def load_run(run_dir: Path) -> RunFiles:
     layout = RunDir(run_dir)
-    ranks = {rank: records for rank, path in layout.all_rank_records().items()
-             if (records := read_rank_records(path))}
+    ranks = {rank: records for rank, path in layout.all_rank_records().items() if (records := read_rank_records(path))}
     gpus: dict[tuple[int, str], list[dict]] = {}
     if layout.gpu_log.is_file():
         for snapshot in read_jsonl(layout.gpu_log):
@@ -94,5 +93,10 @@ def load_run(run_dir: Path) -> RunFiles:
             f"({SHOWN.gpu_log}): pass a trainstack run directory whose ranks ran at least one log interval with "
             "telemetry on (a watched command records ranks only with trainstack.monitor in its loop)"
         )
-    return RunFiles(run_dir=run_dir, ranks=ranks, gpus=dict(sorted(gpus.items())), summary=summary,
-                    time_breakdown=breakdown.of_run(run_dir))
+    return RunFiles(
+        run_dir=run_dir,
+        ranks=ranks,
+        gpus=dict(sorted(gpus.items())),
+        summary=summary,
+        time_breakdown=breakdown.of_run(run_dir),
+    )

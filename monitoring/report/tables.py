@@ -28,14 +28,16 @@ def rank_rows(run: RunFiles) -> list[dict[str, object]]:
     for rank, records in run.ranks.items():
         training = sum(training_seconds(r) for r in records)
         steps = [s for r in records for s in r["step_seconds"]]
-        rows.append({
-            "rank": rank,
-            "steps": records[-1]["step"],
-            "samples/s (training time)": sum(r["samples"] for r in records) / training if training > 0 else None,
-            "median step (ms)": 1000 * statistics.median(steps) if steps else None,
-            "p95 step (ms)": 1000 * _percentile(steps, 0.95) if steps else None,
-            "data-wait ratio": data_wait_ratio(records),
-        })
+        rows.append(
+            {
+                "rank": rank,
+                "steps": records[-1]["step"],
+                "samples/s (training time)": sum(r["samples"] for r in records) / training if training > 0 else None,
+                "median step (ms)": 1000 * statistics.median(steps) if steps else None,
+                "p95 step (ms)": 1000 * _percentile(steps, 0.95) if steps else None,
+                "data-wait ratio": data_wait_ratio(records),
+            }
+        )
         if on_gpu_clock(records):
             # The data wait above is the GPU's starvation; the host's own wait, which alone would mislead on a
             # GPU (it can wait while the GPU works through queued steps), goes beside it.
@@ -62,23 +64,30 @@ def _gpu_activity(records: list[dict]) -> dict[str, float]:
 
 def segment_rows(segments: list[dict]) -> list[dict[str, object]]:
     """summary.json's segments: one row per launch."""
-    return [{
-        "segment": number,
-        "run id": segment.get("run_id"),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(segment["started"])),
-        "steps": f"{segment.get('first_step')} to {segment.get('last_step')}",
-        "training (s)": segment.get("train_seconds"),
-        "samples/s": segment["samples"] / segment["train_seconds"] if segment.get("train_seconds") else None,
-        "ended": segment.get("exit_reason"),
-    } for number, segment in enumerate(segments, start=1)]
+    return [
+        {
+            "segment": number,
+            "run id": segment.get("run_id"),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(segment["started"])),
+            "steps": f"{segment.get('first_step')} to {segment.get('last_step')}",
+            "training (s)": segment.get("train_seconds"),
+            "samples/s": segment["samples"] / segment["train_seconds"] if segment.get("train_seconds") else None,
+            "ended": segment.get("exit_reason"),
+        }
+        for number, segment in enumerate(segments, start=1)
+    ]
 
 
 def header_rows(run: RunFiles) -> list[dict[str, object]]:
     """What ran and how it ended, from summary.json: the command, its exit code, its duration, the ranks."""
     summary = run.summary
-    shown = {"command": summary.get("command") or ("trainstack train" if "steps" in summary else None),
-             "exit code": summary.get("exit_code"), "ended": summary.get("exit_reason"),
-             "duration (s)": summary.get("wall_seconds"), "world size": summary.get("world_size")}
+    shown = {
+        "command": summary.get("command") or ("trainstack train" if "steps" in summary else None),
+        "exit code": summary.get("exit_code"),
+        "ended": summary.get("exit_reason"),
+        "duration (s)": summary.get("wall_seconds"),
+        "world size": summary.get("world_size"),
+    }
     return [{"": key, "value": value} for key, value in shown.items()]
 
 
@@ -87,16 +96,23 @@ def time_rows(run: RunFiles) -> list[dict[str, object]]:
     wall time (ranks run side by side: their seconds are not added). A part the rank did not measure (host-bound
     idle on a CPU, communication on a rank without DDP or FSDP) reads "not measured", never 0."""
     ranks = run.time_breakdown["ranks"]
-    measured = {row["rank"]: measured_parts(run.ranks.get(row["rank"], [])) | {
-        part for part in breakdown.PARTS if part not in breakdown.STEP_PARTS} for row in ranks}
-    rows: list[dict[str, object]] = [{"part": "wall time (s)", **{f"rank {row['rank']}": row["wall_seconds"]
-                                                                  for row in ranks}}]
+    measured = {
+        row["rank"]: measured_parts(run.ranks.get(row["rank"], []))
+        | {part for part in breakdown.PARTS if part not in breakdown.STEP_PARTS}
+        for row in ranks
+    }
+    rows: list[dict[str, object]] = [
+        {"part": "wall time (s)", **{f"rank {row['rank']}": row["wall_seconds"] for row in ranks}}
+    ]
     for part in run.time_breakdown["parts"]:
         cells: dict[str, object] = {"part": part}
         for row in ranks:
             seconds, wall = row["seconds"][part], row["wall_seconds"]
-            cells[f"rank {row['rank']}"] = (f"{seconds:.4g} s ({100 * seconds / wall:.1f}%)" if wall > 0 else
-                                            seconds) if part in measured[row["rank"]] else NOT_MEASURED
+            cells[f"rank {row['rank']}"] = (
+                (f"{seconds:.4g} s ({100 * seconds / wall:.1f}%)" if wall > 0 else seconds)
+                if part in measured[row["rank"]]
+                else NOT_MEASURED
+            )
         rows.append(cells)
     return rows
 

@@ -18,13 +18,18 @@ def main() -> int:
     for epoch in (0, 1):
         trainer.train_loader.set_epoch(epoch)
         orders[epoch] = [int(first) for batch in trainer.train_loader for first in batch["input_ids"][:, 0]]
-    torch.save({
-        "exit_code": code,
-        "num_processes": accelerator.num_processes,
-        "distributed_type": str(accelerator.distributed_type),
-        "parameters": {k: v.detach().clone() for k, v in accelerator.unwrap_model(trainer.model).state_dict().items()},
-        "orders": orders,
-    }, os.path.join(probe_dir, f"rank-{accelerator.process_index}.pt"))
+    torch.save(
+        {
+            "exit_code": code,
+            "num_processes": accelerator.num_processes,
+            "distributed_type": str(accelerator.distributed_type),
+            "parameters": {
+                k: v.detach().clone() for k, v in accelerator.unwrap_model(trainer.model).state_dict().items()
+            },
+            "orders": orders,
+        },
+        os.path.join(probe_dir, f"rank-{accelerator.process_index}.pt"),
+    )
     return code
 
 

@@ -39,10 +39,11 @@ class Phase:
     """forward, after_step (after the optimizer step) or data (in the loader); "" for a healthy phase."""
 
 
-PHASES = [Phase(f"{model}-{where or 'healthy'}", buffers, broadcast, rank, where)
-          for model, buffers, broadcast in (("buffers", True, True), ("no-broadcast", True, False),
-                                            ("plain", False, True))
-          for where, rank in (("", -1), ("forward", 1), ("after_step", 0), ("data", 1))]
+PHASES = [
+    Phase(f"{model}-{where or 'healthy'}", buffers, broadcast, rank, where)
+    for model, buffers, broadcast in (("buffers", True, True), ("no-broadcast", True, False), ("plain", False, True))
+    for where, rank in (("", -1), ("forward", 1), ("after_step", 0), ("data", 1))
+]
 
 
 class WithBuffers(torch.nn.Module):
@@ -60,8 +61,13 @@ class WithBuffers(torch.nn.Module):
 
 
 def plain_model() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, WIDTH),
-                               torch.nn.ReLU(), torch.nn.Linear(WIDTH, 1))
+    return torch.nn.Sequential(
+        torch.nn.Linear(WIDTH, WIDTH),
+        torch.nn.ReLU(),
+        torch.nn.Linear(WIDTH, WIDTH),
+        torch.nn.ReLU(),
+        torch.nn.Linear(WIDTH, 1),
+    )
 
 
 def busy(seconds: float) -> None:
@@ -84,12 +90,14 @@ def batches(rank: int, phase: Phase):
 def run_phase(phase: Phase, run_dir: Path) -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DistributedDataParallel(WithBuffers() if phase.buffers else plain_model(),
-                                    broadcast_buffers=phase.broadcast_buffers)
+    model = DistributedDataParallel(
+        WithBuffers() if phase.buffers else plain_model(), broadcast_buffers=phase.broadcast_buffers
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     slow = rank == phase.slow_rank
-    monitor = trainstack.monitor.start(model, optimizer=optimizer, run_dir=run_dir, log_every=LOG_EVERY,
-                                       run_id=phase.name)
+    monitor = trainstack.monitor.start(
+        model, optimizer=optimizer, run_dir=run_dir, log_every=LOG_EVERY, run_id=phase.name
+    )
     for _, (inputs, targets) in zip(range(STEPS), monitor.batches(batches(rank, phase)), strict=False):
         with monitor.forward():
             if slow and phase.slow_in == "forward":
@@ -114,8 +122,9 @@ def main() -> int:
         run_phase(phase, out_dir / phase.name)
         dist.barrier()  # the next phase starts together on every rank
     if dist.get_rank() == 0:
-        (out_dir / "phases.json").write_text(json.dumps(
-            {"extra_seconds": EXTRA_SECONDS, "phases": [asdict(phase) for phase in phases]}))
+        (out_dir / "phases.json").write_text(
+            json.dumps({"extra_seconds": EXTRA_SECONDS, "phases": [asdict(phase) for phase in phases]})
+        )
     dist.destroy_process_group()
     return 0
 

@@ -140,8 +140,9 @@ class BatchNormLM(nn.Module):
     def forward(self, input_ids, attention_mask=None, labels=None):
         hidden = self.norm(self.embedding(input_ids).transpose(1, 2)).transpose(1, 2)
         logits = self.head(hidden)
-        return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                                           ignore_index=-100)
+        return nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+        )
 
 
 def batchnorm_lm(config, vocab_size: int) -> BatchNormLM:

@@ -64,9 +64,13 @@ class Rig:
 
     def __init__(self, host, pcie_throughput=False, interval=1.0, slow_interval=1.0, gpm_interval=0.0):
         fake.load(host)
-        config = ExporterConfig(port=0, nvml_module="trainstack.monitoring.nvml_fake", pcie_throughput=pcie_throughput,
-                                sample_interval_seconds=interval,
-                                slow_sample_interval_seconds=slow_interval)
+        config = ExporterConfig(
+            port=0,
+            nvml_module="trainstack.monitoring.nvml_fake",
+            pcie_throughput=pcie_throughput,
+            sample_interval_seconds=interval,
+            slow_sample_interval_seconds=slow_interval,
+        )
         self.clock = ManualClock()
         self.session = NvmlSession(fake, pcie_throughput=pcie_throughput, gpm_interval_seconds=gpm_interval)
         self.sampler = Sampler(self.session, interval, slow_interval, self.clock)
@@ -86,8 +90,11 @@ class Rig:
 def render(registry) -> dict[tuple[str, frozenset], float]:
     """A scrape of what the registry serves now, without sampling."""
     text = generate_latest(registry).decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(samples, metric, **labels):
@@ -95,8 +102,11 @@ def value(samples, metric, **labels):
 
 
 def errors(samples) -> dict[tuple[str, str], float]:
-    return {(dict(labels)["call"], dict(labels)["error"]): v for (name, labels), v in samples.items()
-            if name == "trainstack_exporter_nvml_errors_total"}
+    return {
+        (dict(labels)["call"], dict(labels)["error"]): v
+        for (name, labels), v in samples.items()
+        if name == "trainstack_exporter_nvml_errors_total"
+    }
 
 
 NOW = 1_800_000_000.0
@@ -110,14 +120,26 @@ def kinds(verdicts) -> list[str]:
 
 
 def rank(name: str, **figures) -> RankView:
-    healthy = dict(steps=100, steps_per_second=3.0, samples_per_second=48.0, data_wait_ratio=0.02,
-                   step_seconds=0.3, forward_seconds=0.05, last_step_time=NOW - 1)
+    healthy = dict(
+        steps=100,
+        steps_per_second=3.0,
+        samples_per_second=48.0,
+        data_wait_ratio=0.02,
+        step_seconds=0.3,
+        forward_seconds=0.05,
+        last_step_time=NOW - 1,
+    )
     return RankView(rank=name, **{**healthy, **figures})
 
 
 def gpu(index: int, **figures) -> GpuView:
-    healthy = dict(utilization=0.97, memory_used_ratio=0.6, thermal_throttle_ratio=0.0, power_throttle_ratio=0.1,
-                   sm_clock_ratio=1.0)
+    healthy = dict(
+        utilization=0.97,
+        memory_used_ratio=0.6,
+        thermal_throttle_ratio=0.0,
+        power_throttle_ratio=0.1,
+        sm_clock_ratio=1.0,
+    )
     return GpuView(index=str(index), uuid=f"GPU-{index}", name="NVIDIA H100 80GB HBM3", **{**healthy, **figures})
 
 
@@ -138,8 +160,18 @@ class CountersSource:
 
 
 def identity(uuid: str = "") -> RankIdentity:
-    return RankIdentity(rank=0, local_rank=0, node="n", uuid=uuid, run_id="r", world_size=1, nodes=1,
-                        mixed_precision="no", model="m", dataset="d")
+    return RankIdentity(
+        rank=0,
+        local_rank=0,
+        node="n",
+        uuid=uuid,
+        run_id="r",
+        world_size=1,
+        nodes=1,
+        mixed_precision="no",
+        model="m",
+        dataset="d",
+    )
 
 
 class ManualClock:

@@ -30,14 +30,43 @@ def ip(*args: str) -> subprocess.CompletedProcess:
 
 
 def start_node(node: Node, rank: int, run_dir: Path, log: Path) -> subprocess.Popen:
-    command = ["ip", "netns", "exec", node.namespace, sys.executable, "-m", "trainstack", "train",
-               "--output-dir", str(run_dir), "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
-               "--master-addr", NODE_ADDRESSES[0], "--master-port", "29500", "--exporter-port", str(EXPORTER_PORT),
-               "--max-steps", "40", "--log-every", "2", "--batch-size", "8", "--num-workers", "0",
-               "--checkpoint-every", "0", "--no-report"]
+    command = [
+        "ip",
+        "netns",
+        "exec",
+        node.namespace,
+        sys.executable,
+        "-m",
+        "trainstack",
+        "train",
+        "--output-dir",
+        str(run_dir),
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(rank),
+        "--nproc-per-node",
+        "1",
+        "--master-addr",
+        NODE_ADDRESSES[0],
+        "--master-port",
+        "29500",
+        "--exporter-port",
+        str(EXPORTER_PORT),
+        "--max-steps",
+        "40",
+        "--log-every",
+        "2",
+        "--batch-size",
+        "8",
+        "--num-workers",
+        "0",
+        "--checkpoint-every",
+        "0",
+        "--no-report",
+    ]
     # One run id: the nodes share the run directory as one run. gloo finds its address from the interface,
     # since the host's name resolves to an address outside the namespace. Both nodes share this machine's cores.
-    env = {**os.environ, "TRAINSTACK_RUN_ID": "slow-link", "GLOO_SOCKET_IFNAME": node.interface,
-           "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "TRAINSTACK_RUN_ID": "slow-link", "GLOO_SOCKET_IFNAME": node.interface, "OMP_NUM_THREADS": "1"}
     with log.open("w") as output:
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT)

@@ -16,8 +16,21 @@ PROMETHEUS_SERIES = {"up", "ALERTS"}
 
 # Keywords and words that may stand before "(" without being a metric: everything followed by "(" is a function
 # or an aggregation, so only the keywords that are not need listing.
-KEYWORDS = {"and", "or", "unless", "bool", "by", "without", "on", "ignoring", "group_left", "group_right",
-             "offset", "inf", "nan"}
+KEYWORDS = {
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "inf",
+    "nan",
+}
 
 
 STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
@@ -42,7 +55,7 @@ def metric_names(expr: str) -> set[str]:
     text = NUMBER.sub(" ", text)
     names = set()
     for match in IDENTIFIER.finditer(text):
-        followed_by_call = text[match.end():].lstrip().startswith("(")
+        followed_by_call = text[match.end() :].lstrip().startswith("(")
         if not followed_by_call and match.group().lower() not in KEYWORDS:
             names.add(match.group())
     return names
@@ -59,5 +72,10 @@ def label_values_metric(query: str) -> tuple[str, str]:
 def undocumented(names: set[str]) -> set[str]:
     """The raw metric names (no `:`, so not recorded series) that no metric reference lists."""
     text = "\n".join(path.read_text() for path in METRIC_DOCS if path.is_file())
-    return {name for name in names if ":" not in name and name not in PROMETHEUS_SERIES
-            and f"`{re.sub(r'_(bucket|sum|count)$', '', name)}`" not in text}
+    return {
+        name
+        for name in names
+        if ":" not in name
+        and name not in PROMETHEUS_SERIES
+        and f"`{re.sub(r'_(bucket|sum|count)$', '', name)}`" not in text
+    }

@@ -33,10 +33,17 @@ def trainstack_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "trainstack", *args]
 
 
-def run_trainstack(*args: str, timeout: float = 300, env: dict | None = None,
-                   cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(trainstack_command(*args), cwd=cwd, env={**os.environ, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
+def run_trainstack(
+    *args: str, timeout: float = 300, env: dict | None = None, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        trainstack_command(*args),
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def train(run_dir: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -73,8 +80,20 @@ def explain(result: subprocess.CompletedProcess) -> str:
 
 # Constant learning rate: a run stopped at step 7 and continued to the end follows the same schedule as one that
 # ran to the end straight (a decaying schedule depends on --max-steps, which the two runs set differently).
-EXACT = ["--lr-schedule", "constant", "--warmup-steps", "0", "--checkpoint-every", "0", "--batch-size", "4",
-         "--dataset", "tests.factories:indexed_37", "--eval-fraction", "0"]
+EXACT = [
+    "--lr-schedule",
+    "constant",
+    "--warmup-steps",
+    "0",
+    "--checkpoint-every",
+    "0",
+    "--batch-size",
+    "4",
+    "--dataset",
+    "tests.factories:indexed_37",
+    "--eval-fraction",
+    "0",
+]
 # The uninterrupted runs that interrupted and resumed runs must equal bit for bit, one per configuration: each is
 # trained once per session (tests/conftest.py) and read by every test that compares with it. The tiny GPT that can
 # pause on a slow rank (the pause changes no number), so the interrupted runs can be slowed enough to stop mid-run.
@@ -82,8 +101,17 @@ EXACT = ["--lr-schedule", "constant", "--warmup-steps", "0", "--checkpoint-every
 REFERENCE_DDP = (*EXACT, "--model", "tests.factories:pausing_gpt", "--log-every", "1")
 REFERENCE_DDP_STEPS = 30
 # FSDP's units named with --fsdp-wrap, as a factory model needs; the loss logged at every step.
-REFERENCE_FSDP = (*EXACT, "--strategy", "fsdp", "--model", "tests.factories:pausing_gpt", "--fsdp-wrap", "Block",
-                  "--log-every", "1")
+REFERENCE_FSDP = (
+    *EXACT,
+    "--strategy",
+    "fsdp",
+    "--model",
+    "tests.factories:pausing_gpt",
+    "--fsdp-wrap",
+    "Block",
+    "--log-every",
+    "1",
+)
 REFERENCE_FSDP_STEPS = 12
 
 
@@ -92,8 +120,13 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def start(run_dir: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(trainstack_command("train", "--output-dir", str(run_dir), *FAST, *args), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        trainstack_command("train", "--output-dir", str(run_dir), *FAST, *args),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def logged_steps(run_dir: Path) -> int:
@@ -118,8 +151,9 @@ def kill_tree(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def live_run(folder: Path, *args: str, env: dict[str, str] | None = None, steps: int = 2,
-             ranks: int = 2) -> Iterator[str]:
+def live_run(
+    folder: Path, *args: str, env: dict[str, str] | None = None, steps: int = 2, ranks: int = 2
+) -> Iterator[str]:
     """A run (2 CPU ranks unless the host has GPUs) that trains until the test ends; yields its exporter's
     /metrics URL once all `ranks` ranks have made `steps` steps. Stopped by killing the launcher and its
     descendants, each by PID. Later `args` override the defaults."""
@@ -127,10 +161,27 @@ def live_run(folder: Path, *args: str, env: dict[str, str] | None = None, steps:
     log_path = folder / "train.log"
     with log_path.open("w") as log:
         launcher = subprocess.Popen(
-            trainstack_command("train", "--output-dir", str(folder / "run"), "--max-steps", "100000",
-                               "--exporter-port", str(port), "--checkpoint-every", "0", "--log-every", "2",
-                               "--batch-size", "8", *args),
-            cwd=REPO, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+            trainstack_command(
+                "train",
+                "--output-dir",
+                str(folder / "run"),
+                "--max-steps",
+                "100000",
+                "--exporter-port",
+                str(port),
+                "--checkpoint-every",
+                "0",
+                "--log-every",
+                "2",
+                "--batch-size",
+                "8",
+                *args,
+            ),
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         deadline = time.monotonic() + 300
@@ -153,9 +204,15 @@ def live_run(folder: Path, *args: str, env: dict[str, str] | None = None, steps:
 
 def start_watch(run_dir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
     """Watch in a session of its own, as a container's PID 1 or a shell job would be."""
-    return subprocess.Popen(trainstack_command("watch", "--run-dir", str(run_dir), *args), cwd=run_dir.parent,
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        trainstack_command("watch", "--run-dir", str(run_dir), *args),
+        cwd=run_dir.parent,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 # Runs trainstack's CLI with ABSENT unimportable, then prints the exit code and the heavy modules it loaded.
@@ -175,8 +232,9 @@ print(json.dumps({{"exit": code, "loaded": loaded}}))
 
 
 def run_without_torch(*args: str, timeout: float = 120, **popen) -> dict:
-    result = subprocess.run([sys.executable, "-c", WITHOUT_TORCH, *args], capture_output=True, text=True,
-                            timeout=timeout, cwd=REPO, **popen)
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TORCH, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, **popen
+    )
     assert "Traceback" not in result.stderr, result.stderr
     outcome = json.loads(result.stdout.splitlines()[-1])
     return {**outcome, "stdout": result.stdout, "stderr": result.stderr}

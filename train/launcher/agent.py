@@ -48,8 +48,12 @@ def stop_ranks_then_leave(launcher_pid: int) -> None:
     """The launcher is gone: SIGTERM to each rank (those that start later too), as its stop would have sent them;
     the ranks' exits then end the launch as a preemption. Whatever still runs after the grace period is killed."""
     grace = stop_grace()
-    print(f"trainstack: the launcher (PID {launcher_pid}) is gone; stopping the ranks: they save a checkpoint and "
-          f"exit within {grace:g} s", file=sys.stderr, flush=True)
+    print(
+        f"trainstack: the launcher (PID {launcher_pid}) is gone; stopping the ranks: they save a checkpoint and "
+        f"exit within {grace:g} s",
+        file=sys.stderr,
+        flush=True,
+    )
     import psutil
 
     agent, signalled = psutil.Process(), set()
@@ -57,8 +61,11 @@ def stop_ranks_then_leave(launcher_pid: int) -> None:
     while time.monotonic() < deadline:
         signal_new_children(agent, signal.SIGTERM, signalled)
         time.sleep(POLL_SECONDS)
-    print(f"trainstack: the ranks did not stop within {grace:g} s ({STOP_GRACE_ENV}); killing them",
-          file=sys.stderr, flush=True)
+    print(
+        f"trainstack: the ranks did not stop within {grace:g} s ({STOP_GRACE_ENV}); killing them",
+        file=sys.stderr,
+        flush=True,
+    )
     kill_all(agent.children(recursive=True))
     os._exit(EXIT_FAILED)
 
@@ -88,9 +95,11 @@ def exit_code_of(failure: ChildFailedError, rank: int) -> int:
     before it could exit takes the code of another rank that failed for its own reason (the same error, e.g. a
     configuration error on every rank, exit 2); else 1."""
     codes = [failure.failures[rank].exitcode] + [
-        process.exitcode for process in failure.failures.values()
+        process.exitcode
+        for process in failure.failures.values()
         if isinstance(process.error_file_data.get(FAILURE_NOTE_KEY), dict)
-        and not process.error_file_data[FAILURE_NOTE_KEY]["peer_lost"]]
+        and not process.error_file_data[FAILURE_NOTE_KEY]["peer_lost"]
+    ]
     return next((code for code in codes if code > 0), 1)
 
 

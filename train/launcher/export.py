@@ -23,10 +23,15 @@ COMPILED_PREFIX = "_orig_mod."  # torch.compile's wrapper: the plain model has n
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help=f"a checkpoint folder ({SHOWN.checkpoints}/step-N) or a run directory "
-                                           "(its newest checkpoint)")
-    parser.add_argument("--output", help=f"safetensors file to write (default: {SHOWN.exports}/step-N.safetensors);"
-                                         " an existing file is never overwritten")
+    parser.add_argument(
+        "checkpoint",
+        help=f"a checkpoint folder ({SHOWN.checkpoints}/step-N) or a run directory (its newest checkpoint)",
+    )
+    parser.add_argument(
+        "--output",
+        help=f"safetensors file to write (default: {SHOWN.exports}/step-N.safetensors);"
+        " an existing file is never overwritten",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,8 +51,9 @@ def _checkpoint_folder(path: Path) -> Path:
         return path
     found = checkpoint.complete_checkpoints(RunDir(path).checkpoints)
     if not found:
-        raise ConfigError(f"{path} is neither a checkpoint nor a run directory with checkpoints; pass "
-                          f"{SHOWN.checkpoints}/step-N")
+        raise ConfigError(
+            f"{path} is neither a checkpoint nor a run directory with checkpoints; pass {SHOWN.checkpoints}/step-N"
+        )
     return found[-1]
 
 
@@ -70,8 +76,7 @@ def read_dcp(path: Path) -> dict:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     state: dict = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(),
-                     no_dist=True)
+    _load_state_dict(state, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     return state
 
 

@@ -35,8 +35,9 @@ class SupervisedExporter:
     """`start()` returns at once; a thread starts the exporter, waits for its /healthz, announces `url`, and starts
     it again when it ends. `stop()` ends the exporter and the thread."""
 
-    def __init__(self, command: list[str], env: dict[str, str], port: int, host: str, url: str,
-                 say: Callable[[str], None]):
+    def __init__(
+        self, command: list[str], env: dict[str, str], port: int, host: str, url: str, say: Callable[[str], None]
+    ):
         self.command, self.env, self.url, self.say = command, env, url, say
         self.health_url = f"http://{probe_address(host)}:{port}/healthz"
         self.process: subprocess.Popen | None = None
@@ -101,14 +102,27 @@ class SupervisedExporter:
             return None
 
 
-def exporter_beside_run(metrics_dir: Path, run_dir: Path, host: str, port: int, say: Callable[[str], None],
-                        nvml_module: str | None = None) -> SupervisedExporter:
+def exporter_beside_run(
+    metrics_dir: Path, run_dir: Path, host: str, port: int, say: Callable[[str], None], nvml_module: str | None = None
+) -> SupervisedExporter:
     """The exporter a launcher runs beside its run (`trainstack train`, `trainstack watch`): it serves the ranks'
     files in `metrics_dir`, logs GPU snapshots into `run_dir`, and stops when the launcher is gone. Not started."""
-    command = [sys.executable, "-m", "trainstack.monitoring.exporter", "--host", host, "--port", str(port),
-               "--metrics-dir", str(metrics_dir), "--run-dir", str(run_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "trainstack.monitoring.exporter",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--metrics-dir",
+        str(metrics_dir),
+        "--run-dir",
+        str(run_dir),
+    ]
     if nvml_module:
         command += ["--nvml-module", nvml_module]
     env = supervised_by_me({**os.environ, METRICS_DIR_ENV: str(metrics_dir.resolve())})
-    return SupervisedExporter(command, env=env, port=port, host=host, url=f"{exporter_url(host, port)}/metrics",
-                              say=say)
+    return SupervisedExporter(
+        command, env=env, port=port, host=host, url=f"{exporter_url(host, port)}/metrics", say=say
+    )

@@ -51,8 +51,9 @@ def hang_seconds(step_seconds: list[float], before: float | None = None) -> floa
     if given := os.environ.get(HANG_SECONDS_ENV):
         return float(given)
     median = statistics.median(step_seconds) if step_seconds else 0.0
-    seconds = min(max(thresholds.HANG_STEP_MULTIPLE.value * median, thresholds.HANG_FLOOR.value),
-                  thresholds.HANG_CEILING.value)
+    seconds = min(
+        max(thresholds.HANG_STEP_MULTIPLE.value * median, thresholds.HANG_FLOOR.value), thresholds.HANG_CEILING.value
+    )
     return min(seconds, before / 2) if before else seconds
 
 
@@ -108,8 +109,9 @@ class HangWatch:
         if now - self.last_change < hang_seconds(self.step_seconds, self.before):
             return
         self.collected_at_steps = sum(steps.values())
-        self.thread = threading.Thread(target=self.collect, args=(steps, now - self.last_change),
-                                       name="trainstack-hang-collect", daemon=True)
+        self.thread = threading.Thread(
+            target=self.collect, args=(steps, now - self.last_change), name="trainstack-hang-collect", daemon=True
+        )
         self.thread.start()
 
     def last_line(self) -> str | None:
@@ -144,11 +146,14 @@ class HangWatch:
     def _collect(self, steps: dict[str, float], quiet: float) -> Hang:
         stall = self.new_stall_dir()
         self.stall_dir = stall
-        self.say(f"hang: no rank has stepped for {quiet:.0f} s; collecting each rank's stack and collectives into "
-                 f"{stall}")
+        self.say(
+            f"hang: no rank has stepped for {quiet:.0f} s; collecting each rank's stack and collectives into {stall}"
+        )
         pids = self.rank_pids()
-        ranks = {rank: {"steps": steps.get(rank), "pid": pids.get(rank), "alive": _alive(pids.get(rank))}
-                 for rank in sorted({*steps, *pids}, key=int)}
+        ranks = {
+            rank: {"steps": steps.get(rank), "pid": pids.get(rank), "alive": _alive(pids.get(rank))}
+            for rank in sorted({*steps, *pids}, key=int)
+        }
         stack_note = self.pyspy(stall, pids)
         request = self.metrics_dir / HANG_REQUEST_FILE
         partial = self.metrics_dir / (HANG_REQUEST_FILE + ".tmp")
@@ -162,8 +167,7 @@ class HangWatch:
         for rank in live:
             if not files.answer(rank).exists():
                 self.faulthandler(stall, rank, pids[rank])
-        files.collection.write_text(json.dumps({"quiet_seconds": quiet, "ranks": ranks,
-                                                         "stack_note": stack_note}))
+        files.collection.write_text(json.dumps({"quiet_seconds": quiet, "ranks": ranks, "stack_note": stack_note}))
         verdict = analyze(stall)
         files.verdict.write_text(json.dumps(verdict.as_json(), indent=1))
         self.say(f"hang: {verdict.headline} (evidence: {stall})")
@@ -192,8 +196,9 @@ class HangWatch:
         failures = []
         for rank, pid in pids.items():
             try:
-                done = subprocess.run([pyspy, "dump", "--full-filenames", "--pid", str(pid)], capture_output=True,
-                                      text=True, timeout=20)
+                done = subprocess.run(
+                    [pyspy, "dump", "--full-filenames", "--pid", str(pid)], capture_output=True, text=True, timeout=20
+                )
             except (OSError, subprocess.TimeoutExpired) as error:
                 failures.append(f"rank {rank}: {error}")
                 continue
@@ -202,8 +207,11 @@ class HangWatch:
             else:
                 failures.append(f"rank {rank}: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
         if failures:
-            return ("py-spy could not attach (it needs ptrace: root or CAP_SYS_PTRACE): " + "; ".join(failures) +
-                    "; stacks from the ranks' own dumps")
+            return (
+                "py-spy could not attach (it needs ptrace: root or CAP_SYS_PTRACE): "
+                + "; ".join(failures)
+                + "; stacks from the ranks' own dumps"
+            )
         return None
 
     def faulthandler(self, stall: Path, rank: str, pid: int) -> None:

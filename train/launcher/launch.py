@@ -79,8 +79,9 @@ def resume_point(config: train_config.TrainConfig) -> Path | None:
     """The checkpoint to resume from, after tidying the checkpoints folder: only under the lease."""
     checkpoints = RunDir(config.run_dir).checkpoints
     checkpoint.remove_unsealed(checkpoints)  # a save killed part-way: never loadable
-    folder = checkpoint.resolve_resume(config.resume, checkpoints,
-                                       lambda line: print(f"trainstack train: warning: {line}", file=sys.stderr))
+    folder = checkpoint.resolve_resume(
+        config.resume, checkpoints, lambda line: print(f"trainstack train: warning: {line}", file=sys.stderr)
+    )
     if folder:
         checkpoint.require_strategy(folder, checkpoint.read_train_state(folder), config.strategy)
     return folder
@@ -105,8 +106,10 @@ def completed_before(config: train_config.TrainConfig) -> str | None:
     lower_step_limit = config.epochs == saved.get("epochs") == 0 and 0 < config.max_steps <= steps
     if not (same_target or lower_step_limit):
         return None
-    return (f"{run_dir.path} already holds a completed run ({steps} steps, run {summary.get('run_id')}); nothing "
-            "changed: raise --max-steps or --epochs to train further, or choose another --output-dir")
+    return (
+        f"{run_dir.path} already holds a completed run ({steps} steps, run {summary.get('run_id')}); nothing "
+        "changed: raise --max-steps or --epochs to train further, or choose another --output-dir"
+    )
 
 
 def wait_for_rendezvous_host(launch: LaunchConfig) -> None:
@@ -119,8 +122,10 @@ def wait_for_rendezvous_host(launch: LaunchConfig) -> None:
             return
         except socket.gaierror:
             if time.monotonic() > deadline:
-                raise ConfigError(f"rendezvous host {launch.master_addr!r} did not resolve within "
-                                  f"{launch.rendezvous_timeout:g} s; check --master-addr / MASTER_ADDR") from None
+                raise ConfigError(
+                    f"rendezvous host {launch.master_addr!r} did not resolve within "
+                    f"{launch.rendezvous_timeout:g} s; check --master-addr / MASTER_ADDR"
+                ) from None
             if not announced:
                 print(f"trainstack train: waiting for {launch.master_addr} to resolve", file=sys.stderr)
                 announced = True
@@ -128,8 +133,15 @@ def wait_for_rendezvous_host(launch: LaunchConfig) -> None:
 
 
 class Launch:
-    def __init__(self, config: train_config.TrainConfig, launch: LaunchConfig, resume_from: Path | None,
-                 run_id: str, lease: RunDirLease | None = None, judge: Judge | None = None):
+    def __init__(
+        self,
+        config: train_config.TrainConfig,
+        launch: LaunchConfig,
+        resume_from: Path | None,
+        run_id: str,
+        lease: RunDirLease | None = None,
+        judge: Judge | None = None,
+    ):
         self.config, self.launch, self.resume_from = config, launch, resume_from
         self.judge = judge
         self.run_dir = RunDir(config.run_dir)
@@ -172,8 +184,10 @@ class Launch:
         self.run_dir.set_aside(self.run_id, files, say)
 
     def rank_environment(self) -> dict[str, str]:
-        env = {**os.environ,
-               **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time(), LAUNCHER_TRAIN)}
+        env = {
+            **os.environ,
+            **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time(), LAUNCHER_TRAIN),
+        }
         if self.resume_from:
             env[VERIFIED_CHECKPOINT_ENV] = str(self.resume_from)  # hashed in preflight; ranks check sizes only
         env[NNODES_ENV] = str(self.launch.nnodes)
@@ -188,11 +202,25 @@ class Launch:
 
     def rank_command(self) -> list[str]:
         launch = self.launch
-        command = [sys.executable, "-m", "trainstack.train.launcher.agent",
-                   "--num_processes", str(launch.world_size), "--num_machines", str(launch.nnodes),
-                   "--machine_rank", str(launch.node_rank), "--main_process_ip", launch.master_addr,
-                   "--main_process_port", str(launch.master_port), "--mixed_precision", self.config.mixed_precision,
-                   "--dynamo_backend", "no"]
+        command = [
+            sys.executable,
+            "-m",
+            "trainstack.train.launcher.agent",
+            "--num_processes",
+            str(launch.world_size),
+            "--num_machines",
+            str(launch.nnodes),
+            "--machine_rank",
+            str(launch.node_rank),
+            "--main_process_ip",
+            launch.master_addr,
+            "--main_process_port",
+            str(launch.master_port),
+            "--mixed_precision",
+            self.config.mixed_precision,
+            "--dynamo_backend",
+            "no",
+        ]
         if self.config.strategy == "fsdp":
             # Accelerate's FSDP launch starts torchrun even for one rank: FSDP needs the process group that a
             # plain one-process launch does not create. CPU ranks: ACCELERATE_USE_CPU=1 as below.
@@ -202,15 +230,22 @@ class Launch:
             command.append("--multi_gpu")
         elif launch.use_cpu:
             command.append("--cpu")
-        command += ["-m", "trainstack.train.rank", "--config", str(self.run_dir.config),
-                    "--resume", str(self.resume_from) if self.resume_from else "never"]
+        command += [
+            "-m",
+            "trainstack.train.rank",
+            "--config",
+            str(self.run_dir.config),
+            "--resume",
+            str(self.resume_from) if self.resume_from else "never",
+        ]
         return command
 
     def start_exporter(self) -> None:
         if not self.launch.exporter_port:
             return
-        self.exporter = exporter_beside_run(self.metrics_dir, self.run_dir.path, self.launch.exporter_host,
-                                            self.launch.exporter_port, say)
+        self.exporter = exporter_beside_run(
+            self.metrics_dir, self.run_dir.path, self.launch.exporter_host, self.launch.exporter_port, say
+        )
         self.exporter.start()
 
     def _on_signal(self, signum, frame) -> None:
@@ -230,8 +265,10 @@ class Launch:
             return
         grace = stop_grace()
         if self.ranks.returncode < 0:  # an agent that returned waited for its ranks: at most a loader worker is left
-            say(f"the rank agent (PID {self.ranks.pid}) {describe_end(self.ranks.returncode)} while {len(left)} of "
-                f"its processes ran; waiting up to {grace:g} s for the ranks to save a checkpoint and exit")
+            say(
+                f"the rank agent (PID {self.ranks.pid}) {describe_end(self.ranks.returncode)} while {len(left)} of "
+                f"its processes ran; waiting up to {grace:g} s for the ranks to save a checkpoint and exit"
+            )
         wait_or_kill(left, grace + 10, say)  # the ranks' own deadline comes first
 
     def run(self) -> int:
@@ -247,8 +284,12 @@ class Launch:
             # launcher is killed alone.
             failures, failure_writer = os.pipe()
             env = {**self.rank_environment(), FAILURE_FD_ENV: str(failure_writer)}
-            self.ranks = subprocess.Popen(self.rank_command(), env=env, start_new_session=True, pass_fds=(
-                failure_writer, *((self.lease.fd,) if self.lease and self.lease.fd else ())))
+            self.ranks = subprocess.Popen(
+                self.rank_command(),
+                env=env,
+                start_new_session=True,
+                pass_fds=(failure_writer, *((self.lease.fd,) if self.lease and self.lease.fd else ())),
+            )
             os.close(failure_writer)
             run_processes = Descendants(self.ranks.pid)  # should the agent die, what it started is found here
             self.hangs = HangWatch(self.run_dir, self.metrics_dir, say, self.config.collective_timeout)
@@ -277,8 +318,11 @@ class Launch:
         runs, and only when written since it started."""
         summary_path = self.run_dir.summary
         summary = read_summary(summary_path)
-        if (self.launch.node_rank == 0 and summary.get("run_id") == self.run_id
-                and summary_path.stat().st_mtime >= self.started):
+        if (
+            self.launch.node_rank == 0
+            and summary.get("run_id") == self.run_id
+            and summary_path.stat().st_mtime >= self.started
+        ):
             return summary
         return {}
 
@@ -291,9 +335,15 @@ class Launch:
             return
         try:
             judged = self.judge(self.run_dir.path) if self.judge else None
-            write_summary(self.run_dir.summary, {**summary, "time_breakdown": times,
-                                                 "ceilings": ceilings.as_json(ceilings.from_breakdown(times)),
-                                                 **({"verdicts": judged} if judged is not None else {})})
+            write_summary(
+                self.run_dir.summary,
+                {
+                    **summary,
+                    "time_breakdown": times,
+                    "ceilings": ceilings.as_json(ceilings.from_breakdown(times)),
+                    **({"verdicts": judged} if judged is not None else {}),
+                },
+            )
         except WriteFailure as failure:
             print(f"trainstack train: warning: no time breakdown in the summary: {failure}", file=sys.stderr)
 
@@ -302,8 +352,10 @@ class Launch:
         summary_path = self.run_dir.summary
         summary = self.summary_of_this_launch()
         if summary:
-            print(f"trainstack train: {summary['exit_reason']} after {summary['steps']} steps; {summary_path}",
-                  file=sys.stderr)
+            print(
+                f"trainstack train: {summary['exit_reason']} after {summary['steps']} steps; {summary_path}",
+                file=sys.stderr,
+            )
             if summary["exit_reason"] == "preempted":
                 print("trainstack train: checkpoint saved; rerun the same command to resume", file=sys.stderr)
             if self.failed_rank:  # the agent's exit code is the rank's that failed first, rank 0's may be a peer's
@@ -338,6 +390,7 @@ def read_failed_rank(pipe: int) -> str | None:
 
 def write_report(run_dir: Path, render: Callable[[Path], Path]) -> int:
     """run_report.write_report; a report the storage refused ends naming the newest intact checkpoint."""
+
     def kept() -> str:
         newest = checkpoint.newest_intact(RunDir(run_dir).checkpoints)
         return f"; the checkpoints are untouched, the newest intact is {newest}" if newest else ""
@@ -351,8 +404,9 @@ def _stop_before_ranks(signum, frame) -> None:
     raise SystemExit(EXIT_PREEMPTED)
 
 
-def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | None = None,
-        judge: Judge | None = None) -> int:
+def run(
+    args: argparse.Namespace, write_report_with: Callable[[Path], Path] | None = None, judge: Judge | None = None
+) -> int:
     """The launch; then, with --report on node 0, `write_report_with(run_dir)` while the lease is still held.
     `judge(run_dir)`: the finished run's verdicts for summary.json (run_report.Judge)."""
     launch = LaunchConfig.from_args(args)
@@ -378,8 +432,10 @@ def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | No
             code = code or report  # a report the disk refused fails a run that trained to its end
         hang = launched.hangs.last_line() if getattr(launched, "hangs", None) else None
         if launched.failed_rank:  # the last line: the one a user reads first
-            print(f"trainstack train: {launched.failed_rank}{f'; where the ranks waited: {hang}' if hang else ''}",
-                  file=sys.stderr)
+            print(
+                f"trainstack train: {launched.failed_rank}{f'; where the ranks waited: {hang}' if hang else ''}",
+                file=sys.stderr,
+            )
         elif hang and code:
             print(f"trainstack train: the run ended in a hang: {hang}", file=sys.stderr)
         return code

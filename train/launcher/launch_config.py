@@ -69,8 +69,9 @@ class LaunchConfig:
         if self.nnodes < 1:
             raise ConfigError(f"--nnodes must be at least 1, got {self.nnodes}")
         if not 0 <= self.node_rank < self.nnodes:
-            raise ConfigError(f"--node-rank must be in 0..{self.nnodes - 1} for {self.nnodes} nodes, got "
-                              f"{self.node_rank}")
+            raise ConfigError(
+                f"--node-rank must be in 0..{self.nnodes - 1} for {self.nnodes} nodes, got {self.node_rank}"
+            )
         check_port("--master-port", self.master_port)
         check_port("--exporter-port", self.exporter_port, zero_means="to run no exporter")
 
@@ -92,8 +93,10 @@ class LaunchConfig:
         if nproc is None:
             nproc = CPU_STAND_IN_RANKS if use_cpu else gpus
         elif not use_cpu and nproc > gpus:
-            raise ConfigError(f"--nproc-per-node {nproc} but only {gpus} GPU(s) are visible; one rank per GPU "
-                              "(check CUDA_VISIBLE_DEVICES) or pass --cpu")
+            raise ConfigError(
+                f"--nproc-per-node {nproc} but only {gpus} GPU(s) are visible; one rank per GPU "
+                "(check CUDA_VISIBLE_DEVICES) or pass --cpu"
+            )
         nnodes = args.nnodes or env_int("NNODES", "PET_NNODES") or 1
         node_rank = node_rank_of(args)
         master_port = args.master_port or env_int("MASTER_PORT", "PET_MASTER_PORT")
@@ -101,10 +104,14 @@ class LaunchConfig:
             # A single-node job needs no fixed port; a free one lets several jobs share a host.
             master_port = DEFAULT_MASTER_PORT if nnodes > 1 else free_port()
         return cls(
-            nproc_per_node=nproc, nnodes=nnodes, node_rank=node_rank,
+            nproc_per_node=nproc,
+            nnodes=nnodes,
+            node_rank=node_rank,
             master_addr=args.master_addr or _env_str("MASTER_ADDR", "PET_MASTER_ADDR") or "127.0.0.1",
-            master_port=master_port, use_cpu=use_cpu,
-            exporter_port=args.exporter_port, exporter_host=args.exporter_host,
+            master_port=master_port,
+            use_cpu=use_cpu,
+            exporter_port=args.exporter_port,
+            exporter_host=args.exporter_host,
             rendezvous_timeout=args.rendezvous_timeout,
         )
 
@@ -116,13 +123,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--nnodes", type=int, help="nodes in the job (env NNODES; default 1)")
     group.add_argument("--node-rank", type=int, help="this node's rank (env NODE_RANK or JOB_COMPLETION_INDEX)")
     group.add_argument("--master-addr", help="rendezvous host: node 0's address (env MASTER_ADDR)")
-    group.add_argument("--master-port", type=int, help=f"rendezvous port (env MASTER_PORT; default: "
-                       f"{DEFAULT_MASTER_PORT} multi-node, a free port single-node)")
-    group.add_argument("--rendezvous-timeout", type=float, default=600.0,
-                       help="seconds to wait for the rendezvous host's name to resolve (default: 600)")
+    group.add_argument(
+        "--master-port",
+        type=int,
+        help=f"rendezvous port (env MASTER_PORT; default: {DEFAULT_MASTER_PORT} multi-node, a free port single-node)",
+    )
+    group.add_argument(
+        "--rendezvous-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for the rendezvous host's name to resolve (default: 600)",
+    )
     group.add_argument("--cpu", action="store_true", help="run CPU ranks over gloo even if GPUs are present")
-    group.add_argument("--skip-doctor", action="store_true",
-                       help="start even if a preflight check FAILs (trainstack doctor shows them)")
+    group.add_argument(
+        "--skip-doctor",
+        action="store_true",
+        help="start even if a preflight check FAILs (trainstack doctor shows them)",
+    )
     add_beside_run_arguments(group)
 
 
@@ -136,15 +153,35 @@ def lease_wait(args: argparse.Namespace) -> float:
 def add_beside_run_arguments(group: argparse._ActionsContainer) -> None:
     """What a launcher does beside the run it starts (`trainstack train`, `trainstack watch`): the exporter, the
     report at the end, the run directory's lease."""
-    group.add_argument("--exporter-port", type=int, default=DEFAULT_EXPORTER_PORT,
-                       help=f"metrics exporter port (default: {DEFAULT_EXPORTER_PORT}; 0 turns it off)")
-    group.add_argument("--exporter-host", default=DEFAULT_EXPORTER_HOST,
-                       help=f"address the exporter binds (default: {DEFAULT_EXPORTER_HOST}; 0.0.0.0 in containers)")
-    group.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
-                       help=f"write {SHOWN.report} when the run ends (default: on)")
-    group.add_argument("--wait-for-lease", type=float, default=0.0, metavar="SECONDS",
-                       help="when another launcher holds the run directory, wait this long for it to finish "
-                       "instead of exiting 2 (default: 0)")
-    group.add_argument("--lease-timeout", type=float, metavar="SECONDS",
-                       help=f"a holder on another host whose heartbeat is older than this is taken over (env "
-                       f"{LEASE_TIMEOUT_ENV}; default: {DEFAULT_TIMEOUT_SECONDS:g})")
+    group.add_argument(
+        "--exporter-port",
+        type=int,
+        default=DEFAULT_EXPORTER_PORT,
+        help=f"metrics exporter port (default: {DEFAULT_EXPORTER_PORT}; 0 turns it off)",
+    )
+    group.add_argument(
+        "--exporter-host",
+        default=DEFAULT_EXPORTER_HOST,
+        help=f"address the exporter binds (default: {DEFAULT_EXPORTER_HOST}; 0.0.0.0 in containers)",
+    )
+    group.add_argument(
+        "--report",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=f"write {SHOWN.report} when the run ends (default: on)",
+    )
+    group.add_argument(
+        "--wait-for-lease",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="when another launcher holds the run directory, wait this long for it to finish "
+        "instead of exiting 2 (default: 0)",
+    )
+    group.add_argument(
+        "--lease-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"a holder on another host whose heartbeat is older than this is taken over (env "
+        f"{LEASE_TIMEOUT_ENV}; default: {DEFAULT_TIMEOUT_SECONDS:g})",
+    )

@@ -62,7 +62,7 @@ class Holder:
 
     def describe(self) -> str:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
-        return (f"host {self.host} PID {self.pid} (run {self.run_id}, node {self.node_rank}) since {since}")
+        return f"host {self.host} PID {self.pid} (run {self.run_id}, node {self.node_rank}) since {since}"
 
 
 def this_machine() -> str:
@@ -106,10 +106,20 @@ def lease_timeout(value: float | None) -> float:
 class RunDirLease:
     """Take with `acquire()`, give back with `release()`; a heartbeat thread keeps it fresh in between."""
 
-    def __init__(self, run_dir: Path, run_id: str, node_rank: int = 0, timeout: float = DEFAULT_TIMEOUT_SECONDS, *,
-                 say: Callable[[str], None] | None = None, clock: Callable[[], float] = time.time,
-                 machine: str | None = None, pid: int | None = None,
-                 alive: Callable[[int, float], bool] = process_alive, dir_flag: str = "--output-dir"):
+    def __init__(
+        self,
+        run_dir: Path,
+        run_id: str,
+        node_rank: int = 0,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        *,
+        say: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        machine: str | None = None,
+        pid: int | None = None,
+        alive: Callable[[int, float], bool] = process_alive,
+        dir_flag: str = "--output-dir",
+    ):
         self.run_dir = Path(run_dir)
         self.dir_flag = dir_flag  # the option that chose the run directory, for the line that refuses it
         self.folder = RunDir(self.run_dir).lease
@@ -118,9 +128,17 @@ class RunDirLease:
         self.say = say or (lambda line: print(f"trainstack train: {line}", file=sys.stderr, flush=True))
         self.clock, self.alive = clock, alive
         pid = os.getpid() if pid is None else pid
-        self.me = Holder(run_id=run_id, node_rank=node_rank, host=socket.gethostname(),
-                         machine=machine or this_machine(), pid=pid, pid_started=process_start_time(pid) or 0.0,
-                         since=0.0, timeout=timeout, token=secrets.token_hex(8))
+        self.me = Holder(
+            run_id=run_id,
+            node_rank=node_rank,
+            host=socket.gethostname(),
+            machine=machine or this_machine(),
+            pid=pid,
+            pid_started=process_start_time(pid) or 0.0,
+            since=0.0,
+            timeout=timeout,
+            token=secrets.token_hex(8),
+        )
         self._fd: int | None = None
         self._made: list[Path] = []  # folders acquire() created, removed again on release when empty
         self._stop = threading.Event()
@@ -141,10 +159,10 @@ class RunDirLease:
             if time.monotonic() >= deadline:
                 raise LeaseHeld(
                     f"{self.run_dir} is in use by another trainstack launcher: {holder.describe()}; wait for it "
-                    f"to finish, pass --wait-for-lease SECONDS to wait for it, or choose another {self.dir_flag}")
+                    f"to finish, pass --wait-for-lease SECONDS to wait for it, or choose another {self.dir_flag}"
+                )
             if not announced:
-                self.say(f"{self.run_dir} is in use by {holder.describe()}; waiting up to {wait:g} s for it to "
-                         "finish")
+                self.say(f"{self.run_dir} is in use by {holder.describe()}; waiting up to {wait:g} s for it to finish")
                 announced = True
             time.sleep(min(POLL_SECONDS, max(deadline - time.monotonic(), 0.0)))
 
@@ -319,8 +337,7 @@ class RunDirLease:
             if seen is None:
                 return True
             current, current_heartbeat, locked = seen
-            if locked or (current.token if current else current_heartbeat) != (holder.token if holder
-                                                                                  else heartbeat):
+            if locked or (current.token if current else current_heartbeat) != (holder.token if holder else heartbeat):
                 return False
             path.unlink(missing_ok=True)
         finally:
@@ -359,5 +376,7 @@ class RunDirLease:
                 continue  # a network volume's hiccup: the next beat tries again, well within the timeout
             if not self.lost and not self._still_mine():
                 self.lost = True
-                self.say(f"warning: the lease of {self.run_dir} was taken over: this launcher's heartbeats "
-                         f"stopped for longer than {self.timeout:g} s")
+                self.say(
+                    f"warning: the lease of {self.run_dir} was taken over: this launcher's heartbeats "
+                    f"stopped for longer than {self.timeout:g} s"
+                )

@@ -15,8 +15,9 @@ Judge = Callable[[Path], "list[dict] | None"]
 renderer is; None where no rank recorded anything to judge."""
 
 
-def write_report(run_dir: Path, render: Callable[[Path], Path], program: str,
-                 kept: Callable[[], str] = lambda: "") -> int:
+def write_report(
+    run_dir: Path, render: Callable[[Path], Path], program: str, kept: Callable[[], str] = lambda: ""
+) -> int:
     """`render` (trainstack.monitoring.report.write_report) writes the report. Returns EXIT_RUNTIME when the storage
     refused it (one line said so, ending with `kept()`: what is safe regardless), else EXIT_OK."""
     try:

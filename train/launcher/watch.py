@@ -78,19 +78,31 @@ def say(line: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
-                        help=f"run directory: the command's telemetry, GPU snapshots and report (default: "
-                             f"{DEFAULT_RUN_DIR})")
-    parser.add_argument("--node-rank", type=int,
-                        help="this node's rank, for a command that spans nodes (env NODE_RANK, PET_NODE_RANK or "
-                             "JOB_COMPLETION_INDEX; default 0): each node holds its own lease file and metrics "
-                             "folder, node 0 writes the report")
-    parser.add_argument("--nvml-module",
-                        help="the exporter's NVML module (default pynvml); trainstack.monitoring.nvml_fake is a fake "
-                             "host for trying it without a GPU (NVML_FAKE_HOST names the host)")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=DEFAULT_RUN_DIR,
+        help=f"run directory: the command's telemetry, GPU snapshots and report (default: {DEFAULT_RUN_DIR})",
+    )
+    parser.add_argument(
+        "--node-rank",
+        type=int,
+        help="this node's rank, for a command that spans nodes (env NODE_RANK, PET_NODE_RANK or "
+        "JOB_COMPLETION_INDEX; default 0): each node holds its own lease file and metrics "
+        "folder, node 0 writes the report",
+    )
+    parser.add_argument(
+        "--nvml-module",
+        help="the exporter's NVML module (default pynvml); trainstack.monitoring.nvml_fake is a fake "
+        "host for trying it without a GPU (NVML_FAKE_HOST names the host)",
+    )
     add_beside_run_arguments(parser)
-    parser.add_argument("watched", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
-                        help="the command to run, e.g. -- torchrun --nproc-per-node 8 train.py")
+    parser.add_argument(
+        "watched",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ...",
+        help="the command to run, e.g. -- torchrun --nproc-per-node 8 train.py",
+    )
 
 
 def command_of(args: argparse.Namespace) -> list[str]:
@@ -102,8 +114,10 @@ def command_of(args: argparse.Namespace) -> list[str]:
     program = command[0]
     if shutil.which(program) is None:
         if os.sep in program and os.path.isfile(program):
-            raise ConfigError(f"{program} is not executable: chmod +x it, or name its interpreter "
-                              f"(`trainstack watch -- python {program}`)")
+            raise ConfigError(
+                f"{program} is not executable: chmod +x it, or name its interpreter "
+                f"(`trainstack watch -- python {program}`)"
+            )
         where = "does not exist" if os.sep in program else "is not on PATH"
         raise ConfigError(f"command not found: {program} {where}; check its spelling, or install it")
     return command
@@ -148,8 +162,15 @@ class Watch:
     """One run of the command; `run()` returns its exit status. The signals watch gets from the moment the lease
     is held go through `on_signal`: to the command while it runs, ignored after (the report takes seconds)."""
 
-    def __init__(self, command: list[str], args: argparse.Namespace, run_dir: RunDir, node_rank: int, run_id: str,
-                 lease: RunDirLease):
+    def __init__(
+        self,
+        command: list[str],
+        args: argparse.Namespace,
+        run_dir: RunDir,
+        node_rank: int,
+        run_id: str,
+        lease: RunDirLease,
+    ):
         self.command, self.args, self.run_dir = command, args, run_dir
         self.node_rank, self.run_id, self.lease = node_rank, run_id, lease
         self.metrics_dir = run_dir.node_metrics(node_rank)
@@ -166,8 +187,12 @@ class Watch:
             self.metrics_dir.mkdir(parents=True)
             self.run_dir.telemetry.mkdir(exist_ok=True)
             if self.node_rank == 0 and not os.environ.get(RUN_ID_ENV):
-                earlier = [*self.run_dir.all_rank_records().values(), self.run_dir.gpu_log, self.run_dir.summary,
-                           self.run_dir.report]
+                earlier = [
+                    *self.run_dir.all_rank_records().values(),
+                    self.run_dir.gpu_log,
+                    self.run_dir.summary,
+                    self.run_dir.report,
+                ]
                 self.run_dir.set_aside(self.run_id, earlier, say)
         except OSError as error:
             failure = write_failure(error, "the run directory", self.run_dir.path)
@@ -179,15 +204,14 @@ class Watch:
         # Not the supervisor's PID: it names a process's parent, and the command's own processes (torchrun's
         # workers) are not watch's children; trainstack code in them would take watch for gone.
         env = {name: value for name, value in os.environ.items() if name != SUPERVISOR_PID_ENV}
-        env = {**env, **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time(),
-                                         LAUNCHER_WATCH)}
+        env = {**env, **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time(), LAUNCHER_WATCH)}
         return {**env, **hang_environment(self.run_dir.path, self.run_id, env)}
 
     def on_signal(self, signum, frame) -> None:
         self.received.append(signum)
 
     def _forward(self, command: subprocess.Popen) -> None:
-        for signum in self.received[self.forwarded:]:
+        for signum in self.received[self.forwarded :]:
             try:
                 if signum == signal.SIGINT:
                     os.killpg(command.pid, signum)
@@ -225,8 +249,14 @@ class Watch:
         series = CommandState(self.metrics_dir, self.command, self.run_id)
         exporter = None
         if self.args.exporter_port:
-            exporter = exporter_beside_run(self.metrics_dir, self.run_dir.path, self.args.exporter_host,
-                                           self.args.exporter_port, say, self.args.nvml_module)
+            exporter = exporter_beside_run(
+                self.metrics_dir,
+                self.run_dir.path,
+                self.args.exporter_host,
+                self.args.exporter_port,
+                say,
+                self.args.nvml_module,
+            )
             exporter.start()
         try:
             if self.received:  # while the exporter started
@@ -245,8 +275,10 @@ class Watch:
                 if hint_at is not None and time.monotonic() >= hint_at:
                     hint_at = None
                     if not self._ranks_recorded():
-                        say(f"uninstrumented: the command runs, but no rank has started records "
-                            f"({SHOWN.rank_records('<r>')}), so only its GPUs are seen; {INSTRUMENT_HINT}")
+                        say(
+                            f"uninstrumented: the command runs, but no rank has started records "
+                            f"({SHOWN.rank_records('<r>')}), so only its GPUs are seen; {INSTRUMENT_HINT}"
+                        )
                 time.sleep(POLL_SECONDS)
             self.ended_at = time.time()
             say(f"the command {describe_end(command.returncode)}")
@@ -266,11 +298,16 @@ class Watch:
         times = breakdown.of_run(self.run_dir.path)
         signalled = any(signum in (signal.SIGTERM, signal.SIGINT) for signum in self.received)
         return {
-            "run_id": self.run_id, "launcher": LAUNCHER_WATCH, "command": shlex.join(self.command),
-            "exit_code": code, "exit_reason": "completed" if code == 0 else "preempted" if signalled else "failed",
-            "started": self.started_at, "wall_seconds": self.ended_at - self.started_at,
+            "run_id": self.run_id,
+            "launcher": LAUNCHER_WATCH,
+            "command": shlex.join(self.command),
+            "exit_code": code,
+            "exit_reason": "completed" if code == 0 else "preempted" if signalled else "failed",
+            "started": self.started_at,
+            "wall_seconds": self.ended_at - self.started_at,
             "world_size": len(times["ranks"]) if times else None,
-            "goodput": times["goodput"] if times else None, "time_breakdown": times,
+            "goodput": times["goodput"] if times else None,
+            "time_breakdown": times,
             **({"ceilings": ceilings.as_json(ceilings.from_breakdown(times))} if times else {}),
             **({"verdicts": judged} if judge and (judged := judge(self.run_dir.path)) is not None else {}),
         }
@@ -288,14 +325,16 @@ class Watch:
         """Own session: a terminal's signals reach watch alone, which passes them on. The command inherits the
         lease file, so its flock holds while the command may write, even if watch is killed alone."""
         try:
-            return subprocess.Popen(self.command, env=self.command_environment(), start_new_session=True,
-                                    pass_fds=(self.lease.fd,))
+            return subprocess.Popen(
+                self.command, env=self.command_environment(), start_new_session=True, pass_fds=(self.lease.fd,)
+            )
         except OSError as error:  # found and executable, yet the kernel refused it (no #! line, a bad binary)
             raise ConfigError(f"{self.command[0]} cannot be started: {error.strerror}") from None
 
 
-def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | None = None,
-        judge: Judge | None = None) -> int:
+def run(
+    args: argparse.Namespace, write_report_with: Callable[[Path], Path] | None = None, judge: Judge | None = None
+) -> int:
     """The watched run; then, with --report on node 0, `write_report_with(run_dir)` while the lease is still held.
     `judge(run_dir)`: the finished run's verdicts for summary.json (run_report.Judge)."""
     command = command_of(args)
@@ -326,4 +365,3 @@ def run(args: argparse.Namespace, write_report_with: Callable[[Path], Path] | No
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-

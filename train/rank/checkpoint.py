@@ -104,8 +104,10 @@ def require_strategy(folder: Path, train_state: dict, strategy: str) -> None:
     other. Checkpoints from before --strategy existed are DDP's."""
     saved = train_state.get("strategy", "ddp")
     if saved != strategy:
-        raise ConfigError(f"checkpoint {folder} was written with --strategy {saved}; resume it with --strategy "
-                          f"{saved}, or start a new --output-dir from its weights (`trainstack export`)")
+        raise ConfigError(
+            f"checkpoint {folder} was written with --strategy {saved}; resume it with --strategy "
+            f"{saved}, or start a new --output-dir from its weights (`trainstack export`)"
+        )
 
 
 def batches_per_rank(train_state: dict, world_size: int) -> int:
@@ -198,8 +200,14 @@ def drop_tied_aliases(models, weights: list[dict], output_dir: str) -> None:
             tensor = state[name]
             if not isinstance(tensor, torch.Tensor):
                 continue
-            key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.dtype,
-                   tuple(tensor.shape), tensor.stride())
+            key = (
+                tensor.device,
+                tensor.untyped_storage().data_ptr(),
+                tensor.storage_offset(),
+                tensor.dtype,
+                tuple(tensor.shape),
+                tensor.stride(),
+            )
             if key in seen:
                 del state[name]
             seen.add(key)

@@ -71,8 +71,15 @@ class Checkpointer:
             accelerator.save_state(str(temporary))
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
-                checkpoint.seal(temporary, {**p.state(), "world_size": accelerator.num_processes,
-                                            "strategy": self.strategy, SEGMENTS_KEY: record.segments(p)})
+                checkpoint.seal(
+                    temporary,
+                    {
+                        **p.state(),
+                        "world_size": accelerator.num_processes,
+                        "strategy": self.strategy,
+                        SEGMENTS_KEY: record.segments(p),
+                    },
+                )
                 checkpoint.publish(temporary, final)
                 checkpoint.rotate(self.root, self.keep)
         except (OSError, RuntimeError) as error:

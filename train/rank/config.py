@@ -25,8 +25,13 @@ LR_SCHEDULES = ("cosine", "linear", "constant")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 # What a run on CUDA GPUs trains when the configuration leaves these out: a GPU-sized model on sequences that
 # need no padding, in bf16 where the GPU has it. CPU runs keep the field defaults (a minute-long `make run`).
-CUDA_DEFAULTS = {"model": "builtin:gpt2-small", "dataset": "builtin:full-sequences", "seq_len": 1024,
-                 "batch_size": 32, "mixed_precision": "bf16 (no on GPUs without bf16)"}
+CUDA_DEFAULTS = {
+    "model": "builtin:gpt2-small",
+    "dataset": "builtin:full-sequences",
+    "seq_len": 1024,
+    "batch_size": 32,
+    "mixed_precision": "bf16 (no on GPUs without bf16)",
+}
 STRATEGIES = ("ddp", "fsdp")
 
 
@@ -49,12 +54,21 @@ class TrainConfig:
     weight_decay: float = _option(0.01, "AdamW weight decay")
     max_grad_norm: float = _option(1.0, "clip the gradient norm to this (0: no clipping)")
     mixed_precision: str = _option("no", "no, fp16 (CUDA only) or bf16")
-    compile: bool = _option(False, "compile the model with torch.compile; batches are padded to --bucket-size "
-                                   "multiples so that few shapes compile")
-    compile_backend: str = _option("inductor", "torch.compile backend: inductor (generates kernels), or aot_eager "
-                                               "and eager (no code generation: for debugging)")
-    bucket_size: int = _option(128, "with --compile, pad each batch's length up to a multiple of this (at most "
-                                    "--seq-len): at most seq-len / bucket-size shapes compile")
+    compile: bool = _option(
+        False,
+        "compile the model with torch.compile; batches are padded to --bucket-size "
+        "multiples so that few shapes compile",
+    )
+    compile_backend: str = _option(
+        "inductor",
+        "torch.compile backend: inductor (generates kernels), or aot_eager "
+        "and eager (no code generation: for debugging)",
+    )
+    bucket_size: int = _option(
+        128,
+        "with --compile, pad each batch's length up to a multiple of this (at most "
+        "--seq-len): at most seq-len / bucket-size shapes compile",
+    )
     fused_adamw: bool = _option(True, "fused AdamW kernel on CUDA (no effect on CPU)")
     tf32: bool = _option(True, "TF32 tensor cores for fp32 matmuls and convolutions on CUDA (no effect on CPU)")
     seed: int = _option(1234, "seed for weights, data order and dropout (same on every rank)")
@@ -74,10 +88,16 @@ class TrainConfig:
     resume: str = _option("auto", "auto (latest valid checkpoint in the run directory), never, or a checkpoint path")
     sync_batchnorm: bool = _option(False, "convert BatchNorm layers to SyncBatchNorm (CUDA only)")
     find_unused_parameters: bool = _option(False, "let DDP tolerate parameters that get no gradient (slower)")
-    strategy: str = _option("ddp", "ddp (a full model, gradients and optimizer state on every rank) or fsdp "
-                                   "(FSDP2: all three sharded across the ranks, for models that outgrow one device)")
-    fsdp_wrap: str = _option("", "with --strategy fsdp: module class names, comma-separated, that become FSDP "
-                                 "units (default: the built-in models' Block, a factory model's _no_split_modules)")
+    strategy: str = _option(
+        "ddp",
+        "ddp (a full model, gradients and optimizer state on every rank) or fsdp "
+        "(FSDP2: all three sharded across the ranks, for models that outgrow one device)",
+    )
+    fsdp_wrap: str = _option(
+        "",
+        "with --strategy fsdp: module class names, comma-separated, that become FSDP "
+        "units (default: the built-in models' Block, a factory model's _no_split_modules)",
+    )
     collective_timeout: float = _option(600.0, "seconds a collective may wait for a peer before the run fails")
     log_every: int = _option(10, "steps between loss reductions, telemetry records and progress updates")
     telemetry: bool = _option(True, "write per-rank metrics for the exporter")
@@ -111,14 +131,20 @@ class TrainConfig:
     def _check_strategy_options(self) -> None:
         """The DDP-only switches mean nothing under FSDP: refuse them rather than ignore them."""
         if self.strategy == "fsdp" and self.sync_batchnorm:
-            raise ConfigError("--sync-batchnorm works with --strategy ddp only (FSDP does not convert BatchNorm); "
-                              "drop --sync-batchnorm or use --strategy ddp")
+            raise ConfigError(
+                "--sync-batchnorm works with --strategy ddp only (FSDP does not convert BatchNorm); "
+                "drop --sync-batchnorm or use --strategy ddp"
+            )
         if self.strategy == "fsdp" and self.find_unused_parameters:
-            raise ConfigError("--find-unused-parameters is a DDP option; FSDP reduces only the gradients that "
-                              "exist, so drop it with --strategy fsdp")
+            raise ConfigError(
+                "--find-unused-parameters is a DDP option; FSDP reduces only the gradients that "
+                "exist, so drop it with --strategy fsdp"
+            )
         if self.strategy == "fsdp" and self.compile:
-            raise ConfigError("--compile with --strategy fsdp is not supported yet (compiling before Accelerate "
-                              "shards the model is untested); drop --compile or use --strategy ddp")
+            raise ConfigError(
+                "--compile with --strategy fsdp is not supported yet (compiling before Accelerate "
+                "shards the model is untested); drop --compile or use --strategy ddp"
+            )
         if self.fsdp_wrap and self.strategy != "fsdp":
             raise ConfigError(f"--fsdp-wrap {self.fsdp_wrap} needs --strategy fsdp (DDP does not shard the model)")
         if any(not name.isidentifier() for name in self.fsdp_wrap_classes):
@@ -196,8 +222,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         cuda = f"; on CUDA GPUs {CUDA_DEFAULTS[spec.name]}" if spec.name in CUDA_DEFAULTS else ""
         help_text = f"{spec.metadata['help']} (default: {spec.default}{cuda})"
         if spec.type == "bool":
-            group.add_argument(*flags, dest=spec.name, action=argparse.BooleanOptionalAction, default=None,
-                               help=help_text)
+            group.add_argument(
+                *flags, dest=spec.name, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
         else:
             kind = {"int": int, "float": float, "str": str}[spec.type]
             group.add_argument(*flags, dest=spec.name, type=kind, default=None, help=help_text)
@@ -240,5 +267,6 @@ def require_device_support(config: TrainConfig, on_cuda: bool, world_size: int) 
     if problem := missing_compiler(config, on_cuda):
         raise ConfigError(problem)
     if config.sync_batchnorm and world_size > 1 and not on_cuda:
-        raise ConfigError("--sync-batchnorm needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel); turn it "
-                          "off for CPU ranks")
+        raise ConfigError(
+            "--sync-batchnorm needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel); turn it off for CPU ranks"
+        )

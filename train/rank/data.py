@@ -93,15 +93,18 @@ def load_factory(spec: str, what: str):
 
 def is_factory(spec: str) -> bool:
     module_name, sep, attribute = spec.partition(":")
-    return bool(sep) and not spec.startswith(BUILTIN_PREFIX) and all(
-        part.isidentifier() for part in module_name.split(".")
-    ) and attribute.isidentifier()
+    return (
+        bool(sep)
+        and not spec.startswith(BUILTIN_PREFIX)
+        and all(part.isidentifier() for part in module_name.split("."))
+        and attribute.isidentifier()
+    )
 
 
 def check_dataset_spec(spec: str) -> None:
     """Everything about the dataset that can be checked before ranks start."""
     if spec.startswith(BUILTIN_PREFIX):
-        name = spec[len(BUILTIN_PREFIX):]
+        name = spec[len(BUILTIN_PREFIX) :]
         if name not in BUILTIN_DATASETS:
             raise ConfigError(
                 f"unknown built-in dataset {spec!r}; choose one of "
@@ -124,19 +127,18 @@ def _local_data_files(path: Path) -> tuple[str, list[str]]:
     files = sorted(p for p in path.rglob("*") if p.suffix in LOCAL_BUILDERS) if path.is_dir() else [path]
     builders = {LOCAL_BUILDERS.get(p.suffix) for p in files}
     if not files or None in builders:
-        raise ConfigError(
-            f"dataset {path}: no readable data; use .txt, .json, .jsonl, .parquet or .csv files"
-        )
+        raise ConfigError(f"dataset {path}: no readable data; use .txt, .json, .jsonl, .parquet or .csv files")
     if len(builders) > 1:
         raise ConfigError(f"dataset folder {path} mixes file types; keep one of {sorted(LOCAL_BUILDERS)}")
     return builders.pop(), [str(p) for p in files]
 
 
-def load_token_data(spec: str, text_field: str, seq_len: int, eval_fraction: float, seed: int,
-                    factory_config: Any) -> TokenData:
+def load_token_data(
+    spec: str, text_field: str, seq_len: int, eval_fraction: float, seed: int, factory_config: Any
+) -> TokenData:
     if spec.startswith(BUILTIN_PREFIX):
         check_dataset_spec(spec)
-        return BUILTIN_DATASETS[spec[len(BUILTIN_PREFIX):]](seq_len, seed)
+        return BUILTIN_DATASETS[spec[len(BUILTIN_PREFIX) :]](seq_len, seed)
     if is_factory(spec):
         dataset = load_factory(spec, "dataset")(factory_config)
         return _split(dataset, eval_fraction, seed, _vocab_size(dataset))
@@ -162,8 +164,10 @@ def load_token_data(spec: str, text_field: str, seq_len: int, eval_fraction: flo
 
 def _tokenize(raw, text_field: str, seq_len: int, spec: str):
     if "input_ids" in raw.column_names:
-        return raw.map(lambda r: {"input_ids": r["input_ids"][:seq_len]}, remove_columns=[
-            c for c in raw.column_names if c != "input_ids"])
+        return raw.map(
+            lambda r: {"input_ids": r["input_ids"][:seq_len]},
+            remove_columns=[c for c in raw.column_names if c != "input_ids"],
+        )
     if text_field not in raw.column_names:
         raise ConfigError(
             f"dataset {spec}: no column {text_field!r} (columns: {', '.join(raw.column_names)}); "
@@ -200,8 +204,9 @@ def _split(dataset, eval_fraction: float, seed: int, vocab_size: int) -> TokenDa
     return TokenData(subset(dataset, order[eval_count:]), subset(dataset, order[:eval_count]), vocab_size)
 
 
-def collate(samples: list[dict[str, Any]], pad_to_multiple_of: int = 1,
-            max_width: int | None = None) -> dict[str, torch.Tensor]:
+def collate(
+    samples: list[dict[str, Any]], pad_to_multiple_of: int = 1, max_width: int | None = None
+) -> dict[str, torch.Tensor]:
     """Right-pad to the batch's longest sample rounded up to a multiple of `pad_to_multiple_of`, but not past
     `max_width` (the model's --seq-len) unless a sample is longer; causal attention never looks right, so the
     mask is the labels'. With multiples of --bucket-size this is the compiled model's small set of shapes."""

@@ -24,7 +24,8 @@ def mean_loss(accelerator: Accelerator, model: torch.nn.Module, loader) -> float
         counts = (labels != IGNORE_INDEX).sum(dim=1).double()
         if logits is not None:
             per_token = torch.nn.functional.cross_entropy(
-                logits[:, :-1].float().transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
+                logits[:, :-1].float().transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none"
+            )
             sums = per_token.sum(dim=1).double()
         else:
             sums = loss_of(output).double() * counts

@@ -107,7 +107,7 @@ class GPT(nn.Module):
 
 def check_model_spec(spec: str) -> None:
     if spec.startswith(BUILTIN_PREFIX):
-        if spec[len(BUILTIN_PREFIX):] not in BUILTIN_MODELS:
+        if spec[len(BUILTIN_PREFIX) :] not in BUILTIN_MODELS:
             raise ConfigError(
                 f"unknown built-in model {spec!r}; choose one of "
                 + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
@@ -125,7 +125,7 @@ def check_model_spec(spec: str) -> None:
 def build_model(config, vocab_size: int) -> nn.Module:
     check_model_spec(config.model)
     if config.model.startswith(BUILTIN_PREFIX):
-        return GPT(BUILTIN_MODELS[config.model[len(BUILTIN_PREFIX):]], vocab_size, config.seq_len)
+        return GPT(BUILTIN_MODELS[config.model[len(BUILTIN_PREFIX) :]], vocab_size, config.seq_len)
     model = load_factory(config.model, "model")(config, vocab_size)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model factory {config.model!r} returned {type(model).__name__}, not a torch nn.Module")

@@ -38,14 +38,21 @@ def explain_runtime_error(error: RuntimeError, config: TrainConfig) -> Failure |
     """Turn the distributed failures users meet into what to do about them; None means a genuine bug."""
     text = str(error)
     if "find_unused_parameters" in text or "did not receive grad" in text:
-        return Failure("some model parameters received no gradient in this step, which DDP cannot reduce; set "
-                       "find_unused_parameters = true (--find-unused-parameters) or remove the unused parameters "
-                       "from the model", EXIT_CONFIG)
+        return Failure(
+            "some model parameters received no gradient in this step, which DDP cannot reduce; set "
+            "find_unused_parameters = true (--find-unused-parameters) or remove the unused parameters "
+            "from the model",
+            EXIT_CONFIG,
+        )
     lowered = text.lower()
     if any(sign in lowered for sign in PEER_LOST):
         # The peer's socket closed: it exited (or was killed) a moment ago; nothing waited for a timeout.
-        return Failure("lost the connection to a peer rank, which stopped first; the launcher's last line names "
-                       "the rank that failed and its error", EXIT_FAILED, peer_lost=True)
+        return Failure(
+            "lost the connection to a peer rank, which stopped first; the launcher's last line names "
+            "the rank that failed and its error",
+            EXIT_FAILED,
+            peer_lost=True,
+        )
     if "timed out" in lowered or "timeout" in lowered:
         me = str(int(os.environ.get("RANK", "0")))
         # This rank timed out waiting, so it is not the one that stopped: of the others, the one with the
@@ -54,10 +61,15 @@ def explain_runtime_error(error: RuntimeError, config: TrainConfig) -> Failure |
         culprit = ""
         if peers:
             rank, (steps, forwards, last) = min(peers.items(), key=lambda item: item[1])
-            culprit = (f"; rank {rank} stopped first (last step {int(steps)}, {time.time() - last:.0f} s ago): "
-                       "it is hung or died, see its log")
-        return Failure(f"a collective waited longer than --collective-timeout {config.collective_timeout:g} s for "
-                       f"a peer rank{culprit}", EXIT_FAILED)
+            culprit = (
+                f"; rank {rank} stopped first (last step {int(steps)}, {time.time() - last:.0f} s ago): "
+                "it is hung or died, see its log"
+            )
+        return Failure(
+            f"a collective waited longer than --collective-timeout {config.collective_timeout:g} s for "
+            f"a peer rank{culprit}",
+            EXIT_FAILED,
+        )
     return None
 
 
@@ -70,17 +82,32 @@ def report_failure(rank: int, failure: Failure) -> None:
     if not error_file:
         return  # not started by torchrun
     now = time.time()
-    note = {"message": failure.message, "timestamp": str(int(now)),
-            FAILURE_NOTE_KEY: {"time": now, "peer_lost": failure.peer_lost}}
+    note = {
+        "message": failure.message,
+        "timestamp": str(int(now)),
+        FAILURE_NOTE_KEY: {"time": now, "peer_lost": failure.peer_lost},
+    }
     try:
         write_atomically(Path(error_file), json.dumps(note), "the failure note")
     except (OSError, WriteFailure):
         pass
 
 
-def summary(accelerator, config: TrainConfig, progress, *, run_id: str, started: float,
-            throughput: dict[str, float], compile_watch, segments: list[dict], exit_reason: str, exit_code: int,
-            eval_loss: float | None, error: str | None) -> dict:
+def summary(
+    accelerator,
+    config: TrainConfig,
+    progress,
+    *,
+    run_id: str,
+    started: float,
+    throughput: dict[str, float],
+    compile_watch,
+    segments: list[dict],
+    exit_reason: str,
+    exit_code: int,
+    eval_loss: float | None,
+    error: str | None,
+) -> dict:
     """summary.json's fields (docs/training.md, Exit codes)."""
     p = progress
     return {

@@ -24,8 +24,10 @@ def missing_compiler(config, on_cuda: bool) -> str | None:
     names = ("cc", "gcc", "clang") if on_cuda else ("g++", "clang++", "c++")
     if any(shutil.which(name) for name in names):
         return None
-    return (f"--compile needs a {'C' if on_cuda else 'C++'} compiler ({' or '.join(names)} on PATH) for "
-            f"torch.compile's inductor backend; install one (apt-get install build-essential), or drop --compile")
+    return (
+        f"--compile needs a {'C' if on_cuda else 'C++'} compiler ({' or '.join(names)} on PATH) for "
+        f"torch.compile's inductor backend; install one (apt-get install build-essential), or drop --compile"
+    )
 
 
 def use_tf32(config, device: torch.device) -> None:
@@ -39,8 +41,12 @@ def use_tf32(config, device: torch.device) -> None:
 
 def make_optimizer(model: nn.Module, config, device: torch.device) -> torch.optim.Optimizer:
     # fused=True: one CUDA kernel updates every parameter, instead of several kernels per parameter group.
-    return torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
-                             fused=device.type == "cuda" and config.fused_adamw)
+    return torch.optim.AdamW(
+        model.parameters(),
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        fused=device.type == "cuda" and config.fused_adamw,
+    )
 
 
 def bucket_count(config) -> int:
@@ -133,9 +139,11 @@ class CompileWatch:
         self.seconds += now - started
         if self.recompiles > self.per_shape * (self.buckets - 1) and not self._warned:
             self._warned = True
-            self._warn(f"trainstack: warning: {self.recompiles} recompiles exceed the {self.buckets} length "
-                       "buckets: some batch shape falls outside them, and each new one compiles again "
-                       "(TORCH_LOGS=recompiles shows why)")
+            self._warn(
+                f"trainstack: warning: {self.recompiles} recompiles exceed the {self.buckets} length "
+                "buckets: some batch shape falls outside them, and each new one compiles again "
+                "(TORCH_LOGS=recompiles shows why)"
+            )
         return now - started, self.recompiles - recompiles_before
 
     def resync(self) -> None:

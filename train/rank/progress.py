@@ -17,6 +17,12 @@ class Progress:
     resumed_from: str | None = None
 
     def state(self) -> dict:
-        return {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                "initial_loss": self.initial_loss, "last_loss": self.last_loss,
-                "samples": self.samples, "tokens": self.tokens}
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch,
+            "initial_loss": self.initial_loss,
+            "last_loss": self.last_loss,
+            "samples": self.samples,
+            "tokens": self.tokens,
+        }

@@ -24,5 +24,7 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str) 
 def lr_scheduler(optimizer: torch.optim.Optimizer, config, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     # A partial, not a closure: LambdaLR saves a partial's (empty) __dict__ in its state_dict, as it did the
     # Trainer's bound method before; the steps come from this launch's config, never from the checkpoint.
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, partial(
-        lr_factor, warmup_steps=config.warmup_steps, total_steps=total_steps, schedule=config.lr_schedule))
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        partial(lr_factor, warmup_steps=config.warmup_steps, total_steps=total_steps, schedule=config.lr_schedule),
+    )

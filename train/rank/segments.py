@@ -18,10 +18,12 @@ INTERRUPTED = "interrupted"  # the launch ended after this checkpoint without sa
 class RunRecord:
     """The segments restored from the checkpoint this launch resumed, plus the one it trains now."""
 
-    def __init__(self, run_id: str, progress, restored: list[dict] | None = None,
-                 not_training: Callable[[], float] = lambda: 0.0):
-        self.previous = [{**segment, "exit_reason": segment.get("exit_reason") or INTERRUPTED}
-                         for segment in restored or []]
+    def __init__(
+        self, run_id: str, progress, restored: list[dict] | None = None, not_training: Callable[[], float] = lambda: 0.0
+    ):
+        self.previous = [
+            {**segment, "exit_reason": segment.get("exit_reason") or INTERRUPTED} for segment in restored or []
+        ]
         self.run_id = run_id
         self.started = time.time()
         self.first_step, self.first_samples, self.first_tokens = progress.step, progress.samples, progress.tokens
@@ -43,15 +45,22 @@ class RunRecord:
         else:
             seconds = time.time() - self.loop_started - self._not_training() if self.loop_started else 0.0
         current = {
-            "run_id": self.run_id, "started": self.started, "ended": time.time(),
-            "first_step": self.first_step, "last_step": progress.step,
-            "samples": progress.samples - self.first_samples, "tokens": progress.tokens - self.first_tokens,
-            "train_seconds": seconds, "exit_reason": exit_reason or self.exit_reason,
+            "run_id": self.run_id,
+            "started": self.started,
+            "ended": time.time(),
+            "first_step": self.first_step,
+            "last_step": progress.step,
+            "samples": progress.samples - self.first_samples,
+            "tokens": progress.tokens - self.first_tokens,
+            "train_seconds": seconds,
+            "exit_reason": exit_reason or self.exit_reason,
         }
         return [*self.previous, current]
 
     def throughput(self, progress) -> dict[str, float]:
         segments = self.segments(progress)
         seconds = max(sum(s["train_seconds"] for s in segments), 1e-9)
-        return {"samples_per_second": sum(s["samples"] for s in segments) / seconds,
-                "tokens_per_second": sum(s["tokens"] for s in segments) / seconds}
+        return {
+            "samples_per_second": sum(s["samples"] for s in segments) / seconds,
+            "tokens_per_second": sum(s["tokens"] for s in segments) / seconds,
+        }

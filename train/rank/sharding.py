@@ -79,21 +79,27 @@ def unit_classes(config: TrainConfig, model: nn.Module) -> list[str]:
     """The module classes that become FSDP units; each must occur in the model."""
     names = config.fsdp_wrap_classes
     if not names:
-        names = BUILTIN_UNITS if config.model.startswith(BUILTIN_PREFIX) else list(
-            getattr(model, "_no_split_modules", None) or [])
+        names = (
+            BUILTIN_UNITS
+            if config.model.startswith(BUILTIN_PREFIX)
+            else list(getattr(model, "_no_split_modules", None) or [])
+        )
     missing = [name for name in names if get_module_class_from_name(model, name) is None]
     if missing:
         present = sorted({type(module).__name__ for module in model.modules()})
-        raise ConfigError(f"--fsdp-wrap {','.join(missing)}: no such module class in {config.model}; it has "
-                          f"{', '.join(present)}")
+        raise ConfigError(
+            f"--fsdp-wrap {','.join(missing)}: no such module class in {config.model}; it has {', '.join(present)}"
+        )
     return names
 
 
 def set_units(accelerator: Accelerator, config: TrainConfig, model: nn.Module) -> None:
     names = unit_classes(config, model)
     if not names:
-        accelerator.print(f"trainstack: warning: {config.model} names no unit to shard (no --fsdp-wrap, no "
-                          "_no_split_modules): the whole model is one FSDP unit, gathered in full for each forward")
+        accelerator.print(
+            f"trainstack: warning: {config.model} names no unit to shard (no --fsdp-wrap, no "
+            "_no_split_modules): the whole model is one FSDP unit, gathered in full for each forward"
+        )
     accelerator.state.fsdp_plugin.transformer_cls_names_to_wrap = names
 
 

@@ -10,8 +10,14 @@ from accelerate import Accelerator
 from trainstack.train.rank.model import loss_of
 
 
-def train_step(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
-               max_grad_norm: float, monitor) -> torch.Tensor:
+def train_step(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: dict,
+    max_grad_norm: float,
+    monitor,
+) -> torch.Tensor:
     """Returns the micro-batch's loss, detached. `accelerator.sync_gradients` says afterwards whether it stepped."""
     with accelerator.accumulate(model):
         with monitor.forward():

@@ -33,10 +33,18 @@ class StopRequested:
         """The agent (torchrun) that would have stopped this rank is gone: stop as on SIGTERM, and since nothing
         will kill this rank if it cannot (a peer that died mid-collective), leave after the grace period."""
         rank, grace = os.environ.get("RANK", "0"), stop_grace()
-        print(f"trainstack rank {rank}: its agent (PID {agent_pid}) is gone; stopping at the next log interval with "
-              f"a checkpoint", file=sys.stderr, flush=True)
+        print(
+            f"trainstack rank {rank}: its agent (PID {agent_pid}) is gone; stopping at the next log interval with "
+            f"a checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
         self.requested = True
         time.sleep(grace)
-        print(f"trainstack rank {rank}: did not stop within {grace:g} s of its agent's end ({STOP_GRACE_ENV}); "
-              "exiting without a checkpoint", file=sys.stderr, flush=True)
+        print(
+            f"trainstack rank {rank}: did not stop within {grace:g} s of its agent's end ({STOP_GRACE_ENV}); "
+            "exiting without a checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(EXIT_FAILED)

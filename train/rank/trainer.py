@@ -97,8 +97,7 @@ class Trainer:
             sharding.enable_on_cpu_ranks(self.accelerator, fsdp_plugin)
         # Tied weights (the GPT's head is its embedding) are saved once, without safetensors' warning.
         self.accelerator.register_save_state_pre_hook(checkpoint.drop_tied_aliases)
-        self.checkpointer = Checkpointer(self.accelerator, self.run_dir, config.strategy,
-                                         config.keep_checkpoints)
+        self.checkpointer = Checkpointer(self.accelerator, self.run_dir, config.strategy, config.keep_checkpoints)
         self.progress = Progress()
         self.record: RunRecord | None = None
         self.run_id = os.environ.get(RUN_ID_ENV, "manual")
@@ -122,8 +121,9 @@ class Trainer:
         self.run_id = broadcast_object_list([os.environ.get(RUN_ID_ENV, "manual")])[0]
         set_seed(config.seed)
         with accelerator.main_process_first():  # the main process fills the datasets cache; the others reuse it
-            data = load_token_data(config.dataset, config.text_field, config.seq_len, config.eval_fraction,
-                                   config.seed, config)
+            data = load_token_data(
+                config.dataset, config.text_field, config.seq_len, config.eval_fraction, config.seed, config
+            )
         model = build_model(config, data.vocab_size)
         if config.sync_batchnorm and accelerator.num_processes > 1:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -145,34 +145,53 @@ class Trainer:
             pin_memory=on_gpu,  # page-locked host memory: the copy to the GPU overlaps compute
             persistent_workers=config.num_workers > 0,  # no worker start-up cost at each epoch
         )
-        train_loader = torch.utils.data.DataLoader(data.train, shuffle=True, drop_last=config.compile,
-                                                   **loader_options)
-        eval_loader = torch.utils.data.DataLoader(data.eval, shuffle=False, **loader_options) if len(
-            data.eval) else None
+        train_loader = torch.utils.data.DataLoader(data.train, shuffle=True, drop_last=config.compile, **loader_options)
+        eval_loader = (
+            torch.utils.data.DataLoader(data.eval, shuffle=False, **loader_options) if len(data.eval) else None
+        )
         optimizer = make_optimizer(model, config, device)
-        batches = len(data.train) // config.batch_size if config.compile else math.ceil(
-            len(data.train) / config.batch_size)
+        batches = (
+            len(data.train) // config.batch_size if config.compile else math.ceil(len(data.train) / config.batch_size)
+        )
         if not batches:
-            raise ConfigError(f"--compile drops each epoch's incomplete last batch, and the {len(data.train)} "
-                              f"training samples do not fill one batch of {config.batch_size}; lower --batch-size")
+            raise ConfigError(
+                f"--compile drops each epoch's incomplete last batch, and the {len(data.train)} "
+                f"training samples do not fill one batch of {config.batch_size}; lower --batch-size"
+            )
         self.steps_per_epoch = math.ceil(math.ceil(batches / accelerator.num_processes) / config.grad_accum)
         self.total_steps = min(s for s in (config.max_steps, config.epochs * self.steps_per_epoch) if s > 0)
         scheduler = lr_scheduler(optimizer, config, self.total_steps)
-        prepared = accelerator.prepare(model, optimizer, train_loader, scheduler, *([eval_loader] if eval_loader
-                                                                                     else []))
+        prepared = accelerator.prepare(
+            model, optimizer, train_loader, scheduler, *([eval_loader] if eval_loader else [])
+        )
         self.model, self.optimizer, self.train_loader, self.scheduler = prepared[:4]
         self.eval_loader = prepared[4] if eval_loader else None
         # On the prepared model: its gradient communication (DDP's all-reduce, FSDP's) is what gets timed.
         self.monitor = trainstack.monitor.start(
-            self.model, flops_per_token=self.flops_per_token, accelerator=accelerator, log_every=config.log_every,
-            precision=config.mixed_precision, run_dir=self.run_dir.path, model_name=config.model,
-            dataset=config.dataset, run_id=self.run_id, optimizer=self.optimizer, enabled=config.telemetry)
+            self.model,
+            flops_per_token=self.flops_per_token,
+            accelerator=accelerator,
+            log_every=config.log_every,
+            precision=config.mixed_precision,
+            run_dir=self.run_dir.path,
+            model_name=config.model,
+            dataset=config.dataset,
+            run_id=self.run_id,
+            optimizer=self.optimizer,
+            enabled=config.telemetry,
+        )
 
     # ---- the loop -------------------------------------------------------------------------------------------
     def train(self) -> str:
         config, accelerator, p = self.config, self.accelerator, self.progress
-        bar = tqdm(total=self.total_steps, initial=p.step, disable=not accelerator.is_main_process,
-                   desc="train", unit="step", dynamic_ncols=True)
+        bar = tqdm(
+            total=self.total_steps,
+            initial=p.step,
+            disable=not accelerator.is_main_process,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+        )
         sums = IntervalSums(accelerator.device)
         if p.step >= self.total_steps:
             return "completed"
@@ -180,8 +199,7 @@ class Trainer:
         self.compile_watch.resync()
         while config.epochs == 0 or p.epoch < config.epochs:
             for batch in self._batches_of_epoch():
-                loss = train_step(accelerator, self.model, self.optimizer, batch, config.max_grad_norm,
-                                  self.monitor)
+                loss = train_step(accelerator, self.model, self.optimizer, batch, config.max_grad_norm, self.monitor)
                 tokens = batch["attention_mask"].sum()
                 sums.add(loss, tokens)
                 p.batch_in_epoch += 1
@@ -191,9 +209,15 @@ class Trainer:
                 self.scheduler.step()
                 p.step += 1
                 compile_seconds, recompiles = self.compile_watch.step_done() or (None, 0)
-                self.monitor.step(batch["input_ids"].shape[0] * config.grad_accum, tokens=tokens, loss=loss,
-                                  lr=self.scheduler.get_last_lr()[0], epoch=p.epoch,
-                                  compile_seconds=compile_seconds, recompiles=recompiles)
+                self.monitor.step(
+                    batch["input_ids"].shape[0] * config.grad_accum,
+                    tokens=tokens,
+                    loss=loss,
+                    lr=self.scheduler.get_last_lr()[0],
+                    epoch=p.epoch,
+                    compile_seconds=compile_seconds,
+                    recompiles=recompiles,
+                )
                 # The previous interval's totals, read now that this step is queued behind them.
                 stop = self._log_interval(bar)  # the ranks agreed to stop
                 last = p.step >= self.total_steps
@@ -228,8 +252,9 @@ class Trainer:
         """Queues the interval's one all-reduce and returns at once; `_log_interval` reads it, normally after the
         next step is queued (trainstack/telemetry/interval.py says why)."""
         p = self.progress
-        self._open_interval = OpenInterval(sums.start_reduce(self.accelerator, self.stop.requested), p.step,
-                                           p.epoch, self.scheduler.get_last_lr()[0])
+        self._open_interval = OpenInterval(
+            sums.start_reduce(self.accelerator, self.stop.requested), p.step, p.epoch, self.scheduler.get_last_lr()[0]
+        )
 
     def _log_interval(self, bar) -> bool:
         """The open interval's totals into the progress and the bar; True when the ranks agreed to stop. Nothing
@@ -281,11 +306,23 @@ class Trainer:
     def write_summary(self, exit_reason: str, exit_code: int, eval_loss: float | None, error: str | None) -> None:
         if not self.accelerator.is_main_process:
             return
-        write_summary(self.run_dir.summary, outcome.summary(
-            self.accelerator, self.config, self.progress, run_id=self.run_id, started=self.started,
-            throughput=self.throughput, compile_watch=self.compile_watch,
-            segments=self.record.segments(self.progress, exit_reason) if self.record else [],
-            exit_reason=exit_reason, exit_code=exit_code, eval_loss=eval_loss, error=error))
+        write_summary(
+            self.run_dir.summary,
+            outcome.summary(
+                self.accelerator,
+                self.config,
+                self.progress,
+                run_id=self.run_id,
+                started=self.started,
+                throughput=self.throughput,
+                compile_watch=self.compile_watch,
+                segments=self.record.segments(self.progress, exit_reason) if self.record else [],
+                exit_reason=exit_reason,
+                exit_code=exit_code,
+                eval_loss=eval_loss,
+                error=error,
+            ),
+        )
 
     def run(self) -> int:
         try:

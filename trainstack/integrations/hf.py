@@ -67,19 +67,25 @@ class TrainstackCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         if launched > args.world_size:  # Accelerate's silent fallback: it still exits 0, having trained N times
-            print(f"trainstack: {launched} processes were launched but the Trainer is not distributed, so each trains "
-                  "alone; without GPUs, set TrainingArguments(use_cpu=True) or ACCELERATE_USE_CPU=1", file=sys.stderr)
+            print(
+                f"trainstack: {launched} processes were launched but the Trainer is not distributed, so each trains "
+                "alone; without GPUs, set TrainingArguments(use_cpu=True) or ACCELERATE_USE_CPU=1",
+                file=sys.stderr,
+            )
         trainer = self._trainer
         model = trainer.model_wrapped
         # A train() that restarts its loop (auto_find_batch_size) begins again on the monitor it started.
         if self._monitor is None:
-            self._monitor = tsm.start(model, accelerator=trainer.accelerator, optimizer=trainer.optimizer,
-                                      **self._options)
+            self._monitor = tsm.start(
+                model, accelerator=trainer.accelerator, optimizer=trainer.optimizer, **self._options
+            )
             if state.global_step:  # resumed from a checkpoint
                 self._monitor.resumed_at(state.global_step, int(state.epoch))
         self._remove_hooks()
-        self._hooks = [model.register_forward_pre_hook(self._forward_starts, with_kwargs=True),
-                       model.register_forward_hook(self._forward_ends)]
+        self._hooks = [
+            model.register_forward_pre_hook(self._forward_starts, with_kwargs=True),
+            model.register_forward_hook(self._forward_ends),
+        ]
         self._main_input = getattr(trainer.model, "main_input_name", "input_ids")
         self._batch_size = args.train_batch_size  # per process; DataParallel's covers all its GPUs
         if args.eval_on_start:

@@ -18,5 +18,15 @@ from trainstack.telemetry.interval import IntervalSums, IntervalTotals, interval
 from trainstack.telemetry.metrics import progress_by_rank
 from trainstack.telemetry.state import measure_state_once, training_state_bytes
 
-__all__ = ["IntervalSums", "IntervalTotals", "RankIdentity", "Telemetry", "device_uuid", "interval_ends",
-           "measure_state_once", "peak_flops", "progress_by_rank", "training_state_bytes"]
+__all__ = [
+    "IntervalSums",
+    "IntervalTotals",
+    "RankIdentity",
+    "Telemetry",
+    "device_uuid",
+    "interval_ends",
+    "measure_state_once",
+    "peak_flops",
+    "progress_by_rank",
+    "training_state_bytes",
+]

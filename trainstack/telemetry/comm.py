@@ -75,8 +75,9 @@ def timed_allreduce_hook(timer: CommTimer, delay: InjectedDelay):
     return hook
 
 
-def time_buffer_broadcast(model: torch.nn.parallel.DistributedDataParallel, timer: CommTimer,
-                          training: Callable[[], bool]) -> None:
+def time_buffer_broadcast(
+    model: torch.nn.parallel.DistributedDataParallel, timer: CommTimer, training: Callable[[], bool]
+) -> None:
     """Times the buffer broadcast of each training forward pass: `training()` is False during an evaluation pause,
     and a forward pass under no_grad is no training step either."""
     broadcasts: list[Collective] = []

@@ -36,7 +36,8 @@ class CommSetup:
 
     def publish(self, rank: str) -> None:
         """Into the rank's multiprocess files (the metrics directory must be set)."""
-        catalog.rank_metric(catalog.TRAIN_COMM_SETUP_INFO).labels(rank=rank, backend=self.backend,
-                                                                  **self.switches).set(1)
+        catalog.rank_metric(catalog.TRAIN_COMM_SETUP_INFO).labels(rank=rank, backend=self.backend, **self.switches).set(
+            1
+        )
         if self.shm_bytes is not None:
             catalog.rank_metric(catalog.TRAIN_SHM_BYTES).labels(rank).set(self.shm_bytes)

@@ -211,12 +211,21 @@ class CommTimer(Generic[Mark]):
                 return self._clock.seconds(origin, mark)
 
             flights = {id(c): (at(c.launched), at(_ended(c))) for c in step.collectives}
-            exposed = {id(wait): _covered((max(at(wait.ready), flights[id(c)][0]), flights[id(c)][1])
-                                          for c in wait.collectives) for wait in step.waits}
-            comms.append(StepComm(
-                seconds=_covered(flights.values()), exposed_seconds=sum(exposed.values()),
-                bytes=sum(c.bytes for c in step.collectives), buckets=len(step.collectives),
-                forward_exposed_seconds=sum(exposed[id(wait)] for wait in step.waits if wait.in_forward)))
+            exposed = {
+                id(wait): _covered(
+                    (max(at(wait.ready), flights[id(c)][0]), flights[id(c)][1]) for c in wait.collectives
+                )
+                for wait in step.waits
+            }
+            comms.append(
+                StepComm(
+                    seconds=_covered(flights.values()),
+                    exposed_seconds=sum(exposed.values()),
+                    bytes=sum(c.bytes for c in step.collectives),
+                    buckets=len(step.collectives),
+                    forward_exposed_seconds=sum(exposed[id(wait)] for wait in step.waits if wait.in_forward),
+                )
+            )
             self._clock.release(marks)
         return comms
 

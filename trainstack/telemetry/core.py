@@ -64,24 +64,29 @@ class OpenPause:
 
 
 class Telemetry:
-    def __init__(self, run_dir: Path, identity: RankIdentity, flops_per_token: float, peak: float | None,
-                 device: torch.device):
+    def __init__(
+        self, run_dir: Path, identity: RankIdentity, flops_per_token: float, peak: float | None, device: torch.device
+    ):
         self.rank = str(identity.rank)
         self.flops_per_token = flops_per_token
         self.peak = peak
         self.device = device
         # Where step, forward and data-wait times are measured: on a GPU its own timeline
         # (trainstack/telemetry/timeline.py), since the host's clock there says when work was queued, not when it ran.
-        self._timeline = DeviceTimeline(partial(torch.cuda.Event, enable_timing=True)) \
-            if device.type == "cuda" else None
+        self._timeline = (
+            DeviceTimeline(partial(torch.cuda.Event, enable_timing=True)) if device.type == "cuda" else None
+        )
         self.clock = "gpu" if self._timeline else "host"
         clock: Clock = DeviceClock(partial(torch.cuda.Event, enable_timing=True)) if self._timeline else HostClock()
         self._comm: CommTimer = CommTimer(clock, in_forward=lambda: self._in_forward)
         self._comm_metrics = CommMetrics.off()  # until a watched model communicates
         self._comm_watched = False
         self._identity = identity
-        self._metrics = RankMetrics.build(identity, self.clock, device.type == "cuda", bool(peak)) \
-            if os.environ.get(METRICS_DIR_ENV) else RankMetrics.off()  # no metrics directory: no series
+        self._metrics = (
+            RankMetrics.build(identity, self.clock, device.type == "cuda", bool(peak))
+            if os.environ.get(METRICS_DIR_ENV)
+            else RankMetrics.off()
+        )  # no metrics directory: no series
         self._launched_at = launch_time()
         start_responder(identity.rank)  # hang evidence on the launcher's request (trainstack/hang.py)
         self._records_path = RunDir(run_dir).rank_records(identity.rank)
@@ -119,8 +124,9 @@ class Telemetry:
     def _measures(self, part: str) -> bool:
         """Whether this rank measures `part`: host-bound idle only on a GPU NVML answers for, exposed communication
         only on a watched DDP model. A part it does not measure has no series, rather than zeros."""
-        return {breakdown.HOST_BOUND: self._gpu_busy is not None,
-                breakdown.COMM_EXPOSED: self._comm_watched}.get(part, True)
+        return {breakdown.HOST_BOUND: self._gpu_busy is not None, breakdown.COMM_EXPOSED: self._comm_watched}.get(
+            part, True
+        )
 
     def watch_communication(self, model: torch.nn.Module) -> bool:
         """Times the communication of a DDP or FSDP model (trainstack/telemetry/comm.py); False for any other."""
@@ -226,8 +232,9 @@ class Telemetry:
     def _end_startup(self, at: float) -> None:
         """Startup runs from the launch to `at`, the start of the first step's clock, less the pauses before it."""
         self._starting = False
-        self._not_training(breakdown.STARTUP, max(0.0, at - self._launched_at - self._paused_while_starting),
-                           (self._launched_at, at))
+        self._not_training(
+            breakdown.STARTUP, max(0.0, at - self._launched_at - self._paused_while_starting), (self._launched_at, at)
+        )
 
     def _count_step(self, samples: int) -> None:
         if self._starting:
@@ -248,20 +255,29 @@ class Telemetry:
 
     def interval_ended(self) -> IntervalCut:
         """Closes the interval's counts between two steps; `interval_done` records them once its loss is known."""
-        cut = IntervalCut(ended=time.time(), samples=self._samples, step_seconds=self._step_seconds,
-                          data_wait=self._data_wait, host_data_wait=self._host_data_wait,
-                          forward_seconds=self._forward_seconds, forward_passes=self._forward_passes,
-                          device_spans=self._timeline.cut() if self._timeline else None,
-                          comm_steps=self._comm.cut() if self._comm_watched else None,
-                          step_count=self._step_count, compile_seconds=self._compile_seconds, paused=self._paused,
-                          not_stepping=self._not_stepping)
+        cut = IntervalCut(
+            ended=time.time(),
+            samples=self._samples,
+            step_seconds=self._step_seconds,
+            data_wait=self._data_wait,
+            host_data_wait=self._host_data_wait,
+            forward_seconds=self._forward_seconds,
+            forward_passes=self._forward_passes,
+            device_spans=self._timeline.cut() if self._timeline else None,
+            comm_steps=self._comm.cut() if self._comm_watched else None,
+            step_count=self._step_count,
+            compile_seconds=self._compile_seconds,
+            paused=self._paused,
+            not_stepping=self._not_stepping,
+        )
         self._samples, self._step_seconds, self._data_wait, self._host_data_wait = 0, [], 0.0, 0.0
         self._forward_seconds, self._forward_passes = 0.0, 0
         self._step_count, self._compile_seconds, self._paused, self._not_stepping = 0, 0.0, [], []
         return cut
 
-    def interval_done(self, cut: IntervalCut, step: int, epoch: int, loss: float | None, lr: float | None,
-                      tokens: int) -> float | None:
+    def interval_done(
+        self, cut: IntervalCut, step: int, epoch: int, loss: float | None, lr: float | None, tokens: int
+    ) -> float | None:
         """Records the interval; returns its data-wait share of step time (ratios.DATA_WAIT_SHARE, for the progress
         bar)."""
         step_seconds, data_wait, forward, ended = cut.step_seconds, cut.data_wait, cut.forward_seconds, cut.ended
@@ -285,10 +301,20 @@ class Telemetry:
         self._interval_start = ended
         stepped = sum(step_seconds) or interval
         record = {
-            "time": ended, "rank": int(self.rank), "step": step, "epoch": epoch, "loss": loss, "lr": lr,
-            "samples": cut.samples, "tokens": tokens, "interval_seconds": interval,
-            "data_wait_seconds": data_wait, "step_seconds": step_seconds,
-            "host_data_wait_seconds": cut.host_data_wait, "clock": self.clock, **self._state_bytes,
+            "time": ended,
+            "rank": int(self.rank),
+            "step": step,
+            "epoch": epoch,
+            "loss": loss,
+            "lr": lr,
+            "samples": cut.samples,
+            "tokens": tokens,
+            "interval_seconds": interval,
+            "data_wait_seconds": data_wait,
+            "step_seconds": step_seconds,
+            "host_data_wait_seconds": cut.host_data_wait,
+            "clock": self.clock,
+            **self._state_bytes,
         }
         if cut.forward_passes:
             record["forward_seconds"] = forward
@@ -316,23 +342,31 @@ class Telemetry:
 
     def _record_comm(self, steps: list[StepComm]) -> dict[str, float | int]:
         """The interval's gradient communication into the counters, and as its record's fields."""
-        fields = {"comm_seconds": sum(step.seconds for step in steps),
-                  "comm_exposed_seconds": sum(step.exposed_seconds for step in steps),
-                  "comm_bytes": sum(step.bytes for step in steps), "comm_buckets": sum(step.buckets for step in steps)}
+        fields = {
+            "comm_seconds": sum(step.seconds for step in steps),
+            "comm_exposed_seconds": sum(step.exposed_seconds for step in steps),
+            "comm_bytes": sum(step.bytes for step in steps),
+            "comm_buckets": sum(step.buckets for step in steps),
+        }
         self._comm_metrics.seconds.inc(fields["comm_seconds"])
         self._comm_metrics.exposed.inc(fields["comm_exposed_seconds"])
         self._comm_metrics.bytes.inc(fields["comm_bytes"])
         return fields
 
-    def _record_time(self, cut: IntervalCut, step_seconds: float, data_wait: float, comm_exposed: float | None,
-                     busy: float | None) -> dict:
+    def _record_time(
+        self, cut: IntervalCut, step_seconds: float, data_wait: float, comm_exposed: float | None, busy: float | None
+    ) -> dict:
         """The interval's time by part into the counter, and as its record's fields (trainstack/breakdown.py)."""
         parts = breakdown.split_step_time(step_seconds, data_wait, comm_exposed or 0.0, busy)
         for part, seconds in parts.items():
             if self._measures(part):
                 self._spent(part, seconds)
-        return {"step_count": cut.step_count, "time_parts": {**parts, breakdown.COMPILE: cut.compile_seconds},
-                "paused": cut.paused, "host_bound_measured": busy is not None}
+        return {
+            "step_count": cut.step_count,
+            "time_parts": {**parts, breakdown.COMPILE: cut.compile_seconds},
+            "paused": cut.paused,
+            "host_bound_measured": busy is not None,
+        }
 
     def state_measured(self, sizes: dict[str, int]) -> None:
         """The rank's parameter, gradient and optimizer-state bytes (`training_state_bytes`)."""
@@ -361,8 +395,12 @@ class Telemetry:
         which ends the rank's wall time. A rank that never stepped spent all of it starting."""
         if self._starting:
             self._end_startup(time.time())
-        ending = {SEGMENT_ENDED: time.time(), "rank": int(self.rank), "step_count": self._step_count,
-                  "paused": self._paused}
+        ending = {
+            SEGMENT_ENDED: time.time(),
+            "rank": int(self.rank),
+            "step_count": self._step_count,
+            "paused": self._paused,
+        }
         for finish in (lambda: self._records.write(json.dumps(ending) + "\n"), self._records.close):
             try:
                 finish()
@@ -372,4 +410,3 @@ class Telemetry:
             self._gpu_busy.close()
         if self._gpu_activity:
             self._gpu_activity.close()
-

@@ -42,7 +42,6 @@ def device_uuid(device: torch.device) -> str:
     return f"GPU-{torch.cuda.get_device_properties(device).uuid}"  # NVML's spelling, so the two join
 
 
-
 @dataclass
 class RankIdentity:
     rank: int
@@ -58,7 +57,6 @@ class RankIdentity:
     strategy: str = "ddp"
     launcher: str = ""
     """`trainstack train` or `watch` (rundir.LAUNCHER_ENV): whose knobs a verdict's fix names; "" unknown."""
-
 
 
 def device_of(model: torch.nn.Module | None, accelerator) -> torch.device:
@@ -93,8 +91,9 @@ def strategy_of(model: torch.nn.Module | None) -> str:
     return "single"
 
 
-def rank_identity(model, accelerator, device: torch.device, precision: str, model_name: str | None, dataset: str,
-                  run_id: str) -> RankIdentity:
+def rank_identity(
+    model, accelerator, device: torch.device, precision: str, model_name: str | None, dataset: str, run_id: str
+) -> RankIdentity:
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     if accelerator is not None:
         rank, local_rank, world = accelerator.process_index, accelerator.local_process_index, accelerator.num_processes
@@ -107,7 +106,16 @@ def rank_identity(model, accelerator, device: torch.device, precision: str, mode
     nodes = int(os.environ.get("GROUP_WORLD_SIZE") or os.environ.get(NNODES_ENV) or 1)
     inner = getattr(model, "module", model)
     return RankIdentity(
-        rank=rank, local_rank=local_rank, node=socket.gethostname(), uuid=device_uuid(device),
-        run_id=run_id, world_size=world, nodes=nodes, mixed_precision=precision,
-        model=model_name or (type(inner).__name__ if inner is not None else ""), dataset=dataset,
-        strategy=strategy_of(model), launcher=os.environ.get(LAUNCHER_ENV, ""))
+        rank=rank,
+        local_rank=local_rank,
+        node=socket.gethostname(),
+        uuid=device_uuid(device),
+        run_id=run_id,
+        world_size=world,
+        nodes=nodes,
+        mixed_precision=precision,
+        model=model_name or (type(inner).__name__ if inner is not None else ""),
+        dataset=dataset,
+        strategy=strategy_of(model),
+        launcher=os.environ.get(LAUNCHER_ENV, ""),
+    )

@@ -144,8 +144,9 @@ class _TimedCollective:
             return run(async_op)
         # On a CPU rank gloo's collective holds the host, which is the rank's compute, until it ends.
         on_host = tensor.device.type == "cpu"
-        collective = watch.timer.launched(tensor.numel() * tensor.element_size(), self._group,
-                                          blocking=on_host and not async_op)
+        collective = watch.timer.launched(
+            tensor.numel() * tensor.element_size(), self._group, blocking=on_host and not async_op
+        )
         work = run(async_op)
         if work is None:  # done: on the host (gloo), or for the stream FSDP runs it on (NCCL)
             watch.delay()
@@ -156,21 +157,38 @@ class _TimedCollective:
 
 
 class TimedAllGather(_TimedCollective):
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
-                 async_op: bool = False) -> dist.Work | None:
-        return self._timed(output_tensor, lambda asynchronous: dist.all_gather_single(
-            output_tensor, input_tensor, group=group, async_op=asynchronous), async_op)
+    def __call__(
+        self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup, async_op: bool = False
+    ) -> dist.Work | None:
+        return self._timed(
+            output_tensor,
+            lambda asynchronous: dist.all_gather_single(
+                output_tensor, input_tensor, group=group, async_op=asynchronous
+            ),
+            async_op,
+        )
 
 
 class TimedReduceScatter(_TimedCollective):
     def __init__(self, watch: FsdpCommWatch):
         super().__init__(watch, REDUCE_SCATTERS)
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
-                 op: Any, async_op: bool = False) -> dist.Work | None:
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ) -> dist.Work | None:
         if self._watch.measuring:
             # A reduce-scatter no post-backward hook has paired yet was waited for in FSDP's end-of-backward
             # callback, just before this one's gradients were copied in.
             self._watch.timer.waited_from_launch(REDUCE_SCATTERS)
-        return self._timed(input_tensor, lambda asynchronous: dist.reduce_scatter_single(
-            output=output_tensor, input=input_tensor, group=group, op=op, async_op=asynchronous), async_op)
+        return self._timed(
+            input_tensor,
+            lambda asynchronous: dist.reduce_scatter_single(
+                output=output_tensor, input=input_tensor, group=group, op=op, async_op=asynchronous
+            ),
+            async_op,
+        )

@@ -74,8 +74,11 @@ class GpuActivity:
             answer = self._nvml.nvmlGpmMetricsGet(request)
         except self._nvml.NVMLError:
             return {}
-        return {FIELDS[slot.metricId]: slot.value / 100 for slot in answer.metrics[:len(FIELDS)]
-                if slot.nvmlReturn == 0 and slot.metricId in FIELDS}
+        return {
+            FIELDS[slot.metricId]: slot.value / 100
+            for slot in answer.metrics[: len(FIELDS)]
+            if slot.nvmlReturn == 0 and slot.metricId in FIELDS
+        }
 
     def close(self) -> None:
         try:

@@ -55,7 +55,8 @@ class GpuBusy:
 
         def stepping(stamp: int) -> bool:
             return start * MICROSECONDS <= stamp <= end * MICROSECONDS and not any(
-                a * MICROSECONDS <= stamp <= b * MICROSECONDS for a, b in not_stepping)
+                a * MICROSECONDS <= stamp <= b * MICROSECONDS for a, b in not_stepping
+            )
 
         values = [getattr(s.sampleValue, VALUE_FIELDS[value_type]) for s in samples if stepping(s.timeStamp)]
         return statistics.fmean(values) / 100 if values else None

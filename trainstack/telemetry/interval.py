@@ -76,12 +76,14 @@ class IntervalSums:
     def start_reduce(self, accelerator, stop_requested: bool) -> PendingTotals:
         """Queues one all-reduce (the loss mean over all ranks, their tokens, whether any must stop) and the copy of
         its result, with this rank's own tokens, to the host; the next interval starts."""
-        device = self._device or next((value.device for value in self._on_device if value is not None),
-                                      accelerator.device)
-        local = torch.tensor([*self._host, float(self._losses), float(stop_requested)], dtype=torch.float64,
-                             device=device)
-        local[LOSS:TOKENS + 1] += self._stacked(device)
-        own_tokens = local[TOKENS:TOKENS + 1].clone()
+        device = self._device or next(
+            (value.device for value in self._on_device if value is not None), accelerator.device
+        )
+        local = torch.tensor(
+            [*self._host, float(self._losses), float(stop_requested)], dtype=torch.float64, device=device
+        )
+        local[LOSS : TOKENS + 1] += self._stacked(device)
+        own_tokens = local[TOKENS : TOKENS + 1].clone()
         values = torch.cat([accelerator.reduce(local, reduction="sum"), own_tokens])
         pending = PendingTotals(values, [0.0] * 5, self.micro_batches, reduced=True)
         self._reset()
@@ -89,8 +91,12 @@ class IntervalSums:
 
     def _stacked(self, device: torch.device) -> torch.Tensor:
         """The device sums, loss and tokens, as one float64 vector on `device` (zero where the host has them)."""
-        return torch.stack([torch.zeros((), dtype=torch.float64, device=device) if value is None
-                            else value.to(torch.float64) for value in self._on_device])
+        return torch.stack(
+            [
+                torch.zeros((), dtype=torch.float64, device=device) if value is None else value.to(torch.float64)
+                for value in self._on_device
+            ]
+        )
 
 
 class PendingTotals:
@@ -116,6 +122,10 @@ class PendingTotals:
         for place, value in enumerate([] if self._values is None else self._values.tolist()):
             values[place] += value
         loss, tokens, losses, stop, *own = values
-        return IntervalTotals(loss=loss / losses if losses else None, tokens=int(tokens),
-                              local_tokens=int(own[0] if self._reduced else tokens),
-                              micro_batches=self._micro_batches, stop=stop > 0)
+        return IntervalTotals(
+            loss=loss / losses if losses else None,
+            tokens=int(tokens),
+            local_tokens=int(own[0] if self._reduced else tokens),
+            micro_batches=self._micro_batches,
+            stop=stop > 0,
+        )

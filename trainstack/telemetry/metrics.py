@@ -14,8 +14,11 @@ if TYPE_CHECKING:  # imported for real only once the multiprocess directory is s
     from prometheus_client import Counter, Gauge, Histogram
 
 # training_state_bytes keys (also its record keys) -> the gauge each is exported as.
-STATE_BYTES = {"param_bytes": catalog.TRAIN_PARAM_BYTES, "grad_bytes": catalog.TRAIN_GRAD_BYTES,
-               "optimizer_state_bytes": catalog.TRAIN_OPTIMIZER_STATE_BYTES}
+STATE_BYTES = {
+    "param_bytes": catalog.TRAIN_PARAM_BYTES,
+    "grad_bytes": catalog.TRAIN_GRAD_BYTES,
+    "optimizer_state_bytes": catalog.TRAIN_OPTIMIZER_STATE_BYTES,
+}
 
 
 class _NoSeries:
@@ -41,8 +44,9 @@ NO_SERIES = _NoSeries()
 def _off(cls):
     """`cls` with every series it must have a no-op one, and the optional ones (None) absent."""
     required = {field.name: NO_SERIES for field in fields(cls) if field.default is MISSING}
-    return cls(**required | ({"state_bytes": dict.fromkeys(STATE_BYTES, NO_SERIES)} if "state_bytes" in required
-                             else {}))
+    return cls(
+        **required | ({"state_bytes": dict.fromkeys(STATE_BYTES, NO_SERIES)} if "state_bytes" in required else {})
+    )
 
 
 @dataclass(frozen=True)
@@ -87,15 +91,22 @@ class RankMetrics:
             return catalog.rank_metric(metric).labels(rank)
 
         metrics = cls(
-            steps=series(catalog.TRAIN_STEPS), samples=series(catalog.TRAIN_SAMPLES),
-            tokens=series(catalog.TRAIN_TOKENS), forward_passes=series(catalog.TRAIN_FORWARD_PASSES),
-            forward_seconds=series(catalog.TRAIN_FORWARD_SECONDS), data_wait=series(catalog.TRAIN_DATA_WAIT),
-            host_data_wait=series(catalog.TRAIN_HOST_DATA_WAIT), step_duration=series(catalog.TRAIN_STEP_DURATION),
-            loss=series(catalog.TRAIN_LOSS), learning_rate=series(catalog.TRAIN_LEARNING_RATE),
-            last_step=series(catalog.TRAIN_LAST_STEP), epoch=series(catalog.TRAIN_EPOCH),
+            steps=series(catalog.TRAIN_STEPS),
+            samples=series(catalog.TRAIN_SAMPLES),
+            tokens=series(catalog.TRAIN_TOKENS),
+            forward_passes=series(catalog.TRAIN_FORWARD_PASSES),
+            forward_seconds=series(catalog.TRAIN_FORWARD_SECONDS),
+            data_wait=series(catalog.TRAIN_DATA_WAIT),
+            host_data_wait=series(catalog.TRAIN_HOST_DATA_WAIT),
+            step_duration=series(catalog.TRAIN_STEP_DURATION),
+            loss=series(catalog.TRAIN_LOSS),
+            learning_rate=series(catalog.TRAIN_LEARNING_RATE),
+            last_step=series(catalog.TRAIN_LAST_STEP),
+            epoch=series(catalog.TRAIN_EPOCH),
             last_checkpoint=series(catalog.TRAIN_LAST_CHECKPOINT),
             checkpoint_duration=series(catalog.TRAIN_CHECKPOINT_DURATION),
-            compile_seconds=series(catalog.TRAIN_COMPILE_SECONDS), recompiles=series(catalog.TRAIN_RECOMPILES),
+            compile_seconds=series(catalog.TRAIN_COMPILE_SECONDS),
+            recompiles=series(catalog.TRAIN_RECOMPILES),
             time=catalog.rank_metric(catalog.TRAIN_TIME),
             memory_allocated_peak=series(catalog.TRAIN_MEMORY_ALLOCATED_PEAK) if on_cuda else None,
             memory_reserved_peak=series(catalog.TRAIN_MEMORY_RESERVED_PEAK) if on_cuda else None,
@@ -103,11 +114,20 @@ class RankMetrics:
             state_bytes={key: series(metric) for key, metric in STATE_BYTES.items()},
         )
         catalog.rank_metric(catalog.TRAIN_RANK_INFO).labels(
-            rank=rank, local_rank=str(identity.local_rank), node=identity.node, uuid=identity.uuid).set(1)
+            rank=rank, local_rank=str(identity.local_rank), node=identity.node, uuid=identity.uuid
+        ).set(1)
         catalog.rank_metric(catalog.TRAIN_RUN_INFO).labels(
-            rank=rank, run_id=identity.run_id, world_size=str(identity.world_size), nodes=str(identity.nodes),
-            mixed_precision=identity.mixed_precision, model=identity.model, dataset=identity.dataset, clock=clock,
-            strategy=identity.strategy, launcher=identity.launcher).set(1)
+            rank=rank,
+            run_id=identity.run_id,
+            world_size=str(identity.world_size),
+            nodes=str(identity.nodes),
+            mixed_precision=identity.mixed_precision,
+            model=identity.model,
+            dataset=identity.dataset,
+            clock=clock,
+            strategy=identity.strategy,
+            launcher=identity.launcher,
+        ).set(1)
         return metrics
 
 
@@ -126,9 +146,12 @@ class CommMetrics:
     @classmethod
     def build(cls, identity: RankIdentity) -> CommMetrics:
         rank = str(identity.rank)
-        return cls(*(catalog.rank_metric(metric).labels(rank) for metric in (
-            catalog.TRAIN_COMM_SECONDS, catalog.TRAIN_COMM_EXPOSED, catalog.TRAIN_COMM_BYTES)))
-
+        return cls(
+            *(
+                catalog.rank_metric(metric).labels(rank)
+                for metric in (catalog.TRAIN_COMM_SECONDS, catalog.TRAIN_COMM_EXPOSED, catalog.TRAIN_COMM_BYTES)
+            )
+        )
 
 
 def progress_by_rank(metrics_dir: str | None) -> dict[str, tuple[float, float, float]]:

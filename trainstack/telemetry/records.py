@@ -32,7 +32,10 @@ def open_records(path: Path, identity: RankIdentity, launched_at: float):
             existing.seek(-1, os.SEEK_END)
             if existing.read(1) != b"\n":
                 records.write("\n")
-    records.write(json.dumps({SEGMENT_MARKER: time.time(), "rank": identity.rank, "run_id": identity.run_id,
-                              "launched_at": launched_at}) + "\n")
+    records.write(
+        json.dumps(
+            {SEGMENT_MARKER: time.time(), "rank": identity.rank, "run_id": identity.run_id, "launched_at": launched_at}
+        )
+        + "\n"
+    )
     return records
-

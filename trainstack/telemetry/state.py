@@ -29,10 +29,10 @@ def training_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimize
     return {
         "param_bytes": local_bytes(parameters),
         "grad_bytes": local_bytes(p.grad for p in parameters if p.grad is not None),
-        "optimizer_state_bytes": local_bytes(value for state in optimizer.state.values() for value in state.values()
-                                             if isinstance(value, torch.Tensor)),
+        "optimizer_state_bytes": local_bytes(
+            value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)
+        ),
     }
-
 
 
 def measure_state_once(model: torch.nn.Module, optimizer: torch.optim.Optimizer, telemetry: Telemetry) -> None:

@@ -103,8 +103,14 @@ class DeviceTimeline:
 class IntervalSpans:
     """One interval's marks, until they are read; then their events go back to the timeline's pool."""
 
-    def __init__(self, waits: list[Span], forwards: list[Span], steps: list[Span], last_step_end: TimingEvent,
-                 pool: list[TimingEvent]):
+    def __init__(
+        self,
+        waits: list[Span],
+        forwards: list[Span],
+        steps: list[Span],
+        last_step_end: TimingEvent,
+        pool: list[TimingEvent],
+    ):
         self._waits, self._forwards, self._steps = waits, forwards, steps
         self._last_step_end = last_step_end  # the interval's last mark, and where the next interval's first step starts
         self._pool = pool

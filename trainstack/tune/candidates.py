@@ -33,8 +33,9 @@ BASELINE = Candidate("baseline", {})
 def _workers(config: TrainConfig) -> list[Candidate]:
     # More workers than cores only queue behind each other: at most two per core the host gives this process.
     cap = 2 * len(os.sched_getaffinity(0))
-    counts = sorted({n for n in (max(2, 2 * config.num_workers), max(4, 4 * config.num_workers)) if
-                     config.num_workers < n <= cap})
+    counts = sorted(
+        {n for n in (max(2, 2 * config.num_workers), max(4, 4 * config.num_workers)) if config.num_workers < n <= cap}
+    )
     return [Candidate(f"num_workers={n}", {"num_workers": n}) for n in counts]
 
 

@@ -22,18 +22,29 @@ NOT_WRITTEN = ("output_dir", "resume")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", type=Path, metavar="CONFIG_OR_RUN_DIR",
-                        help=f"a config file (.yaml/.toml) or a run directory (its {CONFIG_FILE} is read, nothing "
-                             "else)")
-    parser.add_argument("--write", type=Path, default=Path("tuned.yaml"),
-                        help="the winning options as a config file (default tuned.yaml; never overwritten)")
+    parser.add_argument(
+        "source",
+        type=Path,
+        metavar="CONFIG_OR_RUN_DIR",
+        help=f"a config file (.yaml/.toml) or a run directory (its {CONFIG_FILE} is read, nothing else)",
+    )
+    parser.add_argument(
+        "--write",
+        type=Path,
+        default=Path("tuned.yaml"),
+        help="the winning options as a config file (default tuned.yaml; never overwritten)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps per trial (default 20)")
-    parser.add_argument("--min-rounds", type=int, default=2,
-                        help="rounds (the baseline, then each candidate) before a candidate can be decided "
-                             "(default 2)")
+    parser.add_argument(
+        "--min-rounds",
+        type=int,
+        default=2,
+        help="rounds (the baseline, then each candidate) before a candidate can be decided (default 2)",
+    )
     parser.add_argument("--max-rounds", type=int, default=3, help="rounds at most (default 3)")
-    parser.add_argument("--budget", type=float, default=900.0,
-                        help="seconds after which no new round starts (default 900)")
+    parser.add_argument(
+        "--budget", type=float, default=900.0, help="seconds after which no new round starts (default 900)"
+    )
     parser.add_argument("--scratch", type=Path, help="where the trial folders go (default: the temporary folder)")
 
 
@@ -49,8 +60,15 @@ def run(args: argparse.Namespace) -> int:
     from trainstack.tune.config import TuneConfig
     from trainstack.tune.trials import TrialFailed, Tuner
 
-    config = TuneConfig(source=args.source, write=args.write, steps=args.steps, min_rounds=args.min_rounds,
-                        max_rounds=args.max_rounds, budget_seconds=args.budget, scratch=args.scratch)
+    config = TuneConfig(
+        source=args.source,
+        write=args.write,
+        steps=args.steps,
+        min_rounds=args.min_rounds,
+        max_rounds=args.max_rounds,
+        budget_seconds=args.budget,
+        scratch=args.scratch,
+    )
     tuner = Tuner(config, lambda line: print(line, file=sys.stderr, flush=True))
     try:
         try:
@@ -66,11 +84,16 @@ def run(args: argparse.Namespace) -> int:
         else:
             winner = outcome.winner.candidate
             # The result as compare shows two runs: the last baseline trial against the winner's last trial.
-            print(render.text(Comparison(profile.load(outcome.trials["baseline"]),
-                                         profile.load(outcome.trials[winner.name]))))
+            print(
+                render.text(
+                    Comparison(profile.load(outcome.trials["baseline"]), profile.load(outcome.trials[winner.name]))
+                )
+            )
             _write(config.write, config.baseline().to_dict(), winner.options)
-            print(f"winner: {winner.name}, {outcome.winner.ratio:.2f}x the baseline; written to {config.write} "
-                  f"(trainstack train --config {config.write} --output-dir RUN_DIR)")
+            print(
+                f"winner: {winner.name}, {outcome.winner.ratio:.2f}x the baseline; written to {config.write} "
+                f"(trainstack train --config {config.write} --output-dir RUN_DIR)"
+            )
     finally:
         tuner.remove_scratch()
     return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK

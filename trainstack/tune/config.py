@@ -36,8 +36,9 @@ class TuneConfig:
         if self.steps < 10:
             raise ConfigError(f"--steps must be at least 10 (a warm-up interval and timed ones), got {self.steps}")
         if not 1 <= self.min_rounds <= self.max_rounds:
-            raise ConfigError(f"rounds: need 1 <= --min-rounds <= --max-rounds, got {self.min_rounds} and "
-                              f"{self.max_rounds}")
+            raise ConfigError(
+                f"rounds: need 1 <= --min-rounds <= --max-rounds, got {self.min_rounds} and {self.max_rounds}"
+            )
         if not self.budget_seconds > 0:
             raise ConfigError(f"--budget must be positive seconds, got {self.budget_seconds}")
         self.baseline()  # a config the app refuses is bad input now, not a failed trial later

@@ -43,9 +43,11 @@ class Standing:
 
     def line(self) -> str:
         verdict = "faster" if min(self.ratios) > 1 else "slower" if max(self.ratios) < 1 else "within the noise"
-        return (f"{self.candidate.name:<20} {statistics.median(self.steps_per_second):7.2f} steps/s  "
-                f"{self.ratio:.3f}x the baseline (samples/s, geometric mean of {len(self.ratios)} rounds, spread "
-                f"{min(self.ratios):.3f}-{max(self.ratios):.3f}): {verdict}")
+        return (
+            f"{self.candidate.name:<20} {statistics.median(self.steps_per_second):7.2f} steps/s  "
+            f"{self.ratio:.3f}x the baseline (samples/s, geometric mean of {len(self.ratios)} rounds, spread "
+            f"{min(self.ratios):.3f}-{max(self.ratios):.3f}): {verdict}"
+        )
 
 
 @dataclass
@@ -71,17 +73,39 @@ class Tuner:
     def trial(self, candidate: Candidate) -> profile.RunProfile:
         self.count += 1
         run_dir = self.scratch / f"trial-{self.count:02d}"
-        command = [sys.executable, "-m", "trainstack", "train", "--config", str(self.base), "--output-dir",
-                   str(run_dir), "--max-steps", str(self.config.steps), "--log-every", str(self.config.steps // 5),
-                   "--checkpoint-every", "0", "--resume", "never", "--exporter-port", "0", "--no-report",
-                   *candidate.flags]
+        command = [
+            sys.executable,
+            "-m",
+            "trainstack",
+            "train",
+            "--config",
+            str(self.base),
+            "--output-dir",
+            str(run_dir),
+            "--max-steps",
+            str(self.config.steps),
+            "--log-every",
+            str(self.config.steps // 5),
+            "--checkpoint-every",
+            "0",
+            "--resume",
+            "never",
+            "--exporter-port",
+            "0",
+            "--no-report",
+            *candidate.flags,
+        ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode:
-            raise TrialFailed(f"trial {self.count} ({candidate.name}) exited {result.returncode}: "
-                              f"{result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ''}")
+            raise TrialFailed(
+                f"trial {self.count} ({candidate.name}) exited {result.returncode}: "
+                f"{result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ''}"
+            )
         measured = profile.load(run_dir)
-        self.progress(f"tune: trial {self.count} {candidate.name}: {measured.rate.steps_per_second:.2f} steps/s, "
-                      f"{measured.rate.samples_per_second:.1f} samples/s ({time.monotonic() - self.started:.0f} s)")
+        self.progress(
+            f"tune: trial {self.count} {candidate.name}: {measured.rate.steps_per_second:.2f} steps/s, "
+            f"{measured.rate.samples_per_second:.1f} samples/s ({time.monotonic() - self.started:.0f} s)"
+        )
         return measured
 
     def run(self) -> Outcome:
@@ -109,9 +133,7 @@ class Tuner:
             interrupted = True
         measured = [s for s in standings if s.ratios]
         winners = [s for s in measured if min(s.ratios) > 1]
-        return Outcome(verdicts, measured, max(winners, key=lambda s: s.ratio, default=None),
-                       trials, interrupted)
+        return Outcome(verdicts, measured, max(winners, key=lambda s: s.ratio, default=None), trials, interrupted)
 
     def remove_scratch(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
-

@@ -23,8 +23,9 @@ def estimate_checkpoint_bytes(train) -> int | None:
     from trainstack.train.rank.data import load_token_data
     from trainstack.train.rank.model import build_model
 
-    vocab_size = load_token_data(train.dataset, train.text_field, train.seq_len, train.eval_fraction, train.seed,
-                                 train).vocab_size
+    vocab_size = load_token_data(
+        train.dataset, train.text_field, train.seq_len, train.eval_fraction, train.seed, train
+    ).vocab_size
     with torch.device("meta"):
         model = build_model(train, vocab_size)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied weight is counted once

@@ -92,9 +92,7 @@ class DoctorConfig:
         }
         for name, low in at_least.items():
             if getattr(self, name) < low:
-                raise ConfigError(
-                    f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}"
-                )
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(self, name)}")
         if self.checkpoint_bytes is not None and self.checkpoint_bytes < 0:
             raise ConfigError(f"checkpoint_bytes must be 0 or more, got {self.checkpoint_bytes}")
         if self.nproc_per_node is not None and self.nproc_per_node < 1:

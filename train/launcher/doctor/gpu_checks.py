@@ -50,8 +50,7 @@ def check_gpu_visibility(config: DoctorConfig, gpus: GpuInventory) -> CheckResul
                 Status.WARN,
                 f"torch sees {gpus.torch_device_count} GPU(s) but NVML is missing: no GPU metrics, "
                 "and the exporter cannot tell which GPUs sit idle",
-                "give the container the driver's 'utility' capability: "
-                "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+                "give the container the driver's 'utility' capability: NVIDIA_DRIVER_CAPABILITIES=compute,utility",
             )
         if requested is not None and requested.strip().lower() not in NO_GPU_REQUESTED:
             return CheckResult(
@@ -127,9 +126,7 @@ def check_gpu_visibility(config: DoctorConfig, gpus: GpuInventory) -> CheckResul
             "only acts when the NVIDIA container runtime starts a container",
             "select GPUs with docker run --gpus '\"device=0,1\"' or, on hosts, CUDA_VISIBLE_DEVICES",
         )
-    return CheckResult(
-        "gpus", Status.PASS, f"{seen}; torch {gpus.torch_version} sees {gpus.torch_device_count}"
-    )
+    return CheckResult("gpus", Status.PASS, f"{seen}; torch {gpus.torch_version} sees {gpus.torch_device_count}")
 
 
 def check_ranks_per_gpu(config: DoctorConfig, gpus: GpuInventory) -> CheckResult:
@@ -160,9 +157,7 @@ def _version(text: str) -> tuple[int, ...]:
 
 def check_cuda_version(config: DoctorConfig, gpus: GpuInventory) -> CheckResult:
     if not (gpus.driver_found and gpus.driver_cuda_version and gpus.torch_cuda_version):
-        return CheckResult(
-            "cuda-version", Status.PASS, "not applicable: no NVIDIA driver or a CPU build of torch"
-        )
+        return CheckResult("cuda-version", Status.PASS, "not applicable: no NVIDIA driver or a CPU build of torch")
     driver, built = _version(gpus.driver_cuda_version), _version(gpus.torch_cuda_version)
     versions = (
         f"driver {gpus.driver_version} supports CUDA {gpus.driver_cuda_version}, "

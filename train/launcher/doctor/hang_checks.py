@@ -10,23 +10,30 @@ from trainstack.train.launcher.doctor.config import DoctorConfig
 from trainstack.train.launcher.doctor.inventory import GpuInventory
 from trainstack.train.launcher.doctor.result import CheckResult, Status
 
-COST = "its measured cost: docs/benchmarks.md, \"Flight Recorder on vs off\""
+COST = 'its measured cost: docs/benchmarks.md, "Flight Recorder on vs off"'
 
 
 def check_hang_evidence(config: DoctorConfig, gpus: GpuInventory) -> CheckResult:
     env = config.env
-    stacks = ("py-spy when it may attach, else the ranks' own dumps" if shutil.which("py-spy", path=env.get("PATH"))
-              else "the ranks' own dumps (py-spy not installed)")
+    stacks = (
+        "py-spy when it may attach, else the ranks' own dumps"
+        if shutil.which("py-spy", path=env.get("PATH"))
+        else "the ranks' own dumps (py-spy not installed)"
+    )
     size = env.get(FR_BUFFER_ENV, env.get(FR_BUFFER_OLD_ENV))
     if env.get(FR_SWITCH_ENV) == "0" or (size is not None and size.strip() in ("", "0")):
         why = f"{FR_SWITCH_ENV}=0" if env.get(FR_SWITCH_ENV) == "0" else f"{FR_BUFFER_ENV}={size}"
         return CheckResult(
-            "hang-evidence", Status.WARN,
+            "hang-evidence",
+            Status.WARN,
             f"the Flight Recorder is off ({why}): a hang names where each rank is, not which collective it waits "
             f"in or which rank never joined it; stacks from {stacks}",
             f"unset {FR_SWITCH_ENV} and {FR_BUFFER_ENV} (the launcher then sets {FR_BUFFER_ENV}="
-            f"{FR_BUFFER_DEFAULT}; {COST})")
+            f"{FR_BUFFER_DEFAULT}; {COST})",
+        )
     return CheckResult(
-        "hang-evidence", Status.PASS,
+        "hang-evidence",
+        Status.PASS,
         f"Flight Recorder on ({FR_BUFFER_ENV}={size or FR_BUFFER_DEFAULT}, {COST}; {FR_SWITCH_ENV}=0 turns it "
-        f"off); a stall's stacks from {stacks}, into RUN_DIR/hang/")
+        f"off); a stall's stacks from {stacks}, into RUN_DIR/hang/",
+    )

@@ -40,9 +40,7 @@ def check_shared_memory(config: DoctorConfig, gpus: GpuInventory) -> CheckResult
     try:
         stats = os.statvfs(path)
     except OSError as error:
-        return CheckResult(
-            "shm", Status.FAIL, f"{path} cannot be read ({error.strerror})", _shm_fix(path, needed)
-        )
+        return CheckResult("shm", Status.FAIL, f"{path} cannot be read ({error.strerror})", _shm_fix(path, needed))
     total, free = stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
     ranks = config.ranks_on_this_node(gpus)
     need = f"need ~{human_bytes(needed)} for {ranks} rank(s) x {config.num_workers} loader worker(s)" + (
@@ -64,9 +62,7 @@ def check_shared_memory(config: DoctorConfig, gpus: GpuInventory) -> CheckResult
             "(stale torch_*/nccl-* segments from a crashed run?)",
             f"ls -la {path} and delete segments no running process owns, or " + _shm_fix(path, needed),
         )
-    return CheckResult(
-        "shm", Status.PASS, f"{path} has {human_bytes(free)} free of {human_bytes(total)}, {need}"
-    )
+    return CheckResult("shm", Status.PASS, f"{path} has {human_bytes(free)} free of {human_bytes(total)}, {need}")
 
 
 def check_memlock(config: DoctorConfig, gpus: GpuInventory) -> CheckResult:
@@ -82,8 +78,7 @@ def check_memlock(config: DoctorConfig, gpus: GpuInventory) -> CheckResult:
     return CheckResult(
         "memlock",
         Status.WARN,
-        f"memlock ulimit {human_bytes(limit)}: pinned host buffers and NCCL over InfiniBand/RoCE need it "
-        "unlimited",
+        f"memlock ulimit {human_bytes(limit)}: pinned host buffers and NCCL over InfiniBand/RoCE need it unlimited",
         "docker run --ulimit memlock=-1; compose: ulimits: {memlock: -1}; Kubernetes: raise LimitMEMLOCK in "
         "the container runtime's service (containerd/CRI-O), pods cannot set ulimits",
     )

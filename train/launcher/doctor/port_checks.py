@@ -36,9 +36,7 @@ def listener(port: int) -> str:
     return ""
 
 
-def _port_result(
-    name: str, host: str, port: int, shown_host: str, port_flag: str, host_flag: str
-) -> CheckResult:
+def _port_result(name: str, host: str, port: int, shown_host: str, port_flag: str, host_flag: str) -> CheckResult:
     error = bind_error(host, port)
     if error is None:
         return CheckResult(name, Status.PASS, f"{shown_host}:{port} is free")

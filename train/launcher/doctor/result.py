@@ -48,6 +48,4 @@ def render_table(results: list[CheckResult]) -> str:
 
 
 def render_json(results: list[CheckResult]) -> str:
-    return json.dumps(
-        {"ok": not has_failures(results), "checks": [asdict(result) for result in results]}, indent=2
-    )
+    return json.dumps({"ok": not has_failures(results), "checks": [asdict(result) for result in results]}, indent=2)

@@ -45,9 +45,13 @@ def check_output_dir(config: DoctorConfig, gpus: GpuInventory) -> CheckResult:
         )
     free = shutil.disk_usage(existing).free
     if config.checkpoint_bytes is None:
-        return CheckResult("output-dir", Status.PASS, f"{target} writable; {human_bytes(free)} free at {existing}; "
-                           f"no checkpoint-size estimate for a factory model or non-builtin data: make sure "
-                           f"{config.keep_checkpoints + 1} checkpoints fit")
+        return CheckResult(
+            "output-dir",
+            Status.PASS,
+            f"{target} writable; {human_bytes(free)} free at {existing}; "
+            f"no checkpoint-size estimate for a factory model or non-builtin data: make sure "
+            f"{config.keep_checkpoints + 1} checkpoints fit",
+        )
     # One checkpoint more than kept: the next is written in full before the oldest is deleted.
     needed = (config.keep_checkpoints + 1) * config.checkpoint_bytes
     room = (

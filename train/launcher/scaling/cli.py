@@ -19,12 +19,21 @@ def _counts(text: str) -> tuple[int, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`trainstack bench BENCHMARK`: scaling is the one benchmark with a subcommand (make bench runs the rest)."""
-    parser.add_argument("benchmark", choices=("scaling",), help="scaling: DDP (and DataParallel on GPUs) on 1..N "
-                        "devices")
-    parser.add_argument("--output-dir", type=Path, default=Path("runs/bench-scaling"),
-                        help="where the runs, scaling.json and scaling.png go (default runs/bench-scaling)")
-    parser.add_argument("--devices", type=_counts, default=(),
-                        help="device counts, e.g. 1,2,4,8 (default: 1, 2, 4... and all GPUs; 1,2 CPU ranks)")
+    parser.add_argument(
+        "benchmark", choices=("scaling",), help="scaling: DDP (and DataParallel on GPUs) on 1..N devices"
+    )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path("runs/bench-scaling"),
+        help="where the runs, scaling.json and scaling.png go (default runs/bench-scaling)",
+    )
+    parser.add_argument(
+        "--devices",
+        type=_counts,
+        default=(),
+        help="device counts, e.g. 1,2,4,8 (default: 1, 2, 4... and all GPUs; 1,2 CPU ranks)",
+    )
     parser.add_argument("--max-steps", type=int, default=100, help="optimizer steps per run (default 100)")
     parser.add_argument("--batch-size", type=int, default=16, help="samples per device per step (default 16)")
     parser.add_argument("--model", default="builtin:tiny-gpt")
@@ -32,13 +41,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--num-workers", type=int, default=2, help="loader workers per rank (default 2)")
     parser.add_argument("--mixed-precision", choices=("no", "fp16", "bf16"), default="no")
-    parser.add_argument("--predict", type=Path, metavar="RUN_DIR",
-                        help="run nothing: predict RUN_DIR's step time and efficiency at other world sizes and link "
-                             "speeds from its own figures (train/launcher/scaling/predict.py states the model)")
-    parser.add_argument("--bandwidth", type=float, metavar="GBIT_S",
-                        help="with --predict: the link's bus bandwidth in Gbit/s (default: what the run achieved)")
-    parser.add_argument("--world-sizes", type=_counts, default=(2, 4, 8, 16),
-                        help="with --predict: world sizes to predict (default 2,4,8,16)")
+    parser.add_argument(
+        "--predict",
+        type=Path,
+        metavar="RUN_DIR",
+        help="run nothing: predict RUN_DIR's step time and efficiency at other world sizes and link "
+        "speeds from its own figures (train/launcher/scaling/predict.py states the model)",
+    )
+    parser.add_argument(
+        "--bandwidth",
+        type=float,
+        metavar="GBIT_S",
+        help="with --predict: the link's bus bandwidth in Gbit/s (default: what the run achieved)",
+    )
+    parser.add_argument(
+        "--world-sizes",
+        type=_counts,
+        default=(2, 4, 8, 16),
+        help="with --predict: world sizes to predict (default 2,4,8,16)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,14 +72,26 @@ def run(args: argparse.Namespace) -> int:
     from trainstack.train.launcher.scaling.runs import RunFailed, run_all
 
     config = ScalingConfig(
-        gpus=torch.cuda.device_count(), output_dir=args.output_dir, max_steps=args.max_steps,
-        batch_size=args.batch_size, model=args.model, dataset=args.dataset, seq_len=args.seq_len,
-        num_workers=args.num_workers, mixed_precision=args.mixed_precision, devices=args.devices)
+        gpus=torch.cuda.device_count(),
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        batch_size=args.batch_size,
+        model=args.model,
+        dataset=args.dataset,
+        seq_len=args.seq_len,
+        num_workers=args.num_workers,
+        mixed_precision=args.mixed_precision,
+        devices=args.devices,
+    )
     config.output_dir.mkdir(parents=True, exist_ok=True)
 
     def progress(measurement) -> None:
-        print(f"bench scaling: {measurement.mode} on {measurement.devices}: "
-              f"{measurement.samples_per_second:.1f} samples/s", file=sys.stderr, flush=True)
+        print(
+            f"bench scaling: {measurement.mode} on {measurement.devices}: "
+            f"{measurement.samples_per_second:.1f} samples/s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     try:
         measurements = run_all(config, progress)

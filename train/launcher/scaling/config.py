@@ -52,6 +52,19 @@ class ScalingConfig:
     @property
     def training_flags(self) -> list[str]:
         """The flags both modes train with, so they run the same model on the same data."""
-        return ["--max-steps", str(self.max_steps), "--batch-size", str(self.batch_size), "--model", self.model,
-                "--dataset", self.dataset, "--seq-len", str(self.seq_len), "--num-workers", str(self.num_workers),
-                "--mixed-precision", self.mixed_precision]
+        return [
+            "--max-steps",
+            str(self.max_steps),
+            "--batch-size",
+            str(self.batch_size),
+            "--model",
+            self.model,
+            "--dataset",
+            self.dataset,
+            "--seq-len",
+            str(self.seq_len),
+            "--num-workers",
+            str(self.num_workers),
+            "--mixed-precision",
+            self.mixed_precision,
+        ]

@@ -32,15 +32,20 @@ class LossPerReplica(nn.Module):
 
 def samples_per_second(config: train_config.TrainConfig, gpus: int) -> float:
     torch.manual_seed(config.seed)
-    data = load_token_data(config.dataset, config.text_field, config.seq_len, config.eval_fraction, config.seed,
-                           config)
+    data = load_token_data(config.dataset, config.text_field, config.seq_len, config.eval_fraction, config.seed, config)
     device = "cuda" if gpus else "cpu"
     model = build_model(config, data.vocab_size).to(device)
     parallel = nn.DataParallel(LossPerReplica(model), device_ids=list(range(gpus)) or None)
     loader = torch.utils.data.DataLoader(
-        data.train, batch_size=config.batch_size * max(gpus, 1), shuffle=True, drop_last=True, pin_memory=bool(gpus),
-        collate_fn=partial(collate, pad_to_multiple_of=8), num_workers=config.num_workers,
-        persistent_workers=config.num_workers > 0)
+        data.train,
+        batch_size=config.batch_size * max(gpus, 1),
+        shuffle=True,
+        drop_last=True,
+        pin_memory=bool(gpus),
+        collate_fn=partial(collate, pad_to_multiple_of=8),
+        num_workers=config.num_workers,
+        persistent_workers=config.num_workers > 0,
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     precision = {"no": None, "fp16": torch.float16, "bf16": torch.bfloat16}[config.mixed_precision]
     scaler = torch.amp.GradScaler(device, enabled=precision is torch.float16)

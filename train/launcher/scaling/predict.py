@@ -40,8 +40,10 @@ class RunFigures:
 
     def __post_init__(self) -> None:
         if self.world_size < 2 or self.comm_seconds <= 0 or self.gradient_bytes <= 0:
-            raise ConfigError("the run measured no gradient communication (one rank, or records without "
-                              "comm_seconds/comm_bytes): nothing to scale from; run it on 2 or more ranks")
+            raise ConfigError(
+                "the run measured no gradient communication (one rank, or records without "
+                "comm_seconds/comm_bytes): nothing to scale from; run it on 2 or more ranks"
+            )
 
     @property
     def hidden_share(self) -> float:
@@ -53,26 +55,38 @@ class RunFigures:
 
 
 def figures_of(run_dir: Path) -> RunFigures:
-    records = {rank: [r for segment in by_segment(read_rank_records(path)) for r in segment[1:]
-                      if r.get("comm_bytes") is not None]
-               for rank, path in RunDir(run_dir).all_rank_records().items()}
+    records = {
+        rank: [
+            r for segment in by_segment(read_rank_records(path)) for r in segment[1:] if r.get("comm_bytes") is not None
+        ]
+        for rank, path in RunDir(run_dir).all_rank_records().items()
+    }
     records = {rank: lines for rank, lines in records.items() if lines}
     if not records:
-        raise ConfigError(f"{run_dir} has no telemetry records past the warm-up ({SHOWN.rank_records('<r>')}): "
-                          "pass the directory of a finished run of 2 or more ranks")
+        raise ConfigError(
+            f"{run_dir} has no telemetry records past the warm-up ({SHOWN.rank_records('<r>')}): "
+            "pass the directory of a finished run of 2 or more ranks"
+        )
 
     def per_step(key) -> float:
-        return sum(sum(key(r) for r in lines) / sum(r["step_count"] for r in lines)
-                   for lines in records.values()) / len(records)
+        return sum(
+            sum(key(r) for r in lines) / sum(r["step_count"] for r in lines) for lines in records.values()
+        ) / len(records)
 
     world = read_summary(RunDir(run_dir).summary).get("world_size") or len(records)
     return RunFigures(
         world_size=world,
-        compute_seconds=per_step(lambda r: sum(v for part, v in r["time_parts"].items()
-                                               if part in breakdown.STEP_PARTS and part != breakdown.COMM_EXPOSED)),
+        compute_seconds=per_step(
+            lambda r: sum(
+                v
+                for part, v in r["time_parts"].items()
+                if part in breakdown.STEP_PARTS and part != breakdown.COMM_EXPOSED
+            )
+        ),
         comm_seconds=per_step(lambda r: r["comm_seconds"]),
         exposed_seconds=per_step(lambda r: r["comm_exposed_seconds"]),
-        gradient_bytes=per_step(lambda r: r["comm_bytes"]))
+        gradient_bytes=per_step(lambda r: r["comm_bytes"]),
+    )
 
 
 @dataclass(frozen=True)
@@ -94,16 +108,22 @@ def predict(run: RunFigures, world_size: int, bus_bytes_per_second: float | None
 
 def table(run: RunFigures, predictions: list[Prediction], given: bool) -> str:
     source = "given (--bandwidth)" if given else "the run's achieved bus bandwidth"
-    lines = [f"measured on {run.world_size} ranks: {1000 * (run.compute_seconds + run.exposed_seconds):.1f} ms per "
-             f"step: {1000 * run.compute_seconds:.1f} ms compute, data wait and host time, "
-             f"{1000 * run.comm_seconds:.1f} ms communication of which {100 * run.hidden_share:.0f}% hidden; "
-             f"{run.gradient_bytes / 1e6:.2f} MB of gradients per step at {8 * run.bus_bytes_per_second / 1e9:.3f} "
-             "Gbit/s bus bandwidth",
-             f"{'ranks':>6} {'bus Gbit/s':>11} {'step ms':>9} {'exposed ms':>11} {'efficiency':>11}"]
-    lines += [f"{p.world_size:>6} {8 * p.bus_bytes_per_second / 1e9:>11.3f} {1000 * p.step_seconds:>9.1f} "
-              f"{1000 * p.exposed_seconds:>11.1f} {100 * p.efficiency:>10.0f}%" for p in predictions]
-    lines.append(f"model: weak scaling (per-device batch fixed; compute per step as measured); ring all-reduce, "
-                 f"2(n-1)/n x gradient bytes over the bus bandwidth ({source}); the share of communication hidden "
-                 "behind backward stays as measured; efficiency = step time without communication / predicted")
+    lines = [
+        f"measured on {run.world_size} ranks: {1000 * (run.compute_seconds + run.exposed_seconds):.1f} ms per "
+        f"step: {1000 * run.compute_seconds:.1f} ms compute, data wait and host time, "
+        f"{1000 * run.comm_seconds:.1f} ms communication of which {100 * run.hidden_share:.0f}% hidden; "
+        f"{run.gradient_bytes / 1e6:.2f} MB of gradients per step at {8 * run.bus_bytes_per_second / 1e9:.3f} "
+        "Gbit/s bus bandwidth",
+        f"{'ranks':>6} {'bus Gbit/s':>11} {'step ms':>9} {'exposed ms':>11} {'efficiency':>11}",
+    ]
+    lines += [
+        f"{p.world_size:>6} {8 * p.bus_bytes_per_second / 1e9:>11.3f} {1000 * p.step_seconds:>9.1f} "
+        f"{1000 * p.exposed_seconds:>11.1f} {100 * p.efficiency:>10.0f}%"
+        for p in predictions
+    ]
+    lines.append(
+        f"model: weak scaling (per-device batch fixed; compute per step as measured); ring all-reduce, "
+        f"2(n-1)/n x gradient bytes over the bus bandwidth ({source}); the share of communication hidden "
+        "behind backward stays as measured; efficiency = step time without communication / predicted"
+    )
     return "\n".join(lines)
-

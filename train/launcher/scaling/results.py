@@ -9,8 +9,10 @@ from pathlib import Path
 
 from trainstack.train.launcher.scaling.runs import Measurement
 
-NO_DATAPARALLEL = ("nn.DataParallel comparison needs GPUs: it splits each batch across CUDA devices inside one "
-                   "process, and this host has none")
+NO_DATAPARALLEL = (
+    "nn.DataParallel comparison needs GPUs: it splits each batch across CUDA devices inside one "
+    "process, and this host has none"
+)
 
 
 def _per_device_baseline(measurements: list[Measurement]) -> float:
@@ -20,8 +22,14 @@ def _per_device_baseline(measurements: list[Measurement]) -> float:
 
 def rows(measurements: list[Measurement]) -> list[dict]:
     per_device = _per_device_baseline(measurements)
-    return [{**asdict(m), "speedup": m.samples_per_second / per_device,
-             "efficiency": m.samples_per_second / (m.devices * per_device)} for m in measurements]
+    return [
+        {
+            **asdict(m),
+            "speedup": m.samples_per_second / per_device,
+            "efficiency": m.samples_per_second / (m.devices * per_device),
+        }
+        for m in measurements
+    ]
 
 
 def _percent(share: float | None) -> str:
@@ -32,14 +40,18 @@ def table(measurements: list[Measurement], gpus: int) -> str:
     unit = "GPUs" if gpus else "CPU ranks"
     lines = [f"{'mode':<13} {unit:>9} {'samples/s':>10} {'speed-up':>9} {'efficiency':>10} {'exposed comm':>12}"]
     for row in rows(measurements):
-        lines.append(f"{row['mode']:<13} {row['devices']:>9} {row['samples_per_second']:>10.1f} "
-                     f"{row['speedup']:>8.2f}x {100 * row['efficiency']:>9.0f}% "
-                     f"{_percent(row['exposed_comm_share']):>12}")
+        lines.append(
+            f"{row['mode']:<13} {row['devices']:>9} {row['samples_per_second']:>10.1f} "
+            f"{row['speedup']:>8.2f}x {100 * row['efficiency']:>9.0f}% "
+            f"{_percent(row['exposed_comm_share']):>12}"
+        )
     if not gpus:
         lines.append(NO_DATAPARALLEL)
     lines.append("speed-up and efficiency: against DDP on the fewest devices, per device (efficiency 100% = linear)")
-    lines.append("exposed comm: the share of step time the least exposed rank waited for communication compute did "
-                 "not hide\n(docs/metrics.md); - where nothing communicated (one device) or nothing measured it")
+    lines.append(
+        "exposed comm: the share of step time the least exposed rank waited for communication compute did "
+        "not hide\n(docs/metrics.md); - where nothing communicated (one device) or nothing measured it"
+    )
     return "\n".join(lines)
 
 

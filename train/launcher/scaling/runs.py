@@ -44,9 +44,27 @@ def _run(command: list[str], log: Path, what: str) -> None:
 def run_ddp(config: ScalingConfig, devices: int) -> Measurement:
     run_dir = config.output_dir / f"ddp-{devices}"
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: never resume a previous benchmark's checkpoint
-    _run([sys.executable, "-m", "trainstack", "train", "--output-dir", str(run_dir), "--nproc-per-node",
-          str(devices), "--exporter-port", "0", "--checkpoint-every", "0", "--resume", "never",
-          *config.training_flags], config.output_dir / f"ddp-{devices}.log", f"DDP on {devices} device(s)")
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "trainstack",
+            "train",
+            "--output-dir",
+            str(run_dir),
+            "--nproc-per-node",
+            str(devices),
+            "--exporter-port",
+            "0",
+            "--checkpoint-every",
+            "0",
+            "--resume",
+            "never",
+            *config.training_flags,
+        ],
+        config.output_dir / f"ddp-{devices}.log",
+        f"DDP on {devices} device(s)",
+    )
     summary = read_summary(RunDir(run_dir).summary)
     return Measurement("DDP", devices, summary["samples_per_second"], exposed_comm_share(run_dir))
 
@@ -56,8 +74,9 @@ def exposed_comm_share(run_dir: Path) -> float | None:
     shares = []
     for path in RunDir(run_dir).all_rank_records().values():
         records = list(_comm_records(path))
-        share = ratios.COMM_EXPOSED_SHARE.of(sum(r["comm_exposed_seconds"] for r in records),
-                                             sum(sum(r["step_seconds"]) for r in records))
+        share = ratios.COMM_EXPOSED_SHARE.of(
+            sum(r["comm_exposed_seconds"] for r in records), sum(sum(r["step_seconds"]) for r in records)
+        )
         if share is not None:
             shares.append(share)
     return min(shares, default=None)
@@ -73,8 +92,11 @@ def _comm_records(path: Path) -> Iterator[dict]:
 
 def run_dataparallel(config: ScalingConfig, devices: int) -> Measurement:
     log = config.output_dir / f"dataparallel-{devices}.log"
-    _run([sys.executable, str(DATAPARALLEL_SCRIPT), "--gpus", str(devices), *config.training_flags], log,
-         f"DataParallel on {devices} GPU(s)")
+    _run(
+        [sys.executable, str(DATAPARALLEL_SCRIPT), "--gpus", str(devices), *config.training_flags],
+        log,
+        f"DataParallel on {devices} GPU(s)",
+    )
     result = json.loads(log.read_text().strip().splitlines()[-1])
     return Measurement("DataParallel", devices, result["samples_per_second"])
 
