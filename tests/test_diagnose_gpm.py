@@ -4,6 +4,8 @@ from the exporter's scrape of the NVML fake's hosts (hollow, fp32, healthy) with
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import trainstack.monitoring.nvml_fake as fake
@@ -32,8 +34,8 @@ def verdict(snapshot: Snapshot, kind: str):
 
 def test_a_busy_gpu_whose_sms_mostly_idle_is_underused_with_its_ranks_setup_and_the_fixes_it_points_to():
     ranks = [
-        rank("0", uuid="GPU-0", mixed_precision="no", compiled=False, samples_per_second=48.0),
-        rank("1", uuid="GPU-1", mixed_precision="bf16", compiled=True),
+        rank("0", uuid="GPU-0", mixed_precision="no", compiled=False, samples_per_second=48.0, launcher="train"),
+        rank("1", uuid="GPU-1", mixed_precision="bf16", compiled=True, launcher="train"),
     ]
     snapshot = Snapshot("test", NOW, ranks, [gpu(0, **HOLLOW_GPM), gpu(1, **HEALTHY_GPM)])
     found = verdict(snapshot, "gpu-underused")
@@ -52,6 +54,11 @@ def test_a_busy_gpu_whose_sms_mostly_idle_is_underused_with_its_ranks_setup_and_
     compiled = Snapshot("test", NOW, [ranks[1]], [gpu(1, **HOLLOW_GPM)])
     fix = verdict(compiled, "gpu-underused").fix
     assert "--mixed-precision" not in fix and "--compile" not in fix
+    # A watched script is told its own knobs, not trainstack train's flags.
+    watched = Snapshot("test", NOW, [dataclasses.replace(ranks[0], launcher="watch")], [gpu(0, **HOLLOW_GPM)])
+    fix = verdict(watched, "gpu-underused").fix
+    assert fix.startswith("a larger per-GPU batch in your DataLoader(batch_size=...)")
+    assert "torch.autocast" in fix and "torch.compile(model)" in fix and "--" not in fix
 
 
 @pytest.mark.parametrize(
@@ -83,7 +90,9 @@ def test_a_working_gpu_without_tensor_core_activity_is_no_tensor_cores():
     fp32 = dict(
         utilization=0.99, sm_active=0.8, sm_occupancy=0.35, tensor_active=0.0, dram_active=0.3, gpm_supported=True
     )
-    snapshot = Snapshot("test", NOW, [rank("0", uuid="GPU-0", mixed_precision="no")], [gpu(0, **fp32)])
+    snapshot = Snapshot(
+        "test", NOW, [rank("0", uuid="GPU-0", mixed_precision="no", launcher="train")], [gpu(0, **fp32)]
+    )
     assert kinds(diagnose(snapshot, LIMITS)) == ["no-tensor-cores"]
     found = verdict(snapshot, "no-tensor-cores")
     assert found.evidence == (

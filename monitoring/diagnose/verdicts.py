@@ -573,15 +573,23 @@ def gpu_underused(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         on_hollow += [rank] if rank else []
         evidence += filter(None, (_activity(g), rank and _rank_setup(rank, g), _memory_bound(g, limits)))
     fixes = [
-        "a larger per-GPU --batch-size (lower --gradient-accumulation-steps to keep the global batch): more "
-        "work per kernel fills more SMs"
+        _knob(
+            on_hollow,
+            "a larger per-GPU --batch-size (lower --gradient-accumulation-steps to keep the global batch)",
+            "a larger per-GPU batch in your DataLoader(batch_size=...) (fewer accumulation micro-batches to keep "
+            "the global batch)",
+        )
+        + ": more work per kernel fills more SMs"
     ]
     if any(r.mixed_precision == "no" for r in on_hollow):
-        fixes.append("--mixed-precision bf16 (bf16 autocast: the tensor cores do the matmuls)")
+        fixes.append(
+            _knob(on_hollow, "--mixed-precision bf16", "torch.autocast(device_type='cuda', dtype=torch.bfloat16)")
+            + " (bf16 autocast: the tensor cores do the matmuls)"
+        )
     if not any(r.compiled for r in on_hollow):
         fixes.append(
-            '--compile (torch.compile fuses small kernels) or CUDA graphs (mode="reduce-overhead"): '
-            "fewer, larger kernels"
+            _knob(on_hollow, "--compile", "model = torch.compile(model)")
+            + ' (torch.compile fuses small kernels) or CUDA graphs (mode="reduce-overhead"): fewer, larger kernels'
         )
     fixes.append(
         "fewer tiny kernels in the model's code (fused optimizers: AdamW(fused=True); no per-parameter Python loops)"
@@ -623,7 +631,12 @@ def no_tensor_cores(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         f"{_percent(limits.no_tensor_cores_sm_active_ratio)} of the SMs busy, tensor cores under "
         f"{_percent(limits.no_tensor_cores_tensor_active_ratio)} of the time",
         tuple(evidence),
-        "--mixed-precision bf16 (bf16 autocast); or, to stay in fp32, TF32 for its matmuls: "
+        _knob(
+            [rank for g in idle if (rank := ranks.get(g.uuid))],
+            "--mixed-precision bf16",
+            "torch.autocast(device_type='cuda', dtype=torch.bfloat16)",
+        )
+        + " (bf16 autocast); or, to stay in fp32, TF32 for its matmuls: "
         'torch.set_float32_matmul_precision("high"); matmul sizes that are multiples of 8 let the tensor cores '
         "take them",
     )
