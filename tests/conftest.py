@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from filelock import FileLock
 
 from tests.helpers.netns import NODE_ADDRESSES, RATE_BITS, Node, ip
 from tests.helpers.runs import (
@@ -93,8 +94,23 @@ def cpu_run(tmp_path_factory) -> Path:
 
 
 def finished_run(tmp_path_factory, name: str, *args: str) -> Path:
-    """A run of `args` trained to its end, once per session."""
-    run_dir = tmp_path_factory.mktemp(name) / "run"
+    """A run of `args` trained to its end, once per session: under pytest-xdist (`make test`) the first worker to
+    need it trains it, in the temporary root all workers share, and the others wait for it and read it."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return _train_to_end(tmp_path_factory.mktemp(name) / "run", args)
+    shared = tmp_path_factory.getbasetemp().parent  # the session's root; each worker's basetemp is inside it
+    with FileLock(shared / f"{name}.lock"):
+        run_dir = shared / name / "run"
+        trained = shared / name / "trained"
+        if not trained.exists():
+            shutil.rmtree(run_dir.parent, ignore_errors=True)  # an earlier worker's attempt that failed
+            run_dir.parent.mkdir()
+            _train_to_end(run_dir, args)
+            trained.touch()
+    return run_dir
+
+
+def _train_to_end(run_dir: Path, args: tuple[str, ...]) -> Path:
     result = train(run_dir, *args)
     assert result.returncode == 0, explain(result)
     return run_dir
