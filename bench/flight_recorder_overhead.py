@@ -14,59 +14,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-from side_by_side import halves_for_pair, pinned, report
+from side_by_side import halves_for_pair, report
+from train_run import TrainRun
 
 from trainstack.hang import FR_SWITCH_ENV
-from trainstack.rundir import RunDir, read_summary
 
-REPO = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
 TARGET = 0.99
 
 
-class Run:
-    def __init__(self, recorder: bool, cpus: set[int], args: argparse.Namespace):
-        self._tmp = tempfile.TemporaryDirectory(prefix="fr-overhead-")
-        self.run_dir = Path(self._tmp.name) / "run"
-        command = [
-            sys.executable,
-            "-m",
-            "trainstack",
-            "train",
-            "--output-dir",
-            str(self.run_dir),
-            "--max-steps",
-            str(args.steps),
-            "--batch-size",
-            str(args.batch_size),
-            "--num-workers",
-            "1",
-            "--checkpoint-every",
-            "0",
-            "--resume",
-            "never",
-            "--exporter-port",
-            "0",
-            "--no-report",
-        ]
-        env = {**ENV, FR_SWITCH_ENV: "1" if recorder else "0"}
-        self.process = subprocess.Popen(
-            pinned(command, cpus), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+def start_run(recorder: bool, cpus: set[int], args: argparse.Namespace) -> TrainRun:
+    flags = ["--exporter-port", "0", "--no-report"]
+    return TrainRun(args.steps, args.batch_size, 1, flags, {FR_SWITCH_ENV: "1" if recorder else "0"}, cpus)
 
-    def steps_per_second(self, batch_size: int) -> float:
-        stderr = self.process.communicate()[1]
-        try:
-            if self.process.returncode != 0:
-                sys.exit(f"training run failed (exit {self.process.returncode}):\n{stderr[-4000:]}")
-            return read_summary(RunDir(self.run_dir).summary)["samples_per_second"] / (batch_size * 2)
-        finally:
-            self._tmp.cleanup()
+
+def steps_per_second(run: TrainRun, batch_size: int) -> float:
+    return run.summary()["samples_per_second"] / (batch_size * 2)
 
 
 def main() -> int:
@@ -78,8 +42,8 @@ def main() -> int:
     on_rates, off_rates = [], []
     for repeat in range(args.repeats):
         on_cpus, off_cpus = halves_for_pair(repeat)
-        on, off = Run(True, on_cpus, args), Run(False, off_cpus, args)
-        on_rate, off_rate = on.steps_per_second(args.batch_size), off.steps_per_second(args.batch_size)
+        on, off = start_run(True, on_cpus, args), start_run(False, off_cpus, args)
+        on_rate, off_rate = steps_per_second(on, args.batch_size), steps_per_second(off, args.batch_size)
         on_rates.append(on_rate)
         off_rates.append(off_rate)
         print(

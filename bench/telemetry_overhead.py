@@ -25,20 +25,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import urllib.error
 import urllib.request
-from pathlib import Path
 
-from side_by_side import halves_for_pair, pinned, report
+from side_by_side import halves_for_pair, report
+from train_run import TrainRun
 
-from trainstack.rundir import NON_BLOCKING_COPY_ENV, RunDir, free_port, read_summary
+from trainstack.rundir import NON_BLOCKING_COPY_ENV, free_port
 
-REPO = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
 TARGET = 0.99
 # The GPU runs of issue 12; the factories live in tests/ (run from the repository root).
 GPU_RUN = [
@@ -87,58 +83,23 @@ class Run:
     def __init__(
         self, telemetry: bool, cpus: set[int] | None, args: argparse.Namespace, non_blocking_copy: bool = True
     ):
-        self._tmp = tempfile.TemporaryDirectory(prefix="telemetry-overhead-")
-        self.run_dir = Path(self._tmp.name) / "run"
         self.world_size = 1 if args.gpu else 2
-        command = [
-            sys.executable,
-            "-m",
-            "trainstack",
-            "train",
-            "--output-dir",
-            str(self.run_dir),
-            "--max-steps",
-            str(args.steps),
-            "--batch-size",
-            str(args.batch_size),
-            "--num-workers",
-            str(args.num_workers),
-            "--checkpoint-every",
-            "0",
-            "--resume",
-            "never",
-            "--strategy",
-            args.strategy,
-            *(GPU_RUN if args.gpu else []),
-        ]
+        flags = ["--strategy", args.strategy, *(GPU_RUN if args.gpu else [])]
         self.scraper = None
         if telemetry:
             port = free_port()
-            command += ["--exporter-port", str(port)]
+            flags += ["--exporter-port", str(port)]
             self.scraper = Scraper(port)
         else:
-            command += ["--no-telemetry", "--exporter-port", "0"]
-        env = {**ENV, NON_BLOCKING_COPY_ENV: "1" if non_blocking_copy else "0"}
-        self.process = subprocess.Popen(
-            pinned(command, cpus) if cpus else command,
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+            flags += ["--no-telemetry", "--exporter-port", "0"]
+        env = {NON_BLOCKING_COPY_ENV: "1" if non_blocking_copy else "0"}
+        self.run = TrainRun(args.steps, args.batch_size, args.num_workers, flags, env, cpus)
 
     def steps_per_second(self, batch_size: int) -> tuple[float, int]:
         """Waits for the run; returns its loop steps/s and how many scrapes its exporter answered."""
-        stderr = self.process.communicate()[1]
+        summary = self.run.summary()
         scrapes = self.scraper.stop() if self.scraper else 0
-        try:
-            if self.process.returncode != 0:
-                sys.exit(f"training run failed (exit {self.process.returncode}):\n{stderr[-4000:]}")
-            summary = read_summary(RunDir(self.run_dir).summary)
-            return summary["samples_per_second"] / (batch_size * self.world_size), scrapes
-        finally:
-            self._tmp.cleanup()
+        return summary["samples_per_second"] / (batch_size * self.world_size), scrapes
 
 
 def gpu_rounds(args: argparse.Namespace) -> None:

@@ -6,6 +6,7 @@ a user's. It imports neither the app (trainstack.train) nor the monitoring side 
 - records.py: its records file, one JSON line per log interval, for the report
 - interval.py: the interval's loss and token sums, read one interval later, and when an interval ends
 - core.py: `Telemetry`, the interval: step, data-wait and forward times, pauses, time by part, then one record
+- clock.py: the clock those times are measured on, chosen once from the device: the host's, or the GPU's
 - timeline.py: those times on the GPU's own clock (CUDA events)
 - comm.py, fsdp_comm.py, comm_timer.py, comm_setup.py: DDP's and FSDP's communication times and settings
 - gpu_busy.py, gpu_activity.py: NVML's utilization and GPM on the rank's own GPU

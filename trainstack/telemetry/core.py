@@ -17,7 +17,6 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,15 +24,13 @@ import torch
 from trainstack import breakdown, ratios
 from trainstack.hang import start_responder
 from trainstack.rundir import METRICS_DIR_ENV, SEGMENT_ENDED, RunDir
+from trainstack.telemetry.clock import PendingTimes, RankClock, clock_for
 from trainstack.telemetry.comm import watch_gradient_communication
 from trainstack.telemetry.comm_setup import CommSetup
-from trainstack.telemetry.comm_timer import Clock, CommTimer, DeviceClock, HostClock, StepComm
+from trainstack.telemetry.comm_timer import CommTimer, StepComm
 from trainstack.telemetry.device import RankIdentity
-from trainstack.telemetry.gpu_activity import GpuActivity
-from trainstack.telemetry.gpu_busy import GpuBusy
 from trainstack.telemetry.metrics import CommMetrics, RankMetrics
 from trainstack.telemetry.records import launch_time, open_records
-from trainstack.telemetry.timeline import DeviceTimeline, IntervalSpans
 from trainstack.write_failure import write_failure
 
 
@@ -41,14 +38,10 @@ from trainstack.write_failure import write_failure
 class IntervalCut:
     """A log interval's counts, taken between its last step and the next one."""
 
-    ended: float  # host clock (time.time()) at the cut
     samples: int
-    step_seconds: list[float]  # on the host's clock; on a GPU they come from device_spans
-    data_wait: float  # likewise
-    forward_seconds: float  # likewise
+    times: PendingTimes  # step, data-wait and forward times, on the rank's clock (clock.py)
     forward_passes: int
     host_data_wait: float
-    device_spans: IntervalSpans | None  # the interval's marks on the GPU's timeline
     comm_steps: list | None  # the steps' gradient-communication marks (CommTimer.cut); None where unmeasured
     step_count: int  # optimizer steps, those that compiled included
     compile_seconds: float  # of the steps that compiled
@@ -71,14 +64,10 @@ class Telemetry:
         self.flops_per_token = flops_per_token
         self.peak = peak
         self.device = device
-        # Where step, forward and data-wait times are measured: on a GPU its own timeline
-        # (trainstack/telemetry/timeline.py), since the host's clock there says when work was queued, not when it ran.
-        self._timeline = (
-            DeviceTimeline(partial(torch.cuda.Event, enable_timing=True)) if device.type == "cuda" else None
-        )
-        self.clock = "gpu" if self._timeline else "host"
-        clock: Clock = DeviceClock(partial(torch.cuda.Event, enable_timing=True)) if self._timeline else HostClock()
-        self._comm: CommTimer = CommTimer(clock, in_forward=lambda: self._in_forward)
+        # What measures the step, forward and data-wait times (trainstack/telemetry/clock.py); it starts with the
+        # first step's clock, below
+        clock = clock_for(device)
+        self.clock = clock.name
         self._comm_metrics = CommMetrics.off()  # until a watched model communicates
         self._comm_watched = False
         self._identity = identity
@@ -94,22 +83,17 @@ class Telemetry:
             self._records_path.parent.mkdir(parents=True, exist_ok=True)
             self._records = open_records(self._records_path, identity, self._launched_at)
         self._interval_start = time.time()
-        self._last_step_end = time.perf_counter()
+        self._rank_clock: RankClock = clock.start(identity.uuid, self._metrics)
         self._clock_started_at = self._interval_start  # unix time the step clock last (re)started
-        self._step_seconds: list[float] = []
-        self._data_wait = 0.0
+        self._comm: CommTimer = CommTimer(self._rank_clock.marks, in_forward=lambda: self._in_forward)
         self._host_data_wait = 0.0
         self._wait_start = 0.0
         self._samples = 0
-        self._forward_start = 0.0
         self._in_forward = False
-        self._forward_seconds = 0.0  # host clock; on a GPU the timeline has them
         self._forward_passes = 0
         self._state_bytes: dict[str, int] = {}
         # Where the time goes (trainstack/breakdown.py): this interval's pauses and compiling steps, and the startup
         # until the first step.
-        self._gpu_busy = GpuBusy.open(identity.uuid) if self._timeline else None
-        self._gpu_activity = GpuActivity.open(identity.uuid) if self._timeline else None  # GPM: SM, tensor activity
         self._starting = True
         self._paused_while_starting = 0.0
         self._pause: OpenPause | None = None
@@ -124,7 +108,7 @@ class Telemetry:
     def _measures(self, part: str) -> bool:
         """Whether this rank measures `part`: host-bound idle only on a GPU NVML answers for, exposed communication
         only on a watched DDP model. A part it does not measure has no series, rather than zeros."""
-        return {breakdown.HOST_BOUND: self._gpu_busy is not None, breakdown.COMM_EXPOSED: self._comm_watched}.get(
+        return {breakdown.HOST_BOUND: self._rank_clock.measures_busy, breakdown.COMM_EXPOSED: self._comm_watched}.get(
             part, True
         )
 
@@ -142,47 +126,29 @@ class Telemetry:
         """Forward time says which part of a straggler's step is slow. The waits for collectives inside it (DDP's
         buffer broadcast, FSDP's all-gathers) are communication, taken out when the interval is read."""
         self._in_forward = True
-        if self._timeline:
-            self._timeline.forward_started()
-        else:
-            self._forward_start = time.perf_counter()
+        self._rank_clock.forward_started()
 
     def forward_done(self) -> None:
         self._in_forward = False
         self._forward_passes += 1
         self._metrics.forward_passes.inc()
-        if self._timeline:
-            self._timeline.forward_done()
-        else:
-            self._forward_seconds += time.perf_counter() - self._forward_start
+        self._rank_clock.forward_done()
 
     def data_wait_started(self) -> None:
         """The loop is about to ask the loader for the next batch."""
         self._wait_start = time.perf_counter()
-        if self._timeline:
-            self._timeline.data_wait_started()
+        self._rank_clock.data_wait_started()
 
     def data_ready(self) -> None:
         """The loader answered (a batch, now on the device, or the end of the epoch)."""
         seconds = time.perf_counter() - self._wait_start
         self._host_data_wait += seconds
         self._metrics.host_data_wait.inc(seconds)
-        if self._timeline:
-            self._timeline.data_ready()
-            return
-        self._data_wait += seconds
-        self._metrics.data_wait.inc(seconds)
+        self._rank_clock.data_ready(seconds)
 
     def step_done(self, samples: int) -> None:
         self._count_step(samples)
-        if self._timeline:
-            self._timeline.step_done()
-            return
-        now = time.perf_counter()
-        duration = now - self._last_step_end
-        self._last_step_end = now
-        self._step_seconds.append(duration)
-        self._metrics.step_duration.observe(duration)
+        self._rank_clock.step_done()
 
     def step_compiled(self, samples: int, seconds: float, recompiles: int) -> None:
         """A step that compiled counts as a step, but its time is compile time, not a step time."""
@@ -203,8 +169,7 @@ class Telemetry:
             raise ValueError(f"no pause {part!r}: a pause is one of {', '.join(breakdown.PAUSES)}")
         if self._pause:
             raise ValueError(f"pause {part!r} started during pause {self._pause.part!r}: pauses do not nest")
-        if self._timeline:
-            self._timeline.wait_for_device()
+        self._rank_clock.wait_for_device()
         self._pause = OpenPause(part, time.perf_counter(), time.time())
 
     def pause_ended(self, part: str) -> float:
@@ -248,30 +213,23 @@ class Telemetry:
 
     def resync_clock(self) -> None:
         """After a checkpoint or evaluation: that pause is not a step, so it must not count as one."""
-        self._last_step_end = time.perf_counter()
         self._clock_started_at = time.time()
-        if self._timeline:
-            self._timeline.restart_step_clock()
+        self._rank_clock.restart_step_clock()
 
     def interval_ended(self) -> IntervalCut:
         """Closes the interval's counts between two steps; `interval_done` records them once its loss is known."""
         cut = IntervalCut(
-            ended=time.time(),
             samples=self._samples,
-            step_seconds=self._step_seconds,
-            data_wait=self._data_wait,
+            times=self._rank_clock.cut(),
             host_data_wait=self._host_data_wait,
-            forward_seconds=self._forward_seconds,
             forward_passes=self._forward_passes,
-            device_spans=self._timeline.cut() if self._timeline else None,
             comm_steps=self._comm.cut() if self._comm_watched else None,
             step_count=self._step_count,
             compile_seconds=self._compile_seconds,
             paused=self._paused,
             not_stepping=self._not_stepping,
         )
-        self._samples, self._step_seconds, self._data_wait, self._host_data_wait = 0, [], 0.0, 0.0
-        self._forward_seconds, self._forward_passes = 0.0, 0
+        self._samples, self._host_data_wait, self._forward_passes = 0, 0.0, 0
         self._step_count, self._compile_seconds, self._paused, self._not_stepping = 0, 0.0, [], []
         return cut
 
@@ -280,23 +238,15 @@ class Telemetry:
     ) -> float | None:
         """Records the interval; returns its data-wait share of step time (ratios.DATA_WAIT_SHARE, for the progress
         bar)."""
-        step_seconds, data_wait, forward, ended = cut.step_seconds, cut.data_wait, cut.forward_seconds, cut.ended
-        if cut.device_spans:
-            times = cut.device_spans.times()
-            # The device has just run the interval's last step: on a GPU the host's clock at the cut said only
-            # when that step was queued.
-            ended = time.time()
-            step_seconds, data_wait, forward = times.step_seconds, times.data_wait_seconds, times.forward_seconds
-            self._metrics.data_wait.inc(data_wait)
-            for duration in step_seconds:
-                self._metrics.step_duration.observe(duration)
+        times, ended = cut.times.read()
+        step_seconds, data_wait, forward = times.step_seconds, times.data_wait_seconds, times.forward_seconds
         comm = self._comm.read(cut.comm_steps) if cut.comm_steps is not None else None
         if comm:
             forward = max(0.0, forward - sum(step.forward_exposed_seconds for step in comm))
         self._metrics.forward_seconds.inc(forward)
         # The samples NVML took while the device ran the interval: from the end of the previous one to now.
-        busy = self._gpu_busy.share(self._interval_start, ended, cut.not_stepping) if self._gpu_busy else None
-        activity = self._gpu_activity.read() if self._gpu_activity else {}
+        busy = self._rank_clock.busy_share(self._interval_start, ended, cut.not_stepping)
+        activity = self._rank_clock.activity()  # GPM: SM and tensor-core activity
         interval = max(ended - self._interval_start, 1e-9)
         self._interval_start = ended
         stepped = sum(step_seconds) or interval
@@ -406,7 +356,4 @@ class Telemetry:
                 finish()
             except OSError:
                 pass  # a record's write failed and was reported (the segment then reads as killed)
-        if self._gpu_busy:
-            self._gpu_busy.close()
-        if self._gpu_activity:
-            self._gpu_activity.close()
+        self._rank_clock.close()
