@@ -8,7 +8,7 @@ import pytest
 from trainstack.monitoring.diagnose.records import judged, snapshot_from_records
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose
-from trainstack.monitoring.report import write_report
+from trainstack.monitoring.report import render_report
 from trainstack.rundir import SEGMENT_ENDED, SEGMENT_MARKER, RunDir
 
 
@@ -114,7 +114,7 @@ def test_a_finished_run_is_judged_with_each_verdicts_ceiling_and_shown_in_its_re
     assert verdicts[0]["ceiling"]["kind"] == "straggler"
     assert verdicts[0]["ceiling"]["speedup"] == pytest.approx(1 / (1 - 0.28))  # what rank 0 waits beyond rank 1
     run.summary.write_text(json.dumps({"version": 1, "run_id": "r", "exit_reason": "completed", "verdicts": verdicts}))
-    page = write_report(tmp_path).read_text()
+    page = render_report(tmp_path).read_text()
     verdicts_table = page.split("<h2>Verdicts</h2>", 1)[1].split("</table>", 1)[0]
     assert "rank 1 is a straggler" in verdicts_table and "up to 1.39x faster" in verdicts_table
 

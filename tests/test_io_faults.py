@@ -24,6 +24,7 @@ from trainstack.rundir import ERROR_FILE_ENV, METRICS_DIR_ENV, UNSEALED_PREFIX, 
 from trainstack.telemetry.core import Telemetry
 from trainstack.telemetry.device import RankIdentity
 from trainstack.train.launcher import agent, launch
+from trainstack.train.launcher.supervised import write_report
 from trainstack.train.rank import checkpoint, outcome
 from trainstack.train.rank.config import TrainConfig
 from trainstack.write_failure import WriteFailure, write_atomically, write_failure
@@ -242,14 +243,17 @@ def test_a_report_the_disk_refuses_is_one_line_and_exit_69(tmp_path, capsys):
         raise WriteFailure("no space left on device writing the report to x (0 B free of 1.0 MiB); free space there")
 
     newest = make_checkpoint(tmp_path / "checkpoints", 5)
-    assert launch.write_report(tmp_path, refused) == EXIT_RUNTIME
+    assert write_report(tmp_path, refused, launch.PROGRAM, launch.checkpoints_kept) == EXIT_RUNTIME
     line = capsys.readouterr().err.strip()
     assert line == (
         "trainstack train: error: no space left on device writing the report to x (0 B free of 1.0 MiB); "
         f"free space there, then `trainstack report {tmp_path}` writes it; the checkpoints are untouched, "
         f"the newest intact is {newest}"
     )
-    assert launch.write_report(tmp_path, lambda run_dir: run_dir / "report.html") == EXIT_OK
+    assert (
+        write_report(tmp_path, lambda run_dir: run_dir / "report.html", launch.PROGRAM, launch.checkpoints_kept)
+        == EXIT_OK
+    )
 
 
 # ---- for real, on 2 CPU ranks -------------------------------------------------------------------------------

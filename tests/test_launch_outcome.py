@@ -40,7 +40,8 @@ def launch(run_dir: Path, node_rank: int = 0, stopped: bool = False) -> Launch:
     )
     launched = Launch(TrainConfig(output_dir=str(run_dir)), world, None, "this-launch")
     launched.started = time.time() - 60  # Launch.run sets it as the ranks start
-    launched.stop_signal = signal.SIGTERM if stopped else None
+    if stopped:
+        launched.supervised.on_signal(signal.SIGTERM, None)
     return launched
 
 

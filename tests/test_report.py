@@ -19,7 +19,7 @@ from PIL import Image
 from tests.helpers.runs import run_trainstack
 from trainstack.errors import ConfigError
 from trainstack.monitoring.report import cli as report_cli
-from trainstack.monitoring.report import write_report
+from trainstack.monitoring.report import render_report
 from trainstack.monitoring.report.figures import FIGURES
 
 GPU_FIGURES = {"gpu-utilization", "gpu-memory"}
@@ -61,7 +61,7 @@ def embedded_figures(report: Path) -> dict[str, Image.Image]:
 
 @pytest.mark.slow
 def test_report_of_a_gpu_run_embeds_every_figure(gpu_run):
-    report = write_report(gpu_run)
+    report = render_report(gpu_run)
     assert report == gpu_run / "report.html"
     figures = embedded_figures(report)
     assert set(figures) == {spec.id for spec in FIGURES}
@@ -78,7 +78,7 @@ def test_report_of_a_gpu_run_embeds_every_figure(gpu_run):
 @pytest.mark.slow
 def test_report_of_a_cpu_run_leaves_gpu_figures_out(cpu_run, tmp_path):
     shutil.copytree(cpu_run, tmp_path / "run")
-    figures = embedded_figures(write_report(tmp_path / "run"))
+    figures = embedded_figures(render_report(tmp_path / "run"))
     assert set(figures) == {spec.id for spec in FIGURES} - GPU_FIGURES
     assert "No GPU snapshots" in (tmp_path / "run" / "report.html").read_text()
 
@@ -86,7 +86,7 @@ def test_report_of_a_cpu_run_leaves_gpu_figures_out(cpu_run, tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (make system-deps)")
 def test_report_is_not_blank_in_a_browser(gpu_run, tmp_path):
-    report = write_report(gpu_run)
+    report = render_report(gpu_run)
     screenshot = tmp_path / "report.png"
     subprocess.run(
         [
@@ -126,12 +126,12 @@ def test_a_cut_off_last_line_and_unsupported_gpu_fields_are_tolerated(gpu_run):
             json.dumps({**snapshot, "time": snapshot["time"] + 1, "power_watts": None, "utilization_ratio": None})
             + "\n"
         )
-    assert set(embedded_figures(write_report(gpu_run))) == {spec.id for spec in FIGURES}
+    assert set(embedded_figures(render_report(gpu_run))) == {spec.id for spec in FIGURES}
 
 
 def test_a_directory_without_telemetry_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="no telemetry records"):
-        write_report(tmp_path)
+        render_report(tmp_path)
 
 
 def test_a_run_with_gpu_snapshots_and_no_rank_records_gets_the_gpu_figures(tmp_path):
@@ -154,7 +154,7 @@ def test_a_run_with_gpu_snapshots_and_no_rank_records_gets_the_gpu_figures(tmp_p
                     )
                     + "\n"
                 )
-    report = write_report(tmp_path)
+    report = render_report(tmp_path)
     assert set(embedded_figures(report)) == {"gpu-utilization", "gpu-memory"}
     assert "No rank records" in report.read_text()
 
@@ -262,7 +262,7 @@ def table_after(page: str, heading: str) -> list[list[str]]:
 
 
 def test_the_report_heads_with_the_command_its_exit_and_duration(tmp_path):
-    page = write_report(synthetic_run(tmp_path / "run")).read_text()
+    page = render_report(synthetic_run(tmp_path / "run")).read_text()
     header = dict(row for row in table_after(page, "</p>")[1:])
     assert header == {
         "command": "torchrun --nproc-per-node 2 train.py",
@@ -274,7 +274,7 @@ def test_the_report_heads_with_the_command_its_exit_and_duration(tmp_path):
 
 
 def test_where_the_time_went_is_per_rank_wall_time_with_unmeasured_parts_said_so(tmp_path):
-    page = write_report(synthetic_run(tmp_path / "run")).read_text()
+    page = render_report(synthetic_run(tmp_path / "run")).read_text()
     rows = {row[0]: row[1:] for row in table_after(page, "<h2>Where the time went</h2>")}
     assert rows["part"] == ["rank 0", "rank 1"]
     assert rows["wall time (s)"] == ["52.1", "52.1"]  # each rank's own, never the two added up
@@ -308,5 +308,5 @@ def test_an_uninstrumented_run_without_a_gpu_still_gets_a_report_of_its_command(
             }
         )
     )
-    page = write_report(run_dir).read_text()
+    page = render_report(run_dir).read_text()
     assert "python train.py" in page and "No rank records" in page and "No GPU snapshots" in page

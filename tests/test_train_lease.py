@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.runs import explain, kill_tree, logged_steps, start, summary, train, wait_for
-from trainstack.monitoring.report import write_report
+from trainstack.monitoring.report import render_report
 from trainstack.monitoring.report.runfiles import load_run
 from trainstack.rundir import LEASE_DIR, by_segment
 from trainstack.train.rank import checkpoint
@@ -79,7 +79,7 @@ def test_an_intruder_changes_nothing_and_a_sigkilled_run_is_taken_over_and_resum
     for records in run.ranks.values():
         first_segment, second_segment = by_segment(records)
         assert [r["step"] for r in first_segment][:2] == [1, 5] and second_segment[-1]["step"] == 12
-    assert "<h2>Segments</h2>" in write_report(run_dir).read_text()
+    assert "<h2>Segments</h2>" in render_report(run_dir).read_text()
 
 
 def test_rerunning_a_completed_run_changes_no_byte_and_a_higher_target_trains_on(tmp_path):

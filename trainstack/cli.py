@@ -77,19 +77,19 @@ for its own failures"""
 def run_train(args: argparse.Namespace) -> int:
     """The launcher, then the run report, written while the launcher still holds the run directory."""
     from trainstack.monitoring.diagnose.records import judged
-    from trainstack.monitoring.report import write_report
+    from trainstack.monitoring.report import render_report
     from trainstack.train.launcher import launch
 
-    return launch.run(args, write_report_with=write_report, judge=judged)
+    return launch.run(args, render=render_report, judge=judged)
 
 
 def run_watch(args: argparse.Namespace) -> int:
     """The watched command, then the run report, written while watch still holds the run directory."""
     from trainstack.monitoring.diagnose.records import judged
-    from trainstack.monitoring.report import write_report
+    from trainstack.monitoring.report import render_report
     from trainstack.train.launcher import watch
 
-    return watch.run(args, write_report_with=write_report, judge=judged)
+    return watch.run(args, render=render_report, judge=judged)
 
 
 RUNS_WITH_REPORT = {"train": run_train, "watch": run_watch}

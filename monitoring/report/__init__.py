@@ -1,4 +1,4 @@
-"""The run report: `write_report(run_dir)` turns a run directory's telemetry into its report.html.
+"""The run report: `render_report(run_dir)` turns a run directory's telemetry into its report.html.
 
 The launcher calls it at the end of every run; `trainstack report RUN_DIR` calls it by hand.
 """
@@ -11,7 +11,7 @@ from trainstack.rundir import RunDir
 from trainstack.write_failure import write_atomically
 
 
-def write_report(run_dir: Path | str) -> Path:
+def render_report(run_dir: Path | str) -> Path:
     """Write the run's report and return its path. Raises trainstack.errors.ConfigError when RUN_DIR holds no
     telemetry records, trainstack.write_failure.WriteFailure when the storage refuses the page. matplotlib is
     imported here, not at import time, so the CLI stays quick."""

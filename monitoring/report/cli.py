@@ -13,10 +13,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainstack.monitoring.report import write_report
+    from trainstack.monitoring.report import render_report
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir} is not a directory; pass the --output-dir of a trainstack train run")
-    print(write_report(run_dir))
+    print(render_report(run_dir))
     return EXIT_OK

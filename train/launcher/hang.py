@@ -1,7 +1,7 @@
-"""The supervisor's half of hang evidence (docs/diagnostics.md, "When a run hangs"): `trainstack train`'s launcher
-and `trainstack watch` call `HangWatch.poll()` in their loops. When no rank has stepped for the threshold (from the
-run's own step times, trainstack/thresholds.py HANG_*), it collects, once per stall and in a thread of its own so
-the loop goes on forwarding signals, into a fresh RUN_DIR/hang/stall-<n>/:
+"""The supervisor's half of hang evidence (docs/diagnostics.md, "When a run hangs"): the loop of a supervised run
+(supervised.py: `trainstack train`'s launcher, `trainstack watch`) calls `HangWatch.poll()`. When no rank has
+stepped for the threshold (from the run's own step times, trainstack/thresholds.py HANG_*), it collects, once per
+stall and in a thread of its own so the loop goes on forwarding signals, into a fresh RUN_DIR/hang/stall-<n>/:
 - each rank's Python stack: `py-spy dump` when installed and permitted (it needs ptrace: root or CAP_SYS_PTRACE),
   the rank's own answer (trainstack/hang.py), and faulthandler's (SIGUSR2) for a rank that does not answer;
 - each rank's Flight Recorder entries (the rank's own answer);

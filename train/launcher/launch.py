@@ -9,26 +9,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from trainstack import breakdown, ceilings
-from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError, RuntimeFailure
+from trainstack import breakdown
+from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
 from trainstack.hang import hang_environment
-from trainstack.lifetime import (
-    Descendants,
-    describe_end,
-    signal_new_children,
-    stop_grace,
-    supervised_by_me,
-    wait_or_kill,
-)
+from trainstack.lifetime import stop_grace, supervised_by_me
 from trainstack.rundir import (
     FAILURE_FD_ENV,
     LAUNCHER_TRAIN,
@@ -43,18 +33,15 @@ from trainstack.rundir import (
     run_environment,
     write_summary,
 )
-from trainstack.train.launcher import run_report
 from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
-from trainstack.train.launcher.exporter_process import SupervisedExporter, exporter_beside_run
-from trainstack.train.launcher.hang import HangWatch
 from trainstack.train.launcher.launch_config import LaunchConfig, lease_wait
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
-from trainstack.train.launcher.run_report import Judge
+from trainstack.train.launcher.supervised import Judge, OwnAgent, Render, SupervisedRun, findings, write_report
 from trainstack.train.rank import checkpoint, sharding
 from trainstack.train.rank import config as train_config
 from trainstack.train.rank.data import check_dataset_spec
 from trainstack.train.rank.model import check_model_spec
-from trainstack.write_failure import WriteFailure, write_failure
+from trainstack.write_failure import WriteFailure
 
 PROGRAM = "trainstack train"
 
@@ -146,33 +133,22 @@ class Launch:
         self.judge = judge
         self.run_dir = RunDir(config.run_dir)
         self.run_id = run_id
-        self.lease = lease
-        # Per node: prometheus_client names files by PID, which repeats across pods on a shared volume, and each
-        # node's exporter must serve only its own ranks.
-        self.metrics_dir = self.run_dir.node_metrics(launch.node_rank)
-        self.ranks: subprocess.Popen | None = None
-        self.exporter: SupervisedExporter | None = None
-        self.stop_signal: int | None = None
-        self.signalled_pids: set[int] = set()
+        self.supervised = SupervisedRun(
+            self.run_dir, launch.node_rank, lease, OwnAgent(), say, config.collective_timeout
+        )
         self.failed_rank: str | None = None  # the agent's line naming the rank that failed first, and its error
 
     def prepare_run_dir(self) -> None:
-        """Metrics belong to one launch: a previous launch's series must never show up in this one. Telemetry
-        belongs to the run: a resumed run appends to it. Only this node's files are touched: on a shared volume
-        the other nodes are writing theirs."""
-        shutil.rmtree(self.metrics_dir, ignore_errors=True)
-        try:
-            self.metrics_dir.mkdir(parents=True)
-            self.run_dir.telemetry.mkdir(exist_ok=True)
+        """This node's fresh metrics folder (SupervisedRun.fresh_metrics_dir); a resumed run appends to the
+        record, a fresh start sets an earlier one aside."""
+
+        def own_files() -> None:
             if self.resume_from is None:
                 self.set_aside_previous_record()
             if self.launch.node_rank == 0:
                 self.config.save(self.run_dir.config)
-        except OSError as error:
-            failure = write_failure(error, "the run directory", self.run_dir.path)
-            if failure is None:
-                raise
-            raise RuntimeFailure(f"{failure}; {checkpoint.resume_note(self.run_dir.checkpoints)}") from None
+
+        self.supervised.fresh_metrics_dir(own_files, lambda: checkpoint.resume_note(self.run_dir.checkpoints))
 
     def set_aside_previous_record(self) -> None:
         """A fresh start in a directory that holds an earlier attempt's record (it never saved a checkpoint, or
@@ -186,7 +162,7 @@ class Launch:
     def rank_environment(self) -> dict[str, str]:
         env = {
             **os.environ,
-            **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time(), LAUNCHER_TRAIN),
+            **run_environment(self.run_dir.path, self.supervised.metrics_dir, self.run_id, time.time(), LAUNCHER_TRAIN),
         }
         if self.resume_from:
             env[VERIFIED_CHECKPOINT_ENV] = str(self.resume_from)  # hashed in preflight; ranks check sizes only
@@ -240,77 +216,25 @@ class Launch:
         ]
         return command
 
-    def start_exporter(self) -> None:
-        if not self.launch.exporter_port:
-            return
-        self.exporter = exporter_beside_run(
-            self.metrics_dir, self.run_dir.path, self.launch.exporter_host, self.launch.exporter_port, say
-        )
-        self.exporter.start()
-
-    def _on_signal(self, signum, frame) -> None:
-        self.stop_signal = signum
-
-    def _forward_stop(self) -> None:
-        """SIGTERM to each rank (the agent's direct children), once; loader workers are left to their rank."""
-        import psutil
-
-        signal_new_children(psutil.Process(self.ranks.pid), signal.SIGTERM, self.signalled_pids)
-
-    def _wait_for_orphans(self, run_processes: Descendants) -> None:
-        """The agent has ended; processes it started may not have (it was killed). They watch for that and stop as
-        on SIGTERM, within the grace period (trainstack/lifetime.py); the lease is held until they are gone."""
-        left = run_processes.running()
-        if not left:
-            return
-        grace = stop_grace()
-        if self.ranks.returncode < 0:  # an agent that returned waited for its ranks: at most a loader worker is left
-            say(
-                f"the rank agent (PID {self.ranks.pid}) {describe_end(self.ranks.returncode)} while {len(left)} of "
-                f"its processes ran; waiting up to {grace:g} s for the ranks to save a checkpoint and exit"
-            )
-        wait_or_kill(left, grace + 10, say)  # the ranks' own deadline comes first
-
     def run(self) -> int:
         self.started = time.time()
         self.prepare_run_dir()
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            self.start_exporter()
+        supervised = self.supervised
+        with (
+            supervised.exporter_beside(self.launch.exporter_host, self.launch.exporter_port),
+            supervised.catching((signal.SIGTERM, signal.SIGINT)),
+        ):
             if self.launch.nnodes > 1:
                 wait_for_rendezvous_host(self.launch)
-            # Own session: a terminal's Ctrl-C reaches only the launcher, which stops the ranks in order.
-            # The agent inherits the lease file, so its flock holds while ranks may still write, even if this
-            # launcher is killed alone.
             failures, failure_writer = os.pipe()
             env = {**self.rank_environment(), FAILURE_FD_ENV: str(failure_writer)}
-            self.ranks = subprocess.Popen(
-                self.rank_command(),
-                env=env,
-                start_new_session=True,
-                pass_fds=(failure_writer, *((self.lease.fd,) if self.lease and self.lease.fd else ())),
-            )
+            supervised.start(self.rank_command(), env, pass_fds=(failure_writer,))
             os.close(failure_writer)
-            run_processes = Descendants(self.ranks.pid)  # should the agent die, what it started is found here
-            self.hangs = HangWatch(self.run_dir, self.metrics_dir, say, self.config.collective_timeout)
-            while self.ranks.poll() is None:
-                if self.stop_signal is not None:
-                    self._forward_stop()
-                run_processes.look()
-                self.hangs.poll()
-                time.sleep(0.2)
-            self._wait_for_orphans(run_processes)
+            returncode = supervised.wait()
+            supervised.end_leftovers()  # the lease is held until the ranks an agent killed alone are gone
             self.failed_rank = read_failed_rank(failures)
             self.add_time_breakdown()
-            return self.outcome(self.ranks.returncode)
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            self.stop_exporter()
-
-    def stop_exporter(self) -> None:
-        if self.exporter:
-            self.exporter.stop()
+            return self.outcome(returncode)
 
     def summary_of_this_launch(self) -> Summary:
         """summary.json if rank 0 wrote it in this launch, else {}. Every node of a run (and, with a fixed
@@ -334,16 +258,7 @@ class Launch:
         if times is None:
             return
         try:
-            judged = self.judge(self.run_dir.path) if self.judge else None
-            write_summary(
-                self.run_dir.summary,
-                {
-                    **summary,
-                    "time_breakdown": times,
-                    "ceilings": ceilings.as_json(ceilings.from_breakdown(times)),
-                    **({"verdicts": judged} if judged is not None else {}),
-                },
-            )
+            write_summary(self.run_dir.summary, {**summary, **findings(self.run_dir.path, times, self.judge)})
         except WriteFailure as failure:
             print(f"trainstack train: warning: no time breakdown in the summary: {failure}", file=sys.stderr)
 
@@ -362,7 +277,7 @@ class Launch:
                 return returncode
             return EXIT_FAILED if returncode and summary["exit_code"] == EXIT_OK else summary["exit_code"]
         if returncode in (EXIT_OK, EXIT_PREEMPTED):  # ranks on every node exit 75 once they agreed to stop
-            return EXIT_PREEMPTED if self.stop_signal is not None else returncode
+            return EXIT_PREEMPTED if self.supervised.received else returncode
         return returncode if self.failed_rank else EXIT_FAILED
 
 
@@ -388,14 +303,10 @@ def read_failed_rank(pipe: int) -> str | None:
     return line or None
 
 
-def write_report(run_dir: Path, render: Callable[[Path], Path]) -> int:
-    """run_report.write_report; a report the storage refused ends naming the newest intact checkpoint."""
-
-    def kept() -> str:
-        newest = checkpoint.newest_intact(RunDir(run_dir).checkpoints)
-        return f"; the checkpoints are untouched, the newest intact is {newest}" if newest else ""
-
-    return run_report.write_report(run_dir, render, PROGRAM, kept)
+def checkpoints_kept(run_dir: Path) -> str:
+    """What a report the storage refused leaves safe: the line ends naming the newest intact checkpoint."""
+    newest = checkpoint.newest_intact(RunDir(run_dir).checkpoints)
+    return f"; the checkpoints are untouched, the newest intact is {newest}" if newest else ""
 
 
 def _stop_before_ranks(signum, frame) -> None:
@@ -404,11 +315,9 @@ def _stop_before_ranks(signum, frame) -> None:
     raise SystemExit(EXIT_PREEMPTED)
 
 
-def run(
-    args: argparse.Namespace, write_report_with: Callable[[Path], Path] | None = None, judge: Judge | None = None
-) -> int:
-    """The launch; then, with --report on node 0, `write_report_with(run_dir)` while the lease is still held.
-    `judge(run_dir)`: the finished run's verdicts for summary.json (run_report.Judge)."""
+def run(args: argparse.Namespace, render: Render | None = None, judge: Judge | None = None) -> int:
+    """The launch; then, with --report on node 0, the report by `render(run_dir)` while the lease is still held.
+    `judge(run_dir)`: the finished run's verdicts for summary.json (supervised.Judge)."""
     launch = LaunchConfig.from_args(args)
     config = train_config.from_sources(args, on_cuda=not launch.use_cpu)
     wait = lease_wait(args)
@@ -427,10 +336,10 @@ def run(
         run_doctor(config, launch, args.skip_doctor)
         launched = Launch(config, launch, resume_from, run_id, lease, judge)
         code = launched.run()
-        if args.report and launch.node_rank == 0 and write_report_with:
-            report = write_report(config.run_dir, write_report_with)
+        if args.report and launch.node_rank == 0 and render:
+            report = write_report(config.run_dir, render, PROGRAM, checkpoints_kept)
             code = code or report  # a report the disk refused fails a run that trained to its end
-        hang = launched.hangs.last_line() if getattr(launched, "hangs", None) else None
+        hang = launched.supervised.hang_line()
         if launched.failed_rank:  # the last line: the one a user reads first
             print(
                 f"trainstack train: {launched.failed_rank}{f'; where the ranks waited: {hang}' if hang else ''}",

@@ -2,10 +2,11 @@
 `accelerate launch ...`) run as a trainstack run: a run directory under its lease, the exporter beside it, the
 environment trainstack.monitor records by, and the report when it ends.
 
-The command runs in a session of its own, as `trainstack train` runs its ranks: a terminal's Ctrl-C reaches watch
-alone, which passes it on, and whatever the command leaves behind is found and ended before the run directory is
-let go. Watch exits with the command's exit code (a death by signal N as 128 + N, as a shell reports it); its own
-failures are trainstack's codes, each with one `trainstack watch: error:` line (docs/training.md, "Exit codes").
+The command runs supervised as `trainstack train` runs its ranks (supervised.py): in a session of its own, so a
+terminal's Ctrl-C reaches watch alone, which passes it on, and whatever the command leaves behind is found and ended
+before the run directory is let go. Watch exits with the command's exit code (a death by signal N as 128 + N, as a
+shell reports it); its own failures are trainstack's codes, each with one `trainstack watch: error:` line
+(docs/training.md, "Exit codes").
 """
 
 from __future__ import annotations
@@ -16,18 +17,14 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
-from trainstack import breakdown, ceilings
-from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, RuntimeFailure
+from trainstack import breakdown
+from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError
 from trainstack.hang import hang_environment
-from trainstack.lifetime import Descendants, describe_end, stop_grace, wait_or_kill
+from trainstack.lifetime import Descendants, describe_end, stop_grace
 from trainstack.rundir import (
     INSTRUMENT_HINT,
     LAUNCHER_WATCH,
@@ -44,20 +41,14 @@ from trainstack.rundir import (
     run_environment,
     write_summary,
 )
-from trainstack.train.launcher import run_report
-from trainstack.train.launcher.exporter_process import exporter_beside_run
-from trainstack.train.launcher.hang import HangWatch
 from trainstack.train.launcher.launch_config import add_beside_run_arguments, lease_wait, node_rank_of
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
-from trainstack.train.launcher.run_report import Judge
-from trainstack.write_failure import WriteFailure, write_atomically, write_failure
+from trainstack.train.launcher.supervised import AnyCommand, Judge, Render, SupervisedRun, findings, write_report
+from trainstack.write_failure import WriteFailure, write_atomically
 
 PROGRAM = "trainstack watch"
 DEFAULT_RUN_DIR = Path("runs/watch")
-# SIGINT goes to the command's whole process group, as a terminal's Ctrl-C would have without watch in between;
-# SIGTERM and SIGHUP to the command alone, as `docker stop` or `kill` would (torchrun passes them to its workers).
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-POLL_SECONDS = 0.2
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # to the command, each as it came (supervised.AnyCommand)
 DEFAULT_HINT_SECONDS = 60.0  # longer than a model build and a rendezvous take: a rank's monitor records at start
 
 
@@ -158,84 +149,22 @@ class CommandState:
                 say(f"warning: {failure}")
 
 
-class Watch:
-    """One run of the command; `run()` returns its exit status. The signals watch gets from the moment the lease
-    is held go through `on_signal`: to the command while it runs, ignored after (the report takes seconds)."""
+class InstrumentationHint:
+    """Says once, `hint_seconds()` after the command started, that it is not instrumented when no rank of it has
+    started records by then: only its GPUs are seen."""
 
-    def __init__(
-        self,
-        command: list[str],
-        args: argparse.Namespace,
-        run_dir: RunDir,
-        node_rank: int,
-        run_id: str,
-        lease: RunDirLease,
-    ):
-        self.command, self.args, self.run_dir = command, args, run_dir
-        self.node_rank, self.run_id, self.lease = node_rank, run_id, lease
-        self.metrics_dir = run_dir.node_metrics(node_rank)
-        self.received: list[int] = []  # the signals watch got since it took the lease, in order
-        self.forwarded = 0  # how many of them the command has been sent
-        self.started_at: float | None = None  # Unix time the command started
-        self.ended_at: float | None = None
+    def __init__(self, run_dir: RunDir, started_at: float):
+        self.run_dir, self.started_at = run_dir, started_at
+        self._at: float | None = time.monotonic() + hint_seconds()
 
-    def prepare_run_dir(self) -> None:
-        """Fresh metrics for this run; a fresh record too, unless TRAINSTACK_RUN_ID names the run (a job's pods, a
-        restarted pod included, share it): then this node appends to the run's record."""
-        shutil.rmtree(self.metrics_dir, ignore_errors=True)
-        try:
-            self.metrics_dir.mkdir(parents=True)
-            self.run_dir.telemetry.mkdir(exist_ok=True)
-            if self.node_rank == 0 and not os.environ.get(RUN_ID_ENV):
-                earlier = [
-                    *self.run_dir.all_rank_records().values(),
-                    self.run_dir.gpu_log,
-                    self.run_dir.summary,
-                    self.run_dir.report,
-                ]
-                self.run_dir.set_aside(self.run_id, earlier, say)
-        except OSError as error:
-            failure = write_failure(error, "the run directory", self.run_dir.path)
-            if failure is None:
-                raise
-            raise RuntimeFailure(f"{failure}; the command was not started") from None
-
-    def command_environment(self) -> dict[str, str]:
-        # Not the supervisor's PID: it names a process's parent, and the command's own processes (torchrun's
-        # workers) are not watch's children; trainstack code in them would take watch for gone.
-        env = {name: value for name, value in os.environ.items() if name != SUPERVISOR_PID_ENV}
-        env = {**env, **run_environment(self.run_dir.path, self.metrics_dir, self.run_id, time.time(), LAUNCHER_WATCH)}
-        return {**env, **hang_environment(self.run_dir.path, self.run_id, env)}
-
-    def on_signal(self, signum, frame) -> None:
-        self.received.append(signum)
-
-    def _forward(self, command: subprocess.Popen) -> None:
-        for signum in self.received[self.forwarded :]:
-            try:
-                if signum == signal.SIGINT:
-                    os.killpg(command.pid, signum)
-                else:
-                    command.send_signal(signum)
-            except ProcessLookupError:
-                pass  # it ended meanwhile: the loop sees that next
-            self.forwarded += 1
-
-    def _end_leftovers(self, processes: Descendants) -> None:
-        """What the command started and left running (its loader workers, a killed torchrun's ranks) is stopped as
-        a container's processes are when its main one exits: SIGTERM, the grace period, SIGKILL. The lease is held
-        until they are gone: they may still write the run directory."""
-        left = processes.running()
-        if not left:
-            return
-        grace = stop_grace()
-        say(f"{len(left)} process(es) the command started still run; SIGTERM to them, SIGKILL after {grace:g} s")
-        for process in left:
-            try:
-                process.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        wait_or_kill(left, grace, say)
+    def poll(self) -> None:
+        if self._at is not None and time.monotonic() >= self._at:
+            self._at = None
+            if not self._ranks_recorded():
+                say(
+                    f"uninstrumented: the command runs, but no rank has started records "
+                    f"({SHOWN.rank_records('<r>')}), so only its GPUs are seen; {INSTRUMENT_HINT}"
+                )
 
     def _ranks_recorded(self) -> bool:
         """Whether a rank of this command has started its records (trainstack.monitor does at `start`)."""
@@ -244,59 +173,83 @@ class Watch:
         except OSError:
             return False
 
+
+class Watch:
+    """One run of the command; `run()` returns its exit status. The signals watch gets from the moment the lease
+    is held go through `supervised.on_signal`: to the command while it runs, ignored after (the report takes
+    seconds)."""
+
+    def __init__(
+        self,
+        command: list[str],
+        args: argparse.Namespace,
+        run_dir: RunDir,
+        node_rank: int,
+        run_id: str,
+        lease: RunDirLease | None,
+    ):
+        self.command, self.args, self.run_dir = command, args, run_dir
+        self.node_rank, self.run_id = node_rank, run_id
+        self.supervised = SupervisedRun(run_dir, node_rank, lease, AnyCommand(), say)
+        self.started_at: float | None = None  # Unix time the command started
+        self.ended_at: float | None = None
+
+    def prepare_run_dir(self) -> None:
+        """This node's fresh metrics folder (SupervisedRun.fresh_metrics_dir); a fresh record too, unless
+        TRAINSTACK_RUN_ID names the run (a job's pods, a restarted pod included, share it): then this node appends
+        to the run's record."""
+
+        def own_files() -> None:
+            if self.node_rank == 0 and not os.environ.get(RUN_ID_ENV):
+                earlier = [
+                    *self.run_dir.all_rank_records().values(),
+                    self.run_dir.gpu_log,
+                    self.run_dir.summary,
+                    self.run_dir.report,
+                ]
+                self.run_dir.set_aside(self.run_id, earlier, say)
+
+        self.supervised.fresh_metrics_dir(own_files, lambda: "the command was not started")
+
+    def command_environment(self) -> dict[str, str]:
+        # Not the supervisor's PID: it names a process's parent, and the command's own processes (torchrun's
+        # workers) are not watch's children; trainstack code in them would take watch for gone.
+        env = {name: value for name, value in os.environ.items() if name != SUPERVISOR_PID_ENV}
+        metrics_dir = self.supervised.metrics_dir
+        env = {**env, **run_environment(self.run_dir.path, metrics_dir, self.run_id, time.time(), LAUNCHER_WATCH)}
+        return {**env, **hang_environment(self.run_dir.path, self.run_id, env)}
+
     def run(self) -> int:
         self.prepare_run_dir()
-        series = CommandState(self.metrics_dir, self.command, self.run_id)
-        exporter = None
-        if self.args.exporter_port:
-            exporter = exporter_beside_run(
-                self.metrics_dir,
-                self.run_dir.path,
-                self.args.exporter_host,
-                self.args.exporter_port,
-                say,
-                self.args.nvml_module,
-            )
-            exporter.start()
-        try:
-            if self.received:  # while the exporter started
-                return stopped_before_start(self.received[0])
+        supervised = self.supervised
+        series = CommandState(supervised.metrics_dir, self.command, self.run_id)
+        with supervised.exporter_beside(self.args.exporter_host, self.args.exporter_port, self.args.nvml_module):
+            if supervised.received:  # while the exporter started
+                return stopped_before_start(supervised.received[0])
             say(f"run {self.run_id} in {self.run_dir.path}: {shlex.join(self.command)}")
             self.started_at = time.time()
-            command = self.start()
-            processes = Descendants(command.pid)
-            hint_at: float | None = time.monotonic() + hint_seconds()
-            hangs = HangWatch(self.run_dir, self.metrics_dir, say)
-            while command.poll() is None:
-                self._forward(command)
-                processes.look()
+            self.start()
+            hint = InstrumentationHint(self.run_dir, self.started_at)
+
+            def each_poll(processes: Descendants) -> None:
                 series.running(1 + len(processes.running()))
-                hangs.poll()
-                if hint_at is not None and time.monotonic() >= hint_at:
-                    hint_at = None
-                    if not self._ranks_recorded():
-                        say(
-                            f"uninstrumented: the command runs, but no rank has started records "
-                            f"({SHOWN.rank_records('<r>')}), so only its GPUs are seen; {INSTRUMENT_HINT}"
-                        )
-                time.sleep(POLL_SECONDS)
+                hint.poll()
+
+            returncode = supervised.wait(each_poll)
             self.ended_at = time.time()
-            say(f"the command {describe_end(command.returncode)}")
-            series.running(len(processes.running()))
-            if (hang := hangs.last_line()) and command.returncode:
+            say(f"the command {describe_end(returncode)}")
+            series.running(len(supervised.processes.running()))
+            if (hang := supervised.hang_line()) and returncode:
                 say(f"it ended in a hang: {hang}")
-            self._end_leftovers(processes)
+            supervised.end_leftovers()
             series.running(0)
-            return exit_status(command.returncode)
-        finally:
-            if exporter:
-                exporter.stop()
+            return exit_status(returncode)
 
     def summary(self, code: int, judge: Judge | None = None) -> Summary:
         """summary.json of the watched run, as `trainstack train` writes its own (rundir.Summary): the command, its
         exit, its duration, and where each rank's time went when the command's loop recorded ranks."""
         times = breakdown.of_run(self.run_dir.path)
-        signalled = any(signum in (signal.SIGTERM, signal.SIGINT) for signum in self.received)
+        signalled = any(signum in (signal.SIGTERM, signal.SIGINT) for signum in self.supervised.received)
         return {
             "run_id": self.run_id,
             "launcher": LAUNCHER_WATCH,
@@ -307,9 +260,7 @@ class Watch:
             "wall_seconds": self.ended_at - self.started_at,
             "world_size": len(times["ranks"]) if times else None,
             "goodput": times["goodput"] if times else None,
-            "time_breakdown": times,
-            **({"ceilings": ceilings.as_json(ceilings.from_breakdown(times))} if times else {}),
-            **({"verdicts": judged} if judge and (judged := judge(self.run_dir.path)) is not None else {}),
+            **findings(self.run_dir.path, times, judge),
         }
 
     def write_summary(self, code: int, judge: Judge | None = None) -> int:
@@ -321,22 +272,17 @@ class Watch:
             return EXIT_RUNTIME
         return EXIT_OK
 
-    def start(self) -> subprocess.Popen:
-        """Own session: a terminal's signals reach watch alone, which passes them on. The command inherits the
-        lease file, so its flock holds while the command may write, even if watch is killed alone."""
+    def start(self) -> None:
+        """The command, supervised (SupervisedRun.start)."""
         try:
-            return subprocess.Popen(
-                self.command, env=self.command_environment(), start_new_session=True, pass_fds=(self.lease.fd,)
-            )
+            self.supervised.start(self.command, self.command_environment())
         except OSError as error:  # found and executable, yet the kernel refused it (no #! line, a bad binary)
             raise ConfigError(f"{self.command[0]} cannot be started: {error.strerror}") from None
 
 
-def run(
-    args: argparse.Namespace, write_report_with: Callable[[Path], Path] | None = None, judge: Judge | None = None
-) -> int:
-    """The watched run; then, with --report on node 0, `write_report_with(run_dir)` while the lease is still held.
-    `judge(run_dir)`: the finished run's verdicts for summary.json (run_report.Judge)."""
+def run(args: argparse.Namespace, render: Render | None = None, judge: Judge | None = None) -> int:
+    """The watched run; then, with --report on node 0, the report by `render(run_dir)` while the lease is still
+    held. `judge(run_dir)`: the finished run's verdicts for summary.json (supervised.Judge)."""
     command = command_of(args)
     check_run_dir(args.run_dir, "--run-dir")
     check_port("--exporter-port", args.exporter_port, zero_means="to run no exporter")
@@ -353,13 +299,13 @@ def run(
             lease.acquire(wait=wait)
             watch = Watch(command, args, RunDir(args.run_dir), node_rank, run_id, lease)
             for signum in FORWARDED:
-                signal.signal(signum, watch.on_signal)
+                signal.signal(signum, watch.supervised.on_signal)
             code = watch.run()
             if node_rank == 0 and watch.started_at is not None:
                 written = watch.write_summary(code, judge)
                 code = code or written  # a summary the disk refused fails a command that succeeded
-            if args.report and node_rank == 0 and write_report_with:
-                report = run_report.write_report(args.run_dir, write_report_with, PROGRAM)
+            if args.report and node_rank == 0 and render:
+                report = write_report(args.run_dir, render, PROGRAM)
                 code = code or report  # a report the disk refused fails a command that succeeded
             return code
     finally:

@@ -1,0 +1,241 @@
+"""One supervised run: what `trainstack train` (launch.py) and `trainstack watch` (watch.py) both do around the
+process they start, while they hold the run directory's lease (lease.py):
+
+- this node's metrics folder, made afresh; the command sets an earlier record aside;
+- the exporter beside the run, supervised (exporter_process.py), stopped when the run ends;
+- the child in a session of its own, holding the lease's file: a terminal's signals reach the supervisor alone,
+  which passes them on, and the child's flock holds while it may write, even if the supervisor is killed alone;
+- polling it: its descendants (trainstack/lifetime.py) and the ranks' progress (hang.py);
+- once it has ended, whatever it left running is ended before the lease is let go;
+- what summary.json adds from the run's records, and the report, whose renderer and judge are passed in: train/
+  does not import monitoring/.
+
+How the signals reach the child and what becomes of its leftovers depend on what the child is: a `Stopping`
+policy, `OwnAgent` for trainstack's rank agent, `AnyCommand` for a command that knows nothing of trainstack.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol
+
+import psutil
+
+from trainstack import ceilings
+from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, RuntimeFailure
+from trainstack.lifetime import Descendants, describe_end, signal_new_children, stop_grace, wait_or_kill
+from trainstack.rundir import RunDir, Summary
+from trainstack.train.launcher.exporter_process import SupervisedExporter, exporter_beside_run
+from trainstack.train.launcher.hang import HangWatch
+from trainstack.train.launcher.lease import RunDirLease
+from trainstack.write_failure import WriteFailure, write_failure
+
+POLL_SECONDS = 0.2
+
+Say = Callable[[str], None]
+Render = Callable[[Path], Path]
+"""Writes a run directory's report and returns its path (trainstack.monitoring.report.render_report)."""
+Judge = Callable[[Path], "list[dict] | None"]
+"""A finished run's verdicts from its files (trainstack.monitoring.diagnose.records.judged); None where no rank
+recorded anything to judge."""
+
+
+class Stopping(Protocol):
+    """How the signals the supervisor gets reach its child, and what is done with the processes the child leaves
+    running once it has ended."""
+
+    def forward(self, child: subprocess.Popen, received: Sequence[int]) -> None:
+        """Called at each poll with every signal received so far, in order."""
+
+    def end_leftovers(self, child: subprocess.Popen, left: list[psutil.Process], say: Say) -> None:
+        """Called once the child has ended, with what it started that still runs (never empty)."""
+
+
+class OwnAgent:
+    """trainstack's rank agent: whatever the signal, SIGTERM to each of its children (the ranks) once; their loader
+    workers are left to their rank. Should the agent die, the ranks see their supervisor gone and stop as on
+    SIGTERM within the grace period (trainstack/lifetime.py): they are waited for, then killed."""
+
+    def __init__(self) -> None:
+        self.signalled: set[int] = set()
+
+    def forward(self, child: subprocess.Popen, received: Sequence[int]) -> None:
+        if received:
+            signal_new_children(psutil.Process(child.pid), signal.SIGTERM, self.signalled)
+
+    def end_leftovers(self, child: subprocess.Popen, left: list[psutil.Process], say: Say) -> None:
+        grace = stop_grace()
+        if child.returncode < 0:  # an agent that returned waited for its ranks: at most a loader worker is left
+            say(
+                f"the rank agent (PID {child.pid}) {describe_end(child.returncode)} while {len(left)} of its "
+                f"processes ran; waiting up to {grace:g} s for the ranks to save a checkpoint and exit"
+            )
+        wait_or_kill(left, grace + 10, say)  # the ranks' own deadline comes first
+
+
+class AnyCommand:
+    """A command that knows nothing of trainstack: each signal passes on as it came, SIGINT to the command's whole
+    process group, as a terminal's Ctrl-C would have without the supervisor in between, the others to the command
+    alone, as `docker stop` or `kill` would (torchrun passes them to its workers). What it leaves running (its
+    loader workers, a killed torchrun's ranks) is stopped as a container's processes are when its main one exits:
+    SIGTERM, the grace period, SIGKILL."""
+
+    def __init__(self) -> None:
+        self.forwarded = 0  # how many of the signals received the command has been sent
+
+    def forward(self, child: subprocess.Popen, received: Sequence[int]) -> None:
+        for signum in received[self.forwarded :]:
+            try:
+                if signum == signal.SIGINT:
+                    os.killpg(child.pid, signum)
+                else:
+                    child.send_signal(signum)
+            except ProcessLookupError:
+                pass  # it ended meanwhile: the loop sees that next
+            self.forwarded += 1
+
+    def end_leftovers(self, child: subprocess.Popen, left: list[psutil.Process], say: Say) -> None:
+        grace = stop_grace()
+        say(f"{len(left)} process(es) the command started still run; SIGTERM to them, SIGKILL after {grace:g} s")
+        for process in left:
+            try:
+                process.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        wait_or_kill(left, grace, say)
+
+
+class SupervisedRun:
+    """One child of a run, under this node's lease: its metrics folder, the exporter beside it, the signals the
+    supervisor gets (`on_signal`, `received`), its polling and its leftovers."""
+
+    def __init__(
+        self,
+        run_dir: RunDir,
+        node_rank: int,
+        lease: RunDirLease | None,
+        stopping: Stopping,
+        say: Say,
+        collective_timeout: float | None = None,
+    ):
+        self.run_dir, self.lease, self.stopping, self.say = run_dir, lease, stopping, say
+        # Per node: prometheus_client names files by PID, which repeats across pods on a shared volume, and each
+        # node's exporter must serve only its own ranks.
+        self.metrics_dir = run_dir.node_metrics(node_rank)
+        self.collective_timeout = collective_timeout  # the stall that collects hang evidence comes before it
+        self.received: list[int] = []  # the signals the supervisor got while `on_signal` handled them, in order
+        self.exporter: SupervisedExporter | None = None
+        self.child: subprocess.Popen | None = None
+        self.processes: Descendants | None = None
+        self.hangs: HangWatch | None = None
+
+    def fresh_metrics_dir(self, own_files: Callable[[], None], not_done: Callable[[], str]) -> None:
+        """Metrics belong to one run: an earlier run's series must never show up in this one. Telemetry belongs to
+        the run, which may append to it. Only this node's files are touched: on a shared volume the other nodes are
+        writing theirs. `own_files()` then writes what the command itself prepares (an earlier record set aside);
+        a write the storage refuses is one line, ending with `not_done()`."""
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        try:
+            self.metrics_dir.mkdir(parents=True)
+            self.run_dir.telemetry.mkdir(exist_ok=True)
+            own_files()
+        except OSError as error:
+            failure = write_failure(error, "the run directory", self.run_dir.path)
+            if failure is None:
+                raise
+            raise RuntimeFailure(f"{failure}; {not_done()}") from None
+
+    def on_signal(self, signum, frame) -> None:
+        self.received.append(signum)
+
+    @contextmanager
+    def catching(self, signums: Iterable[int]) -> Iterator[None]:
+        """`signums` go to `on_signal` inside; the handlers before are back after."""
+        previous = {signum: signal.signal(signum, self.on_signal) for signum in signums}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    @contextmanager
+    def exporter_beside(self, host: str, port: int, nvml_module: str | None = None) -> Iterator[None]:
+        """The exporter serves this node's metrics inside (none for port 0), and is stopped after."""
+        if port:
+            self.exporter = exporter_beside_run(self.metrics_dir, self.run_dir.path, host, port, self.say, nvml_module)
+            self.exporter.start()
+        try:
+            yield
+        finally:
+            if self.exporter:
+                self.exporter.stop()
+
+    def start(self, command: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> None:
+        """The child, in its own session, holding the lease's file besides `pass_fds`."""
+        lease_fd = (self.lease.fd,) if self.lease and self.lease.fd else ()
+        self.child = subprocess.Popen(command, env=env, start_new_session=True, pass_fds=(*pass_fds, *lease_fd))
+        # Should the child die, what it started is found here.
+        self.processes = Descendants(self.child.pid)
+
+    def wait(self, each_poll: Callable[[Descendants], None] = lambda processes: None) -> int:
+        """Polls the child until it ends, passing signals on and watching for a hang; its returncode."""
+        assert self.child is not None and self.processes is not None, "start() comes first"
+        self.hangs = HangWatch(self.run_dir, self.metrics_dir, self.say, self.collective_timeout)
+        while self.child.poll() is None:
+            self.stopping.forward(self.child, self.received)
+            self.processes.look()
+            self.hangs.poll()
+            each_poll(self.processes)
+            time.sleep(POLL_SECONDS)
+        return self.child.returncode
+
+    def end_leftovers(self) -> None:
+        """What the ended child started and left running ends too (as `stopping` says): the lease is held until it
+        has, for those processes may still write the run directory."""
+        assert self.child is not None and self.processes is not None, "start() comes first"
+        left = self.processes.running()
+        if left:
+            self.stopping.end_leftovers(self.child, left, self.say)
+
+    def hang_line(self) -> str | None:
+        """The last stall's verdict as one line, if the run stalled."""
+        return self.hangs.last_line() if self.hangs else None
+
+
+def findings(run_dir: Path, times: dict | None, judge: Judge | None) -> Summary:
+    """What summary.json says of a finished run from its records: where each rank's time went (`times`,
+    trainstack/breakdown.py), the most each fix can gain, and `judge`'s verdicts, where there are any."""
+    return {
+        "time_breakdown": times,
+        **({"ceilings": ceilings.as_json(ceilings.from_breakdown(times))} if times else {}),
+        **({"verdicts": judged} if judge and (judged := judge(run_dir)) is not None else {}),
+    }
+
+
+def nothing_kept(run_dir: Path) -> str:
+    return ""
+
+
+def write_report(run_dir: Path, render: Render, program: str, kept: Callable[[Path], str] = nothing_kept) -> int:
+    """`render` writes the report. Returns EXIT_RUNTIME when the storage refused it (one line said so, ending with
+    `kept(run_dir)`: what is safe regardless), else EXIT_OK."""
+    try:
+        print(f"{program}: report: {render(run_dir)}", file=sys.stderr)
+    except ConfigError as problem:
+        print(f"{program}: warning: no report: {problem}", file=sys.stderr)
+    except WriteFailure as failure:
+        # Not "rerun the same command": after a completed run it does nothing, the report command writes it.
+        print(
+            f"{program}: error: {failure}, then `trainstack report {run_dir}` writes it{kept(run_dir)}",
+            file=sys.stderr,
+        )
+        return EXIT_RUNTIME
+    return EXIT_OK
