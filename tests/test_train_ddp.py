@@ -1,4 +1,5 @@
-"""2-rank DDP over gloo for real: world size, identical replicas, falling loss, sharding, uneven and varied data."""
+"""2-rank DDP over gloo for real: world size, identical replicas, falling loss, sharding, uneven and varied data, and
+the throughput options (bucket size, static graph, compression hook, loader prefetch) reaching DDP and the loader."""
 
 from __future__ import annotations
 
@@ -64,6 +65,15 @@ def probe(tmp_path_factory):
         "--num-workers",
         "1",
         "--no-telemetry",
+        # Each throughput option away from its default, to see it reach DDP and the loader.
+        "--ddp-bucket-cap-mb",
+        "2",
+        "--ddp-static-graph",
+        "--ddp-comm-hook",
+        "fp16",
+        "--prefetch-factor",
+        "3",
+        "--no-persistent-workers",
     ]
     result = subprocess.run(
         command, cwd=REPO, env={**os.environ, "ACCELERATE_USE_CPU": "1"}, capture_output=True, text=True, timeout=300
@@ -95,6 +105,21 @@ def test_each_epoch_covers_every_sample_once_apart_from_evenness_padding(probe):
         assert sum(count - 1 for count in Counter(seen).values()) == 3
         assert not set(probe[0]["orders"][epoch]) & set(probe[1]["orders"][epoch]) - {
             s for s, c in Counter(seen).items() if c > 1
+        }
+
+
+def test_the_throughput_options_reach_ddp_and_the_loader(probe):
+    for rank in probe:
+        assert rank["ddp"] == {
+            "bucket_bytes_cap": 2 * 1024 * 1024,
+            "static_graph": True,
+            "comm_hooks": ["fp16_compress_hook"],  # untimed (--no-telemetry): DDP's own hook, as it is
+        }
+        assert rank["loader"] == {
+            "num_workers": 1,
+            "prefetch_factor": 3,
+            "persistent_workers": False,
+            "pin_memory": False,  # a CPU rank: nothing to pin for
         }
 
 

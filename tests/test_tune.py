@@ -4,6 +4,8 @@ leave the source untouched and its scratch folder removed."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 
@@ -31,11 +33,26 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
 
 def test_each_verdict_brings_its_own_fixes():
     config = TrainConfig(num_workers=1, grad_accum=1, batch_size=8)
-    names = lambda kinds: [c.name for c in for_verdicts(kinds, config)]  # noqa: E731
+
+    def names(kinds: list[str], on_cuda: bool = False, **options) -> list[str]:
+        return [c.name for c in for_verdicts(kinds, dataclasses.replace(config, **options), on_cuda)]
+
     assert names(["input-bound"])[0] == "num_workers=2"
-    assert names(["comm-bound"]) == ["grad_accum=2"]
+    assert names(["input-bound"])[-1] == "prefetch_factor=4"
+    # pinning only where a copy to a GPU can use it; persistent workers only where the baseline lacks them
+    assert {"pin_memory", "persistent_workers"} & set(names(["input-bound"])) == set()
+    assert {"pin_memory", "persistent_workers"} <= set(
+        names(["input-bound"], on_cuda=True, pin_memory=False, persistent_workers=False)
+    )
+    assert "prefetch_factor=4" not in names(["input-bound"], num_workers=0)  # no workers: nothing prefetches
+    assert names(["comm-bound"]) == ["grad_accum=2", "ddp_bucket_cap_mb=100", "ddp_static_graph"]
+    assert names(["comm-bound"], on_cuda=True)[-1] == "ddp_comm_hook=bf16"  # DDP allows bf16 over NCCL only
+    assert names(["comm-bound"], grad_accum=2) == ["grad_accum=4", "ddp_bucket_cap_mb=100"]  # static: no no_sync
+    assert names(["comm-bound"], strategy="fsdp") == ["grad_accum=2"]  # FSDP has none of DDP's options
     assert names(["host-bound"]) == ["batch_size=16", "compile"]
     assert len(names([])) == 1  # healthy: one check that nothing is left to gain
+    for candidate in for_verdicts(["input-bound", "comm-bound", "host-bound"], config, on_cuda=True):
+        dataclasses.replace(config, **candidate.options)  # each one a config the app takes
 
 
 @pytest.mark.slow
