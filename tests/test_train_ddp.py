@@ -31,6 +31,9 @@ def test_default_run_uses_two_gloo_ranks_and_learns(cpu_run):
     records = [line for line in lines if "time" in line]  # not the launch's first and last lines
     assert records[-1]["step"] == 40 and records[-1]["step_seconds"]
     assert (cpu_run / "checkpoints" / "step-00000040" / "trainstack.json").is_file()
+    recorded = json.loads((cpu_run / "environment" / "node-0.json").read_text())  # as the ranks got it
+    assert recorded["variables"]["OMP_NUM_THREADS"] and recorded["variables"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert recorded["versions"]["accelerate"] and recorded["versions"]["python"]
 
 
 @pytest.fixture(scope="module")

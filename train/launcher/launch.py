@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainstack import breakdown, ceilings
+from trainstack import breakdown, ceilings, environment
 from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError, RuntimeFailure
 from trainstack.hang import hang_environment
 from trainstack.lifetime import (
@@ -159,7 +159,7 @@ class Launch:
     def prepare_run_dir(self) -> None:
         """Metrics belong to one launch: a previous launch's series must never show up in this one. Telemetry
         belongs to the run: a resumed run appends to it. Only this node's files are touched: on a shared volume
-        the other nodes are writing theirs."""
+        the other nodes are writing theirs. This node's environment is recorded as its ranks will get it."""
         shutil.rmtree(self.metrics_dir, ignore_errors=True)
         try:
             self.metrics_dir.mkdir(parents=True)
@@ -168,6 +168,7 @@ class Launch:
                 self.set_aside_previous_record()
             if self.launch.node_rank == 0:
                 self.config.save(self.run_dir.config)
+            environment.write(self.run_dir.environment(self.launch.node_rank), self.rank_environment())
         except OSError as error:
             failure = write_failure(error, "the run directory", self.run_dir.path)
             if failure is None:
@@ -179,6 +180,7 @@ class Launch:
         its checkpoints were deleted): this node's part of it moves to `RunDir.previous(run id)`, never deleted."""
         first = self.launch.node_rank * self.launch.nproc_per_node
         files = [self.run_dir.rank_records(r) for r in range(first, first + self.launch.nproc_per_node)]
+        files.append(self.run_dir.environment(self.launch.node_rank))
         if self.launch.node_rank == 0:
             files += [self.run_dir.summary, self.run_dir.report]
         self.run_dir.set_aside(self.run_id, files, say)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from trainstack import breakdown, ceilings
+from trainstack import breakdown, ceilings, environment
 from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.hang import hang_environment
 from trainstack.lifetime import Descendants, describe_end, stop_grace, wait_or_kill
@@ -189,11 +189,13 @@ class Watch:
             if self.node_rank == 0 and not os.environ.get(RUN_ID_ENV):
                 earlier = [
                     *self.run_dir.all_rank_records().values(),
+                    *self.run_dir.environments().values(),
                     self.run_dir.gpu_log,
                     self.run_dir.summary,
                     self.run_dir.report,
                 ]
                 self.run_dir.set_aside(self.run_id, earlier, say)
+            environment.write(self.run_dir.environment(self.node_rank), self.command_environment())
         except OSError as error:
             failure = write_failure(error, "the run directory", self.run_dir.path)
             if failure is None:
