@@ -5,11 +5,12 @@ the host runs ahead of the marks). The figures follow from the schedules by hand
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from tests.helpers.fakes import FakeGpu
+from tests.helpers.fakes import FakeDdpModel, FakeGpu
 from trainstack.rundir import METRICS_DIR_ENV, RunDir
 from trainstack.telemetry.comm import watch_gradient_communication
 from trainstack.telemetry.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
@@ -99,16 +100,6 @@ def test_device_clock_measures_on_the_gpu_timeline_and_reuses_its_events():
     assert gpu.events_made == 10, "read marks go back to the pool"
 
 
-class FakeDdpModel(torch.nn.parallel.DistributedDataParallel):
-    def __init__(self) -> None:  # no process group: only its hook registration is used
-        torch.nn.Module.__init__(self)
-        self.module = torch.nn.Linear(2, 2)
-        self.hooks = []
-
-    def register_comm_hook(self, state, hook) -> None:
-        self.hooks.append((state, hook))
-
-
 def test_only_a_ddp_model_is_watched():
     timer = CommTimer(HostClock())
     assert not watch_gradient_communication(torch.nn.Linear(2, 2), timer, training=lambda: True)
@@ -117,6 +108,24 @@ def test_only_a_ddp_model_is_watched():
     assert len(model.hooks) == 1
     # the buffer broadcast's launch before DDP's forward, its end at the start of the wrapped module's
     assert len(model._forward_pre_hooks) == 1 and len(model.module._forward_pre_hooks) == 1
+
+
+def test_a_given_hook_runs_inside_the_timing_in_place_of_ddps_all_reduce():
+    timer, model, called = CommTimer(HostClock()), FakeDdpModel(), []
+
+    def own_hook(process_group, bucket):  # a user's hook of DDP's kind: its future carries the reduced bucket
+        called.append(bucket)
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+    assert watch_gradient_communication(model, timer, training=lambda: True, comm_hook=own_hook)
+    [(_, timed)] = model.hooks  # one hook: DDP takes no second
+    bucket = SimpleNamespace(buffer=lambda: torch.ones(10))
+    assert torch.equal(timed(None, bucket).wait(), torch.ones(10))
+    timer.step_done()
+    [step] = timer.read(timer.cut())
+    assert called == [bucket] and (step.buckets, step.bytes) == (1, 40)  # an unknown hook: the bucket's bytes
 
 
 def identity() -> RankIdentity:

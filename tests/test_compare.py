@@ -62,6 +62,32 @@ def test_compare_marks_the_part_that_moved_and_the_speedup(tmp_path):
     assert [(row["run"], row["verdict"]) for row in comparison.verdicts()] == [("A", "input-bound"), ("B", "healthy")]
 
 
+def _environment(run_dir: Path, node: int, nccl_algo: str, torch: str, gpus: list[str]) -> None:
+    """A node's recorded environment (trainstack/environment.py), as `trainstack train` and `watch` write it."""
+    path = run_dir / "environment" / f"node-{node}.json"
+    path.parent.mkdir(exist_ok=True)
+    described = {
+        "variables": {"NCCL_ALGO": nccl_algo, "OMP_NUM_THREADS": "4"},
+        "versions": {"python": "3.11.7", "torch": torch, "accelerate": "1.15.0", "cuda": "12.8"},
+        "driver": "570.86",
+        "gpus": gpus,
+    }
+    path.write_text(json.dumps(described))
+
+
+def test_compare_names_what_differs_in_the_recorded_environment(tmp_path):
+    a, b = _fake_run(tmp_path / "a"), _fake_run(tmp_path / "b")
+    _environment(a, 0, "Ring", "2.13.0", ["H100", "H100"])
+    _environment(b, 0, "Tree", "2.14.0", ["H100", "H100"])
+    _environment(b, 1, "Tree", "2.14.0", ["A100", "A100"])  # a second node with other GPUs
+    differ = {row["setting"]: (row["A"], row["B"]) for row in Comparison(profile.load(a), profile.load(b)).settings()}
+    assert differ == {
+        "env.NCCL_ALGO": ("Ring", "Tree"),
+        "version.torch": ("2.13.0", "2.14.0"),
+        "gpus": ("2 x H100", "node 0: 2 x H100; node 1: 2 x A100"),
+    }  # the same threads, Python, driver and CUDA: not shown
+
+
 def test_compare_prints_and_writes_its_page(tmp_path, capsys):
     slow, fixed = _fake_run(tmp_path / "slow", starved=0.1), _fake_run(tmp_path / "fixed")
     assert cli.main(["compare", str(slow), str(fixed)]) == 0

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import trainstack.monitor
+from tests.helpers.fakes import FakeDdpModel
 from trainstack.monitor import Monitor, NullMonitor
 from trainstack.rundir import RUN_DIR_ENV, RunDir
 
@@ -58,6 +59,12 @@ def test_outside_a_watched_run_it_records_nothing_and_says_so_once(unwatched, ca
 def test_disabled_it_is_silent(unwatched, capsys, tmp_path):
     assert isinstance(trainstack.monitor.start(run_dir=tmp_path, enabled=False), NullMonitor)
     assert capsys.readouterr().err == ""
+
+
+def test_disabled_it_still_registers_the_models_hook_untimed(unwatched, tmp_path):
+    model, hook = FakeDdpModel(), lambda process_group, bucket: None
+    assert isinstance(trainstack.monitor.start(model, run_dir=tmp_path, enabled=False, comm_hook=hook), NullMonitor)
+    assert model.hooks == [(None, hook)]
 
 
 def slow_batches(count: int, seconds: float):

@@ -1,4 +1,5 @@
-"""2-rank DDP over gloo for real: world size, identical replicas, falling loss, sharding, uneven and varied data."""
+"""2-rank DDP over gloo for real: world size, identical replicas, falling loss, sharding, uneven and varied data, and
+the throughput options (bucket size, static graph, compression hook, loader prefetch) reaching DDP and the loader."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def test_default_run_uses_two_gloo_ranks_and_learns(cpu_run):
     records = [line for line in lines if "time" in line]  # not the launch's first and last lines
     assert records[-1]["step"] == 40 and records[-1]["step_seconds"]
     assert (cpu_run / "checkpoints" / "step-00000040" / "trainstack.json").is_file()
+    recorded = json.loads((cpu_run / "environment" / "node-0.json").read_text())  # as the ranks got it
+    assert recorded["variables"]["OMP_NUM_THREADS"] and recorded["variables"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert recorded["versions"]["accelerate"] and recorded["versions"]["python"]
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +68,15 @@ def probe(tmp_path_factory):
         "--num-workers",
         "1",
         "--no-telemetry",
+        # Each throughput option away from its default, to see it reach DDP and the loader.
+        "--ddp-bucket-cap-mb",
+        "2",
+        "--ddp-static-graph",
+        "--ddp-comm-hook",
+        "fp16",
+        "--prefetch-factor",
+        "3",
+        "--no-persistent-workers",
     ]
     result = subprocess.run(
         command, cwd=REPO, env={**os.environ, "ACCELERATE_USE_CPU": "1"}, capture_output=True, text=True, timeout=300
@@ -95,6 +108,21 @@ def test_each_epoch_covers_every_sample_once_apart_from_evenness_padding(probe):
         assert sum(count - 1 for count in Counter(seen).values()) == 3
         assert not set(probe[0]["orders"][epoch]) & set(probe[1]["orders"][epoch]) - {
             s for s, c in Counter(seen).items() if c > 1
+        }
+
+
+def test_the_throughput_options_reach_ddp_and_the_loader(probe):
+    for rank in probe:
+        assert rank["ddp"] == {
+            "bucket_bytes_cap": 2 * 1024 * 1024,
+            "static_graph": True,
+            "comm_hooks": ["fp16_compress_hook"],  # untimed (--no-telemetry): DDP's own hook, as it is
+        }
+        assert rank["loader"] == {
+            "num_workers": 1,
+            "prefetch_factor": 3,
+            "persistent_workers": False,
+            "pin_memory": False,  # a CPU rank: nothing to pin for
         }
 
 

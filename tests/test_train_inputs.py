@@ -100,6 +100,10 @@ def _cases(tmp_path: Path, damaged: dict[str, Path]) -> dict[str, tuple[list[str
         "unparseable config": (["--output-dir", run, "--config", str(broken)], "is not valid YAML"),
         "fp16 on CPU": (["--output-dir", run, "--mixed-precision", "fp16"], "fp16 needs CUDA"),
         "SyncBatchNorm on CPU": (["--output-dir", run, "--sync-batchnorm"], "SyncBatchNorm has no CPU kernel"),
+        "bf16 gradient compression on CPU": (
+            ["--output-dir", run, "--ddp-comm-hook", "bf16"],
+            "--ddp-comm-hook bf16 needs CUDA GPUs",
+        ),
         "no stopping condition": (["--output-dir", run, "--max-steps", "0"], "set --max-steps or --epochs"),
         "FSDP with SyncBatchNorm": (
             ["--output-dir", run, "--strategy", "fsdp", "--sync-batchnorm"],
@@ -170,6 +174,13 @@ def test_config_file_and_flags_merge_with_flags_winning(tmp_path):
         ({"collective_timeout": -1.0}, "--collective-timeout must be positive"),
         ({"eval_fraction": 1.0}, "--eval-fraction must be in [0, 1)"),
         ({"sync_batchnorm": 1}, "sync_batchnorm must be bool"),
+        ({"prefetch_factor": 0}, "--prefetch-factor must be at least 1"),
+        ({"num_workers": 0, "prefetch_factor": 4}, "--prefetch-factor 4 needs --num-workers 1 or more"),
+        ({"ddp_bucket_cap_mb": 0}, "--ddp-bucket-cap-mb must be at least 1"),
+        ({"ddp_comm_hook": "powersgd"}, "--ddp-comm-hook must be one of none, fp16, bf16"),
+        ({"strategy": "fsdp", "ddp_bucket_cap_mb": 100}, "--ddp-bucket-cap-mb is a DDP option"),
+        ({"strategy": "fsdp", "ddp_comm_hook": "bf16"}, "--ddp-comm-hook is a DDP option"),
+        ({"ddp_static_graph": True, "grad_accum": 2}, "--ddp-static-graph needs --gradient-accumulation-steps 1"),
     ],
 )
 def test_config_validation_messages(values, message):

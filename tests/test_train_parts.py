@@ -19,10 +19,21 @@ from trainstack.telemetry.interval import IntervalSums
 from trainstack.train.rank.config import TrainConfig
 from trainstack.train.rank.data import IGNORE_INDEX, collate
 from trainstack.train.rank.evaluation import mean_loss
+from trainstack.train.rank.loader_and_ddp import loader_options
 from trainstack.train.rank.outcome import EXIT_CODES, Failure, explain_runtime_error, summary
 from trainstack.train.rank.performance import CompileWatch, NoCompileWatch
 from trainstack.train.rank.progress import Progress
 from trainstack.train.rank.schedule import lr_factor, lr_scheduler
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_options_are_ones_torch_takes_with_and_without_workers(workers):
+    config = TrainConfig(num_workers=workers, prefetch_factor=2, persistent_workers=True, pin_memory=True)
+    loader = torch.utils.data.DataLoader(list(range(8)), **loader_options(config, on_gpu=False))
+    # torch refuses a prefetch factor or persistent workers without workers; a CPU rank has nothing to pin for
+    assert (loader.prefetch_factor, loader.persistent_workers, loader.pin_memory) == (
+        (2, True, False) if workers else (None, False, False)
+    )
 
 
 def test_no_compile_watch_answers_what_the_loop_and_the_summary_ask():

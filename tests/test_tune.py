@@ -1,8 +1,11 @@
 """`trainstack tune`: bad input in one line with exit 2, the candidates each verdict brings, and (slow) a loader
-slowed on purpose, where tune must pick more loader workers with every round's ratio above 1 and its mean above 1.2,
-leave the source untouched and its scratch folder removed."""
+slowed on purpose, where tune must pick more loader workers with a ratio above 1.2,
+leave the source untouched and its scratch folder removed, and write the baseline against the winner as compare's
+page."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import yaml
@@ -14,28 +17,43 @@ from trainstack.train.rank.config import TrainConfig
 from trainstack.tune.candidates import for_verdicts
 
 
-@pytest.mark.parametrize("case", ["missing", "not-a-run", "written-exists", "bad-key"])
+@pytest.mark.parametrize("case", ["missing", "not-a-run", "written-exists", "page-exists", "bad-key"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
     source = tmp_path / "base.yaml"
     source.write_text("num_workers: 1\n" if case != "bad-key" else "num_wrokers: 1\n")
     write = tmp_path / "tuned.yaml"
-    if case == "written-exists":
-        write.write_text("kept: yes\n")
+    if case in ("written-exists", "page-exists"):
+        write.with_suffix(".yaml" if case == "written-exists" else ".html").write_text("kept: yes\n")
     given = {"missing": tmp_path / "nowhere.yaml", "not-a-run": tmp_path}.get(case, source)
     assert cli.main(["tune", str(given), "--write", str(write)]) == EXIT_CONFIG
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "Traceback" not in error, error
-    if case == "written-exists":
-        assert write.read_text() == "kept: yes\n"
+    if case in ("written-exists", "page-exists"):
+        assert next(tmp_path.glob("tuned.*")).read_text() == "kept: yes\n"
 
 
 def test_each_verdict_brings_its_own_fixes():
     config = TrainConfig(num_workers=1, grad_accum=1, batch_size=8)
-    names = lambda kinds: [c.name for c in for_verdicts(kinds, config)]  # noqa: E731
+
+    def names(kinds: list[str], on_cuda: bool = False, **options) -> list[str]:
+        return [c.name for c in for_verdicts(kinds, dataclasses.replace(config, **options), on_cuda)]
+
     assert names(["input-bound"])[0] == "num_workers=2"
-    assert names(["comm-bound"]) == ["grad_accum=2"]
+    assert names(["input-bound"])[-1] == "prefetch_factor=4"
+    # pinning only where a copy to a GPU can use it; persistent workers only where the baseline lacks them
+    assert {"pin_memory", "persistent_workers"} & set(names(["input-bound"])) == set()
+    assert {"pin_memory", "persistent_workers"} <= set(
+        names(["input-bound"], on_cuda=True, pin_memory=False, persistent_workers=False)
+    )
+    assert "prefetch_factor=4" not in names(["input-bound"], num_workers=0)  # no workers: nothing prefetches
+    assert names(["comm-bound"]) == ["grad_accum=2", "ddp_bucket_cap_mb=100", "ddp_static_graph"]
+    assert names(["comm-bound"], on_cuda=True)[-1] == "ddp_comm_hook=bf16"  # DDP allows bf16 over NCCL only
+    assert names(["comm-bound"], grad_accum=2) == ["grad_accum=4", "ddp_bucket_cap_mb=100"]  # static: no no_sync
+    assert names(["comm-bound"], strategy="fsdp") == ["grad_accum=2"]  # FSDP has none of DDP's options
     assert names(["host-bound"]) == ["batch_size=16", "compile"]
     assert len(names([])) == 1  # healthy: one check that nothing is left to gain
+    for candidate in for_verdicts(["input-bound", "comm-bound", "host-bound"], config, on_cuda=True):
+        dataclasses.replace(config, **candidate.options)  # each one a config the app takes
 
 
 @pytest.mark.slow
@@ -61,15 +79,19 @@ def test_tune_picks_more_workers_for_a_starved_loader(tmp_path):
         str(write),
         "--steps",
         "10",
+        "--min-rounds",
+        "1",
         "--max-rounds",
-        "2",
+        "1",  # one round: the slowed loader's effect (about 2x) stands far clear of the noise
         "--scratch",
         str(scratch),
         env={"TRAINSTACK_TEST_SAMPLE_DELAY": "0.04"},
         timeout=400,
     )
     assert result.returncode == 0, explain(result)
-    assert result.stderr.count("tune: trial") == 4, result.stderr  # baseline and candidate, two rounds
+    measured = [line for line in result.stdout.splitlines() if "x the baseline (" in line]
+    assert result.stderr.count("tune: trial") == 1 + len(measured), result.stderr  # the baseline, then each candidate
+    assert any(line.startswith("prefetch_factor=4") for line in measured)  # the loader's other fix, tried too
     line = next(line for line in result.stdout.splitlines() if line.startswith("num_workers=4"))
     ratio = float(line.split("x the baseline")[0].split()[-1])
     low = float(line.split("spread ")[1].split("-")[0])
@@ -77,3 +99,7 @@ def test_tune_picks_more_workers_for_a_starved_loader(tmp_path):
     assert yaml.safe_load(write.read_text())["num_workers"] == 4
     assert "output_dir" not in yaml.safe_load(write.read_text())
     assert list(scratch.iterdir()) == [] and not (tmp_path / "never-written").exists()
+    page = write.with_suffix(".html").read_text()  # the result as compare's page, beside the config
+    assert "baseline trial" in page and "num_workers=4 trial" in page and "data_starvation" in page
+    assert str(scratch) not in page  # names the trials, not their removed folders
+    assert f"page: {write.with_suffix('.html')}" in result.stdout

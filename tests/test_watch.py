@@ -91,12 +91,14 @@ def test_a_death_by_signal_is_reported_as_a_shell_does():
 
 @pytest.mark.parametrize("named_run, moved", [(False, True), (True, False)])
 def test_an_earlier_record_is_set_aside_unless_the_run_is_named(tmp_path, monkeypatch, named_run, moved):
-    """TRAINSTACK_RUN_ID names a job's run (its pods share it): a restarted pod appends to the record."""
+    """TRAINSTACK_RUN_ID names a job's run (its pods share it): a restarted pod appends to the record. Either way
+    the node records the environment the command gets."""
     run_dir = RunDir(tmp_path / "run")
     earlier = {
         run_dir.rank_records(3): b'{"time": 1.0}\n',
         run_dir.gpu_log: b'{"time": 1.0, "gpu": 0}\n',
         run_dir.report: b"<html>",
+        run_dir.environment(1): b'{"variables": {"NCCL_ALGO": "Tree"}}',
     }
     for path, data in earlier.items():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -104,11 +106,18 @@ def test_an_earlier_record_is_set_aside_unless_the_run_is_named(tmp_path, monkey
     monkeypatch.delenv(RUN_ID_ENV, raising=False)
     if named_run:
         monkeypatch.setenv(RUN_ID_ENV, "job-uid")
+    monkeypatch.setenv("NCCL_ALGO", "Ring")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
     Watch(["true"], argparse.Namespace(), run_dir, 0, "this-run", lease=None).prepare_run_dir()
     aside = run_dir.previous("this-run").path
     assert {path: path.exists() for path in earlier} == dict.fromkeys(earlier, not moved)
     assert {(aside / path.relative_to(run_dir.path)).exists() for path in earlier} == {moved}
     assert run_dir.node_metrics(0).is_dir()
+    # this node's environment, as the command gets it: NCCL's variables and the versions, never a secret
+    recorded = json.loads(run_dir.environment(0).read_text())
+    assert recorded["variables"]["NCCL_ALGO"] == "Ring" and "HF_TOKEN" not in recorded["variables"]
+    assert "hf_secret" not in run_dir.environment(0).read_text()
+    assert recorded["versions"]["torch"] and recorded["versions"]["trainstack"]
 
 
 # ---- for real ---------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -63,6 +63,7 @@ def start(
     run_id: str | None = None,
     optimizer=None,
     enabled: bool = True,
+    comm_hook: Callable | None = None,
 ) -> NullMonitor:
     """A Monitor for this rank, or a NullMonitor outside a watched run (or with `enabled=False`).
 
@@ -75,18 +76,23 @@ def start(
     run_id: the run's name on its series; defaults to TRAINSTACK_RUN_ID, which `trainstack watch` sets.
     optimizer: its learning rate is recorded, and its state's bytes, with the parameters' and gradients', are
       measured after its first step.
+    comm_hook: a DDP communication hook for the model (e.g. torch's `default_hooks.bf16_compress_hook`), given here
+      instead of to `register_comm_hook`: DDP takes one hook per model, and the monitor's timing of the all-reduce
+      is one; it runs the given hook inside it, and registers it plainly when it records nothing.
     """
     if log_every < 1:
         raise ValueError(f"log_every must be at least 1 step, not {log_every}")
     run_dir = run_dir or os.environ.get(RUN_DIR_ENV)
-    if not enabled:
-        return NullMonitor()
-    if not run_dir:
-        _say_once(
-            f"trainstack.monitor: not in a watched run ({RUN_DIR_ENV} is unset), so nothing is recorded; "
-            "run the script with `trainstack watch -- python ...` to see its ranks"
-        )
-        return NullMonitor()
+    if not enabled or not run_dir:
+        if enabled:
+            _say_once(
+                f"trainstack.monitor: not in a watched run ({RUN_DIR_ENV} is unset), so nothing is recorded; "
+                "run the script with `trainstack watch -- python ...` to see its ranks"
+            )
+        idle = NullMonitor()
+        if model is not None:
+            idle.watch(model, comm_hook)
+        return idle
     device = device_of(model, accelerator)
     precision = precision or precision_of(model, accelerator)
     identity = rank_identity(
@@ -101,7 +107,7 @@ def start(
     )
     monitor = Monitor(telemetry, log_every, optimizer)
     if model is not None:
-        monitor.watch(model)
+        monitor.watch(model, comm_hook)
         if optimizer is not None:
             measure_state_once(model, getattr(optimizer, "optimizer", optimizer), telemetry)  # Accelerate wraps it
     return monitor
@@ -115,7 +121,10 @@ class NullMonitor:
     epoch = 0
     data_wait_share: float | None = None
 
-    def watch(self, model: torch.nn.Module) -> bool:
+    def watch(self, model: torch.nn.Module, comm_hook: Callable | None = None) -> bool:
+        """Times nothing; a DDP model's `comm_hook` is registered as it is."""
+        if comm_hook is not None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model.register_comm_hook(None, comm_hook)
         return False
 
     def batches(self, loader: Iterable) -> Iterator:
@@ -184,9 +193,10 @@ class Monitor(NullMonitor):
         """A pause is open: the loop evaluates or checkpoints, so its batches, forwards and steps train nothing."""
 
     # ---- the loop's points ------------------------------------------------------------------------------------
-    def watch(self, model: torch.nn.Module) -> bool:
-        """Times the model's gradient communication (DDP, FSDP); False for a model without any."""
-        return self.telemetry.watch_communication(model)
+    def watch(self, model: torch.nn.Module, comm_hook: Callable | None = None) -> bool:
+        """Times the model's gradient communication (DDP, FSDP); False for a model without any. comm_hook: a DDP
+        communication hook run inside the timing (start's `comm_hook`)."""
+        return self.telemetry.watch_communication(model, comm_hook)
 
     def batches(self, loader: Iterable) -> Iterator:
         """The loader's batches, each wait for one timed (not inside a pause: an evaluation's loader is no

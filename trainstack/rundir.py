@@ -120,11 +120,12 @@ GPU_LOG_FILE = "gpu.jsonl"
 METRICS_DIR = "metrics"
 WATCHED_COMMAND_FILE = "watched-command.json"  # in the metrics folder: what `trainstack watch` runs, for the exporter
 LEASE_DIR = "lease"
+ENVIRONMENT_DIR = "environment"  # one file per node: what the ranks ran on (trainstack/environment.py)
 EXPORTS_DIR = "exports"
 HANG_DIR = "hang"  # hang evidence: one folder per stall (trainstack/hang.py)
 PREVIOUS_DIR = "previous"
 RANK_RECORDS_FILE = re.compile(r"rank-(\d+)\.jsonl")
-LEASE_FILE = re.compile(r"node-(\d+)\.json")
+NODE_FILE = re.compile(r"node-(\d+)\.json")  # one per node: a lease file, an environment
 STEP_DIR = re.compile(r"^step-(\d{8})$")  # a sealed checkpoint: complete, verified by its manifest
 UNSEALED_PREFIX = ".tmp-"  # a checkpoint being written: `.tmp-step-<N>`, renamed to `step-<N>` once sealed
 UNSEALED_GLOB = UNSEALED_PREFIX + "step-*"
@@ -191,6 +192,17 @@ class RunDir:
         """Node `node`'s ranks' prometheus_client multiprocess files, made fresh by each launch."""
         return self.path / METRICS_DIR / f"node-{node}"
 
+    def environment(self, node: int | str) -> Path:
+        """Node `node`'s environment (trainstack/environment.py), written as each launch starts its ranks."""
+        return self.path / ENVIRONMENT_DIR / f"node-{node}.json"
+
+    def environments(self) -> dict[int, Path]:
+        found = {}
+        for path in (self.path / ENVIRONMENT_DIR).glob("node-*.json"):
+            if match := NODE_FILE.fullmatch(path.name):
+                found[int(match.group(1))] = path
+        return dict(sorted(found.items()))
+
     @property
     def lease(self) -> Path:
         return self.path / LEASE_DIR
@@ -199,7 +211,7 @@ class RunDir:
         return self.lease / f"node-{node}.json"
 
     def lease_files(self) -> list[Path]:
-        return sorted(p for p in self.lease.glob("node-*.json") if LEASE_FILE.fullmatch(p.name))
+        return sorted(p for p in self.lease.glob("node-*.json") if NODE_FILE.fullmatch(p.name))
 
     @property
     def hang(self) -> Path:

@@ -94,7 +94,8 @@ class Comparison:
         ]
 
     def settings(self) -> list[dict]:
-        """The settings that differ (config.yaml, summary.json, records); those only one run records are shown."""
+        """The settings that differ (config.yaml, summary.json, records, each node's recorded environment); those only
+        one run records are shown."""
         keys = sorted(set(self.a.settings) | set(self.b.settings))
         return [
             {"setting": key, "A": self.a.settings.get(key, "-"), "B": self.b.settings.get(key, "-")}

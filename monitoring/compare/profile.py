@@ -1,6 +1,7 @@
 """What compare reads of one run directory: its steady rates, the time breakdown per step, per-rank step times, its
-verdicts and its settings. From the files every run leaves (rank records, and config.yaml and summary.json where the
-run wrote them), so a `train` run and a watched run with trainstack.monitor compare alike."""
+verdicts and its settings. From the files every run leaves (rank records, and config.yaml, summary.json and each
+node's recorded environment where the run wrote them), so a `train` run and a watched run with trainstack.monitor
+compare alike."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from trainstack import breakdown
+from trainstack import breakdown, environment
 from trainstack.errors import ConfigError
 from trainstack.monitoring.diagnose.records import judged
 from trainstack.rundir import CONFIG_FILE, SHOWN, SUMMARY_FILE, RunDir, by_segment, read_rank_records, read_summary
@@ -102,6 +103,7 @@ def load(run_dir: Path) -> RunProfile:
         **{f"summary.{k}": summary[k] for k in SUMMARY_SETTINGS if k in summary},
         **{f"records.{k}": last[k] for k in RECORD_SETTINGS if k in last},
         "ranks": len(records),
+        **environment.settings({node: environment.read(path) for node, path in layout.environments().items()}),
     }
     return RunProfile(
         run_dir=run_dir,

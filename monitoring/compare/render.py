@@ -31,21 +31,26 @@ def _text_table(rows: list[dict]) -> list[str]:
     ]
 
 
-def text(comparison: Comparison) -> str:
-    lines = [f"trainstack compare: A = {comparison.a.run_dir}, B = {comparison.b.run_dir}"]
+def text(comparison: Comparison, labels: tuple[str, str] | None = None) -> str:
+    """labels: what to call A and B in place of their run directories (tune's trials, whose folders it removes)."""
+    a, b = labels or (comparison.a.run_dir, comparison.b.run_dir)
+    lines = [f"trainstack compare: A = {a}, B = {b}"]
     for title, rows in _sections(comparison):
         lines += ["", f"{title}:", *_text_table(rows)]
     return "\n".join(lines)
 
 
-def page(comparison: Comparison) -> str:
-    title = f"trainstack compare: {comparison.a.run_dir.name} vs {comparison.b.run_dir.name}"
+def page(comparison: Comparison, labels: tuple[str, str] | None = None) -> str:
+    """Self-contained (its style inline, no link into either run directory): it outlives the runs it compares.
+    labels: as for `text`."""
+    short = labels or (comparison.a.run_dir.name, comparison.b.run_dir.name)
+    title = f"trainstack compare: {short[0]} vs {short[1]}"
+    a, b = labels or (str(comparison.a.run_dir.resolve()), str(comparison.b.run_dir.resolve()))
     parts = [
         f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        f"<p class='note'>A = {html.escape(str(comparison.a.run_dir.resolve()))}, "
-        f"B = {html.escape(str(comparison.b.run_dir.resolve()))}</p>",
+        f"<p class='note'>A = {html.escape(a)}, B = {html.escape(b)}</p>",
     ]
     for heading, rows in _sections(comparison):
         parts += [f"<h2>{html.escape(heading)}</h2>", html_table(rows) if rows else "<p class='note'>none</p>"]

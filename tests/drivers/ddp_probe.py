@@ -1,6 +1,7 @@
 """A rank that trains with trainstack's Trainer, then dumps what the tests compare across ranks.
 
-Run under `accelerate launch`; writes PROBE_DIR/rank-<r>.pt (parameters, world facts, sample order per epoch).
+Run under `accelerate launch`; writes PROBE_DIR/rank-<r>.pt (parameters, world facts, sample order per epoch, and the
+options the DDP wrapper and the training loader were built with).
 """
 
 import os
@@ -27,6 +28,15 @@ def main() -> int:
                 k: v.detach().clone() for k, v in accelerator.unwrap_model(trainer.model).state_dict().items()
             },
             "orders": orders,
+            "ddp": {
+                "bucket_bytes_cap": trainer.model.bucket_bytes_cap,
+                "static_graph": trainer.model.static_graph,
+                "comm_hooks": [hook.__name__ for hook, _ in trainer.model._comm_hooks],
+            },
+            "loader": {
+                name: getattr(trainer.train_loader, name)
+                for name in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+            },
         },
         os.path.join(probe_dir, f"rank-{accelerator.process_index}.pt"),
     )

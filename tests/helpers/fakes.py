@@ -1,8 +1,9 @@
-"""Stand-ins that need no GPU and start nothing: a GPU's stream and events, the exporter's NVML rig on the fake
-host, diagnose's views and sources."""
+"""Stand-ins that need no GPU and start nothing: a GPU's stream and events, a DDP model's hook registration, the
+exporter's NVML rig on the fake host, diagnose's views and sources."""
 
 from __future__ import annotations
 
+import torch
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -180,3 +181,13 @@ class ManualClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class FakeDdpModel(torch.nn.parallel.DistributedDataParallel):
+    def __init__(self) -> None:  # no process group: only its hook registration is used
+        torch.nn.Module.__init__(self)
+        self.module = torch.nn.Linear(2, 2)
+        self.hooks = []
+
+    def register_comm_hook(self, state, hook) -> None:
+        self.hooks.append((state, hook))

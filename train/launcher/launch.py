@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainstack import breakdown
+from trainstack import breakdown, environment
 from trainstack.errors import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, ConfigError
 from trainstack.hang import hang_environment
 from trainstack.lifetime import stop_grace, supervised_by_me
@@ -140,13 +140,15 @@ class Launch:
 
     def prepare_run_dir(self) -> None:
         """This node's fresh metrics folder (SupervisedRun.fresh_metrics_dir); a resumed run appends to the
-        record, a fresh start sets an earlier one aside."""
+        record, a fresh start sets an earlier one aside. This node's environment is recorded as its ranks will get
+        it."""
 
         def own_files() -> None:
             if self.resume_from is None:
                 self.set_aside_previous_record()
             if self.launch.node_rank == 0:
                 self.config.save(self.run_dir.config)
+            environment.write(self.run_dir.environment(self.launch.node_rank), self.rank_environment())
 
         self.supervised.fresh_metrics_dir(own_files, lambda: checkpoint.resume_note(self.run_dir.checkpoints))
 
@@ -155,6 +157,7 @@ class Launch:
         its checkpoints were deleted): this node's part of it moves to `RunDir.previous(run id)`, never deleted."""
         first = self.launch.node_rank * self.launch.nproc_per_node
         files = [self.run_dir.rank_records(r) for r in range(first, first + self.launch.nproc_per_node)]
+        files.append(self.run_dir.environment(self.launch.node_rank))
         if self.launch.node_rank == 0:
             files += [self.run_dir.summary, self.run_dir.report]
         self.run_dir.set_aside(self.run_id, files, say)

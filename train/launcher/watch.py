@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainstack import breakdown
+from trainstack import breakdown, environment
 from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError
 from trainstack.hang import hang_environment
 from trainstack.lifetime import Descendants, describe_end, stop_grace
@@ -203,11 +203,13 @@ class Watch:
             if self.node_rank == 0 and not os.environ.get(RUN_ID_ENV):
                 earlier = [
                     *self.run_dir.all_rank_records().values(),
+                    *self.run_dir.environments().values(),
                     self.run_dir.gpu_log,
                     self.run_dir.summary,
                     self.run_dir.report,
                 ]
                 self.run_dir.set_aside(self.run_id, earlier, say)
+            environment.write(self.run_dir.environment(self.node_rank), self.command_environment())
 
         self.supervised.fresh_metrics_dir(own_files, lambda: "the command was not started")
 

@@ -33,6 +33,8 @@ CUDA_DEFAULTS = {
     "mixed_precision": "bf16 (no on GPUs without bf16)",
 }
 STRATEGIES = ("ddp", "fsdp")
+DDP_COMM_HOOKS = ("none", "fp16", "bf16")
+DEFAULT_PREFETCH_FACTOR = 2  # torch's own with workers
 
 
 def _option(default: Any, help_text: str, flag: str | None = None, **extra: Any) -> Any:
@@ -83,11 +85,36 @@ class TrainConfig:
     eval_every: int = _option(0, "evaluate every N steps (0: only at the end)")
     model: str = _option("builtin:tiny-gpt", "builtin:tiny-gpt, builtin:small-gpt or a module:function factory")
     num_workers: int = _option(2, "data-loader worker processes per rank")
+    prefetch_factor: int = _option(
+        DEFAULT_PREFETCH_FACTOR,
+        "batches each loader worker keeps ready ahead of the loop (needs --num-workers 1 or more)",
+    )
+    pin_memory: bool = _option(
+        True, "page-locked host memory for batches, so their copy to the GPU overlaps compute (no effect on CPU)"
+    )
+    persistent_workers: bool = _option(
+        True, "keep the loader workers between epochs instead of starting them again (no effect with 0 workers)"
+    )
     checkpoint_every: int = _option(100, "save a checkpoint every N steps (0: only on SIGTERM and at the end)")
     keep_checkpoints: int = _option(3, "keep the newest N checkpoints")
     resume: str = _option("auto", "auto (latest valid checkpoint in the run directory), never, or a checkpoint path")
     sync_batchnorm: bool = _option(False, "convert BatchNorm layers to SyncBatchNorm (CUDA only)")
     find_unused_parameters: bool = _option(False, "let DDP tolerate parameters that get no gradient (slower)")
+    ddp_bucket_cap_mb: int = _option(
+        25,
+        "DDP's gradient bucket size in MB: larger, fewer all-reduces; smaller, more of them overlap backward "
+        "(DDP only)",
+    )
+    ddp_static_graph: bool = _option(
+        False,
+        "tell DDP the model's graph is the same every step, so it can skip its per-step bookkeeping "
+        "(DDP only; not with --gradient-accumulation-steps above 1)",
+    )
+    ddp_comm_hook: str = _option(
+        "none",
+        "compress gradients to fp16 or bf16 for the all-reduce, halving the bytes sent: none, fp16 or bf16 "
+        "(bf16: CUDA GPUs only; DDP only)",
+    )
     strategy: str = _option(
         "ddp",
         "ddp (a full model, gradients and optimizer state on every rank) or fsdp "
@@ -105,7 +132,16 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):
             setattr(self, spec.name, _coerce(spec.name, getattr(self, spec.name), spec.type))
-        positive = ("batch_size", "grad_accum", "seq_len", "keep_checkpoints", "log_every", "bucket_size")
+        positive = (
+            "batch_size",
+            "grad_accum",
+            "seq_len",
+            "keep_checkpoints",
+            "log_every",
+            "bucket_size",
+            "prefetch_factor",
+            "ddp_bucket_cap_mb",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
@@ -124,6 +160,12 @@ class TrainConfig:
         _require_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _require_choice("compile_backend", self.compile_backend, COMPILE_BACKENDS)
         _require_choice("strategy", self.strategy, STRATEGIES)
+        _require_choice("ddp_comm_hook", self.ddp_comm_hook, DDP_COMM_HOOKS)
+        if self.num_workers == 0 and self.prefetch_factor != DEFAULT_PREFETCH_FACTOR:
+            raise ConfigError(
+                f"--prefetch-factor {self.prefetch_factor} needs --num-workers 1 or more: without workers the "
+                "loop loads each batch itself when it needs it"
+            )
         self._check_strategy_options()
         if not self.output_dir:
             raise ConfigError("--output-dir must not be empty")
@@ -145,6 +187,17 @@ class TrainConfig:
                 "--compile with --strategy fsdp is not supported yet (compiling before Accelerate "
                 "shards the model is untested); drop --compile or use --strategy ddp"
             )
+        changed = [f for f in DDP_ONLY if getattr(self, f) != _default(f)]
+        if self.strategy == "fsdp" and changed:
+            raise ConfigError(
+                f"{_flag(changed[0])} is a DDP option; FSDP shards and reduces gradients its own way, so drop it "
+                "with --strategy fsdp"
+            )
+        if self.ddp_static_graph and self.grad_accum > 1:
+            raise ConfigError(
+                "--ddp-static-graph needs --gradient-accumulation-steps 1: DDP's static graph must see a "
+                "synchronised first step, and accumulation starts under no_sync"
+            )
         if self.fsdp_wrap and self.strategy != "fsdp":
             raise ConfigError(f"--fsdp-wrap {self.fsdp_wrap} needs --strategy fsdp (DDP does not shard the model)")
         if any(not name.isidentifier() for name in self.fsdp_wrap_classes):
@@ -163,6 +216,14 @@ class TrainConfig:
 
     def save(self, path: Path) -> None:
         path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+DDP_ONLY = ("ddp_bucket_cap_mb", "ddp_static_graph", "ddp_comm_hook")
+"""Options DDP's wrapper takes: refused, not ignored, with --strategy fsdp."""
+
+
+def _default(name: str) -> Any:
+    return {f.name: f for f in dataclasses.fields(TrainConfig)}[name].default
 
 
 def _flag(name: str) -> str:
@@ -266,6 +327,11 @@ def require_device_support(config: TrainConfig, on_cuda: bool, world_size: int) 
 
     if problem := missing_compiler(config, on_cuda):
         raise ConfigError(problem)
+    if config.ddp_comm_hook == "bf16" and not on_cuda:
+        raise ConfigError(
+            "--ddp-comm-hook bf16 needs CUDA GPUs (DDP allows its bf16 hook over NCCL only); use fp16 or none "
+            "for CPU ranks"
+        )
     if config.sync_batchnorm and world_size > 1 and not on_cuda:
         raise ConfigError(
             "--sync-batchnorm needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel); turn it off for CPU ranks"

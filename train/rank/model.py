@@ -26,6 +26,12 @@ class CausalLMOutput:
     logits: torch.Tensor
 
 
+# A pytree node, so that DDP's static graph (--ddp-static-graph) sees the tensors inside it: its first step's
+# all-reduce is queued from their gradients, and an output it cannot look into leaves the gradients unreduced,
+# silently (each rank then trains on its own).
+torch.export.register_dataclass(CausalLMOutput)
+
+
 @dataclass(frozen=True)
 class GPTShape:
     layers: int

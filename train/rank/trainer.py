@@ -18,7 +18,6 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import (
     DataLoaderConfiguration,
-    DistributedDataParallelKwargs,
     InitProcessGroupKwargs,
     broadcast_object_list,
     set_seed,
@@ -35,6 +34,7 @@ from trainstack.train.rank.checkpointer import Checkpointer
 from trainstack.train.rank.config import TrainConfig, require_device_support
 from trainstack.train.rank.data import collate, load_token_data
 from trainstack.train.rank.evaluation import evaluator
+from trainstack.train.rank.loader_and_ddp import comm_hook, ddp_kwargs, loader_options
 from trainstack.train.rank.model import build_model, estimate_flops_per_token
 from trainstack.train.rank.performance import (
     CompileWatch,
@@ -89,7 +89,7 @@ class Trainer:
             ),
             kwargs_handlers=[
                 InitProcessGroupKwargs(timeout=timedelta(seconds=config.collective_timeout)),
-                DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters),
+                ddp_kwargs(config),
             ],
             fsdp_plugin=fsdp_plugin,
         )
@@ -138,17 +138,9 @@ class Trainer:
             padding = partial(collate, pad_to_multiple_of=config.bucket_size, max_width=config.seq_len)
         else:
             padding = partial(collate, pad_to_multiple_of=8 if on_gpu else 1)  # tensor cores like multiples of 8
-        loader_options = dict(
-            batch_size=config.batch_size,
-            collate_fn=padding,
-            num_workers=config.num_workers,
-            pin_memory=on_gpu,  # page-locked host memory: the copy to the GPU overlaps compute
-            persistent_workers=config.num_workers > 0,  # no worker start-up cost at each epoch
-        )
-        train_loader = torch.utils.data.DataLoader(data.train, shuffle=True, drop_last=config.compile, **loader_options)
-        eval_loader = (
-            torch.utils.data.DataLoader(data.eval, shuffle=False, **loader_options) if len(data.eval) else None
-        )
+        options = dict(batch_size=config.batch_size, collate_fn=padding, **loader_options(config, on_gpu))
+        train_loader = torch.utils.data.DataLoader(data.train, shuffle=True, drop_last=config.compile, **options)
+        eval_loader = torch.utils.data.DataLoader(data.eval, shuffle=False, **options) if len(data.eval) else None
         optimizer = make_optimizer(model, config, device)
         batches = (
             len(data.train) // config.batch_size if config.compile else math.ceil(len(data.train) / config.batch_size)
@@ -179,6 +171,7 @@ class Trainer:
             run_id=self.run_id,
             optimizer=self.optimizer,
             enabled=config.telemetry,
+            comm_hook=comm_hook(config),
         )
 
     # ---- the loop -------------------------------------------------------------------------------------------

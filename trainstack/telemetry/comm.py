@@ -57,9 +57,14 @@ class InjectedDelay:
                 time.sleep(self.seconds)
 
 
-def timed_allreduce_hook(timer: CommTimer, delay: InjectedDelay):
-    """DDP's own all-reduce hook with the timer's marks around it."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+def timed_allreduce_hook(timer: CommTimer, delay: InjectedDelay, inner: Callable | None = None):
+    """DDP's own all-reduce hook, or `inner` (a hook of DDP's kind, such as its fp16 and bf16 compression), with
+    the timer's marks around it. The bytes are those sent: half the bucket's under DDP's compression hooks, the
+    bucket's under any other (a hook of the user's own may send fewer)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    inner = inner or default_hooks.allreduce_hook
+    compressed = inner in (default_hooks.fp16_compress_hook, default_hooks.bf16_compress_hook)
 
     def finished(collective: Collective, future: torch.futures.Future) -> torch.Tensor:
         delay()
@@ -69,8 +74,8 @@ def timed_allreduce_hook(timer: CommTimer, delay: InjectedDelay):
     # Unannotated: DDP checks a hook's annotations against its types, and this module's are strings.
     def hook(process_group, bucket):
         buffer = bucket.buffer()
-        collective = timer.launched(buffer.numel() * buffer.element_size())
-        return allreduce_hook(process_group, bucket).then(lambda future: finished(collective, future))
+        collective = timer.launched(buffer.numel() * (2 if compressed else buffer.element_size()))
+        return inner(process_group, bucket).then(lambda future: finished(collective, future))
 
     return hook
 
@@ -96,13 +101,16 @@ def time_buffer_broadcast(
     model.module.register_forward_pre_hook(broadcast_done)
 
 
-def watch_gradient_communication(model: torch.nn.Module, timer: CommTimer, training: Callable[[], bool]) -> bool:
-    """Times a DDP model's gradient all-reduce and buffer broadcast, or an FSDP2 model's all-gathers and
-    reduce-scatters; False (nothing registered) for anything else, and for FSDP on one rank, which communicates
-    nothing. `training()`: whether the loop trains now (no pause is open)."""
+def watch_gradient_communication(
+    model: torch.nn.Module, timer: CommTimer, training: Callable[[], bool], comm_hook: Callable | None = None
+) -> bool:
+    """Times a DDP model's gradient all-reduce (through `comm_hook` where given: DDP takes one hook per model, so
+    the timing wraps it) and buffer broadcast, or an FSDP2 model's all-gathers and reduce-scatters; False (nothing
+    registered) for anything else, and for FSDP on one rank, which communicates nothing. `training()`: whether the
+    loop trains now (no pause is open)."""
     delay = InjectedDelay.from_environment()
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model.register_comm_hook(None, timed_allreduce_hook(timer, delay))
+        model.register_comm_hook(None, timed_allreduce_hook(timer, delay, comm_hook))
         time_buffer_broadcast(model, timer, training)
         return True
     return watch_fsdp_communication(model, timer, delay)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,9 +113,12 @@ class Telemetry:
             part, True
         )
 
-    def watch_communication(self, model: torch.nn.Module) -> bool:
-        """Times the communication of a DDP or FSDP model (trainstack/telemetry/comm.py); False for any other."""
-        self._comm_watched = watch_gradient_communication(model, self._comm, training=lambda: self._pause is None)
+    def watch_communication(self, model: torch.nn.Module, comm_hook: Callable | None = None) -> bool:
+        """Times the communication of a DDP or FSDP model (trainstack/telemetry/comm.py), a DDP model's through
+        `comm_hook` where given; False for any other."""
+        self._comm_watched = watch_gradient_communication(
+            model, self._comm, training=lambda: self._pause is None, comm_hook=comm_hook
+        )
         if self._comm_watched and os.environ.get(METRICS_DIR_ENV):
             self._comm_metrics = CommMetrics.build(self._identity)
             CommSetup.read().publish(self.rank)  # what diagnose's comm-bound evidence names

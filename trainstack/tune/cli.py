@@ -2,6 +2,8 @@
 with the baseline, and the winning options written as a config file for `trainstack train --config`. Trials run in
 a scratch folder removed afterwards: a run directory given as the source is only read (its config file).
 
+With a winner, its trial against the baseline's is also written as `trainstack compare`'s HTML page (--html).
+
 Exit status: 0 done (a winner written, or the baseline kept); 2 bad input; 1 a trial failed; 130 Ctrl-C (what was
 measured so far is printed, and a winner found by then is written)."""
 
@@ -34,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=Path("tuned.yaml"),
         help="the winning options as a config file (default tuned.yaml; never overwritten)",
     )
+    parser.add_argument(
+        "--html",
+        type=Path,
+        help="the baseline against the winner, as trainstack compare's page (default: --write's path with .html; "
+        "never overwritten)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps per trial (default 20)")
     parser.add_argument(
         "--min-rounds",
@@ -59,10 +67,12 @@ def run(args: argparse.Namespace) -> int:
     from trainstack.monitoring.compare.comparison import Comparison
     from trainstack.tune.config import TuneConfig
     from trainstack.tune.trials import TrialFailed, Tuner
+    from trainstack.write_failure import write_atomically
 
     config = TuneConfig(
         source=args.source,
         write=args.write,
+        page=args.html,
         steps=args.steps,
         min_rounds=args.min_rounds,
         max_rounds=args.max_rounds,
@@ -83,16 +93,16 @@ def run(args: argparse.Namespace) -> int:
             print("winner: the baseline (no candidate beat it in every round); nothing written")
         else:
             winner = outcome.winner.candidate
-            # The result as compare shows two runs: the last baseline trial against the winner's last trial.
-            print(
-                render.text(
-                    Comparison(profile.load(outcome.trials["baseline"]), profile.load(outcome.trials[winner.name]))
-                )
-            )
+            # The result as compare shows two runs: the last baseline trial against the winner's last trial, named
+            # for what they ran (their folders go with the scratch; the page holds all it shows).
+            comparison = Comparison(profile.load(outcome.trials["baseline"]), profile.load(outcome.trials[winner.name]))
+            labels = ("baseline trial", f"{winner.name} trial")
+            print(render.text(comparison, labels))
             _write(config.write, config.baseline().to_dict(), winner.options)
+            write_atomically(config.html, render.page(comparison, labels), "tune's comparison page")
             print(
                 f"winner: {winner.name}, {outcome.winner.ratio:.2f}x the baseline; written to {config.write} "
-                f"(trainstack train --config {config.write} --output-dir RUN_DIR)"
+                f"(trainstack train --config {config.write} --output-dir RUN_DIR); page: {config.html}"
             )
     finally:
         tuner.remove_scratch()

@@ -16,6 +16,9 @@ class TuneConfig:
     """A config file `trainstack train --config` takes, or a run directory (its config file)."""
     write: Path
     """Where the winning options go, as a config file; never an existing file."""
+    page: Path | None = None
+    """Where the baseline-against-winner comparison goes, as an HTML page; never an existing file. None: beside
+    `write`, with .html for its suffix."""
     steps: int = 20
     """Optimizer steps per trial; the first log interval is warm-up and not timed."""
     min_rounds: int = 2
@@ -33,6 +36,8 @@ class TuneConfig:
             raise ConfigError(f"{self.write} exists; tune never overwrites a file: pass --write NEW_PATH")
         if self.write.suffix not in (".yaml", ".yml"):
             raise ConfigError(f"--write {self.write} must end in .yaml or .yml (trainstack train --config reads it)")
+        if self.html.exists():
+            raise ConfigError(f"{self.html} exists; tune never overwrites a file: pass --html NEW_PATH")
         if self.steps < 10:
             raise ConfigError(f"--steps must be at least 10 (a warm-up interval and timed ones), got {self.steps}")
         if not 1 <= self.min_rounds <= self.max_rounds:
@@ -42,6 +47,10 @@ class TuneConfig:
         if not self.budget_seconds > 0:
             raise ConfigError(f"--budget must be positive seconds, got {self.budget_seconds}")
         self.baseline()  # a config the app refuses is bad input now, not a failed trial later
+
+    @property
+    def html(self) -> Path:
+        return self.page or self.write.with_suffix(".html")
 
     def baseline(self) -> TrainConfig:
         path = self.source if self.source.is_file() else self.source / CONFIG_FILE

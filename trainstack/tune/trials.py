@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainstack.monitoring.compare import profile
+from trainstack.train.rank.config import ranks_use_cuda
 from trainstack.tune.candidates import BASELINE, Candidate, for_verdicts
 from trainstack.tune.config import TuneConfig
 
@@ -115,7 +116,8 @@ class Tuner:
         try:
             baseline = self.trial(BASELINE)  # the diagnosing trial is the first round's baseline
             verdicts = baseline.verdicts
-            standings = [Standing(c) for c in for_verdicts(list(verdicts), self.config.baseline())]
+            candidates = for_verdicts(list(verdicts), self.config.baseline(), ranks_use_cuda())
+            standings = [Standing(c) for c in candidates]
             for round_number in range(self.config.max_rounds):
                 undecided = [s for s in standings if not (round_number >= self.config.min_rounds and s.clear)]
                 if not undecided or (round_number and time.monotonic() - self.started > self.config.budget_seconds):

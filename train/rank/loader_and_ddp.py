@@ -1,0 +1,45 @@
+"""The loader's and DDP's throughput options of the config as the arguments torch and Accelerate take them: the
+DataLoader's keyword arguments, Accelerate's DistributedDataParallelKwargs, and DDP's compression hook. One place,
+so docs/training.md's table of `trainstack tune`'s options and a user's own DataLoader(...) and DDP(...) arguments
+reads off it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from accelerate.utils import DistributedDataParallelKwargs
+
+from trainstack.train.rank.config import TrainConfig
+
+
+def loader_options(config: TrainConfig, on_gpu: bool) -> dict:
+    """DataLoader(...)'s worker and memory arguments. torch refuses a prefetch factor and persistent workers
+    without workers, and pinning helps only a copy to a GPU."""
+    workers = config.num_workers > 0
+    return dict(
+        num_workers=config.num_workers,
+        prefetch_factor=config.prefetch_factor if workers else None,
+        persistent_workers=config.persistent_workers and workers,
+        pin_memory=config.pin_memory and on_gpu,
+    )
+
+
+def ddp_kwargs(config: TrainConfig) -> DistributedDataParallelKwargs:
+    """DDP(...)'s arguments through Accelerate. The compression hook is not among them: DDP takes one hook per
+    model, and the rank's monitor registers it inside its timing of the all-reduce (`comm_hook`)."""
+    return DistributedDataParallelKwargs(
+        find_unused_parameters=config.find_unused_parameters,
+        bucket_cap_mb=config.ddp_bucket_cap_mb,
+        static_graph=config.ddp_static_graph,
+    )
+
+
+def comm_hook(config: TrainConfig) -> Callable | None:
+    """DDP's own compression hook for --ddp-comm-hook (what Accelerate's DDPCommunicationHookType names), or None
+    for DDP's plain all-reduce."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return {
+        "fp16": default_hooks.fp16_compress_hook,
+        "bf16": default_hooks.bf16_compress_hook,
+    }.get(config.ddp_comm_hook)
