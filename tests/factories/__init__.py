@@ -177,6 +177,22 @@ def random_bytes(config) -> RandomBytes:
     return RandomBytes(8192, config.seq_len)  # 8 MB at --seq-len 1024: an epoch outlasts the GPU tests' runs
 
 
+class BusyRandomBytes(RandomBytes):
+    """RandomBytes whose delay spins instead of sleeping: with no loader workers the rank itself holds its core while
+    it waits, as it does while it computes, so the host's other processes and the caches meet the same rank whether
+    the delay is on or off, and removing it changes the step by the wait alone."""
+
+    def __getitem__(self, index: int) -> dict:
+        deadline = time.perf_counter() + self.delay
+        while time.perf_counter() < deadline:
+            pass
+        return {"input_ids": list(self.samples[index])}
+
+
+def busy_random_bytes(config) -> BusyRandomBytes:
+    return BusyRandomBytes(1024, config.seq_len)
+
+
 def gpt2_small(config, vocab_size: int) -> GPT:
     """GPT-2 small's shape (12 layers, 12 heads, width 768) on the built-in GPT."""
     return GPT(GPTShape(12, 12, 768), vocab_size, config.seq_len)

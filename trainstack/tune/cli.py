@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         for standing in outcome.standings:
             print(standing.line())
         if outcome.winner is None:
-            print("winner: the baseline (no candidate beat it in every round); nothing written")
+            print("winner: the baseline (no candidate beat it beyond the noise in every round); nothing written")
         else:
             winner = outcome.winner.candidate
             # The result as compare shows two runs: the last baseline trial against the winner's last trial, named

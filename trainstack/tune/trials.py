@@ -1,7 +1,10 @@
 """The trials: bounded `trainstack train` runs on the same hardware and data, one after another (on a small host two
 side by side would measure each other), timed after warm-up from their own records. Each round runs the baseline,
 then every candidate still undecided, so a ratio per candidate per round compares trials minutes apart at most and
-slow drift of the host cancels out of the geometric mean; the spread of the ratios is the noise."""
+slow drift of the host cancels out of the geometric mean. What the host alone moves a ratio is measured too: the
+baseline's own samples/s across rounds, nothing changed. A candidate beats the baseline only where every round's
+ratio stands beyond that spread (and beyond MIN_GAIN): with a bare "every round above 1", a candidate that changes
+nothing won a quarter of two-round tunes on noise alone."""
 
 from __future__ import annotations
 
@@ -20,6 +23,10 @@ from trainstack.train.rank.config import ranks_use_cuda
 from trainstack.tune.candidates import BASELINE, Candidate, for_verdicts
 from trainstack.tune.config import TuneConfig
 
+MIN_GAIN = 1.05
+"""The least ratio tune calls a gain: on a shared host two runs of one config differ by this much in a few trials
+(bench/side_by_side.py's pairs spread 0.87-1.04 with nothing changed), so a smaller gain is not measured."""
+
 
 class TrialFailed(Exception):
     """A trial exited non-zero; the message has the end of its output."""
@@ -27,27 +34,43 @@ class TrialFailed(Exception):
 
 @dataclass
 class Standing:
-    """A candidate's rounds so far: its samples/s and the baseline's of the same round."""
+    """A candidate's rounds so far: its ratio to the baseline of the same round, and that baseline's samples/s."""
 
     candidate: Candidate
     ratios: list[float] = field(default_factory=list)
     steps_per_second: list[float] = field(default_factory=list)
+    baseline_samples_per_second: list[float] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
         return statistics.geometric_mean(self.ratios)
 
     @property
+    def noise(self) -> float:
+        """How far the host alone moved the baseline over these rounds (its fastest over its slowest samples/s; 1
+        after one round), floored at MIN_GAIN: a ratio within it may be drift."""
+        rates = self.baseline_samples_per_second
+        return max(MIN_GAIN, max(rates) / min(rates) if rates else 1.0)
+
+    @property
+    def faster(self) -> bool:
+        return bool(self.ratios) and min(self.ratios) > self.noise
+
+    @property
+    def slower(self) -> bool:
+        return bool(self.ratios) and max(self.ratios) < 1 / self.noise
+
+    @property
     def clear(self) -> bool:
-        """Every round on one side of 1: its effect stands clear of the noise (the spread)."""
-        return bool(self.ratios) and (min(self.ratios) > 1 or max(self.ratios) < 1)
+        """Every round beyond the noise on one side: its effect stands clear of it."""
+        return self.faster or self.slower
 
     def line(self) -> str:
-        verdict = "faster" if min(self.ratios) > 1 else "slower" if max(self.ratios) < 1 else "within the noise"
+        verdict = "faster" if self.faster else "slower" if self.slower else "within the noise"
         return (
             f"{self.candidate.name:<20} {statistics.median(self.steps_per_second):7.2f} steps/s  "
             f"{self.ratio:.3f}x the baseline (samples/s, geometric mean of {len(self.ratios)} rounds, spread "
-            f"{min(self.ratios):.3f}-{max(self.ratios):.3f}): {verdict}"
+            f"{min(self.ratios):.3f}-{max(self.ratios):.3f}; noise {self.noise:.3f}): {verdict}"
         )
 
 
@@ -56,7 +79,7 @@ class Outcome:
     verdicts: dict[str, str]
     standings: list[Standing]
     winner: Standing | None
-    """The fastest candidate whose every round beat the baseline; None: keep the baseline."""
+    """The fastest candidate whose every round beat the baseline beyond the noise; None: keep the baseline."""
     trials: dict[str, Path]
     """Candidate name -> its latest trial's run directory (in the scratch folder)."""
     interrupted: bool = False
@@ -130,11 +153,12 @@ class Tuner:
                     trials[standing.candidate.name] = measured.run_dir
                     standing.ratios.append(measured.rate.samples_per_second / baseline.rate.samples_per_second)
                     standing.steps_per_second.append(measured.rate.steps_per_second)
+                    standing.baseline_samples_per_second.append(baseline.rate.samples_per_second)
             interrupted = False
         except KeyboardInterrupt:
             interrupted = True
         measured = [s for s in standings if s.ratios]
-        winners = [s for s in measured if min(s.ratios) > 1]
+        winners = [s for s in measured if s.faster]
         return Outcome(verdicts, measured, max(winners, key=lambda s: s.ratio, default=None), trials, interrupted)
 
     def remove_scratch(self) -> None:
