@@ -23,8 +23,15 @@ setup: $(STAMP) ## create .venv and install trainstack with its pinned dependenc
 run: setup ## train the default model on every GPU (2 CPU ranks without one); ARGS="--max-steps 500" to override
 	$(BIN)/trainstack train $(ARGS)
 
-test: setup ## the whole test suite (no GPU needed)
-	$(BIN)/python -m pytest $(ARGS)
+# Most tests wait on processes (ranks starting, an exporter answering, a checkpoint landing) more than they compute,
+# so TEST_WORKERS of them share the cores; a module runs on one worker, in its own order, with its fixtures. The
+# `timing` tests measure speed and run after, one at a time. Exit 5 (no test selected) is not a failure: ARGS may
+# select tests of one kind only.
+TEST_WORKERS ?= 4
+
+test: setup ## the whole test suite (no GPU needed): TEST_WORKERS in parallel, then the timing tests alone
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not timing" $(ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -m timing $(ARGS) || [ $$? -eq 5 ]
 
 check: setup ## the fast tier for the inner loop: every test that starts no process (-m "not slow"), under 2 minutes
 	$(BIN)/python -m pytest -m "not slow" $(ARGS)

@@ -491,6 +491,7 @@ def comm_per_step(run: Path, rank: int) -> CommPerStep:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_slow_link_is_comm_bound_by_the_share_its_delay_predicts(tmp_path):
     """Each gradient all-reduce held back by `delay` (as a slow link would) adds `delay` per bucket to the step,
     all of it after backward compute: the exposed share must be what the undelayed run's figures predict."""

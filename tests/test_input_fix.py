@@ -28,7 +28,7 @@ from trainstack import cli
 from trainstack.monitoring.compare import profile
 from trainstack.monitoring.compare.comparison import MOVED, Comparison
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 SAMPLE_DELAY = "0.02"  # 160 ms per 8-sample batch: about half of a step
 PAIRS = 2

@@ -52,6 +52,7 @@ def _run_on(nodes, run_dir, tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_the_prediction_at_another_link_speed_matches_the_measured_step(slow_link, tmp_path):
     slow = tmp_path / "slow"
     _run_on(slow_link, slow, tmp_path)

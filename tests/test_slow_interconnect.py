@@ -19,7 +19,7 @@ from tests.helpers.netns import EXPORTER_PORT, RATE_BITS, start_node
 from tests.helpers.runs import REPO, explain, kill_tree
 from trainstack.rundir import RunDir
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 EXPOSED_SHARE_TOLERANCE = 0.05
 

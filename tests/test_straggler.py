@@ -59,6 +59,7 @@ def _judged(out: Path, name: str):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_the_slowed_rank_is_named_with_its_peers_wait_as_the_cost(phases):
     out, matrix = phases
     extra = matrix["extra_seconds"]
@@ -79,6 +80,7 @@ def test_the_slowed_rank_is_named_with_its_peers_wait_as_the_cost(phases):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_healthy_run_names_no_straggler(phases):
     out, matrix = phases
     healthy = [phase["name"] for phase in matrix["phases"] if not phase["slow_in"]]
@@ -90,6 +92,7 @@ def test_a_healthy_run_names_no_straggler(phases):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_the_buffer_broadcast_is_communication_not_forward_time(phases):
     """With one rank slowed in its forward pass, its peer waits in the buffer broadcast at the start of its own
     forward pass: that wait counts as exposed communication, and the peer's forward time stays its own."""

@@ -60,6 +60,7 @@ def test_each_verdict_brings_its_own_fixes():
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_tune_picks_more_workers_for_a_starved_loader(tmp_path):
     source = tmp_path / "base.yaml"
     source.write_text(
@@ -124,6 +125,7 @@ or fewer, larger buckets."""
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_tune_picks_a_comm_bound_fix_for_a_delayed_allreduce(tmp_path):
     # Each all-reduce held back 0.3 s after it finishes, as a slow link would, sleeping: most of a step, whatever
     # the load of the host does to the compute. Halving the all-reduces per sample gains 1.5x-1.8x, so one round
@@ -139,6 +141,7 @@ def test_tune_picks_a_comm_bound_fix_for_a_delayed_allreduce(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_tune_keeps_the_baseline_of_a_healthy_run(tmp_path):
     # Two workers per rank keep up with the built-in data (one leaves a few percent of starvation, a real gain).
     result, write = _tune_two_ranks(tmp_path, {"num_workers": 2}, {}, rounds=2)
