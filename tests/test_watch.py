@@ -38,6 +38,7 @@ from trainstack.rundir import (
     RUN_ID_ENV,
     SUPERVISOR_PID_ENV,
     WATCH_HINT_SECONDS_ENV,
+    WATCHED_COMMAND_FILE,
     RunDir,
     free_port,
 )
@@ -271,7 +272,8 @@ def test_the_lease_refuses_a_second_watch_on_the_same_run_directory(tmp_path):
     run_dir = tmp_path / "run"
     first = start_watch(run_dir, *NO_EXPORTER, "--", *python("import time; time.sleep(600)"))
     try:
-        wait_for(lambda: (run_dir / LEASE_DIR / "node-0.json").exists(), first)
+        # The first watch holds the lease and its command runs: it has written all it writes before the command ends
+        wait_for(lambda: (RunDir(run_dir).node_metrics(0) / WATCHED_COMMAND_FILE).exists(), first)
         holder = json.loads((run_dir / LEASE_DIR / "node-0.json").read_text())
         before = tree(run_dir)
         second = watch(run_dir, *NO_EXPORTER, "--", *python("print('ran')"))

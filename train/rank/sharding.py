@@ -13,17 +13,21 @@ reduce-scatters through FSDP2's public hooks (trainstack/telemetry/fsdp_comm.py)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from accelerate.utils.dataclasses import get_module_class_from_name
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from trainstack.errors import ConfigError
 from trainstack.train.rank.config import TrainConfig
 from trainstack.train.rank.data import BUILTIN_PREFIX
 from trainstack.train.rank.model import Block
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
 BUILTIN_UNITS = [Block.__name__]
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -51,6 +55,8 @@ def plugin_for(config: TrainConfig) -> FullyShardedDataParallelPlugin | None:
 def _mixed_precision_policy(mixed_precision: str) -> MixedPrecisionPolicy | None:
     """Low-precision parameters and compute, fp32 gradient reduction: summing many ranks' bf16 gradients loses
     the small ones. The sharded master weights and the optimizer state stay fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy  # here: a DDP rank never pays for importing FSDP
+
     dtype = COMPUTE_DTYPES.get(mixed_precision)
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else None
 

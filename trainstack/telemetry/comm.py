@@ -24,6 +24,7 @@ all-reduce here, FSDP2's all-gathers and reduce-scatters in trainstack/telemetry
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +32,6 @@ from collections.abc import Callable
 import torch
 
 from trainstack.telemetry.comm_timer import Collective, CommTimer
-from trainstack.telemetry.fsdp_comm import watch_fsdp_communication
 
 # Test-only: seconds each collective (DDP's gradient all-reduce, FSDP's all-gather and reduce-scatter) is held back
 # after it finishes, as a slow link would. The tests that make a run communication-bound set it
@@ -113,4 +113,10 @@ def watch_gradient_communication(
         model.register_comm_hook(None, timed_allreduce_hook(timer, delay, comm_hook))
         time_buffer_broadcast(model, timer, training)
         return True
+    # Only a model wrapped by torch.distributed.fsdp can be an FSDP module, and importing that package costs each
+    # rank about a second of CPU (torch.distributed.tensor): a DDP or plain model never loads it.
+    if "torch.distributed.fsdp" not in sys.modules:
+        return False
+    from trainstack.telemetry.fsdp_comm import watch_fsdp_communication
+
     return watch_fsdp_communication(model, timer, delay)
