@@ -7,6 +7,8 @@ comm-bound fix must win; a healthy run, where none may."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -14,10 +16,12 @@ import yaml
 from tests.helpers.runs import explain, run_trainstack
 from trainstack import cli
 from trainstack.errors import EXIT_CONFIG
+from trainstack.monitoring.compare import profile
 from trainstack.telemetry.comm import TEST_ALLREDUCE_DELAY_ENV
 from trainstack.train.rank.config import TrainConfig
 from trainstack.tune.candidates import BASELINE, for_verdicts
-from trainstack.tune.trials import Standing
+from trainstack.tune.config import TuneConfig
+from trainstack.tune.trials import Standing, Tuner
 
 
 @pytest.mark.parametrize("case", ["missing", "not-a-run", "written-exists", "page-exists", "bad-key"])
@@ -157,3 +161,65 @@ def test_a_candidate_wins_only_beyond_the_baselines_own_spread():
     assert gain.faster and gain.line().endswith("noise 1.200): faster")
     # One round: no spread measured yet, so no gain below MIN_GAIN counts.
     assert not Standing(BASELINE, ratios=[1.03], steps_per_second=[1], baseline_samples_per_second=[10]).faster
+
+
+class TrialProcess:
+    """Stands in for a trial's `trainstack train`: still running at its first two polls, or interrupted (Ctrl-C)."""
+
+    killed = False
+
+    def __init__(self, command, **kwargs):
+        self.polls, self.returncode = 0, None
+
+    def communicate(self, timeout):
+        self.polls += 1
+        if self.polls == 3:
+            if TrialProcess.interrupt:
+                raise KeyboardInterrupt
+            self.returncode = 0
+            return "", ""
+        raise subprocess.TimeoutExpired("trainstack", timeout)
+
+    def kill(self):
+        TrialProcess.killed = True
+
+    def wait(self):
+        return self.returncode
+
+
+class SeenProgress:
+    def __init__(self):
+        self.calls = []
+
+    def started(self, number, name, planned):
+        self.calls.append(("started", number, name, planned))
+
+    def running(self):
+        self.calls.append(("running",))
+
+    def ended(self, line):
+        self.calls.append(("ended", line.split(":")[0]))
+
+
+@pytest.mark.parametrize("interrupt", [False, True])
+def test_the_progress_shows_each_trial_while_it_runs_and_ctrl_c_ends_it(tmp_path, monkeypatch, interrupt):
+    source = tmp_path / "base.yaml"
+    source.write_text("num_workers: 1\n")
+    monkeypatch.setattr(subprocess, "Popen", TrialProcess)
+    monkeypatch.setattr(TrialProcess, "interrupt", interrupt, raising=False)
+    monkeypatch.setattr(TrialProcess, "killed", False)
+    rate = profile.Rate(steps_per_second=2.0, samples_per_second=32.0)
+    monkeypatch.setattr(profile, "load", lambda run_dir: SimpleNamespace(rate=rate, run_dir=run_dir))
+    seen = SeenProgress()
+    tuner = Tuner(TuneConfig(source=source, write=tmp_path / "tuned.yaml", scratch=tmp_path), seen)
+    try:
+        if interrupt:
+            with pytest.raises(KeyboardInterrupt):
+                tuner.trial(BASELINE)
+        else:
+            tuner.trial(BASELINE)
+    finally:
+        tuner.remove_scratch()
+    started = [("started", 1, "baseline", 1), ("running",), ("running",)]  # a tick at each poll it still ran
+    assert seen.calls == started + ([] if interrupt else [("ended", "tune")])
+    assert TrialProcess.killed is interrupt  # an interrupted trial is ended with the tuner, a finished one is not

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -62,6 +63,35 @@ def _write(path: Path, base: dict, options: dict) -> None:
         yaml.safe_dump(values, file, sort_keys=False)
 
 
+class TrialBar:
+    """tune's progress on stderr (trials.Progress): on a terminal, tqdm's bar over the trials, naming the running one
+    and its seconds so far; each trial's line as it ends, on a terminal or not."""
+
+    def __init__(self) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=1, unit="trial", file=sys.stderr, disable=None, dynamic_ncols=True, leave=False)
+        self._since = time.monotonic()
+        self._name = ""
+
+    def started(self, number: int, name: str, planned: int) -> None:
+        self._bar.total = planned
+        self._bar.n = number - 1
+        self._since = time.monotonic()
+        self._name = name
+        self.running()
+
+    def running(self) -> None:
+        self._bar.set_description_str(f"trial {self._bar.n + 1} {self._name} {time.monotonic() - self._since:.0f} s")
+
+    def ended(self, line: str) -> None:
+        self._bar.update(1)
+        self._bar.write(line, file=sys.stderr)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
 def run(args: argparse.Namespace) -> int:
     from trainstack.monitoring.compare import profile, render
     from trainstack.monitoring.compare.comparison import Comparison
@@ -79,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
         budget_seconds=args.budget,
         scratch=args.scratch,
     )
-    tuner = Tuner(config, lambda line: print(line, file=sys.stderr, flush=True))
+    bar = TrialBar()
+    tuner = Tuner(config, bar)
     try:
         try:
             outcome = tuner.run()
@@ -105,5 +136,6 @@ def run(args: argparse.Namespace) -> int:
                 f"(trainstack train --config {config.write} --output-dir RUN_DIR); page: {config.html}"
             )
     finally:
+        bar.close()
         tuner.remove_scratch()
     return EXIT_INTERRUPTED if outcome.interrupted else EXIT_OK

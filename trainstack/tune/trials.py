@@ -14,9 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from trainstack.monitoring.compare import profile
 from trainstack.train.rank.config import ranks_use_cuda
@@ -85,9 +85,22 @@ class Outcome:
     interrupted: bool = False
 
 
+class Progress(Protocol):
+    """What the user sees of the trials (cli.TrialBar): each trial as it starts and, about once a second, while it
+    runs; a line when it ends."""
+
+    def started(self, number: int, name: str, planned: int) -> None:
+        """Trial `number` of at most `planned` (the rounds may end sooner) starts, running `name`."""
+
+    def running(self) -> None: ...
+
+    def ended(self, line: str) -> None: ...
+
+
 class Tuner:
-    def __init__(self, config: TuneConfig, progress: Callable[[str], None]):
+    def __init__(self, config: TuneConfig, progress: Progress):
         self.config, self.progress = config, progress
+        self.planned = 1  # trials at most: the diagnosing baseline until it has brought the candidates
         self.started = time.monotonic()
         self.count = 0
         self.scratch = Path(tempfile.mkdtemp(prefix="trainstack-tune-", dir=config.scratch))
@@ -119,14 +132,26 @@ class Tuner:
             "--no-report",
             *candidate.flags,
         ]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode:
+        self.progress.started(self.count, candidate.name, self.planned)
+        trial = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            while True:
+                try:
+                    _, stderr = trial.communicate(timeout=1)
+                    break
+                except subprocess.TimeoutExpired:
+                    self.progress.running()
+        except BaseException:  # Ctrl-C: the trial ends with the tuner, as subprocess.run would end it
+            trial.kill()
+            trial.wait()
+            raise
+        if trial.returncode:
             raise TrialFailed(
-                f"trial {self.count} ({candidate.name}) exited {result.returncode}: "
-                f"{result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ''}"
+                f"trial {self.count} ({candidate.name}) exited {trial.returncode}: "
+                f"{stderr.strip().splitlines()[-1] if stderr.strip() else ''}"
             )
         measured = profile.load(run_dir)
-        self.progress(
+        self.progress.ended(
             f"tune: trial {self.count} {candidate.name}: {measured.rate.steps_per_second:.2f} steps/s, "
             f"{measured.rate.samples_per_second:.1f} samples/s ({time.monotonic() - self.started:.0f} s)"
         )
@@ -141,6 +166,7 @@ class Tuner:
             verdicts = baseline.verdicts
             candidates = for_verdicts(list(verdicts), self.config.baseline(), ranks_use_cuda())
             standings = [Standing(c) for c in candidates]
+            self.planned = self.config.max_rounds * (1 + len(candidates))
             for round_number in range(self.config.max_rounds):
                 undecided = [s for s in standings if not (round_number >= self.config.min_rounds and s.clear)]
                 if not undecided or (round_number and time.monotonic() - self.started > self.config.budget_seconds):
