@@ -243,19 +243,13 @@ def test_anything_else_is_not_a_completed_run(tmp_path, change):
     assert completed_before(TrainConfig(**{**finished.to_dict(), **rerun})) is None
 
 
-@pytest.fixture
-def sigterm_handler_kept():
-    """`trainstack train` sets its own SIGTERM handler in this process; give pytest's back."""
-    kept = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, kept)
-
-
-def test_a_rerun_of_a_completed_run_says_so_exits_0_and_changes_no_byte(tmp_path, capsys, sigterm_handler_kept):
+def test_a_rerun_of_a_completed_run_says_so_exits_0_and_changes_no_byte(tmp_path, capsys):
     run_dir = tmp_path / "run"
     completed_run(run_dir)
     before = {str(p): p.read_bytes() if p.is_file() else None for p in sorted(run_dir.rglob("*"))}
+    callers_handler = signal.getsignal(signal.SIGTERM)
     assert main(["train", "--output-dir", str(run_dir), "--max-steps", "4", "--exporter-port", "0"]) == EXIT_OK
+    assert signal.getsignal(signal.SIGTERM) is callers_handler  # the launch's own handler ends with the launch
     assert capsys.readouterr().err.splitlines() == [
         f"trainstack train: {run_dir} already holds a completed run (4 steps, run finished); nothing changed: "
         "raise --max-steps or --epochs to train further, or choose another --output-dir"

@@ -326,28 +326,32 @@ def run(args: argparse.Namespace, render: Render | None = None, judge: Judge | N
     wait = lease_wait(args)
     preflight(config, launch)
     run_id = new_run_id()
-    signal.signal(signal.SIGTERM, _stop_before_ranks)  # Launch.run handles it while ranks run
-    # Before anything writes to the run directory, and held until the last rank has exited and the report is
-    # written: a second launcher on a live run directory exits 2 having written nothing.
-    with RunDirLease(config.run_dir, run_id, launch.node_rank, lease_timeout(args.lease_timeout)) as lease:
-        lease.acquire(wait=wait)
-        done = completed_before(config)
-        if done:
-            print(f"trainstack train: {done}", file=sys.stderr)
-            return EXIT_OK
-        resume_from = resume_point(config)
-        run_doctor(config, launch, args.skip_doctor)
-        launched = Launch(config, launch, resume_from, run_id, lease, judge)
-        code = launched.run()
-        if args.report and launch.node_rank == 0 and render:
-            report = write_report(config.run_dir, render, PROGRAM, checkpoints_kept)
-            code = code or report  # a report the disk refused fails a run that trained to its end
-        hang = launched.supervised.hang_line()
-        if launched.failed_rank:  # the last line: the one a user reads first
-            print(
-                f"trainstack train: {launched.failed_rank}{f'; where the ranks waited: {hang}' if hang else ''}",
-                file=sys.stderr,
-            )
-        elif hang and code:
-            print(f"trainstack train: the run ended in a hang: {hang}", file=sys.stderr)
-        return code
+    # Launch.run handles SIGTERM while ranks run; the caller's handler is back once the launch is over
+    previous = signal.signal(signal.SIGTERM, _stop_before_ranks)
+    try:
+        # Before anything writes to the run directory, and held until the last rank has exited and the report is
+        # written: a second launcher on a live run directory exits 2 having written nothing.
+        with RunDirLease(config.run_dir, run_id, launch.node_rank, lease_timeout(args.lease_timeout)) as lease:
+            lease.acquire(wait=wait)
+            done = completed_before(config)
+            if done:
+                print(f"trainstack train: {done}", file=sys.stderr)
+                return EXIT_OK
+            resume_from = resume_point(config)
+            run_doctor(config, launch, args.skip_doctor)
+            launched = Launch(config, launch, resume_from, run_id, lease, judge)
+            code = launched.run()
+            if args.report and launch.node_rank == 0 and render:
+                report = write_report(config.run_dir, render, PROGRAM, checkpoints_kept)
+                code = code or report  # a report the disk refused fails a run that trained to its end
+            hang = launched.supervised.hang_line()
+            if launched.failed_rank:  # the last line: the one a user reads first
+                print(
+                    f"trainstack train: {launched.failed_rank}{f'; where the ranks waited: {hang}' if hang else ''}",
+                    file=sys.stderr,
+                )
+            elif hang and code:
+                print(f"trainstack train: the run ended in a hang: {hang}", file=sys.stderr)
+            return code
+    finally:
+        signal.signal(signal.SIGTERM, previous)
