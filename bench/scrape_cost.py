@@ -202,6 +202,20 @@ class Exporter:
     cpu_end: float = 0.0
 
 
+def sampled_both_cadences(exporters: list[Exporter], timeout: float = 120.0) -> None:
+    """Waits until each exporter has taken a fast and a slow sample: a figure per cadence needs one of each, and on a
+    loaded host the sampler's first fast sample can come after the warm-up scrapes."""
+    deadline = time.monotonic() + timeout
+    for exporter in exporters:
+        while not all(
+            by_cadence(exporter.scraper.get()[1], catalog.EXPORTER_GPU_SAMPLES.name).get(cadence, 0) >= 1
+            for cadence in ("fast", "slow")
+        ):
+            if time.monotonic() > deadline:
+                sys.exit(f"scrape_cost: {exporter.label} took no fast and slow sample in {timeout:g} s")
+            time.sleep(0.2)
+
+
 def scheduled(exporters: list[Exporter], scrapes: int, interval: float) -> float:
     """Every exporter scraped at start + k * interval (who goes first alternates); returns the window's wall time,
     from the end of the last warm-up scrape to the end of the last scrape."""
@@ -294,6 +308,7 @@ def main() -> int:
                 for label, pythonpath in sources.items():
                     process, port = start_exporter(pythonpath, metrics_dir, host_file, interval, slow_interval)
                     exporters.append(Exporter(label, process, Scraper(port), []))
+                sampled_both_cadences(exporters)
                 window = scheduled(exporters, args.scrapes, args.scrape_interval)
                 for exporter in exporters:
                     results.setdefault(exporter.label, {})[gpus] = figures(

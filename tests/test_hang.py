@@ -336,8 +336,9 @@ def test_faulthandler_gives_the_stack_of_a_rank_that_does_not_answer(tmp_path):
     script = tmp_path / "stuck.py"
     script.write_text(
         "import sys, time\nfrom trainstack.hang import start_responder\n"
-        f"assert start_responder(3, {str(metrics)!r})\nprint('ready', flush=True)\n"
-        "def stuck():\n    time.sleep(3600)\nstuck()\n"
+        f"assert start_responder(3, {str(metrics)!r})\n"
+        # 'ready' from inside stuck(): said before it, the stack could be taken while the module still ran
+        "def stuck():\n    print('ready', flush=True)\n    time.sleep(3600)\nstuck()\n"
     )
     child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:

@@ -591,9 +591,10 @@ def _watched_command(host: _Host) -> tuple[int, str] | None:
     None while there is none. Searched again only once the one found has ended: a search reads all of /proc."""
     import psutil  # only a host with a watched entry, run by a launcher, needs it
 
-    if host.watched is None or not host.watched.is_running():
+    supervisor = int(os.environ[SUPERVISOR_PID_ENV])
+    if not _still_started_by(host.watched, supervisor):
         try:
-            started = psutil.Process(int(os.environ[SUPERVISOR_PID_ENV])).children()
+            started = psutil.Process(supervisor).children()
         except psutil.NoSuchProcess:
             started = []
         host.watched = min(
@@ -606,6 +607,17 @@ def _watched_command(host: _Host) -> tuple[int, str] | None:
     except psutil.NoSuchProcess:  # ended since (a zombie too: it holds no GPU)
         argv = []
     return (host.watched.pid, argv[0]) if argv else None
+
+
+def _still_started_by(process, supervisor: int) -> bool:
+    """Whether the process found before still runs as the supervisor's child: not ended, not a zombie (psutil
+    calls one running until it is reaped), and the child of this supervisor, not of one an earlier search found."""
+    import psutil
+
+    try:
+        return process is not None and process.ppid() == supervisor and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle):
