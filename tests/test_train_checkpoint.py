@@ -113,12 +113,13 @@ def test_tied_weights_are_saved_once_quietly_and_reload_exactly(tmp_path, caplog
     warning, and loading restores every parameter bit for bit with the tie intact."""
     from accelerate import Accelerator
 
+    from trainstack.train.rank.checkpointer import drop_tied_aliases
     from trainstack.train.rank.model import BUILTIN_MODELS, GPT
 
     def prepared(seed: int):
         torch.manual_seed(seed)
         accelerator = Accelerator(cpu=device == "cpu")
-        accelerator.register_save_state_pre_hook(checkpoint.drop_tied_aliases)
+        accelerator.register_save_state_pre_hook(drop_tied_aliases)
         model = GPT(BUILTIN_MODELS["tiny-gpt"], vocab_size=64, max_len=16)
         optimizer = torch.optim.AdamW(model.parameters())
         model, optimizer = accelerator.prepare(model, optimizer)

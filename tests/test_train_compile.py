@@ -19,10 +19,10 @@ from trainstack.cli import main
 from trainstack.rundir import free_port
 from trainstack.telemetry.device import peak_flops
 from trainstack.train.rank import config as train_config
-from trainstack.train.rank.config import TrainConfig
+from trainstack.train.rank.config import TrainConfig, missing_compiler
 from trainstack.train.rank.data import ArithmeticSequences, collate, load_token_data
 from trainstack.train.rank.model import BUILTIN_MODELS, GPT
-from trainstack.train.rank.performance import CompileWatch, bucket_count, compile_in_place, missing_compiler
+from trainstack.train.rank.performance import CompileWatch, bucket_count, compile_in_place
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -34,13 +34,13 @@ from trainstack.rundir import (
     write_summary,
 )
 from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
+from trainstack.train.launcher.fsdp_units import check_fsdp_units
 from trainstack.train.launcher.launch_config import LaunchConfig, lease_wait
 from trainstack.train.launcher.lease import RunDirLease, lease_timeout
 from trainstack.train.launcher.supervised import Judge, OwnAgent, Render, SupervisedRun, findings, write_report
-from trainstack.train.rank import checkpoint, sharding
+from trainstack.train.rank import checkpoint
 from trainstack.train.rank import config as train_config
-from trainstack.train.rank.data import check_dataset_spec
-from trainstack.train.rank.model import check_model_spec
+from trainstack.train.rank.specs import check_dataset_spec, check_model_spec
 from trainstack.write_failure import WriteFailure
 
 PROGRAM = "trainstack train"
@@ -56,7 +56,7 @@ def preflight(config: train_config.TrainConfig, launch: LaunchConfig) -> None:
         sys.path.insert(0, os.getcwd())  # the ranks run `python -m`, which imports factories from here too
     check_dataset_spec(config.dataset)
     check_model_spec(config.model)
-    sharding.check_units_before_launch(config)
+    check_fsdp_units(config)
     train_config.require_device_support(config, on_cuda=not launch.use_cpu, world_size=launch.world_size)
     stop_grace()  # a bad TRAINSTACK_STOP_GRACE is refused now, not when an orphaned rank first reads it
     check_run_dir(config.run_dir, "--output-dir")

@@ -21,6 +21,7 @@ from trainstack.rundir import (
     check_port,
     free_port,
 )
+from trainstack.train.launcher.cuda_devices import cuda_device_count
 from trainstack.train.launcher.lease import DEFAULT_TIMEOUT_SECONDS
 from trainstack.train.rank import config as train_config
 
@@ -81,9 +82,7 @@ class LaunchConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LaunchConfig:
-        import torch
-
-        gpus = torch.cuda.device_count()
+        gpus = cuda_device_count()
         use_cpu = args.cpu or gpus == 0
         # Kubeflow Trainer's runtimes set PET_NPROC_PER_NODE=auto|gpu|cpu: all mean "the default for this node".
         if os.environ.get("PET_NPROC_PER_NODE") in ("auto", "gpu", "cpu"):

@@ -18,8 +18,6 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
-
 from trainstack.errors import ConfigError
 from trainstack.rundir import SHOWN, STEP_DIR, UNSEALED_GLOB, VERIFIED_CHECKPOINT_ENV
 
@@ -187,30 +185,6 @@ def resolve_resume(resume: str, root: Path, warn) -> Path | None:
 def rotate(root: Path, keep: int) -> None:
     for folder in complete_checkpoints(root)[:-keep]:
         shutil.rmtree(folder)
-
-
-def drop_tied_aliases(models, weights: list[dict], output_dir: str) -> None:
-    """Accelerate's save_state pre-hook: keep one name per shared tensor (the first, as Accelerate would) in each
-    state dict. safetensors cannot store aliases, so Accelerate drops them itself but logs "Removed shared
-    tensor ... check that you don't receive any warning while reloading" at every checkpoint; done here, it is
-    silent. Loading restores the tie: safetensors' load_model knows which of the model's names share storage."""
-    for state in weights:
-        seen = set()
-        for name in list(state):
-            tensor = state[name]
-            if not isinstance(tensor, torch.Tensor):
-                continue
-            key = (
-                tensor.device,
-                tensor.untyped_storage().data_ptr(),
-                tensor.storage_offset(),
-                tensor.dtype,
-                tuple(tensor.shape),
-                tensor.stride(),
-            )
-            if key in seen:
-                del state[name]
-            seen.add(key)
 
 
 def remove_unsealed(root: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import time
 
+import torch
 from accelerate import Accelerator
 
 from trainstack.rundir import RunDir
@@ -94,3 +95,27 @@ class Checkpointer:
             raise failure from None
         accelerator.wait_for_everyone()
         return time.time() - started
+
+
+def drop_tied_aliases(models, weights: list[dict], output_dir: str) -> None:
+    """Accelerate's save_state pre-hook: keep one name per shared tensor (the first, as Accelerate would) in each
+    state dict. safetensors cannot store aliases, so Accelerate drops them itself but logs "Removed shared
+    tensor ... check that you don't receive any warning while reloading" at every checkpoint; done here, it is
+    silent. Loading restores the tie: safetensors' load_model knows which of the model's names share storage."""
+    for state in weights:
+        seen = set()
+        for name in list(state):
+            tensor = state[name]
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            key = (
+                tensor.device,
+                tensor.untyped_storage().data_ptr(),
+                tensor.storage_offset(),
+                tensor.dtype,
+                tuple(tensor.shape),
+                tensor.stride(),
+            )
+            if key in seen:
+                del state[name]
+            seen.add(key)

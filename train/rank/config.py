@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import difflib
 import os
+import shutil
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -323,8 +324,6 @@ def require_device_support(config: TrainConfig, on_cuda: bool, world_size: int) 
     rank again on the device Accelerate gave it."""
     if config.mixed_precision == "fp16" and not on_cuda:
         raise ConfigError("--mixed-precision fp16 needs CUDA GPUs; use bf16 or no for CPU ranks")
-    from trainstack.train.rank.performance import missing_compiler  # torch: not before a configuration typo is answered
-
     if problem := missing_compiler(config, on_cuda):
         raise ConfigError(problem)
     if config.ddp_comm_hook == "bf16" and not on_cuda:
@@ -336,3 +335,17 @@ def require_device_support(config: TrainConfig, on_cuda: bool, world_size: int) 
         raise ConfigError(
             "--sync-batchnorm needs CUDA GPUs (PyTorch's SyncBatchNorm has no CPU kernel); turn it off for CPU ranks"
         )
+
+
+def missing_compiler(config, on_cuda: bool) -> str | None:
+    """Why `--compile` cannot work here, or None. Inductor writes C++ for CPU kernels; on CUDA, Triton builds
+    its kernel launchers with a C compiler. The other backends generate no code."""
+    if not config.compile or config.compile_backend != "inductor":
+        return None
+    names = ("cc", "gcc", "clang") if on_cuda else ("g++", "clang++", "c++")
+    if any(shutil.which(name) for name in names):
+        return None
+    return (
+        f"--compile needs a {'C' if on_cuda else 'C++'} compiler ({' or '.join(names)} on PATH) for "
+        f"torch.compile's inductor backend; install one (apt-get install build-essential), or drop --compile"
+    )

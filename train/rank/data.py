@@ -7,7 +7,6 @@ done here: `Accelerator.prepare` gives each rank its own slice of the sampler's 
 
 from __future__ import annotations
 
-import importlib
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +15,17 @@ from typing import Any
 import torch
 
 from trainstack.errors import ConfigError
+from trainstack.train.rank.specs import (
+    BUILTIN_DATASET_NAMES,
+    BUILTIN_PREFIX,
+    BUILTIN_VOCAB,
+    check_dataset_spec,
+    is_factory,
+    load_factory,
+    local_data_files,
+    looks_like_path,
+)
 
-BUILTIN_PREFIX = "builtin:"
-LOCAL_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 IGNORE_INDEX = -100  # torch's cross_entropy default: padded positions contribute nothing to the loss
 BYTE_VOCAB = 256  # text is tokenized as UTF-8 bytes: no tokenizer download, works offline
 
@@ -53,7 +60,7 @@ class ArithmeticSequences(torch.utils.data.Dataset):
 
 
 def _builtin_sequences(seq_len: int, seed: int) -> TokenData:
-    vocab = 64
+    vocab = BUILTIN_VOCAB
     min_len = min(16, seq_len)
     return TokenData(
         train=ArithmeticSequences(4096, vocab, min_len, seq_len, seed),
@@ -64,7 +71,7 @@ def _builtin_sequences(seq_len: int, seed: int) -> TokenData:
 
 def _builtin_full_sequences(seq_len: int, seed: int) -> TokenData:
     """The CUDA default: every sample exactly seq_len tokens, so no step computes on padding."""
-    vocab = 64
+    vocab = BUILTIN_VOCAB
     return TokenData(
         train=ArithmeticSequences(4096, vocab, seq_len, seq_len, seed),
         eval=ArithmeticSequences(256, vocab, seq_len, seq_len, seed + 1),
@@ -72,65 +79,7 @@ def _builtin_full_sequences(seq_len: int, seed: int) -> TokenData:
     )
 
 
-BUILTIN_DATASETS = {"sequences": _builtin_sequences, "full-sequences": _builtin_full_sequences}
-
-
-def load_factory(spec: str, what: str):
-    """Import `module:function`; a failure is the user's input, so it becomes one line, not a traceback."""
-    module_name, _, attribute = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ConfigError(
-            f"cannot import {what} factory module {module_name!r} ({error}); check the name and that it is on "
-            "PYTHONPATH"
-        ) from None
-    factory = getattr(module, attribute, None)
-    if not callable(factory):
-        raise ConfigError(f"{what} factory {spec!r}: module {module_name!r} has no function {attribute!r}")
-    return factory
-
-
-def is_factory(spec: str) -> bool:
-    module_name, sep, attribute = spec.partition(":")
-    return (
-        bool(sep)
-        and not spec.startswith(BUILTIN_PREFIX)
-        and all(part.isidentifier() for part in module_name.split("."))
-        and attribute.isidentifier()
-    )
-
-
-def check_dataset_spec(spec: str) -> None:
-    """Everything about the dataset that can be checked before ranks start."""
-    if spec.startswith(BUILTIN_PREFIX):
-        name = spec[len(BUILTIN_PREFIX) :]
-        if name not in BUILTIN_DATASETS:
-            raise ConfigError(
-                f"unknown built-in dataset {spec!r}; choose one of "
-                + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_DATASETS)
-            )
-    elif is_factory(spec):
-        load_factory(spec, "dataset")
-    elif _looks_like_path(spec):
-        _local_data_files(Path(spec).expanduser())
-
-
-def _looks_like_path(spec: str) -> bool:
-    # "org/name" is a hub name unless it exists here; a data-file suffix or ./ ~ / marks a path either way.
-    return Path(spec).expanduser().exists() or spec.startswith((".", "/", "~")) or Path(spec).suffix in LOCAL_BUILDERS
-
-
-def _local_data_files(path: Path) -> tuple[str, list[str]]:
-    if not path.exists():
-        raise ConfigError(f"dataset path {path} does not exist; pass an existing file or folder to --dataset")
-    files = sorted(p for p in path.rglob("*") if p.suffix in LOCAL_BUILDERS) if path.is_dir() else [path]
-    builders = {LOCAL_BUILDERS.get(p.suffix) for p in files}
-    if not files or None in builders:
-        raise ConfigError(f"dataset {path}: no readable data; use .txt, .json, .jsonl, .parquet or .csv files")
-    if len(builders) > 1:
-        raise ConfigError(f"dataset folder {path} mixes file types; keep one of {sorted(LOCAL_BUILDERS)}")
-    return builders.pop(), [str(p) for p in files]
+BUILTIN_DATASETS = dict(zip(BUILTIN_DATASET_NAMES, (_builtin_sequences, _builtin_full_sequences), strict=True))
 
 
 def load_token_data(
@@ -144,8 +93,8 @@ def load_token_data(
         return _split(dataset, eval_fraction, seed, _vocab_size(dataset))
     import datasets
 
-    if _looks_like_path(spec):
-        builder, files = _local_data_files(Path(spec).expanduser())
+    if looks_like_path(spec):
+        builder, files = local_data_files(Path(spec).expanduser())
         try:
             raw = datasets.load_dataset(builder, data_files=files, split="train")
         except Exception as error:  # datasets raises many types for unreadable files; all mean "bad input"

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainstack.errors import ConfigError
-from trainstack.train.rank.data import BUILTIN_PREFIX, IGNORE_INDEX, is_factory, load_factory
+from trainstack.train.rank.data import IGNORE_INDEX
+from trainstack.train.rank.specs import BUILTIN_MODELS, BUILTIN_PREFIX, GPTShape, check_model_spec, load_factory
 
 
 @dataclass
@@ -30,20 +31,6 @@ class CausalLMOutput:
 # all-reduce is queued from their gradients, and an output it cannot look into leaves the gradients unreduced,
 # silently (each rank then trains on its own).
 torch.export.register_dataclass(CausalLMOutput)
-
-
-@dataclass(frozen=True)
-class GPTShape:
-    layers: int
-    heads: int
-    width: int
-
-
-BUILTIN_MODELS = {
-    "tiny-gpt": GPTShape(layers=2, heads=4, width=128),
-    "small-gpt": GPTShape(6, 8, 512),
-    "gpt2-small": GPTShape(12, 12, 768),  # GPT-2 124M's shape; the CUDA default
-}
 
 
 class Block(nn.Module):
@@ -109,23 +96,6 @@ class GPT(nn.Module):
         embedding = self.position_embedding.weight.numel()
         params = sum(p.numel() for p in self.parameters()) - embedding
         return 6 * params + 12 * self.shape.layers * self.shape.width * seq_len
-
-
-def check_model_spec(spec: str) -> None:
-    if spec.startswith(BUILTIN_PREFIX):
-        if spec[len(BUILTIN_PREFIX) :] not in BUILTIN_MODELS:
-            raise ConfigError(
-                f"unknown built-in model {spec!r}; choose one of "
-                + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
-                + " or give a module:function factory"
-            )
-    elif is_factory(spec):
-        load_factory(spec, "model")
-    else:
-        raise ConfigError(
-            f"--model {spec!r} is neither builtin:NAME nor module:function; e.g. builtin:tiny-gpt or "
-            "mypackage.models:build"
-        )
 
 
 def build_model(config, vocab_size: int) -> nn.Module:

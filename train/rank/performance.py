@@ -7,27 +7,12 @@ CPU ranks keep PyTorch's defaults (TF32 and the fused optimizer are CUDA feature
 from __future__ import annotations
 
 import math
-import shutil
 import sys
 import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
-
-
-def missing_compiler(config, on_cuda: bool) -> str | None:
-    """Why `--compile` cannot work here, or None. Inductor writes C++ for CPU kernels; on CUDA, Triton builds
-    its kernel launchers with a C compiler. The other backends generate no code."""
-    if not config.compile or config.compile_backend != "inductor":
-        return None
-    names = ("cc", "gcc", "clang") if on_cuda else ("g++", "clang++", "c++")
-    if any(shutil.which(name) for name in names):
-        return None
-    return (
-        f"--compile needs a {'C' if on_cuda else 'C++'} compiler ({' or '.join(names)} on PATH) for "
-        f"torch.compile's inductor backend; install one (apt-get install build-essential), or drop --compile"
-    )
 
 
 def use_tf32(config, device: torch.device) -> None:

@@ -23,8 +23,8 @@ from torch import nn
 
 from trainstack.errors import ConfigError
 from trainstack.train.rank.config import TrainConfig
-from trainstack.train.rank.data import BUILTIN_PREFIX
 from trainstack.train.rank.model import Block
+from trainstack.train.rank.specs import BUILTIN_PREFIX
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -107,14 +107,3 @@ def set_units(accelerator: Accelerator, config: TrainConfig, model: nn.Module) -
             "_no_split_modules): the whole model is one FSDP unit, gathered in full for each forward"
         )
     accelerator.state.fsdp_plugin.transformer_cls_names_to_wrap = names
-
-
-def check_units_before_launch(config: TrainConfig) -> None:
-    """Preflight for the built-in models, built on the meta device (no memory); a factory's model is checked by
-    the ranks once it exists."""
-    if config.strategy != "fsdp" or not config.model.startswith(BUILTIN_PREFIX) or not config.fsdp_wrap:
-        return
-    from trainstack.train.rank.model import build_model
-
-    with torch.device("meta"):
-        unit_classes(config, build_model(config, vocab_size=256))

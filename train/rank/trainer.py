@@ -30,7 +30,7 @@ from trainstack.errors import EXIT_CONFIG, EXIT_RUNTIME, ConfigError
 from trainstack.rundir import NON_BLOCKING_COPY_ENV, RUN_ID_ENV, RunDir, write_summary
 from trainstack.telemetry.interval import IntervalSums, PendingTotals, interval_ends
 from trainstack.train.rank import checkpoint, outcome, sharding
-from trainstack.train.rank.checkpointer import Checkpointer
+from trainstack.train.rank.checkpointer import Checkpointer, drop_tied_aliases
 from trainstack.train.rank.config import TrainConfig, require_device_support
 from trainstack.train.rank.data import collate, load_token_data
 from trainstack.train.rank.evaluation import evaluator
@@ -96,7 +96,7 @@ class Trainer:
         if fsdp_plugin:
             sharding.enable_on_cpu_ranks(self.accelerator, fsdp_plugin)
         # Tied weights (the GPT's head is its embedding) are saved once, without safetensors' warning.
-        self.accelerator.register_save_state_pre_hook(checkpoint.drop_tied_aliases)
+        self.accelerator.register_save_state_pre_hook(drop_tied_aliases)
         self.checkpointer = Checkpointer(self.accelerator, self.run_dir, config.strategy, config.keep_checkpoints)
         self.progress = Progress()
         self.record: RunRecord | None = None

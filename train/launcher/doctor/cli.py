@@ -7,8 +7,8 @@ import argparse
 
 from trainstack.errors import EXIT_CONFIG, EXIT_OK
 from trainstack.train.launcher import launch_config
+from trainstack.train.launcher.fsdp_units import check_fsdp_units
 from trainstack.train.rank import config as train_config
-from trainstack.train.rank import sharding
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     launch = launch_config.LaunchConfig.from_args(args)
     # Refuses what the trainer refuses (e.g. --strategy fsdp --sync-batchnorm).
     train = train_config.from_sources(args, on_cuda=not launch.use_cpu)
-    sharding.check_units_before_launch(train)
+    check_fsdp_units(train)
     config = DoctorConfig.for_run(train, launch)
     results = run_checks(config)
     print(render_json(results) if args.json else render_table(results), flush=True)

@@ -1,10 +1,13 @@
 """GpuInventory: the GPUs as NVML (the driver) and as torch (the CUDA runtime) see them, asked once per doctor
-run. torch is imported here, inside the probe, so that `trainstack doctor --help` and the CLI stay quick."""
+run. torch is imported here, inside the probe, so that `trainstack doctor --help` and the CLI stay quick, and only
+where CUDA's driver library loads: elsewhere torch would see no GPU, and a CPU host's launch skips its import."""
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+
+from trainstack.train.launcher.cuda_devices import cuda_driver_loads
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ def cuda_version_text(encoded: int) -> str:
 
 
 def probe_gpus() -> GpuInventory:
-    return GpuInventory(**_probe_nvml(), **_probe_torch())
+    return GpuInventory(**_probe_nvml(), **(_probe_torch() if cuda_driver_loads() else {}))
 
 
 def _probe_nvml() -> dict:

@@ -1,0 +1,115 @@
+"""What --model and --dataset name, checked before any rank starts: built-in models (their shapes) and data (their
+vocabulary), `module:function` factories, local files. torch-free: the launcher and its doctor read all of this,
+and importing torch there would cost every launch seconds of CPU before a rank could start."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainstack.errors import ConfigError
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_VOCAB = 64  # every built-in dataset's tokens are 0..63
+BUILTIN_DATASET_NAMES = ("sequences", "full-sequences")
+LOCAL_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    layers: int
+    heads: int
+    width: int
+
+    def parameter_count(self, vocab_size: int, max_len: int) -> int:
+        """The parameters of model.GPT of this shape, the tied output projection once (tests/test_doctor.py
+        checks it against every built model, so the two cannot drift)."""
+        width = self.width
+        norms = 2 * 2 * width  # two LayerNorms, weight and bias
+        attention = (3 * width * width + 3 * width) + (width * width + width)
+        mlp = (4 * width * width + 4 * width) + (4 * width * width + width)
+        embeddings = vocab_size * width + max_len * width
+        return embeddings + self.layers * (norms + attention + mlp) + 2 * width
+
+
+BUILTIN_MODELS = {
+    "tiny-gpt": GPTShape(layers=2, heads=4, width=128),
+    "small-gpt": GPTShape(6, 8, 512),
+    "gpt2-small": GPTShape(12, 12, 768),  # GPT-2 124M's shape; the CUDA default
+}
+
+
+def load_factory(spec: str, what: str):
+    """Import `module:function`; a failure is the user's input, so it becomes one line, not a traceback."""
+    module_name, _, attribute = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(
+            f"cannot import {what} factory module {module_name!r} ({error}); check the name and that it is on "
+            "PYTHONPATH"
+        ) from None
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise ConfigError(f"{what} factory {spec!r}: module {module_name!r} has no function {attribute!r}")
+    return factory
+
+
+def is_factory(spec: str) -> bool:
+    module_name, sep, attribute = spec.partition(":")
+    return (
+        bool(sep)
+        and not spec.startswith(BUILTIN_PREFIX)
+        and all(part.isidentifier() for part in module_name.split("."))
+        and attribute.isidentifier()
+    )
+
+
+def check_dataset_spec(spec: str) -> None:
+    """Everything about the dataset that can be checked before ranks start."""
+    if spec.startswith(BUILTIN_PREFIX):
+        name = spec[len(BUILTIN_PREFIX) :]
+        if name not in BUILTIN_DATASET_NAMES:
+            raise ConfigError(
+                f"unknown built-in dataset {spec!r}; choose one of "
+                + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_DATASET_NAMES)
+            )
+    elif is_factory(spec):
+        load_factory(spec, "dataset")
+    elif looks_like_path(spec):
+        local_data_files(Path(spec).expanduser())
+
+
+def looks_like_path(spec: str) -> bool:
+    # "org/name" is a hub name unless it exists here; a data-file suffix or ./ ~ / marks a path either way.
+    return Path(spec).expanduser().exists() or spec.startswith((".", "/", "~")) or Path(spec).suffix in LOCAL_BUILDERS
+
+
+def local_data_files(path: Path) -> tuple[str, list[str]]:
+    if not path.exists():
+        raise ConfigError(f"dataset path {path} does not exist; pass an existing file or folder to --dataset")
+    files = sorted(p for p in path.rglob("*") if p.suffix in LOCAL_BUILDERS) if path.is_dir() else [path]
+    builders = {LOCAL_BUILDERS.get(p.suffix) for p in files}
+    if not files or None in builders:
+        raise ConfigError(f"dataset {path}: no readable data; use .txt, .json, .jsonl, .parquet or .csv files")
+    if len(builders) > 1:
+        raise ConfigError(f"dataset folder {path} mixes file types; keep one of {sorted(LOCAL_BUILDERS)}")
+    return builders.pop(), [str(p) for p in files]
+
+
+def check_model_spec(spec: str) -> None:
+    if spec.startswith(BUILTIN_PREFIX):
+        if spec[len(BUILTIN_PREFIX) :] not in BUILTIN_MODELS:
+            raise ConfigError(
+                f"unknown built-in model {spec!r}; choose one of "
+                + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
+                + " or give a module:function factory"
+            )
+    elif is_factory(spec):
+        load_factory(spec, "model")
+    else:
+        raise ConfigError(
+            f"--model {spec!r} is neither builtin:NAME nor module:function; e.g. builtin:tiny-gpt or "
+            "mypackage.models:build"
+        )
