@@ -99,7 +99,7 @@ EXACT = [
 # pause on a slow rank (the pause changes no number), so the interrupted runs can be slowed enough to stop mid-run.
 # DDP's loss logged at every step: its first steps are also DDP's side of the FSDP comparison (test_train_fsdp.py).
 REFERENCE_DDP = (*EXACT, "--model", "tests.factories:pausing_gpt", "--log-every", "1")
-REFERENCE_DDP_STEPS = 30
+REFERENCE_DDP_STEPS = 20
 # FSDP's units named with --fsdp-wrap, as a factory model needs; the loss logged at every step.
 REFERENCE_FSDP = (
     *EXACT,
