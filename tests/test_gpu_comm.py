@@ -5,14 +5,12 @@ all-reduce held back as a slow link would, are comm-bound."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 
-from tests.helpers.runs import REPO, explain, run_trainstack, summary
+from tests.helpers.runs import REPO, explain, run_trainstack, summary, torchrun
 from trainstack.breakdown import OTHER
-from trainstack.rundir import RunDir, free_port, read_json_lines
+from trainstack.rundir import RunDir, read_json_lines
 from trainstack.telemetry.comm import TEST_ALLREDUCE_DELAY_ENV
 
 # Skipped without a GPU, but where one is at hand each test starts `trainstack`: slow, like every test that starts
@@ -38,16 +36,7 @@ def test_one_gpu_ddp_loop_times_its_all_reduce_on_the_gpu_clock(tmp_path):
         "0",
         "--no-report",
         "--",
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "1",
-        "--master-port",
-        str(free_port()),
-        str(REPO / "examples" / "ddp_loop.py"),
-        "--steps",
-        "300",
+        *torchrun(str(REPO / "examples" / "ddp_loop.py"), "--steps", "300", ranks=1),
         timeout=300,
     )
     assert result.returncode == 0, explain(result)

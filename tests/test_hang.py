@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.runs import REPO, kill_tree, start_watch, wait_for
+from tests.helpers.runs import REPO, kill_tree, start_watch, torchrun, wait_for
 from trainstack import thresholds
 from trainstack.hang import FR_BUFFER_ENV, FR_DUMP_ENV, FR_SWITCH_ENV, hang_environment
 from trainstack.hang_verdict import (
@@ -27,7 +27,7 @@ from trainstack.hang_verdict import (
     stack_from_pyspy,
     where,
 )
-from trainstack.rundir import RunDir, free_port, hang_pid_file
+from trainstack.rundir import RunDir, hang_pid_file
 from trainstack.train.launcher.hang import hang_seconds
 
 DRIVER = REPO / "tests" / "drivers" / "hang_loop.py"
@@ -171,17 +171,7 @@ def watch_hang(run_dir: Path, hang: str, env: dict | None = None, *args: str) ->
         "0",
         "--no-report",
         "--",
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(free_port()),
-        str(DRIVER),
-        "--hang",
-        hang,
-        *args,
+        *torchrun(str(DRIVER), "--hang", hang, *args),
         env={"OMP_NUM_THREADS": "1", "TRAINSTACK_HANG_SECONDS": "2", **(env or {})},
     )
     verdicts = lambda: list(RunDir(run_dir).hang.glob("stall-*/verdict.json"))  # noqa: E731

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import trainstack.monitor as tsm
 from tests.drivers.hf_example import load_example
-from tests.helpers.runs import REPO, run_trainstack, stop_process, trainstack_command
+from tests.helpers.runs import REPO, run_trainstack, stop_process, torchrun, trainstack_command
 from tests.helpers.scrapes import per_rank, scrape
 from trainstack.integrations.hf import TrainstackCallback
 from trainstack.rundir import free_port
@@ -245,14 +245,7 @@ def watched_run(folder: Path, *command: str) -> Iterator[WatchedRun]:
                 str(port),
                 "--no-report",
                 "--",
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc_per_node",
-                "2",
-                "--master_port",
-                str(free_port()),
-                *command,
+                *torchrun(*command),
                 "--output-dir",
                 str(folder / "out"),
                 "--max-steps",

@@ -6,15 +6,14 @@ Every phase runs in one launch (tests/drivers/straggler_matrix.py) and is judged
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.runs import torchrun
 from trainstack.monitoring.diagnose import verdicts
 from trainstack.monitoring.diagnose.records import snapshot_from_records
 from trainstack.monitoring.diagnose.thresholds import Thresholds
-from trainstack.rundir import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DRIVER = REPO / "tests" / "drivers" / "straggler_matrix.py"
@@ -32,17 +31,7 @@ def phases(tmp_path_factory) -> tuple[Path, dict]:
     }
     env.pop("TRAINSTACK_RUN_DIR", None)
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            str(free_port()),
-            str(DRIVER),
-            str(out),
-        ],
+        torchrun(str(DRIVER), str(out)),
         cwd=REPO,
         env=env,
         capture_output=True,

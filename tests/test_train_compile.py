@@ -8,15 +8,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from functools import partial
 
 import pytest
 import torch
 
-from tests.helpers.runs import REPO, explain, summary, train
+from tests.helpers.runs import REPO, accelerate_launch, explain, summary, train
 from trainstack.cli import main
-from trainstack.rundir import free_port
 from trainstack.telemetry.device import peak_flops
 from trainstack.train.rank import config as train_config
 from trainstack.train.rank.config import TrainConfig, missing_compiler
@@ -165,15 +163,7 @@ def test_two_ddp_ranks_compile_the_module_in_place_with_recompiles_bounded_by_bu
     """aot_eager: dynamo and AOTAutograd as with inductor, without generating C++ (minutes on this CPU).
     ACCELERATE_DYNAMO_BACKEND is what `accelerate launch --dynamo_backend inductor` sets: it must not add a compile
     of the DDP wrapper on top."""
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--main_process_port",
-        str(free_port()),
+    command = accelerate_launch(
         "-m",
         "tests.drivers.compile_probe",
         "--probe-dir",
@@ -196,7 +186,7 @@ def test_two_ddp_ranks_compile_the_module_in_place_with_recompiles_bounded_by_bu
         "--checkpoint-every",
         "0",
         "--no-telemetry",
-    ]
+    )
     result = subprocess.run(
         command,
         cwd=REPO,

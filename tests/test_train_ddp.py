@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections import Counter
 
 import pytest
 import torch
 
-from tests.helpers.runs import REPO, explain, summary, train
-from trainstack.rundir import free_port
+from tests.helpers.runs import REPO, accelerate_launch, explain, summary, train
 
 pytestmark = pytest.mark.slow
 
@@ -40,15 +38,7 @@ def test_default_run_uses_two_gloo_ranks_and_learns(cpu_run):
 def probe(tmp_path_factory):
     """Both ranks' parameters and sample order after 2 epochs over 37 samples (batch 4: an uneven tail)."""
     out = tmp_path_factory.mktemp("probe")
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--main_process_port",
-        str(free_port()),
+    command = accelerate_launch(
         "-m",
         "tests.drivers.ddp_probe",
         "--probe-dir",
@@ -77,7 +67,7 @@ def probe(tmp_path_factory):
         "--prefetch-factor",
         "3",
         "--no-persistent-workers",
-    ]
+    )
     result = subprocess.run(
         command, cwd=REPO, env={**os.environ, "ACCELERATE_USE_CPU": "1"}, capture_output=True, text=True, timeout=300
     )

@@ -5,12 +5,11 @@ straggler, and the run ends with the command's exit code and a report of both ra
 from __future__ import annotations
 
 import json
-import sys
 import urllib.request
 
 import pytest
 
-from tests.helpers.runs import REPO, explain, kill_tree, run_trainstack, start_watch, wait_for
+from tests.helpers.runs import REPO, explain, kill_tree, run_trainstack, start_watch, torchrun, wait_for
 from trainstack.rundir import RunDir, free_port
 
 EXAMPLE = REPO / "examples" / "ddp_loop.py"
@@ -36,14 +35,7 @@ def test_a_plain_ddp_loop_under_watch_has_its_straggler_named(tmp_path):
         "--exporter-port",
         str(port),
         "--",
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(free_port()),
-        str(EXAMPLE),
+        *torchrun(str(EXAMPLE)),
         "--steps",
         "150",
         "--slow-rank",

@@ -26,6 +26,7 @@ from tests.helpers.runs import (
     run_without_torch,
     start_watch,
     stop_process,
+    torchrun,
     wait_for,
 )
 from trainstack import catalog
@@ -356,16 +357,7 @@ def test_an_uninstrumented_ddp_job_on_a_host_without_gpus_is_called_uninstrument
     run_dir, port, release = tmp_path / "run", free_port(), tmp_path / "release"
     script = tmp_path / "train.py"
     script.write_text(f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.1)\n")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(free_port()),
-        str(script),
-    ]
+    command = torchrun(str(script))
     watched = start_watch(
         run_dir,
         "--exporter-port",

@@ -33,6 +33,36 @@ def trainstack_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "trainstack", *args]
 
 
+def torchrun(*args: str, ranks: int = 2) -> list[str]:
+    """torchrun with `ranks` processes on a free port of its own: how a user's job starts (under `watch` or alone)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(ranks),
+        "--master-port",
+        str(free_port()),
+        *args,
+    ]
+
+
+def accelerate_launch(*args: str, ranks: int = 2) -> list[str]:
+    """Accelerate's launcher with `ranks` processes on a free port of its own. --multi_gpu, since `--cpu
+    --num_processes 2` starts one process; the ranks run on CPU where ACCELERATE_USE_CPU or no GPU says so."""
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(ranks),
+        "--main_process_port",
+        str(free_port()),
+        *args,
+    ]
+
+
 def run_trainstack(
     *args: str, timeout: float = 300, env: dict | None = None, cwd: Path = REPO
 ) -> subprocess.CompletedProcess:
