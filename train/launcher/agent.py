@@ -18,12 +18,14 @@ import subprocess
 import sys
 import time
 
-from accelerate.commands.launch import main
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
 from trainstack.errors import EXIT_FAILED, EXIT_PREEMPTED
+from trainstack.heap import imports_uncollected
 from trainstack.lifetime import POLL_SECONDS, kill_all, signal_new_children, stop_grace, watch_supervisor
 from trainstack.rundir import FAILURE_FD_ENV, FAILURE_NOTE_KEY, STOP_GRACE_ENV, SUPERVISOR_PID_ENV
+
+with imports_uncollected():  # torch, for the whole of the agent's life
+    from accelerate.commands.launch import main
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 # torchrun's process supervision, which logs each rank's end and each signal it sends the others
 ELASTIC_PROCESSES_LOGGER = "torch.distributed.elastic.multiprocessing.api"

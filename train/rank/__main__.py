@@ -4,6 +4,7 @@ import argparse
 import sys
 
 from trainstack.errors import EXIT_CONFIG, ConfigError
+from trainstack.heap import imports_uncollected
 from trainstack.train.rank.config import add_arguments, from_sources
 from trainstack.train.rank.stopping import StopRequested
 
@@ -18,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"trainstack rank: error: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    from trainstack.train.rank.trainer import Trainer  # after validation: a config typo answers before torch loads
+    with imports_uncollected():
+        from trainstack.train.rank.trainer import Trainer  # after validation: a config typo answers before torch loads
 
     return Trainer(config, stop).run()
 

@@ -27,6 +27,7 @@ from tqdm import tqdm
 import trainstack.monitor
 from trainstack.breakdown import CHECKPOINT_LOAD, CHECKPOINT_SAVE, EVALUATION
 from trainstack.errors import EXIT_CONFIG, EXIT_RUNTIME, ConfigError
+from trainstack.heap import freeze_what_is_built
 from trainstack.rundir import NON_BLOCKING_COPY_ENV, RUN_ID_ENV, RunDir, write_summary
 from trainstack.telemetry.interval import IntervalSums, PendingTotals, interval_ends
 from trainstack.train.rank import checkpoint, outcome, sharding
@@ -320,6 +321,7 @@ class Trainer:
     def run(self) -> int:
         try:
             self.build()
+            freeze_what_is_built()
             with self.monitor.pause(CHECKPOINT_LOAD):
                 restored = self.checkpointer.resume(self.config.resume, self.progress)
             self.monitor.resumed_at(self.progress.step, self.progress.epoch)
