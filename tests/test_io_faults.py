@@ -221,9 +221,20 @@ def test_the_agent_names_the_rank_that_failed_for_itself_not_its_peer(tmp_path, 
     assert agent.failure_line(failure, 1) == "rank 1: no space left on device writing checkpoint step 15"
 
 
-def test_a_rank_that_died_silently_comes_before_those_that_lost_it(tmp_path, monkeypatch):
-    lost = outcome.Failure("lost the connection to a peer rank", 1, peer_lost=True)
-    failure = child_failure(tmp_path, monkeypatch, {0: lost, 1: None})
+@pytest.mark.parametrize("survivor", ["lost", "ended"])
+def test_a_rank_that_died_silently_comes_before_those_that_lost_it_or_were_ended_with_it(
+    tmp_path, monkeypatch, survivor
+):
+    # ended: torchrun's SIGTERM to the surviving rank's process group killed its loader worker, and torch raised
+    # that in the rank before the rank could stop (tests/test_run_lifetimes.py met it on a loaded host)
+    config = TrainConfig(collective_timeout=600)
+    errors = {
+        "lost": RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:4242"),
+        "ended": RuntimeError("DataLoader worker (pid 14396) is killed by signal: Terminated. "),
+    }
+    assert outcome.explain_runtime_error(errors["ended"], config) is None  # without a stop, a worker's death is a bug
+    note = outcome.explain_runtime_error(errors[survivor], config, stopping=True)
+    failure = child_failure(tmp_path, monkeypatch, {0: note, 1: None})
     assert agent.first_cause(failure) == 1
     assert agent.failure_line(failure, 1) == "rank 1 exited with code -9 (its log is above)"
 

@@ -31,12 +31,27 @@ PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pi
 class Failure:
     message: str  # one line: what went wrong and what to do about it
     exit_code: int  # EXIT_CONFIG when changing the input fixes it, EXIT_RUNTIME for I/O, EXIT_FAILED otherwise
-    peer_lost: bool = False  # this rank only saw another one go away: it is not the cause
+    peer_lost: bool = False  # this rank only saw another one go away, or was ended with it: it is not the cause
 
 
-def explain_runtime_error(error: RuntimeError, config: TrainConfig) -> Failure | None:
-    """Turn the distributed failures users meet into what to do about them; None means a genuine bug."""
+# torch's DataLoader, when a worker process dies of a signal (here SIGTERM): "DataLoader worker (pid N) is killed
+# by signal: Terminated."
+WORKER_TERMINATED = "is killed by signal: terminated"
+
+
+def explain_runtime_error(error: RuntimeError, config: TrainConfig, stopping: bool = False) -> Failure | None:
+    """Turn the distributed failures users meet into what to do about them; None means a genuine bug. stopping:
+    this rank has been sent SIGTERM (or SIGINT)."""
     text = str(error)
+    if stopping and WORKER_TERMINATED in text.lower():
+        # torchrun ends the ranks that remain after one fails with SIGTERM to each rank's process group: the
+        # loader workers die of it at once, and torch raises that in the rank before it can reach its stop.
+        return Failure(
+            "ended by the SIGTERM that stops every rank once one has failed, with its loader workers; the "
+            "launcher's last line names the rank that failed and its error",
+            EXIT_FAILED,
+            peer_lost=True,
+        )
     if "find_unused_parameters" in text or "did not receive grad" in text:
         return Failure(
             "some model parameters received no gradient in this step, which DDP cannot reduce; set "

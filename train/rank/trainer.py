@@ -347,7 +347,7 @@ class Trainer:
         except ConfigError as error:
             return self._fail(outcome.Failure(str(error), EXIT_CONFIG))
         except RuntimeError as error:
-            failure = outcome.explain_runtime_error(error, self.config)
+            failure = outcome.explain_runtime_error(error, self.config, stopping=self.stop.requested)
             if failure is None:
                 raise
             return self._fail(failure)
