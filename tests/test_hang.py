@@ -280,13 +280,13 @@ def test_a_checkpoint_write_that_blocks_one_rank_is_named_and_the_timeout_carrie
         "--checkpoint-every",
         "5",
         "--collective-timeout",
-        "20",
+        "10",  # the evidence is in after TRAINSTACK_HANG_SECONDS (2 s) and the stacks' few seconds
         timeout=240,
         env={"TRAINSTACK_TEST_STUCK_SAVE_RANK": "1", "TRAINSTACK_HANG_SECONDS": "2"},
     )
     assert result.returncode == 1, explain(result)
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("trainstack train: rank 0: a collective waited longer than --collective-timeout 20 s"), (
+    assert last.startswith("trainstack train: rank 0: a collective waited longer than --collective-timeout 10 s"), (
         explain(result)
     )
     assert "; where the ranks waited: rank 1 has not joined " in last and "state_dict`" in last, last

@@ -44,7 +44,7 @@ def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes(tmp_path, mon
     for name, value in SLOW_RANK.items():
         monkeypatch.setenv(name, value)
     run_dir = tmp_path / "run"
-    command = ("--model", "tests.factories:pausing_gpt", "--max-steps", "60", "--checkpoint-every", "0")
+    command = ("--model", "tests.factories:pausing_gpt", "--max-steps", "30", "--checkpoint-every", "0")
     process = start(run_dir, *command)
     wait_for(lambda: logged_steps(run_dir) >= 5, process)
     process.send_signal(signal.SIGTERM)
@@ -52,12 +52,12 @@ def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes(tmp_path, mon
     assert process.returncode == 75, output[-4000:]
     assert not (run_dir / LEASE_DIR).exists()  # released on SIGTERM
     stopped = summary(run_dir)
-    assert stopped["exit_reason"] == "preempted" and 5 <= stopped["steps"] < 60
+    assert stopped["exit_reason"] == "preempted" and 5 <= stopped["steps"] < 30
     assert checkpoint.verify(run_dir / "checkpoints" / step_dir_name(stopped["steps"]))
     resumed = train(run_dir, *command)
     assert resumed.returncode == 0, explain(resumed)
     finished = summary(run_dir)
-    assert finished["exit_reason"] == "completed" and finished["steps"] == 60
+    assert finished["exit_reason"] == "completed" and finished["steps"] == 30
     assert finished["resumed_from"].endswith(step_dir_name(stopped["steps"]))
     assert [s["exit_reason"] for s in finished["segments"]] == ["preempted", "completed"]
 

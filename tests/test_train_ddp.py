@@ -138,12 +138,12 @@ def test_local_text_files_of_varied_length(tmp_path, suffix):
 
 def test_bf16_with_gradient_accumulation(tmp_path):
     result = train(
-        tmp_path / "run", "--mixed-precision", "bf16", "--gradient-accumulation-steps", "2", "--max-steps", "6"
+        tmp_path / "run", "--mixed-precision", "bf16", "--gradient-accumulation-steps", "2", "--max-steps", "3"
     )
     assert result.returncode == 0, explain(result)
     done = summary(tmp_path / "run")
-    assert done["mixed_precision"] == "bf16" and done["steps"] == 6
+    assert done["mixed_precision"] == "bf16" and done["steps"] == 3
     lines = [json.loads(line) for line in (tmp_path / "run/telemetry/rank-0.jsonl").read_text().splitlines()]
     records = [line for line in lines if "time" in line]  # not the launch's segment marker (trainstack/telemetry/)
     # Two micro-batches of 8 per optimizer step: 16 samples per step, counted per rank in its own records.
-    assert sum(r["samples"] for r in records) == 6 * 16
+    assert sum(r["samples"] for r in records) == 3 * 16
