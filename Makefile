@@ -57,6 +57,7 @@ bench: setup ## benchmarks that print side-by-side ratios (docs/benchmarks.md; t
 	$(BIN)/python bench/telemetry_overhead.py
 	$(BIN)/python bench/scrape_cost.py
 	$(BIN)/python bench/memory_per_rank.py
+	$(BIN)/python bench/rank_heap.py
 
 up: ## GPU host with Docker: build the image, train on every GPU, Prometheus + Grafana (docs/docker.md)
 	@bash scripts/compose-up.sh $(ARGS)
