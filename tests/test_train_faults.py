@@ -32,6 +32,18 @@ def test_unused_parameter_trains_with_the_flag(tmp_path):
     assert summary(tmp_path / "run")["steps"] == 4
 
 
+def test_an_output_ddps_static_graph_cannot_look_into_is_refused_after_the_first_step(tmp_path):
+    # DDP then reduces no gradient and each rank trains on its own, silently: the ranks' weights tell
+    result = train(
+        tmp_path / "run", "--model", "tests.factories:unregistered_output_gpt", "--ddp-static-graph", "--max-steps", "4"
+    )
+    assert result.returncode == 2, explain(result)
+    last = result.stderr.strip().splitlines()[-1]
+    assert "the ranks' weights differ after the first step under --ddp-static-graph" in last, explain(result)
+    assert "torch.export.register_dataclass" in last and "Traceback" not in result.stderr, explain(result)
+    assert summary(tmp_path / "run")["steps"] == 1
+
+
 def test_a_hung_rank_becomes_an_error_that_names_it(tmp_path):
     hang = {"TRAINSTACK_TEST_SLOW_RANK": "1", "TRAINSTACK_TEST_SLOW_AFTER": "7", "TRAINSTACK_TEST_SLOW_SECONDS": "3600"}
     result = train(

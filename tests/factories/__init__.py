@@ -6,6 +6,7 @@ hung rank) is chosen by environment variables, which `accelerate launch` passes 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import random
@@ -196,3 +197,19 @@ def busy_random_bytes(config) -> BusyRandomBytes:
 def gpt2_small(config, vocab_size: int) -> GPT:
     """GPT-2 small's shape (12 layers, 12 heads, width 768) on the built-in GPT."""
     return GPT(GPTShape(12, 12, 768), vocab_size, config.seq_len)
+
+
+@dataclasses.dataclass
+class UnregisteredOutput:
+    """A dataclass the model returns without registering it as a pytree: DDP's static graph cannot look into it."""
+
+    loss: torch.Tensor
+
+
+class UnregisteredOutputGPT(GPT):
+    def forward(self, *args, **kwargs):
+        return UnregisteredOutput(super().forward(*args, **kwargs).loss)
+
+
+def unregistered_output_gpt(config, vocab_size: int) -> UnregisteredOutputGPT:
+    return UnregisteredOutputGPT(BUILTIN_MODELS["tiny-gpt"], vocab_size, config.seq_len)

@@ -48,6 +48,7 @@ from trainstack.train.rank.performance import (
 from trainstack.train.rank.progress import Progress
 from trainstack.train.rank.schedule import lr_scheduler
 from trainstack.train.rank.segments import RunRecord
+from trainstack.train.rank.static_graph import require_reduced_gradients
 from trainstack.train.rank.step import train_step
 from trainstack.train.rank.stopping import StopRequested
 from trainstack.write_failure import WriteFailure
@@ -107,6 +108,10 @@ class Trainer:
         self.evaluator = evaluator(compiled=config.compile)
         self.throughput: dict[str, float] = {}
         self._open_interval: OpenInterval | None = None
+        # train/rank/static_graph.py: under DDP's static graph an output it cannot flatten leaves the ranks apart
+        self.unchecked_static_graph = (
+            config.strategy == "ddp" and config.ddp_static_graph and self.accelerator.num_processes > 1
+        )
 
     # ---- building -------------------------------------------------------------------------------------------
     def build(self) -> None:
@@ -202,6 +207,9 @@ class Trainer:
                     continue
                 self.scheduler.step()
                 p.step += 1
+                if self.unchecked_static_graph:
+                    require_reduced_gradients(accelerator, self.model)
+                    self.unchecked_static_graph = False
                 compile_seconds, recompiles = self.compile_watch.step_done() or (None, 0)
                 self.monitor.step(
                     batch["input_ids"].shape[0] * config.grad_accum,
