@@ -16,6 +16,7 @@ from trainstack.telemetry.comm import watch_gradient_communication
 from trainstack.telemetry.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
 from trainstack.telemetry.core import Telemetry
 from trainstack.telemetry.device import RankIdentity
+from trainstack.telemetry.future_callbacks import FutureCallbacks
 
 
 class FakeHostClock:
@@ -102,9 +103,9 @@ def test_device_clock_measures_on_the_gpu_timeline_and_reuses_its_events():
 
 def test_only_a_ddp_model_is_watched():
     timer = CommTimer(HostClock())
-    assert not watch_gradient_communication(torch.nn.Linear(2, 2), timer, training=lambda: True)
+    assert not watch_gradient_communication(torch.nn.Linear(2, 2), timer, FutureCallbacks(), training=lambda: True)
     model = FakeDdpModel()
-    assert watch_gradient_communication(model, timer, training=lambda: True)
+    assert watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
     assert len(model.hooks) == 1
     # the buffer broadcast's launch before DDP's forward, its end at the start of the wrapped module's
     assert len(model._forward_pre_hooks) == 1 and len(model.module._forward_pre_hooks) == 1
@@ -119,7 +120,7 @@ def test_a_given_hook_runs_inside_the_timing_in_place_of_ddps_all_reduce():
         future.set_result(bucket.buffer())
         return future
 
-    assert watch_gradient_communication(model, timer, training=lambda: True, comm_hook=own_hook)
+    assert watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True, comm_hook=own_hook)
     [(_, timed)] = model.hooks  # one hook: DDP takes no second
     bucket = SimpleNamespace(buffer=lambda: torch.ones(10))
     assert torch.equal(timed(None, bucket).wait(), torch.ones(10))
@@ -156,3 +157,47 @@ def test_telemetry_records_communication_only_where_measured(tmp_path, monkeypat
     record = json.loads(RunDir(tmp_path).rank_records(0).read_text().splitlines()[1])  # after the marker
     fields = {"comm_seconds": 0, "comm_exposed_seconds": 0, "comm_bytes": 0, "comm_buckets": 0}
     assert {key: record[key] for key in fields if key in record} == (fields if ddp else {})
+
+
+def ddp_gradients_with_and_without_the_timing(rank: int, folder: str) -> None:
+    """One backward of the same DDP model on each rank's own batch, with DDP's own all-reduce and with the timed one;
+    writes both sets of gradients."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(f"{folder}/store", 2), rank=rank, world_size=2)
+    gradients = {}
+    for timed in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(
+            torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
+        )
+        callbacks = FutureCallbacks()
+        if timed:
+            watch_gradient_communication(model, CommTimer(HostClock()), callbacks, training=lambda: True)
+        batch = torch.Generator().manual_seed(rank)
+        model(torch.randn(4, 8, generator=batch)).square().sum().backward()
+        assert callbacks.wait_released()
+        gradients[timed] = [parameter.grad.clone() for parameter in model.parameters()]
+    torch.save(gradients, f"{folder}/rank-{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_the_timed_all_reduce_averages_the_gradients_as_ddps_own(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    ranks = [
+        context.Process(target=ddp_gradients_with_and_without_the_timing, args=(rank, str(tmp_path))) for rank in (0, 1)
+    ]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(timeout=300)
+    assert [process.exitcode for process in ranks] == [0, 0]
+    results = [torch.load(tmp_path / f"rank-{rank}.pt") for rank in (0, 1)]
+    for result in results:
+        for own, timed in zip(result[False], result[True], strict=True):
+            assert torch.allclose(own, timed), (own, timed)
+    # the ranks' batches differ, so equal gradients on both are the mean, not a rank's own
+    assert all(torch.equal(a, b) for a, b in zip(results[0][True], results[1][True], strict=True))

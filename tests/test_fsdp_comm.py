@@ -21,6 +21,7 @@ from tests.helpers.fakes import FakeEvent
 from trainstack.telemetry.comm import InjectedDelay
 from trainstack.telemetry.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
 from trainstack.telemetry.fsdp_comm import REDUCE_SCATTERS, FsdpCommWatch
+from trainstack.telemetry.future_callbacks import FutureCallbacks
 
 BLOCKS = 3
 DELAY = 0.05
@@ -145,11 +146,11 @@ def rank_main(rank: int, folder: str) -> None:
             unit = fully_shard.state(module)
             names[unit] = f"{names[unit]}+{name}" if unit in names else name or "root"
     scheduled = ScheduleTimer(names)
-    FsdpCommWatch(net, scheduled, InjectedDelay(0))
+    FsdpCommWatch(net, scheduled, InjectedDelay(0), FutureCallbacks())
     train(net, scheduled, steps=2)
     timer = CommTimer(HostClock())
     net = sharded()
-    FsdpCommWatch(net, timer, InjectedDelay(DELAY))
+    FsdpCommWatch(net, timer, InjectedDelay(DELAY), FutureCallbacks())
     train(net, timer, steps=2)
     result = {"schedule": scheduled.schedule(), "steps": [asdict(step) for step in timer.read(timer.cut())]}
     Path(folder, f"rank-{rank}.json").write_text(json.dumps(result))

@@ -5,7 +5,8 @@ all-reduce here, FSDP2's all-gathers and reduce-scatters in trainstack/telemetry
   reducer launches a bucket once all its gradients are ready, and `loss.backward()` returns once every bucket's
   all-reduce is done. Its one wait is at the end of backward, from the last bucket's launch (when backward compute
   ended) to the end of the last all-reduce. The marks come from a DDP communication hook (`register_comm_hook`, the
-  public route) wrapping DDP's own all-reduce (`allreduce_hook`, what DDP runs without a hook): the launch when the
+  public route) around DDP's own all-reduce (the bucket's mean, as torch's `allreduce_hook` and DDP without a
+  hook compute it) or the hook the user gave: the launch when the
   reducer calls it, on the stream backward computes on (when the bucket's gradients are computed), the end in the
   all-reduce future's `then` callback (on a GPU, CUDA futures run their callbacks with current streams that wait
   for the all-reduce; on a CPU rank it runs when gloo has finished). torch's reducer keeps the same two figures for
@@ -30,8 +31,10 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 
 from trainstack.telemetry.comm_timer import Collective, CommTimer
+from trainstack.telemetry.future_callbacks import FutureCallbacks
 
 # Test-only: seconds each collective (DDP's gradient all-reduce, FSDP's all-gather and reduce-scatter) is held back
 # after it finishes, as a slow link would. The tests that make a run communication-bound set it
@@ -57,16 +60,17 @@ class InjectedDelay:
                 time.sleep(self.seconds)
 
 
-def timed_allreduce_hook(timer: CommTimer, delay: InjectedDelay, inner: Callable | None = None):
-    """DDP's own all-reduce hook, or `inner` (a hook of DDP's kind, such as its fp16 and bf16 compression), with
-    the timer's marks around it. The bytes are those sent: half the bucket's under DDP's compression hooks, the
+def timed_allreduce_hook(
+    timer: CommTimer, delay: InjectedDelay, callbacks: FutureCallbacks, inner: Callable | None = None
+):
+    """DDP's own all-reduce, or `inner` (a hook of DDP's kind, such as its fp16 and bf16 compression), with the
+    timer's marks around it. The bytes are those sent: half the bucket's under DDP's compression hooks, the
     bucket's under any other (a hook of the user's own may send fewer)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    inner = inner or default_hooks.allreduce_hook
     compressed = inner in (default_hooks.fp16_compress_hook, default_hooks.bf16_compress_hook)
 
-    def finished(collective: Collective, future: torch.futures.Future) -> torch.Tensor:
+    def finished(collective: Collective, future: torch.futures.Future):
         delay()
         timer.done(collective)
         return future.value()
@@ -75,7 +79,16 @@ def timed_allreduce_hook(timer: CommTimer, delay: InjectedDelay, inner: Callable
     def hook(process_group, bucket):
         buffer = bucket.buffer()
         collective = timer.launched(buffer.numel() * (2 if compressed else buffer.element_size()))
-        return inner(process_group, bucket).then(lambda future: finished(collective, future))
+        if inner is not None:
+            return callbacks.then(
+                inner(process_group, bucket), lambda future: finished(collective, future), first=False
+            )
+        # What torch's allreduce_hook does, the bucket's mean, without the `then` of its own that gloo's thread
+        # would drop after this one's (trainstack/telemetry/future_callbacks.py).
+        group = process_group if process_group is not None else dist.group.WORLD
+        buffer.div_(group.size())
+        work = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+        return callbacks.then(work, lambda future: finished(collective, future)[0])
 
     return hook
 
@@ -102,15 +115,19 @@ def time_buffer_broadcast(
 
 
 def watch_gradient_communication(
-    model: torch.nn.Module, timer: CommTimer, training: Callable[[], bool], comm_hook: Callable | None = None
+    model: torch.nn.Module,
+    timer: CommTimer,
+    callbacks: FutureCallbacks,
+    training: Callable[[], bool],
+    comm_hook: Callable | None = None,
 ) -> bool:
     """Times a DDP model's gradient all-reduce (through `comm_hook` where given: DDP takes one hook per model, so
     the timing wraps it) and buffer broadcast, or an FSDP2 model's all-gathers and reduce-scatters; False (nothing
     registered) for anything else, and for FSDP on one rank, which communicates nothing. `training()`: whether the
-    loop trains now (no pause is open)."""
+    loop trains now (no pause is open). `callbacks` registers the marks that end a collective."""
     delay = InjectedDelay.from_environment()
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model.register_comm_hook(None, timed_allreduce_hook(timer, delay, comm_hook))
+        model.register_comm_hook(None, timed_allreduce_hook(timer, delay, callbacks, comm_hook))
         time_buffer_broadcast(model, timer, training)
         return True
     # Only a model wrapped by torch.distributed.fsdp can be an FSDP module, and importing that package costs each
@@ -119,4 +136,4 @@ def watch_gradient_communication(
         return False
     from trainstack.telemetry.fsdp_comm import watch_fsdp_communication
 
-    return watch_fsdp_communication(model, timer, delay)
+    return watch_fsdp_communication(model, timer, delay, callbacks)

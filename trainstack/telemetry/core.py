@@ -30,6 +30,7 @@ from trainstack.telemetry.comm import watch_gradient_communication
 from trainstack.telemetry.comm_setup import CommSetup
 from trainstack.telemetry.comm_timer import CommTimer, StepComm
 from trainstack.telemetry.device import RankIdentity
+from trainstack.telemetry.future_callbacks import FutureCallbacks
 from trainstack.telemetry.metrics import CommMetrics, RankMetrics
 from trainstack.telemetry.records import launch_time, open_records
 from trainstack.write_failure import write_failure
@@ -87,6 +88,7 @@ class Telemetry:
         self._rank_clock: RankClock = clock.start(identity.uuid, self._metrics)
         self._clock_started_at = self._interval_start  # unix time the step clock last (re)started
         self._comm: CommTimer = CommTimer(self._rank_clock.marks, in_forward=lambda: self._in_forward)
+        self._comm_callbacks = FutureCallbacks()
         self._host_data_wait = 0.0
         self._wait_start = 0.0
         self._samples = 0
@@ -117,7 +119,7 @@ class Telemetry:
         """Times the communication of a DDP or FSDP model (trainstack/telemetry/comm.py), a DDP model's through
         `comm_hook` where given; False for any other."""
         self._comm_watched = watch_gradient_communication(
-            model, self._comm, training=lambda: self._pause is None, comm_hook=comm_hook
+            model, self._comm, self._comm_callbacks, training=lambda: self._pause is None, comm_hook=comm_hook
         )
         if self._comm_watched and os.environ.get(METRICS_DIR_ENV):
             self._comm_metrics = CommMetrics.build(self._identity)
@@ -346,7 +348,9 @@ class Telemetry:
 
     def close(self) -> None:
         """The closing line: the pauses since the last record (the final checkpoint and evaluation) and the time,
-        which ends the rank's wall time. A rank that never stepped spent all of it starting."""
+        which ends the rank's wall time. A rank that never stepped spent all of it starting. Returns once the
+        collectives' threads hold none of the telemetry's callbacks, which would abort the exiting process."""
+        self._comm_callbacks.wait_released()
         if self._starting:
             self._end_startup(time.time())
         ending = {

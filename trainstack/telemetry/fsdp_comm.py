@@ -39,15 +39,18 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from trainstack.telemetry.comm_timer import CommTimer
+from trainstack.telemetry.future_callbacks import FutureCallbacks
 
 REDUCE_SCATTERS = "reduce-scatters"  # the timer's group for every unit's reduce-scatter: each waits for the last
 
 
-def watch_fsdp_communication(model: nn.Module, timer: CommTimer, delay: Callable[[], None]) -> bool:
+def watch_fsdp_communication(
+    model: nn.Module, timer: CommTimer, delay: Callable[[], None], callbacks: FutureCallbacks
+) -> bool:
     """Times an FSDP2 model's collectives; False where it is not one or there is no other rank."""
     if not isinstance(model, FSDPModule) or dist.get_world_size() < 2:
         return False
-    FsdpCommWatch(model, timer, delay)
+    FsdpCommWatch(model, timer, delay, callbacks)
     return True
 
 
@@ -68,9 +71,10 @@ class FsdpCommWatch:
     (`fully_shard.state`) since FSDP all-gathers their parameters together and waits for them at the first of
     them to run."""
 
-    def __init__(self, root: nn.Module, timer: CommTimer, delay: Callable[[], None]):
+    def __init__(self, root: nn.Module, timer: CommTimer, delay: Callable[[], None], callbacks: FutureCallbacks):
         self.timer = timer
         self.delay = delay
+        self.callbacks = callbacks
         self.measuring = False
         self._ready: dict[nn.Module, Any] = {}  # module -> its compute-stream mark before FSDP's wait
         self._entered: set[Any] = set()  # the units that have begun their forward in this pass
@@ -152,7 +156,7 @@ class _TimedCollective:
             watch.delay()
             watch.timer.done(collective)
         else:  # FSDP waits for it later (an explicit `unshard(async_op=True)`)
-            work.get_future().then(lambda future: watch.timer.done(collective))
+            watch.callbacks.then(work.get_future(), lambda future: watch.timer.done(collective))
         return work
 
 

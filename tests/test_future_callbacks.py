@@ -1,0 +1,87 @@
+"""trainstack/telemetry/future_callbacks.py: a rank's telemetry closes only once the threads that completed the
+collectives' futures have dropped its callbacks; a process that exits before then aborts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import weakref
+
+import pytest
+import torch
+
+from trainstack.telemetry.future_callbacks import FutureCallbacks
+
+
+class Payload:
+    """Something only the callback refers to."""
+
+
+def test_the_wait_ends_when_the_completing_thread_drops_the_callback():
+    callbacks, gate = FutureCallbacks(), threading.Event()
+    payload = Payload()
+    alive = weakref.ref(payload)
+    parent = torch.futures.Future()
+    child = callbacks.then(parent, lambda future, payload=payload: future.value())
+    # The completing thread runs the child's callbacks before it drops the parent's, as gloo's thread does.
+    child.then(lambda future: gate.wait(30))
+    del payload
+    threading.Thread(target=parent.set_result, args=(1,), daemon=True).start()
+    assert child.wait() == 1  # where DDP's backward returns
+    assert alive() is not None and not callbacks.wait_released(timeout=0)  # the thread still holds it
+    gate.set()
+    assert callbacks.wait_released(timeout=30)
+    assert alive() is None
+
+
+def test_a_callback_that_never_ran_is_not_waited_for():
+    callbacks = FutureCallbacks()
+    callbacks.then(torch.futures.Future(), lambda future: None)  # a collective that never ends (a hang)
+    assert callbacks.wait_released(timeout=0)
+
+
+EXIT_AFTER_THE_LOOP = textwrap.dedent(
+    """
+    import sys, threading, time
+    import torch
+    from trainstack.telemetry.future_callbacks import FutureCallbacks
+
+
+    class LetGoWhileExiting:
+        \"\"\"Cleared with the module's names, after the interpreter began its exit: the completing thread then
+        tries to drop the callback, as gloo's thread does when the rank's exit outruns it.\"\"\"
+
+        def __init__(self, gate, sleep):
+            self.gate, self.sleep = gate, sleep
+
+        def __del__(self):
+            self.gate.set()
+            self.sleep(1)
+
+
+    callbacks, gate = FutureCallbacks(), threading.Event()
+    parent = torch.futures.Future()
+    child = callbacks.then(parent, lambda future: future.value())
+    child.then(lambda future: gate.wait(30))
+    threading.Thread(target=parent.set_result, args=(1,), daemon=True).start()
+    child.wait()
+    if sys.argv[1] == "close":
+        gate.set()
+        assert callbacks.wait_released(timeout=30)
+    exiting = LetGoWhileExiting(gate, time.sleep)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ending", ["close", "exit"])
+def test_a_process_exits_cleanly_only_once_the_callbacks_are_dropped(ending):
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_AFTER_THE_LOOP, ending], capture_output=True, text=True, timeout=120
+    )
+    if ending == "close":
+        assert done.returncode == 0, done.stderr
+    else:  # what a rank did before its telemetry waited: CPython ends the thread and the process aborts
+        assert done.returncode == -6, (done.returncode, done.stderr)

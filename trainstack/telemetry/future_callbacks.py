@@ -1,0 +1,60 @@
+"""Python callbacks on collectives' futures, and the wait, before a rank exits, for the threads that ran them to
+let them go.
+
+A gloo collective's future completes on one of gloo's own threads: that thread runs the `then` callbacks, completes
+the futures they return (which wakes the loop: DDP's backward returns), and only then drops the callbacks, which
+needs the GIL. A rank whose loop ends in that window can reach interpreter exit first; the gloo thread then cannot
+take the GIL, CPython ends it with pthread_exit, and the unwinding through torch's noexcept frames calls
+std::terminate: the rank aborts (SIGABRT, "terminate called without an active exception") after its last step, and
+the launch fails. It happened about once in ten runs of examples/ddp_loop.py on 2 CPU ranks. NCCL completes its
+futures on the thread that launches the collective, so a GPU rank waits for nothing.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class _Held:
+    """Lives exactly as long as one callback, which alone refers to it."""
+
+
+class FutureCallbacks:
+    """`then` for the telemetry's callbacks, and `wait_released` for the closing rank."""
+
+    def __init__(self) -> None:
+        self._ran: weakref.WeakSet[_Held] = weakref.WeakSet()
+        """A token per callback that has run and is still held by the thread that ran it."""
+        self._after_others = False
+
+    def then(
+        self, future: torch.futures.Future, callback: Callable[[torch.futures.Future], Any], first: bool = True
+    ) -> torch.futures.Future:
+        """`future.then(callback)`. first=False: `future` is itself the result of a `then` that is not ours (a DDP
+        hook such as torch's compression), whose callback the thread drops right after this one."""
+        self._after_others |= not first
+        held = _Held()
+
+        def run(done: torch.futures.Future) -> Any:
+            try:
+                return callback(done)
+            finally:
+                self._ran.add(held)  # before the future it returns completes, so before the loop can go on
+
+        return future.then(run)
+
+    def wait_released(self, timeout: float = 2.0) -> bool:
+        """Waits until every callback that has run has been dropped (True), for at most `timeout` seconds. A
+        callback whose collective never ended is not waited for: its thread holds it, but never drops it."""
+        deadline = time.monotonic() + timeout
+        while self._ran and time.monotonic() < deadline:
+            time.sleep(0.001)  # frees the GIL the collective's thread needs to drop it
+        if self._after_others:
+            # The others' callbacks are not ours to see go; the thread drops them within microseconds of ours.
+            time.sleep(0.05)
+        return not self._ran
