@@ -226,3 +226,35 @@ def test_the_progress_shows_each_trial_while_it_runs_and_ctrl_c_ends_it(tmp_path
     started = [("started", 1, "baseline", 1), ("running",), ("running",)]  # a tick at each poll it still ran
     assert seen.calls == started + ([] if interrupt else [("ended", "tune")])
     assert TrialProcess.killed is interrupt  # an interrupted trial is ended with the tuner, a finished one is not
+
+
+class RefusingTrial:
+    """Stands in for a trial's `trainstack train`: the static graph is refused as bad input (an output DDP cannot
+    flatten, tests/test_train_faults.py), every other setting runs."""
+
+    def __init__(self, command, **kwargs):
+        self.returncode = EXIT_CONFIG if "--ddp-static-graph" in command else 0
+
+    def communicate(self, timeout):
+        return "", "" if self.returncode == 0 else "trainstack train: error: the ranks' weights differ ...\n"
+
+
+def test_a_candidate_the_trainer_refuses_is_left_out_and_the_others_are_measured(tmp_path, monkeypatch):
+    source = tmp_path / "base.yaml"
+    source.write_text("num_workers: 1\n")
+    monkeypatch.setattr(subprocess, "Popen", RefusingTrial)
+    rate = profile.Rate(steps_per_second=2.0, samples_per_second=32.0)
+    monkeypatch.setattr(
+        profile, "load", lambda run_dir: SimpleNamespace(rate=rate, run_dir=run_dir, verdicts={"comm-bound": "..."})
+    )
+    tuner = Tuner(
+        TuneConfig(source=source, write=tmp_path / "tuned.yaml", scratch=tmp_path, max_rounds=2), SeenProgress()
+    )
+    try:
+        outcome = tuner.run()
+    finally:
+        tuner.remove_scratch()
+    assert list(outcome.refused) == ["ddp_static_graph"]
+    assert "exited 2: trainstack train: error: the ranks' weights differ" in outcome.refused["ddp_static_graph"]
+    assert [s.candidate.name for s in outcome.standings] == ["grad_accum=2", "ddp_bucket_cap_mb=100"]
+    assert all(len(s.ratios) == 2 for s in outcome.standings)  # both rounds ran without the refused one

@@ -120,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"baseline verdicts: {', '.join(outcome.verdicts) or 'healthy'}")
         for standing in outcome.standings:
             print(standing.line())
+        for refusal in outcome.refused.values():
+            print(f"not measured, the trainer refused it: {refusal}")
         if outcome.winner is None:
             print("winner: the baseline (no candidate beat it beyond the noise in every round); nothing written")
         else:

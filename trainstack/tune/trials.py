@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from trainstack.errors import EXIT_CONFIG
 from trainstack.monitoring.compare import profile
 from trainstack.train.rank.config import ranks_use_cuda
 from trainstack.tune.candidates import BASELINE, Candidate, for_verdicts
@@ -30,6 +31,11 @@ MIN_GAIN = 1.05
 
 class TrialFailed(Exception):
     """A trial exited non-zero; the message has the end of its output."""
+
+
+class CandidateRefused(TrialFailed):
+    """A candidate's trial exited as bad input does (EXIT_CONFIG): the trainer refused the setting for this model
+    or host (DDP's static graph for an output it cannot flatten, say). Another candidate may still apply."""
 
 
 @dataclass
@@ -82,6 +88,8 @@ class Outcome:
     """The fastest candidate whose every round beat the baseline beyond the noise; None: keep the baseline."""
     trials: dict[str, Path]
     """Candidate name -> its latest trial's run directory (in the scratch folder)."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Candidate name -> why the trainer refused it (CandidateRefused); it is not measured."""
     interrupted: bool = False
 
 
@@ -146,7 +154,8 @@ class Tuner:
             trial.wait()
             raise
         if trial.returncode:
-            raise TrialFailed(
+            refused = trial.returncode == EXIT_CONFIG and candidate is not BASELINE
+            raise (CandidateRefused if refused else TrialFailed)(
                 f"trial {self.count} ({candidate.name}) exited {trial.returncode}: "
                 f"{stderr.strip().splitlines()[-1] if stderr.strip() else ''}"
             )
@@ -161,6 +170,7 @@ class Tuner:
         trials: dict[str, Path] = {}
         standings: list[Standing] = []
         verdicts: dict[str, str] = {}
+        refused: dict[str, str] = {}
         try:
             baseline = self.trial(BASELINE)  # the diagnosing trial is the first round's baseline
             verdicts = baseline.verdicts
@@ -175,7 +185,12 @@ class Tuner:
                     baseline = self.trial(BASELINE)
                 trials[BASELINE.name] = baseline.run_dir
                 for standing in undecided:
-                    measured = self.trial(standing.candidate)
+                    try:
+                        measured = self.trial(standing.candidate)
+                    except CandidateRefused as refusal:
+                        refused[standing.candidate.name] = str(refusal)
+                        standings.remove(standing)
+                        continue
                     trials[standing.candidate.name] = measured.run_dir
                     standing.ratios.append(measured.rate.samples_per_second / baseline.rate.samples_per_second)
                     standing.steps_per_second.append(measured.rate.steps_per_second)
@@ -185,7 +200,8 @@ class Tuner:
             interrupted = True
         measured = [s for s in standings if s.ratios]
         winners = [s for s in measured if s.faster]
-        return Outcome(verdicts, measured, max(winners, key=lambda s: s.ratio, default=None), trials, interrupted)
+        winner = max(winners, key=lambda s: s.ratio, default=None)
+        return Outcome(verdicts, measured, winner, trials, refused, interrupted)
 
     def remove_scratch(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
