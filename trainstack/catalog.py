@@ -326,6 +326,7 @@ TRAIN_LAST_STEP = Metric(
     absent_when="before the first step",
     readers=(
         "record job:trainstack_train_last_step_age:seconds",
+        "alert TrainstackRankHung",
         "diagnose no-step-yet",
         "diagnose stalled",
         "diagnose figures",
@@ -513,7 +514,7 @@ HANG_EVIDENCE = Metric(
     "to. Evidence newer than the last step is a stall now; older is a stall the run came out of",
     unit="s",
     absent_when="the exporter has no run directory (`--run-dir`), or no stall has been collected in it",
-    readers=("diagnose stalled",),
+    readers=("alert TrainstackRankHung", "diagnose stalled"),
 )
 
 # --- GPUs: read from NVML by the exporter (monitoring/exporter/gpu.py) ---------------------------------------

@@ -259,6 +259,19 @@ change them.""",
                     for_="1m",
                 ),
                 Alert(
+                    "TrainstackRankHung",
+                    f"{catalog.HANG_EVIDENCE.name}\n"
+                    f"  > on (job) group_left () max by (job) ({catalog.TRAIN_LAST_STEP.name})",
+                    "critical",
+                    "Job {{ $labels.job }} hangs: {{ $labels.headline }}",
+                    "Likely cause: the evidence the launcher collected once no rank had stepped for 20 median steps "
+                    "(each rank's Python stack and its collectives in flight, in RUN_DIR/hang) names rank(s) "
+                    "{{ $labels.culprits }}. Fix: {{ $labels.fix }} (`trainstack diagnose --run-dir RUN_DIR` has "
+                    "the evidence)",
+                    fires_when="the launcher collected a stall's evidence after the job's last step: a hang now, "
+                    "with where each rank waits, minutes before TrainstackTrainingStalled",
+                ),
+                Alert(
                     "TrainstackInputBound",
                     f"{catalog.RANK_DATA_WAIT_RATIO.name} > {T.INPUT_BOUND.promql}",
                     "warning",
