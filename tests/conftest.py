@@ -16,9 +16,10 @@ import pytest
 import yaml
 from filelock import FileLock
 
-from tests.helpers.netns import NODE_ADDRESSES, RATE_BITS, Node, ip
+from tests.helpers.netns import NODE_ADDRESSES, RATE_BITS, Node, ip, limit_rate
 from tests.helpers.runs import (
     REFERENCE_DDP,
+    REFERENCE_DDP_ROTATION,
     REFERENCE_DDP_STEPS,
     REFERENCE_FSDP,
     REFERENCE_FSDP_STEPS,
@@ -118,8 +119,10 @@ def _train_to_end(run_dir: Path, args: tuple[str, ...]) -> Path:
 
 @pytest.fixture(scope="session")
 def ddp_reference(tmp_path_factory) -> Path:
-    """REFERENCE_DDP trained straight to REFERENCE_DDP_STEPS: read it, never write to it."""
-    return finished_run(tmp_path_factory, "ddp-reference", *REFERENCE_DDP, "--max-steps", str(REFERENCE_DDP_STEPS))
+    """REFERENCE_DDP trained straight to REFERENCE_DDP_STEPS, with REFERENCE_DDP_ROTATION's checkpoints: read it,
+    never write to it."""
+    steps = ("--max-steps", str(REFERENCE_DDP_STEPS))
+    return finished_run(tmp_path_factory, "ddp-reference", *REFERENCE_DDP, *steps, *REFERENCE_DDP_ROTATION)
 
 
 @pytest.fixture(scope="session")
@@ -203,30 +206,7 @@ def slow_link() -> Iterator[tuple[Node, Node]]:
             result = ip(*step)
             assert result.returncode == 0, f"ip {' '.join(step)}: {result.stderr}"
         for node in nodes:
-            # Generous latency: a queue that drops makes TCP back off below the rate.
-            limited = subprocess.run(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    node.namespace,
-                    "tc",
-                    "qdisc",
-                    "add",
-                    "dev",
-                    node.interface,
-                    "root",
-                    "tbf",
-                    "rate",
-                    f"{RATE_BITS // 1_000_000}mbit",
-                    "burst",
-                    "64kb",
-                    "latency",
-                    "500ms",
-                ],
-                capture_output=True,
-                text=True,
-            )
+            limited = limit_rate(node, RATE_BITS)
             if limited.returncode:
                 pytest.skip(f"no token bucket filter (sch_tbf): {limited.stderr.strip()}")
         yield nodes

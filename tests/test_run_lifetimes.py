@@ -101,7 +101,7 @@ def _child(process: subprocess.Popen, module: str) -> psutil.Process:
 
 
 def _resume_and_compare(run_dir: Path, uninterrupted: dict[str, torch.Tensor]) -> subprocess.CompletedProcess:
-    resumed = train(run_dir, *COMMAND, env=ENV)
+    resumed = train(run_dir, *COMMAND)  # unpaused: the pause only made room for the kill
     assert resumed.returncode == 0, explain(resumed)
     assert summary(run_dir)["resumed_from"], "the rerun started afresh instead of resuming"
     final = weights(run_dir / "checkpoints" / step_dir_name(STEPS))

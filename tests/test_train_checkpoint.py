@@ -1,7 +1,9 @@
-"""Checkpoints and resume for real: bit-identical resume, SIGTERM, SIGKILL mid-save, rotation."""
+"""Checkpoints and resume for real: bit-identical resume (and a rerun of a completed run that changes nothing),
+SIGTERM, SIGKILL mid-save, rotation."""
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
@@ -12,6 +14,7 @@ from tests.helpers.runs import (
     REFERENCE_DDP_STEPS,
     SLOW_RANK,
     explain,
+    file_tree,
     kill_tree,
     logged_steps,
     start,
@@ -26,13 +29,31 @@ from trainstack.train.rank import checkpoint
 pytestmark = pytest.mark.slow
 
 
-def test_resume_mid_epoch_matches_an_uninterrupted_run(tmp_path, ddp_reference):
+def test_resume_mid_epoch_matches_an_uninterrupted_run_and_rerunning_the_completed_part_changes_no_byte(
+    tmp_path, ddp_reference
+):
     stopped = tmp_path / "stopped"
     # 37 samples / (2 ranks x 4) = 5 steps per epoch: step 7 is mid-epoch 1.
-    for steps in ("7", str(REFERENCE_DDP_STEPS)):
-        result = train(stopped, *REFERENCE_DDP, "--max-steps", steps)
-        assert result.returncode == 0, explain(result)
-    assert summary(stopped)["resumed_from"].endswith("step-00000007")
+    done = train(stopped, *REFERENCE_DDP, "--max-steps", "7", "--report")
+    assert done.returncode == 0, explain(done)
+    before = file_tree(stopped)
+    again = train(stopped, *REFERENCE_DDP, "--max-steps", "7", "--report")
+    assert again.returncode == 0, explain(again)
+    assert again.stderr.splitlines() == [
+        f"trainstack train: {stopped} already holds a completed run (7 steps, run {summary(stopped)['run_id']}); "
+        "nothing changed: raise --max-steps or --epochs to train further, or choose another --output-dir"
+    ]
+    assert file_tree(stopped) == before
+
+    further = train(stopped, *REFERENCE_DDP, "--max-steps", str(REFERENCE_DDP_STEPS))
+    assert further.returncode == 0, explain(further)
+    finished = summary(stopped)
+    assert finished["resumed_from"].endswith("step-00000007")
+    assert [s["last_step"] for s in finished["segments"]] == [7, REFERENCE_DDP_STEPS]
+    for rank in (0, 1):
+        lines = [json.loads(line) for line in (stopped / f"telemetry/rank-{rank}.jsonl").read_text().splitlines()]
+        assert sum("segment_started" in line for line in lines) == 2
+        assert [line["step"] for line in lines if "step" in line] == list(range(1, REFERENCE_DDP_STEPS + 1))
     last = step_dir_name(REFERENCE_DDP_STEPS)
     expected, resumed = weights(ddp_reference / "checkpoints" / last), weights(stopped / "checkpoints" / last)
     assert expected.keys() == resumed.keys()
@@ -40,12 +61,10 @@ def test_resume_mid_epoch_matches_an_uninterrupted_run(tmp_path, ddp_reference):
         assert torch.equal(expected[name], resumed[name]), name
 
 
-def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes(tmp_path, monkeypatch):
-    for name, value in SLOW_RANK.items():
-        monkeypatch.setenv(name, value)
+def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes(tmp_path):
     run_dir = tmp_path / "run"
     command = ("--model", "tests.factories:pausing_gpt", "--max-steps", "30", "--checkpoint-every", "0")
-    process = start(run_dir, *command)
+    process = start(run_dir, *command, env=SLOW_RANK)  # slowed: room to land the signal mid-run
     wait_for(lambda: logged_steps(run_dir) >= 5, process)
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=120)
@@ -84,18 +103,21 @@ def test_sigkill_during_a_checkpoint_write_resumes_from_the_previous_checkpoint(
     assert not any(root.glob(".tmp-step-*"))
 
 
-def test_rotation_keeps_the_newest_and_they_load(tmp_path):
-    run_dir = tmp_path / "run"
-    result = train(run_dir, "--max-steps", "20", "--checkpoint-every", "5", "--keep-checkpoints", "2")
-    assert result.returncode == 0, explain(result)
-    kept = checkpoint.complete_checkpoints(run_dir / "checkpoints")
-    assert [p.name for p in kept] == ["step-00000015", "step-00000020"]
-    assert not (run_dir / "checkpoints" / "step-00000010").exists()
+def test_rotation_keeps_the_newest_and_they_load(tmp_path, ddp_reference):
+    kept = checkpoint.complete_checkpoints(ddp_reference / "checkpoints")  # saved every 5 steps, keeping 2
+    assert [p.name for p in kept] == ["step-00000015", step_dir_name(REFERENCE_DDP_STEPS)]
+    assert not (ddp_reference / "checkpoints" / "step-00000010").exists()
     for folder in kept:
         assert checkpoint.verify(folder)["step"] == int(folder.name.split("-")[1])
-    again = train(tmp_path / "from-15", "--resume", str(kept[0]), "--max-steps", "20")
+    again = train(
+        tmp_path / "from-15", *REFERENCE_DDP, "--resume", str(kept[0]), "--max-steps", str(REFERENCE_DDP_STEPS)
+    )
     assert again.returncode == 0, explain(again)
     assert summary(tmp_path / "from-15")["resumed_from"] == str(kept[0])
+    last = step_dir_name(REFERENCE_DDP_STEPS)
+    expected, resumed = weights(kept[-1]), weights(tmp_path / "from-15" / "checkpoints" / last)
+    for name in expected:
+        assert torch.equal(expected[name], resumed[name]), name
 
 
 @pytest.mark.parametrize(

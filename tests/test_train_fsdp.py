@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from tests.helpers.runs import (
-    EXACT,
     REFERENCE_FSDP,
     REFERENCE_FSDP_STEPS,
     SLOW_RANK,
@@ -50,20 +49,15 @@ def _export(folder: Path, output: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def side_by_side(tmp_path_factory, ddp_reference) -> dict[str, Path]:
-    """The same first 6 steps from the same seed, once per strategy, with the loss logged at every step. DDP's are
-    the first 6 of the session's reference run (its pausing GPT is the default tiny GPT while nothing pauses it)."""
-    fsdp = tmp_path_factory.mktemp("strategies") / "fsdp"
-    result = train(fsdp, *EXACT, *FSDP, "--max-steps", "6", "--log-every", "1")
-    assert result.returncode == 0, explain(result)
-    return {"ddp": ddp_reference, "fsdp": fsdp}
+def side_by_side(ddp_reference, fsdp_reference) -> dict[str, Path]:
+    """The session's reference runs: the same model, data and seed once per strategy, the loss logged at every step."""
+    return {"ddp": ddp_reference, "fsdp": fsdp_reference}
 
 
 def test_fsdp_learns_and_matches_ddp_on_the_first_steps(side_by_side):
     done = summary(side_by_side["fsdp"])
-    assert done["distributed_type"] == "FSDP" and done["world_size"] == 2 and done["steps"] == 6
-    ddp, fsdp = ([r["loss"] for r in _records(side_by_side[s], 0)] for s in ("ddp", "fsdp"))
-    ddp = ddp[:6]  # the reference trains on past the 6 steps compared
+    assert done["distributed_type"] == "FSDP" and done["world_size"] == 2 and done["steps"] == REFERENCE_FSDP_STEPS
+    ddp, fsdp = ([r["loss"] for r in _records(side_by_side[s], 0)][:6] for s in ("ddp", "fsdp"))
     assert len(fsdp) == 6 and fsdp[-1] < fsdp[0], fsdp
     # The same mathematics with another reduction (reduce-scatter instead of all-reduce): float rounding only.
     assert fsdp == pytest.approx(ddp, rel=1e-4), (ddp, fsdp)
@@ -83,22 +77,32 @@ def test_fsdp_ranks_time_their_all_gathers_and_reduce_scatters(side_by_side):
     is exposed."""
     for rank in (0, 1):
         records = _records(side_by_side["fsdp"], rank)
-        assert [r["comm_buckets"] for r in records] == [10] * 6
+        assert [r["comm_buckets"] for r in records] == [10] * REFERENCE_FSDP_STEPS
         for record in records:
             assert 0 < record["comm_exposed_seconds"] == pytest.approx(record["comm_seconds"])
 
 
 def test_sharded_checkpoint_reshards_to_one_rank_and_exports_to_the_plain_model(side_by_side, tmp_path):
-    saved = side_by_side["fsdp"] / "checkpoints" / "step-00000006"
+    last = step_dir_name(REFERENCE_FSDP_STEPS)
+    saved = side_by_side["fsdp"] / "checkpoints" / last
     assert (saved / "pytorch_model_fsdp_0" / "__1_0.distcp").is_file() and not (saved / "model.safetensors").exists()
-    # Resumed on one rank with nothing left to train: it saves step 6 again, now as one rank's shards.
+    # Resumed on one rank with nothing left to train: it saves its last step again, now as one rank's shards.
     one_rank = tmp_path / "one-rank"
-    result = train(one_rank, *EXACT, *FSDP, "--nproc-per-node", "1", "--resume", str(saved), "--max-steps", "6")
+    command = (
+        *REFERENCE_FSDP,
+        "--nproc-per-node",
+        "1",
+        "--resume",
+        str(saved),
+        "--max-steps",
+        str(REFERENCE_FSDP_STEPS),
+    )
+    result = train(one_rank, *command)
     assert result.returncode == 0, explain(result)
-    resaved = one_rank / "checkpoints" / "step-00000006"
+    resaved = one_rank / "checkpoints" / last
     assert summary(one_rank)["world_size"] == 1 and summary(one_rank)["resumed_from"] == str(saved)
-    # 6 steps of 5 per epoch: one batch per rank into epoch 1 on two ranks is two batches on one.
-    assert checkpoint.read_train_state(resaved)["batch_in_epoch"] == 2
+    # 12 steps of 5 per epoch: two batches per rank into epoch 2 on two ranks are four batches on one.
+    assert checkpoint.read_train_state(resaved)["batch_in_epoch"] == 4
     assert sorted(p.name for p in (resaved / "pytorch_model_fsdp_0").glob("*.distcp")) == ["__0_0.distcp"]
     two, one = _export(saved, tmp_path / "two.safetensors"), _export(resaved, tmp_path / "one.safetensors")
     assert two.keys() == one.keys()
@@ -116,13 +120,11 @@ def test_sharded_checkpoint_reshards_to_one_rank_and_exports_to_the_plain_model(
     assert torch.equal(plain.blocks[1].mlp[2].weight, two["blocks.1.mlp.2.weight"])
 
 
-def test_sigterm_then_resume_equals_an_uninterrupted_fsdp_run(tmp_path, monkeypatch, fsdp_reference):
+def test_sigterm_then_resume_equals_an_uninterrupted_fsdp_run(tmp_path, fsdp_reference):
     # The slow rank leaves time to land the signal mid-run.
     command = (*REFERENCE_FSDP, "--max-steps", str(REFERENCE_FSDP_STEPS))
-    for name, value in SLOW_RANK.items():
-        monkeypatch.setenv(name, value)
     stopped = tmp_path / "stopped"
-    process = start(stopped, *command)
+    process = start(stopped, *command, env=SLOW_RANK)
     wait_for(lambda: logged_steps(stopped) >= 3, process)
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=120)

@@ -1,33 +1,21 @@
 """The run directory's lease and record with real 2-rank CPU runs: an intruder is refused and writes nothing, a
-SIGKILLed run's lease is taken over and its record kept, a completed run's rerun changes no byte."""
+SIGKILLed run's lease is taken over and its record kept. (A completed run's rerun changes no byte:
+test_train_checkpoint.py, on its resume test's run.)"""
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.helpers.runs import explain, kill_tree, logged_steps, start, summary, train, wait_for
+from tests.helpers.runs import explain, file_tree, kill_tree, logged_steps, start, summary, train, wait_for
 from trainstack.monitoring.report import render_report
 from trainstack.monitoring.report.runfiles import load_run
 from trainstack.rundir import LEASE_DIR, by_segment
 from trainstack.train.rank import checkpoint
 
 pytestmark = pytest.mark.slow
-
-
-def tree(root: Path) -> dict[str, tuple[bytes | None, int]]:
-    """Every path under root: its bytes (None for a folder) and modification time. The lease file's time is its
-    heartbeat, so it is left out of the times."""
-    return {
-        str(p.relative_to(root)): (
-            None if p.is_dir() else p.read_bytes(),
-            0 if p.parent.name == LEASE_DIR else p.stat().st_mtime_ns,
-        )
-        for p in sorted(root.rglob("*"))
-    }
 
 
 def test_an_intruder_changes_nothing_and_a_sigkilled_run_is_taken_over_and_resumed(tmp_path, monkeypatch):
@@ -44,7 +32,7 @@ def test_an_intruder_changes_nothing_and_a_sigkilled_run_is_taken_over_and_resum
     try:
         wait_for(lambda: logged_steps(run_dir) >= 5 and checkpoint.complete_checkpoints(run_dir / "checkpoints"), first)
         frozen, deadline = None, time.monotonic() + 60
-        while frozen != (frozen := tree(run_dir)):  # settled: two looks a second apart agree
+        while frozen != (frozen := file_tree(run_dir)):  # settled: two looks a second apart agree
             assert time.monotonic() < deadline, "the paused run kept writing"
             time.sleep(1)
         holder = json.loads((run_dir / LEASE_DIR / "node-0.json").read_text())
@@ -53,7 +41,7 @@ def test_an_intruder_changes_nothing_and_a_sigkilled_run_is_taken_over_and_resum
         assert len(intruder.stderr.splitlines()) == 1, explain(intruder)
         assert f"PID {holder['pid']} (run {holder['run_id']}, node 0)" in intruder.stderr
         assert "--wait-for-lease" in intruder.stderr
-        assert tree(run_dir) == frozen
+        assert file_tree(run_dir) == frozen
     finally:
         kill_tree(first)  # the whole tree at once: the lease file stays behind, held by nobody
 
@@ -80,26 +68,3 @@ def test_an_intruder_changes_nothing_and_a_sigkilled_run_is_taken_over_and_resum
         first_segment, second_segment = by_segment(records)
         assert [r["step"] for r in first_segment][:2] == [1, 5] and second_segment[-1]["step"] == 12
     assert "<h2>Segments</h2>" in render_report(run_dir).read_text()
-
-
-def test_rerunning_a_completed_run_changes_no_byte_and_a_higher_target_trains_on(tmp_path):
-    run_dir = tmp_path / "run"
-    done = train(run_dir, "--max-steps", "4", "--report")
-    assert done.returncode == 0, explain(done)
-    before = tree(run_dir)
-    again = train(run_dir, "--max-steps", "4", "--report")
-    assert again.returncode == 0, explain(again)
-    assert again.stderr.splitlines() == [
-        f"trainstack train: {run_dir} already holds a completed run (4 steps, run {summary(run_dir)['run_id']}); "
-        "nothing changed: raise --max-steps or --epochs to train further, or choose another --output-dir"
-    ]
-    assert tree(run_dir) == before
-
-    further = train(run_dir, "--max-steps", "6")
-    assert further.returncode == 0, explain(further)
-    finished = summary(run_dir)
-    assert finished["steps"] == 6 and [s["last_step"] for s in finished["segments"]] == [4, 6]
-    for rank in (0, 1):
-        lines = [json.loads(line) for line in (run_dir / f"telemetry/rank-{rank}.jsonl").read_text().splitlines()]
-        assert sum("segment_started" in line for line in lines) == 2
-        assert [line["step"] for line in lines if "step" in line] == [1, 4, 5, 6]

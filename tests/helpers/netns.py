@@ -29,6 +29,17 @@ def ip(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True)
 
 
+def limit_rate(node: Node, bits: int, action: str = "add") -> subprocess.CompletedProcess:
+    """`tc`'s token bucket filter on the node's end of the link at `bits` per second (`action`: add, or change a
+    limit already set). Generous latency: a queue that drops makes TCP back off below the rate."""
+    return subprocess.run(
+        ["ip", "netns", "exec", node.namespace, "tc", "qdisc", action, "dev", node.interface, "root", "tbf"]
+        + ["rate", f"{bits // 1_000_000}mbit", "burst", "64kb", "latency", "500ms"],
+        capture_output=True,
+        text=True,
+    )
+
+
 def start_node(node: Node, rank: int, run_dir: Path, log: Path) -> subprocess.Popen:
     command = [
         "ip",

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from tests.helpers.scrapes import per_rank, scrape
 from trainstack.rundir import (
+    LEASE_DIR,
     free_port,
 )
 
@@ -130,6 +131,9 @@ EXACT = [
 # DDP's loss logged at every step: its first steps are also DDP's side of the FSDP comparison (test_train_fsdp.py).
 REFERENCE_DDP = (*EXACT, "--model", "tests.factories:pausing_gpt", "--log-every", "1")
 REFERENCE_DDP_STEPS = 20
+# The session's DDP reference also keeps its two newest checkpoints of every 5th step, which the rotation test reads
+# (a save draws no random number and changes no weight: every resumed run's bit-equality with it says so).
+REFERENCE_DDP_ROTATION = ("--checkpoint-every", "5", "--keep-checkpoints", "2")
 # FSDP's units named with --fsdp-wrap, as a factory model needs; the loss logged at every step.
 REFERENCE_FSDP = (
     *EXACT,
@@ -149,10 +153,11 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "model.safetensors")
 
 
-def start(run_dir: Path, *args: str) -> subprocess.Popen:
+def start(run_dir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         trainstack_command("train", "--output-dir", str(run_dir), *FAST, *args),
         cwd=REPO,
+        env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -268,3 +273,15 @@ def run_without_torch(*args: str, timeout: float = 120, **popen) -> dict:
     assert "Traceback" not in result.stderr, result.stderr
     outcome = json.loads(result.stdout.splitlines()[-1])
     return {**outcome, "stdout": result.stdout, "stderr": result.stderr}
+
+
+def file_tree(root: Path) -> dict[str, tuple[bytes | None, int]]:
+    """Every path under root: its bytes (None for a folder) and modification time. The lease file's time is its
+    heartbeat, so it is left out of the times."""
+    return {
+        str(p.relative_to(root)): (
+            None if p.is_dir() else p.read_bytes(),
+            0 if p.parent.name == LEASE_DIR else p.stat().st_mtime_ns,
+        )
+        for p in sorted(root.rglob("*"))
+    }
