@@ -1,7 +1,9 @@
 """A real slow interconnect (issue 23): two single-rank nodes, each `trainstack train --nnodes 2` in its own network
 namespace, joined by a veth pair whose two ends `tc`'s token bucket filter limits to 40 Mbit/s (netem is not
 available on these machines; tbf is). Diagnose must say comm-bound, and the exposed share must be what the link's
-rate predicts for the gradient bytes the ranks report.
+rate predicts for the gradient bytes the ranks report. Then `bench scaling --predict`'s ring model
+(train/launcher/scaling/predict.py), given that run's figures, must predict the step measured on the link at twice
+the rate.
 
 The link is test-local: two namespaces made for this test, a private /30 inside them, deleted afterwards."""
 
@@ -15,13 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.netns import EXPORTER_PORT, RATE_BITS, start_node
+from tests.helpers.netns import EXPORTER_PORT, RATE_BITS, Node, limit_rate, start_node
 from tests.helpers.runs import REPO, explain, kill_tree
 from trainstack.rundir import RunDir
+from trainstack.train.launcher.scaling import predict
 
 pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 EXPOSED_SHARE_TOLERANCE = 0.05
+PREDICTED_STEP_TOLERANCE = 0.15
 
 
 def _comm_records(run_dir: Path, rank: int) -> list[dict]:
@@ -30,7 +34,21 @@ def _comm_records(run_dir: Path, rank: int) -> list[dict]:
     return [record for line in lines if line.endswith("}") and "comm_seconds" in (record := json.loads(line))]
 
 
-def test_a_rate_limited_link_is_comm_bound_by_the_share_its_rate_predicts(slow_link, tmp_path):
+def _run_on(nodes: tuple[Node, Node], run_dir: Path, tmp_path: Path) -> None:
+    started = [
+        start_node(node, rank, run_dir, tmp_path / f"{run_dir.name}-{rank}.log") for rank, node in enumerate(nodes)
+    ]
+    try:
+        for rank, node in enumerate(started):
+            assert node.wait(timeout=300) == 0, (tmp_path / f"{run_dir.name}-{rank}.log").read_text()[-4000:]
+    finally:
+        for node in started:
+            kill_tree(node)
+
+
+def test_a_rate_limited_link_is_comm_bound_by_the_share_its_rate_predicts_and_the_step_at_twice_the_rate(
+    slow_link, tmp_path
+):
     run_dir = tmp_path / "run"
     nodes = [start_node(node, rank, run_dir, tmp_path / f"node-{rank}.log") for rank, node in enumerate(slow_link)]
     try:
@@ -82,3 +100,18 @@ def test_a_rate_limited_link_is_comm_bound_by_the_share_its_rate_predicts(slow_l
             f"rank {rank}: exposed {exposed:.3f} of {step_seconds:.3f} s steps, {on_the_wire:.0f} bytes each way "
             f"per step predict {predicted:.3f}"
         )
+
+    # The same run at twice the rate, against the ring model's prediction from the run above.
+    faster = 2 * RATE_BITS
+    for node in slow_link:
+        changed = limit_rate(node, faster, "change")
+        assert changed.returncode == 0, changed.stderr
+    fast = tmp_path / "fast"
+    _run_on(slow_link, fast, tmp_path)
+    measured = predict.figures_of(run_dir)
+    # The link's own rate, less TCP/IP's headers (about 4% at a 1500-byte MTU), as the bus bandwidth.
+    predicted = predict.predict(measured, 2, bus_bytes_per_second=faster / 8 * 0.96)
+    actual = predict.figures_of(fast)
+    assert predicted.step_seconds == pytest.approx(
+        actual.compute_seconds + actual.exposed_seconds, rel=PREDICTED_STEP_TOLERANCE
+    ), (measured, actual, predicted)
