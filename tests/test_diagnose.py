@@ -1,6 +1,7 @@
 """trainstack diagnose: each verdict from snapshots, GPU verdicts through the real exporter over the fake NVML,
-and the verdicts the issue asks for from real 2-rank CPU runs read live: healthy, input-bound (slowed loader),
-straggler (one slowed rank), stalled (a hung rank), through the exporter and through a real Prometheus."""
+and the verdicts the issue asks for from real 2-rank CPU runs read live through the exporter: healthy, comm-bound
+(a delayed all-reduce), straggler (one slowed rank), stalled (a hung rank). Input-bound (a slowed loader), through
+the exporter and through a real Prometheus, reads the input-bound run of test_monitoring_prometheus.py's stack."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ import pytest
 
 from tests.helpers.fakes import LIMITS, NOW, CountersSource, gpu, kinds, rank
 from tests.helpers.runs import REPO, live_run, run_trainstack
+from tests.helpers.scrapes import diagnose_url
 from trainstack import catalog
-from trainstack.errors import EXIT_RUNTIME, ConfigError, RuntimeFailure
+from trainstack.errors import EXIT_RUNTIME, ConfigError
 from trainstack.monitoring.diagnose.render import render_text
 from trainstack.monitoring.diagnose.snapshot import Snapshot, read_snapshot
-from trainstack.monitoring.diagnose.sources import ExporterSource, PrometheusSource, open_source
+from trainstack.monitoring.diagnose.sources import ExporterSource
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes
 from trainstack.rundir import RunDir, free_port
@@ -453,21 +455,6 @@ def test_slow_gpu_counters_have_no_rate_until_the_exporter_reads_them_again():
 # --- real runs, read live -------------------------------------------------------------------------------------
 
 
-def diagnose_url(url: str, interval: float = 4.0, **limits) -> list:
-    return diagnose(read_snapshot(open_source(url, "auto", interval, "")), Thresholds(**limits))
-
-
-@pytest.mark.slow
-def test_healthy_run(tmp_path):
-    # No loader workers: two ranks already fill the two cores of a small CI machine, and a rank starved of CPU
-    # by its neighbours' workers is a real straggler.
-    with live_run(tmp_path, "--num-workers", "0") as url:
-        result = run_trainstack("diagnose", "--url", url.removesuffix("/metrics"), "--interval", "6")
-    assert result.returncode == 0, result.stdout + result.stderr
-    verdict = result.stdout.splitlines()[1]
-    assert verdict.startswith("HEALTHY  2 rank(s), ") and "samples/s in all" in verdict
-
-
 @dataclass(frozen=True)
 class CommPerStep:
     step_seconds: float
@@ -492,14 +479,21 @@ def comm_per_step(run: Path, rank: int) -> CommPerStep:
 
 @pytest.mark.slow
 @pytest.mark.timing
-def test_a_slow_link_is_comm_bound_by_the_share_its_delay_predicts(tmp_path):
-    """Each gradient all-reduce held back by `delay` (as a slow link would) adds `delay` per bucket to the step,
-    all of it after backward compute: the exposed share must be what the undelayed run's figures predict."""
+def test_a_healthy_run_and_then_a_slow_link_comm_bound_by_the_share_its_delay_predicts(tmp_path):
+    """The undelayed run is healthy, on the command line and through the exporter. Each gradient all-reduce held back
+    by `delay` (as a slow link would) adds `delay` per bucket to the step, all of it after backward compute: the
+    exposed share must be what the undelayed run's figures predict."""
     delay = 0.3
+    # No loader workers: two ranks already fill the two cores of a small CI machine, and a rank starved of CPU
+    # by its neighbours' workers is a real straggler.
     options = ("--num-workers", "0", "--log-every", "1")
     (tmp_path / "plain").mkdir()
     with live_run(tmp_path / "plain", *options, steps=6) as url:
+        healthy = run_trainstack("diagnose", "--url", url.removesuffix("/metrics"), "--interval", "6")
         assert "comm-bound" not in kinds(diagnose_url(url))
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    verdict = healthy.stdout.splitlines()[1]
+    assert verdict.startswith("HEALTHY  2 rank(s), ") and "samples/s in all" in verdict
     plain = [comm_per_step(tmp_path / "plain/run", rank) for rank in (0, 1)]
     (tmp_path / "delayed").mkdir()
     with live_run(tmp_path / "delayed", *options, env={TEST_ALLREDUCE_DELAY_ENV: str(delay)}, steps=6) as url:
@@ -520,47 +514,24 @@ def test_a_slow_link_is_comm_bound_by_the_share_its_delay_predicts(tmp_path):
 
 
 @pytest.mark.slow
-def test_slowed_loader_is_input_bound_through_the_exporter_and_prometheus(tmp_path, prometheus):
-    slow = {"TRAINSTACK_TEST_SAMPLE_DELAY": "0.1"}
-    with live_run(tmp_path, "--dataset", "tests.factories:slow_dataset", "--num-workers", "0", env=slow) as url:
-        from_exporter = diagnose_url(url)
-        server = prometheus(url.removeprefix("http://").removesuffix("/metrics"))
-        source = PrometheusSource(server)
-
-        def both_ranks_have_rates() -> bool:
-            # rate() needs two scrapes of each rank's counters inside its window
-            try:
-                return len(source.rate("trainstack_train_data_wait_seconds_total")) == 2
-            except (ConfigError, RuntimeFailure):  # Prometheus is still starting
-                return False
-
-        deadline = time.monotonic() + 120
-        while not both_ranks_have_rates():
-            assert time.monotonic() < deadline, f"Prometheus has no rates after 120 s: {server}"
-            time.sleep(1)
-        from_prometheus = diagnose(read_snapshot(source), LIMITS)
-    for verdicts in (from_exporter, from_prometheus):
-        assert kinds(verdicts) == ["input-bound"]
-        assert "rank 0, rank 1 wait(s) for the data loader" in verdicts[0].summary
-
-
-@pytest.mark.slow
-def test_a_slowed_rank_is_named_the_straggler(tmp_path):
-    slow_rank = {"TRAINSTACK_TEST_SLOW_RANK": "1", "TRAINSTACK_TEST_SLOW_SECONDS": "0.3"}
+def test_a_slowed_rank_is_named_the_straggler_and_once_it_hangs_the_run_is_stalled(tmp_path):
+    pause = tmp_path / "pause-seconds"
+    slow_rank = {
+        "TRAINSTACK_TEST_SLOW_RANK": "1",
+        "TRAINSTACK_TEST_SLOW_SECONDS": "0.3",
+        "TRAINSTACK_TEST_SLOW_FILE": str(pause),
+    }
     with live_run(tmp_path, "--model", "tests.factories:pausing_gpt", "--num-workers", "1", env=slow_rank) as url:
-        verdicts = diagnose_url(url)
-    assert kinds(verdicts) == ["straggler"]
-    assert verdicts[0].summary.startswith("rank 1 is a straggler: the other rank(s) wait for it")
-
-
-@pytest.mark.slow
-def test_a_hung_rank_is_stalled(tmp_path):
-    hang = {"TRAINSTACK_TEST_SLOW_RANK": "1", "TRAINSTACK_TEST_SLOW_AFTER": "3", "TRAINSTACK_TEST_SLOW_SECONDS": "3600"}
-    with live_run(tmp_path, "--model", "tests.factories:pausing_gpt", "--num-workers", "1", env=hang, steps=1) as url:
+        straggling = diagnose_url(url)
+        written = tmp_path / "pause-seconds.new"
+        written.write_text("3600")
+        written.replace(pause)  # whole: the rank never reads half a number
         deadline = time.monotonic() + 120
         while "stalled" not in kinds(verdicts := diagnose_url(url, interval=1.0, stall_seconds=3)):
             assert time.monotonic() < deadline, f"never stalled: {verdicts}"
         result = run_trainstack("diagnose", "--url", url, "--interval", "1", "--stall-seconds", "3", "--json")
+    assert kinds(straggling) == ["straggler"], straggling
+    assert straggling[0].summary.startswith("rank 1 is a straggler: the other rank(s) wait for it")
     assert kinds(verdicts) == ["stalled"]
     assert [item.split(":")[0] for item in verdicts[0].evidence] == ["rank 0", "rank 1"]
     assert result.returncode == 1 and '"kind": "stalled"' in result.stdout

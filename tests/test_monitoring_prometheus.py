@@ -2,14 +2,16 @@
 port and data directory, started and stopped here by PID).
 
 It scrapes three real exporters, each its own scrape job:
-- `trainstack`: a real 2-rank CPU training run (`trainstack train`, which starts its own exporter);
-- `trainstack-slowed`: the same with a loader that sleeps per sample and a model whose forward sleeps on rank 1;
+- `trainstack`: a real 2-rank CPU training run (`trainstack train`, which starts its own exporter) whose loader
+  sleeps per sample: input-bound, and nothing else;
+- `trainstack-slowed`: the same with a model whose forward also sleeps on rank 1;
 - `trainstack-fake-gpu`: the exporter on the NVML fake (four GPUs of different models) serving a synthetic rank
   that the trainer's own telemetry code writes as if it ran on GPU 0 with a known peak, so the GPU-only series
   (MFU, the rank-to-GPU join) exist too.
 Prometheus loads the project's prometheus.yml (intervals shortened to 1s) and rule files; then every recording rule
 and every dashboard query must return data and read only metrics the exporters produce, the slowed run must show a
-data-wait ratio above the input-bound threshold, and its slowed rank must be named the straggler.
+data-wait ratio above the input-bound threshold, its slowed rank must be named the straggler, and diagnose must call
+the input-bound run input-bound through its exporter and through Prometheus alike.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -33,12 +34,19 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.fakes import LIMITS, kinds
 from tests.helpers.promql import (
     PROMETHEUS_SERIES,
     label_values_metric,
     metric_names,
 )
+from tests.helpers.runs import kill_tree
+from tests.helpers.scrapes import diagnose_url
 from trainstack import thresholds
+from trainstack.errors import ConfigError, RuntimeFailure
+from trainstack.monitoring.diagnose.snapshot import read_snapshot
+from trainstack.monitoring.diagnose.sources import PrometheusSource
+from trainstack.monitoring.diagnose.verdicts import diagnose
 from trainstack.rundir import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +56,7 @@ DASHBOARD_FILES = sorted((ROOT / "monitoring/grafana/dashboards").glob("*.json")
 FAKE_HOST = ROOT / "monitoring/nvml_fake/hosts/mixed.json"
 TRAINSTACK = Path(sys.executable).with_name("trainstack")
 
-BASELINE, SLOWED, FAKE_GPU = "trainstack", "trainstack-slowed", "trainstack-fake-gpu"
+INPUT_BOUND, SLOWED, FAKE_GPU = "trainstack", "trainstack-slowed", "trainstack-fake-gpu"
 SLOW_RANK = "1"
 # How long after the stack starts it may take to show what is asked: a limit on waiting, never a measured speed.
 # Once it has passed, each check reads once, so a broken stack fails in seconds per check, not minutes.
@@ -147,16 +155,10 @@ class Processes:
         return process
 
     def stop_all(self) -> None:
-        # SIGTERM: a trainer launcher forwards it to its ranks, checkpoints and stops its exporter
+        # SIGKILL to each process and its descendants: nothing here asserts on how they stop (the trainer's
+        # SIGTERM, its checkpoint and exit are tested elsewhere), and a trainer stopping gracefully takes seconds.
         for process in reversed(self.started):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in reversed(self.started):
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            kill_tree(process)
 
 
 @dataclass
@@ -246,7 +248,7 @@ def train_command(run_dir: Path, exporter_port: int, *extra: str) -> list[str]:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     folder = tmp_path_factory.mktemp("prometheus-stack")
     processes = Processes(folder)
-    ports = {job: free_port() for job in (BASELINE, SLOWED, FAKE_GPU)}
+    ports = {job: free_port() for job in (INPUT_BOUND, SLOWED, FAKE_GPU)}
     fake_run = folder / "fake-gpu-run"
     (fake_run / "metrics").mkdir(parents=True)
     gpu0_uuid = json.loads(FAKE_HOST.read_text())["gpus"][0]["uuid"]
@@ -271,7 +273,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             [sys.executable, "-c", SYNTHETIC_RANK, str(fake_run), gpu0_uuid],
             env={"PROMETHEUS_MULTIPROC_DIR": str(fake_run / "metrics")},
         )
-        processes.start("baseline-run", train_command(folder / "baseline", ports[BASELINE]))
+        processes.start(
+            "input-bound-run",
+            train_command(
+                folder / "input-bound",
+                ports[INPUT_BOUND],
+                "--batch-size",
+                "8",
+                "--dataset",
+                "tests.factories:slow_dataset",
+            ),
+            env={"TRAINSTACK_TEST_SAMPLE_DELAY": "0.1"},
+        )
         processes.start(
             "slowed-run",
             train_command(
@@ -400,3 +413,21 @@ def test_slowed_rank_is_named_the_straggler(stack: Stack) -> None:
         lambda: stack.query(f'ALERTS{{alertname="TrainstackStragglerRank", job="{SLOWED}"}}'), bool
     )
     assert [s["metric"]["rank"] for s in pending] == [SLOW_RANK], pending
+
+
+def test_a_slowed_loader_is_input_bound_through_the_exporter_and_prometheus(stack: Stack) -> None:
+    source = PrometheusSource(stack.prometheus, selector=f'job="{INPUT_BOUND}"')
+
+    def data_wait_rates() -> list:
+        # rate() needs two scrapes of each rank's counters inside its window
+        try:
+            return source.rate("trainstack_train_data_wait_seconds_total")
+        except (ConfigError, RuntimeFailure):
+            return []
+
+    assert len(stack.eventually(data_wait_rates, lambda rates: len(rates) == 2)) == 2
+    from_prometheus = diagnose(read_snapshot(source), LIMITS)
+    from_exporter = diagnose_url(stack.exporters[INPUT_BOUND])
+    for verdicts in (from_exporter, from_prometheus):
+        assert kinds(verdicts) == ["input-bound"], verdicts
+        assert "rank 0, rank 1 wait(s) for the data loader" in verdicts[0].summary

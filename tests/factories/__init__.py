@@ -11,6 +11,7 @@ import errno
 import os
 import random
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -55,14 +56,23 @@ def slow_dataset(config) -> SlowSequences:
 
 
 class PausingGPT(GPT):
-    """Sleeps in forward on the rank named by TRAINSTACK_TEST_SLOW_RANK: a straggler, or a hang if long enough."""
+    """Sleeps in forward on the rank named by TRAINSTACK_TEST_SLOW_RANK: a straggler, or a hang if long enough. The
+    seconds: TRAINSTACK_TEST_SLOW_SECONDS, or once the file named by TRAINSTACK_TEST_SLOW_FILE exists, its number
+    (a test changes a live run's pause by replacing the file)."""
 
     def forward(self, *args, **kwargs):
         if _rank() == int(os.environ.get("TRAINSTACK_TEST_SLOW_RANK", "-1")):
             self.calls = getattr(self, "calls", 0) + 1
             if self.calls > int(os.environ.get("TRAINSTACK_TEST_SLOW_AFTER", "0")):
-                time.sleep(float(os.environ.get("TRAINSTACK_TEST_SLOW_SECONDS", "0.05")))
+                time.sleep(self._pause_seconds())
         return super().forward(*args, **kwargs)
+
+    @staticmethod
+    def _pause_seconds() -> float:
+        override = Path(os.environ.get("TRAINSTACK_TEST_SLOW_FILE", "/nonexistent"))
+        if override.exists():
+            return float(override.read_text())
+        return float(os.environ.get("TRAINSTACK_TEST_SLOW_SECONDS", "0.05"))
 
 
 def pausing_gpt(config, vocab_size: int) -> PausingGPT:

@@ -8,6 +8,11 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from trainstack.monitoring.diagnose.snapshot import read_snapshot
+from trainstack.monitoring.diagnose.sources import open_source
+from trainstack.monitoring.diagnose.thresholds import Thresholds
+from trainstack.monitoring.diagnose.verdicts import Verdict, diagnose
+
 
 def scrape(target: str | int) -> list[Sample] | None:
     """One scrape of `target` (a /metrics URL, or a port on loopback): its samples, or None while nothing answers."""
@@ -33,3 +38,8 @@ def by_labels(samples: list[Sample] | None) -> dict[tuple[str, frozenset], float
     if samples is None:
         return None
     return {(s.name, frozenset(s.labels.items())): s.value for s in samples}
+
+
+def diagnose_url(url: str, interval: float = 4.0, **limits) -> list[Verdict]:
+    """diagnose's verdicts on a live exporter's /metrics over `interval` seconds."""
+    return diagnose(read_snapshot(open_source(url, "auto", interval, "")), Thresholds(**limits))
