@@ -21,6 +21,7 @@ from tests.helpers.runs import REPO, live_run, run_trainstack
 from tests.helpers.scrapes import diagnose_url
 from trainstack import catalog
 from trainstack.errors import EXIT_RUNTIME, ConfigError
+from trainstack.hang_verdict import Hang
 from trainstack.monitoring.diagnose.render import render_text
 from trainstack.monitoring.diagnose.snapshot import Snapshot, read_snapshot
 from trainstack.monitoring.diagnose.sources import ExporterSource
@@ -352,6 +353,11 @@ def test_nothing_to_read_and_nothing_stepped_yet():
     assert kinds(diagnose(Snapshot("test", NOW, [], [gpu(0, utilization=0.0)]), LIMITS)) == ["no-training"]
     fresh = [rank("0", last_step_time=None, steps=0), rank("1", last_step_time=None, steps=0)]
     assert kinds(diagnose(Snapshot("test", NOW, fresh), LIMITS)) == ["no-step-yet"]
+    # The launcher's evidence of this launch, collected while the first step was awaited: the hang, named.
+    first = Hang("rank 1 has not joined all_reduce #1 of process group 0 (rank 0 waits in it)", ["rank 0: ..."], "fix")
+    (verdict,) = diagnose(Snapshot("test", NOW, fresh, hang=(first, NOW - 5)), LIMITS)
+    assert verdict.kind == "stalled" and verdict.summary.endswith(first.headline) and verdict.fix.startswith("fix;")
+    assert "rank 0: ..." in verdict.evidence
 
 
 def test_stale_gpu_data_is_said_to_be_stale():

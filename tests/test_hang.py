@@ -73,6 +73,22 @@ def test_a_rank_that_never_joined_is_named_with_the_collective_and_its_place(tmp
     assert hang.culprits == [1] and "DataLoader" in hang.fix
 
 
+def test_a_rank_that_called_no_collective_yet_is_behind_not_unknown(tmp_path):
+    # A hang before the first step: rank 1's recorder is on and empty; it never reached the first collective.
+    write_rank(tmp_path, 0, [user(40), C10D], [entry(1)])
+    write_rank(tmp_path, 1, [user(30, "load_shard")], [])
+    hang = analyze(tmp_path)
+    assert hang.headline == (
+        "rank 1 has not joined all_reduce #1 of process group 0 (rank 0 waits in it); "
+        "rank 1 is at train.py:30 in `load_shard`"
+    ), hang
+    assert hang.culprits == [1]
+    # Its recorder off: then nothing says it called no collective, and the verdict says so.
+    answer = tmp_path / "rank-1.json"
+    answer.write_text(json.dumps({**json.loads(answer.read_text()), "flight_recorder_error": "the recorder is off"}))
+    assert "rank 1 gave no Flight Recorder entries" in analyze(tmp_path).headline
+
+
 def test_different_collectives_at_one_sequence_number_are_a_mismatch(tmp_path):
     write_rank(tmp_path, 0, [user(50), C10D], [entry(1), entry(2, "broadcast", [[8]])])
     write_rank(tmp_path, 1, [user(40), C10D], [entry(1), entry(2)])
@@ -148,8 +164,12 @@ def test_the_threshold_follows_the_steps_within_its_floor_and_ceiling(monkeypatc
     assert hang_seconds([]) == thresholds.HANG_FLOOR.value
     assert hang_seconds([5.0, 6.0, 100.0]) == 6.0 * thresholds.HANG_STEP_MULTIPLE.value
     assert hang_seconds([1000.0]) == thresholds.HANG_CEILING.value
+    # The first step: no step time to go by, so the ceiling, within half the collective timeout
+    assert hang_seconds([], first_step=True) == thresholds.HANG_CEILING.value
+    assert hang_seconds([], before=100.0, first_step=True) == 50.0
     monkeypatch.setenv("TRAINSTACK_HANG_SECONDS", "3")
     assert hang_seconds([1000.0]) == 3.0
+    assert hang_seconds([], first_step=True) == 3.0
 
 
 def test_the_flight_recorder_is_on_unless_the_user_says_otherwise(tmp_path):
@@ -193,8 +213,20 @@ def test_a_collective_under_if_rank_0_names_the_rank_that_skipped_it(tmp_path):
     source = "py-spy" if shutil.which("py-spy", path=os.path.dirname(sys.executable)) else "the rank's own thread"
     assert all(f"(stack from {source})" in line for line in verdict["evidence"][:2]), verdict
     assert re.search(
-        r"^rank 0: .* at hang_loop\.py:\d+ in `main`, in `all_reduce` \(torch/distributed/", verdict["evidence"][0]
+        r"^rank 0: .* at hang_loop\.py:\d+ in `skip_a_collective_on_rank_1`, in `all_reduce` \(torch/distributed/",
+        verdict["evidence"][0],
     ), verdict  # the waiting rank's own line, not torch's, is its place
+
+
+@pytest.mark.slow
+def test_a_collective_skipped_before_the_first_step_is_named_too(tmp_path):
+    # No step yet: the wait counts from the ranks' start of their loops (train/launcher/hang.py).
+    verdict = watch_hang(tmp_path / "run", "skip-first-collective")
+    assert verdict["culprits"] == [1], verdict
+    assert verdict["headline"].startswith("rank 1 has not joined all_reduce #"), verdict
+    assert "in `own_evaluation`" in verdict["headline"], verdict
+    collection = json.loads(next(RunDir(tmp_path / "run").hang.glob("stall-*/collection.json")).read_text())
+    assert {rank["steps"] for rank in collection["ranks"].values()} == {0}, collection
 
 
 @pytest.mark.slow
@@ -392,6 +424,36 @@ def test_evidence_is_collected_once_per_stall_and_again_after_a_step(tmp_path, m
     assert collected == [1011.0]  # a step ended the stall
     advance(20)
     assert collected == [1011.0, 1050.0]  # the next stall collects again
+
+
+def test_before_the_first_step_the_wait_counts_from_the_latest_rank_in_its_loop(tmp_path, monkeypatch):
+    import trainstack.train.launcher.hang as supervisor
+
+    clock, steps, ranks, collected = [1000.0], {}, {}, []
+    monkeypatch.setattr(supervisor.time, "time", lambda: clock[0])
+    monkeypatch.setattr(supervisor, "steps_by_rank", lambda metrics_dir: dict(steps))
+    monkeypatch.delenv("TRAINSTACK_HANG_SECONDS", raising=False)
+    watch = supervisor.HangWatch(RunDir(tmp_path), tmp_path, print, before=100.0)  # the ceiling: 50 s here
+    monkeypatch.setattr(watch, "rank_pids", lambda: dict(ranks))
+    monkeypatch.setattr(watch, "collect", lambda steps, quiet: collected.append((clock[0], steps)))
+
+    def advance(seconds: float) -> None:
+        for _ in range(int(seconds)):
+            clock[0] += 1
+            watch.poll()
+
+    advance(120)
+    assert collected == []  # no rank in its loop yet: start-up (imports, rendezvous, loading) is no stall
+    ranks["0"] = 4242
+    advance(30)
+    ranks["1"] = 4243  # the latest rank's arrival (seen at the next look, 1151) starts the wait again
+    advance(50)
+    assert collected == []
+    advance(1)
+    assert collected == [(1201.0, {"0": 0.0, "1": 0.0})]
+    steps.update({"0": 1.0, "1": 1.0})
+    advance(1)
+    assert watch.step_seconds == []  # the first step's wait is not a step time the next threshold goes by
 
 
 def test_diagnose_run_dir_flag_reads_the_evidence(tmp_path, monkeypatch, capsys):

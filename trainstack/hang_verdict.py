@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainstack.rundir import RunDir, StallDir
+from trainstack.rundir import RunDir, StallDir, hang_pid_files
 
 
 @dataclass
@@ -50,14 +51,32 @@ def verdict_of(stall: Path) -> Hang:
         return analyze(stall)
 
 
-def latest_hang(run_dir: Path) -> tuple[Hang, float] | None:
-    """The latest stall's verdict under RUN_DIR/hang and when its evidence was collected (diagnose --run-dir)."""
+def latest_hang(run_dir: Path, metrics_dirs: Iterable[Path] = ()) -> tuple[Hang, float] | None:
+    """The latest stall's verdict under RUN_DIR/hang and when its evidence was collected; None also where it was
+    collected before the ranks of the launch whose metrics folders are `metrics_dirs` registered for hang evidence
+    (their hang-rank-N.json, trainstack/hang.py; a launch's metrics folder is fresh): an earlier launch's stall,
+    which would otherwise read as this launch hanging until its first step."""
     hang_dir = RunDir(Path(run_dir)).hang
     stall = latest_stall(hang_dir)
     if stall is None:
         return None
+    collected_at = stall.stat().st_mtime
+    if collected_at < _registered(metrics_dirs):
+        return None
     verdict = read_verdict(hang_dir)
-    return (verdict, stall.stat().st_mtime) if verdict else None
+    return (verdict, collected_at) if verdict else None
+
+
+def _registered(metrics_dirs: Iterable[Path]) -> float:
+    """When the launch's first rank registered for hang evidence; 0 where none did (a watched command without
+    trainstack.monitor, a launch whose folder is gone)."""
+    times = []
+    for path in (pid_file for folder in metrics_dirs for pid_file in hang_pid_files(folder)):
+        try:
+            times.append(path.stat().st_mtime)
+        except OSError:
+            continue  # the launch ended meanwhile
+    return min(times, default=0.0)
 
 
 # ---- stacks -----------------------------------------------------------------------------------------------------
@@ -172,6 +191,12 @@ class RankEvidence:
     recorder_note: str | None
     alive: bool = True
     steps: float | None = None
+    answered: bool = False  # the rank's own answer is there: its recorder's entries, or why it has none
+
+    @property
+    def no_collective_yet(self) -> bool:
+        """Its recorder was on and holds nothing: the rank has called no collective (a hang before its first step)."""
+        return self.answered and self.recorder_note is None and not self.entries
 
 
 def load(stall: Path) -> tuple[dict, dict[int, RankEvidence]]:
@@ -196,6 +221,7 @@ def load(stall: Path) -> tuple[dict, dict[int, RankEvidence]]:
         evidence.stack_source = "the rank's own thread" if evidence.stack else "none"
         evidence.entries = record.get("flight_recorder") or []
         evidence.recorder_note = record.get("flight_recorder_error")
+        evidence.answered = True
     for rank, evidence in ranks.items():
         pyspy, faults = files.pyspy(rank), files.faulthandler(rank)
         if pyspy.is_file() and (frames := stack_from_pyspy(pyspy.read_text(errors="replace"))):
@@ -302,8 +328,11 @@ def analyze(stall: Path) -> Hang:
         have = {rank: last[group] for rank, last in lasts.items() if group in last}
         top = max(e["collective_seq_id"] for e in have.values())
         waiting = sorted(rank for rank, e in have.items() if e["collective_seq_id"] == top)
-        behind = sorted(r.rank for r in alive if r.rank in have and r.rank not in waiting)
-        unknown = sorted(r.rank for r in alive if r.rank not in have)
+        # Every rank is in the default group (0): one that has called no collective at all is behind in it.
+        behind = sorted(
+            r.rank for r in alive if r.rank not in waiting and (r.rank in have or (group == 0 and r.no_collective_yet))
+        )
+        unknown = sorted(r.rank for r in alive if r.rank not in have and r.rank not in behind)
         if not behind and unknown:
             op = _op(have[waiting[0]])
             places = "; ".join(f"rank {rank} is {where(ranks[rank].stack)}" for rank in unknown)

@@ -192,6 +192,10 @@ class RunDir:
         """Node `node`'s ranks' prometheus_client multiprocess files, made fresh by each launch."""
         return self.path / METRICS_DIR / f"node-{node}"
 
+    def all_node_metrics(self) -> list[Path]:
+        """Every node's metrics folder the run directory holds: those of each node's latest launch."""
+        return sorted((self.path / METRICS_DIR).glob("node-*"))
+
     def environment(self, node: int | str) -> Path:
         """Node `node`'s environment (trainstack/environment.py), written as each launch starts its ranks."""
         return self.path / ENVIRONMENT_DIR / f"node-{node}.json"

@@ -16,7 +16,7 @@ from pathlib import Path
 from trainstack import thresholds
 from trainstack.errors import EXIT_OK, ConfigError
 from trainstack.monitoring.diagnose.sources import PROMETHEUS_WINDOW
-from trainstack.rundir import exporter_url
+from trainstack.rundir import RunDir, exporter_url
 
 EXIT_PROBLEM = 1
 DEFAULT_URL = exporter_url()
@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     source = open_source(args.url, args.source, args.interval, selector, args.window)
     snapshot = read_snapshot(source)
     if args.run_dir is not None:
-        snapshot = dataclasses.replace(snapshot, hang=latest_hang(args.run_dir))
+        found = latest_hang(args.run_dir, RunDir(args.run_dir).all_node_metrics())  # this launch's stall only
+        snapshot = dataclasses.replace(snapshot, hang=found)
     verdicts = diagnose(snapshot, limits)
     render = render_json if args.json else render_text
     said = [source.ended_meanwhile] if source.ended_meanwhile else []

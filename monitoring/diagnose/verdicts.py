@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainstack import catalog
+from trainstack import catalog, thresholds
 from trainstack.monitoring.diagnose.snapshot import GpuProcess, GpuView, RankView, Snapshot
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.rundir import INSTRUMENT_HINT, LAUNCHER_TRAIN
@@ -75,12 +75,23 @@ def no_training(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
 def not_started(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if not snapshot.ranks or any(r.last_step_time for r in snapshot.ranks):
         return None
+    registered = f"{len(snapshot.ranks)} rank(s) registered but none has completed a step"
+    if snapshot.hang is not None:  # the launcher's evidence of this launch (the exporter serves no earlier one's)
+        hang = snapshot.hang[0]
+        return Verdict(
+            "stalled",
+            f"no rank has completed its first step: {hang.headline}",
+            (registered, *hang.evidence),
+            f"{hang.fix}; --collective-timeout turns such a hang into an error",
+        )
     return Verdict(
         "no-step-yet",
-        f"{len(snapshot.ranks)} rank(s) registered but none has completed a step",
+        registered,
         (f"{catalog.TRAIN_LAST_STEP.name} is 0 on every rank",),
-        "wait for the first step (model build, data loading, rendezvous); if it never comes, the ranks hang "
-        "before the loop: read the ranks' logs, or py-spy dump --pid <rank pid>",
+        "wait for the first step (model build, data loading, rendezvous); if it never comes, the launcher "
+        f"(trainstack train or watch) collects where each rank waits into RUN_DIR/hang/ "
+        f"{thresholds.HANG_CEILING.value:g} s after the last rank started its loop, and diagnose then names it; "
+        "before the loop, read the ranks' logs",
     )
 
 

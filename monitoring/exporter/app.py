@@ -32,7 +32,7 @@ def build_registry(config: ExporterConfig, sampler: Sampler) -> CollectorRegistr
     runs = CollectorRuns()
     registry.register(Timed(GpuCollector(sampler), runs))
     registry.register(Timed(TrainingCollector(config.metrics_dir), runs))
-    registry.register(Timed(HangCollector(config.run_dir), runs))
+    registry.register(Timed(HangCollector(config.run_dir, config.metrics_dir), runs))
     registry.register(Timed(WatchedCommandCollector(config.metrics_dir), runs))
     registry.register(ExporterCollector(sampler.session, runs, sampler))  # last: reports the runs of the two above
     return registry

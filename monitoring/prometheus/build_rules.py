@@ -261,15 +261,18 @@ change them.""",
                 Alert(
                     "TrainstackRankHung",
                     f"{catalog.HANG_EVIDENCE.name}\n"
-                    f"  > on (job) group_left () max by (job) ({catalog.TRAIN_LAST_STEP.name})",
+                    f"  > on (job) group_left () max by (job) ({catalog.TRAIN_LAST_STEP.name})\n"
+                    f"or {catalog.HANG_EVIDENCE.name} unless on (job) {catalog.TRAIN_LAST_STEP.name}",
                     "critical",
                     "Job {{ $labels.job }} hangs: {{ $labels.headline }}",
-                    "Likely cause: the evidence the launcher collected once no rank had stepped for 20 median steps "
-                    "(each rank's Python stack and its collectives in flight, in RUN_DIR/hang) names rank(s) "
+                    "Likely cause: the evidence the launcher collected once no rank had stepped for "
+                    f"{T.HANG_STEP_MULTIPLE.value:g} median steps, or made its first step in "
+                    f"{T.HANG_CEILING.value:g} s (each rank's Python stack and its collectives in flight, in "
+                    "RUN_DIR/hang) names rank(s) "
                     "{{ $labels.culprits }}. Fix: {{ $labels.fix }} (`trainstack diagnose --run-dir RUN_DIR` has "
                     "the evidence)",
-                    fires_when="the launcher collected a stall's evidence after the job's last step: a hang now, "
-                    "with where each rank waits, minutes before TrainstackTrainingStalled",
+                    fires_when="the launcher collected a stall's evidence after the job's last step, or before its "
+                    "first: a hang now, with where each rank waits, minutes before TrainstackTrainingStalled",
                 ),
                 Alert(
                     "TrainstackInputBound",

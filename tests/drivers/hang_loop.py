@@ -1,7 +1,7 @@
 """A plain 2-rank loop (gloo) instrumented with trainstack.monitor that hangs on purpose at step 5, for
 tests/test_hang.py: `--hang skip-collective` (rank 0 alone calls an all_reduce under `if rank == 0:`; rank 1 goes on
-to work that needs no peer), `--hang loader` (rank 1's dataset never returns its batch), `--hang none` (healthy:
-runs `--steps` and exits)."""
+to work that needs no peer), `--hang skip-first-collective` (the same before the first step), `--hang loader` (rank
+1's dataset never returns its batch), `--hang none` (healthy: runs `--steps` and exits)."""
 
 import argparse
 import time
@@ -32,9 +32,18 @@ def own_evaluation() -> None:
     time.sleep(3600)  # rank 1's work that needs no peer, while rank 0 waits for it in a collective
 
 
+def skip_a_collective_on_rank_1(rank: int, device: torch.device) -> None:
+    if rank == 0:
+        dist.all_reduce(torch.zeros(1, device=device))  # the collective only rank 0 calls
+    else:
+        own_evaluation()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--hang", choices=["none", "skip-collective", "loader"], default="none")
+    parser.add_argument(
+        "--hang", choices=["none", "skip-collective", "skip-first-collective", "loader"], default="none"
+    )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     args = parser.parse_args()
@@ -44,6 +53,8 @@ def main() -> None:
     model = torch.nn.Linear(8, 1).to(device)
     monitor = trainstack.monitor.start(model)
     loader = DataLoader(Batches(rank, args.hang == "loader"), batch_size=None, shuffle=False)
+    if args.hang == "skip-first-collective":
+        skip_a_collective_on_rank_1(rank, device)
     for step, batch in enumerate(monitor.batches(loader)):
         if step == args.steps:
             break
@@ -55,10 +66,7 @@ def main() -> None:
         monitor.step(samples=1, loss=loss)
         time.sleep(0.02)
         if step == HANG_STEP and args.hang == "skip-collective":
-            if rank == 0:
-                dist.all_reduce(torch.zeros(1, device=device))  # the collective only rank 0 calls
-            else:
-                own_evaluation()
+            skip_a_collective_on_rank_1(rank, device)
     monitor.close()
     dist.destroy_process_group()
 

@@ -1,7 +1,8 @@
 """The supervisor's half of hang evidence (docs/diagnostics.md, "When a run hangs"): the loop of a supervised run
 (supervised.py: `trainstack train`'s launcher, `trainstack watch`) calls `HangWatch.poll()`. When no rank has
-stepped for the threshold (from the run's own step times, trainstack/thresholds.py HANG_*), it collects, once per
-stall and in a thread of its own so the loop goes on forwarding signals, into a fresh RUN_DIR/hang/stall-<n>/:
+stepped for the threshold (from the run's own step times, trainstack/thresholds.py HANG_*; before the first step,
+their ceiling, counted from the latest rank's start of its loop), it collects, once per stall and in a thread of
+its own so the loop goes on forwarding signals, into a fresh RUN_DIR/hang/stall-<n>/:
 - each rank's Python stack: `py-spy dump` when installed and permitted (it needs ptrace: root or CAP_SYS_PTRACE),
   the rank's own answer (trainstack/hang.py), and faulthandler's (SIGUSR2) for a rank that does not answer;
 - each rank's Flight Recorder entries (the rank's own answer);
@@ -44,16 +45,21 @@ def steps_by_rank(metrics_dir: Path) -> dict[str, float]:
     return steps
 
 
-def hang_seconds(step_seconds: list[float], before: float | None = None) -> float:
+def hang_seconds(step_seconds: list[float], before: float | None = None, first_step: bool = False) -> float:
     """The stall that collects evidence: TRAINSTACK_HANG_SECONDS, else HANG_STEP_MULTIPLE x the median step,
     within [HANG_FLOOR, HANG_CEILING], and at most half of `before` (the collective timeout, which ends the run:
-    the evidence must come first)."""
+    the evidence must come first). While the first step is awaited (`first_step`), HANG_CEILING: no step time says
+    how long it may take, and a compile or a cold cache can take minutes."""
     if given := os.environ.get(HANG_SECONDS_ENV):
         return float(given)
-    median = statistics.median(step_seconds) if step_seconds else 0.0
-    seconds = min(
-        max(thresholds.HANG_STEP_MULTIPLE.value * median, thresholds.HANG_FLOOR.value), thresholds.HANG_CEILING.value
-    )
+    if first_step:
+        seconds = thresholds.HANG_CEILING.value
+    else:
+        median = statistics.median(step_seconds) if step_seconds else 0.0
+        seconds = min(
+            max(thresholds.HANG_STEP_MULTIPLE.value * median, thresholds.HANG_FLOOR.value),
+            thresholds.HANG_CEILING.value,
+        )
     return min(seconds, before / 2) if before else seconds
 
 
@@ -91,11 +97,17 @@ class HangWatch:
             steps = steps_by_rank(self.metrics_dir)
         except (OSError, ValueError):
             return
-        if not steps or max(steps.values()) < 1:
-            return  # no step yet: startup, not a stall
+        first_step = not steps or max(steps.values()) < 1
+        if first_step:
+            # Start-up is no stall until ranks are in their loops (their responders registered: what they wait in
+            # from then on is the training's, a collective, a loader, a file); the wait counts from the latest
+            # rank's arrival, so a rank that never arrives leaves the ones that did waiting, with evidence.
+            steps = dict.fromkeys(self.rank_pids(), 0.0)
+            if not steps:
+                return
         if steps != self.last_steps:
             changed = [r for r in steps if steps[r] > self.last_steps.get(r, 0)]
-            if self.last_steps and changed:
+            if any(self.last_steps.values()) and changed:  # the first step's time (start-up, a compile) is no step's
                 for rank in changed:
                     done = steps[rank] - self.last_steps.get(rank, 0)
                     self.step_seconds.append((now - self.last_change) / done)
@@ -106,7 +118,7 @@ class HangWatch:
             return
         if self.collected_at_steps is not None:
             return
-        if now - self.last_change < hang_seconds(self.step_seconds, self.before):
+        if now - self.last_change < hang_seconds(self.step_seconds, self.before, first_step):
             return
         self.collected_at_steps = sum(steps.values())
         self.thread = threading.Thread(
@@ -146,8 +158,9 @@ class HangWatch:
     def _collect(self, steps: dict[str, float], quiet: float) -> Hang:
         stall = self.new_stall_dir()
         self.stall_dir = stall
+        waited = "stepped" if any(steps.values()) else "made its first step"
         self.say(
-            f"hang: no rank has stepped for {quiet:.0f} s; collecting each rank's stack and collectives into {stall}"
+            f"hang: no rank has {waited} for {quiet:.0f} s; collecting each rank's stack and collectives into {stall}"
         )
         pids = self.rank_pids()
         ranks = {
