@@ -83,5 +83,6 @@ def test_a_process_exits_cleanly_only_once_the_callbacks_are_dropped(ending):
     )
     if ending == "close":
         assert done.returncode == 0, done.stderr
-    else:  # what a rank did before its telemetry waited: CPython ends the thread and the process aborts
-        assert done.returncode == -6, (done.returncode, done.stderr)
+    else:  # what a rank did before its telemetry waited: CPython ends the thread and the process dies of a signal,
+        # SIGABRT from std::terminate as a rank did, or SIGSEGV where the thread touched the interpreter first
+        assert done.returncode in (-6, -11), (done.returncode, done.stderr)
