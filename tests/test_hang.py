@@ -347,8 +347,9 @@ def test_faulthandler_gives_the_stack_of_a_rank_that_does_not_answer(tmp_path):
     script.write_text(
         "import sys, time\nfrom trainstack.hang import start_responder\n"
         f"assert start_responder(3, {str(metrics)!r})\n"
-        # 'ready' from inside stuck(): said before it, the stack could be taken while the module still ran
-        "def stuck():\n    print('ready', flush=True)\n    time.sleep(3600)\nstuck()\n"
+        # 'ready' from inside stuck() and on the sleep's line: the stack is taken once the parent reads it, which
+        # under load can be before the child's next line starts
+        "def stuck():\n    print('ready', flush=True); time.sleep(3600)\nstuck()\n"
     )
     child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
@@ -363,7 +364,7 @@ def test_faulthandler_gives_the_stack_of_a_rank_that_does_not_answer(tmp_path):
     hang = analyze(stall)
     assert hang.headline == (
         "rank 0 waits in all_reduce #2 of process group 0; rank 3 gave no Flight Recorder "
-        "entries: rank 3 is at stuck.py:6 in `stuck`"
+        "entries: rank 3 is at stuck.py:5 in `stuck`"
     ), hang
     assert hang.evidence[-1].endswith("(stack from faulthandler)") and hang.culprits == [3]
 

@@ -83,6 +83,9 @@ def test_under_a_launcher_the_watched_entry_is_its_command_until_that_ends(host,
     try:
         command = int(launcher.stdout.readline())
         monkeypatch.setenv(SUPERVISOR_PID_ENV, str(launcher.pid))
+        # Popen returns once the command's exec is under way, before the kernel gives it its argv: until then
+        # the fake lists nothing for it, as NVML lists a process only once it has a CUDA context
+        wait_for(lambda: command in listed(host), launcher, timeout=10)
         assert listed(host) == {command: 70_000, 777: 1_000}
         assert name_of(command) == sys.executable  # argv[0], as the launcher started it
         assert name_of(4242) is None
