@@ -23,14 +23,14 @@ setup: $(STAMP) ## create .venv and install trainstack with its pinned dependenc
 run: setup ## train the default model on every GPU (2 CPU ranks without one); ARGS="--max-steps 500" to override
 	$(BIN)/trainstack train $(ARGS)
 
-# TEST_WORKERS=4: most tests wait on processes (ranks starting, an exporter answering, a checkpoint landing) more
-# than they compute, so 4 pytest-xdist workers share the cores, a module to a worker, and the `timing` tests, which
-# measure speed, run after, alone. Faster on an idle machine (26 min against 31, docs/benchmarks.md), but the load
-# exposes tests that race their processes, so CI runs the suite in one process. Exit 5 (no test selected) is not a
-# failure: ARGS may select tests of one kind only.
-TEST_WORKERS ?= 1
+# TEST_WORKERS=2: the tests that start processes wait on them (ranks starting, an exporter answering, a checkpoint
+# landing, a diagnose window) as well as compute, so 2 pytest-xdist workers, a module to a worker, keep a 2-core
+# machine's cores busy (88% of the time, docs/benchmarks.md), and the `timing` tests, which measure speed, run
+# after, alone. TEST_WORKERS=1 runs everything in one process. Exit 5 (no test selected) is not a failure: ARGS may select
+# tests of one kind only.
+TEST_WORKERS ?= 2
 
-test: setup ## the whole test suite (no GPU needed); TEST_WORKERS=4 runs it on 4 workers, then the timing tests alone
+test: setup ## the whole test suite (no GPU needed) on 2 workers, then the timing tests alone; TEST_WORKERS=1: one process
 ifeq ($(TEST_WORKERS),1)
 	$(BIN)/python -m pytest $(ARGS)
 else
