@@ -281,6 +281,7 @@ def verdicts(url: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # healthy means ranks at one speed: another test's ranks on the same cores make a straggler
 def test_ddp_ranks_show_on_the_exporter_healthy_then_input_bound_once_the_collator_slows_down(tmp_path):
     slow_down = tmp_path / "slow-down"
     with watched_run(
