@@ -26,8 +26,8 @@ run: setup ## train the default model on every GPU (2 CPU ranks without one); AR
 # TEST_WORKERS=2: the tests that start processes wait on them (ranks starting, an exporter answering, a checkpoint
 # landing, a diagnose window) as well as compute, so 2 pytest-xdist workers, a module to a worker, keep a 2-core
 # machine's cores busy (88% of the time, docs/benchmarks.md), and the `timing` tests, which measure speed, run
-# after, alone. TEST_WORKERS=1 runs everything in one process. Exit 5 (no test selected) is not a failure: ARGS may select
-# tests of one kind only.
+# after, alone. TEST_WORKERS=1 runs everything in one process. Exit 5 (no test selected) is not a failure: ARGS
+# may select tests of one kind only.
 TEST_WORKERS ?= 2
 
 test: setup ## the whole test suite (no GPU needed) on 2 workers, then the timing tests alone; TEST_WORKERS=1: one process
