@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from trainstack.hang_verdict import (
     stack_from_pyspy,
     where,
 )
-from trainstack.rundir import RunDir, hang_pid_file
+from trainstack.rundir import RunDir, free_port, hang_pid_file
 from trainstack.train.launcher.hang import hang_seconds
 
 DRIVER = REPO / "tests" / "drivers" / "hang_loop.py"
@@ -249,6 +250,34 @@ def test_a_stuck_data_loader_is_named_and_py_spy_that_cannot_attach_is_said(tmp_
 def test_a_skipped_collective_on_nccl_is_named(tmp_path):
     verdict = watch_hang(tmp_path / "run", "skip-collective", None, "--backend", "nccl")
     assert verdict["culprits"] == [1] and "has not joined all_reduce #" in verdict["headline"]
+
+
+NCCL_COLLECTIVES = """
+import json, torch, torch.distributed as dist
+from trainstack.hang import flight_recorder
+dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+for _ in range(3):
+    dist.all_reduce(torch.ones(4, device="cuda"))
+torch.cuda.synchronize()
+print(json.dumps(flight_recorder()))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_rank_s_nccl_collectives_are_in_its_hang_evidence():
+    # NCCL writes its own recorder, apart from gloo's: on an H100 the evidence first held none of its collectives.
+    env = {**os.environ, FR_BUFFER_ENV: "100", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    result = subprocess.run([sys.executable, "-c", NCCL_COLLECTIVES], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    entries, error = json.loads(result.stdout.splitlines()[-1])
+    assert error is None
+    all_reduces = [e for e in entries if e["profiling_name"] == "nccl:all_reduce"]
+    assert [e["state"] for e in all_reduces] == ["completed"] * 3, entries
+    assert sorted({e["collective_seq_id"] for e in all_reduces}) == [e["collective_seq_id"] for e in all_reduces]
 
 
 # ---- diagnose --run-dir -----------------------------------------------------------------------------------------

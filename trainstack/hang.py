@@ -7,9 +7,10 @@ A rank (trainstack's own, or a user's loop through `trainstack.monitor`) calls `
   the C-level fallback that answers even when the rank's main thread holds the GIL;
 - starts a daemon thread that, once a second, looks for the supervisor's request (`METRICS_DIR/hang-request.json`,
   naming an evidence directory under RUN_DIR/hang/) and answers it once with `rank-N.json` there: the main
-  thread's Python stack and the Flight Recorder's entries of this process (`_dump_fr_trace_json`, which reads
-  the recorder's ring buffer, gloo's and NCCL's alike). A rank blocked in a collective, a DataLoader or a file
-  write has released the GIL, so the thread runs.
+  thread's Python stack and the Flight Recorder's entries of this process. NCCL keeps a recorder of its own
+  (`_dump_nccl_trace_json`, its entries timed by CUDA events), apart from the one gloo writes
+  (`_dump_fr_trace_json`): both are read. A rank blocked in a collective, a DataLoader or a file write has
+  released the GIL, so the thread runs.
 
 Nothing here kills, pauses or adds a collective. The environment a launcher hands over (`hang_environment`)
 turns the Flight Recorder on, unless the user set it.
@@ -51,6 +52,21 @@ HANG_SECONDS_ENV = "TRAINSTACK_HANG_SECONDS"
 # "0": never run py-spy, even when installed (the stacks then come from the ranks' own dumps).
 PYSPY_ENV = "TRAINSTACK_PYSPY"
 STACK_SIGNAL = signal.SIGUSR2
+# What a hang verdict reads of each Flight Recorder entry (trainstack/hang_verdict.py).
+FR_ENTRY_KEYS = (
+    "record_id",
+    "pg_id",
+    "process_group",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "op_id",
+    "profiling_name",
+    "input_sizes",
+    "output_sizes",
+    "state",
+    "time_created_ns",
+    "is_p2p",
+)
 POLL_SECONDS = 1.0
 
 _started = False
@@ -152,27 +168,21 @@ def flight_recorder() -> tuple[list[dict], str | None]:
     an empty list and why not."""
     if "torch" not in sys.modules:
         return [], "torch is not imported"
-    try:
-        from torch._C._distributed_c10d import _dump_fr_trace_json  # type: ignore[attr-defined]  # not in the stubs
-
-        dump = json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=False))
-    except Exception as error:  # noqa: BLE001 - an old torch, a recorder turned off
-        return [], f"{type(error).__name__}: {error}"
-    keep = (
-        "record_id",
-        "pg_id",
-        "process_group",
-        "collective_seq_id",
-        "p2p_seq_id",
-        "op_id",
-        "profiling_name",
-        "input_sizes",
-        "output_sizes",
-        "state",
-        "time_created_ns",
-        "is_p2p",
-    )
-    entries = [{k: e.get(k) for k in keep} for e in dump.get("entries", [])]
+    c10d = getattr(sys.modules["torch"]._C, "_distributed_c10d", None)
+    # Seen on an H100: NCCL's collectives are only in NCCL's own recorder; a CPU build of torch has no NCCL dump.
+    dumps = [getattr(c10d, name) for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json") if hasattr(c10d, name)]
+    if not dumps:
+        return [], "this torch has no Flight Recorder"
+    entries: list[dict] = []
+    errors = []
+    for dump in dumps:
+        try:
+            entries += json.loads(dump(includeCollectives=True, onlyActive=False)).get("entries", [])
+        except Exception as error:  # noqa: BLE001 - an old torch, a recorder turned off
+            errors.append(f"{type(error).__name__}: {error}")
+    if len(errors) == len(dumps):
+        return [], "; ".join(errors)
+    entries = [{k: e.get(k) for k in FR_ENTRY_KEYS} for e in entries]
     if not entries and not os.environ.get(FR_BUFFER_ENV) and not os.environ.get(FR_BUFFER_OLD_ENV):
         return [], f"the Flight Recorder is off ({FR_BUFFER_ENV} unset)"
     return entries, None
