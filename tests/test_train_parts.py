@@ -201,6 +201,9 @@ def test_interval_totals_on_a_gpu_are_queued_without_waiting_for_it():
     device = torch.device("cuda")
     sums = IntervalSums(device)
     batch = {"attention_mask": torch.ones(2, 3, dtype=torch.long, device=device)}
+    # A first interval, as a loop's first: CUDA loads each kernel on its first launch, and that waits for the device.
+    sums.add(torch.ones(2, 2, device=device)[0, 0] * 3, batch["attention_mask"].sum())
+    sums.start_reduce(SumAccelerator(), stop_requested=False).result()
     busy = torch.ones(4096, 4096, device=device)
     for _ in range(50):  # a few hundred milliseconds of queued work before the loss
         busy = busy @ busy / 4096

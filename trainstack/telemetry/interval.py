@@ -79,9 +79,12 @@ class IntervalSums:
         device = self._device or next(
             (value.device for value in self._on_device if value is not None), accelerator.device
         )
+        # Built on the host and copied without blocking: torch.tensor(..., device=cuda) copies from pageable memory
+        # and so waits for the whole queued interval (seen on an H100), leaving the GPU idle until the next is queued.
+        on_gpu = device.type == "cuda"
         local = torch.tensor(
-            [*self._host, float(self._losses), float(stop_requested)], dtype=torch.float64, device=device
-        )
+            [*self._host, float(self._losses), float(stop_requested)], dtype=torch.float64, pin_memory=on_gpu
+        ).to(device, non_blocking=on_gpu)
         local[LOSS : TOKENS + 1] += self._stacked(device)
         own_tokens = local[TOKENS : TOKENS + 1].clone()
         values = torch.cat([accelerator.reduce(local, reduction="sum"), own_tokens])
