@@ -294,6 +294,7 @@ torch.distributed.destroy_process_group()
 
 
 def run_telemetry_rank(tmp_path: Path, metrics_dir: Path, device: str) -> None:
+    metrics_dir.mkdir()
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "PYTHONPATH": PYTHONPATH}
     rank = subprocess.run(
         [sys.executable, "-c", TELEMETRY_RANK, str(tmp_path / "run"), "GPU-catalog", device],
@@ -323,7 +324,6 @@ def fake_host(rank_pid: int) -> dict:
 @pytest.mark.slow
 def test_every_catalog_metric_is_produced_and_nothing_else(tmp_path):
     metrics_dir = tmp_path / "metrics"
-    metrics_dir.mkdir()
     run_telemetry_rank(tmp_path, metrics_dir, "fake-cuda")
     rank_pid = int(next(metrics_dir.glob("counter_*.db")).stem.rpartition("_")[2])
     CommandState(metrics_dir, ["torchrun", "train.py"], "catalog").running(3)  # what trainstack watch writes
