@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.runs import REPO, kill_tree, start_watch, torchrun, wait_for
+from tests.helpers.runs import REPO, kill_tree, start, start_watch, torchrun, wait_for
 from trainstack import thresholds
 from trainstack.hang import FR_BUFFER_ENV, FR_DUMP_ENV, FR_SWITCH_ENV, hang_environment
 from trainstack.hang_verdict import (
@@ -171,6 +171,9 @@ def test_the_threshold_follows_the_steps_within_its_floor_and_ceiling(monkeypatc
     monkeypatch.setenv("TRAINSTACK_HANG_SECONDS", "3")
     assert hang_seconds([1000.0]) == 3.0
     assert hang_seconds([], first_step=True) == 3.0
+    # A rank still starting (loading data, building): the ceiling within half the timeout, whatever the steps say
+    assert hang_seconds([], before=100.0, first_step=True, starting=True) == 50.0
+    assert hang_seconds([], first_step=True, starting=True) == thresholds.HANG_CEILING.value
 
 
 def test_the_flight_recorder_is_on_unless_the_user_says_otherwise(tmp_path):
@@ -340,8 +343,28 @@ def test_a_checkpoint_write_that_blocks_one_rank_is_named_and_the_timeout_carrie
     )
     assert "; where the ranks waited: rank 1 has not joined " in last and "state_dict`" in last, last
     assert re.search(r"in `(\w+\.)?save` \(checkpointer\.py:\d+\)", last), last
-    verdict = json.loads(next(RunDir(tmp_path / "run").hang.glob("stall-*/verdict.json")).read_text())
-    assert verdict["culprits"] == [1] and "checkpoint" in verdict["fix"], verdict
+    verdict = read_verdict(RunDir(tmp_path / "run").hang)  # the latest: start-up may have had one of its own
+    assert verdict is not None and verdict.culprits == [1] and "checkpoint" in verdict.fix, verdict
+
+
+@pytest.mark.slow
+def test_a_rank_that_never_gets_its_data_is_named_before_any_rank_reaches_its_loop(tmp_path):
+    # Rank 0 fills the datasets cache first and never returns; rank 1 waits for it at Accelerate's barrier. Neither
+    # has a monitor yet: the ranks answer from their start, and the threshold there is half the collective timeout.
+    run_dir = tmp_path / "run"
+    launched = start(run_dir, "--dataset", "tests.factories:unreadable_on_rank_0", "--collective-timeout", "30")
+    try:
+        wait_for(lambda: list(RunDir(run_dir).hang.glob("stall-*/verdict.json")), launched, timeout=180)
+        verdict = read_verdict(RunDir(run_dir).hang)
+    finally:
+        kill_tree(launched)
+    assert verdict is not None and verdict.culprits == [0], verdict
+    assert "rank 0 is at __init__.py:" in verdict.headline and "in `unreadable_on_rank_0`" in verdict.headline
+    assert "preparing its data" in verdict.fix, verdict
+    assert all(
+        line.startswith(f"rank {r}: starting (before its loop), ") for r, line in enumerate(verdict.evidence[:2])
+    )
+    assert "in a collective" in verdict.headline or "(rank 1 waits in it)" in verdict.headline, verdict
 
 
 # ---- the doctor -------------------------------------------------------------------------------------------------
@@ -415,17 +438,23 @@ def test_a_job_s_own_sigusr2_handler_is_left_alone(tmp_path, monkeypatch):
 
     import trainstack.hang as hang
 
-    monkeypatch.setattr(hang, "_started", False)
+    monkeypatch.setattr(hang, "_faulthandler_registered", None)
     monkeypatch.setattr(hang, "_respond", lambda *args: None)  # no thread left polling after the test
     mine = lambda signum, frame: None  # noqa: E731
     previous = signal.signal(signal.SIGUSR2, mine)
     try:
         assert threading.current_thread() is threading.main_thread()
-        assert hang.start_responder(4, str(tmp_path))
+        assert hang.start_responder(4, str(tmp_path), starting=True)
         assert signal.getsignal(signal.SIGUSR2) is mine
     finally:
         signal.signal(signal.SIGUSR2, previous)
-    assert json.loads(hang_pid_file(tmp_path, 4).read_text())["faulthandler"] is False
+    announced = json.loads(hang_pid_file(tmp_path, 4).read_text())
+    assert (announced["faulthandler"], announced["starting"]) == (False, True)
+    # Its loop's monitor calls it again: no second responder, and the rank is in its loop now
+    assert not hang.start_responder(4, str(tmp_path))
+    announced = json.loads(hang_pid_file(tmp_path, 4).read_text())
+    assert (announced["faulthandler"], announced["starting"]) == (False, False)
+    assert [p.name for p in tmp_path.iterdir()] == ["hang-rank-4.json"]
 
 
 def test_evidence_is_collected_once_per_stall_and_again_after_a_step(tmp_path, monkeypatch):
@@ -484,6 +513,41 @@ def test_before_the_first_step_the_wait_counts_from_the_latest_rank_in_its_loop(
     steps.update({"0": 1.0, "1": 1.0})
     advance(1)
     assert watch.step_seconds == []  # the first step's wait is not a step time the next threshold goes by
+
+
+def test_ranks_still_starting_wait_half_the_timeout_and_reaching_the_loop_is_progress(tmp_path, monkeypatch):
+    import trainstack.train.launcher.hang as supervisor
+
+    clock, starting, collected = [1000.0], {"0", "1"}, []
+    monkeypatch.setattr(supervisor.time, "time", lambda: clock[0])
+    monkeypatch.setattr(supervisor, "steps_by_rank", lambda metrics_dir: {})
+    monkeypatch.setenv("TRAINSTACK_HANG_SECONDS", "3")  # a threshold for steps: start-up goes by the timeout
+    watch = supervisor.HangWatch(RunDir(tmp_path), tmp_path, print, before=100.0)
+
+    def rank_pids() -> dict[str, int]:
+        watch.starting = set(starting)
+        return {"0": 4242, "1": 4243}
+
+    monkeypatch.setattr(watch, "rank_pids", rank_pids)
+    monkeypatch.setattr(watch, "collect", lambda steps, quiet: collected.append(clock[0]))
+
+    def advance(seconds: int) -> None:
+        for _ in range(seconds):
+            clock[0] += 1
+            watch.poll()
+
+    advance(50)  # both registered at the first look (1001)
+    assert collected == []
+    advance(1)
+    assert collected == [1051.0]
+    starting.discard("0")  # rank 0 reached its loop: that stall is over, and the wait starts again
+    advance(50)
+    assert collected == [1051.0]
+    advance(1)
+    assert collected == [1051.0, 1102.0]
+    starting.clear()  # both in their loops: the first step's threshold (TRAINSTACK_HANG_SECONDS here)
+    advance(4)
+    assert collected == [1051.0, 1102.0, 1106.0]
 
 
 def test_diagnose_run_dir_flag_reads_the_evidence(tmp_path, monkeypatch, capsys):

@@ -69,7 +69,7 @@ FR_ENTRY_KEYS = (
 )
 POLL_SECONDS = 1.0
 
-_started = False
+_faulthandler_registered: bool | None = None  # None: no responder in this process yet
 
 
 def hang_environment(run_dir: Path, run_id: str, env: dict[str, str]) -> dict[str, str]:
@@ -91,15 +91,23 @@ def hang_environment(run_dir: Path, run_id: str, env: dict[str, str]) -> dict[st
     return added
 
 
-def start_responder(rank: int | str, metrics_dir: str | None = None) -> bool:
+def start_responder(rank: int | str, metrics_dir: str | None = None, starting: bool = False) -> bool:
     """Make this rank answer the supervisor's requests for evidence (see the module's docstring); once per
-    process. False where there is no metrics directory (not under trainstack train or watch)."""
-    global _started
+    process. `starting`: the rank has not reached its loop yet (trainstack's own rank calls it as it starts, so that
+    a wait in its start-up has evidence too); the call from its loop then only says it is there. False where no
+    responder was started (not under trainstack train or watch, or one runs already)."""
+    global _faulthandler_registered
     metrics_dir = metrics_dir or os.environ.get(METRICS_DIR_ENV)
-    if _started or not metrics_dir or not Path(metrics_dir).is_dir():
+    if not metrics_dir or not Path(metrics_dir).is_dir():
         return False
-    _started = True
     directory = Path(metrics_dir)
+    if _faulthandler_registered is not None:
+        if not starting:
+            try:
+                _announce(directory, rank, _faulthandler_registered, starting=False)
+            except OSError:
+                pass  # the supervisor keeps counting this rank's start-up: at worst, evidence it did not need
+        return False
     try:
         # Only where SIGUSR2 is free: a job's own handler (a scheduler's "time is nearly up" signal) is left alone.
         registered = threading.current_thread() is threading.main_thread() and signal.getsignal(STACK_SIGNAL) in (
@@ -109,14 +117,23 @@ def start_responder(rank: int | str, metrics_dir: str | None = None) -> bool:
         if registered:
             stacks = open(hang_stacks_file(directory, rank), "a")  # noqa: SIM115 - faulthandler writes it until exit
             faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
-        hang_pid_file(directory, rank).write_text(
-            json.dumps({"rank": int(rank), "pid": os.getpid(), "faulthandler": registered})
-        )
+        _announce(directory, rank, registered, starting)
     except (OSError, ValueError, RuntimeError):
         return False
+    _faulthandler_registered = registered
     main = threading.main_thread().ident
     threading.Thread(target=_respond, args=(directory, int(rank), main), name="trainstack-hang", daemon=True).start()
     return True
+
+
+def _announce(directory: Path, rank: int | str, registered: bool, starting: bool) -> None:
+    """The rank's pid file, replaced whole: the supervisor reads it while the rank rewrites it."""
+    target = hang_pid_file(directory, rank)
+    partial = target.with_suffix(".tmp")
+    partial.write_text(
+        json.dumps({"rank": int(rank), "pid": os.getpid(), "faulthandler": registered, "starting": starting})
+    )
+    os.replace(partial, target)
 
 
 def _respond(directory: Path, rank: int, main: int) -> None:

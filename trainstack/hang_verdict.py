@@ -170,7 +170,8 @@ def _library_name(frame: Frame) -> str:
 
 
 def kind(stack: list[Frame]) -> str:
-    """collective, dataloader, checkpoint, or other: what a rank's innermost frames say it waits for."""
+    """collective, dataloader, checkpoint, data (preparing it before the loop), or other: what a rank's innermost
+    frames say it waits for."""
     files = " ".join(f"{f.file}:{f.function}" for f in stack[-12:])
     if "torch/distributed/" in files and ("distributed_c10d" in files or "c10d_logger" in files):
         return "collective"
@@ -178,6 +179,8 @@ def kind(stack: list[Frame]) -> str:
         return "dataloader"
     if re.search(r"checkpoint|serialization|safetensors|save_state|torch/distributed/checkpoint", files):
         return "checkpoint"
+    if re.search(r"/datasets/|:load_token_data|:load_dataset", files):
+        return "data"
     return "other"
 
 
@@ -192,6 +195,7 @@ class RankEvidence:
     alive: bool = True
     steps: float | None = None
     answered: bool = False  # the rank's own answer is there: its recorder's entries, or why it has none
+    starting: bool = False  # it had not reached its loop (trainstack's own rank, loading data or building)
 
     @property
     def no_collective_yet(self) -> bool:
@@ -208,7 +212,9 @@ def load(stall: Path) -> tuple[dict, dict[int, RankEvidence]]:
     ranks: dict[int, RankEvidence] = {}
     for rank_text, info in collection.get("ranks", {}).items():
         rank = int(rank_text)
-        ranks[rank] = RankEvidence(rank, [], "none", [], None, info.get("alive", True), info.get("steps"))
+        ranks[rank] = RankEvidence(
+            rank, [], "none", [], None, info.get("alive", True), info.get("steps"), starting=info.get("starting", False)
+        )
     files = StallDir(stall)
     for rank in sorted(files.ranks()):
         ranks.setdefault(rank, RankEvidence(rank, [], "none", [], None))
@@ -269,6 +275,9 @@ FIXES = {
     "slow or unreachable file system; py-spy dump --pid on its worker processes shows where",
     "checkpoint": "the rank is writing a checkpoint: a slow or full file system (docs/training.md, checkpoints); "
     "save asynchronously or less often",
+    "data": "the rank is still preparing its data (reading, tokenizing, filling the datasets cache) while the others "
+    "wait for it: a slow or unreachable file system, a datasets cache locked by another job (HF_DATASETS_CACHE on "
+    "shared storage), or a large corpus tokenized at every start (tokenize it once and train on the result)",
     "other": "the stacks above show where each rank is: a deadlock (a lock, a queue, a subprocess) or a wait on "
     "something outside the job",
 }
@@ -278,7 +287,7 @@ def analyze(stall: Path) -> Hang:
     collection, ranks = load(stall)
     evidence: list[str] = []
     for r in ranks.values():
-        steps = f"step {r.steps:.0f}, " if r.steps is not None else ""
+        steps = "starting (before its loop), " if r.starting else f"step {r.steps:.0f}, " if r.steps is not None else ""
         if not r.alive:
             evidence.append(f"rank {r.rank}: {steps}its process is gone")
             continue

@@ -295,7 +295,8 @@ class StallDir:
 
 
 def hang_pid_file(metrics_dir: Path, rank: int | str) -> Path:
-    """A rank's {"rank", "pid", "faulthandler"}, in this launch's metrics folder: how the launcher finds it."""
+    """A rank's {"rank", "pid", "faulthandler", "starting"}, in this launch's metrics folder: how the launcher finds
+    it, and whether it has reached its loop."""
     return Path(metrics_dir) / f"hang-rank-{rank}.json"
 
 

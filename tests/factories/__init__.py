@@ -55,6 +55,14 @@ def slow_dataset(config) -> SlowSequences:
     return SlowSequences(512)
 
 
+def unreadable_on_rank_0(config) -> IndexedSequences:
+    """Rank 0, the main process that fills the datasets cache first, never gets its data (a file system that does
+    not answer), while the other ranks wait for it at Accelerate's barrier: a hang before any rank's loop."""
+    if _rank() == 0:
+        time.sleep(3600)
+    return IndexedSequences(64)
+
+
 class PausingGPT(GPT):
     """Sleeps in forward on the rank named by TRAINSTACK_TEST_SLOW_RANK: a straggler, or a hang if long enough. The
     seconds: TRAINSTACK_TEST_SLOW_SECONDS, or once the file named by TRAINSTACK_TEST_SLOW_FILE exists, its number

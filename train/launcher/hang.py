@@ -1,8 +1,9 @@
 """The supervisor's half of hang evidence (docs/diagnostics.md, "When a run hangs"): the loop of a supervised run
 (supervised.py: `trainstack train`'s launcher, `trainstack watch`) calls `HangWatch.poll()`. When no rank has
 stepped for the threshold (from the run's own step times, trainstack/thresholds.py HANG_*; before the first step,
-their ceiling, counted from the latest rank's start of its loop), it collects, once per stall and in a thread of
-its own so the loop goes on forwarding signals, into a fresh RUN_DIR/hang/stall-<n>/:
+their ceiling, counted from the latest rank's arrival; while trainstack's own ranks are still starting, loading
+data or building the model before their loops, half the collective timeout at most), it collects, once per stall
+and in a thread of its own so the loop goes on forwarding signals, into a fresh RUN_DIR/hang/stall-<n>/:
 - each rank's Python stack: `py-spy dump` when installed and permitted (it needs ptrace: root or CAP_SYS_PTRACE),
   the rank's own answer (trainstack/hang.py), and faulthandler's (SIGUSR2) for a rank that does not answer;
 - each rank's Flight Recorder entries (the rank's own answer);
@@ -45,11 +46,17 @@ def steps_by_rank(metrics_dir: Path) -> dict[str, float]:
     return steps
 
 
-def hang_seconds(step_seconds: list[float], before: float | None = None, first_step: bool = False) -> float:
+def hang_seconds(
+    step_seconds: list[float], before: float | None = None, first_step: bool = False, starting: bool = False
+) -> float:
     """The stall that collects evidence: TRAINSTACK_HANG_SECONDS, else HANG_STEP_MULTIPLE x the median step,
     within [HANG_FLOOR, HANG_CEILING], and at most half of `before` (the collective timeout, which ends the run:
     the evidence must come first). While the first step is awaited (`first_step`), HANG_CEILING: no step time says
-    how long it may take, and a compile or a cold cache can take minutes."""
+    how long it may take, and a compile or a cold cache can take minutes. While a rank is still `starting` (before
+    its loop), HANG_CEILING within half the collective timeout whatever TRAINSTACK_HANG_SECONDS says: a threshold
+    set from steps says nothing of loading data or building a model, and a wait there past the timeout ends the run."""
+    if starting:
+        return min(thresholds.HANG_CEILING.value, before / 2) if before else thresholds.HANG_CEILING.value
     if given := os.environ.get(HANG_SECONDS_ENV):
         return float(given)
     if first_step:
@@ -87,6 +94,8 @@ class HangWatch:
         self.verdict: Hang | None = None
         self.stall_dir: Path | None = None
         self.registered: set[str] = set()  # ranks with faulthandler on SIGUSR2: only they may be sent it
+        self.starting: set[str] = set()  # ranks that answer but have not reached their loops
+        self.last_starting: set[str] = set()
 
     def poll(self) -> None:
         now = time.time()
@@ -99,13 +108,14 @@ class HangWatch:
             return
         first_step = not steps or max(steps.values()) < 1
         if first_step:
-            # Start-up is no stall until ranks are in their loops (their responders registered: what they wait in
-            # from then on is the training's, a collective, a loader, a file); the wait counts from the latest
-            # rank's arrival, so a rank that never arrives leaves the ones that did waiting, with evidence.
+            # Before the first step the wait counts from the latest rank's arrival (its responder registered) or
+            # move into its loop, so a rank that never arrives leaves the ones that did waiting, with evidence.
             steps = dict.fromkeys(self.rank_pids(), 0.0)
             if not steps:
                 return
-        if steps != self.last_steps:
+        if steps != self.last_steps or self.starting != self.last_starting:
+            arrived = self.starting != self.last_starting  # a rank came up or reached its loop: progress too
+            self.last_starting = set(self.starting)
             changed = [r for r in steps if steps[r] > self.last_steps.get(r, 0)]
             if any(self.last_steps.values()) and changed:  # the first step's time (start-up, a compile) is no step's
                 for rank in changed:
@@ -113,12 +123,13 @@ class HangWatch:
                     self.step_seconds.append((now - self.last_change) / done)
                 self.step_seconds = self.step_seconds[-200:]
             self.last_steps, self.last_change = steps, now
-            if self.collected_at_steps is not None and sum(steps.values()) > self.collected_at_steps:
-                self.collected_at_steps = self.verdict = None  # a rank stepped: that stall is over
+            if self.collected_at_steps is not None and (arrived or sum(steps.values()) > self.collected_at_steps):
+                self.collected_at_steps = self.verdict = None  # a rank moved on: that stall is over
             return
         if self.collected_at_steps is not None:
             return
-        if now - self.last_change < hang_seconds(self.step_seconds, self.before, first_step):
+        starting = first_step and bool(self.starting)
+        if now - self.last_change < hang_seconds(self.step_seconds, self.before, first_step, starting):
             return
         self.collected_at_steps = sum(steps.values())
         self.thread = threading.Thread(
@@ -158,13 +169,22 @@ class HangWatch:
     def _collect(self, steps: dict[str, float], quiet: float) -> Hang:
         stall = self.new_stall_dir()
         self.stall_dir = stall
-        waited = "stepped" if any(steps.values()) else "made its first step"
-        self.say(
-            f"hang: no rank has {waited} for {quiet:.0f} s; collecting each rank's stack and collectives into {stall}"
-        )
         pids = self.rank_pids()
+        if any(steps.values()):
+            waited = "no rank has stepped"
+        elif self.starting:
+            starting = sorted(self.starting, key=int)
+            waited = f"{'rank' if len(starting) == 1 else 'ranks'} {', '.join(starting)} still starting, no progress"
+        else:
+            waited = "no rank has made its first step"
+        self.say(f"hang: {waited} for {quiet:.0f} s; collecting each rank's stack and collectives into {stall}")
         ranks = {
-            rank: {"steps": steps.get(rank), "pid": pids.get(rank), "alive": _alive(pids.get(rank))}
+            rank: {
+                "steps": steps.get(rank),
+                "pid": pids.get(rank),
+                "alive": _alive(pids.get(rank)),
+                "starting": rank in self.starting,
+            }
             for rank in sorted({*steps, *pids}, key=int)
         }
         stack_note = self.pyspy(stall, pids)
@@ -188,7 +208,7 @@ class HangWatch:
 
     def rank_pids(self) -> dict[str, int]:
         pids = {}
-        self.registered = set()
+        self.registered, self.starting = set(), set()
         for path in hang_pid_files(self.metrics_dir):
             try:
                 record = json.loads(path.read_text())
@@ -197,6 +217,8 @@ class HangWatch:
                 continue
             if record.get("faulthandler"):
                 self.registered.add(str(record["rank"]))
+            if record.get("starting"):
+                self.starting.add(str(record["rank"]))
         return pids
 
     def pyspy(self, stall: Path, pids: dict[str, int]) -> str | None:

@@ -27,6 +27,7 @@ from tqdm import tqdm
 import trainstack.monitor
 from trainstack.breakdown import CHECKPOINT_LOAD, CHECKPOINT_SAVE, EVALUATION
 from trainstack.errors import EXIT_CONFIG, EXIT_RUNTIME, ConfigError
+from trainstack.hang import start_responder
 from trainstack.heap import freeze_what_is_built
 from trainstack.rundir import NON_BLOCKING_COPY_ENV, RUN_ID_ENV, RunDir, write_summary
 from trainstack.telemetry.interval import IntervalSums, PendingTotals, interval_ends
@@ -97,6 +98,10 @@ class Trainer:
         )
         if fsdp_plugin:
             sharding.enable_on_cpu_ranks(self.accelerator, fsdp_plugin)
+        if config.telemetry:
+            # From here a wait in start-up has evidence too: the main process filling the datasets cache while the
+            # others wait at Accelerate's barrier, DDP's first broadcast. The loop's monitor then says it is there.
+            start_responder(self.accelerator.process_index, starting=True)
         # Tied weights (the GPT's head is its embedding) are saved once, without safetensors' warning.
         self.accelerator.register_save_state_pre_hook(drop_tied_aliases)
         self.checkpointer = Checkpointer(self.accelerator, self.run_dir, config.strategy, config.keep_checkpoints)
