@@ -121,6 +121,22 @@ def test_ranks_stuck_outside_any_collective_are_named_where_they_are(tmp_path):
     assert "checkpoint" in hang.fix
 
 
+@pytest.mark.parametrize(
+    "frame",
+    [
+        {"file": f"{SITE}/datasets/load.py", "line": 2000, "function": "load_dataset"},
+        {"file": f"{SITE}/huggingface_hub/file_download.py", "line": 900, "function": "hf_hub_download"},
+    ],
+)
+def test_a_rank_still_fetching_its_data_or_model_holds_up_the_barrier_the_others_wait_at(tmp_path, frame):
+    # Accelerate's main_process_first: rank 0 fills the cache while rank 1 waits at the barrier after it.
+    write_rank(tmp_path, 0, [user(12, "build"), frame], [entry(1, "broadcast")])
+    write_rank(tmp_path, 1, [user(12, "build"), C10D], [entry(1, "broadcast"), entry(2, "barrier")])
+    hang = analyze(tmp_path)
+    assert hang.culprits == [0] and hang.headline.startswith("rank 0 has not joined barrier #2"), hang
+    assert "preparing its data or model" in hang.fix
+
+
 def test_stacks_are_read_from_faulthandler_and_py_spy_output():
     faulthandler = (
         'Thread 0x00007f (most recent call first):\n  File "/x/threading.py", line 3 in wait\n\n'
@@ -360,7 +376,7 @@ def test_a_rank_that_never_gets_its_data_is_named_before_any_rank_reaches_its_lo
         kill_tree(launched)
     assert verdict is not None and verdict.culprits == [0], verdict
     assert "rank 0 is at __init__.py:" in verdict.headline and "in `unreadable_on_rank_0`" in verdict.headline
-    assert "preparing its data" in verdict.fix, verdict
+    assert "preparing its data or model" in verdict.fix, verdict
     assert all(
         line.startswith(f"rank {r}: starting (before its loop), ") for r, line in enumerate(verdict.evidence[:2])
     )

@@ -170,8 +170,8 @@ def _library_name(frame: Frame) -> str:
 
 
 def kind(stack: list[Frame]) -> str:
-    """collective, dataloader, checkpoint, data (preparing it before the loop), or other: what a rank's innermost
-    frames say it waits for."""
+    """collective, dataloader, checkpoint, data (fetching or preparing what it trains on, before the loop), or
+    other: what a rank's innermost frames say it waits for."""
     files = " ".join(f"{f.file}:{f.function}" for f in stack[-12:])
     if "torch/distributed/" in files and ("distributed_c10d" in files or "c10d_logger" in files):
         return "collective"
@@ -179,7 +179,7 @@ def kind(stack: list[Frame]) -> str:
         return "dataloader"
     if re.search(r"checkpoint|serialization|safetensors|save_state|torch/distributed/checkpoint", files):
         return "checkpoint"
-    if re.search(r"/datasets/|:load_token_data|:load_dataset", files):
+    if re.search(r"/datasets/|/huggingface_hub/|:load_token_data|:load_dataset|:from_pretrained", files):
         return "data"
     return "other"
 
@@ -275,9 +275,10 @@ FIXES = {
     "slow or unreachable file system; py-spy dump --pid on its worker processes shows where",
     "checkpoint": "the rank is writing a checkpoint: a slow or full file system (docs/training.md, checkpoints); "
     "save asynchronously or less often",
-    "data": "the rank is still preparing its data (reading, tokenizing, filling the datasets cache) while the others "
-    "wait for it: a slow or unreachable file system, a datasets cache locked by another job (HF_DATASETS_CACHE on "
-    "shared storage), or a large corpus tokenized at every start (tokenize it once and train on the result)",
+    "data": "the rank is still preparing its data or model (downloading, reading, tokenizing, filling the datasets "
+    "cache) while the others wait for it: a slow or unreachable file system or hub, a cache locked by another job "
+    "(HF_HOME or HF_DATASETS_CACHE on shared storage), or a large corpus tokenized at every start (tokenize it once "
+    "and train on the result); past --collective-timeout the waiting ranks fail",
     "other": "the stacks above show where each rank is: a deadlock (a lock, a queue, a subprocess) or a wait on "
     "something outside the job",
 }
