@@ -47,13 +47,20 @@ from trainstack.errors import ConfigError, RuntimeFailure
 from trainstack.monitoring.diagnose.snapshot import read_snapshot
 from trainstack.monitoring.diagnose.sources import PrometheusSource
 from trainstack.monitoring.diagnose.verdicts import diagnose
-from trainstack.rundir import free_port
+from trainstack.rundir import RunDir, StallDir, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS_DIR = ROOT / "monitoring/prometheus"
 RULE_FILES = sorted((PROMETHEUS_DIR / "rules").glob("*.yml"))
 DASHBOARD_FILES = sorted((ROOT / "monitoring/grafana/dashboards").glob("*.json"))
 FAKE_HOST = ROOT / "monitoring/nvml_fake/hosts/mixed.json"
+FAKE_RUN_STALL = {
+    "headline": "rank 1 has not joined all_reduce #26 of process group 0 (rank 0 waits in it); rank 1 is at "
+    "train.py:40 in `evaluate`",
+    "evidence": [],
+    "fix": "call the collective on every rank",
+    "culprits": [1],
+}
 TRAINSTACK = Path(sys.executable).with_name("trainstack")
 
 INPUT_BOUND, SLOWED, FAKE_GPU = "trainstack", "trainstack-slowed", "trainstack-fake-gpu"
@@ -265,6 +272,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 str(ports[FAKE_GPU]),
                 "--metrics-dir",
                 str(fake_run / "metrics"),
+                "--run-dir",
+                str(fake_run),
             ],
             env={"NVML_FAKE_HOST": str(FAKE_HOST)},
         )
@@ -322,6 +331,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         )
         ready = stack.eventually(lambda: [_text(f"{stack.prometheus}/-/ready")], all)
         assert all(ready), f"Prometheus did not start: {(folder / 'prometheus.log').read_text()[-2000:]}"
+        # A stall's evidence as the launcher writes it (RUN_DIR/hang), for the hang panel: after the fake run's rank
+        # registered, since only the current launch's stall is served.
+        stack.eventually(lambda: list((fake_run / "metrics").glob("hang-rank-*.json")), bool)
+        stall = RunDir(fake_run).stall(1).path
+        stall.mkdir(parents=True)
+        StallDir(stall).verdict.write_text(json.dumps(FAKE_RUN_STALL))
         yield stack
     finally:
         processes.stop_all()

@@ -509,14 +509,15 @@ HANG_EVIDENCE = Metric(
     ("headline", "culprits", "fix"),
     HANG,
     "unix time the launcher (`trainstack train` or `watch`) collected the latest stall's evidence, once no rank had "
-    "stepped for 20 median steps, or made its first step in 300 s "
-    '(docs/diagnostics.md, "When a run hangs"); `headline` names the rank and the '
-    "collective or frame it waits in, `culprits` the ranks named (comma-separated), `fix` what the evidence points "
-    "to. Evidence newer than the last step (or with no step yet) is a stall now; older is a stall the run came out of",
+    "stepped for 20 median steps, or made its first step in 300 s, or trainstack's ranks had stayed in their "
+    'start-up for half the collective timeout (docs/diagnostics.md, "When a run hangs"); `headline` names the rank '
+    "and the collective or frame it waits in, `culprits` the ranks named (comma-separated), `fix` what the evidence "
+    "points to. Evidence newer than the last step (or with no step yet) is a stall now; older is a stall the run came "
+    "out of",
     unit="s",
     absent_when="the exporter has no run directory (`--run-dir`), or no stall of this launch has been collected in "
     "it (an earlier launch's stays in RUN_DIR/hang, and the report shows it)",
-    readers=("alert TrainstackRankHung", "diagnose stalled"),
+    readers=("alert TrainstackRankHung", "panel Hang evidence", "diagnose stalled"),
 )
 
 # --- GPUs: read from NVML by the exporter (monitoring/exporter/gpu.py) ---------------------------------------

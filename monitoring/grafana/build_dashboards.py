@@ -54,7 +54,7 @@ class Panel:
     threshold: float | None = None  # drawn as a red line (timeseries) or turns the value red (stat)
     minimum: float | None = None
     maximum: float | None = None
-    stat_text: str = "auto"  # "name" lists the series names (for the alerts panel)
+    stat_text: str = "auto"  # "name" lists the series names (the alerts panel); "value_and_name" both
     stacked: bool = False  # timeseries: each series on top of the ones before (parts of a whole)
 
 
@@ -481,6 +481,24 @@ def training_overview() -> Dashboard:
                 width=12,
                 height=6,
                 minimum=0,
+            ),
+            Panel(
+                "stat",
+                "Hang evidence",
+                "The latest stall the launcher collected evidence of (RUN_DIR/hang): where the ranks wait, the "
+                "rank(s) it names, and how long ago; TrainstackRankHung fires while no rank has stepped since, and "
+                "`trainstack diagnose --run-dir` gives the fix.",
+                "s",
+                (
+                    Query(
+                        f"time() - max by (job, instance, headline, culprits) ({catalog.HANG_EVIDENCE.name}"
+                        f'{{{JOB}, instance=~"$instance"}})',
+                        "{{job}}: {{headline}} (rank(s) {{culprits}})",
+                    ),
+                ),
+                width=12,
+                height=6,
+                stat_text="value_and_name",
             ),
         ),
     )
