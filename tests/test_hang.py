@@ -448,7 +448,7 @@ def test_the_report_shows_each_stall_with_its_verdict(tmp_path):
     assert parts[0] == "<h2>Hangs</h2>" and "<h3>stall-1</h3><p>rank 1 has not joined all_reduce #2" in parts[1]
 
 
-def test_a_job_s_own_sigusr2_handler_is_left_alone(tmp_path, monkeypatch):
+def test_a_job_s_own_sigusr2_handler_is_left_alone_and_its_loop_takes_the_responder_over(tmp_path, monkeypatch):
     import signal
     import threading
 
