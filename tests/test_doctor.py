@@ -206,6 +206,15 @@ def test_shm_too_small_for_the_loader_workers_fails(small_shm):
 
 
 @pytest.mark.slow
+def test_shm_need_grows_with_the_batches_each_worker_prefetches(small_shm):
+    # tune's loader candidate doubles prefetch_factor: what fits at torch's default 2 may not at 4
+    batch = 3 * MiB // 2
+    assert check_shared_memory(config(shm_path=small_shm, loader_batch_bytes=batch), CPU_HOST).status is Status.PASS
+    result = check_shared_memory(config(shm_path=small_shm, loader_batch_bytes=batch, prefetch_factor=4), CPU_HOST)
+    assert result.status is Status.FAIL and "need ~24.0 MiB" in result.detail and "x 4 prefetched" in result.detail
+
+
+@pytest.mark.slow
 def test_shm_taken_by_stale_segments_warns(small_shm):
     (small_shm / "torch_12345_stale").write_bytes(b"\0" * (14 * MiB))
     result = check_shared_memory(config(shm_path=small_shm, loader_batch_bytes=MiB // 2), CPU_HOST)
@@ -382,6 +391,14 @@ def test_checkpoint_estimate_is_the_models_real_size():
     tiny = DoctorConfig.for_run(TrainConfig(model="builtin:tiny-gpt"), launch_config()).checkpoint_bytes
     assert 4 * MiB < tiny < 6 * MiB  # fp32 weights and AdamW's two moments: a real tiny-gpt checkpoint is 4.9 MB
     assert DoctorConfig.for_run(TrainConfig(model="builtin:small-gpt"), launch_config()).checkpoint_bytes > 200 * MiB
+
+
+def test_the_loader_the_run_asks_for_is_what_the_shm_check_sizes():
+    from trainstack.train.rank.config import TrainConfig
+
+    run = TrainConfig(num_workers=3, prefetch_factor=4, batch_size=16, seq_len=64)
+    doctor = DoctorConfig.for_run(run, launch_config())
+    assert (doctor.num_workers, doctor.prefetch_factor, doctor.loader_batch_bytes) == (3, 4, 16 * 64 * 8 * 3)
 
 
 def test_no_checkpoint_estimate_for_a_factory_model_says_so(tmp_path):

@@ -203,9 +203,16 @@ def test_the_doctor_checks_what_train_runs_with_no_flags():
     from trainstack.train.rank.config import TrainConfig
 
     train, doctor = TrainConfig(), DoctorConfig()
-    assert (str(doctor.output_dir), doctor.num_workers, doctor.keep_checkpoints, doctor.loader_batch_bytes) == (
+    assert (
+        str(doctor.output_dir),
+        doctor.num_workers,
+        doctor.prefetch_factor,
+        doctor.keep_checkpoints,
+        doctor.loader_batch_bytes,
+    ) == (
         train.output_dir,
         train.num_workers,
+        train.prefetch_factor,
         train.keep_checkpoints,
         token_batch_bytes(train.batch_size, train.seq_len),
     )

@@ -54,6 +54,8 @@ class DoctorConfig:
     """Run directory: must be writable with room for checkpoints."""
     num_workers: int = TRAIN_DEFAULTS["num_workers"]
     """Data-loader worker processes per rank."""
+    prefetch_factor: int = TRAIN_DEFAULTS["prefetch_factor"]
+    """Batches each loader worker keeps ready in shared memory until its rank takes them."""
     nproc_per_node: int | None = None
     """Ranks on this node; None: one per visible GPU, or 2 CPU ranks without a GPU (the launcher's rule)."""
     nnodes: int = 1
@@ -84,6 +86,7 @@ class DoctorConfig:
         object.__setattr__(self, "shm_path", Path(self.shm_path))
         at_least = {
             "num_workers": 0,
+            "prefetch_factor": 1,
             "nnodes": 1,
             "node_rank": 0,
             "cpu_count": 1,
@@ -108,6 +111,7 @@ class DoctorConfig:
         return cls(
             output_dir=Path(train.output_dir),
             num_workers=train.num_workers,
+            prefetch_factor=train.prefetch_factor,
             keep_checkpoints=train.keep_checkpoints,
             checkpoint_bytes=estimate_checkpoint_bytes(train),
             loader_batch_bytes=token_batch_bytes(train.batch_size, train.seq_len),

@@ -11,8 +11,6 @@ from trainstack.train.launcher.doctor.inventory import GpuInventory
 from trainstack.train.launcher.doctor.result import CheckResult, Status
 from trainstack.units import human_bytes
 
-# A DataLoader worker keeps prefetch_factor (default 2) batches in shared memory until the rank takes them.
-PREFETCH_FACTOR = 2
 # NCCL's shared-memory transport and proxy buffers per GPU rank: the figure diagnose's comm-bound evidence also uses.
 NCCL_SHM_BYTES_PER_RANK = int(thresholds.SHM_PER_RANK.value * MiB)
 DOCKER_DEFAULT_SHM = 64 * MiB
@@ -20,7 +18,7 @@ DOCKER_DEFAULT_SHM = 64 * MiB
 
 def shm_bytes_needed(config: DoctorConfig, gpus: GpuInventory) -> int:
     ranks = config.ranks_on_this_node(gpus)
-    loaders = ranks * config.num_workers * PREFETCH_FACTOR * config.loader_batch_bytes
+    loaders = ranks * config.num_workers * config.prefetch_factor * config.loader_batch_bytes
     nccl = ranks * NCCL_SHM_BYTES_PER_RANK if gpus.torch_device_count and ranks > 1 else 0
     return loaders + nccl
 
@@ -43,8 +41,9 @@ def check_shared_memory(config: DoctorConfig, gpus: GpuInventory) -> CheckResult
         return CheckResult("shm", Status.FAIL, f"{path} cannot be read ({error.strerror})", _shm_fix(path, needed))
     total, free = stats.f_blocks * stats.f_frsize, stats.f_bavail * stats.f_frsize
     ranks = config.ranks_on_this_node(gpus)
-    need = f"need ~{human_bytes(needed)} for {ranks} rank(s) x {config.num_workers} loader worker(s)" + (
-        " + NCCL" if gpus.torch_device_count and ranks > 1 else ""
+    need = (
+        f"need ~{human_bytes(needed)} for {ranks} rank(s) x {config.num_workers} loader worker(s) x "
+        f"{config.prefetch_factor} prefetched batch(es)" + (" + NCCL" if gpus.torch_device_count and ranks > 1 else "")
     )
     if total < needed:
         default = " (Docker's default)" if total == DOCKER_DEFAULT_SHM else ""
