@@ -126,11 +126,27 @@ def test_ranks_stuck_outside_any_collective_are_named_where_they_are(tmp_path):
     [
         {"file": f"{SITE}/datasets/load.py", "line": 2000, "function": "load_dataset"},
         {"file": f"{SITE}/huggingface_hub/file_download.py", "line": 900, "function": "hf_hub_download"},
+        # from_pretrained downloading, then reading, its weights: a load, not a checkpoint write
+        [
+            {"file": f"{SITE}/transformers/modeling_utils.py", "line": 4300, "function": "from_pretrained"},
+            {
+                "file": f"{SITE}/transformers/modeling_utils.py",
+                "line": 1200,
+                "function": "_get_resolved_checkpoint_files",
+            },
+            {"file": f"{SITE}/huggingface_hub/file_download.py", "line": 900, "function": "hf_hub_download"},
+        ],
+        [
+            {"file": f"{SITE}/transformers/modeling_utils.py", "line": 4300, "function": "from_pretrained"},
+            {"file": f"{SITE}/transformers/modeling_utils.py", "line": 800, "function": "load_state_dict"},
+            {"file": f"{SITE}/safetensors/torch.py", "line": 300, "function": "load_file"},
+        ],
     ],
 )
 def test_a_rank_still_fetching_its_data_or_model_holds_up_the_barrier_the_others_wait_at(tmp_path, frame):
     # Accelerate's main_process_first: rank 0 fills the cache while rank 1 waits at the barrier after it.
-    write_rank(tmp_path, 0, [user(12, "build"), frame], [entry(1, "broadcast")])
+    frames = frame if isinstance(frame, list) else [frame]
+    write_rank(tmp_path, 0, [user(12, "build"), *frames], [entry(1, "broadcast")])
     write_rank(tmp_path, 1, [user(12, "build"), C10D], [entry(1, "broadcast"), entry(2, "barrier")])
     hang = analyze(tmp_path)
     assert hang.culprits == [0] and hang.headline.startswith("rank 0 has not joined barrier #2"), hang

@@ -169,6 +169,14 @@ def _library_name(frame: Frame) -> str:
     return f"{Path(frame.file).name}:{frame.line}"
 
 
+def _writes_checkpoint(frame: Frame) -> bool:
+    """A save, not a load: a model loading through from_pretrained passes through safetensors and transformers'
+    `_get_resolved_checkpoint_files` too, and waits on its data, not on a checkpoint write."""
+    return "save" in frame.function and bool(
+        re.search(r"checkpoint|serialization|safetensors|save_state", f"{frame.file}:{frame.function}")
+    )
+
+
 def kind(stack: list[Frame]) -> str:
     """collective, dataloader, checkpoint, data (fetching or preparing what it trains on, before the loop), or
     other: what a rank's innermost frames say it waits for."""
@@ -177,7 +185,7 @@ def kind(stack: list[Frame]) -> str:
         return "collective"
     if "torch/utils/data" in files:
         return "dataloader"
-    if re.search(r"checkpoint|serialization|safetensors|save_state|torch/distributed/checkpoint", files):
+    if any(_writes_checkpoint(frame) for frame in stack[-12:]):
         return "checkpoint"
     if re.search(r"/datasets/|/huggingface_hub/|:load_token_data|:load_dataset|:from_pretrained", files):
         return "data"
