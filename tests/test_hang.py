@@ -19,7 +19,7 @@ import torch
 
 from tests.helpers.runs import REPO, kill_tree, start, start_watch, torchrun, wait_for
 from trainstack import thresholds
-from trainstack.hang import FR_BUFFER_ENV, FR_DUMP_ENV, FR_SWITCH_ENV, hang_environment
+from trainstack.hang import FR_BUFFER_ENV, FR_DUMP_ENV, FR_SWITCH_ENV, PYSPY_ENV, hang_environment
 from trainstack.hang_verdict import (
     analyze,
     latest_stall,
@@ -203,8 +203,10 @@ def test_the_threshold_follows_the_steps_within_its_floor_and_ceiling(monkeypatc
     monkeypatch.setenv("TRAINSTACK_HANG_SECONDS", "3")
     assert hang_seconds([1000.0]) == 3.0
     assert hang_seconds([], first_step=True) == 3.0
-    # A rank still starting (loading data, building): the ceiling within half the timeout, whatever the steps say
+    # A rank still starting (loading data, building): half the timeout its peers wait under, whatever the steps
+    # say; a timeout raised for a long start-up gives it that room; without one, the ceiling
     assert hang_seconds([], before=100.0, first_step=True, starting=True) == 50.0
+    assert hang_seconds([], before=7200.0, first_step=True, starting=True) == 3600.0
     assert hang_seconds([], first_step=True, starting=True) == thresholds.HANG_CEILING.value
 
 
@@ -525,7 +527,7 @@ def test_before_the_first_step_the_wait_counts_from_the_latest_rank_in_its_loop(
     monkeypatch.setattr(supervisor, "steps_by_rank", lambda metrics_dir: dict(steps))
     monkeypatch.delenv("TRAINSTACK_HANG_SECONDS", raising=False)
     watch = supervisor.HangWatch(RunDir(tmp_path), tmp_path, print, before=100.0)  # the ceiling: 50 s here
-    monkeypatch.setattr(watch, "rank_pids", lambda: dict(ranks))
+    monkeypatch.setattr(watch, "registrations", lambda: supervisor.Registrations(dict(ranks)))
     monkeypatch.setattr(watch, "collect", lambda steps, quiet: collected.append((clock[0], steps)))
 
     def advance(seconds: float) -> None:
@@ -556,11 +558,9 @@ def test_ranks_still_starting_wait_half_the_timeout_and_reaching_the_loop_is_pro
     monkeypatch.setenv("TRAINSTACK_HANG_SECONDS", "3")  # a threshold for steps: start-up goes by the timeout
     watch = supervisor.HangWatch(RunDir(tmp_path), tmp_path, print, before=100.0)
 
-    def rank_pids() -> dict[str, int]:
-        watch.starting = set(starting)
-        return {"0": 4242, "1": 4243}
-
-    monkeypatch.setattr(watch, "rank_pids", rank_pids)
+    monkeypatch.setattr(
+        watch, "registrations", lambda: supervisor.Registrations({"0": 4242, "1": 4243}, starting=frozenset(starting))
+    )
     monkeypatch.setattr(watch, "collect", lambda steps, quiet: collected.append(clock[0]))
 
     def advance(seconds: int) -> None:
@@ -580,6 +580,40 @@ def test_ranks_still_starting_wait_half_the_timeout_and_reaching_the_loop_is_pro
     starting.clear()  # both in their loops: the first step's threshold (TRAINSTACK_HANG_SECONDS here)
     advance(4)
     assert collected == [1051.0, 1102.0, 1106.0]
+
+
+def test_a_stall_after_the_ranks_left_start_up_within_one_look_is_collected_once(tmp_path, monkeypatch):
+    import trainstack.train.launcher.hang as supervisor
+
+    metrics, clock, steps = tmp_path / "metrics", [1000.0], {}
+    metrics.mkdir()
+    monkeypatch.setattr(supervisor.time, "time", lambda: clock[0])
+    monkeypatch.setattr(supervisor, "steps_by_rank", lambda metrics_dir: dict(steps))
+    monkeypatch.setenv("TRAINSTACK_HANG_SECONDS", "10")
+    monkeypatch.setenv(PYSPY_ENV, "0")
+    run_dir = RunDir(tmp_path / "run")
+    watch = supervisor.HangWatch(run_dir, metrics, lambda line: None)
+
+    def register(starting: bool) -> None:
+        for rank in (0, 1):  # pids no process has: nothing is signalled, the ranks count as gone
+            record = {"rank": rank, "pid": 2**22 + 7 + rank, "faulthandler": False, "starting": starting}
+            hang_pid_file(metrics, rank).write_text(json.dumps(record))
+
+    def advance(seconds: int) -> None:
+        for _ in range(seconds):
+            clock[0] += 1
+            watch.poll()
+            if watch.thread:
+                watch.thread.join()
+
+    register(starting=True)
+    advance(5)
+    register(starting=False)  # both reach their loops and make their first step before the next look
+    steps.update({"0": 1.0, "1": 1.0})
+    advance(1)
+    steps.update({"0": 2.0, "1": 2.0})
+    advance(60)  # then no step: one stall, however long
+    assert sorted(p.name for p in run_dir.hang.iterdir()) == ["stall-1"]
 
 
 def test_diagnose_run_dir_flag_reads_the_evidence(tmp_path, monkeypatch, capsys):

@@ -2,7 +2,7 @@
 (supervised.py: `trainstack train`'s launcher, `trainstack watch`) calls `HangWatch.poll()`. When no rank has
 stepped for the threshold (from the run's own step times, trainstack/thresholds.py HANG_*; before the first step,
 their ceiling, counted from the latest rank's arrival; while trainstack's own ranks are still starting, loading
-data or building the model before their loops, half the collective timeout at most), it collects, once per stall
+data or building the model before their loops, half the collective timeout), it collects, once per stall
 and in a thread of its own so the loop goes on forwarding signals, into a fresh RUN_DIR/hang/stall-<n>/:
 - each rank's Python stack: `py-spy dump` when installed and permitted (it needs ptrace: root or CAP_SYS_PTRACE),
   the rank's own answer (trainstack/hang.py), and faulthandler's (SIGUSR2) for a rank that does not answer;
@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainstack import catalog, thresholds
@@ -53,10 +54,11 @@ def hang_seconds(
     within [HANG_FLOOR, HANG_CEILING], and at most half of `before` (the collective timeout, which ends the run:
     the evidence must come first). While the first step is awaited (`first_step`), HANG_CEILING: no step time says
     how long it may take, and a compile or a cold cache can take minutes. While a rank is still `starting` (before
-    its loop), HANG_CEILING within half the collective timeout whatever TRAINSTACK_HANG_SECONDS says: a threshold
-    set from steps says nothing of loading data or building a model, and a wait there past the timeout ends the run."""
+    its loop), half the collective timeout whatever TRAINSTACK_HANG_SECONDS says: a threshold set from steps says
+    nothing of loading data or building a model, the timeout is the deadline of the ranks that wait for it, and a user
+    who raised it to give a long start-up room has said how long a start-up may take."""
     if starting:
-        return min(thresholds.HANG_CEILING.value, before / 2) if before else thresholds.HANG_CEILING.value
+        return before / 2 if before else thresholds.HANG_CEILING.value
     if given := os.environ.get(HANG_SECONDS_ENV):
         return float(given)
     if first_step:
@@ -82,6 +84,32 @@ def check_hang_seconds() -> None:
         raise ConfigError(f"{HANG_SECONDS_ENV}={given!r} is not a positive number of seconds") from None
 
 
+@dataclass(frozen=True)
+class Registrations:
+    """What the ranks' pid files say now: each rank's pid, the ranks with faulthandler on SIGUSR2 (only they may
+    be sent it) and those that answer but have not reached their loops."""
+
+    pids: dict[str, int]
+    faulthandler: frozenset[str] = frozenset()
+    starting: frozenset[str] = frozenset()
+
+
+def read_registrations(metrics_dir: Path) -> Registrations:
+    pids, faulthandler, starting = {}, set(), set()
+    for path in hang_pid_files(metrics_dir):
+        try:
+            record = json.loads(path.read_text())
+            rank, pid = str(record["rank"]), int(record["pid"])
+        except (OSError, ValueError, KeyError):
+            continue
+        pids[rank] = pid
+        if record.get("faulthandler"):
+            faulthandler.add(rank)
+        if record.get("starting"):
+            starting.add(rank)
+    return Registrations(pids, frozenset(faulthandler), frozenset(starting))
+
+
 class HangWatch:
     def __init__(self, run_dir: RunDir, metrics_dir: Path, say: Callable[[str], None], before: float | None = None):
         self.run_dir, self.metrics_dir, self.say, self.before = run_dir, Path(metrics_dir), say, before
@@ -93,9 +121,7 @@ class HangWatch:
         self.thread: threading.Thread | None = None
         self.verdict: Hang | None = None
         self.stall_dir: Path | None = None
-        self.registered: set[str] = set()  # ranks with faulthandler on SIGUSR2: only they may be sent it
-        self.starting: set[str] = set()  # ranks that answer but have not reached their loops
-        self.last_starting: set[str] = set()
+        self.starting: frozenset[str] = frozenset()  # before the first step: the ranks not yet in their loops
 
     def poll(self) -> None:
         now = time.time()
@@ -107,15 +133,17 @@ class HangWatch:
         except (OSError, ValueError):
             return
         first_step = not steps or max(steps.values()) < 1
+        arrived = False
         if first_step:
             # Before the first step the wait counts from the latest rank's arrival (its responder registered) or
             # move into its loop, so a rank that never arrives leaves the ones that did waiting, with evidence.
-            steps = dict.fromkeys(self.rank_pids(), 0.0)
+            registrations = self.registrations()
+            steps = dict.fromkeys(registrations.pids, 0.0)
             if not steps:
                 return
-        if steps != self.last_steps or self.starting != self.last_starting:
-            arrived = self.starting != self.last_starting  # a rank came up or reached its loop: progress too
-            self.last_starting = set(self.starting)
+            arrived = registrations.starting != self.starting  # a rank reached its loop: progress too
+            self.starting = registrations.starting
+        if steps != self.last_steps or arrived:
             changed = [r for r in steps if steps[r] > self.last_steps.get(r, 0)]
             if any(self.last_steps.values()) and changed:  # the first step's time (start-up, a compile) is no step's
                 for rank in changed:
@@ -169,11 +197,12 @@ class HangWatch:
     def _collect(self, steps: dict[str, float], quiet: float) -> Hang:
         stall = self.new_stall_dir()
         self.stall_dir = stall
-        pids = self.rank_pids()
+        registrations = self.registrations()
+        pids = registrations.pids
         if any(steps.values()):
             waited = "no rank has stepped"
-        elif self.starting:
-            starting = sorted(self.starting, key=int)
+        elif registrations.starting:
+            starting = sorted(registrations.starting, key=int)
             waited = f"{'rank' if len(starting) == 1 else 'ranks'} {', '.join(starting)} still starting, no progress"
         else:
             waited = "no rank has made its first step"
@@ -183,7 +212,7 @@ class HangWatch:
                 "steps": steps.get(rank),
                 "pid": pids.get(rank),
                 "alive": _alive(pids.get(rank)),
-                "starting": rank in self.starting,
+                "starting": rank in registrations.starting,
             }
             for rank in sorted({*steps, *pids}, key=int)
         }
@@ -206,20 +235,8 @@ class HangWatch:
         self.say(f"hang: {verdict.headline} (evidence: {stall})")
         return verdict
 
-    def rank_pids(self) -> dict[str, int]:
-        pids = {}
-        self.registered, self.starting = set(), set()
-        for path in hang_pid_files(self.metrics_dir):
-            try:
-                record = json.loads(path.read_text())
-                pids[str(record["rank"])] = int(record["pid"])
-            except (OSError, ValueError, KeyError):
-                continue
-            if record.get("faulthandler"):
-                self.registered.add(str(record["rank"]))
-            if record.get("starting"):
-                self.starting.add(str(record["rank"]))
-        return pids
+    def registrations(self) -> Registrations:
+        return read_registrations(self.metrics_dir)
 
     def pyspy(self, stall: Path, pids: dict[str, int]) -> str | None:
         """py-spy's dump of each rank, where it is installed and may attach; else a note of why not."""
@@ -253,8 +270,7 @@ class HangWatch:
         """The rank did not answer (its main thread may hold the GIL): faulthandler, registered by the rank, writes
         every thread's stack from its signal handler."""
         source = hang_stacks_file(self.metrics_dir, rank)
-        self.rank_pids()
-        if rank not in self.registered:
+        if rank not in self.registrations().faulthandler:
             return  # SIGUSR2 would end a process that did not register it (or is a job's own signal there)
         before = source.stat().st_size if source.exists() else 0
         try:
