@@ -111,9 +111,9 @@ HANG_CEILING = Threshold(
     300.0,
     "s",
     "the longest a stall waits for evidence, however long the steps, and the wait for the first step (from the "
-    "latest rank's start of its loop; no step time says how long a first step with a compile takes) and for "
-    "trainstack's ranks still starting before their loops (loading data, building the model): under the default "
-    "--collective-timeout (600 s), so the evidence is there before the timeout ends the run",
+    "latest rank's start of its loop; no step time says how long a first step with a compile takes): half the "
+    "default --collective-timeout (600 s), so the evidence is there before the timeout ends the run; trainstack's "
+    "ranks still starting before their loops (loading data, building the model) wait half the timeout itself",
 )
 GPU_IDLE = Threshold(
     "gpu_idle_ratio",
