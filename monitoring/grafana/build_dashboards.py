@@ -56,6 +56,8 @@ class Panel:
     maximum: float | None = None
     stat_text: str = "auto"  # "name" lists the series names (the alerts panel); "value_and_name" both
     stacked: bool = False  # timeseries: each series on top of the ones before (parts of a whole)
+    # stat: the series there now only; over a range, lastNotNull keeps a series that has ended at its last value
+    instant: bool = False
 
 
 @dataclass(frozen=True)
@@ -440,6 +442,7 @@ def training_overview() -> Dashboard:
                 width=12,
                 height=6,
                 stat_text="name",
+                instant=True,  # an alert resolved an hour ago is not one firing now
             ),
             Panel(
                 "stat",
@@ -499,6 +502,7 @@ def training_overview() -> Dashboard:
                 width=12,
                 height=6,
                 stat_text="value_and_name",
+                instant=True,  # a stall the exporter no longer serves would keep the age it had when replaced
             ),
         ),
     )
@@ -609,8 +613,8 @@ def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict:
                 "datasource": DATASOURCE,
                 "expr": q.expr,
                 "legendFormat": q.legend,
-                "range": True,
-                "instant": False,
+                "range": not panel.instant,
+                "instant": panel.instant,
             }
             for i, q in enumerate(panel.queries)
         ],
