@@ -317,6 +317,32 @@ def test_a_rank_s_nccl_collectives_are_in_its_hang_evidence():
     assert sorted({e["collective_seq_id"] for e in all_reduces}) == [e["collective_seq_id"] for e in all_reduces]
 
 
+def test_a_recorder_that_fails_to_dump_is_said_so_and_its_rank_is_not_taken_for_one_with_no_collective(
+    tmp_path, monkeypatch
+):
+    from trainstack.hang import flight_recorder
+
+    c10d = torch._C._distributed_c10d
+
+    def cuda_error(**options):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(c10d, "_dump_fr_trace_json", lambda **options: json.dumps({"entries": []}), raising=False)
+    monkeypatch.setattr(c10d, "_dump_nccl_trace_json", cuda_error, raising=False)
+    entries, note = flight_recorder()
+    assert (
+        entries == [] and note == "NCCL's recorder: RuntimeError: CUDA error: an illegal memory access was encountered"
+    )
+    # Its peer waits in all_reduce #3; the rank whose NCCL recorder failed is not "behind, having called none"
+    write_rank(tmp_path, 0, [user(40), C10D], [entry(1), entry(2), entry(3)])
+    (tmp_path / "rank-1.json").write_text(
+        json.dumps({"rank": 1, "stack": [user(40), C10D], "flight_recorder": entries, "flight_recorder_error": note})
+    )
+    hang = analyze(tmp_path)
+    assert "rank 1: no Flight Recorder entries (NCCL's recorder: RuntimeError" in " ".join(hang.evidence), hang
+    assert not hang.headline.startswith("rank 1 has not joined"), hang.headline
+
+
 # ---- diagnose --run-dir -----------------------------------------------------------------------------------------
 def test_diagnose_names_where_ranks_wait_once_evidence_of_this_stall_is_there(tmp_path):
     from monitoring.diagnose.snapshot import RankView, Snapshot

@@ -52,6 +52,9 @@ HANG_SECONDS_ENV = "TRAINSTACK_HANG_SECONDS"
 # "0": never run py-spy, even when installed (the stacks then come from the ranks' own dumps).
 PYSPY_ENV = "TRAINSTACK_PYSPY"
 STACK_SIGNAL = signal.SIGUSR2
+# Flight Recorder dumps -> whose entries they hold. Seen on an H100: NCCL's collectives are only in NCCL's own
+# recorder; a CPU build of torch has no NCCL dump.
+FR_DUMPS = {"_dump_fr_trace_json": "gloo's recorder", "_dump_nccl_trace_json": "NCCL's recorder"}
 # What a hang verdict reads of each Flight Recorder entry (trainstack/hang_verdict.py).
 FR_ENTRY_KEYS = (
     "record_id",
@@ -181,25 +184,25 @@ def answer(evidence: Path, rank: int, main: int) -> None:
 
 
 def flight_recorder() -> tuple[list[dict], str | None]:
-    """This process's Flight Recorder entries (each collective: process group, sequence id, op, sizes, state), or
-    an empty list and why not."""
+    """This process's Flight Recorder entries (each collective: process group, sequence id, op, sizes, state), and
+    why there are none or some may be missing: a recorder that fails to dump (NCCL's, after a CUDA error) must not
+    leave an empty list that reads as a rank that has called no collective."""
     if "torch" not in sys.modules:
         return [], "torch is not imported"
     c10d = getattr(sys.modules["torch"]._C, "_distributed_c10d", None)
-    # Seen on an H100: NCCL's collectives are only in NCCL's own recorder; a CPU build of torch has no NCCL dump.
-    dumps = [getattr(c10d, name) for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json") if hasattr(c10d, name)]
+    dumps = {name: getattr(c10d, name) for name in FR_DUMPS if hasattr(c10d, name)}
     if not dumps:
         return [], "this torch has no Flight Recorder"
     entries: list[dict] = []
     errors = []
-    for dump in dumps:
+    for name, dump in dumps.items():
         try:
             entries += json.loads(dump(includeCollectives=True, onlyActive=False)).get("entries", [])
-        except Exception as error:  # noqa: BLE001 - an old torch, a recorder turned off
-            errors.append(f"{type(error).__name__}: {error}")
-    if len(errors) == len(dumps):
-        return [], "; ".join(errors)
+        except Exception as error:  # noqa: BLE001 - an old torch, a recorder turned off, a CUDA error
+            errors.append(f"{FR_DUMPS[name]}: {type(error).__name__}: {error}")
     entries = [{k: e.get(k) for k in FR_ENTRY_KEYS} for e in entries]
+    if errors:
+        return entries, "; ".join(errors)
     if not entries and not os.environ.get(FR_BUFFER_ENV) and not os.environ.get(FR_BUFFER_OLD_ENV):
         return [], f"the Flight Recorder is off ({FR_BUFFER_ENV} unset)"
     return entries, None
