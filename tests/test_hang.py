@@ -90,6 +90,19 @@ def test_a_rank_that_called_no_collective_yet_is_behind_not_unknown(tmp_path):
     assert "rank 1 gave no Flight Recorder entries" in analyze(tmp_path).headline
 
 
+def test_groups_are_told_apart_by_name_across_recorders(tmp_path):
+    # NCCL's default group and a gloo side group (a CPU barrier, say) both numbered 0, each by its own recorder:
+    # rank 0's barrier #1 of the side group is no mismatch with all_reduce #1 of the default group.
+    def named(seq: int, group: str, op: str = "all_reduce") -> dict:
+        return {**entry(seq, op), "process_group": [group, "default_pg" if group == "0" else "undefined"]}
+
+    write_rank(tmp_path, 0, [user(50), C10D], [named(1, "0"), named(2, "0"), named(1, "1", "barrier")])
+    write_rank(tmp_path, 1, [user(12, "__getitem__")], [named(1, "0")])
+    hang = analyze(tmp_path)
+    assert hang.headline.startswith("rank 1 has not joined all_reduce #2 of process group 0 (rank 0 waits in it)")
+    assert hang.culprits == [1]
+
+
 def test_different_collectives_at_one_sequence_number_are_a_mismatch(tmp_path):
     write_rank(tmp_path, 0, [user(50), C10D], [entry(1), entry(2, "broadcast", [[8]])])
     write_rank(tmp_path, 1, [user(40), C10D], [entry(1), entry(2)])

@@ -254,12 +254,22 @@ def _op(entry: dict) -> str:
     return name.split(":", 1)[1] if ":" in name else name
 
 
-def _last_by_group(evidence: RankEvidence) -> dict[int, dict]:
-    last: dict[int, dict] = {}
+DEFAULT_GROUP = "0"  # the name c10d gives the default process group: every rank is in it
+
+
+def _group(entry: dict) -> str:
+    """The process group's name, unique across backends; pg_id is numbered by each recorder on its own (a gloo
+    side group and NCCL's default group can both be 0)."""
+    named = entry.get("process_group")
+    return str(named[0]) if named else str(entry.get("pg_id") or 0)
+
+
+def _last_by_group(evidence: RankEvidence) -> dict[str, dict]:
+    last: dict[str, dict] = {}
     for entry in evidence.entries:
         if entry.get("is_p2p") or not entry.get("collective_seq_id"):
             continue
-        group = entry.get("pg_id") or 0
+        group = _group(entry)
         if group not in last or entry["collective_seq_id"] > last[group]["collective_seq_id"]:
             last[group] = entry
     return last
@@ -322,12 +332,12 @@ def analyze(stall: Path) -> Hang:
 
     alive = [r for r in ranks.values()]
     lasts = {r.rank: _last_by_group(r) for r in alive}
-    groups = sorted({g for last in lasts.values() for g in last})
+    groups = sorted({g for last in lasts.values() for g in last}, key=lambda name: (len(name), name))
     for group in groups:
         by_seq: dict[int, dict[int, dict]] = {}
         for r in alive:
             for entry in r.entries:
-                if (entry.get("pg_id") or 0) == group and entry.get("collective_seq_id") and not entry.get("is_p2p"):
+                if _group(entry) == group and entry.get("collective_seq_id") and not entry.get("is_p2p"):
                     by_seq.setdefault(entry["collective_seq_id"], {})[r.rank] = entry
         for seq in sorted(by_seq):
             calls = by_seq[seq]
@@ -348,7 +358,7 @@ def analyze(stall: Path) -> Hang:
         waiting = sorted(rank for rank, e in have.items() if e["collective_seq_id"] == top)
         # Every rank is in the default group (0): one that has called no collective at all is behind in it.
         behind = sorted(
-            r.rank for r in alive if r.rank not in waiting and (r.rank in have or (group == 0 and r.no_collective_yet))
+            r.rank for r in alive if r.rank not in waiting and (r.rank in have or (group == DEFAULT_GROUP and r.no_collective_yet))
         )
         unknown = sorted(r.rank for r in alive if r.rank not in have and r.rank not in behind)
         if not behind and unknown:
