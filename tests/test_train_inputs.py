@@ -157,11 +157,19 @@ def test_a_bad_input_from_the_shell_has_no_traceback(tmp_path):
 
 
 def test_config_file_and_flags_merge_with_flags_winning(tmp_path):
+    import argparse
+
+    from trainstack.train.rank.config import add_arguments, from_sources
+
     toml = tmp_path / "c.toml"
     toml.write_text('batch_size = 4\nlr = 0.01\nmodel = "builtin:small-gpt"\n')
     assert read_config_file(str(toml)) == {"batch_size": 4, "lr": 0.01, "model": "builtin:small-gpt"}
-    config = TrainConfig(**{**read_config_file(str(toml)), "batch_size": 8})
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = from_sources(parser.parse_args(["--config", str(toml), "--batch-size", "8"]), on_cuda=False)
     assert (config.batch_size, config.lr, config.model) == (8, 0.01, "builtin:small-gpt")
+    # what neither sets keeps the default
+    assert config.num_workers == TrainConfig().num_workers
 
 
 @pytest.mark.parametrize(

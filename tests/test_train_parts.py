@@ -215,7 +215,13 @@ def test_interval_totals_on_a_gpu_are_queued_without_waiting_for_it():
     assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches) == (3.0, 6, 6, 1)
 
 
-def test_sync_batchnorm_conversion_replaces_every_batchnorm():
-    converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(BatchNormLM(16))
-    assert isinstance(converted.norm, torch.nn.SyncBatchNorm)
-    assert not any(type(m) is torch.nn.BatchNorm1d for m in converted.modules())
+def test_sync_batchnorm_replaces_every_batchnorm_where_asked_and_there_are_peers():
+    from trainstack.train.rank.model import with_sync_batchnorm
+
+    def norms(sync: bool, world_size: int) -> set[type]:
+        config = SimpleNamespace(sync_batchnorm=sync)
+        model = with_sync_batchnorm(BatchNormLM(16), config, world_size)
+        return {type(m) for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
+
+    assert norms(True, 2) == {torch.nn.SyncBatchNorm}
+    assert norms(True, 1) == norms(False, 2) == {torch.nn.BatchNorm1d}  # one process: nothing to sync with

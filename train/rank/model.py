@@ -108,6 +108,14 @@ def build_model(config, vocab_size: int) -> nn.Module:
     return model
 
 
+def with_sync_batchnorm(model: nn.Module, config, world_size: int) -> nn.Module:
+    """The model with SyncBatchNorm for each BatchNorm where --sync-batchnorm asks and there are peers to share the
+    batch statistics with: one process has none, and SyncBatchNorm would only add its collectives."""
+    if config.sync_batchnorm and world_size > 1:
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model
+
+
 def loss_of(output) -> torch.Tensor:
     if isinstance(output, torch.Tensor):
         return output

@@ -37,7 +37,7 @@ from trainstack.train.rank.config import TrainConfig, require_device_support
 from trainstack.train.rank.data import collate, load_token_data
 from trainstack.train.rank.evaluation import evaluator
 from trainstack.train.rank.loader_and_ddp import comm_hook, ddp_kwargs, loader_options
-from trainstack.train.rank.model import build_model, estimate_flops_per_token
+from trainstack.train.rank.model import build_model, estimate_flops_per_token, with_sync_batchnorm
 from trainstack.train.rank.performance import (
     CompileWatch,
     NoCompileWatch,
@@ -135,9 +135,7 @@ class Trainer:
             data = load_token_data(
                 config.dataset, config.text_field, config.seq_len, config.eval_fraction, config.seed, config
             )
-        model = build_model(config, data.vocab_size)
-        if config.sync_batchnorm and accelerator.num_processes > 1:
-            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = with_sync_batchnorm(build_model(config, data.vocab_size), config, accelerator.num_processes)
         self.flops_per_token = estimate_flops_per_token(model, config.seq_len)
         if config.strategy == "fsdp":
             sharding.set_units(accelerator, config, model)
