@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing.process
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -67,6 +68,24 @@ def process_starts_refused(item: pytest.Item) -> Iterator[None]:
     # Code under test may start its process in a thread, where the raise above ends only that thread.
     if refused:
         pytest.fail(UNMARKED_PROCESS, pytrace=False)
+
+
+NEEDS_GPU = re.compile(r"\bneeds\b.*\bGPUs?\b")  # a skip reason that says so: "needs a CUDA GPU", "needs 2 GPUs"
+GPU_UNMARKED = "skipped without a GPU but not marked gpu, so `pytest -m gpu` on a GPU machine leaves it out"
+
+
+# Before -m deselects anything: a test that is skipped for want of a GPU must carry the `gpu` mark, or the GPU run
+# (docs/benchmarks.md) never runs it and nothing says so.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [
+        item.nodeid
+        for item in items
+        if not item.get_closest_marker("gpu")
+        and any(NEEDS_GPU.search(str(mark.kwargs.get("reason", ""))) for mark in item.iter_markers("skipif"))
+    ]
+    if unmarked:
+        raise pytest.UsageError(f"{GPU_UNMARKED}: {', '.join(unmarked)}")
 
 
 # Setup and teardown too: a fixture that starts a process (cpu_run) counts for the tests that use it.

@@ -295,6 +295,7 @@ def test_a_stuck_data_loader_is_named_and_py_spy_that_cannot_attach_is_said(tmp_
     assert any("stack from the rank's own thread" in line for line in verdict["evidence"]), verdict
 
 
+@pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_a_skipped_collective_on_nccl_is_named(tmp_path):
@@ -358,10 +359,10 @@ def test_a_recorder_that_fails_to_dump_is_said_so_and_its_rank_is_not_taken_for_
 
 # ---- diagnose --run-dir -----------------------------------------------------------------------------------------
 def test_diagnose_names_where_ranks_wait_once_evidence_of_this_stall_is_there(tmp_path):
-    from monitoring.diagnose.snapshot import RankView, Snapshot
-    from monitoring.diagnose.thresholds import Thresholds
-    from monitoring.diagnose.verdicts import diagnose
     from trainstack.hang_verdict import latest_hang
+    from trainstack.monitoring.diagnose.snapshot import RankView, Snapshot
+    from trainstack.monitoring.diagnose.thresholds import Thresholds
+    from trainstack.monitoring.diagnose.verdicts import diagnose
 
     stall = RunDir(tmp_path).hang / "stall-1"
     write_rank(stall, 0, [user(40), C10D], [entry(1), entry(2)])
@@ -496,7 +497,7 @@ def test_faulthandler_gives_the_stack_of_a_rank_that_does_not_answer(tmp_path):
 
 # ---- the report -------------------------------------------------------------------------------------------------
 def test_the_report_shows_each_stall_with_its_verdict(tmp_path):
-    from monitoring.report.hangs import hang_section
+    from trainstack.monitoring.report.hangs import hang_section
 
     assert hang_section(tmp_path) == []
     write_rank(RunDir(tmp_path).hang / "stall-1", 0, [user(40), C10D], [entry(1), entry(2)])

@@ -184,6 +184,7 @@ def test_an_unknown_pause_is_named(unwatched, tmp_path):
     monitor.close()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the device-side sums")
 def test_on_a_gpu_the_sums_stay_on_the_device_and_no_step_waits(unwatched, tmp_path):
     device = torch.device("cuda")

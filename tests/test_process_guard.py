@@ -4,6 +4,10 @@ test starts none itself."""
 
 from __future__ import annotations
 
+import re
+
+import pytest
+
 from tests.helpers.runs import REPO
 
 PLANTED = """
@@ -56,6 +60,32 @@ def test_a_thread_is_fine():
     thread.join()
     assert done == [1]
 """
+
+
+def test_a_test_skipped_for_want_of_a_gpu_must_be_marked_gpu(pytester):
+    pytester.makeconftest((REPO / "tests" / "conftest.py").read_text())
+    pytester.makepyfile(
+        test_planted="""
+import pytest
+
+@pytest.mark.gpu
+@pytest.mark.skipif(True, reason="needs a CUDA GPU")
+def test_marked(): ...
+
+@pytest.mark.skipif(True, reason="needs 2 CUDA GPUs")
+def test_unmarked(): ...
+
+@pytest.mark.skipif(True, reason="needs docker")
+def test_other(): ...
+
+@pytest.mark.skipif(True, reason="a GPU is here: this checks a CPU host")
+def test_cpu_only(): ...
+"""
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q", "-m", "not gpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "not marked gpu" in result.stderr.str() and "test_planted.py::test_unmarked" in result.stderr.str()
+    assert not {"test_marked", "test_other", "test_cpu_only"} & set(re.findall(r"::(\w+)", result.stderr.str()))
 
 
 def test_every_way_of_starting_a_process_fails_an_unmarked_test_in_one_line(pytester):

@@ -50,6 +50,8 @@ def test_a_hung_rank_becomes_an_error_that_names_it(tmp_path):
     assert "--collective-timeout 5 s" in failed["error"] and "rank 1 stopped first" in failed["error"], failed
 
 
+@pytest.mark.gpu
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="SyncBatchNorm runs only on CUDA: needs 2 GPUs")
 def test_sync_batchnorm_trains_on_two_gpus(tmp_path):
     result = train(
