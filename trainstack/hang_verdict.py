@@ -358,7 +358,9 @@ def analyze(stall: Path) -> Hang:
         waiting = sorted(rank for rank, e in have.items() if e["collective_seq_id"] == top)
         # Every rank is in the default group (0): one that has called no collective at all is behind in it.
         behind = sorted(
-            r.rank for r in alive if r.rank not in waiting and (r.rank in have or (group == DEFAULT_GROUP and r.no_collective_yet))
+            r.rank
+            for r in alive
+            if r.rank not in waiting and (r.rank in have or (group == DEFAULT_GROUP and r.no_collective_yet))
         )
         unknown = sorted(r.rank for r in alive if r.rank not in have and r.rank not in behind)
         if not behind and unknown:
