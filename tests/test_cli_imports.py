@@ -81,8 +81,8 @@ def test_exporter_and_diagnose_work_without_torch():
                 assert exporter.poll() is None and time.monotonic() < deadline, exporter.communicate()
                 time.sleep(0.2)
         outcome = run_without_torch("diagnose", "--url", f"http://127.0.0.1:{port}/metrics", "--interval", "1")
-        assert outcome["exit"] in (0, 1) and outcome["loaded"] == [], outcome
-        assert "8 GPU" in outcome["stdout"] or "gpu" in outcome["stdout"].lower(), outcome["stdout"]
+        assert outcome["exit"] == 0 and outcome["loaded"] == [], outcome
+        assert "8 GPU(s)" in outcome["stdout"], outcome["stdout"]  # the fake DGX H100's, read without torch
     finally:
         stop_process(exporter)
     stdout, stderr = exporter.communicate()

@@ -146,8 +146,12 @@ def test_a_live_run_is_scraped_over_http_with_both_ranks_rising(live):
     assert check.returncode == 0 and check.stdout + check.stderr == "", check.stdout + check.stderr
 
 
+def both_rank_pids(live: LiveRun) -> dict[str, int]:
+    return wait_for(lambda: (p := rank_pids(live.metrics_dir)) and set(p) == {"0", "1"} and p, "rank pids")
+
+
 def test_a_hung_then_killed_rank_stops_while_the_endpoint_answers(live):
-    pids = wait_for(lambda: (p := rank_pids(live.metrics_dir)) and set(p) == {"0", "1"} and p, "rank pids")
+    pids = both_rank_pids(live)
     os.kill(pids["1"], signal.SIGSTOP)  # rank 1 hangs; rank 0 then waits for it in the next collective
     last_step = "trainstack_train_last_step_timestamp_seconds"
     first_hung = wait_for(lambda: by_labels(scrape(live.port)), "a scrape after rank 1 hung")
@@ -166,13 +170,15 @@ def test_a_hung_then_killed_rank_stops_while_the_endpoint_answers(live):
 
 
 def test_a_second_run_in_the_same_directory_shows_no_series_of_the_first(live):
-    if live.launcher.poll() is None:
-        pytest.skip("needs the first run to have ended (the test before this one ends it)")
+    if live.launcher.poll() is None:  # run alone: end the first run as the test before this one does, no checkpoint
+        os.kill(both_rank_pids(live)["1"], signal.SIGKILL)
+        live.launcher.wait(timeout=DEADLINE_SECONDS)
     first_run_ids = {
         dict(labels)["run_id"]
         for (n, labels) in by_labels(scrape(live.standalone_port))
         if n == "trainstack_train_run_info"
     }
+    assert first_run_ids  # the first run's series, still served: they must be gone below
     result = run_trainstack(
         "train",
         "--output-dir",

@@ -240,13 +240,14 @@ def test_trainer_runs_trainstack_with_its_config_and_checkpoints_on_the_volumes(
 
     volume, key = volume_holding(arg_value(args, "--config"))
     configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
-    assert key in configmaps[volume["configMap"]["name"]]["data"]
+    config = yaml.safe_load(configmaps[volume["configMap"]["name"]]["data"][key])
     volume, _ = volume_holding(arg_value(args, "--output-dir"))
     claims = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PersistentVolumeClaim"}
     claim = claims[volume["persistentVolumeClaim"]["claimName"]]
     if overlay in SHARED_STORAGE_OVERLAYS:
         assert claim["spec"]["accessModes"] == ["ReadWriteMany"], "every node writes its part of a checkpoint"
-    assert "--resume" not in args or arg_value(args, "--resume") == "auto", "a replacement pod must resume"
+    resume = arg_value(args, "--resume") if "--resume" in args else config.get("resume", TrainConfig().resume)
+    assert resume == "auto", "a replacement pod must resume"
     assert arg_value(args, "--exporter-host") == "0.0.0.0", "Prometheus scrapes the pod IP, not loopback"
 
 
@@ -259,14 +260,19 @@ def test_a_replacement_pod_waits_for_the_pod_holding_the_run_directory(rendered,
     run_id = next(e for e in container["env"] if e["name"] == RUN_ID_ENV)
     # The Job's uid: one run for all its nodes and their replacements, another run for another Job.
     assert run_id["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['batch.kubernetes.io/controller-uid']"
-    if "startupProbe" in container:  # the exporter starts only once the lease is held
+    # The exporter answers only once the lease is held: a liveness probe would kill the waiting pod unless a startup
+    # probe holds it off for the whole wait. The Job's pods are probed; the TrainJob's runtime patch sets no probes.
+    assert ("livenessProbe" in container) == (overlay in JOB_OVERLAYS), overlay
+    if overlay in JOB_OVERLAYS:
         probe = container["startupProbe"]
         assert probe["periodSeconds"] * probe["failureThreshold"] >= wait + 120
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_training_config_is_valid_for_the_trainer(rendered, overlay, tmp_path):
-    for configmap in (d for d in rendered[overlay] if d["metadata"]["name"].startswith("trainstack-config")):
+    configmaps = [d for d in rendered[overlay] if d["metadata"]["name"].startswith("trainstack-config")]
+    assert configmaps
+    for configmap in configmaps:
         path = tmp_path / "config.yaml"
         path.write_text(configmap["data"]["config.yaml"])
         TrainConfig(**read_config_file(str(path)))
@@ -369,7 +375,7 @@ def test_rules_and_dashboards_carry_the_labels_kube_prometheus_stack_selects(ren
     rules = [d for d in docs if d["kind"] == "PrometheusRule"]
     assert rules and all(r["metadata"]["labels"]["release"] == release for r in rules)
     dashboards = [d for d in docs if d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"]["labels"]]
-    assert all(d["metadata"]["labels"]["grafana_dashboard"] == "1" for d in dashboards)
+    assert dashboards and all(d["metadata"]["labels"]["grafana_dashboard"] == "1" for d in dashboards)
 
 
 # The Kubeflow Trainer overlay repeats the Job's pod settings in TrainJob runtime patches; these keep them equal.
