@@ -136,3 +136,26 @@ def test_rule_reads_recorded_or_documented_series(rule: dict) -> None:
     recorded = {rule["record"] for rule in rules() if "record" in rule}
     assert {n for n in names if ":" in n} <= recorded, "reads a series no rule records"
     assert not undocumented(names), "reads metrics that docs/architecture.md and docs/metrics.md lack"
+
+
+def documented_series(text: str) -> set[str]:
+    """The recorded series the tables of docs/monitoring.md name, `{a,b}` spelt out."""
+    found = set()
+    for name in re.findall(r"`([a-z{][\w{},]*:[\w{},:]+)(?:\{[^`]*\})?`", text):
+        names = [""]
+        for part in re.split(r"(\{[^}]*\})", name):
+            options = part[1:-1].split(",") if part.startswith("{") else [part]
+            names = [prefix + option for prefix in names for option in options]
+        found.update(names)
+    return found
+
+
+def test_every_recorded_series_is_in_the_monitoring_doc():
+    doc = (ROOT / "docs/monitoring.md").read_text()
+    recorded = {
+        rule["record"]
+        for group in yaml.safe_load((ROOT / "monitoring/prometheus/rules/recording.yml").read_text())["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
+    assert recorded - documented_series(doc) == set()

@@ -161,7 +161,7 @@ def add_beside_run_arguments(group: argparse._ActionsContainer) -> None:
     group.add_argument(
         "--exporter-host",
         default=DEFAULT_EXPORTER_HOST,
-        help=f"address the exporter binds (default: {DEFAULT_EXPORTER_HOST}; 0.0.0.0 in containers)",
+        help=f"address the exporter binds (default: {DEFAULT_EXPORTER_HOST}; pass 0.0.0.0 in a container)",
     )
     group.add_argument(
         "--report",

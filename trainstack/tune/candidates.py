@@ -99,8 +99,9 @@ and DDP arguments). Each candidate changes one option of the baseline's, and onl
 
 
 def for_verdicts(kinds: list[str], config: TrainConfig, on_cuda: bool) -> list[Candidate]:
-    """The fixes of every verdict; a healthy baseline still gets one more loader worker: a check that nothing is
-    left to gain, which must come out even. on_cuda: whether the trials' ranks run on CUDA GPUs."""
+    """The fixes of every verdict; a healthy baseline still gets the loader's first fix (twice the workers, or
+    twice the prefetch where the workers are at their cap): a check that nothing is left to gain, which must come
+    out even. on_cuda: whether the trials' ranks run on CUDA GPUs."""
     found: dict[str, Candidate] = {}
     for kind in kinds or [ceilings.INPUT_BOUND]:
         for candidate in FIXES.get(kind, lambda *_: [])(config, on_cuda)[: None if kinds else 1]:
