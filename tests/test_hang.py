@@ -28,7 +28,7 @@ from trainstack.hang_verdict import (
     stack_from_pyspy,
     where,
 )
-from trainstack.rundir import RunDir, free_port, hang_pid_file
+from trainstack.rundir import METRICS_DIR_ENV, RunDir, free_port, hang_pid_file
 from trainstack.train.launcher.hang import hang_seconds
 
 DRIVER = REPO / "tests" / "drivers" / "hang_loop.py"
@@ -504,6 +504,29 @@ def test_the_report_shows_each_stall_with_its_verdict(tmp_path):
     write_rank(RunDir(tmp_path).hang / "stall-1", 1, [user(12, "load")], [entry(1)])
     parts = hang_section(tmp_path)
     assert parts[0] == "<h2>Hangs</h2>" and "<h3>stall-1</h3><p>rank 1 has not joined all_reduce #2" in parts[1]
+
+
+LONE_RANK_START = r"""
+import argparse, sys
+import trainstack.train.rank.trainer as rank
+from trainstack.train.rank.config import add_arguments, from_sources
+
+parser = argparse.ArgumentParser()
+add_arguments(parser)
+trainer = rank.Trainer(from_sources(parser.parse_args(sys.argv[1:]), on_cuda=False))
+"""
+
+
+@pytest.mark.slow
+def test_a_lone_rank_s_start_up_is_not_watched(tmp_path):
+    # No peer waits on a lone rank under a timeout, so a long start-up (a big dataset to tokenize) is no stall.
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    env = {**os.environ, METRICS_DIR_ENV: str(metrics)}
+    flags = ["--output-dir", str(tmp_path / "run"), "--num-workers", "0", "--max-steps", "1"]
+    started = subprocess.run([sys.executable, "-c", LONE_RANK_START, *flags], cwd=REPO, env=env, timeout=120)
+    assert started.returncode == 0
+    assert not hang_pid_file(metrics, 0).exists()
 
 
 def test_a_job_s_own_sigusr2_handler_is_left_alone_and_its_loop_takes_the_responder_over(tmp_path, monkeypatch):

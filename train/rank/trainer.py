@@ -98,9 +98,10 @@ class Trainer:
         )
         if fsdp_plugin:
             sharding.enable_on_cpu_ranks(self.accelerator, fsdp_plugin)
-        if config.telemetry:
+        if config.telemetry and self.accelerator.num_processes > 1:
             # From here a wait in start-up has evidence too: the main process filling the datasets cache while the
             # others wait at Accelerate's barrier, DDP's first broadcast. The loop's monitor then says it is there.
+            # A lone rank keeps no peer waiting under a timeout: its long start-up is no stall.
             start_responder(self.accelerator.process_index, starting=True)
         # Tied weights (the GPT's head is its embedding) are saved once, without safetensors' warning.
         self.accelerator.register_save_state_pre_hook(drop_tied_aliases)
