@@ -74,23 +74,19 @@ NEEDS_GPU = re.compile(r"\bneeds\b.*\bGPUs?\b")  # a skip reason that says so: "
 GPU_UNMARKED = "skipped without a GPU but not marked gpu, so `pytest -m gpu` on a GPU machine leaves it out"
 
 
-# Before -m deselects anything: a test that is skipped for want of a GPU must carry the `gpu` mark, or the GPU run
-# (docs/benchmarks.md) never runs it and nothing says so.
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    unmarked = [
-        item.nodeid
-        for item in items
-        if not item.get_closest_marker("gpu")
-        and any(NEEDS_GPU.search(str(mark.kwargs.get("reason", ""))) for mark in item.iter_markers("skipif"))
-    ]
-    if unmarked:
-        raise pytest.UsageError(f"{GPU_UNMARKED}: {', '.join(unmarked)}")
+def gpu_unmarked(item: pytest.Item) -> bool:
+    """Skipped for want of a GPU without the `gpu` mark: the GPU run (`-m gpu`, docs/benchmarks.md) would leave it
+    out, and nothing would say so. Such a test fails, wherever it runs, before its skip is looked at."""
+    return not item.get_closest_marker("gpu") and any(
+        NEEDS_GPU.search(str(mark.kwargs.get("reason", ""))) for mark in item.iter_markers("skipif")
+    )
 
 
 # Setup and teardown too: a fixture that starts a process (cpu_run) counts for the tests that use it.
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item):
+    if gpu_unmarked(item):
+        pytest.fail(GPU_UNMARKED, pytrace=False)
     with process_starts_refused(item):
         return (yield)
 

@@ -154,6 +154,12 @@ def test_ranks_stuck_outside_any_collective_are_named_where_they_are(tmp_path):
             {"file": f"{SITE}/transformers/modeling_utils.py", "line": 800, "function": "load_state_dict"},
             {"file": f"{SITE}/safetensors/torch.py", "line": 300, "function": "load_file"},
         ],
+        # a resume reading its checkpoint from slow storage
+        [
+            {"file": f"{SITE}/accelerate/accelerator.py", "line": 3500, "function": "load_state"},
+            {"file": f"{SITE}/accelerate/checkpointing.py", "line": 200, "function": "load_accelerator_state"},
+            {"file": f"{SITE}/torch/serialization.py", "line": 1400, "function": "load"},
+        ],
     ],
 )
 def test_a_rank_still_fetching_its_data_or_model_holds_up_the_barrier_the_others_wait_at(tmp_path, frame):
@@ -355,6 +361,12 @@ def test_a_recorder_that_fails_to_dump_is_said_so_and_its_rank_is_not_taken_for_
     hang = analyze(tmp_path)
     assert "rank 1: no Flight Recorder entries (NCCL's recorder: RuntimeError" in " ".join(hang.evidence), hang
     assert not hang.headline.startswith("rank 1 has not joined"), hang.headline
+    # gloo's recorder answered, NCCL's did not: what it holds is shown, and that NCCL's part is missing
+    (tmp_path / "rank-1.json").write_text(
+        json.dumps({"rank": 1, "stack": [user(40), C10D], "flight_recorder": [entry(1)], "flight_recorder_error": note})
+    )
+    (line,) = [line for line in analyze(tmp_path).evidence if line.startswith("rank 1:")]
+    assert "last collective all_reduce #1 of group 0 (Flight Recorder incomplete: NCCL's recorder" in line, line
 
 
 # ---- diagnose --run-dir -----------------------------------------------------------------------------------------

@@ -177,6 +177,13 @@ def _writes_checkpoint(frame: Frame) -> bool:
     )
 
 
+def _reads_checkpoint(frame: Frame) -> bool:
+    """A resume reading its checkpoint: the rank is still preparing its model, from storage that may be slow."""
+    return "load" in frame.function and bool(
+        re.search(r"checkpoint|serialization|safetensors", f"{frame.file}:{frame.function}")
+    )
+
+
 def kind(stack: list[Frame]) -> str:
     """collective, dataloader, checkpoint, data (fetching or preparing what it trains on, before the loop), or
     other: what a rank's innermost frames say it waits for."""
@@ -187,7 +194,9 @@ def kind(stack: list[Frame]) -> str:
         return "dataloader"
     if any(_writes_checkpoint(frame) for frame in stack[-12:]):
         return "checkpoint"
-    if re.search(r"/datasets/|/huggingface_hub/|:load_token_data|:load_dataset|:from_pretrained", files):
+    if any(_reads_checkpoint(frame) for frame in stack[-12:]) or re.search(
+        r"/datasets/|/huggingface_hub/|:load_token_data|:load_dataset|:from_pretrained", files
+    ):
         return "data"
     return "other"
 
@@ -294,7 +303,7 @@ FIXES = {
     "checkpoint": "the rank is writing a checkpoint: a slow or full file system (docs/training.md, checkpoints); "
     "save asynchronously or less often",
     "data": "the rank is still preparing its data or model (downloading, reading, tokenizing, filling the datasets "
-    "cache) while the others wait for it: a slow or unreachable file system or hub, a cache locked by another job "
+    "cache, reading the checkpoint it resumes from) while the others wait for it: a slow or unreachable file system or hub, a cache locked by another job "
     "(HF_HOME or HF_DATASETS_CACHE on shared storage), or a large corpus tokenized at every start (tokenize it once "
     "and train on the result); past --collective-timeout the waiting ranks fail",
     "other": "the stacks above show where each rank is: a deadlock (a lock, a queue, a subprocess) or a wait on "
@@ -317,6 +326,8 @@ def analyze(stall: Path) -> Hang:
             )
             or f"no Flight Recorder entries ({r.recorder_note or 'none recorded'})"
         )
+        if last and r.recorder_note:  # one recorder answered, another did not: its collectives are missing
+            collective += f" (Flight Recorder incomplete: {r.recorder_note})"
         evidence.append(f"rank {r.rank}: {steps}{collective}; {where(r.stack)} (stack from {r.stack_source})")
     if note := collection.get("stack_note"):
         evidence.append(note)

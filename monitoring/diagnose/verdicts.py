@@ -90,8 +90,8 @@ def not_started(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         (f"{catalog.TRAIN_LAST_STEP.name} is 0 on every rank",),
         "wait for the first step (model build, data loading, rendezvous); if it never comes, the launcher "
         f"(trainstack train or watch) collects where each rank waits into RUN_DIR/hang/ "
-        f"{thresholds.HANG_CEILING.value:g} s after the last rank started its loop, and diagnose then names it; "
-        "before the loop, read the ranks' logs",
+        f"{thresholds.HANG_CEILING.value:g} s after the last rank started its loop (trainstack train's ranks "
+        "still starting, before their loops: half of --collective-timeout), and diagnose then names it",
     )
 
 

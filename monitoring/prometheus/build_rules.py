@@ -267,7 +267,7 @@ change them.""",
                     "Job {{ $labels.job }} hangs: {{ $labels.headline }}",
                     "Likely cause: the evidence the launcher collected once no rank had stepped for "
                     f"{T.HANG_STEP_MULTIPLE.value:g} median steps, or made its first step in "
-                    f"{T.HANG_CEILING.value:g} s (each rank's Python stack and its collectives in flight, in "
+                    f"{T.HANG_CEILING.value:g} s, or left its start-up in half the collective timeout (each rank's Python stack and its collectives in flight, in "
                     "RUN_DIR/hang) names rank(s) "
                     "{{ $labels.culprits }}. Fix: {{ $labels.fix }} (`trainstack diagnose --run-dir RUN_DIR` has "
                     "the evidence)",
