@@ -88,9 +88,10 @@ def test_gpu_series_carry_only_gpu_and_uuid():
             "nvlinks_active",
         },
     }
-    for name, labels in rig.scrape():
-        if name.startswith("trainstack_gpu_"):
-            assert {k for k, _ in labels} == {"gpu", "uuid"} | dimensions.get(name, set()), name
+    gpu_series = [(name, labels) for name, labels in rig.scrape() if name.startswith("trainstack_gpu_")]
+    assert gpu_series
+    for name, labels in gpu_series:
+        assert {k for k, _ in labels} == {"gpu", "uuid"} | dimensions.get(name, set()), name
 
 
 def test_nvlink_traffic_is_summed_over_all_links():
@@ -261,7 +262,8 @@ def test_slow_fields_are_read_at_their_own_cadence_and_keep_their_last_exact_val
                 "trainstack_gpu_memory_temperature_celsius",
                 "trainstack_gpu_nvlink_transmit_bytes_total",
             ):
-                assert value(samples, name, gpu="0", uuid=H100_UUID) == value(first, name, gpu="0", uuid=H100_UUID)
+                served = value(first, name, gpu="0", uuid=H100_UUID)
+                assert served is not None and value(samples, name, gpu="0", uuid=H100_UUID) == served, name
     slow_seconds = [second for second, calls in enumerate(counted, 1) if calls["nvmlDeviceGetFieldValues"]]
     assert slow_seconds == [30, 60]
     assert all(dict(calls) == FAST_SAMPLE_CALLS for second, calls in enumerate(counted, 1) if second % 30)
