@@ -164,8 +164,8 @@ def start(run_dir: Path, *args: str, env: dict | None = None) -> subprocess.Pope
     )
 
 
-def logged_steps(run_dir: Path) -> int:
-    records = run_dir / "telemetry" / "rank-0.jsonl"
+def logged_steps(run_dir: Path, rank: int = 0) -> int:
+    records = run_dir / "telemetry" / f"rank-{rank}.jsonl"
     lines = records.read_text().splitlines() if records.exists() else []
     # Each launch's first line marks its segment and has no step.
     return max((json.loads(line).get("step", 0) for line in lines if line.endswith("}")), default=0)
