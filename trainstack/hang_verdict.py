@@ -169,18 +169,14 @@ def _library_name(frame: Frame) -> str:
     return f"{Path(frame.file).name}:{frame.line}"
 
 
-def _writes_checkpoint(frame: Frame) -> bool:
-    """A save, not a load: a model loading through from_pretrained passes through safetensors and transformers'
-    `_get_resolved_checkpoint_files` too, and waits on its data, not on a checkpoint write."""
-    return "save" in frame.function and bool(
-        re.search(r"checkpoint|serialization|safetensors|save_state", f"{frame.file}:{frame.function}")
-    )
-
-
-def _reads_checkpoint(frame: Frame) -> bool:
-    """A resume reading its checkpoint: the rank is still preparing its model, from storage that may be slow."""
-    return "load" in frame.function and bool(
-        re.search(r"checkpoint|serialization|safetensors", f"{frame.file}:{frame.function}")
+def _in_checkpoint(stack: list[Frame], verb: str) -> bool:
+    """Whether a frame of `stack` saves or loads (`verb`) a checkpoint or model state. The verb tells them apart:
+    a save is a checkpoint write; a load (a resume reading its checkpoint, a model through from_pretrained, which
+    passes through safetensors and transformers' `_get_resolved_checkpoint_files` too) is a rank preparing its model."""
+    return any(
+        verb in frame.function
+        and re.search(rf"checkpoint|serialization|safetensors|{verb}_state", f"{frame.file}:{frame.function}")
+        for frame in stack
     )
 
 
@@ -192,9 +188,9 @@ def kind(stack: list[Frame]) -> str:
         return "collective"
     if "torch/utils/data" in files:
         return "dataloader"
-    if any(_writes_checkpoint(frame) for frame in stack[-12:]):
+    if _in_checkpoint(stack[-12:], "save"):
         return "checkpoint"
-    if any(_reads_checkpoint(frame) for frame in stack[-12:]) or re.search(
+    if _in_checkpoint(stack[-12:], "load") or re.search(
         r"/datasets/|/huggingface_hub/|:load_token_data|:load_dataset|:from_pretrained", files
     ):
         return "data"
