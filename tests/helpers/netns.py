@@ -12,6 +12,11 @@ from tests.helpers.runs import REPO
 
 RATE_BITS = 40_000_000
 
+# What `tc` counts on the link for each byte of an all-reduce's payload: a 1500-byte MTU frame carries 1448 bytes of
+# TCP payload (timestamps on) behind 66 bytes of Ethernet, IP and TCP headers. The ACKs for the other way's data
+# share the link too, but few: the receiver acknowledges the segments its offload has merged, not each one.
+WIRE_BYTES_PER_PAYLOAD_BYTE = (1448 + 66) / 1448
+
 
 NODE_ADDRESSES = ("10.231.0.1", "10.231.0.2")  # inside this test's namespaces only
 
