@@ -13,8 +13,12 @@ delay is all the starvation there is and removing it changes nothing else:
   was 1.3x-1.7x slower than the fixed run's and the measured speedup passed the ceiling (3.0x against 1.9x);
 - full-length samples (64 bytes): the compute is long beside the batch's collation, the starvation that stays once
   the delay is gone (about 1% of a step).
+- starvation about half of the starved step: the ceiling 1 / (1 - share) grows steeply with the share, so at 80% a
+  2-point error in it moves the ceiling 11%. A fixed delay made that share whatever the host's speed left (80% on a
+  host whose steps took a quarter of those it was chosen on, where the measured speedup passed the ceiling by 38%),
+  so the delay is set from the first fixed run: as long a wait per batch as that run's whole step.
 What is left is the host: the two runs' compute is measured a minute apart on a shared machine, so the runs come in
-alternated pairs (starved, fixed, then fixed, starved) and the speedup is their geometric mean, as in bench/."""
+alternated pairs (fixed, starved, then starved, fixed) and the speedup is their geometric mean, as in bench/."""
 
 from __future__ import annotations
 
@@ -22,16 +26,16 @@ import statistics
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helpers.runs import explain, summary, train
 from trainstack import cli
 from trainstack.monitoring.compare import profile
 from trainstack.monitoring.compare.comparison import MOVED, Comparison
+from trainstack.rundir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
-SAMPLE_DELAY = "0.02"  # 160 ms per 8-sample batch: about half of a step
-PAIRS = 2
 CEILING_TOLERANCE = 0.15
 RUN = (
     "--dataset",
@@ -51,22 +55,31 @@ RUN = (
 )
 
 
-def _run(run_dir: Path, delay: str) -> Path:
-    result = train(run_dir, *RUN, env={"TRAINSTACK_TEST_SAMPLE_DELAY": delay})
+def _run(run_dir: Path, sample_delay: float) -> Path:
+    result = train(run_dir, *RUN, env={"TRAINSTACK_TEST_SAMPLE_DELAY": str(sample_delay)})
     assert result.returncode == 0, explain(result)
     return run_dir
 
 
+def _batch_size(run_dir: Path) -> int:
+    return yaml.safe_load(RunDir(run_dir).config.read_text())["batch_size"]
+
+
+def _step_seconds(run_dir: Path) -> float:
+    done = summary(run_dir)
+    return done["world_size"] * _batch_size(run_dir) / done["samples_per_second"]
+
+
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory) -> list[tuple[Path, Path]]:
-    """(starved run, fixed run) per pair, the second pair in the other order so a drifting host load cancels."""
+    """(starved run, fixed run) per pair, the second pair in the other order so a drifting host load cancels; each
+    starved batch waits as long as the first fixed run's step took."""
     folder = tmp_path_factory.mktemp("input-fix")
-    found = []
-    for pair in range(PAIRS):
-        order = ("starved", "fixed") if pair % 2 == 0 else ("fixed", "starved")
-        runs = {name: _run(folder / f"{name}-{pair}", SAMPLE_DELAY if name == "starved" else "0") for name in order}
-        found.append((runs["starved"], runs["fixed"]))
-    return found
+    first_fixed = _run(folder / "fixed-0", 0)
+    sample_delay = _step_seconds(first_fixed) / _batch_size(first_fixed)
+    first_starved = _run(folder / "starved-0", sample_delay)
+    second_starved = _run(folder / "starved-1", sample_delay)
+    return [(first_starved, first_fixed), (second_starved, _run(folder / "fixed-1", 0))]
 
 
 def test_the_input_bound_ceiling_predicts_the_speedup_of_removing_the_delay(pairs):
