@@ -246,6 +246,14 @@ def test_a_step_already_saved_is_not_saved_again(tmp_path):
     assert (layout.checkpoint(5) / checkpoint.MANIFEST).read_bytes() == before
 
 
+def test_a_run_that_keeps_no_checkpoint_writes_none(tmp_path):
+    layout = RunDir(tmp_path)
+    saver = Checkpointer(OneRank(), layout, strategy="ddp", keep=0)  # a throwaway run: trainstack tune's trials
+    assert not saver.due(5)
+    assert saver.save(trained(5), RunRecord("trial", trained(5))) is None
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_resume_restores_the_position_from_the_newest_intact_checkpoint(tmp_path):
     layout = RunDir(tmp_path)
     Checkpointer(OneRank(), layout, strategy="ddp", keep=3).save(trained(5), RunRecord("first", trained(5)))

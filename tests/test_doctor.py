@@ -360,6 +360,7 @@ def test_read_only_output_dir_fails(tmp_path):
         (32, 3, Status.FAIL, "not even one checkpoint fits"),
         (6, 2, Status.WARN, "will fill the disk"),
         (1, 3, Status.PASS, "writable"),
+        (32, 0, Status.PASS, "keeps no checkpoint"),  # tune's trials: however big the model, nothing to fit
     ],
 )
 def test_output_dir_room_for_checkpoints(tmp_path, checkpoint_mib, keep, status, phrase):

@@ -189,6 +189,8 @@ def test_config_file_and_flags_merge_with_flags_winning(tmp_path):
         ({"strategy": "fsdp", "ddp_bucket_cap_mb": 100}, "--ddp-bucket-cap-mb is a DDP option"),
         ({"strategy": "fsdp", "ddp_comm_hook": "bf16"}, "--ddp-comm-hook is a DDP option"),
         ({"ddp_static_graph": True, "grad_accum": 2}, "--ddp-static-graph needs --gradient-accumulation-steps 1"),
+        ({"keep_checkpoints": -1}, "--keep-checkpoints must be 0 or more"),
+        ({"keep_checkpoints": 0}, "--checkpoint-every 100 saves checkpoints that --keep-checkpoints 0 keeps none of"),
     ],
 )
 def test_config_validation_messages(values, message):

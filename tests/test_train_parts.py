@@ -17,7 +17,7 @@ from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from trainstack.rundir import METRICS_DIR_ENV, SUMMARY_VERSION, write_summary
 from trainstack.telemetry.interval import IntervalSums
 from trainstack.train.rank.config import TrainConfig
-from trainstack.train.rank.data import IGNORE_INDEX, collate
+from trainstack.train.rank.data import IGNORE_INDEX, collate, load_token_data
 from trainstack.train.rank.evaluation import mean_loss
 from trainstack.train.rank.loader_and_ddp import loader_options
 from trainstack.train.rank.outcome import EXIT_CODES, Failure, explain_runtime_error, summary
@@ -121,6 +121,15 @@ class FixedLogits(torch.nn.Module):
             logits[:, :-1].transpose(1, 2), labels[:, 1:], ignore_index=IGNORE_INDEX
         )
         return SimpleNamespace(logits=logits, loss=loss) if self.with_logits else {"loss": loss}
+
+
+@pytest.mark.parametrize("spec", ["builtin:sequences", "tests.factories:indexed_37"])
+def test_an_eval_fraction_of_0_evaluates_nothing_whatever_the_data(spec):
+    """The built-in data's evaluation set is its own, not a share held out; 0 still leaves it out (tune's trials)."""
+    held_out = load_token_data(spec, "text", 32, 0.05, 1234, TrainConfig())
+    none = load_token_data(spec, "text", 32, 0.0, 1234, TrainConfig())
+    assert len(held_out.eval) > 0 and len(none.eval) == 0
+    assert len(none.train) >= len(held_out.train)  # a factory's share goes back to training; the built-in's was apart
 
 
 def test_evaluation_counts_every_real_token_once_and_no_padding():

@@ -6,6 +6,7 @@ comm-bound fix must win; a healthy run, where none may."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import subprocess
 from types import SimpleNamespace
@@ -18,7 +19,8 @@ from trainstack import cli
 from trainstack.errors import EXIT_CONFIG
 from trainstack.monitoring.compare import profile
 from trainstack.telemetry.comm import TEST_ALLREDUCE_DELAY_ENV
-from trainstack.train.rank.config import TrainConfig
+from trainstack.train.launcher import launch_config
+from trainstack.train.rank.config import TrainConfig, from_sources
 from trainstack.tune.candidates import BASELINE, for_verdicts
 from trainstack.tune.config import TuneConfig
 from trainstack.tune.trials import Standing, Tuner
@@ -226,6 +228,38 @@ def test_the_progress_shows_each_trial_while_it_runs_and_ctrl_c_ends_it(tmp_path
     started = [("started", 1, "baseline", 1), ("running",), ("running",)]  # a tick at each poll it still ran
     assert seen.calls == started + ([] if interrupt else [("ended", "tune")])
     assert TrialProcess.killed is interrupt  # an interrupted trial is ended with the tuner, a finished one is not
+
+
+def test_a_trial_as_train_parses_it_saves_no_checkpoint_and_evaluates_nothing(tmp_path, monkeypatch):
+    """A trial measures speed: its end-of-run checkpoint (a real model's optimizer state) or evaluation (a real data
+    set's held-out share) could outlast its steps, and the scratch folder takes both away unread."""
+    source = tmp_path / "base.yaml"
+    source.write_text("num_workers: 1\ncheckpoint_every: 50\neval_every: 5\n")
+    commands = []
+
+    class Finished:
+        returncode = 0
+
+        def __init__(self, command, **kwargs):
+            commands.append(command)
+
+        def communicate(self, timeout):
+            return "", ""
+
+    monkeypatch.setattr(subprocess, "Popen", Finished)
+    rate = profile.Rate(steps_per_second=2.0, samples_per_second=32.0)
+    monkeypatch.setattr(profile, "load", lambda run_dir: SimpleNamespace(rate=rate, run_dir=run_dir))
+    tuner = Tuner(TuneConfig(source=source, write=tmp_path / "tuned.yaml", scratch=tmp_path), SeenProgress())
+    try:
+        tuner.trial(BASELINE)
+        parser = argparse.ArgumentParser()
+        launch_config.add_arguments(parser)
+        (command,) = commands
+        trial = from_sources(parser.parse_args(command[command.index("train") + 1 :]), on_cuda=False)
+    finally:
+        tuner.remove_scratch()
+    assert (trial.keep_checkpoints, trial.checkpoint_every, trial.eval_fraction) == (0, 0, 0)
+    assert (trial.num_workers, trial.resume) == (1, "never")  # the baseline's own options, and no resume
 
 
 class RefusingTrial:

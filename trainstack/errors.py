@@ -10,7 +10,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CONFIG = 2  # bad input or a failed preflight check: retrying cannot help (Kubernetes fails the Job at once)
 EXIT_RUNTIME = 69  # sysexits' EX_UNAVAILABLE: a network, listen or I/O failure; retrying may help
-EXIT_PREEMPTED = 75  # stopped by SIGTERM/SIGINT after saving a checkpoint: rerun the same command to resume
+EXIT_PREEMPTED = 75  # stopped by SIGTERM/SIGINT after saving a checkpoint (if the run keeps any): rerun to resume
 
 
 class ConfigError(Exception):

@@ -275,7 +275,12 @@ class Launch:
                 file=sys.stderr,
             )
             if summary["exit_reason"] == "preempted":
-                print("trainstack train: checkpoint saved; rerun the same command to resume", file=sys.stderr)
+                print(
+                    "trainstack train: checkpoint saved; rerun the same command to resume"
+                    if self.config.keep_checkpoints
+                    else "trainstack train: no checkpoint saved (--keep-checkpoints 0); the same command starts over",
+                    file=sys.stderr,
+                )
             if self.failed_rank:  # the agent's exit code is the rank's that failed first, rank 0's may be a peer's
                 return returncode
             return EXIT_FAILED if returncode and summary["exit_code"] == EXIT_OK else summary["exit_code"]

@@ -51,16 +51,17 @@ class Checkpointer:
         accelerator.print(f"resumed from {folder} at step {p.step}")
         return state.get(SEGMENTS_KEY, [])
 
-    def saved(self, step: int) -> bool:
-        """This step is saved already (the run resumed here and stopped again)."""
-        return self.run_dir.checkpoint(step).exists()
+    def due(self, step: int) -> bool:
+        """A save at this step writes a checkpoint: the run keeps some (keep 0 is a throwaway run, whose
+        checkpoints no one would load) and this step is not saved yet (the run resumed here and stopped again)."""
+        return self.keep > 0 and not self.run_dir.checkpoint(step).exists()
 
     def save(self, progress: Progress, record: RunRecord) -> float | None:
         """Every rank writes its part into a temporary folder; the main process seals and publishes it. Returns
-        the seconds it took, or None when this step is already saved (resumed here and stopped again)."""
+        the seconds it took, or None when nothing is due (`due`)."""
         accelerator, p = self.accelerator, progress
         final = self.run_dir.checkpoint(p.step)
-        if self.saved(p.step):
+        if not self.due(p.step):
             return None
         started = time.time()
         temporary = self.run_dir.unsealed_checkpoint(p.step)

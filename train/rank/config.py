@@ -82,7 +82,9 @@ class TrainConfig:
     )
     text_field: str = _option("text", "column holding the text in a local or hub dataset")
     seq_len: int = _option(128, "longest sequence in tokens; longer samples are truncated")
-    eval_fraction: float = _option(0.05, "share of a local/hub dataset held out for evaluation")
+    eval_fraction: float = _option(
+        0.05, "share of a local/hub dataset held out for evaluation (0: no evaluation, the built-in data's too)"
+    )
     eval_every: int = _option(0, "evaluate every N steps (0: only at the end)")
     model: str = _option("builtin:tiny-gpt", "builtin:tiny-gpt, builtin:small-gpt or a module:function factory")
     num_workers: int = _option(2, "data-loader worker processes per rank")
@@ -97,7 +99,9 @@ class TrainConfig:
         True, "keep the loader workers between epochs instead of starting them again (no effect with 0 workers)"
     )
     checkpoint_every: int = _option(100, "save a checkpoint every N steps (0: only on SIGTERM and at the end)")
-    keep_checkpoints: int = _option(3, "keep the newest N checkpoints")
+    keep_checkpoints: int = _option(
+        3, "keep the newest N checkpoints (0: write none, for a throwaway run such as trainstack tune's trials)"
+    )
     resume: str = _option("auto", "auto (latest valid checkpoint in the run directory), never, or a checkpoint path")
     sync_batchnorm: bool = _option(False, "convert BatchNorm layers to SyncBatchNorm (CUDA only)")
     find_unused_parameters: bool = _option(False, "let DDP tolerate parameters that get no gradient (slower)")
@@ -137,7 +141,6 @@ class TrainConfig:
             "batch_size",
             "grad_accum",
             "seq_len",
-            "keep_checkpoints",
             "log_every",
             "bucket_size",
             "prefetch_factor",
@@ -146,9 +149,22 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_steps", "epochs", "num_workers", "checkpoint_every", "warmup_steps", "eval_every"):
+        for name in (
+            "max_steps",
+            "epochs",
+            "num_workers",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "warmup_steps",
+            "eval_every",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{_flag(name)} must be 0 or more, got {getattr(self, name)}")
+        if self.keep_checkpoints == 0 and self.checkpoint_every:
+            raise ConfigError(
+                f"--checkpoint-every {self.checkpoint_every} saves checkpoints that --keep-checkpoints 0 keeps none of; "
+                "pass --checkpoint-every 0 with it"
+            )
         if self.max_steps == 0 and self.epochs == 0:
             raise ConfigError("set --max-steps or --epochs (both are 0, so training would never stop)")
         if not self.lr > 0:

@@ -8,7 +8,7 @@ done here: `Accelerator.prepare` gives each rank its own slice of the sampler's 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,9 @@ def load_token_data(
 ) -> TokenData:
     if spec.startswith(BUILTIN_PREFIX):
         check_dataset_spec(spec)
-        return BUILTIN_DATASETS[spec[len(BUILTIN_PREFIX) :]](seq_len, seed)
+        data = BUILTIN_DATASETS[spec[len(BUILTIN_PREFIX) :]](seq_len, seed)
+        # Its evaluation set is its own, not a share of the training data; none is still none.
+        return data if eval_fraction > 0 else replace(data, eval=[])
     if is_factory(spec):
         dataset = load_factory(spec, "dataset")(factory_config)
         return _split(dataset, eval_fraction, seed, _vocab_size(dataset))

@@ -294,7 +294,7 @@ class Trainer:
         return stop
 
     def save(self) -> None:
-        if self.checkpointer.saved(self.progress.step):
+        if not self.checkpointer.due(self.progress.step):
             return
         with self.monitor.pause(CHECKPOINT_SAVE):
             self.checkpointer.save(self.progress, self.record)

@@ -131,7 +131,13 @@ class Tuner:
             str(self.config.steps),
             "--log-every",
             str(self.config.steps // 5),
+            # A trial measures speed: a checkpoint or an evaluation at its end (a real model's optimizer state, a
+            # real data set's held-out share) could take longer than its steps, and no one would read either.
             "--checkpoint-every",
+            "0",
+            "--keep-checkpoints",
+            "0",
+            "--eval-fraction",
             "0",
             "--resume",
             "never",

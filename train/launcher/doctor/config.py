@@ -91,7 +91,7 @@ class DoctorConfig:
             "node_rank": 0,
             "cpu_count": 1,
             "loader_batch_bytes": 0,
-            "keep_checkpoints": 1,
+            "keep_checkpoints": 0,
         }
         for name, low in at_least.items():
             if getattr(self, name) < low:

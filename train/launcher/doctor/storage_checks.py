@@ -44,6 +44,13 @@ def check_output_dir(config: DoctorConfig, gpus: GpuInventory) -> CheckResult:
             "user owns (read-only root filesystems allow writes only to mounted volumes)",
         )
     free = shutil.disk_usage(existing).free
+    if config.keep_checkpoints == 0:
+        return CheckResult(
+            "output-dir",
+            Status.PASS,
+            f"{target} writable; {human_bytes(free)} free at {existing}; the run keeps no checkpoint "
+            "(--keep-checkpoints 0)",
+        )
     if config.checkpoint_bytes is None:
         return CheckResult(
             "output-dir",
