@@ -11,8 +11,8 @@ from trainstack import breakdown, ceilings
 from trainstack.monitoring.diagnose.ceilings import of_snapshot
 from trainstack.monitoring.diagnose.render import render_json, render_text
 from trainstack.monitoring.diagnose.snapshot import RankView, Snapshot
-from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures
+from trainstack.thresholds import Thresholds
 
 
 @pytest.mark.parametrize(("share", "speedup"), [(0.0, 1.0), (0.12, 1.136), (0.31, 1.449), (0.4, 1.667), (0.5, 2.0)])

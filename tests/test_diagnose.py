@@ -25,10 +25,10 @@ from trainstack.hang_verdict import Hang
 from trainstack.monitoring.diagnose.render import render_text
 from trainstack.monitoring.diagnose.snapshot import Snapshot, read_snapshot
 from trainstack.monitoring.diagnose.sources import ExporterSource
-from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes
 from trainstack.rundir import RunDir, free_port
 from trainstack.telemetry.comm import TEST_ALLREDUCE_DELAY_ENV
+from trainstack.thresholds import Thresholds
 
 
 def gpu_snapshot(ranks=None, gpus=None) -> Snapshot:

@@ -12,10 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from trainstack import catalog
 from trainstack.hang_verdict import latest_hang
 from trainstack.monitoring.diagnose.snapshot import read_snapshot
-from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose
 from trainstack.monitoring.exporter.hang import HangCollector
 from trainstack.rundir import RunDir, hang_pid_file
+from trainstack.thresholds import Thresholds
 
 HEADLINE = "rank 1 has not joined all_reduce #11 of process group 0 (rank 0 waits in it)"
 FIX = "a collective under `if rank == 0:` runs on one rank only: run it on every rank"

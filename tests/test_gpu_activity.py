@@ -180,11 +180,11 @@ def measured(size: int, dtype: torch.dtype):
 
     from tests.helpers.fakes import CountersSource
     from trainstack.monitoring.diagnose.snapshot import read_snapshot
-    from trainstack.monitoring.diagnose.thresholds import Thresholds
     from trainstack.monitoring.diagnose.verdicts import diagnose
     from trainstack.monitoring.exporter.gpu import GpuCollector
     from trainstack.monitoring.exporter.nvml import NvmlSession
     from trainstack.monitoring.exporter.sampler import Sampler
+    from trainstack.thresholds import Thresholds
 
     stop = threading.Event()
     worker = threading.Thread(target=busy_loop, args=(size, dtype, stop))

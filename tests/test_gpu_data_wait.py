@@ -15,8 +15,8 @@ from tests.helpers.fakes import kinds
 from tests.helpers.runs import live_run
 from trainstack.monitoring.diagnose.snapshot import Snapshot, read_snapshot
 from trainstack.monitoring.diagnose.sources import ExporterSource
-from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import Verdict, diagnose
+from trainstack.thresholds import Thresholds
 
 pytestmark = [
     pytest.mark.gpu,

@@ -373,8 +373,8 @@ def test_a_recorder_that_fails_to_dump_is_said_so_and_its_rank_is_not_taken_for_
 def test_diagnose_names_where_ranks_wait_once_evidence_of_this_stall_is_there(tmp_path):
     from trainstack.hang_verdict import latest_hang
     from trainstack.monitoring.diagnose.snapshot import RankView, Snapshot
-    from trainstack.monitoring.diagnose.thresholds import Thresholds
     from trainstack.monitoring.diagnose.verdicts import diagnose
+    from trainstack.thresholds import Thresholds
 
     stall = RunDir(tmp_path).hang / "stall-1"
     write_rank(stall, 0, [user(40), C10D], [entry(1), entry(2)])

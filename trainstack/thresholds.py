@@ -2,7 +2,7 @@
 
 Each entry is read by every place that judges a figure. The alert rules take their numbers from it
 (monitoring/prometheus/build_rules.py writes monitoring/prometheus/rules/alerts.yml, whose PromQL Prometheus loads
-as it is), `trainstack diagnose` takes its defaults from it (monitoring/diagnose/thresholds.py), and the Grafana
+as it is), `trainstack diagnose` takes its defaults from it (`Thresholds`, below), and the Grafana
 panels draw it as their red line (monitoring/grafana/build_dashboards.py), as does the report's data-wait figure.
 The rule file is generated rather than read back because Prometheus needs concrete numbers in its expressions, and a
 number read back out of PromQL is a guess at the expression's shape; generating keeps the committed file plain
@@ -12,12 +12,15 @@ table gives.
 To change a threshold: edit its value here and run `make generate` (the rule files, the tables of docs/alerts.md,
 the dashboards, k8s/common/generated); move the alert's unit test in monitoring/prometheus/tests/ if its samples
 sat near the old number. A new check is one entry here, which its alert (build_rules.py) and its verdict
-(monitoring/diagnose/verdicts.py) read by name, and diagnose's Thresholds gains a field by itself.
+(monitoring/diagnose/verdicts.py) read by name, and `Thresholds` gains a field by itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+
+from trainstack.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -217,3 +220,20 @@ GPU_SAMPLE_STALE = Threshold(
 )
 
 THRESHOLDS: tuple[Threshold, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Threshold))
+
+
+def _check_positive(self) -> None:
+    for name, value in vars(self).items():
+        if not value > 0:
+            raise ConfigError(f"threshold {name.replace('_', '-')} must be positive, got {value}")
+
+
+Thresholds = dataclasses.make_dataclass(
+    "Thresholds",
+    [(t.name, float, dataclasses.field(default=t.value)) for t in THRESHOLDS],
+    frozen=True,
+    namespace={"__post_init__": _check_positive},
+)
+Thresholds.__doc__ = """The thresholds one judgement applies: a field per entry above, defaulting to its value, so `trainstack
+diagnose` and the alerts (generated from the same entries) agree on what is wrong, while diagnose's flags and the tests
+may set their own. Built from the entries, so that a new threshold is one entry and no second list."""

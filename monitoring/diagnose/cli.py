@@ -69,12 +69,11 @@ def run(args: argparse.Namespace) -> int:
     from trainstack.monitoring.diagnose.render import render_json, render_text
     from trainstack.monitoring.diagnose.snapshot import read_snapshot
     from trainstack.monitoring.diagnose.sources import open_source
-    from trainstack.monitoring.diagnose.thresholds import Thresholds
     from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes
 
     if not args.interval > 0:
         raise ConfigError(f"--interval must be positive seconds, got {args.interval}")
-    limits = Thresholds(stall_seconds=args.stall_seconds)
+    limits = thresholds.Thresholds(stall_seconds=args.stall_seconds)
     selector = f'job="{args.job}"' if args.job else ""
     source = open_source(args.url, args.source, args.interval, selector, args.window)
     snapshot = read_snapshot(source)

@@ -14,9 +14,9 @@ from trainstack import breakdown, ratios
 from trainstack.monitoring.diagnose.ceilings import of_snapshot
 from trainstack.monitoring.diagnose.render import verdict_dicts
 from trainstack.monitoring.diagnose.snapshot import RankView, Snapshot
-from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose
 from trainstack.rundir import SEGMENT_MARKER, RunDir, read_json_lines
+from trainstack.thresholds import Thresholds
 
 
 def last_launch(lines: list[dict]) -> list[dict]:

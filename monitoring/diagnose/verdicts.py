@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from trainstack import catalog, thresholds
 from trainstack.monitoring.diagnose.snapshot import GpuProcess, GpuView, RankView, Snapshot
-from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.rundir import INSTRUMENT_HINT, LAUNCHER_TRAIN
+from trainstack.thresholds import Thresholds
 from trainstack.units import human_bytes
 
 MIB, GIB = 1 << 20, 1 << 30

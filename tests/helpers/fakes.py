@@ -9,12 +9,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import trainstack.monitoring.nvml_fake as fake
 from trainstack.monitoring.diagnose.snapshot import GpuView, RankView
-from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.exporter.app import build_registry
 from trainstack.monitoring.exporter.config import ExporterConfig
 from trainstack.monitoring.exporter.nvml import NvmlSession
 from trainstack.monitoring.exporter.sampler import Sampler
 from trainstack.telemetry.device import RankIdentity
+from trainstack.thresholds import Thresholds
 
 
 class FakeGpu:

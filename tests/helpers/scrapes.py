@@ -10,8 +10,8 @@ from prometheus_client.samples import Sample
 
 from trainstack.monitoring.diagnose.snapshot import read_snapshot
 from trainstack.monitoring.diagnose.sources import open_source
-from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import Verdict, diagnose
+from trainstack.thresholds import Thresholds
 
 
 def scrape(target: str | int) -> list[Sample] | None:
