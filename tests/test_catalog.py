@@ -36,7 +36,7 @@ from tests.helpers.promql import PROMETHEUS_SERIES, label_values_metric, metric_
 from tests.helpers.runs import REPO, stop_process
 from tests.helpers.scrapes import scrape
 from tests.standin_ranks import write_rank
-from trainstack import catalog, ratios
+from trainstack import catalog, problems, ratios
 from trainstack.rundir import RunDir, free_port
 from trainstack.train.launcher.watch import CommandState
 
@@ -170,9 +170,10 @@ def ratio_references(path: Path) -> set[str]:
 
 
 def verdict_kinds() -> set[str]:
+    """The kinds verdicts.py writes: each Verdict's first argument, a kind constant of trainstack/problems.py."""
     tree = ast.parse((DIAGNOSE_DIR / "verdicts.py").read_text())
     return {
-        node.args[0].value
+        getattr(problems, node.args[0].attr)
         for node in ast.walk(tree)
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Verdict"
     }

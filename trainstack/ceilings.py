@@ -25,24 +25,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from trainstack import breakdown, ratios
+from trainstack.problems import COMM_BOUND, HOST_BOUND, INPUT_BOUND, PAUSES, STRAGGLER, WHAT_FIX_GAINS
 
-INPUT_BOUND = "input-bound"
-COMM_BOUND = "comm-bound"
-HOST_BOUND = "host-bound"
-STRAGGLER = "straggler"
-PAUSES = "pauses"
-
-WHAT_FIX_GAINS = {
-    INPUT_BOUND: ("the loader starves the device {share} of step time", "a loader that keeps up"),
-    COMM_BOUND: (
-        "every rank waits for communication compute does not hide at least {share} of step time",
-        "communication that compute hides",
-    ),
-    HOST_BOUND: ("the GPU idles waiting for the host {share} of step time", "a host that keeps the GPU fed"),
-    STRAGGLER: ("the other ranks wait for the straggler {share} of step time", "a straggler as fast as its peers"),
-    PAUSES: ("evaluation and checkpoints pause training {share} of the wall time", "a loop that never pauses"),
-}
-"""Per kind: what the share is, and the fix whose ceiling it gives."""
 PAUSE_PARTS = (breakdown.EVALUATION, breakdown.CHECKPOINT_SAVE, breakdown.CHECKPOINT_LOAD)
 
 

@@ -1,5 +1,6 @@
 """From a Snapshot to verdicts: each names what keeps the GPUs from being used, with its evidence and a fix.
-The fixes say the same as the alerts' descriptions (monitoring/prometheus/rules/alerts.yml, docs/alerts.md)."""
+Each verdict's kind, thresholds and fix are its problem's (trainstack/problems.py), which the alerts read too; a
+check here adds what only the snapshot can say (the ranks, the GPUs, the hang's evidence)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainstack import catalog, thresholds
+from trainstack import catalog
+from trainstack import problems as P
 from trainstack.monitoring.diagnose.snapshot import GpuProcess, GpuView, RankView, Snapshot
-from trainstack.rundir import INSTRUMENT_HINT, LAUNCHER_TRAIN
+from trainstack.rundir import INSTRUMENT_HINT
 from trainstack.thresholds import Thresholds
 from trainstack.units import human_bytes
 
@@ -39,10 +41,17 @@ def _ranks_list(ranks: list[RankView]) -> str:
     return ", ".join(f"rank {r.rank}" for r in ranks)
 
 
+def _fix(kind: str, ranks: list[RankView]) -> str:
+    """The problem's fix in the words of whoever started `ranks` (problems.Fix.words)."""
+    fix = P.PROBLEMS[kind].fix
+    assert fix is not None, f"{kind} names no fix"
+    return fix.words([r.launcher for r in ranks])
+
+
 def _knob(ranks: list[RankView], train: str, script: str) -> str:
-    """A fix in the user's words: `trainstack train`'s flag where it started every rank, else the knob in the
-    user's own script (a watched command, or a loop that does not say what started it)."""
-    return train if ranks and all(r.launcher == LAUNCHER_TRAIN for r in ranks) else script
+    """A knob in the user's words, as problems.Fix.words picks them: for what a verdict adds to its problem's fix
+    from the snapshot (a setting the ranks say is off)."""
+    return P.Fix(train, script).words([r.launcher for r in ranks])
 
 
 def _uninstrumented(snapshot: Snapshot, limits: Thresholds) -> bool:
@@ -64,11 +73,10 @@ def no_training(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         if g.utilization is not None
     ]
     return Verdict(
-        "no-training",
+        P.NO_TRAINING,
         "the source has no training series: no rank has started, or the exporter reads the wrong metrics directory",
         tuple(evidence) or (f"no {catalog.TRAIN_PREFIX}* series at all",),
-        "start the run with trainstack train (its exporter reads RUN_DIR/metrics); for a separate exporter pass "
-        "--metrics-dir RUN_DIR/metrics; with Prometheus, check --job and the target on its /targets page",
+        _fix(P.NO_TRAINING, []),
     )
 
 
@@ -79,19 +87,16 @@ def not_started(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if snapshot.hang is not None:  # the launcher's evidence of this launch (the exporter serves no earlier one's)
         hang = snapshot.hang[0]
         return Verdict(
-            "stalled",
+            P.STALLED,
             f"no rank has completed its first step: {hang.headline}",
             (registered, *hang.evidence),
             f"{hang.fix}; --collective-timeout turns such a hang into an error",
         )
     return Verdict(
-        "no-step-yet",
+        P.NO_STEP_YET,
         registered,
         (f"{catalog.TRAIN_LAST_STEP.name} is 0 on every rank",),
-        "wait for the first step (model build, data loading, rendezvous); if it never comes, the launcher "
-        f"(trainstack train or watch) collects where each rank waits into RUN_DIR/hang/ "
-        f"{thresholds.HANG_CEILING.value:g} s after the last rank started its loop (trainstack train's ranks "
-        "still starting, before their loops: half of --collective-timeout), and diagnose then names it",
+        _fix(P.NO_STEP_YET, snapshot.ranks),
     )
 
 
@@ -125,21 +130,17 @@ def stalled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         )
     if hang is not None:
         return Verdict(
-            "stalled",
+            P.STALLED,
             f"no rank has completed a step for {age:.0f} s: {hang.headline}",
             (*evidence, *hang.evidence),
             f"{hang.fix}; --collective-timeout turns such a hang into an "
             "error; rerun the same command to resume from the last checkpoint",
         )
     return Verdict(
-        "stalled",
+        P.STALLED,
         f"no rank has completed a step for {age:.0f} s (threshold {limits.stall_seconds:g} s) while the exporter is up",
         tuple(evidence),
-        "the launcher (trainstack train or watch) collects where each rank waits into RUN_DIR/hang/ once no "
-        "rank has stepped for 20 median steps (at least 60 s), and diagnose then names the rank and the collective "
-        "or frame it waits in (the exporter beside the run serves it; elsewhere --run-dir RUN_DIR); "
-        "--collective-timeout turns such a hang into an error naming the rank; rerun the same command to resume "
-        "from the last checkpoint",
+        _fix(P.STALLED, snapshot.ranks),
     )
 
 
@@ -163,15 +164,14 @@ def gpus_unused(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if not idle:
         return None
     return Verdict(
-        "gpus-unused",
+        P.GPUS_UNUSED,
         f"{where} {len(idle)} of {len(snapshot.gpus)} visible GPU(s) sit idle with no {user} on them",
         tuple(
             f"GPU {g.index} ({g.name or g.uuid}): utilization "
             f"{'unknown' if g.utilization is None else _percent(g.utilization)}, {unused}"
             for g in idle
         ),
-        "start one rank per GPU (trainstack train, or torchrun/accelerate launch with --nproc-per-node equal to "
-        "the GPU count) instead of a single process or nn.DataParallel; or hide the GPU with CUDA_VISIBLE_DEVICES",
+        _fix(P.GPUS_UNUSED, snapshot.ranks),
     )
 
 
@@ -224,15 +224,17 @@ def one_process_many_gpus(snapshot: Snapshot, limits: Thresholds) -> Verdict | N
     if not driven:
         return None
     return Verdict(
-        "one-process-many-gpus",
+        P.ONE_PROCESS_MANY_GPUS,
         "one process drives several GPUs (nn.DataParallel, or a model split by hand): "
         + "; ".join(f"{_process_name(held[0][0])} on {len(held)} GPUs" for held in driven),
         tuple(line for held in driven for line in _driven_gpus_evidence(held)),
-        "run one process per GPU with DistributedDataParallel: torchrun --nproc-per-node <GPUs> (or trainstack "
-        "train, or accelerate launch) instead of nn.DataParallel, which is single-process: one Python thread drives "
-        "every GPU, and its first GPU scatters the batch, gathers the outputs and computes the loss while the others "
-        "wait; a model split across GPUs by hand runs one GPU at a time: shard it with FSDP, one process per GPU",
+        _fix(P.ONE_PROCESS_MANY_GPUS, snapshot.ranks),
     )
+
+
+def _sentence(text: str) -> str:
+    """A fix that follows a full stop: its first letter capitalized."""
+    return text[:1].upper() + text[1:]
 
 
 def _data_wait_evidence(rank: RankView) -> str:
@@ -258,13 +260,11 @@ def input_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if not waiting:
         return None
     return Verdict(
-        "input-bound",
+        P.INPUT_BOUND,
         f"input-bound: {_ranks_list(waiting)} wait(s) for the data loader more than "
         f"{_percent(limits.input_bound_ratio)} of the time",
         tuple(_data_wait_evidence(r) for r in waiting),
-        f"raise {_knob(snapshot.ranks, '--num-workers', 'DataLoader(num_workers=...)')}, pre-tokenize or move "
-        "decoding out of __getitem__, or put the data on faster storage; in DDP every other rank waits for the "
-        "slowest loader",
+        f"{_fix(P.INPUT_BOUND, snapshot.ranks)}; in DDP every other rank waits for the slowest loader",
     )
 
 
@@ -287,14 +287,12 @@ def straggler(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     )
     measured = [r for r in snapshot.ranks if r.rank in beyond]
     return Verdict(
-        "straggler",
+        P.STRAGGLER,
         f"rank {named} is a straggler: the other rank(s) wait for it {cost} at the collectives "
         f"(threshold {_percent(limits.straggler_wait_ratio)})",
         tuple(_straggler_evidence(measured)),
         "the others wait for it at each gradient all-reduce (and DDP's buffer broadcast); the evidence says which "
-        "part of its step is slow. Check its GPU's clocks, temperature and throttle reasons, its loader, and work "
-        "only it does between steps (logging, evaluation, checkpoints on one rank); move other processes off its "
-        "GPU and CPU cores, or bucket batches by length",
+        f"part of its step is slow. {_sentence(_fix(P.STRAGGLER, measured))}",
     )
 
 
@@ -344,22 +342,11 @@ def comm_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         if fix
     ]
     return Verdict(
-        "comm-bound",
+        P.COMM_BOUND,
         f"communication-bound: every rank waits at least {_percent(least)} of its step time for "
         f"communication (threshold {_percent(limits.comm_bound_ratio)}): compute does not hide it",
         tuple(evidence),
-        "".join(f"{fix}; " for fix in first)
-        + "fewer all-reduces per sample: "
-        + _knob(
-            measured,
-            "a larger per-rank --batch-size or --gradient-accumulation-steps (the micro-batches before the "
-            "last skip the all-reduce under no_sync); fewer, larger buckets (DDP bucket_cap_mb)",
-            "a larger per-GPU batch (your DataLoader(batch_size=...)) or gradient accumulation with the micro-batches "
-            "before the last under model.no_sync(); fewer, larger buckets (DDP(model, bucket_cap_mb=...))",
-        )
-        + "; a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in containers, and that "
-        "NCCL_P2P_DISABLE, NCCL_SHM_DISABLE or NCCL_IB_DISABLE are not set; or "
-        + _knob(measured, "--strategy fsdp", "FSDP (fully_shard) instead of DDP"),
+        "".join(f"{fix}; " for fix in first) + _fix(P.COMM_BOUND, measured),
     )
 
 
@@ -512,19 +499,11 @@ def host_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         )
 
     return Verdict(
-        "host-bound",
+        P.HOST_BOUND,
         f"host-bound: {_ranks_list(idle)}: the GPU idles more than "
         f"{_percent(limits.host_bound_ratio)} of its step time although it has data and waits on no communication",
         tuple(evidence(r) for r in idle),
-        "give each kernel launch more work: "
-        + _knob(
-            idle,
-            "a larger per-rank --batch-size (lower --gradient-accumulation-steps to keep the global batch); --compile",
-            "a larger per-GPU batch in your DataLoader(batch_size=...) (fewer accumulation micro-batches "
-            "to keep the global batch); model = torch.compile(model)",
-        )
-        + " (torch.compile fuses small kernels: fewer launches); and no host synchronization in the loop (.item(), "
-        "printing or copying tensors to the CPU each step)",
+        _fix(P.HOST_BOUND, idle),
     )
 
 
@@ -583,15 +562,7 @@ def gpu_underused(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         rank = ranks.get(g.uuid)
         on_hollow += [rank] if rank else []
         evidence += filter(None, (_activity(g), rank and _rank_setup(rank, g), _memory_bound(g, limits)))
-    fixes = [
-        _knob(
-            on_hollow,
-            "a larger per-GPU --batch-size (lower --gradient-accumulation-steps to keep the global batch)",
-            "a larger per-GPU batch in your DataLoader(batch_size=...) (fewer accumulation micro-batches to keep "
-            "the global batch)",
-        )
-        + ": more work per kernel fills more SMs"
-    ]
+    fixes = [_fix(P.GPU_UNDERUSED, on_hollow)]
     if any(r.mixed_precision == "no" for r in on_hollow):
         fixes.append(
             _knob(on_hollow, "--mixed-precision bf16", "torch.autocast(device_type='cuda', dtype=torch.bfloat16)")
@@ -606,7 +577,7 @@ def gpu_underused(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         "fewer tiny kernels in the model's code (fused optimizers: AdamW(fused=True); no per-parameter Python loops)"
     )
     return Verdict(
-        "gpu-underused",
+        P.GPU_UNDERUSED,
         f"{len(hollow)} GPU(s) read busy but do little: a kernel runs at least "
         f"{_percent(limits.gpu_underused_utilization_ratio)} of the time while under "
         f"{_percent(limits.gpu_underused_sm_active_ratio)} of their SMs work",
@@ -637,19 +608,12 @@ def no_tensor_cores(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
                 + (" (fp32 matmuls use the tensor cores only with TF32 on)" if rank.mixed_precision == "no" else "")
             )
     return Verdict(
-        "no-tensor-cores",
+        P.NO_TENSOR_CORES,
         f"{len(idle)} GPU(s) work without their tensor cores: at least "
         f"{_percent(limits.no_tensor_cores_sm_active_ratio)} of the SMs busy, tensor cores under "
         f"{_percent(limits.no_tensor_cores_tensor_active_ratio)} of the time",
         tuple(evidence),
-        _knob(
-            [rank for g in idle if (rank := ranks.get(g.uuid))],
-            "--mixed-precision bf16",
-            "torch.autocast(device_type='cuda', dtype=torch.bfloat16)",
-        )
-        + " (bf16 autocast); or, to stay in fp32, TF32 for its matmuls: "
-        'torch.set_float32_matmul_precision("high"); matmul sizes that are multiples of 8 let the tensor cores '
-        "take them",
+        _fix(P.NO_TENSOR_CORES, [rank for g in idle if (rank := ranks.get(g.uuid))]),
     )
 
 
@@ -673,11 +637,10 @@ def throttled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if not evidence:
         return None
     return Verdict(
-        "throttled",
+        P.THROTTLED,
         f"{len(evidence)} GPU throttling finding(s): the throttled GPUs' ranks hold up the job",
         tuple(evidence),
-        "thermal: check fans, airflow and inlet temperature; power: compare the power limit with the card's "
-        "rating and restore it (nvidia-smi -rpl), or have the node's power delivery checked",
+        _fix(P.THROTTLED, snapshot.ranks),
     )
 
 
@@ -688,12 +651,10 @@ def memory_full(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if not full:
         return None
     return Verdict(
-        "memory-full",
+        P.MEMORY_FULL,
         f"GPU memory nearly full on {len(full)} GPU(s) (over {_percent(limits.memory_full_ratio)})",
         tuple(f"GPU {g.index}: {_percent(g.memory_used_ratio)} of its memory used" for g in full),
-        "a longer batch or fragmentation ends in CUDA out of memory: lower --batch-size and raise "
-        "--gradient-accumulation-steps, use --mixed-precision bf16, or set "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+        f"a longer batch or fragmentation ends in CUDA out of memory: {_fix(P.MEMORY_FULL, snapshot.ranks)}",
     )
 
 
@@ -705,17 +666,10 @@ def low_mfu(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if mean >= limits.low_mfu_ratio:
         return None
     return Verdict(
-        "low-mfu",
+        P.LOW_MFU,
         f"low MFU: the ranks use {_percent(mean)} of the GPUs' peak FLOP/s (under {_percent(limits.low_mfu_ratio)})",
         tuple(f"rank {r.rank}: MFU {_percent(r.mfu)}" for r in measured),
-        "first rule out input-bound and stragglers; then "
-        + _knob(
-            measured,
-            "a larger per-rank --batch-size, --mixed-precision bf16",
-            "a larger per-GPU batch in your DataLoader(batch_size=...), bf16 autocast "
-            '(torch.autocast("cuda", dtype=torch.bfloat16))',
-        )
-        + ", fewer host synchronizations in the loop, or a model big enough to fill the GPU",
+        _fix(P.LOW_MFU, measured),
     )
 
 
@@ -728,15 +682,14 @@ def gpu_data_stale(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if not stale:
         return None
     return Verdict(
-        "gpu-data-stale",
+        P.GPU_DATA_STALE,
         f"the exporter's GPU data is stale: no GPU sample for more than "
         f"{limits.gpu_sample_stale_intervals:g} sampling intervals, so the GPU figures here are old",
         tuple(
             f"{where}: sample {age:.0f} s old, read every {interval:g} s"
             for where, (age, interval) in sorted(stale.items())
         ),
-        "an NVML call hangs in the driver or the host is starved of CPU: check nvidia-smi and the kernel log for "
-        "Xid errors on the node; drain it if nvidia-smi hangs too, else restart the exporter",
+        f"an NVML call hangs in the driver or the host is starved of CPU: {_fix(P.GPU_DATA_STALE, snapshot.ranks)}",
     )
 
 

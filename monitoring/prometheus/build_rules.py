@@ -22,7 +22,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script: the tables come from this checkout
-from trainstack import breakdown, catalog, ratios, thresholds  # noqa: E402
+from trainstack import breakdown, catalog, problems, ratios, thresholds  # noqa: E402
 from trainstack.generated import write_or_check  # noqa: E402
 
 RULES_DIR = ROOT / "monitoring/prometheus/rules"
@@ -47,12 +47,20 @@ class Alert:
     expr: str
     severity: str
     summary: str
-    description: str
-    """Likely cause, then "Fix: ..." (tests/test_monitoring_rules.py)."""
+    cause: str
+    """What the alert sees and its likely cause; the description adds "Fix: " and the fix of its problem
+    (trainstack/problems.py), the one the verdict gives (tests/test_monitoring_rules.py)."""
     fires_when: str
     """docs/alerts.md's one-line summary of the expression."""
     for_: str = ""
     comment: str = ""
+    fix: str = ""
+    """The alert's own fix, where it carries one its problem's fix cannot (a label of the hang evidence's); empty
+    for the problem's."""
+
+    @property
+    def description(self) -> str:
+        return f"{self.cause} Fix: {self.fix or problems.of_alert(self.name).fix.train}."
 
 
 @dataclass(frozen=True)
@@ -217,8 +225,7 @@ change them.""",
                     "warning",
                     "GPU {{ $labels.gpu }} on {{ $labels.instance }} is idle and no rank of the training job uses it",
                     "Likely cause: fewer ranks than GPUs (a plain `python train.py`, DataParallel, or a small "
-                    "--nproc-per-node). Fix: start one rank per GPU (`trainstack train`, or torchrun/accelerate launch "
-                    "with --nproc-per-node equal to the GPU count), or hide the GPU with CUDA_VISIBLE_DEVICES.",
+                    "--nproc-per-node).",
                     fires_when=f"a GPU no rank runs on idles (< {T.GPU_IDLE.percent}) while the job trains",
                     for_="10m",
                 ),
@@ -234,11 +241,8 @@ change them.""",
                     "warning",
                     "Process {{ $labels.pid }} {{ with $labels.process }}({{ . }}) {{ end }}on "
                     "{{ $labels.instance }} drives {{ $value }} GPUs by itself",
-                    "Likely cause: torch.nn.DataParallel, which runs one process: one Python thread drives every GPU, and "
-                    "the first GPU scatters each batch, gathers the outputs and computes the loss while the others wait; "
-                    "or a model split across GPUs by hand, which runs one GPU at a time. Either way more GPUs add little "
-                    "speed. Fix: run one process per GPU with DistributedDataParallel (torchrun --nproc-per-node N, "
-                    "`trainstack train`, or accelerate launch), or shard a model too large for one GPU with FSDP.",
+                    "Likely cause: torch.nn.DataParallel, or a model split across GPUs by hand. Either way more GPUs "
+                    "add little speed.",
                     fires_when=f"one process is the main memory user of 2 or more GPUs busy >= "
                     f"{T.PROCESS_GPU_BUSY.percent}",
                     for_="10m",
@@ -252,9 +256,7 @@ change them.""",
                     "critical",
                     f"Job {{{{ $labels.job }}}} has made no training step for over {T.STALL.value / 60:g} minutes",
                     "Likely cause: a hang in a collective (one rank crashed or is stuck and the others wait for it), a "
-                    "stuck data-loader worker, or a very slow checkpoint write. Fix: find the rank that stopped first "
-                    "with `trainstack diagnose` and read its log; a --collective-timeout turns such a hang into an error "
-                    "that names the rank.",
+                    "stuck data-loader worker, or a very slow checkpoint write.",
                     fires_when=f"no rank of the job finished a step for {T.STALL.value / 60:g} minutes",
                     for_="1m",
                 ),
@@ -269,10 +271,10 @@ change them.""",
                     f"{T.HANG_STEP_MULTIPLE.value:g} median steps, or made its first step in "
                     f"{T.HANG_CEILING.value:g} s, or left its start-up in half the collective timeout (each rank's Python stack and its collectives in flight, in "
                     "RUN_DIR/hang) names rank(s) "
-                    "{{ $labels.culprits }}. Fix: {{ $labels.fix }} (`trainstack diagnose --run-dir RUN_DIR` has "
-                    "the evidence)",
+                    "{{ $labels.culprits }}.",
                     fires_when="the launcher collected a stall's evidence after the job's last step, or before its "
                     "first: a hang now, with where each rank waits, minutes before TrainstackTrainingStalled",
+                    fix="{{ $labels.fix }} (`trainstack diagnose --run-dir RUN_DIR` has the evidence)",
                 ),
                 Alert(
                     "TrainstackInputBound",
@@ -280,8 +282,7 @@ change them.""",
                     "warning",
                     "Rank {{ $labels.rank }} waits for data {{ $value | humanizePercentage }} of the time",
                     "The rank's accelerator idles while the next batch is prepared, and in DDP every other rank waits "
-                    "for it. Fix: raise --num-workers, pre-tokenize or move decoding out of __getitem__, or put the data "
-                    "on faster storage.",
+                    "for it.",
                     fires_when=f"a rank is blocked on its data loader > {T.INPUT_BOUND.percent} of the time",
                     for_="5m",
                 ),
@@ -295,9 +296,7 @@ change them.""",
                     "of their step time",
                     "Every rank waits for it at the collectives (the gradient all-reduce, DDP's buffer broadcast), so the "
                     "job runs at its speed; it waits least itself. Likely its GPU is throttled or shared, its batches are "
-                    "longer or its loader slower, or it does extra work between steps (logging, checkpoints on one rank). "
-                    "Fix: check that GPU's clocks, temperature and throttle panels and its data wait, move other processes "
-                    "off its GPU and CPU cores, bucket batches by length, or spread the work only rank 0 does.",
+                    "longer or its loader slower, or it does extra work between steps (logging, checkpoints on one rank).",
                     fires_when=f"the other ranks wait at the collectives > {T.STRAGGLER.percent} of their step time beyond "
                     "the least-waiting rank, which is named",
                     for_="10m",
@@ -310,9 +309,7 @@ change them.""",
                     "{{ $value | humanizePercentage }} of its step time",
                     "Backward compute does not hide the gradient all-reduce: the link between the ranks is too slow "
                     "for the gradients (no NVLink or P2P, NCCL over sockets, nodes over Ethernet), so adding ranks adds "
-                    "little speed. Fix: a larger per-rank batch or gradient accumulation (fewer all-reduces per sample), "
-                    "a larger DDP bucket_cap_mb, check P2P/NVLink (nvidia-smi topo -m), /dev/shm size and NCCL_P2P_DISABLE "
-                    "/ NCCL_SHM_DISABLE / NCCL_IB_DISABLE, or FSDP instead of DDP.",
+                    "little speed.",
                     fires_when=f"every rank of a job waits for its gradient all-reduce > {T.COMM_BOUND.percent} of "
                     "its step time",
                     for_="10m",
@@ -325,8 +322,7 @@ change them.""",
                     "the host",
                     "The GPU runs out of queued work although it has its next batch and waits on no communication: the "
                     "host launches kernels too slowly (many small kernels, a small batch) or synchronizes with the GPU "
-                    "in the loop (.item(), printing tensors). Fix: a larger per-rank batch (more work per kernel launch), "
-                    "--compile (torch.compile fuses small kernels: fewer launches), no host synchronization per step.",
+                    "in the loop (.item(), printing tensors).",
                     fires_when=f"a rank's GPU idles, neither starved nor waiting on communication, > "
                     f"{T.HOST_BOUND.percent} of its step time",
                     for_="10m",
@@ -341,13 +337,13 @@ change them.""",
                     f"{T.GPU_UNDERUSED_SM_ACTIVE.percent} of its SMs work",
                     "NVML's utilization counts the time any kernel runs, so a kernel on a few SMs reads 100%; GPM's SM "
                     "activity says most of this GPU's SMs idle. Likely cause: too little work per kernel (a per-GPU batch "
-                    "too small to fill the SMs, a chain of tiny kernels, fp32 math). Fix: a larger per-GPU batch (less "
-                    "gradient accumulation for the same global batch), bf16 autocast (--mixed-precision bf16), --compile "
-                    "or CUDA graphs, fused optimizers; `trainstack diagnose` shows the ranks' batch, precision and compile "
-                    "setting beside the figures.",
+                    "too small to fill the SMs, a chain of tiny kernels, fp32 math).",
                     fires_when=f"a GPU reads busy (utilization >= {T.GPU_UNDERUSED_UTILIZATION.percent}) while under "
                     f"{T.GPU_UNDERUSED_SM_ACTIVE.percent} of its SMs work (GPM)",
                     for_="10m",
+                    fix="a larger per-GPU batch (less gradient accumulation for the same global batch), bf16 autocast "
+                    "(--mixed-precision bf16), --compile or CUDA graphs, fused optimizers; `trainstack diagnose` shows "
+                    "the ranks' batch, precision and compile setting beside the figures",
                     comment="GPM (Hopper and newer): absent on older GPUs, where this alert cannot fire. Both figures "
                     "averaged over 5m: the gauges are each sampling period's mean, and a scrape sees one period "
                     "in many.",
@@ -360,9 +356,7 @@ change them.""",
                     "warning",
                     "GPU {{ $labels.gpu }} on {{ $labels.instance }} works without its tensor cores",
                     "The SMs are busy but the tensor cores stay idle: the matmuls run on the plain fp32 units, which is "
-                    "what fp32 training without TF32 does, at a fraction of the tensor cores' speed. Fix: bf16 autocast "
-                    "(--mixed-precision bf16), or TF32 for fp32 matmuls with "
-                    'torch.set_float32_matmul_precision("high").',
+                    "what fp32 training without TF32 does, at a fraction of the tensor cores' speed.",
                     fires_when=f"a GPU's SMs work (>= {T.NO_TENSOR_SM_ACTIVE.percent} active) while its tensor cores run "
                     f"< {T.NO_TENSOR_ACTIVE.percent} of the time (GPM)",
                     for_="10m",
@@ -373,9 +367,7 @@ change them.""",
                     "warning",
                     "GPU {{ $labels.gpu }} on {{ $labels.instance }} is thermally throttled "
                     "{{ $value | humanizePercentage }} of the time",
-                    "The GPU lowers its clocks because it is too hot, so its rank computes slower and holds up the job. "
-                    "Fix: check fans, airflow and inlet temperature; have the card serviced if it runs hotter than its "
-                    "neighbours.",
+                    "The GPU lowers its clocks because it is too hot, so its rank computes slower and holds up the job.",
                     fires_when=f"a GPU's clocks are held down by temperature > {T.THERMAL_THROTTLE.percent} of the time",
                     for_="5m",
                 ),
@@ -390,8 +382,7 @@ change them.""",
                     "of the time",
                     f"Its power limit holds the SM clock under {T.POWER_THROTTLE_CLOCK.percent} of its maximum, "
                     "usually because the limit was lowered (nvidia-smi -pl, a node power policy) or the power supply "
-                    "asserts a power brake. Fix: compare the power limit panel with the card's rated power and restore "
-                    "it (nvidia-smi -rpl), or have the node's power delivery checked.",
+                    "asserts a power brake.",
                     fires_when=f"a GPU is power-capped > {T.POWER_THROTTLE.percent} of the time"
                     f" with its SM clock under {T.POWER_THROTTLE_CLOCK.percent} of max",
                     for_="15m",
@@ -403,8 +394,7 @@ change them.""",
                     f"{catalog.GPU_MEMORY_USED_RATIO.name} > {T.MEMORY_FULL.promql}",
                     "warning",
                     "GPU {{ $labels.gpu }} on {{ $labels.instance }} memory is {{ $value | humanizePercentage }} full",
-                    "A longer batch or fragmentation will end in CUDA out of memory. Fix: lower the per-rank batch size "
-                    "and raise gradient accumulation, use bf16, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
+                    "A longer batch or fragmentation will end in CUDA out of memory.",
                     fires_when=f"a GPU's memory is > {T.MEMORY_FULL.percent} used",
                     for_="5m",
                 ),
@@ -415,8 +405,7 @@ change them.""",
                     "critical",
                     "GPU {{ $labels.gpu }} on {{ $labels.instance }} reported XID {{ $labels.xid }}",
                     "The driver reported a GPU fault: 13/31/43 usually come from the program, 48/63/64/94/95 are memory "
-                    "ECC faults, 74 NVLink, 79 a GPU fallen off the bus. Fix: restart from the last checkpoint; drain the "
-                    "node and have the GPU checked when a hardware code repeats.",
+                    "ECC faults, 74 NVLink, 79 a GPU fallen off the bus.",
                     fires_when="the driver reported a new XID error on a GPU",
                     comment="A counter series appears with its first error, so a new series counts as an increase too.",
                 ),
@@ -426,8 +415,7 @@ change them.""",
                     "warning",
                     "The trainstack exporter on {{ $labels.instance }} does not answer",
                     "Expected once a run has finished (the launcher stops the exporter with the ranks); otherwise the "
-                    "trainer container or pod is gone or the exporter port is not reachable. Fix: check the target on "
-                    "Prometheus' /targets page and the trainer's log.",
+                    "trainer container or pod is gone or the exporter port is not reachable.",
                     fires_when="Prometheus cannot scrape a trainstack exporter",
                     for_="2m",
                 ),
@@ -438,9 +426,7 @@ change them.""",
                     "warning",
                     "The exporter on {{ $labels.instance }} cannot read the GPUs its ranks train on",
                     "The exporter runs without access to the GPUs (no GPU reservation for its container, "
-                    "NVIDIA_VISIBLE_DEVICES unset) or without libnvidia-ml, so GPU metrics and XID errors are missing. "
-                    f"Fix: give the exporter's container the GPUs; {catalog.EXPORTER_NVML_ERRORS.name} names the "
-                    "failing call.",
+                    "NVIDIA_VISIBLE_DEVICES unset) or without libnvidia-ml, so GPU metrics and XID errors are missing.",
                     fires_when="ranks run on GPUs but the exporter cannot read NVML",
                     for_="5m",
                 ),
@@ -454,9 +440,7 @@ change them.""",
                     f"The exporter's GPU sampler has not finished a sample for {T.GPU_SAMPLE_STALE.promql} of its "
                     "intervals, so every GPU metric (cadence fast) or the energy, throttling, PCIe replay, ECC and NVLink "
                     "counters (cadence slow) show old values. Likely cause: an NVML call hangs in the driver (a GPU in a "
-                    "bad state, a driver upgrade or reload in progress) or the host is starved of CPU. Fix: check the "
-                    "node with nvidia-smi and the kernel log for Xid errors; drain the node if nvidia-smi hangs too, else "
-                    "restart the exporter.",
+                    "bad state, a driver upgrade or reload in progress) or the host is starved of CPU.",
                     fires_when=f"the exporter's GPU sample is older than {T.GPU_SAMPLE_STALE.promql}"
                     f" of its sampling intervals",
                     for_="1m",

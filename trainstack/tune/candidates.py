@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainstack import ceilings
+from trainstack import problems
 from trainstack.train.rank.config import TrainConfig, _flag  # one spelling of each option's flag
 
 
@@ -89,13 +89,14 @@ def _more_work_per_launch(config: TrainConfig, on_cuda: bool) -> list[Candidate]
 
 
 FIXES: dict[str, Callable[[TrainConfig, bool], list[Candidate]]] = {
-    ceilings.INPUT_BOUND: _loader,
-    ceilings.COMM_BOUND: _comm,
-    ceilings.STRAGGLER: _fewer_allreduces,  # a slow rank holds up each all-reduce: fewer of them, fewer waits
-    ceilings.HOST_BOUND: _more_work_per_launch,
+    problems.INPUT_BOUND: _loader,
+    problems.COMM_BOUND: _comm,
+    problems.STRAGGLER: _fewer_allreduces,  # a slow rank holds up each all-reduce: fewer of them, fewer waits
+    problems.HOST_BOUND: _more_work_per_launch,
 }
 """Verdict kind -> its fixes, each an option of the config (docs/training.md maps them onto a user's own DataLoader
-and DDP arguments). Each candidate changes one option of the baseline's, and only where it changes something."""
+and DDP arguments). Each candidate changes one option of the baseline's, and only where it changes something: one
+of the options its problem's `tune` lists (trainstack/problems.py; tests/test_problems.py checks the two agree)."""
 
 
 def for_verdicts(kinds: list[str], config: TrainConfig, on_cuda: bool) -> list[Candidate]:
@@ -103,7 +104,7 @@ def for_verdicts(kinds: list[str], config: TrainConfig, on_cuda: bool) -> list[C
     twice the prefetch where the workers are at their cap): a check that nothing is left to gain, which must come
     out even. on_cuda: whether the trials' ranks run on CUDA GPUs."""
     found: dict[str, Candidate] = {}
-    for kind in kinds or [ceilings.INPUT_BOUND]:
+    for kind in kinds or [problems.INPUT_BOUND]:
         for candidate in FIXES.get(kind, lambda *_: [])(config, on_cuda)[: None if kinds else 1]:
             found.setdefault(candidate.name, candidate)
     return list(found.values())
