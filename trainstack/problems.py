@@ -79,6 +79,9 @@ class Problem:
     tune: tuple[str, ...] | None = None
     """The train/rank/config.py options `trainstack tune` tries for it (trainstack/tune/candidates.py); None where
     no option of trainstack's own config fixes it (the hardware, the host, the launcher's rank count)."""
+    when: str | None = None
+    """When diagnose names it, as docs/diagnostics.md's verdict table says (generated from here); None for a kind
+    diagnose does not judge."""
 
 
 NO_TRAINING = "no-training"
@@ -112,6 +115,10 @@ _PROBLEMS = (
             "start the run with trainstack train (its exporter reads RUN_DIR/metrics); for a separate exporter pass "
             "--metrics-dir RUN_DIR/metrics; with Prometheus, check --job and the target on its /targets page"
         ),
+        when=(
+            "the source has no training series and nothing uses the GPUs: no process on one, none busy (ranks not "
+            "started, exporter on the wrong metrics dir, wrong `--job`)"
+        ),
     ),
     Problem(
         NO_STEP_YET,
@@ -124,6 +131,10 @@ _PROBLEMS = (
             f"(trainstack train or watch) collects where each rank waits into RUN_DIR/hang/ "
             f"{T.HANG_CEILING.value:g} s after the last rank started its loop (trainstack train's ranks "
             "still starting, before their loops: half of --collective-timeout), and diagnose then names it"
+        ),
+        when=(
+            "ranks registered, none has completed a step (once the launcher has collected hang evidence while the "
+            "first step was awaited, `stalled` instead, naming where the ranks wait)"
         ),
     ),
     Problem(
@@ -139,6 +150,14 @@ _PROBLEMS = (
             "serves it; elsewhere --run-dir RUN_DIR); --collective-timeout turns such a hang into an error naming "
             "the rank; rerun the same command to resume from the last checkpoint"
         ),
+        when=(
+            f"no rank stepped for `--stall-seconds` (default {T.STALL.value:g}) while the exporter answers, or as "
+            "soon as the launcher has collected hang evidence since the last step (served by the exporter beside "
+            "the run, or read with `--run-dir`) (see *When a run hangs*): then it names the rank that never "
+            "joined the collective the others wait in, and where that rank is; without it, ranks behind the "
+            "others are named, and so is a rank whose GPU idles while the others' read busy (NCCL kernels spin "
+            "while they wait)"
+        ),
     ),
     Problem(
         GPUS_UNUSED,
@@ -149,6 +168,11 @@ _PROBLEMS = (
         Fix(
             "start one rank per GPU (trainstack train, or torchrun/accelerate launch with --nproc-per-node equal to "
             "the GPU count) instead of a single process or nn.DataParallel; or hide the GPU with CUDA_VISIBLE_DEVICES"
+        ),
+        when=(
+            f"a GPU that no rank's `uuid` (`{catalog.TRAIN_RANK_INFO.name}`) points at, under {T.GPU_IDLE.percent} "
+            f"utilization; without rank telemetry, a GPU under {T.GPU_IDLE.percent} that no process holds memory "
+            "on while processes use others (its alert: a GPU no rank uses while the ranks train)"
         ),
     ),
     Problem(
@@ -164,6 +188,10 @@ _PROBLEMS = (
             "the others wait; a model split across GPUs by hand runs one GPU at a time: shard it with FSDP, one "
             "process per GPU"
         ),
+        when=(
+            f"one process is the main memory user of 2 or more GPUs busy at least {T.PROCESS_GPU_BUSY.percent} "
+            "(`nn.DataParallel`, or a model split by hand); from NVML's process map alone, rank telemetry or not"
+        ),
     ),
     Problem(
         INPUT_BOUND,
@@ -178,6 +206,11 @@ _PROBLEMS = (
         ),
         Gain("the loader starves the device {share} of step time", "a loader that keeps up"),
         ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers"),
+        when=(
+            f"a rank's device idle for want of a batch more than {T.INPUT_BOUND.percent} of its step time: on a "
+            "GPU rank the GPU's starvation on its own timeline (the host's wait in `next()` is shown beside it, "
+            "never judged), on a CPU rank the host's time blocked on its loader"
+        ),
     ),
     Problem(
         STRAGGLER,
@@ -192,6 +225,11 @@ _PROBLEMS = (
         ),
         Gain("the other ranks wait for the straggler {share} of step time", "a straggler as fast as its peers"),
         ("grad_accum",),
+        when=(
+            f"the other ranks wait at the collectives more than {T.STRAGGLER.percent} of their step time beyond "
+            'the least-waiting rank, which is named; the cost is what they wait for it per step (below, "How '
+            'trainstack finds a straggler"); needs the waits of at least two ranks'
+        ),
     ),
     Problem(
         COMM_BOUND,
@@ -215,6 +253,12 @@ _PROBLEMS = (
             "communication that compute hides",
         ),
         ("grad_accum", "ddp_bucket_cap_mb", "ddp_static_graph", "ddp_comm_hook"),
+        when=(
+            f"every rank waits for communication that compute did not hide more than {T.COMM_BOUND.percent} of its "
+            "step time: under DDP the gradient all-reduce after backward compute has ended, under FSDP the "
+            "all-gathers and reduce-scatters (the least exposed rank is judged: a straggler's peers wait for it "
+            "too, the straggler does not)"
+        ),
     ),
     Problem(
         HOST_BOUND,
@@ -233,6 +277,11 @@ _PROBLEMS = (
         ),
         Gain("the GPU idles waiting for the host {share} of step time", "a host that keeps the GPU fed"),
         ("batch_size", "compile"),
+        when=(
+            f"a rank's GPU idles more than {T.HOST_BOUND.percent} of its step time although it is neither starved "
+            "of data nor waiting on communication (NVML's utilization samples of its GPU, less its starvation: "
+            'docs/metrics.md, "Where each rank\'s time goes"); GPU ranks only, CPU ranks do not measure it'
+        ),
     ),
     Problem(
         GPU_UNDERUSED,
@@ -246,6 +295,12 @@ _PROBLEMS = (
             "per kernel fills more SMs",
             "a larger per-GPU batch in your DataLoader(batch_size=...) (fewer accumulation micro-batches to keep the "
             "global batch): more work per kernel fills more SMs",
+        ),
+        when=(
+            f"a GPU reads busy (utilization at least {T.GPU_UNDERUSED_UTILIZATION.percent}) while under "
+            f"{T.GPU_UNDERUSED_SM_ACTIVE.percent} of its SMs work (GPM's SM activity); the evidence adds "
+            "occupancy, tensor and DRAM activity, the rank's samples per step, precision and compile setting, and "
+            f'"memory-bound" where DRAM bandwidth is at {T.MEMORY_BOUND_DRAM.percent} of its maximum or more'
         ),
     ),
     Problem(
@@ -262,6 +317,10 @@ _PROBLEMS = (
             'for its matmuls: torch.set_float32_matmul_precision("high"); matmul sizes that are multiples of 8 let '
             "the tensor cores take them",
         ),
+        when=(
+            f"at least {T.NO_TENSOR_SM_ACTIVE.percent} of a GPU's SMs work while its tensor cores run under "
+            f"{T.NO_TENSOR_ACTIVE.percent} of the time (fp32 without TF32)"
+        ),
     ),
     Problem(
         THROTTLED,
@@ -272,6 +331,10 @@ _PROBLEMS = (
         Fix(
             "thermal: check fans, airflow and inlet temperature; power: compare the power limit with the card's "
             "rating and restore it (nvidia-smi -rpl), or have the node's power delivery checked"
+        ),
+        when=(
+            f"thermal violation over {T.THERMAL_THROTTLE.percent} of the time; or at the power cap over "
+            f"{T.POWER_THROTTLE.percent} with the SM clock under {T.POWER_THROTTLE_CLOCK.percent} of max"
         ),
     ),
     Problem(
@@ -287,6 +350,7 @@ _PROBLEMS = (
             "autocast (torch.autocast(device_type='cuda', dtype=torch.bfloat16)), or set "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
         ),
+        when=(f"GPU memory over {T.MEMORY_FULL.percent} used"),
     ),
     Problem(
         LOW_MFU,
@@ -301,6 +365,7 @@ _PROBLEMS = (
             'DataLoader(batch_size=...), bf16 autocast (torch.autocast("cuda", dtype=torch.bfloat16)), fewer host '
             "synchronizations in the loop, or a model big enough to fill the GPU",
         ),
+        when=(f"mean MFU under {T.LOW_MFU.percent} (where the device's peak is known)"),
     ),
     Problem(
         GPU_DATA_STALE,
@@ -311,6 +376,10 @@ _PROBLEMS = (
         Fix(
             "check nvidia-smi and the kernel log for Xid errors on the node; drain it if nvidia-smi hangs too, else "
             "restart the exporter"
+        ),
+        when=(
+            f"the exporter's GPU sample older than {T.GPU_SAMPLE_STALE.value:g} of its sampling intervals (an NVML "
+            "call hangs): the GPU figures above are old"
         ),
     ),
     Problem(
