@@ -11,8 +11,9 @@ table gives.
 
 To change a threshold: edit its value here and run `make generate` (the rule files, the tables of docs/alerts.md,
 the dashboards, k8s/common/generated); move the alert's unit test in monitoring/prometheus/tests/ if its samples
-sat near the old number. A new check is one entry here, which its alert (build_rules.py) and its verdict
-(monitoring/diagnose/verdicts.py) read by name, and `Thresholds` gains a field by itself.
+sat near the old number. A new check's threshold is one entry here, which its problem (trainstack/problems.py),
+its alert (build_rules.py) and its verdict (monitoring/diagnose/verdicts.py) read by name, and `Thresholds` gains a
+field by itself (docs/architecture.md, "Adding a verdict").
 """
 
 from __future__ import annotations
