@@ -25,7 +25,12 @@ import pytest
 from tests.helpers.runs import REPO
 
 # Source folder -> the package it installs as (pyproject.toml's package-dir).
-LAYOUT = {"trainstack": "trainstack", "train": "trainstack.train", "monitoring": "trainstack.monitoring"}
+LAYOUT = {
+    "trainstack": "trainstack",
+    "train": "trainstack.train",
+    "monitoring": "trainstack.monitoring",
+    "supervisor": "trainstack.supervisor",
+}
 # The processes that must stay torch-free: every module of these packages, __main__ aside (it runs the command).
 TORCH_FREE = {
     folder: f"trainstack.{folder.replace('/', '.')}"

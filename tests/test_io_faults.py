@@ -21,10 +21,10 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from tests.helpers.runs import explain, summary, train
 from trainstack.errors import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from trainstack.rundir import ERROR_FILE_ENV, METRICS_DIR_ENV, UNSEALED_PREFIX, step_dir_name
+from trainstack.supervisor.supervised import write_report
 from trainstack.telemetry.core import Telemetry
 from trainstack.telemetry.device import RankIdentity
 from trainstack.train.launcher import agent, launch
-from trainstack.train.launcher.supervised import write_report
 from trainstack.train.rank import checkpoint, outcome
 from trainstack.train.rank.config import TrainConfig
 from trainstack.write_failure import WriteFailure, write_atomically, write_failure

@@ -19,7 +19,7 @@ from kubernetes_validate.utils import SchemaNotFoundError
 
 from tests.helpers.k8s import KUBECTL, NO_KUBECTL, OVERLAYS_DIR, SAFE_LOADER, arg_value, needs_kubectl, only, render
 from trainstack.rundir import RUN_ID_ENV
-from trainstack.train.launcher.lease import DEFAULT_TIMEOUT_SECONDS
+from trainstack.supervisor.lease import DEFAULT_TIMEOUT_SECONDS
 from trainstack.train.rank.config import TrainConfig, read_config_file
 
 pytestmark = pytest.mark.slow

@@ -33,11 +33,11 @@ from trainstack.rundir import (
     run_environment,
     write_summary,
 )
+from trainstack.supervisor.lease import RunDirLease, lease_timeout
+from trainstack.supervisor.supervised import Judge, OwnAgent, Render, SupervisedRun, findings, write_report
 from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
 from trainstack.train.launcher.fsdp_units import check_fsdp_units
 from trainstack.train.launcher.launch_config import LaunchConfig, lease_wait
-from trainstack.train.launcher.lease import RunDirLease, lease_timeout
-from trainstack.train.launcher.supervised import Judge, OwnAgent, Render, SupervisedRun, findings, write_report
 from trainstack.train.rank import checkpoint
 from trainstack.train.rank import config as train_config
 from trainstack.train.rank.specs import check_dataset_spec, check_model_spec

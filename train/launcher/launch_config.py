@@ -21,8 +21,8 @@ from trainstack.rundir import (
     check_port,
     free_port,
 )
+from trainstack.supervisor.lease import DEFAULT_TIMEOUT_SECONDS
 from trainstack.train.launcher.cuda_devices import cuda_device_count
-from trainstack.train.launcher.lease import DEFAULT_TIMEOUT_SECONDS
 from trainstack.train.rank import config as train_config
 
 CPU_STAND_IN_RANKS = 2  # without a GPU: two gloo ranks, the smallest world that exercises DDP for real

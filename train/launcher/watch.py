@@ -41,9 +41,9 @@ from trainstack.rundir import (
     run_environment,
     write_summary,
 )
+from trainstack.supervisor.lease import RunDirLease, lease_timeout
+from trainstack.supervisor.supervised import AnyCommand, Judge, Render, SupervisedRun, findings, write_report
 from trainstack.train.launcher.launch_config import add_beside_run_arguments, lease_wait, node_rank_of
-from trainstack.train.launcher.lease import RunDirLease, lease_timeout
-from trainstack.train.launcher.supervised import AnyCommand, Judge, Render, SupervisedRun, findings, write_report
 from trainstack.write_failure import WriteFailure, write_atomically
 
 PROGRAM = "trainstack watch"

@@ -33,9 +33,9 @@ from trainstack import ceilings
 from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.lifetime import Descendants, describe_end, signal_new_children, stop_grace, wait_or_kill
 from trainstack.rundir import RunDir, Summary
-from trainstack.train.launcher.exporter_process import SupervisedExporter, exporter_beside_run
-from trainstack.train.launcher.hang import HangWatch
-from trainstack.train.launcher.lease import RunDirLease
+from trainstack.supervisor.exporter_process import SupervisedExporter, exporter_beside_run
+from trainstack.supervisor.hang_watch import HangWatch
+from trainstack.supervisor.lease import RunDirLease
 from trainstack.write_failure import WriteFailure, write_failure
 
 POLL_SECONDS = 0.2
