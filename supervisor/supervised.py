@@ -1,5 +1,5 @@
-"""One supervised run: what `trainstack train` (launch.py) and `trainstack watch` (watch.py) both do around the
-process they start, while they hold the run directory's lease (lease.py):
+"""One supervised run: what `trainstack train` (commands/train.py) and `trainstack watch` (commands/watch.py) both
+do around the process they start, while they hold the run directory's lease (lease.py):
 
 - this node's metrics folder, made afresh; the command sets an earlier record aside;
 - the exporter beside the run, supervised (exporter_process.py), stopped when the run ends;

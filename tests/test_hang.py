@@ -277,7 +277,7 @@ def test_a_collective_under_if_rank_0_names_the_rank_that_skipped_it(tmp_path):
 
 @pytest.mark.slow
 def test_a_collective_skipped_before_the_first_step_is_named_too(tmp_path):
-    # No step yet: the wait counts from the ranks' start of their loops (train/launcher/hang.py).
+    # No step yet: the wait counts from the ranks' start of their loops (supervisor/hang_watch.py).
     verdict = watch_hang(tmp_path / "run", "skip-first-collective")
     assert verdict["culprits"] == [1], verdict
     assert verdict["headline"].startswith("rank 1 has not joined all_reduce #"), verdict

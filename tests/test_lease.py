@@ -249,7 +249,7 @@ def test_waiting_gives_up_after_the_time_given(tmp_path):
 
 
 def test_a_fresh_start_sets_an_earlier_attempts_record_aside_and_a_resume_keeps_it(tmp_path):
-    from trainstack.train.launcher.launch import Launch
+    from trainstack.commands.train import Launch
     from trainstack.train.launcher.launch_config import LaunchConfig
     from trainstack.train.rank.config import TrainConfig
 

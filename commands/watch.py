@@ -2,8 +2,8 @@
 `accelerate launch ...`) run as a trainstack run: a run directory under its lease, the exporter beside it, the
 environment trainstack.monitor records by, and the report when it ends.
 
-The command runs supervised as `trainstack train` runs its ranks (supervised.py): in a session of its own, so a
-terminal's Ctrl-C reaches watch alone, which passes it on, and whatever the command leaves behind is found and ended
+The command runs supervised as `trainstack train` runs its ranks (supervisor/supervised.py): in a session of its
+own, so a terminal's Ctrl-C reaches watch alone, which passes it on, and whatever the command leaves behind is found and ended
 before the run directory is let go. Watch exits with the command's exit code (a death by signal N as 128 + N, as a
 shell reports it); its own failures are trainstack's codes, each with one `trainstack watch: error:` line
 (docs/training.md, "Exit codes").

@@ -30,10 +30,10 @@ class Subcommand(NamedTuple):
 
 SUBCOMMANDS = {
     "train": Subcommand(
-        "trainstack.train.launcher.launch", "launch the training ranks (one per GPU; 2 CPU ranks without a GPU)"
+        "trainstack.commands.train", "launch the training ranks (one per GPU; 2 CPU ranks without a GPU)"
     ),
     "watch": Subcommand(
-        "trainstack.train.launcher.watch",
+        "trainstack.commands.watch",
         "run any training command (python, torchrun, accelerate launch) with the exporter, a run "
         "directory and a report beside it",
     ),
@@ -57,7 +57,7 @@ SUBCOMMANDS = {
         "two run directories side by side: throughput, goodput, time breakdown, verdicts, settings",
     ),
     "tune": Subcommand(
-        "trainstack.tune.cli",
+        "trainstack.commands.tune.cli",
         "short trials of the fixes the diagnosis names, against the baseline; writes the fastest as a config file",
     ),
     "bench": Subcommand(
