@@ -52,7 +52,6 @@ ROOMS = {
     "trainstack.supervisor": ("trainstack.monitoring",),
     "trainstack.commands": ("trainstack.train", "trainstack.monitoring", "trainstack.supervisor"),
 }
-APART = tuple(ROOMS)
 # The one trainstack module that may import the rooms: `python -m trainstack`, the entry point that runs the CLI
 # (trainstack.commands.cli). Every other trainstack module is shared ground: the loop API (trainstack.monitor) stands
 # on the rank's telemetry beneath it (trainstack.telemetry), and the app's Trainer is one more client of that API.
@@ -198,10 +197,10 @@ def crossings(root: Path) -> list[str]:
     """`module -> imported name` for every import from one of the ROOMS into another it may not import."""
 
     def side(module: str) -> str | None:
-        return next((part for part in APART if module == part or module.startswith(part + ".")), None)
+        return next((part for part in ROOMS if module == part or module.startswith(part + ".")), None)
 
     found = []
-    for name, path in within(project_modules(root), APART).items():
+    for name, path in within(project_modules(root), ROOMS).items():
         mine = side(name)
         for target in sorted(imported_names(name, path)):
             theirs = side(target)
@@ -254,7 +253,7 @@ def app_imports(root: Path, packages: tuple[str, ...] | None = None) -> list[str
         for name, path in project_modules(root, {"trainstack": "trainstack"}).items()
         if not within_any(name, ENTRY_POINTS) and (packages is None or within_any(name, packages))
         for target in sorted(imported_names(name, path))
-        if target.startswith(APART)
+        if target.startswith(tuple(ROOMS))
     ]
 
 
