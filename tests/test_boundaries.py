@@ -2,8 +2,10 @@
 
 - The exporter and diagnose never import torch: they run beside the ranks, on hosts and in containers that may
   not have it, and torch's import alone costs seconds and hundreds of MB.
-- train/ and monitoring/ never import each other; what they share lives in trainstack/ (errors, the run
-  directory, the metric catalog, the CLI that composes them).
+- Each room imports only the rooms beneath it: train/ and monitoring/ never import each other, nor the
+  supervisor; the supervisor (supervisor/) imports monitoring/'s judge and report, never train/; the commands
+  (commands/) compose them all. What they share lives in the ground, trainstack/ (errors, the run directory, the
+  metric catalog), which imports none of them but for its entry point `python -m trainstack`.
 - No trainstack command that must run beside a user's stack loads torch: `trainstack --help`, `diagnose`,
   `exporter` and `report` (tests/test_cli_imports.py runs the commands themselves).
 - No import cycles among the project's modules.
@@ -25,19 +27,35 @@ import pytest
 from tests.helpers.runs import REPO
 
 # Source folder -> the package it installs as (pyproject.toml's package-dir).
-LAYOUT = {"trainstack": "trainstack", "train": "trainstack.train", "monitoring": "trainstack.monitoring"}
+LAYOUT = {
+    "trainstack": "trainstack",
+    "train": "trainstack.train",
+    "monitoring": "trainstack.monitoring",
+    "supervisor": "trainstack.supervisor",
+    "commands": "trainstack.commands",
+}
 # The processes that must stay torch-free: every module of these packages, __main__ aside (it runs the command).
 TORCH_FREE = {
     folder: f"trainstack.{folder.replace('/', '.')}"
     for folder in ("monitoring/exporter", "monitoring/diagnose", "monitoring/report")
 }
 TORCH_FREE["trainstack"] = "trainstack"
-APART = ("trainstack.train", "trainstack.monitoring")  # neither imports the other
-# The trainstack modules that may import train/ and monitoring/: the CLI composes them, as `trainstack tune` does (it
-# runs trials of the app and compares them), and the integrations are entry points a user's framework calls. Every
-# other trainstack module is shared ground: the loop API (trainstack.monitor) stands on the rank's telemetry beneath
-# it (trainstack.telemetry), and the app's Trainer is one more client of that API.
-COMPOSERS = ("trainstack.cli", "trainstack.tune", "trainstack.integrations")
+# The supervisor and the commands run once per node beside the ranks, watch's beside any command: torch is the ranks'.
+TORCH_FREE["supervisor"] = "trainstack.supervisor"
+TORCH_FREE["commands"] = "trainstack.commands"
+# The rooms above the ground (trainstack/) -> the other rooms each may import. train/ and monitoring/ import neither
+# each other nor a room above; the supervisor serves `trainstack train` and `trainstack watch` alike, so it never
+# imports train/, and it reads monitoring/'s judge and report directly; the commands compose them all.
+ROOMS = {
+    "trainstack.train": (),
+    "trainstack.monitoring": (),
+    "trainstack.supervisor": ("trainstack.monitoring",),
+    "trainstack.commands": ("trainstack.train", "trainstack.monitoring", "trainstack.supervisor"),
+}
+# The one trainstack module that may import the rooms: `python -m trainstack`, the entry point that runs the CLI
+# (trainstack.commands.cli). Every other trainstack module is shared ground: the loop API (trainstack.monitor) stands
+# on the rank's telemetry beneath it (trainstack.telemetry), and the app's Trainer is one more client of that API.
+ENTRY_POINTS = ("trainstack.__main__",)
 # The trainstack modules that run in a training rank, where torch is: the loop API, its telemetry, the integrations.
 RANK_SIDE = ("trainstack.monitor", "trainstack.telemetry", "trainstack.integrations")
 # What the loop API and its telemetry stand on: trainstack's shared ground, never the app or the monitoring side.
@@ -55,6 +73,8 @@ GROUPS = {
     "trainstack.train.launcher",
     "trainstack.train.rank",
     "trainstack.monitoring",
+    "trainstack.supervisor",
+    "trainstack.commands",
 }
 
 
@@ -102,8 +122,8 @@ def imported_names(name: str, path: Path) -> set[str]:
 def import_graph(root: Path) -> dict[str, set[str]]:
     """module -> the project modules it imports. `from p import x` depends on p.x when that is a module (p is
     then only its parent package, initialised first, as for any submodule), else on p. A module imported by a
-    name in a string (importlib.import_module) is not seen: trainstack/cli.py, the one place that does it, is
-    imported by nothing but its __main__."""
+    name in a string (importlib.import_module) is not seen: commands/cli.py, the one place that does it, is
+    imported by nothing but trainstack/__main__.py."""
     modules = project_modules(root)
     graph = {}
     for name, path in modules.items():
@@ -174,17 +194,17 @@ def subpackage_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 
 def crossings(root: Path) -> list[str]:
-    """`module -> imported name` for every import from one of APART into the other."""
+    """`module -> imported name` for every import from one of the ROOMS into another it may not import."""
 
     def side(module: str) -> str | None:
-        return next((part for part in APART if module == part or module.startswith(part + ".")), None)
+        return next((part for part in ROOMS if module == part or module.startswith(part + ".")), None)
 
     found = []
-    for name, path in within(project_modules(root), APART).items():
+    for name, path in within(project_modules(root), ROOMS).items():
         mine = side(name)
         for target in sorted(imported_names(name, path)):
             theirs = side(target)
-            if theirs and theirs != mine:
+            if theirs and theirs != mine and theirs not in ROOMS[mine]:
                 found.append(f"{name} -> {target}")
     return found
 
@@ -221,23 +241,23 @@ def test_the_exporter_and_diagnose_never_import_torch():
     assert torch_importers(REPO) == []
 
 
-def test_train_and_monitoring_never_import_each_other():
+def test_each_room_imports_only_the_rooms_beneath_it():
     assert crossings(REPO) == []
 
 
 def app_imports(root: Path, packages: tuple[str, ...] | None = None) -> list[str]:
-    """`module -> imported name` for every import of train/ or monitoring/ by a trainstack module (those of
-    `packages` only, when given) that is not one of the COMPOSERS."""
+    """`module -> imported name` for every import of a room (train/, monitoring/, the supervisor, the commands) by
+    a trainstack module (those of `packages` only, when given) that is not one of the ENTRY_POINTS."""
     return [
         f"{name} -> {target}"
         for name, path in project_modules(root, {"trainstack": "trainstack"}).items()
-        if not within_any(name, COMPOSERS) and (packages is None or within_any(name, packages))
+        if not within_any(name, ENTRY_POINTS) and (packages is None or within_any(name, packages))
         for target in sorted(imported_names(name, path))
-        if target.startswith(APART)
+        if target.startswith(tuple(ROOMS))
     ]
 
 
-def test_trainstack_imports_only_itself_but_for_the_cli():
+def test_trainstack_imports_only_itself_but_for_its_entry_point():
     assert app_imports(REPO) == []
 
 
@@ -250,7 +270,7 @@ def test_the_loop_api_and_its_telemetry_import_neither_the_app_nor_monitoring():
 
 def test_the_project_has_no_import_cycles():
     graph = import_graph(REPO)
-    launch, doctor = "trainstack.train.launcher.launch", "trainstack.train.launcher.doctor"
+    launch, doctor = "trainstack.commands.train", "trainstack.train.launcher.doctor"
     assert launch in graph and doctor in graph[launch]  # the graph sees real imports
     assert cycles(graph) == []
     assert cycles(subpackage_graph(graph)) == []
@@ -291,13 +311,38 @@ def test_a_planted_crossing_is_caught(tmp_path):
             "monitoring/report/__init__.py": "",
             "monitoring/report/runfiles.py": "def load():\n    from trainstack.train.rank.config import X\n",
             "train/launcher/launch.py": "import trainstack.monitoring.report\n",
+            "train/launcher/agent.py": "from trainstack.supervisor import lease\n",
             "train/rank/trainer.py": "from trainstack import rundir\n",
+            # The supervisor reads the report, never the app; the commands may import every room.
+            "supervisor/supervised.py": "from trainstack.monitoring import report\nfrom trainstack.train import rank\n",
+            "commands/train.py": "import trainstack.monitoring\nimport trainstack.supervisor\nimport trainstack.train\n",
+            "monitoring/diagnose/cli.py": "from trainstack.commands import cli\n",
         },
     )
     assert sorted(crossings(root)) == [
+        "trainstack.monitoring.diagnose.cli -> trainstack.commands",
+        "trainstack.monitoring.diagnose.cli -> trainstack.commands.cli",
         "trainstack.monitoring.report.runfiles -> trainstack.train.rank.config",
         "trainstack.monitoring.report.runfiles -> trainstack.train.rank.config.X",
+        "trainstack.supervisor.supervised -> trainstack.train",
+        "trainstack.supervisor.supervised -> trainstack.train.rank",
+        "trainstack.train.launcher.agent -> trainstack.supervisor",
+        "trainstack.train.launcher.agent -> trainstack.supervisor.lease",
         "trainstack.train.launcher.launch -> trainstack.monitoring.report",
+    ]
+
+
+def test_a_planted_room_import_in_the_ground_is_caught(tmp_path):
+    root = plant(
+        tmp_path,
+        {
+            "trainstack/__main__.py": "from trainstack.commands.cli import main\n",
+            "trainstack/rundir.py": "def f():\n    from trainstack.supervisor import lease\n",
+        },
+    )
+    assert app_imports(root) == [
+        "trainstack.rundir -> trainstack.supervisor",
+        "trainstack.rundir -> trainstack.supervisor.lease",
     ]
 
 
@@ -307,7 +352,7 @@ def test_a_planted_app_import_in_the_telemetry_is_caught(tmp_path):
         {
             "trainstack/telemetry/__init__.py": "",
             "trainstack/telemetry/core.py": "def f():\n    from trainstack.train.rank import step\n",
-            "trainstack/cli.py": "import trainstack.train.rank\n",
+            "trainstack/__main__.py": "import trainstack.commands.cli\n",
         },
     )
     assert app_imports(root, LOOP_API) == [

@@ -37,15 +37,15 @@ from tests.helpers.runs import REPO, stop_process
 from tests.helpers.scrapes import scrape
 from tests.standin_ranks import write_rank
 from trainstack import catalog, problems, ratios
+from trainstack.commands.watch import CommandState
 from trainstack.rundir import RunDir, free_port
-from trainstack.train.launcher.watch import CommandState
 
 RULE_FILES = sorted((REPO / "monitoring/prometheus/rules").glob("*.yml"))
 RULE_TEST_FILES = sorted((REPO / "monitoring/prometheus/tests").glob("*.yml"))
 DASHBOARD_FILES = sorted((REPO / "monitoring/grafana/dashboards").glob("*.json"))
 DIAGNOSE_DIR = REPO / "monitoring/diagnose"
 # Where a metric name may not be written outside the catalog (issue 11: one module names the metrics).
-PYTHON_DIRS = ("train", "monitoring", "bench", "trainstack")
+PYTHON_DIRS = ("train", "monitoring", "supervisor", "commands", "bench", "trainstack")
 CATALOG_FILE = REPO / "trainstack/catalog.py"
 METRIC_NAME = re.compile(r"(?<![\w:])trainstack_(?:train|gpu|exporter|watch)_[a-z0-9_]*")
 SAMPLES = {sample: metric for metric in catalog.METRICS for sample in metric.sample_names}

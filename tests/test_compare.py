@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainstack import cli
+from trainstack.commands import cli
 from trainstack.errors import EXIT_CONFIG
 from trainstack.monitoring.compare import profile
 from trainstack.monitoring.compare.comparison import MOVED, Comparison

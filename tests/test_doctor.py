@@ -536,7 +536,7 @@ def test_launcher_refuses_to_start_on_a_fail_unless_told(tmp_path):
     ],
 )
 def test_doctor_refuses_what_the_fsdp_trainer_refuses(flags, expected, capsys):
-    from trainstack.cli import main
+    from trainstack.commands.cli import main
 
     assert main(["doctor", *flags]) == 2
     lines = capsys.readouterr().err.strip().splitlines()

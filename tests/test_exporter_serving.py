@@ -407,7 +407,7 @@ def test_a_port_in_use_is_a_clear_error_and_a_runtime_failure():
 
 
 def test_trainstack_exporter_subcommand_is_wired(capsys):
-    from trainstack.cli import main
+    from trainstack.commands.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["exporter", "--help"])

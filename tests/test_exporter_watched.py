@@ -6,8 +6,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainstack import catalog
+from trainstack.commands.watch import CommandState
 from trainstack.monitoring.exporter.watched import WatchedCommandCollector
-from trainstack.train.launcher.watch import CommandState
 
 
 def served(metrics_dir) -> dict:

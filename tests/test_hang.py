@@ -29,7 +29,7 @@ from trainstack.hang_verdict import (
     where,
 )
 from trainstack.rundir import METRICS_DIR_ENV, RunDir, free_port, hang_pid_file
-from trainstack.train.launcher.hang import hang_seconds
+from trainstack.supervisor.hang_watch import hang_seconds
 
 DRIVER = REPO / "tests" / "drivers" / "hang_loop.py"
 SITE = "/venv/lib/python3.11/site-packages"
@@ -277,7 +277,7 @@ def test_a_collective_under_if_rank_0_names_the_rank_that_skipped_it(tmp_path):
 
 @pytest.mark.slow
 def test_a_collective_skipped_before_the_first_step_is_named_too(tmp_path):
-    # No step yet: the wait counts from the ranks' start of their loops (train/launcher/hang.py).
+    # No step yet: the wait counts from the ranks' start of their loops (supervisor/hang_watch.py).
     verdict = watch_hang(tmp_path / "run", "skip-first-collective")
     assert verdict["culprits"] == [1], verdict
     assert verdict["headline"].startswith("rank 1 has not joined all_reduce #"), verdict
@@ -477,7 +477,7 @@ def test_the_doctor_says_whether_a_hang_will_name_its_collective(env, status):
 def test_faulthandler_gives_the_stack_of_a_rank_that_does_not_answer(tmp_path):
     import subprocess
 
-    from trainstack.train.launcher.hang import HangWatch
+    from trainstack.supervisor.hang_watch import HangWatch
 
     metrics = tmp_path / "metrics"
     metrics.mkdir()
@@ -567,7 +567,7 @@ def test_a_job_s_own_sigusr2_handler_is_left_alone_and_its_loop_takes_the_respon
 
 
 def test_evidence_is_collected_once_per_stall_and_again_after_a_step(tmp_path, monkeypatch):
-    import trainstack.train.launcher.hang as supervisor
+    import trainstack.supervisor.hang_watch as supervisor
 
     clock, steps, collected = [1000.0], {"0": 5.0, "1": 5.0}, []
     monkeypatch.setattr(supervisor.time, "time", lambda: clock[0])
@@ -595,7 +595,7 @@ def test_evidence_is_collected_once_per_stall_and_again_after_a_step(tmp_path, m
 
 
 def test_before_the_first_step_the_wait_counts_from_the_latest_rank_in_its_loop(tmp_path, monkeypatch):
-    import trainstack.train.launcher.hang as supervisor
+    import trainstack.supervisor.hang_watch as supervisor
 
     clock, steps, ranks, collected = [1000.0], {}, {}, []
     monkeypatch.setattr(supervisor.time, "time", lambda: clock[0])
@@ -625,7 +625,7 @@ def test_before_the_first_step_the_wait_counts_from_the_latest_rank_in_its_loop(
 
 
 def test_ranks_still_starting_wait_half_the_timeout_and_reaching_the_loop_is_progress(tmp_path, monkeypatch):
-    import trainstack.train.launcher.hang as supervisor
+    import trainstack.supervisor.hang_watch as supervisor
 
     clock, starting, collected = [1000.0], {"0", "1"}, []
     monkeypatch.setattr(supervisor.time, "time", lambda: clock[0])
@@ -658,7 +658,7 @@ def test_ranks_still_starting_wait_half_the_timeout_and_reaching_the_loop_is_pro
 
 
 def test_a_stall_after_the_ranks_left_start_up_within_one_look_is_collected_once(tmp_path, monkeypatch):
-    import trainstack.train.launcher.hang as supervisor
+    import trainstack.supervisor.hang_watch as supervisor
 
     metrics, clock, steps = tmp_path / "metrics", [1000.0], {}
     metrics.mkdir()

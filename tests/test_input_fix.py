@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from tests.helpers.runs import explain, summary, train
-from trainstack import cli
+from trainstack.commands import cli
 from trainstack.monitoring.compare import profile
 from trainstack.monitoring.compare.comparison import MOVED, Comparison
 from trainstack.rundir import RunDir

@@ -19,12 +19,14 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from tests.helpers.runs import explain, summary, train
+from trainstack.commands import train as train_command
 from trainstack.errors import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
 from trainstack.rundir import ERROR_FILE_ENV, METRICS_DIR_ENV, UNSEALED_PREFIX, step_dir_name
+from trainstack.supervisor import supervised
+from trainstack.supervisor.supervised import write_report
 from trainstack.telemetry.core import Telemetry
 from trainstack.telemetry.device import RankIdentity
-from trainstack.train.launcher import agent, launch
-from trainstack.train.launcher.supervised import write_report
+from trainstack.train.launcher import agent
 from trainstack.train.rank import checkpoint, outcome
 from trainstack.train.rank.config import TrainConfig
 from trainstack.write_failure import WriteFailure, write_atomically, write_failure
@@ -249,22 +251,21 @@ def test_the_failure_note_is_torchruns_format(tmp_path, monkeypatch):
     assert json.loads(error_file.read_text())["trainstack"]["peer_lost"] is False
 
 
-def test_a_report_the_disk_refuses_is_one_line_and_exit_69(tmp_path, capsys):
+def test_a_report_the_disk_refuses_is_one_line_and_exit_69(tmp_path, capsys, monkeypatch):
     def refused(run_dir):
         raise WriteFailure("no space left on device writing the report to x (0 B free of 1.0 MiB); free space there")
 
     newest = make_checkpoint(tmp_path / "checkpoints", 5)
-    assert write_report(tmp_path, refused, launch.PROGRAM, launch.checkpoints_kept) == EXIT_RUNTIME
+    monkeypatch.setattr(supervised, "render_report", refused)
+    assert write_report(tmp_path, train_command.PROGRAM, train_command.checkpoints_kept) == EXIT_RUNTIME
     line = capsys.readouterr().err.strip()
     assert line == (
         "trainstack train: error: no space left on device writing the report to x (0 B free of 1.0 MiB); "
         f"free space there, then `trainstack report {tmp_path}` writes it; the checkpoints are untouched, "
         f"the newest intact is {newest}"
     )
-    assert (
-        write_report(tmp_path, lambda run_dir: run_dir / "report.html", launch.PROGRAM, launch.checkpoints_kept)
-        == EXIT_OK
-    )
+    monkeypatch.setattr(supervised, "render_report", lambda run_dir: run_dir / "report.html")
+    assert write_report(tmp_path, train_command.PROGRAM, train_command.checkpoints_kept) == EXIT_OK
 
 
 # ---- for real, on 2 CPU ranks -------------------------------------------------------------------------------

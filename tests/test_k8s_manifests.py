@@ -18,8 +18,7 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 
 from tests.helpers.k8s import KUBECTL, NO_KUBECTL, OVERLAYS_DIR, SAFE_LOADER, arg_value, needs_kubectl, only, render
-from trainstack.rundir import RUN_ID_ENV
-from trainstack.train.launcher.lease import DEFAULT_TIMEOUT_SECONDS
+from trainstack.rundir import DEFAULT_LEASE_TIMEOUT_SECONDS, RUN_ID_ENV
 from trainstack.train.rank.config import TrainConfig, read_config_file
 
 pytestmark = pytest.mark.slow
@@ -256,7 +255,7 @@ def test_a_replacement_pod_waits_for_the_pod_holding_the_run_directory(rendered,
     pod, container = trainer_pod(rendered[overlay])
     wait = float(arg_value(container["args"], "--wait-for-lease"))
     # An old pod SIGKILLed at the end of its grace period is taken over once its heartbeat is a timeout old.
-    assert wait >= pod["spec"]["terminationGracePeriodSeconds"] + DEFAULT_TIMEOUT_SECONDS
+    assert wait >= pod["spec"]["terminationGracePeriodSeconds"] + DEFAULT_LEASE_TIMEOUT_SECONDS
     run_id = next(e for e in container["env"] if e["name"] == RUN_ID_ENV)
     # The Job's uid: one run for all its nodes and their replacements, another run for another Job.
     assert run_id["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['batch.kubernetes.io/controller-uid']"

@@ -203,7 +203,7 @@ def test_multi_node_job_trains_as_one_world_across_two_pods(multi_node_job, tmp_
 # few seconds on its "checkpoint" before it exits and lets go.
 OLD_POD = """
 import signal, sys, time
-from trainstack.train.launcher.lease import RunDirLease
+from trainstack.supervisor.lease import RunDirLease
 lease = RunDirLease(sys.argv[1], sys.argv[2], 0)
 lease.acquire()
 print("holding", flush=True)

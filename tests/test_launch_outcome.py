@@ -1,6 +1,6 @@
 """The launcher's verdict without starting a rank: how the ranks' exit status, rank 0's summary.json and a
-SIGTERM become `trainstack train`'s exit code and final line (train/launcher/launch.py, agent.py), and how a rerun
-of a completed run is recognised and changes nothing. tests/test_train_*.py check the same with real ranks."""
+SIGTERM become `trainstack train`'s exit code and final line (commands/train.py, train/launcher/agent.py), and how
+a rerun of a completed run is recognised and changes nothing. tests/test_train_*.py check the same with real ranks."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from trainstack.cli import main
+from trainstack.commands.cli import main
+from trainstack.commands.train import Launch, completed_before
 from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from trainstack.rundir import RunDir, write_summary
 from trainstack.train.launcher import agent
-from trainstack.train.launcher.launch import Launch, completed_before
 from trainstack.train.launcher.launch_config import LaunchConfig
 from trainstack.train.rank import checkpoint
 from trainstack.train.rank.config import TrainConfig

@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers.runs import REPO
 from trainstack.rundir import LEASE_DIR
-from trainstack.train.launcher.lease import Holder, LeaseHeld, RunDirLease, this_machine
+from trainstack.supervisor.lease import Holder, LeaseHeld, RunDirLease, this_machine
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:
@@ -110,7 +110,7 @@ def test_a_second_launcher_for_the_same_node_of_the_same_run_is_refused(tmp_path
 @pytest.mark.slow
 def test_a_sigkilled_holder_is_taken_over_at_once_and_the_taker_says_so(tmp_path):
     code = (
-        "import sys, time; from trainstack.train.launcher.lease import RunDirLease; "
+        "import sys, time; from trainstack.supervisor.lease import RunDirLease; "
         f"RunDirLease({str(tmp_path)!r}, 'killed-run').acquire(); print('held', flush=True); time.sleep(600)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
@@ -249,7 +249,7 @@ def test_waiting_gives_up_after_the_time_given(tmp_path):
 
 
 def test_a_fresh_start_sets_an_earlier_attempts_record_aside_and_a_resume_keeps_it(tmp_path):
-    from trainstack.train.launcher.launch import Launch
+    from trainstack.commands.train import Launch
     from trainstack.train.launcher.launch_config import LaunchConfig
     from trainstack.train.rank.config import TrainConfig
 

@@ -78,6 +78,8 @@ def test_the_wheel_installs_one_import_package(wheel):
     for folder, package in (
         ("train", "trainstack/train"),
         ("monitoring", "trainstack/monitoring"),
+        ("supervisor", "trainstack/supervisor"),
+        ("commands", "trainstack/commands"),
         ("trainstack", "trainstack"),
     ):
         for path in (REPO / folder).rglob("*.py"):

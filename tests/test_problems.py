@@ -16,7 +16,7 @@ from trainstack import ceilings, problems, thresholds
 from trainstack.monitoring.diagnose import verdicts
 from trainstack.problems import PROBLEMS
 from trainstack.train.rank.config import TrainConfig, _flag
-from trainstack.tune import candidates
+from trainstack.commands.tune import candidates
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTS_FILE = ROOT / "monitoring/prometheus/rules/alerts.yml"

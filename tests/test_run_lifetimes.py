@@ -32,7 +32,7 @@ from tests.helpers.runs import (
     weights,
 )
 from trainstack.rundir import LEASE_DIR, METRICS_DIR_ENV, STOP_GRACE_ENV, free_port, step_dir_name
-from trainstack.train.launcher.exporter_process import SupervisedExporter
+from trainstack.supervisor.exporter_process import SupervisedExporter
 from trainstack.train.rank import checkpoint
 
 pytestmark = pytest.mark.slow

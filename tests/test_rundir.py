@@ -14,7 +14,7 @@ from tests.helpers.runs import REPO
 from trainstack import rundir
 from trainstack.errors import ConfigError
 
-SOURCES = ("trainstack", "train", "monitoring", "bench", "scripts")
+SOURCES = ("trainstack", "train", "monitoring", "supervisor", "commands", "bench", "scripts")
 FILE_NAMES = (rundir.CONFIG_FILE, rundir.SUMMARY_FILE, rundir.REPORT_FILE, rundir.GPU_LOG_FILE)
 FOLDERS = (
     rundir.CHECKPOINTS_DIR,

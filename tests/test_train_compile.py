@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.helpers.runs import REPO, accelerate_launch, explain, summary, train
-from trainstack.cli import main
+from trainstack.commands.cli import main
 from trainstack.telemetry.device import peak_flops
 from trainstack.train.rank import config as train_config
 from trainstack.train.rank.config import TrainConfig, missing_compiler

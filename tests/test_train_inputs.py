@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.runs import run_trainstack
-from trainstack.cli import main
+from trainstack.commands.cli import main
 from trainstack.errors import ConfigError
 from trainstack.train.rank import checkpoint
 from trainstack.train.rank.config import TrainConfig, read_config_file

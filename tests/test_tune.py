@@ -15,15 +15,15 @@ import pytest
 import yaml
 
 from tests.helpers.runs import explain, run_trainstack
-from trainstack import cli
+from trainstack.commands import cli
+from trainstack.commands.tune.candidates import BASELINE, for_verdicts
+from trainstack.commands.tune.config import TuneConfig
+from trainstack.commands.tune.trials import Standing, Tuner
 from trainstack.errors import EXIT_CONFIG
 from trainstack.monitoring.compare import profile
 from trainstack.telemetry.comm import TEST_ALLREDUCE_DELAY_ENV
 from trainstack.train.launcher import launch_config
 from trainstack.train.rank.config import TrainConfig, from_sources
-from trainstack.tune.candidates import BASELINE, for_verdicts
-from trainstack.tune.config import TuneConfig
-from trainstack.tune.trials import Standing, Tuner
 
 
 @pytest.mark.parametrize("case", ["missing", "not-a-run", "written-exists", "page-exists", "bad-key"])

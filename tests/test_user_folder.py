@@ -57,7 +57,7 @@ def steps_by_rank(port: int) -> dict[str, float]:
 def test_files_named_like_trainstack_parts_never_replace_them(tmp_path):
     project = tmp_path / "project"
     project.mkdir()
-    for name in ("train", "monitoring", "bench"):
+    for name in ("train", "monitoring", "supervisor", "commands", "bench"):
         (project / f"{name}.py").write_text(f'raise SystemExit("the user\'s {name}.py ran")\n')
     (project / "model.py").write_text(USER_MODEL)
     port = free_port()

@@ -30,6 +30,7 @@ from tests.helpers.runs import (
     wait_for,
 )
 from trainstack import catalog
+from trainstack.commands.watch import Watch, command_of, exit_status
 from trainstack.errors import ConfigError
 from trainstack.rundir import (
     LAUNCHED_AT_ENV,
@@ -43,7 +44,6 @@ from trainstack.rundir import (
     RunDir,
     free_port,
 )
-from trainstack.train.launcher.watch import Watch, command_of, exit_status
 
 NO_EXPORTER = ("--exporter-port", "0")
 

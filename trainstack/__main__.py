@@ -2,6 +2,6 @@
 
 import sys
 
-from trainstack.cli import main
+from trainstack.commands.cli import main
 
 sys.exit(main())

@@ -475,7 +475,7 @@ TRAIN_RUN_INFO = Metric(
     ),
 )
 
-# --- the watched command: written by `trainstack watch` (train/launcher/watch.py) -----------------------------
+# --- the watched command: written by `trainstack watch` (commands/watch.py) -----------------------------------
 
 WATCH_COMMAND_PROCESSES = Metric(
     "trainstack_watch_command_processes",

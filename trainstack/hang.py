@@ -23,7 +23,6 @@ import json
 import os
 import signal
 import sys
-import sysconfig
 import threading
 import time
 import traceback
@@ -206,17 +205,3 @@ def flight_recorder() -> tuple[list[dict], str | None]:
     if not entries and not os.environ.get(FR_BUFFER_ENV) and not os.environ.get(FR_BUFFER_OLD_ENV):
         return [], f"the Flight Recorder is off ({FR_BUFFER_ENV} unset)"
     return entries, None
-
-
-LIBRARY_DIRS = tuple(
-    {
-        sysconfig.get_paths()["stdlib"],
-        sysconfig.get_paths()["platstdlib"],
-        sysconfig.get_paths()["purelib"],
-        sysconfig.get_paths()["platlib"],
-    }
-)
-
-
-def is_library(filename: str) -> bool:
-    return filename.startswith(LIBRARY_DIRS) or "site-packages" in filename or filename.startswith("<")

@@ -91,6 +91,8 @@ class Frame:
 
     @property
     def library(self) -> bool:
+        """The one rule for a library frame (the standard library, an installed package, a frozen module): the
+        verdict names the innermost frame that is not one, the user's own code, and the library call it made."""
         return (
             "site-packages" in self.file
             or "dist-packages" in self.file

@@ -4,7 +4,7 @@ each launcher's words, its ceiling rule and the options `trainstack tune` tries 
 As trainstack/ratios.py defines a figure once for Python and PromQL, this registry defines a problem once for every
 place that names it: `trainstack diagnose` (monitoring/diagnose/verdicts.py writes each verdict's kind and fix from
 its entry), the alert rules (monitoring/prometheus/build_rules.py takes each alert's fix from the entry that lists
-the alert), the ceilings (trainstack/ceilings.py: WHAT_FIX_GAINS), `trainstack tune` (trainstack/tune/candidates.py
+the alert), the ceilings (trainstack/ceilings.py: WHAT_FIX_GAINS), `trainstack tune` (commands/tune/candidates.py
 keys its candidates by kind) and the docs tables built from them. tests/test_problems.py walks the registry and
 checks which kinds have which parts, and that every alert of the rule files belongs to one kind.
 
@@ -77,7 +77,7 @@ class Problem:
     gain: Gain | None = None
     """Its ceiling rule; None where the problem takes no share of the step or wall time that a fix removes whole."""
     tune: tuple[str, ...] | None = None
-    """The train/rank/config.py options `trainstack tune` tries for it (trainstack/tune/candidates.py); None where
+    """The train/rank/config.py options `trainstack tune` tries for it (commands/tune/candidates.py); None where
     no option of trainstack's own config fixes it (the hardware, the host, the launcher's rank count)."""
     when: str | None = None
     """When diagnose names it, as docs/diagnostics.md's verdict table says (generated from here); None for a kind

@@ -46,6 +46,7 @@ INSTRUMENT_HINT = (
 # Seconds a watched command may run before watch, seeing no rank record, prints INSTRUMENT_HINT (default 60).
 WATCH_HINT_SECONDS_ENV = "TRAINSTACK_WATCH_HINT_SECONDS"
 LEASE_TIMEOUT_ENV = "TRAINSTACK_LEASE_TIMEOUT"  # seconds without a heartbeat before another host's lease is stale
+DEFAULT_LEASE_TIMEOUT_SECONDS = 60.0
 # Set by the launcher to the checkpoint it has just verified in full, so that every rank does not hash it again.
 VERIFIED_CHECKPOINT_ENV = "TRAINSTACK_VERIFIED_CHECKPOINT"
 # "0" makes the copy of each batch to the GPU blocking again: for measuring what non-blocking copies are worth.

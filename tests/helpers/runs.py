@@ -256,7 +256,7 @@ WITHOUT_TORCH = f"""
 import json, sys
 for name in {ABSENT!r}:
     sys.modules[name] = None  # `import torch` now raises ImportError, as where torch is not installed
-from trainstack.cli import main
+from trainstack.commands.cli import main
 try:
     code = main(sys.argv[1:])
 except SystemExit as exit:

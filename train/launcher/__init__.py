@@ -1,2 +1,3 @@
-"""The launcher's side: `trainstack train` and the commands beside it (doctor, export, bench scaling), one
-process per node, plus the agent it starts. Nothing here runs inside a rank."""
+"""The launcher's own parts, once per node: the world and the flags of `trainstack train` (launch_config.py), the
+agent it starts, and the commands beside it (doctor, export, bench scaling). Nothing here runs inside a rank;
+`trainstack train` itself composes these with the supervisor (commands/train.py)."""

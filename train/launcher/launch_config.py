@@ -1,7 +1,7 @@
 """Where the ranks of `trainstack train` run: the world (ranks per node, nodes, this node's rank, rendezvous),
 from the flags and the torchrun / Kubernetes / Kubeflow environment, and the launcher's flags.
 
-The launcher (train/launcher/launch.py) and `trainstack doctor` (train/launcher/doctor/cli.py) both build it, so
+The launcher (commands/train.py) and `trainstack doctor` (train/launcher/doctor/cli.py) both build it, so
 the doctor checks exactly the world the launcher would start; neither imports the other for it.
 """
 
@@ -15,6 +15,7 @@ from trainstack.errors import ConfigError
 from trainstack.rundir import (
     DEFAULT_EXPORTER_HOST,
     DEFAULT_EXPORTER_PORT,
+    DEFAULT_LEASE_TIMEOUT_SECONDS,
     DEFAULT_MASTER_PORT,
     LEASE_TIMEOUT_ENV,
     SHOWN,
@@ -22,7 +23,6 @@ from trainstack.rundir import (
     free_port,
 )
 from trainstack.train.launcher.cuda_devices import cuda_device_count
-from trainstack.train.launcher.lease import DEFAULT_TIMEOUT_SECONDS
 from trainstack.train.rank import config as train_config
 
 CPU_STAND_IN_RANKS = 2  # without a GPU: two gloo ranks, the smallest world that exercises DDP for real
@@ -182,5 +182,5 @@ def add_beside_run_arguments(group: argparse._ActionsContainer) -> None:
         type=float,
         metavar="SECONDS",
         help=f"a holder on another host whose heartbeat is older than this is taken over (env "
-        f"{LEASE_TIMEOUT_ENV}; default: {DEFAULT_TIMEOUT_SECONDS:g})",
+        f"{LEASE_TIMEOUT_ENV}; default: {DEFAULT_LEASE_TIMEOUT_SECONDS:g})",
     )

@@ -93,10 +93,10 @@ class TrialBar:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainstack.commands.tune.config import TuneConfig
+    from trainstack.commands.tune.trials import TrialFailed, Tuner
     from trainstack.monitoring.compare import profile, render
     from trainstack.monitoring.compare.comparison import Comparison
-    from trainstack.tune.config import TuneConfig
-    from trainstack.tune.trials import TrialFailed, Tuner
     from trainstack.write_failure import write_atomically
 
     config = TuneConfig(

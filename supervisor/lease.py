@@ -33,9 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainstack.errors import ConfigError
-from trainstack.rundir import LEASE_TIMEOUT_ENV, RunDir
+from trainstack.rundir import DEFAULT_LEASE_TIMEOUT_SECONDS, LEASE_TIMEOUT_ENV, RunDir
 
-DEFAULT_TIMEOUT_SECONDS = 60.0
 HEARTBEATS_PER_TIMEOUT = 12  # a holder misses 11 heartbeats in a row before it is judged stale
 GUARD_STALE_SECONDS = 30.0  # a takeover takes milliseconds; a guard this old belongs to a taker that died
 POLL_SECONDS = 1.0
@@ -95,7 +94,7 @@ def lease_timeout(value: float | None) -> float:
     if value is None:
         raw = os.environ.get(LEASE_TIMEOUT_ENV)
         try:
-            value = float(raw) if raw else DEFAULT_TIMEOUT_SECONDS
+            value = float(raw) if raw else DEFAULT_LEASE_TIMEOUT_SECONDS
         except ValueError:
             raise ConfigError(f"{LEASE_TIMEOUT_ENV}={raw!r} must be a number of seconds") from None
     if not value > 0:
@@ -111,7 +110,7 @@ class RunDirLease:
         run_dir: Path,
         run_id: str,
         node_rank: int = 0,
-        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        timeout: float = DEFAULT_LEASE_TIMEOUT_SECONDS,
         *,
         say: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,

@@ -33,11 +33,12 @@ from trainstack.rundir import (
     run_environment,
     write_summary,
 )
+from trainstack.supervisor.lease import RunDirLease, lease_timeout
+from trainstack.supervisor.supervised import OwnAgent, SupervisedRun, findings, write_report
+from trainstack.train.launcher import launch_config
 from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
 from trainstack.train.launcher.fsdp_units import check_fsdp_units
 from trainstack.train.launcher.launch_config import LaunchConfig, lease_wait
-from trainstack.train.launcher.lease import RunDirLease, lease_timeout
-from trainstack.train.launcher.supervised import Judge, OwnAgent, Render, SupervisedRun, findings, write_report
 from trainstack.train.rank import checkpoint
 from trainstack.train.rank import config as train_config
 from trainstack.train.rank.specs import check_dataset_spec, check_model_spec
@@ -127,10 +128,8 @@ class Launch:
         resume_from: Path | None,
         run_id: str,
         lease: RunDirLease | None = None,
-        judge: Judge | None = None,
     ):
         self.config, self.launch, self.resume_from = config, launch, resume_from
-        self.judge = judge
         self.run_dir = RunDir(config.run_dir)
         self.run_id = run_id
         self.supervised = SupervisedRun(
@@ -261,7 +260,7 @@ class Launch:
         if times is None:
             return
         try:
-            write_summary(self.run_dir.summary, {**summary, **findings(self.run_dir.path, times, self.judge)})
+            write_summary(self.run_dir.summary, {**summary, **findings(self.run_dir.path, times)})
         except WriteFailure as failure:
             print(f"trainstack train: warning: no time breakdown in the summary: {failure}", file=sys.stderr)
 
@@ -323,9 +322,13 @@ def _stop_before_ranks(signum, frame) -> None:
     raise SystemExit(EXIT_PREEMPTED)
 
 
-def run(args: argparse.Namespace, render: Render | None = None, judge: Judge | None = None) -> int:
-    """The launch; then, with --report on node 0, the report by `render(run_dir)` while the lease is still held.
-    `judge(run_dir)`: the finished run's verdicts for summary.json (supervised.Judge)."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The rank's and the launcher's flags, spelled in launch_config.py, which `trainstack doctor` takes too."""
+    launch_config.add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The launch; then, with --report on node 0, the report while the lease is still held."""
     launch = LaunchConfig.from_args(args)
     config = train_config.from_sources(args, on_cuda=not launch.use_cpu)
     wait = lease_wait(args)
@@ -344,10 +347,10 @@ def run(args: argparse.Namespace, render: Render | None = None, judge: Judge | N
                 return EXIT_OK
             resume_from = resume_point(config)
             run_doctor(config, launch, args.skip_doctor)
-            launched = Launch(config, launch, resume_from, run_id, lease, judge)
+            launched = Launch(config, launch, resume_from, run_id, lease)
             code = launched.run()
-            if args.report and launch.node_rank == 0 and render:
-                report = write_report(config.run_dir, render, PROGRAM, checkpoints_kept)
+            if args.report and launch.node_rank == 0:
+                report = write_report(config.run_dir, PROGRAM, checkpoints_kept)
                 code = code or report  # a report the disk refused fails a run that trained to its end
             hang = launched.supervised.hang_line()
             if launched.failed_rank:  # the last line: the one a user reads first

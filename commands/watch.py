@@ -2,8 +2,8 @@
 `accelerate launch ...`) run as a trainstack run: a run directory under its lease, the exporter beside it, the
 environment trainstack.monitor records by, and the report when it ends.
 
-The command runs supervised as `trainstack train` runs its ranks (supervised.py): in a session of its own, so a
-terminal's Ctrl-C reaches watch alone, which passes it on, and whatever the command leaves behind is found and ended
+The command runs supervised as `trainstack train` runs its ranks (supervisor/supervised.py): in a session of its
+own, so a terminal's Ctrl-C reaches watch alone, which passes it on, and whatever the command leaves behind is found and ended
 before the run directory is let go. Watch exits with the command's exit code (a death by signal N as 128 + N, as a
 shell reports it); its own failures are trainstack's codes, each with one `trainstack watch: error:` line
 (docs/training.md, "Exit codes").
@@ -41,9 +41,9 @@ from trainstack.rundir import (
     run_environment,
     write_summary,
 )
+from trainstack.supervisor.lease import RunDirLease, lease_timeout
+from trainstack.supervisor.supervised import AnyCommand, SupervisedRun, findings, write_report
 from trainstack.train.launcher.launch_config import add_beside_run_arguments, lease_wait, node_rank_of
-from trainstack.train.launcher.lease import RunDirLease, lease_timeout
-from trainstack.train.launcher.supervised import AnyCommand, Judge, Render, SupervisedRun, findings, write_report
 from trainstack.write_failure import WriteFailure, write_atomically
 
 PROGRAM = "trainstack watch"
@@ -247,7 +247,7 @@ class Watch:
             series.running(0)
             return exit_status(returncode)
 
-    def summary(self, code: int, judge: Judge | None = None) -> Summary:
+    def summary(self, code: int) -> Summary:
         """summary.json of the watched run, as `trainstack train` writes its own (rundir.Summary): the command, its
         exit, its duration, and where each rank's time went when the command's loop recorded ranks."""
         times = breakdown.of_run(self.run_dir.path)
@@ -262,13 +262,13 @@ class Watch:
             "wall_seconds": self.ended_at - self.started_at,
             "world_size": len(times["ranks"]) if times else None,
             "goodput": times["goodput"] if times else None,
-            **findings(self.run_dir.path, times, judge),
+            **findings(self.run_dir.path, times),
         }
 
-    def write_summary(self, code: int, judge: Judge | None = None) -> int:
+    def write_summary(self, code: int) -> int:
         """RUN_DIR/summary.json, atomically; EXIT_RUNTIME (one line said why) when the storage refused it."""
         try:
-            write_summary(self.run_dir.summary, self.summary(code, judge))
+            write_summary(self.run_dir.summary, self.summary(code))
         except WriteFailure as failure:
             print(f"{PROGRAM}: error: no summary: {failure}", file=sys.stderr)
             return EXIT_RUNTIME
@@ -282,9 +282,8 @@ class Watch:
             raise ConfigError(f"{self.command[0]} cannot be started: {error.strerror}") from None
 
 
-def run(args: argparse.Namespace, render: Render | None = None, judge: Judge | None = None) -> int:
-    """The watched run; then, with --report on node 0, the report by `render(run_dir)` while the lease is still
-    held. `judge(run_dir)`: the finished run's verdicts for summary.json (supervised.Judge)."""
+def run(args: argparse.Namespace) -> int:
+    """The watched run; then, with --report on node 0, the report while the lease is still held."""
     command = command_of(args)
     check_run_dir(args.run_dir, "--run-dir")
     check_port("--exporter-port", args.exporter_port, zero_means="to run no exporter")
@@ -304,10 +303,10 @@ def run(args: argparse.Namespace, render: Render | None = None, judge: Judge | N
                 signal.signal(signum, watch.supervised.on_signal)
             code = watch.run()
             if node_rank == 0 and watch.started_at is not None:
-                written = watch.write_summary(code, judge)
+                written = watch.write_summary(code)
                 code = code or written  # a summary the disk refused fails a command that succeeded
-            if args.report and node_rank == 0 and render:
-                report = write_report(args.run_dir, render, PROGRAM)
+            if args.report and node_rank == 0:
+                report = write_report(args.run_dir, PROGRAM)
                 code = code or report  # a report the disk refused fails a command that succeeded
             return code
     finally:

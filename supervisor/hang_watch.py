@@ -72,18 +72,6 @@ def hang_seconds(
     return min(seconds, before / 2) if before else seconds
 
 
-def check_hang_seconds() -> None:
-    """A bad TRAINSTACK_HANG_SECONDS is refused before the run starts."""
-    from trainstack.errors import ConfigError
-
-    given = os.environ.get(HANG_SECONDS_ENV)
-    try:
-        if given is not None and not float(given) > 0:
-            raise ValueError
-    except ValueError:
-        raise ConfigError(f"{HANG_SECONDS_ENV}={given!r} is not a positive number of seconds") from None
-
-
 @dataclass(frozen=True)
 class Registrations:
     """What the ranks' pid files say now: each rank's pid, the ranks with faulthandler on SIGUSR2 (only they may

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from trainstack.commands.tune.candidates import BASELINE, Candidate, for_verdicts
+from trainstack.commands.tune.config import TuneConfig
 from trainstack.errors import EXIT_CONFIG
 from trainstack.monitoring.compare import profile
 from trainstack.train.rank.config import ranks_use_cuda
-from trainstack.tune.candidates import BASELINE, Candidate, for_verdicts
-from trainstack.tune.config import TuneConfig
 
 MIN_GAIN = 1.05
 """The least ratio tune calls a gain: on a shared host two runs of one config differ by this much in a few trials

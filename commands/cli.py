@@ -22,9 +22,7 @@ from trainstack.rundir import SHOWN
 
 
 class Subcommand(NamedTuple):
-    """`module` has add_arguments(parser) and run(args) -> int; `train` and `watch` are the exceptions: they run
-    through run_train and run_watch, which hand them the run report's writer (monitoring/), which train/ does not
-    import. `train`'s module holds the launcher's flags (train/launcher/launch_config.py)."""
+    """`module` has add_arguments(parser) and run(args) -> int."""
 
     module: str
     help: str
@@ -32,10 +30,10 @@ class Subcommand(NamedTuple):
 
 SUBCOMMANDS = {
     "train": Subcommand(
-        "trainstack.train.launcher.launch_config", "launch the training ranks (one per GPU; 2 CPU ranks without a GPU)"
+        "trainstack.commands.train", "launch the training ranks (one per GPU; 2 CPU ranks without a GPU)"
     ),
     "watch": Subcommand(
-        "trainstack.train.launcher.watch",
+        "trainstack.commands.watch",
         "run any training command (python, torchrun, accelerate launch) with the exporter, a run "
         "directory and a report beside it",
     ),
@@ -59,7 +57,7 @@ SUBCOMMANDS = {
         "two run directories side by side: throughput, goodput, time breakdown, verdicts, settings",
     ),
     "tune": Subcommand(
-        "trainstack.tune.cli",
+        "trainstack.commands.tune.cli",
         "short trials of the fixes the diagnosis names, against the baseline; writes the fastest as a config file",
     ),
     "bench": Subcommand(
@@ -72,27 +70,6 @@ diagnose: a problem found); {EXIT_CONFIG} bad input or a failed preflight check 
 {EXIT_RUNTIME} a network, listen or I/O failure (retrying may help); {EXIT_PREEMPTED} stopped by SIGTERM after \
 saving a checkpoint (rerun to resume). watch exits with its command's code (128+N for signal N); these codes only \
 for its own failures"""
-
-
-def run_train(args: argparse.Namespace) -> int:
-    """The launcher, then the run report, written while the launcher still holds the run directory."""
-    from trainstack.monitoring.diagnose.records import judged
-    from trainstack.monitoring.report import render_report
-    from trainstack.train.launcher import launch
-
-    return launch.run(args, render=render_report, judge=judged)
-
-
-def run_watch(args: argparse.Namespace) -> int:
-    """The watched command, then the run report, written while watch still holds the run directory."""
-    from trainstack.monitoring.diagnose.records import judged
-    from trainstack.monitoring.report import render_report
-    from trainstack.train.launcher import watch
-
-    return watch.run(args, render=render_report, judge=judged)
-
-
-RUNS_WITH_REPORT = {"train": run_train, "watch": run_watch}
 
 
 def overview_parser() -> argparse.ArgumentParser:
@@ -109,7 +86,7 @@ def subcommand_parser(name: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"trainstack {name}", description=subcommand.help, epilog=EXIT_CODES)
     module = importlib.import_module(subcommand.module)
     module.add_arguments(parser)
-    parser.set_defaults(command=name, _run=RUNS_WITH_REPORT[name] if name in RUNS_WITH_REPORT else module.run)
+    parser.set_defaults(command=name, _run=module.run)
     return parser
 
 

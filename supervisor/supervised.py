@@ -1,14 +1,14 @@
-"""One supervised run: what `trainstack train` (launch.py) and `trainstack watch` (watch.py) both do around the
-process they start, while they hold the run directory's lease (lease.py):
+"""One supervised run: what `trainstack train` (commands/train.py) and `trainstack watch` (commands/watch.py) both
+do around the process they start, while they hold the run directory's lease (lease.py):
 
 - this node's metrics folder, made afresh; the command sets an earlier record aside;
 - the exporter beside the run, supervised (exporter_process.py), stopped when the run ends;
 - the child in a session of its own, holding the lease's file: a terminal's signals reach the supervisor alone,
   which passes them on, and the child's flock holds while it may write, even if the supervisor is killed alone;
-- polling it: its descendants (trainstack/lifetime.py) and the ranks' progress (hang.py);
+- polling it: its descendants (trainstack/lifetime.py) and the ranks' progress (hang_watch.py);
 - once it has ended, whatever it left running is ended before the lease is let go;
-- what summary.json adds from the run's records, and the report, whose renderer and judge are passed in: train/
-  does not import monitoring/.
+- what summary.json adds from the run's records, with their verdicts (monitoring/diagnose), and the report
+  (monitoring/report).
 
 How the signals reach the child and what becomes of its leftovers depend on what the child is: a `Stopping`
 policy, `OwnAgent` for trainstack's rank agent, `AnyCommand` for a command that knows nothing of trainstack.
@@ -32,20 +32,17 @@ import psutil
 from trainstack import ceilings
 from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.lifetime import Descendants, describe_end, signal_new_children, stop_grace, wait_or_kill
+from trainstack.monitoring.diagnose.records import judged
+from trainstack.monitoring.report import render_report
 from trainstack.rundir import RunDir, Summary
-from trainstack.train.launcher.exporter_process import SupervisedExporter, exporter_beside_run
-from trainstack.train.launcher.hang import HangWatch
-from trainstack.train.launcher.lease import RunDirLease
+from trainstack.supervisor.exporter_process import SupervisedExporter, exporter_beside_run
+from trainstack.supervisor.hang_watch import HangWatch
+from trainstack.supervisor.lease import RunDirLease
 from trainstack.write_failure import WriteFailure, write_failure
 
 POLL_SECONDS = 0.2
 
 Say = Callable[[str], None]
-Render = Callable[[Path], Path]
-"""Writes a run directory's report and returns its path (trainstack.monitoring.report.render_report)."""
-Judge = Callable[[Path], "list[dict] | None"]
-"""A finished run's verdicts from its files (trainstack.monitoring.diagnose.records.judged); None where no rank
-recorded anything to judge."""
 
 
 class Stopping(Protocol):
@@ -210,13 +207,14 @@ class SupervisedRun:
         return self.hangs.last_line() if self.hangs else None
 
 
-def findings(run_dir: Path, times: dict | None, judge: Judge | None) -> Summary:
+def findings(run_dir: Path, times: dict | None) -> Summary:
     """What summary.json says of a finished run from its records: where each rank's time went (`times`,
-    trainstack/breakdown.py), the most each fix can gain, and `judge`'s verdicts, where there are any."""
+    trainstack/breakdown.py), the most each fix can gain, and the verdicts diagnose gives them, where any rank
+    recorded something to judge."""
     return {
         "time_breakdown": times,
         **({"ceilings": ceilings.as_json(ceilings.from_breakdown(times))} if times else {}),
-        **({"verdicts": judged} if judge and (judged := judge(run_dir)) is not None else {}),
+        **({"verdicts": verdicts} if (verdicts := judged(run_dir)) is not None else {}),
     }
 
 
@@ -224,11 +222,11 @@ def nothing_kept(run_dir: Path) -> str:
     return ""
 
 
-def write_report(run_dir: Path, render: Render, program: str, kept: Callable[[Path], str] = nothing_kept) -> int:
-    """`render` writes the report. Returns EXIT_RUNTIME when the storage refused it (one line said so, ending with
+def write_report(run_dir: Path, program: str, kept: Callable[[Path], str] = nothing_kept) -> int:
+    """Writes the run's report. Returns EXIT_RUNTIME when the storage refused it (one line said so, ending with
     `kept(run_dir)`: what is safe regardless), else EXIT_OK."""
     try:
-        print(f"{program}: report: {render(run_dir)}", file=sys.stderr)
+        print(f"{program}: report: {render_report(run_dir)}", file=sys.stderr)
     except ConfigError as problem:
         print(f"{program}: warning: no report: {problem}", file=sys.stderr)
     except WriteFailure as failure:
