@@ -9,7 +9,8 @@ from trainstack.monitoring.diagnose.records import judged, snapshot_from_records
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose
 from trainstack.monitoring.report import render_report
-from trainstack.rundir import SEGMENT_ENDED, SEGMENT_MARKER, RunDir
+from trainstack.record import SEGMENT_ENDED, SEGMENT_MARKER
+from trainstack.rundir import RunDir
 
 
 def record(rank: int, step: int, exposed: float, forward: float, data_wait: float = 0.01) -> dict:

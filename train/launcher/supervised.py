@@ -215,7 +215,7 @@ def findings(run_dir: Path, times: dict | None, judge: Judge | None) -> Summary:
     trainstack/breakdown.py), the most each fix can gain, and `judge`'s verdicts, where there are any."""
     return {
         "time_breakdown": times,
-        **({"ceilings": ceilings.as_json(ceilings.from_breakdown(times))} if times else {}),
+        **({"ceilings": ceilings.as_json(ceilings.of_run(run_dir, times))} if times else {}),
         **({"verdicts": judged} if judge and (judged := judge(run_dir)) is not None else {}),
     }
 
