@@ -191,6 +191,7 @@ def test_a_cpu_rank_records_its_startup_pauses_and_exit(tmp_path, plain_env):
     telemetry.close()
     lines = read_json_lines(RunDir(tmp_path).rank_records(0))
     assert lines[0]["launched_at"] == plain_env
+    assert [line["version"] for line in lines] == [record.RECORD_VERSION] * 3  # the marker, the record, the end
     interval = lines[1]
     assert [(p["part"], p["after_steps"]) for p in interval["paused"]] == [
         ("checkpoint_load", 0),
