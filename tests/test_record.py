@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from trainstack.rundir import RunDir
 
 def interval(step: int, **fields) -> IntervalRecord:
     """An interval of 10 steps of 0.1 s on a CPU rank, 0.01 s of it starved."""
-    values = {
+    values: dict[str, Any] = {
         "time": 1000.0 + step,
         "rank": 0,
         "step": step,

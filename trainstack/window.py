@@ -7,6 +7,7 @@ Nothing here imports torch or monitoring/.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,13 +37,12 @@ class RankWindow:
     def interval_seconds(self) -> float:
         return sum(r.interval_seconds for r in self.records)
 
-    def total(self, name: str) -> float | None:
-        """The window's sum of the field `name`; None unless every record has it (a figure a rank measures, it
+    def total(self, field: Callable[[IntervalRecord], float | None]) -> float | None:
+        """The window's sum of a record's `field`; None unless every record has it (a figure a rank measures, it
         measures in each)."""
-        values = [getattr(r, name) for r in self.records]
-        if not values or None in values:
-            return None
-        return sum(values)
+        values = [field(r) for r in self.records]
+        present = [value for value in values if value is not None]
+        return sum(present) if present and len(present) == len(values) else None
 
     def _share(self, ratio: ratios.Ratio, seconds: float | None) -> float | None:
         return None if seconds is None else ratio.of(seconds, self.stepped)
@@ -56,16 +56,16 @@ class RankWindow:
 
     @property
     def samples_per_second(self) -> float | None:
-        samples = self.total("samples")
+        samples = self.total(lambda r: r.samples)
         return samples / self.interval_seconds if samples is not None and self.interval_seconds > 0 else None
 
     @property
     def data_wait_ratio(self) -> float | None:
-        return self._share(ratios.DATA_WAIT_SHARE, self.total("data_wait_seconds"))
+        return self._share(ratios.DATA_WAIT_SHARE, self.total(lambda r: r.data_wait_seconds))
 
     @property
     def host_data_wait_ratio(self) -> float | None:
-        return self._share(ratios.HOST_DATA_WAIT_SHARE, self.total("host_data_wait_seconds"))
+        return self._share(ratios.HOST_DATA_WAIT_SHARE, self.total(lambda r: r.host_data_wait_seconds))
 
     @property
     def host_bound_ratio(self) -> float | None:
@@ -78,7 +78,7 @@ class RankWindow:
 
     @property
     def comm_exposed_ratio(self) -> float | None:
-        return self._share(ratios.COMM_EXPOSED_SHARE, self.total("comm_exposed_seconds"))
+        return self._share(ratios.COMM_EXPOSED_SHARE, self.total(lambda r: r.comm_exposed_seconds))
 
     @property
     def step_seconds(self) -> float | None:
@@ -86,15 +86,15 @@ class RankWindow:
 
     @property
     def forward_seconds(self) -> float | None:
-        return self._per_step(ratios.FORWARD_SECONDS, self.total("forward_seconds"))
+        return self._per_step(ratios.FORWARD_SECONDS, self.total(lambda r: r.forward_seconds))
 
     @property
     def comm_seconds(self) -> float | None:
-        return self._per_step(ratios.COMM_SECONDS, self.total("comm_seconds"))
+        return self._per_step(ratios.COMM_SECONDS, self.total(lambda r: r.comm_seconds))
 
     @property
     def comm_bytes_per_step(self) -> float | None:
-        return self._per_step(ratios.COMM_BYTES_PER_STEP, self.total("comm_bytes"))
+        return self._per_step(ratios.COMM_BYTES_PER_STEP, self.total(lambda r: r.comm_bytes))
 
 
 def of_rank(rank: int, launches: list[record.Launch]) -> RankWindow | None:

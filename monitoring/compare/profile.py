@@ -62,7 +62,7 @@ def _not_a_run(path: Path) -> ConfigError:
     )
 
 
-def _per_step(times: dict, steps: int) -> dict[str, float]:
+def _per_step(times: dict, steps: float) -> dict[str, float]:
     ranks = len(times["ranks"])
     return {
         part: seconds / ranks / (steps if part in breakdown.STEP_PARTS else 1)

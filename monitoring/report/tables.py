@@ -23,7 +23,7 @@ def rank_rows(run: RunFiles) -> list[dict[str, object]]:
     for rank, steady in run.steady.items():
         training = sum(training_seconds(r) for r in steady.records)
         steps = [s for r in steady.records for s in r.step_seconds]
-        samples = steady.total("samples")
+        samples = steady.total(lambda r: r.samples)
         rows.append(
             {
                 "rank": rank,
