@@ -259,11 +259,11 @@ def read_run(run_dir: Path | RunDir) -> dict[int, list[Launch]]:
     return {rank: read_launches(path) for rank, path in run.all_rank_records().items()}
 
 
-def records(of: list[Launch]) -> list[IntervalRecord]:
+def records(rank_launches: list[Launch]) -> list[IntervalRecord]:
     """A rank's interval records over every launch, in file order (what the report plots)."""
-    return [record for launch in of for record in launch.records]
+    return [record for launch in rank_launches for record in launch.records]
 
 
-def steady(of: list[Launch]) -> list[IntervalRecord]:
+def steady(rank_launches: list[Launch]) -> list[IntervalRecord]:
     """The steady window of a rank's launches: the last launch's records after its first."""
-    return of[-1].steady if of else []
+    return rank_launches[-1].steady if rank_launches else []
