@@ -32,11 +32,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: trainstack and the report's record reader come from the checkout
-from trainstack.rundir import (  # noqa: E402
-    RunDir,
-    read_rank_records,  # noqa: E402
-    read_summary,
-)
+from trainstack import record  # noqa: E402
+from trainstack.rundir import RunDir, read_summary  # noqa: E402
 
 ENV = {
     **os.environ,
@@ -121,13 +118,13 @@ def trainstack(args: argparse.Namespace, data: Path, run_dir: Path, compile_: bo
         *(["--compile"] if compile_ else []),
     ]
     run(command, "trainstack train")
-    records = {r["step"]: r for r in read_rank_records(RunDir(run_dir).rank_records(0))}
+    records = {r.step: r for r in record.records(record.read_launches(RunDir(run_dir).rank_records(0)))}
     first, last = records[args.warmup], records[args.warmup + args.steps]
     timed = [r for step, r in records.items() if step > args.warmup]
-    full = sum(r["tokens"] for r in timed) == args.steps * args.batch_size * args.seq_len
+    full = sum(r.tokens for r in timed) == args.steps * args.batch_size * args.seq_len
     summary = read_summary(RunDir(run_dir).summary)
     return {
-        "steps_per_second": args.steps / (last["time"] - first["time"]),
+        "steps_per_second": args.steps / (last.time - first.time),
         "full_length_batches": full,
         "mixed_precision": summary["mixed_precision"],
         "compile_seconds": summary.get("compile_seconds"),

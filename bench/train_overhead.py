@@ -20,7 +20,8 @@ from pathlib import Path
 
 from side_by_side import halves_for_pair, pinned, report
 
-from trainstack.rundir import RunDir, free_port, read_rank_records
+from trainstack import record
+from trainstack.rundir import RunDir, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {
@@ -80,8 +81,8 @@ def trainstack_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
 
 
 def trainstack_rate(run_dir: Path, warmup: int) -> float:
-    records = read_rank_records(RunDir(run_dir).rank_records(0))
-    timed = [seconds for record in records if record["step"] > warmup for seconds in record["step_seconds"]]
+    records = record.records(record.read_launches(RunDir(run_dir).rank_records(0)))
+    timed = [seconds for interval in records if interval.step > warmup for seconds in interval.step_seconds]
     return len(timed) / sum(timed)
 
 

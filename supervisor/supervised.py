@@ -213,7 +213,7 @@ def findings(run_dir: Path, times: dict | None) -> Summary:
     recorded something to judge."""
     return {
         "time_breakdown": times,
-        **({"ceilings": ceilings.as_json(ceilings.from_breakdown(times))} if times else {}),
+        **({"ceilings": ceilings.as_json(ceilings.of_run(run_dir, times))} if times else {}),
         **({"verdicts": verdicts} if (verdicts := judged(run_dir)) is not None else {}),
     }
 

@@ -83,22 +83,27 @@ def test_speedup_and_efficiency_are_against_ddp_per_device():
     assert "needs GPUs" not in text
 
 
+def _interval(time: float, wait: float | None) -> str:
+    """A record of two 1 s steps that waited `wait` seconds on communication (None: a rank without it)."""
+    fields = {"time": time, "rank": 0, "step": 2, "epoch": 0, "loss": None, "lr": None, "samples": 2, "tokens": 0}
+    fields |= {"interval_seconds": 2.0, "data_wait_seconds": 0.0, "step_seconds": [1.0, 1.0]}
+    return json.dumps(fields | ({} if wait is None else {"comm_exposed_seconds": wait}))
+
+
 def test_exposed_share_is_the_least_exposed_ranks(tmp_path):
-    """Over each rank's records (its steps' times and waits summed), the rank that waited least is the job's
-    figure, as for the comm-bound verdict: a straggler's peers wait for it, it does not. A record cut off by a kill
-    and a rank without communication fields (one process) count for nothing."""
+    """Over each rank's steady window (its steps' times and waits summed past its first record, the warm-up), the
+    rank that waited least is the job's figure, as for the comm-bound verdict: a straggler's peers wait for it, it
+    does not. A record cut off by a kill and a rank without communication fields (one process) count for
+    nothing."""
     layout = RunDir(tmp_path)
     layout.telemetry.mkdir(parents=True)
-    for rank, waits in ((0, (0.5, 0.25)), (1, (0.25, 0.0))):
-        lines = [
-            json.dumps({"time": t, "step_seconds": [1.0, 1.0], "comm_exposed_seconds": wait})
-            for t, wait in enumerate(waits)
-        ]
+    for rank, waits in ((0, (1.5, 0.5, 0.25)), (1, (0.0, 0.25, 0.0))):
+        lines = [_interval(t, wait) for t, wait in enumerate(waits)]
         layout.rank_records(rank).write_text("\n".join([*lines, '{"time": 9, "step_sec']) + "\n")
     assert exposed_comm_share(tmp_path) == 0.0625
-    layout.rank_records(1).write_text(json.dumps({"time": 0, "step_seconds": [1.0]}) + "\n")
+    layout.rank_records(1).write_text("\n".join([_interval(0, None), _interval(1, None)]) + "\n")
     assert exposed_comm_share(tmp_path) == 0.1875
-    layout.rank_records(0).write_text(json.dumps({"time": 0, "step_seconds": [1.0]}) + "\n")
+    layout.rank_records(0).write_text("\n".join([_interval(0, None), _interval(1, None)]) + "\n")
     assert exposed_comm_share(tmp_path) is None
 
 

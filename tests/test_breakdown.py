@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers.fakes import FakeGpu, identity
-from trainstack import breakdown
+from trainstack import breakdown, record
 from trainstack.breakdown import (
     COMPUTE,
     LOST_PROGRESS,
@@ -24,7 +24,8 @@ from trainstack.breakdown import (
     split_step_time,
 )
 from trainstack.monitor import Monitor
-from trainstack.rundir import SEGMENT_ENDED, SEGMENT_MARKER, RunDir, read_json_lines
+from trainstack.record import SEGMENT_ENDED, SEGMENT_MARKER
+from trainstack.rundir import RunDir, read_json_lines
 from trainstack.telemetry.core import Telemetry
 from trainstack.telemetry.gpu_busy import GpuBusy
 
@@ -56,10 +57,19 @@ def marker(launched_at: float) -> dict:
     return {SEGMENT_MARKER: launched_at + 1, "rank": 0, "run_id": "r", "launched_at": launched_at}
 
 
-def record(time_: float, step: int, steps: int, compute: float, paused: list[dict] = ()) -> dict:
+def interval(time_: float, step: int, steps: int, compute: float, paused: list[dict] = ()) -> dict:
     return {
         "time": time_,
+        "rank": 0,
         "step": step,
+        "epoch": 0,
+        "loss": 2.0,
+        "lr": 0.1,
+        "samples": 8 * steps,
+        "tokens": 0,
+        "interval_seconds": 10.0,
+        "data_wait_seconds": 1.0,
+        "step_seconds": [compute / steps + 0.2] * steps,
         "step_count": steps,
         "host_bound_measured": False,
         "paused": list(paused),
@@ -73,6 +83,11 @@ def record(time_: float, step: int, steps: int, compute: float, paused: list[dic
     }
 
 
+def segments(lines: list[dict]) -> list[breakdown.SegmentTimes]:
+    """A rank's records file, given as its lines, as its segments' times."""
+    return rank_segments(record.launches(filter(None, (record.parse(line, "a test line") for line in lines))))
+
+
 def pause(part: str, seconds: float, after_steps: int = 0) -> dict:
     return {"part": part, "seconds": seconds, "after_steps": after_steps}
 
@@ -81,16 +96,16 @@ def pause(part: str, seconds: float, after_steps: int = 0) -> dict:
 # step 10, trained 11-20 again and exited. Every second of both launches is in some part.
 KILLED_THEN_RESUMED = [
     marker(1000.0),
-    record(1010.0, 10, 10, 6.0, [pause("startup", 2.0)]),
-    record(1020.0, 20, 10, 6.0, [pause("checkpoint_save", 1.0), pause("evaluation", 1.0, after_steps=5)]),
+    interval(1010.0, 10, 10, 6.0, [pause("startup", 2.0)]),
+    interval(1020.0, 20, 10, 6.0, [pause("checkpoint_save", 1.0), pause("evaluation", 1.0, after_steps=5)]),
     marker(1030.0),
-    record(1045.0, 20, 10, 8.0, [pause("startup", 3.0), pause("checkpoint_load", 2.0)]),
+    interval(1045.0, 20, 10, 8.0, [pause("startup", 3.0), pause("checkpoint_load", 2.0)]),
     {SEGMENT_ENDED: 1050.0, "rank": 0, "step_count": 0, "paused": [pause("checkpoint_save", 5.0)]},
 ]
 
 
 def test_steps_a_later_launch_trained_again_are_lost_progress():
-    killed, resumed = rank_segments(KILLED_THEN_RESUMED)
+    killed, resumed = segments(KILLED_THEN_RESUMED)
     assert (killed.resumed_from, killed.closed, killed.wall_seconds) == (0, False, 20.0)  # to its last record
     assert (resumed.resumed_from, resumed.closed, resumed.wall_seconds) == (10, True, 20.0)
     assert redone_after([killed, resumed]) == [10, None]
@@ -115,22 +130,22 @@ def test_an_interval_straddling_the_resumed_checkpoint_loses_its_later_steps_sha
 
 
 def test_the_earliest_later_resume_decides_what_was_trained_again():
-    segments = rank_segments(
+    found = segments(
         [
             marker(0.0),
-            record(5.0, 20, 20, 1.0),
+            interval(5.0, 20, 20, 1.0),
             marker(10.0),
-            record(15.0, 30, 10, 1.0),
+            interval(15.0, 30, 10, 1.0),
             marker(20.0),
-            record(25.0, 12, 2, 1.0),
+            interval(25.0, 12, 2, 1.0),
         ]
     )
-    assert [s.resumed_from for s in segments] == [0, 20, 10]
-    assert redone_after(segments) == [10, 10, None]  # the third launch resumed behind the second one's start
+    assert [s.resumed_from for s in found] == [0, 20, 10]
+    assert redone_after(found) == [10, 10, None]  # the third launch resumed behind the second one's start
 
 
 def test_the_run_sums_ranks_and_segments_and_goodput_is_computes_share_of_wall_time():
-    lines = {0: rank_segments(KILLED_THEN_RESUMED), 1: rank_segments(KILLED_THEN_RESUMED)}
+    lines = {0: segments(KILLED_THEN_RESUMED), 1: segments(KILLED_THEN_RESUMED)}
     times = run_breakdown(lines)
     assert times["parts"] == list(breakdown.PARTS)
     assert times["wall_seconds"] == 80.0 and times["goodput"] == (6.0 + 8.0) * 2 / 80.0
@@ -143,7 +158,7 @@ def test_the_run_sums_ranks_and_segments_and_goodput_is_computes_share_of_wall_t
 
 def test_records_from_before_the_breakdown_are_left_out():
     old_marker = {SEGMENT_MARKER: 1.0, "rank": 0, "run_id": "r"}
-    assert rank_segments([{"time": 0.5, "step": 1}, old_marker, {"time": 2.0, "step": 2}]) == []
+    assert segments([interval(0.5, 1, 1, 0.1), old_marker, interval(2.0, 2, 1, 0.1)]) == []
     assert run_breakdown({0: []}) is None
 
 
@@ -176,6 +191,7 @@ def test_a_cpu_rank_records_its_startup_pauses_and_exit(tmp_path, plain_env):
     telemetry.close()
     lines = read_json_lines(RunDir(tmp_path).rank_records(0))
     assert lines[0]["launched_at"] == plain_env
+    assert [line["version"] for line in lines] == [record.RECORD_VERSION] * 3  # the marker, the record, the end
     interval = lines[1]
     assert [(p["part"], p["after_steps"]) for p in interval["paused"]] == [
         ("checkpoint_load", 0),
@@ -185,7 +201,7 @@ def test_a_cpu_rank_records_its_startup_pauses_and_exit(tmp_path, plain_env):
     assert interval["step_count"] == 2 and not interval["host_bound_measured"]
     assert max(interval["step_seconds"]) < 0.2 <= min(p["seconds"] for p in interval["paused"])
     assert [p["part"] for p in lines[2]["paused"]] == ["checkpoint_save"] and SEGMENT_ENDED in lines[2]
-    (segment,) = rank_segments(lines)
+    (segment,) = segments(lines)
     seconds = segment_seconds(segment, None)
     assert seconds["startup"] >= 2.0 and seconds["evaluation"] >= 0.2
     assert abs(seconds[OTHER]) < 0.02 * segment.wall_seconds  # the parts, measured apart, add up to the wall time
@@ -205,7 +221,7 @@ def test_pauses_are_named_and_do_not_nest(tmp_path, plain_env):
 
 def test_a_rank_that_never_steps_spent_its_launch_starting(tmp_path, plain_env):
     Telemetry(tmp_path, identity(), 1.0, None, torch.device("cpu")).close()
-    (segment,) = rank_segments(read_json_lines(RunDir(tmp_path).rank_records(0)))
+    (segment,) = rank_segments(record.read_launches(RunDir(tmp_path).rank_records(0)))
     assert segment_seconds(segment, None)["startup"] == pytest.approx(segment.wall_seconds, abs=1e-3)
 
 

@@ -1,5 +1,5 @@
-"""Ceilings (trainstack/ceilings.py): the speedup a verdict's fix can bring at most, 1 / (1 - share), from
-breakdowns and snapshots whose answer is known; diagnose prints it beside the verdict and in --json."""
+"""Ceilings (trainstack/ceilings.py): the speedup a verdict's fix can bring at most, 1 / (1 - share), from ranks'
+shares, breakdowns and snapshots whose answer is known; diagnose prints it beside the verdict and in --json."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import pytest
 
 from trainstack import breakdown, ceilings
-from trainstack.monitoring.diagnose.ceilings import of_snapshot
 from trainstack.monitoring.diagnose.render import render_json, render_text
 from trainstack.monitoring.diagnose.snapshot import RankView, Snapshot
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures
@@ -62,13 +61,17 @@ def _times(*ranks: dict) -> dict:
     }
 
 
-def test_each_kind_reads_its_own_share_of_the_breakdown():
+def test_each_kind_reads_its_own_share_of_the_ranks_and_the_pauses_of_the_breakdown():
     # Rank 0 starves 31% of its 10 s of steps and waits 1 s on communication; rank 1, its peer, waits 3 s for it.
     times = _times(
         _rank(0, compute=5.9, comm=1.0, starved=3.1, evaluation=2.0),
         _rank(1, compute=7.0, comm=3.0, starved=0.0, checkpoint_save=2.0),
     )
-    found = ceilings.from_breakdown(times)
+    ranks = [
+        RankView(rank="0", data_wait_ratio=0.31, comm_exposed_ratio=0.1),
+        RankView(rank="1", data_wait_ratio=0.0, comm_exposed_ratio=0.3),
+    ]
+    found = {**ceilings.of_ranks(ranks), **ceilings.of_pauses(times)}
     assert found["input-bound"].share == pytest.approx(0.31)
     assert found["input-bound"].speedup == pytest.approx(1.449, abs=1e-3)
     assert "starves the device 31% of step time" in found["input-bound"].text
@@ -80,13 +83,17 @@ def test_each_kind_reads_its_own_share_of_the_breakdown():
 
 
 def test_host_bound_counts_where_a_rank_measured_it():
-    found = ceilings.from_breakdown(_times(_rank(0, compute=6.0, comm=0.0, starved=0.0, host=4.0, host_measured=True)))
+    times = _times(_rank(0, compute=6.0, comm=0.0, starved=0.0, host=4.0, host_measured=True))
+    found = {
+        **ceilings.of_ranks([RankView(rank="0", data_wait_ratio=0.0, host_bound_ratio=0.4)]),
+        **ceilings.of_pauses(times),
+    }
     assert found["host-bound"].speedup == pytest.approx(1 / 0.6)
     assert set(found) == {"input-bound", "host-bound", "pauses"}  # one rank: nothing to wait for
 
 
 def test_no_breakdown_no_ceilings():
-    assert ceilings.from_breakdown(None) == {}
+    assert ceilings.of_pauses(None) == {} and ceilings.of_ranks([]) == {}
 
 
 def _snapshot(*ranks: RankView) -> Snapshot:
@@ -110,7 +117,7 @@ def test_diagnose_prints_the_ceiling_beside_the_verdict_it_caps():
     snapshot = _snapshot(*ranks)
     verdicts = diagnose(snapshot, Thresholds())
     assert [v.kind for v in verdicts] == ["input-bound"]
-    found = of_snapshot(snapshot)
+    found = ceilings.of_ranks(snapshot.ranks)
     text = render_text("test", verdicts, figures(snapshot), (), found)
     assert (
         "ceiling: input-bound: the loader starves the device 40% of step time; a loader that keeps up makes "
@@ -127,7 +134,7 @@ def test_a_live_straggler_ceiling_is_what_its_peers_wait_beyond_it():
         for r, wait in ((0, 0.05), (1, 0.30))
     ]
     snapshot = _snapshot(*ranks)
-    found = of_snapshot(snapshot)
+    found = ceilings.of_ranks(snapshot.ranks)
     assert found["straggler"].share == pytest.approx(0.25)
     assert found["straggler"].speedup == pytest.approx(1 / 0.75)
     (straggler,) = (v for v in diagnose(snapshot, Thresholds()) if v.kind == "straggler")

@@ -1,14 +1,17 @@
 """A Snapshot from a finished run's telemetry records (monitoring/diagnose/records.py): the last launch only, its
-intervals after the first (warm-up), and the verdicts diagnose gives on it."""
+intervals after the first (warm-up), the verdicts diagnose gives on it, and the one ceiling per kind that both
+they and summary.json carry."""
 
 import json
 
 import pytest
 
+from trainstack import breakdown, ceilings
 from trainstack.monitoring.diagnose.records import judged, snapshot_from_records
 from trainstack.monitoring.diagnose.verdicts import diagnose
 from trainstack.monitoring.report import render_report
-from trainstack.rundir import SEGMENT_ENDED, SEGMENT_MARKER, RunDir
+from trainstack.record import SEGMENT_ENDED, SEGMENT_MARKER
+from trainstack.rundir import RunDir
 from trainstack.thresholds import Thresholds
 
 
@@ -81,6 +84,35 @@ def test_the_last_launch_after_its_first_interval_is_judged(tmp_path):
     assert verdicts[0].summary.startswith(
         "rank 1 is a straggler: the other rank(s) wait for it 28 ms of each 100 ms step"
     )
+
+
+def test_a_runs_ceilings_are_its_verdicts_one_per_kind_over_the_steady_window(tmp_path):
+    run = RunDir(tmp_path)
+    # As above: the earlier launch and each launch's first interval name the other rank. Every record over every
+    # launch would give another straggler share; the steady window gives the verdict's.
+    earlier = {0: [record(0, s, 0.0, 0.3) for s in (10, 20, 30)], 1: [record(1, s, 0.3, 0.1) for s in (10, 20, 30)]}
+    last = {
+        0: [record(0, 40, 0.0, 0.1)] + [record(0, s, 0.3, 0.1) for s in (50, 60)],
+        1: [record(1, 40, 0.3, 0.1)] + [record(1, s, 0.02, 0.38) for s in (50, 60)],
+    }
+    write_run(run, {rank: [earlier[rank], last[rank]] for rank in (0, 1)})
+    found = ceilings.as_json(ceilings.of_run(tmp_path, breakdown.of_run(tmp_path)))  # summary.json's `ceilings`
+    (verdict,) = judged(tmp_path)
+    assert verdict["kind"] == "straggler" and verdict["ceiling"] == found["straggler"]
+    assert found["straggler"]["share"] == pytest.approx(0.28)
+    assert found["comm-bound"]["share"] == pytest.approx(0.02) and found["input-bound"]["share"] == pytest.approx(0.01)
+    assert set(found) == {"input-bound", "comm-bound", "straggler", "pauses"}
+
+
+@pytest.mark.slow
+def test_a_finished_runs_summary_holds_one_ceiling_per_kind_equal_to_its_verdicts(cpu_run):
+    written = json.loads(RunDir(cpu_run).summary.read_text())
+    judged_by = ceilings.as_json(ceilings.of_ranks(snapshot_from_records(cpu_run).ranks))  # what verdicts carry
+    assert judged_by and {kind: c for kind, c in written["ceilings"].items() if kind != ceilings.PAUSES} == judged_by
+    pauses = ceilings.of_pauses(written["time_breakdown"])[ceilings.PAUSES].to_dict()
+    assert written["ceilings"][ceilings.PAUSES] == pauses
+    for verdict in written["verdicts"]:
+        assert verdict["ceiling"] == written["ceilings"][verdict["kind"]], verdict
 
 
 def test_a_loop_without_a_ddp_model_has_no_waits_and_no_straggler(tmp_path):

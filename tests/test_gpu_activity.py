@@ -117,27 +117,40 @@ def test_gpu_ranks_records_carry_its_activity_a_cpu_ranks_none(tmp_path, plain_e
 def test_the_report_shows_each_ranks_mean_activity_where_its_records_carry_it(tmp_path):
     from trainstack.monitoring.report.runfiles import RunFiles
     from trainstack.monitoring.report.tables import rank_rows
+    from trainstack.record import IntervalRecord, Launch
 
-    def record(step: int, seconds: float, **activity) -> dict:
-        return {
-            "time": 1000.0 + step,
-            "step": step,
-            "samples": 16,
-            "interval_seconds": seconds,
-            "data_wait_seconds": 0.0,
-            "step_seconds": [0.1],
-            "host_data_wait_seconds": 0.0,
+    def record(step: int, seconds: float, **activity) -> IntervalRecord:
+        return IntervalRecord(
+            time=1000.0 + step,
+            rank=0,
+            step=step,
+            epoch=0,
+            loss=None,
+            lr=None,
+            samples=16,
+            tokens=0,
+            interval_seconds=seconds,
+            data_wait_seconds=0.0,
+            step_seconds=(0.1,),
+            host_data_wait_seconds=0.0,
             **activity,
-        }
+        )
 
+    warm_up = record(0, 9.0, sm_active_ratio=0.0, tensor_active_ratio=0.0)  # left out: the steady window's only
     run = RunFiles(
         tmp_path,
         {
             0: [
-                record(10, 1.0, sm_active_ratio=0.9, tensor_active_ratio=0.6),
-                record(20, 3.0, sm_active_ratio=0.1, tensor_active_ratio=0.0),
+                Launch(
+                    None,
+                    [
+                        warm_up,
+                        record(10, 1.0, sm_active_ratio=0.9, tensor_active_ratio=0.6),
+                        record(20, 3.0, sm_active_ratio=0.1, tensor_active_ratio=0.0),
+                    ],
+                )
             ],
-            1: [record(10, 1.0)],
+            1: [Launch(None, [warm_up, record(10, 1.0)])],
         },
         {},
         {},
@@ -145,7 +158,7 @@ def test_the_report_shows_each_ranks_mean_activity_where_its_records_carry_it(tm
     with_gpm, without = rank_rows(run)
     assert with_gpm["SM activity"] == pytest.approx(0.3) and with_gpm["tensor activity"] == pytest.approx(0.15)
     assert (without["SM activity"], without["tensor activity"]) == (None, None)  # "-": a column for every rank
-    alone = RunFiles(tmp_path, {1: [record(10, 1.0)]}, {}, {})
+    alone = RunFiles(tmp_path, {1: [Launch(None, [warm_up, record(10, 1.0)])]}, {}, {})
     assert "SM activity" not in rank_rows(alone)[0]  # a run without GPM has no such column
 
 

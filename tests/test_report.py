@@ -176,26 +176,32 @@ def test_a_gpu_run_shows_its_gpu_starvation_with_the_host_wait_beside_it(tmp_pat
     from trainstack.monitoring.report.figures import data_wait
     from trainstack.monitoring.report.runfiles import RunFiles
     from trainstack.monitoring.report.tables import rank_rows
+    from trainstack.record import IntervalRecord, Launch
 
-    def record(step: int, clock: str | None) -> dict:
-        fields = {
-            "time": 1000.0 + step,
-            "step": step,
-            "samples": 160,
-            "interval_seconds": 0.4,
-            "data_wait_seconds": 0.004,
-            "step_seconds": [0.04] * 10,
-            "host_data_wait_seconds": 0.08,
-        }
-        return {**fields, "clock": clock} if clock else fields
+    def record(step: int, clock: str | None) -> IntervalRecord:
+        return IntervalRecord(
+            time=1000.0 + step,
+            rank=0,
+            step=step,
+            epoch=0,
+            loss=None,
+            lr=None,
+            samples=160,
+            tokens=0,
+            interval_seconds=0.4,
+            data_wait_seconds=0.004,
+            step_seconds=(0.04,) * 10,
+            host_data_wait_seconds=0.08,
+            clock=clock,
+        )
 
-    on_gpu = RunFiles(tmp_path, {0: [record(10, "gpu"), record(20, "gpu")]}, {}, {})
+    on_gpu = RunFiles(tmp_path, {0: [Launch(None, [record(10, "gpu"), record(20, "gpu")])]}, {}, {})
     row = rank_rows(on_gpu)[0]
     assert row["data-wait ratio"] == pytest.approx(0.01) and row["host-wait ratio"] == pytest.approx(0.2)
     assert row["data wait measured on"] == "GPU timeline"
     assert "on the GPU's timeline" in data_wait(on_gpu).axes[0].get_title()
     # records from before the clock field were all timed on the host: the table is as it was
-    older = RunFiles(tmp_path, {0: [record(10, None)]}, {}, {})
+    older = RunFiles(tmp_path, {0: [Launch(None, [record(10, None), record(20, None)])]}, {}, {})
     assert "host-wait ratio" not in rank_rows(older)[0]
     assert "blocked on the loader" in data_wait(older).axes[0].get_title()
 
@@ -288,7 +294,7 @@ def test_throughput_is_over_training_time_so_a_pause_is_no_dip(tmp_path):
     from trainstack.monitoring.report.tables import rank_rows
 
     run = load_run(synthetic_run(tmp_path / "run", evaluation_seconds=10.0))
-    rates = {r["samples"] / training_seconds(r) for r in run.ranks[0]}
+    rates = {r.samples / training_seconds(r) for r in run.ranks[0]}
     assert rates == {8.0}  # the intervals with an evaluation train as fast as those without
     assert [p for r in run.ranks[0] for p in pauses(r)] == [(0, "startup"), (20, "evaluation"), (40, "evaluation")]
     assert rank_rows(run)[0]["samples/s (training time)"] == pytest.approx(8.0)

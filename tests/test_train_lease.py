@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.runs import explain, file_tree, kill_tree, logged_steps, start, summary, train, wait_for
 from trainstack.monitoring.report import render_report
 from trainstack.monitoring.report.runfiles import load_run
-from trainstack.rundir import LEASE_DIR, by_segment
+from trainstack.rundir import LEASE_DIR
 from trainstack.train.rank import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -64,7 +64,7 @@ def test_an_intruder_changes_nothing_and_a_sigkilled_run_is_taken_over_and_resum
     )
     # The killed launch's records are kept: the report reads both segments.
     run = load_run(run_dir)
-    for records in run.ranks.values():
-        first_segment, second_segment = by_segment(records)
-        assert [r["step"] for r in first_segment][:2] == [1, 5] and second_segment[-1]["step"] == 12
+    for launches in run.launches.values():
+        first_segment, second_segment = (launch.records for launch in launches)
+        assert [r.step for r in first_segment][:2] == [1, 5] and second_segment[-1].step == 12
     assert "<h2>Segments</h2>" in render_report(run_dir).read_text()

@@ -77,6 +77,7 @@ def test_a_plain_ddp_loop_under_watch_has_its_straggler_named(tmp_path):
     assert [v["kind"] for v in summary["verdicts"]] == ["straggler"]  # judged from the records at the end
     assert summary["verdicts"][0]["summary"].startswith("rank 1 is a straggler")
     assert summary["verdicts"][0]["ceiling"]["speedup"] > 1
+    assert summary["ceilings"]["straggler"] == summary["verdicts"][0]["ceiling"]  # one ceiling per kind
     for rank in summary["time_breakdown"]["ranks"]:
         wall = rank["wall_seconds"]
         assert 0 < wall <= summary["wall_seconds"], rank

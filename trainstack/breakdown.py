@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainstack.rundir import SEGMENT_ENDED, SEGMENT_MARKER, RunDir, read_json_lines
+from trainstack import record
+from trainstack.record import Launch, Pause
 
 COMPUTE = "compute"
 COMM_EXPOSED = "comm_exposed"
@@ -120,39 +121,38 @@ class SegmentTimes:
         return self.ended - self.launched_at
 
 
-def _paused(entries: list[dict], first_step: int | None) -> list[Spent]:
+def _paused(entries: tuple[Pause, ...], first_step: int | None) -> list[Spent]:
     """A line's pauses, each at the step it came after (None: unknown)."""
     spent = []
     for entry in entries:
-        step = None if first_step is None else first_step + entry["after_steps"]
-        spent.append(Spent(entry["part"], entry["seconds"], step, step))
+        step = None if first_step is None else first_step + entry.after_steps
+        spent.append(Spent(entry.part, entry.seconds, step, step))
     return spent
 
 
-def rank_segments(lines: list[dict]) -> list[SegmentTimes]:
-    """A rank's records file, in file order, as its segments (launches). Lines before the first marker, and launches
-    whose marker has no launch time, come from a trainstack that did not measure the breakdown: left out."""
-    segments: list[SegmentTimes | None] = []
-    for line in lines:
-        if SEGMENT_MARKER in line:
-            launched = line.get("launched_at")
-            segments.append(None if launched is None else SegmentTimes(launched, line[SEGMENT_MARKER], False))
-            continue
-        segment = segments[-1] if segments else None
-        if segment is None or segment.closed:
-            continue
-        if "time" in line:
-            first = line["step"] - line["step_count"]
-            if segment.resumed_from is None:
-                segment.resumed_from = first
-            segment.last_step, segment.ended = line["step"], line["time"]
-            segment.host_bound_measured |= line["host_bound_measured"]
-            segment.spent += [Spent(part, seconds, first, line["step"]) for part, seconds in line["time_parts"].items()]
-            segment.spent += _paused(line["paused"], first)
-        elif SEGMENT_ENDED in line:
-            segment.ended, segment.closed = line[SEGMENT_ENDED], True
-            segment.spent += _paused(line["paused"], segment.last_step)
-    return [segment for segment in segments if segment is not None]
+def segment_times(launch: Launch) -> SegmentTimes | None:
+    """One launch of a rank as its times; None where its marker has no launch time (or it has no marker): a
+    trainstack that did not measure the breakdown wrote it."""
+    if launch.started is None or launch.started.launched_at is None:
+        return None
+    segment = SegmentTimes(launch.started.launched_at, launch.started.started, False)
+    for line in launch.records:
+        first = line.first_step
+        if segment.resumed_from is None:
+            segment.resumed_from = first
+        segment.last_step, segment.ended = line.step, line.time
+        segment.host_bound_measured |= bool(line.host_bound_measured)
+        segment.spent += [Spent(part, seconds, first, line.step) for part, seconds in (line.time_parts or {}).items()]
+        segment.spent += _paused(line.pauses, first)
+    if launch.ended is not None:
+        segment.ended, segment.closed = launch.ended.ended, True
+        segment.spent += _paused(launch.ended.paused, segment.last_step)
+    return segment
+
+
+def rank_segments(launches: list[Launch]) -> list[SegmentTimes]:
+    """A rank's launches as its segments' times, those that did not measure the breakdown left out."""
+    return [segment for launch in launches if (segment := segment_times(launch)) is not None]
 
 
 def segment_seconds(segment: SegmentTimes, redone_after: int | None) -> dict[str, float]:
@@ -228,6 +228,4 @@ def run_breakdown(segments_by_rank: dict[int, list[SegmentTimes]]) -> dict | Non
 
 def of_run(run_dir: Path) -> dict | None:
     """The breakdown of every rank's records in the run directory (`run_breakdown`)."""
-    return run_breakdown(
-        {rank: rank_segments(read_json_lines(path)) for rank, path in RunDir(run_dir).all_rank_records().items()}
-    )
+    return run_breakdown({rank: rank_segments(launches) for rank, launches in record.read_run(run_dir).items()})

@@ -5,9 +5,9 @@ One definition for every verdict that has a time share: a fix that removes a sha
 time caps the gain of a faster loader at 1.14x; exposed communication at 40% caps a faster link at 1.67x. A ceiling
 is an upper bound: the fix may remove less, and the parts it leaves may not shrink with it.
 
-The shares come from the time breakdown (trainstack/breakdown.py; summary.json's `time_breakdown`), which `train`
-runs and watched runs with trainstack.monitor both record, or from a live snapshot (diagnose). Which share each verdict
-kind reads:
+Each kind's share is read once (`SHARES`), from the ranks' shares over the window judged: a finished run's steady
+window (trainstack/record.py; what its verdicts, summary.json's `ceilings` and the report state, so each kind has one
+ceiling per run) or a live snapshot's (diagnose). Which share each verdict kind reads:
 
 - input-bound: the most starved rank's data starvation over its step time (in DDP every rank waits for it);
 - comm-bound: the least exposed rank's exposed communication over its step time (a straggler's peers wait in the
@@ -15,16 +15,20 @@ kind reads:
 - host-bound: the most host-bound rank's idle time over its step time;
 - straggler: what the other ranks wait beyond the least-waiting rank at the collectives (ratios.STRAGGLER_WAIT, the
   straggler verdict's own figure: the most any rank waits less the straggler's own wait);
-- pauses: evaluation and checkpoint save and load over the wall time (goodput's ceiling: a loop that never paused).
+- pauses: evaluation and checkpoint save and load over the wall time of every launch (goodput's ceiling: a loop
+  that never paused), from the time breakdown (trainstack/breakdown.py), which accounts for that wall time.
 
 Nothing here imports torch or monitoring/.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
 
-from trainstack import breakdown, ratios
+from trainstack import breakdown, ratios, window
 from trainstack.problems import COMM_BOUND, HOST_BOUND, INPUT_BOUND, PAUSES, STRAGGLER, WHAT_FIX_GAINS
 
 PAUSE_PARTS = (breakdown.EVALUATION, breakdown.CHECKPOINT_SAVE, breakdown.CHECKPOINT_LOAD)
@@ -60,39 +64,69 @@ def ceiling(kind: str, share: float) -> Ceiling:
     return Ceiling(kind, share, speedup, text)
 
 
-def straggler_share(waits: dict) -> float | None:
-    """The straggler's cost as a share of step time from each rank's wait share: what the others wait beyond it."""
-    beyond = ratios.STRAGGLER_WAIT.of(waits)
-    return max(beyond.values()) if beyond else None
+class RankShares(Protocol):
+    """A rank's shares of step time over the window judged: a finished run's steady window (window.RankWindow) or a
+    live snapshot's rate window (diagnose's RankView). None: not measured."""
+
+    @property
+    def data_wait_ratio(self) -> float | None: ...
+    @property
+    def host_bound_ratio(self) -> float | None: ...
+    @property
+    def comm_exposed_ratio(self) -> float | None: ...
 
 
-def _step_shares(rank: dict) -> dict[str, float] | None:
-    """A rank's step parts as shares of its steps' time (breakdown.STEP_PARTS); None without steps."""
-    seconds = rank["seconds"]
-    steps = sum(seconds[part] for part in breakdown.STEP_PARTS)
-    return {part: seconds[part] / steps for part in breakdown.STEP_PARTS} if steps > 0 else None
+def input_bound_share(ranks: Sequence[RankShares]) -> float | None:
+    return max((r.data_wait_ratio for r in ranks if r.data_wait_ratio is not None), default=None)
 
 
-def from_breakdown(times: dict | None) -> dict[str, Ceiling]:
-    """Each verdict kind's ceiling from a run's `time_breakdown` (breakdown.run_breakdown); kinds whose share is
-    not measured are left out (host-bound on CPU ranks, straggler with one rank)."""
-    if not times:
+def host_bound_share(ranks: Sequence[RankShares]) -> float | None:
+    return max((r.host_bound_ratio for r in ranks if r.host_bound_ratio is not None), default=None)
+
+
+def comm_bound_share(ranks: Sequence[RankShares]) -> float | None:
+    """None unless every rank measured its exposed communication."""
+    exposed = [r.comm_exposed_ratio for r in ranks]
+    return min(share for share in exposed if share is not None) if ranks and None not in exposed else None
+
+
+def straggler_share(ranks: Sequence[RankShares]) -> float | None:
+    """What the others wait beyond the straggler (ratios.STRAGGLER_WAIT), the most any rank's wait is beyond."""
+    waits = {str(index): r.comm_exposed_ratio for index, r in enumerate(ranks) if r.comm_exposed_ratio is not None}
+    return max(ratios.STRAGGLER_WAIT.of(waits).values(), default=None)
+
+
+SHARES = {
+    INPUT_BOUND: input_bound_share,
+    COMM_BOUND: comm_bound_share,
+    HOST_BOUND: host_bound_share,
+    STRAGGLER: straggler_share,
+}
+"""Each verdict kind with a share of step time -> how its share reads from the ranks' shares."""
+
+
+def of_ranks(ranks: Sequence[RankShares]) -> dict[str, Ceiling]:
+    """kind -> its ceiling, for every kind whose share the ranks measure: the ceiling each verdict carries, and
+    summary.json's `ceilings` (with the pauses'). A share of 1 (a rank that only waited) has no finite ceiling:
+    capped just below it."""
+    return {
+        kind: ceiling(kind, min(share, 0.99)) for kind, read in SHARES.items() if (share := read(ranks)) is not None
+    }
+
+
+def of_pauses(times: dict | None) -> dict[str, Ceiling]:
+    """The pauses' ceiling from a run's `time_breakdown` (breakdown.run_breakdown): evaluation and checkpoints over
+    the wall time of every launch, the time it accounts for; {} without one."""
+    if not times or not times["wall_seconds"] > 0:
         return {}
-    ranks = [shares for rank in times["ranks"] if (shares := _step_shares(rank)) is not None]
-    found: dict[str, Ceiling] = {}
-    if ranks:
-        found[INPUT_BOUND] = ceiling(INPUT_BOUND, max(r[breakdown.DATA_STARVATION] for r in ranks))
-        if len(ranks) > 1:
-            exposed = [r[breakdown.COMM_EXPOSED] for r in ranks]
-            found[COMM_BOUND] = ceiling(COMM_BOUND, min(exposed))
-            if (share := straggler_share(dict(enumerate(exposed)))) is not None:
-                found[STRAGGLER] = ceiling(STRAGGLER, share)
-        if any(rank["host_bound_measured"] for rank in times["ranks"]):
-            found[HOST_BOUND] = ceiling(HOST_BOUND, max(r[breakdown.HOST_BOUND] for r in ranks))
-    if times["wall_seconds"] > 0:
-        paused = sum(times["seconds"][part] for part in PAUSE_PARTS)
-        found[PAUSES] = ceiling(PAUSES, paused / times["wall_seconds"])
-    return found
+    paused = sum(times["seconds"][part] for part in PAUSE_PARTS)
+    return {PAUSES: ceiling(PAUSES, paused / times["wall_seconds"])}
+
+
+def of_run(run_dir: Path, times: dict | None) -> dict[str, Ceiling]:
+    """A finished run's ceilings: each verdict kind's over the steady window (trainstack/record.py), the same its
+    verdicts carry, and the pauses' over its time breakdown."""
+    return {**of_ranks(window.of_run(run_dir)), **of_pauses(times)}
 
 
 def as_json(found: dict[str, Ceiling]) -> dict[str, dict]:

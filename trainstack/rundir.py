@@ -130,10 +130,6 @@ NODE_FILE = re.compile(r"node-(\d+)\.json")  # one per node: a lease file, an en
 STEP_DIR = re.compile(r"^step-(\d{8})$")  # a sealed checkpoint: complete, verified by its manifest
 UNSEALED_PREFIX = ".tmp-"  # a checkpoint being written: `.tmp-step-<N>`, renamed to `step-<N>` once sealed
 UNSEALED_GLOB = UNSEALED_PREFIX + "step-*"
-# A rank's records: the first line each launch (segment) appends, and the last one, written as the rank exits (a
-# killed rank writes none). Neither has a "time" key, so readers of the interval records skip them.
-SEGMENT_MARKER = "segment_started"
-SEGMENT_ENDED = "segment_ended"
 
 
 def step_dir_name(step: int) -> str:
@@ -325,8 +321,8 @@ def check_run_dir(run_dir: Path, flag: str) -> None:
 
 
 def read_json_lines(path: Path) -> list[dict]:
-    """Every JSON object line of a run's JSON-lines file, in file order (a rank's records: its segment markers,
-    interval records and segment ends). A line a kill cut off is skipped (the next launch ends it first)."""
+    """Every JSON object line of a run's JSON-lines file, in file order (the exporter's GPU log; a rank's records
+    read typed through trainstack/record.py). A line a kill cut off is skipped (the next launch ends it first)."""
     lines = []
     for line in path.read_text().splitlines():
         try:
@@ -336,25 +332,6 @@ def read_json_lines(path: Path) -> list[dict]:
         if isinstance(parsed, dict):
             lines.append(parsed)
     return lines
-
-
-def read_rank_records(path: Path) -> list[dict]:
-    """A rank's records, each tagged with its segment: a resumed run appends after a marker line per launch."""
-    segment, records = -1, []
-    for record in read_json_lines(path):
-        if SEGMENT_MARKER in record:
-            segment += 1
-        elif "time" in record:
-            records.append({**record, "segment": max(segment, 0)})
-    return sorted(records, key=lambda record: record["time"])
-
-
-def by_segment(records: list[dict]) -> list[list[dict]]:
-    """Records split where the segment changes: a resumed run's steps repeat those its killed launch lost."""
-    segments: dict[int, list[dict]] = {}
-    for record in records:
-        segments.setdefault(record.get("segment", 0), []).append(record)
-    return list(segments.values())
 
 
 # ---- summary.json -------------------------------------------------------------------------------------------

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import yaml
 
-from trainstack import breakdown, environment
+from trainstack import breakdown, environment, record, window
 from trainstack.errors import ConfigError
 from trainstack.monitoring.diagnose.records import judged
-from trainstack.rundir import CONFIG_FILE, SHOWN, SUMMARY_FILE, RunDir, by_segment, read_rank_records, read_summary
+from trainstack.rundir import CONFIG_FILE, SHOWN, SUMMARY_FILE, RunDir, read_summary
+from trainstack.window import RankWindow
 
 SUMMARY_SETTINGS = ("world_size", "distributed_type", "device", "mixed_precision", "model", "dataset")
 RECORD_SETTINGS = ("clock", "param_bytes", "grad_bytes")
@@ -26,17 +27,15 @@ class Rate:
     samples_per_second: float
 
 
-def steady_rate(records_by_rank: dict[int, list[dict]]) -> Rate | None:
-    """Steps/s (the ranks' median) and samples/s (their sum) over each launch's records after its first: the first
-    record holds the warm-up (first batches, allocator, compile), which a short run would otherwise be judged by.
-    None where no rank has a record past its first."""
+def steady_rate(windows: list[RankWindow]) -> Rate | None:
+    """Steps/s (the ranks' median) and samples/s (their sum) over each rank's steady window (trainstack/record.py):
+    the first record of a launch holds the warm-up (first batches, allocator, compile), which a short run would
+    otherwise be judged by. None where no rank has a record past its first."""
     steps, samples = [], 0.0
-    for records in records_by_rank.values():
-        steady = [r for segment in by_segment(records) for r in segment[1:]]
-        seconds = sum(r["interval_seconds"] for r in steady)
-        if seconds > 0:
-            steps.append(sum(r["step_count"] for r in steady) / seconds)
-            samples += sum(r["samples"] for r in steady) / seconds
+    for steady in windows:
+        if (rate := steady.steps_per_second) is not None and (sampled := steady.samples_per_second) is not None:
+            steps.append(rate)
+            samples += sampled
     return Rate(statistics.median(steps), samples) if steps else None
 
 
@@ -63,7 +62,7 @@ def _not_a_run(path: Path) -> ConfigError:
     )
 
 
-def _per_step(times: dict, steps: int) -> dict[str, float]:
+def _per_step(times: dict, steps: float) -> dict[str, float]:
     ranks = len(times["ranks"])
     return {
         part: seconds / ranks / (steps if part in breakdown.STEP_PARTS else 1)
@@ -79,10 +78,9 @@ def _verdicts(summary: dict, run_dir: Path) -> dict[str, str]:
 
 def load(run_dir: Path) -> RunProfile:
     layout = RunDir(run_dir)
+    launches = record.read_run(layout)
     records = {
-        rank: lines
-        for rank, path in layout.all_rank_records().items()
-        if (lines := [r for r in read_rank_records(path) if r.get("step_count")])
+        rank: lines for rank, found in launches.items() if (lines := [r for r in record.records(found) if r.step_count])
     }
     config_path = run_dir / CONFIG_FILE
     if not run_dir.is_dir() or not (records or config_path.is_file() or layout.summary.is_file()):
@@ -96,27 +94,28 @@ def load(run_dir: Path) -> RunProfile:
     summary = dict(read_summary(layout.summary))
     config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
     times = breakdown.of_run(run_dir)
-    steps = statistics.median(sum(r["step_count"] for r in lines) for lines in records.values())
+    steps = statistics.median(sum(r.step_count or 0 for r in lines) for lines in records.values())
     last = records[min(records)][-1]
+    windows = window.of_launches(launches)
     settings = {
         **{f"config.{k}": v for k, v in (config or {}).items() if k != "output_dir"},
         **{f"summary.{k}": summary[k] for k in SUMMARY_SETTINGS if k in summary},
-        **{f"records.{k}": last[k] for k in RECORD_SETTINGS if k in last},
+        **{f"records.{k}": value for k in RECORD_SETTINGS if (value := getattr(last, k)) is not None},
         "ranks": len(records),
         **environment.settings({node: environment.read(path) for node, path in layout.environments().items()}),
     }
     return RunProfile(
         run_dir=run_dir,
-        rate=steady_rate(records),
+        rate=steady_rate(windows),
         goodput=times["goodput"] if times else None,
         seconds_per_step=_per_step(times, steps) if times else {},
         rank_step_seconds={
-            rank: statistics.median(s for r in lines for s in r["step_seconds"])
-            for rank, lines in records.items()
-            if any(r["step_seconds"] for r in lines)
+            steady.rank: statistics.median(s for r in steady.records for s in r.step_seconds)
+            for steady in windows
+            if any(r.step_seconds for r in steady.records)
         },
         verdicts=_verdicts(summary, run_dir),
         settings=settings,
         model=summary.get("model") or (config or {}).get("model"),
-        param_bytes=last.get("param_bytes"),
+        param_bytes=last.param_bytes,
     )

@@ -64,8 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainstack.ceilings import of_ranks
     from trainstack.hang_verdict import latest_hang
-    from trainstack.monitoring.diagnose.ceilings import of_snapshot
     from trainstack.monitoring.diagnose.render import render_json, render_text
     from trainstack.monitoring.diagnose.snapshot import read_snapshot
     from trainstack.monitoring.diagnose.sources import open_source
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     render = render_json if args.json else render_text
     said = [source.ended_meanwhile] if source.ended_meanwhile else []
     print(
-        render(snapshot.source, verdicts, figures(snapshot), said + notes(snapshot, limits), of_snapshot(snapshot)),
+        render(snapshot.source, verdicts, figures(snapshot), said + notes(snapshot, limits), of_ranks(snapshot.ranks)),
         flush=True,
     )
     return EXIT_PROBLEM if verdicts else EXIT_OK

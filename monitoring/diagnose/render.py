@@ -61,7 +61,7 @@ def render_text(
     notes: Sequence[str] = (),
     ceilings: dict[str, Ceiling] | None = None,
 ) -> str:
-    """`ceilings`: verdict kind -> how much its fix can gain at most (monitoring/diagnose/ceilings.py)."""
+    """`ceilings`: verdict kind -> how much its fix can gain at most (trainstack/ceilings.py `of_ranks`)."""
     ceilings = ceilings or {}
     lines = [f"trainstack diagnose: {source}"]
     if not verdicts:

@@ -19,7 +19,6 @@ from trainstack.monitoring.report.runfiles import (
     pauses,
     training_seconds,
 )
-from trainstack.rundir import by_segment
 
 GiB = 1 << 30
 
@@ -48,14 +47,14 @@ def loss(run: RunFiles) -> Figure:
     # per-rank shard). A loop that gives its monitor no loss has gaps.
     figure, axes = _figure("Training loss per rank", "step", "loss")
     lines = 0
-    for rank, rank_records in sorted(run.ranks.items()):
-        segments = by_segment(rank_records)
+    for rank, launches in sorted(run.launches.items()):
+        segments = [launch.records for launch in launches if launch.records]
         for number, records in enumerate(segments, start=1):
             # one line per launch: a resumed run retrains the steps its killed launch lost
             label = f"rank {rank}" + (f", segment {number}" if len(segments) > 1 else "")
             axes.plot(
-                [r["step"] for r in records],
-                [math.nan if r["loss"] is None else r["loss"] for r in records],
+                [r.step for r in records],
+                [math.nan if r.loss is None else r.loss for r in records],
                 marker=".",
                 label=label,
             )
@@ -70,8 +69,8 @@ def throughput(run: RunFiles) -> Figure:
     figure, axes = _figure("Throughput per rank (over training time; dotted: pauses)", "step", "samples / s")
     for rank, records in run.ranks.items():
         axes.plot(
-            [r["step"] for r in records],
-            [r["samples"] / seconds if (seconds := training_seconds(r)) > 0 else math.nan for r in records],
+            [r.step for r in records],
+            [r.samples / seconds if (seconds := training_seconds(r)) > 0 else math.nan for r in records],
             marker=".",
             label=f"rank {rank}",
         )
@@ -97,7 +96,7 @@ def throughput(run: RunFiles) -> Figure:
 def step_times(run: RunFiles) -> Figure:
     figure, axes = _figure("Step time distribution per rank", "rank", "step time (ms)")
     ranks = list(run.ranks)
-    durations = [[1000 * s for r in run.ranks[rank] for s in r["step_seconds"]] or [0.0] for rank in ranks]
+    durations = [[1000 * s for r in run.ranks[rank] for s in r.step_seconds] or [0.0] for rank in ranks]
     axes.boxplot(durations, tick_labels=[str(rank) for rank in ranks], showfliers=True, widths=0.6)
     axes.set_ylim(bottom=0)
     for position, values in enumerate(durations, start=1):
@@ -119,9 +118,7 @@ def data_wait(run: RunFiles) -> Figure:
         title = "Data-wait ratio per rank (time blocked on the loader / step time)"
     figure, axes = _figure(title, "step", "ratio")
     for rank, records in run.ranks.items():
-        axes.plot(
-            [r["step"] for r in records], [data_wait_ratio([r]) for r in records], marker=".", label=f"rank {rank}"
-        )
+        axes.plot([r.step for r in records], [data_wait_ratio(r) for r in records], marker=".", label=f"rank {rank}")
     axes.axhline(thresholds.INPUT_BOUND.value, color="tab:red", linestyle="--", label="input-bound threshold")
     axes.set_ylim(0, 1)
     _legend(axes, len(run.ranks) + 1)

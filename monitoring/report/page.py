@@ -82,7 +82,11 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
         parts.append(f"<p class='note'>No {SUMMARY_FILE}: the run is still going, or it stopped before writing it.</p>")
     parts.append("<h2>Per rank</h2>")
     if run.ranks:
-        parts.append(_table(rank_rows(run)))
+        parts += [
+            "<p class='note'>Over each rank's steady window, as diagnose judges it: its last launch's log "
+            "intervals after the first, whose steps hold the warm-up. The figures plot every interval.</p>",
+            _table(rank_rows(run)),
+        ]
     else:
         parts.append(
             f"<p class='note'>No rank records ({TELEMETRY_DIR}/rank-&lt;r&gt;.jsonl): the command ran "
@@ -102,7 +106,7 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
             "(host-bound idle needs NVML on a GPU; communication, DDP or FSDP).</p>",
             _table(time_rows(run)),
         ]
-        if found := ceilings.from_breakdown(times):
+        if found := ceilings.of_run(run.run_dir, times):
             parts += [
                 "<h3>How much each fix can gain</h3>",
                 "<p class='note'>A fix that removes a share s of the time makes it at most 1 / (1 - s) times "

@@ -6,14 +6,8 @@ import statistics
 import time
 
 from trainstack import breakdown
-from trainstack.monitoring.report.runfiles import (
-    RunFiles,
-    data_wait_ratio,
-    host_data_wait_ratio,
-    measured_parts,
-    on_gpu_clock,
-    training_seconds,
-)
+from trainstack.monitoring.report.runfiles import RunFiles, measured_parts, on_gpu_clock, training_seconds
+from trainstack.record import IntervalRecord
 
 NOT_MEASURED = "not measured"
 
@@ -24,26 +18,28 @@ def _percentile(values: list[float], share: float) -> float:
 
 
 def rank_rows(run: RunFiles) -> list[dict[str, object]]:
+    """One row per rank, of its steady window (trainstack/record.py): what diagnose judges it by."""
     rows = []
-    for rank, records in run.ranks.items():
-        training = sum(training_seconds(r) for r in records)
-        steps = [s for r in records for s in r["step_seconds"]]
+    for rank, steady in run.steady.items():
+        training = sum(training_seconds(r) for r in steady.records)
+        steps = [s for r in steady.records for s in r.step_seconds]
+        samples = steady.total(lambda r: r.samples)
         rows.append(
             {
                 "rank": rank,
-                "steps": records[-1]["step"],
-                "samples/s (training time)": sum(r["samples"] for r in records) / training if training > 0 else None,
+                "steps": steady.last.step,
+                "samples/s (training time)": samples / training if samples is not None and training > 0 else None,
                 "median step (ms)": 1000 * statistics.median(steps) if steps else None,
                 "p95 step (ms)": 1000 * _percentile(steps, 0.95) if steps else None,
-                "data-wait ratio": data_wait_ratio(records),
+                "data-wait ratio": steady.data_wait_ratio,
             }
         )
-        if on_gpu_clock(records):
+        if on_gpu_clock(steady.records):
             # The data wait above is the GPU's starvation; the host's own wait, which alone would mislead on a
             # GPU (it can wait while the GPU works through queued steps), goes beside it.
             rows[-1]["data wait measured on"] = "GPU timeline"
-            rows[-1]["host-wait ratio"] = host_data_wait_ratio(records)
-        rows[-1] |= _gpu_activity(records)
+            rows[-1]["host-wait ratio"] = steady.host_data_wait_ratio
+        rows[-1] |= _gpu_activity(steady.records)
     shown = [column for column in ACTIVITY_COLUMNS.values() if any(column in row for row in rows)]
     return [row | {column: row.get(column) for column in shown} for row in rows]  # the same columns on every row
 
@@ -52,11 +48,11 @@ def rank_rows(run: RunFiles) -> list[dict[str, object]]:
 ACTIVITY_COLUMNS = {"sm_active_ratio": "SM activity", "tensor_active_ratio": "tensor activity"}
 
 
-def _gpu_activity(records: list[dict]) -> dict[str, float]:
+def _gpu_activity(records: list[IntervalRecord]) -> dict[str, float]:
     """Each GPM field's mean over the intervals that carry it, weighted by their length; none without GPM."""
     columns = {}
     for field, column in ACTIVITY_COLUMNS.items():
-        carried = [(r[field], r["interval_seconds"]) for r in records if field in r]
+        carried = [(value, r.interval_seconds) for r in records if (value := getattr(r, field)) is not None]
         if carried and (seconds := sum(w for _, w in carried)) > 0:
             columns[column] = sum(v * w for v, w in carried) / seconds
     return columns

@@ -12,19 +12,20 @@ and, as the rank exits, a closing line whose time ends the rank's wall time.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from trainstack import breakdown, ratios
 from trainstack.hang import start_responder
-from trainstack.rundir import METRICS_DIR_ENV, SEGMENT_ENDED, RunDir
+from trainstack.record import IntervalRecord, SegmentEnded, pauses
+from trainstack.rundir import METRICS_DIR_ENV, RunDir
 from trainstack.telemetry.clock import PendingTimes, RankClock, clock_for
 from trainstack.telemetry.comm import watch_gradient_communication
 from trainstack.telemetry.comm_setup import CommSetup
@@ -252,34 +253,35 @@ class Telemetry:
         self._metrics.forward_seconds.inc(forward)
         # The samples NVML took while the device ran the interval: from the end of the previous one to now.
         busy = self._rank_clock.busy_share(self._interval_start, ended, cut.not_stepping)
-        activity = self._rank_clock.activity()  # GPM: SM and tensor-core activity
+        activity: dict[str, Any] = self._rank_clock.activity()  # GPM: SM and tensor-core activity
         interval = max(ended - self._interval_start, 1e-9)
         self._interval_start = ended
         stepped = sum(step_seconds) or interval
-        record = {
-            "time": ended,
-            "rank": int(self.rank),
-            "step": step,
-            "epoch": epoch,
-            "loss": loss,
-            "lr": lr,
-            "samples": cut.samples,
-            "tokens": tokens,
-            "interval_seconds": interval,
-            "data_wait_seconds": data_wait,
-            "step_seconds": step_seconds,
-            "host_data_wait_seconds": cut.host_data_wait,
-            "clock": self.clock,
-            **self._state_bytes,
-        }
-        if cut.forward_passes:
-            record["forward_seconds"] = forward
         comm_fields = self._record_comm(comm) if comm is not None else {}
-        record |= comm_fields
-        record |= self._record_time(cut, sum(step_seconds), data_wait, comm_fields.get("comm_exposed_seconds"), busy)
-        record |= activity
+        record = IntervalRecord(
+            time=ended,
+            rank=int(self.rank),
+            step=step,
+            epoch=epoch,
+            loss=loss,
+            lr=lr,
+            samples=cut.samples,
+            tokens=tokens,
+            interval_seconds=interval,
+            data_wait_seconds=data_wait,
+            step_seconds=tuple(step_seconds),
+            host_data_wait_seconds=cut.host_data_wait,
+            clock=self.clock,
+            forward_seconds=forward if cut.forward_passes else None,
+            param_bytes=self._state_bytes.get("param_bytes"),
+            grad_bytes=self._state_bytes.get("grad_bytes"),
+            optimizer_state_bytes=self._state_bytes.get("optimizer_state_bytes"),
+            **comm_fields,
+            **self._record_time(cut, sum(step_seconds), data_wait, comm_fields.get("comm_exposed_seconds"), busy),
+            **activity,
+        )
         with self._storage_failures():
-            self._records.write(json.dumps(record) + "\n")
+            self._records.write(record.to_json() + "\n")
         m = self._metrics
         m.tokens.inc(tokens)
         if loss is not None:  # a loop that gives its monitor no loss (or no learning rate) has none to show
@@ -296,7 +298,7 @@ class Telemetry:
             m.mfu.set(self.flops_per_token * tokens / stepped / self.peak)
         return ratios.DATA_WAIT_SHARE.of(data_wait, stepped)
 
-    def _record_comm(self, steps: list[StepComm]) -> dict[str, float | int]:
+    def _record_comm(self, steps: list[StepComm]) -> dict[str, Any]:
         """The interval's gradient communication into the counters, and as its record's fields."""
         fields = {
             "comm_seconds": sum(step.seconds for step in steps),
@@ -320,7 +322,7 @@ class Telemetry:
         return {
             "step_count": cut.step_count,
             "time_parts": {**parts, breakdown.COMPILE: cut.compile_seconds},
-            "paused": cut.paused,
+            "paused": pauses(cut.paused),
             "host_bound_measured": busy is not None,
         }
 
@@ -353,13 +355,8 @@ class Telemetry:
         self._comm_callbacks.wait_released()
         if self._starting:
             self._end_startup(time.time())
-        ending = {
-            SEGMENT_ENDED: time.time(),
-            "rank": int(self.rank),
-            "step_count": self._step_count,
-            "paused": self._paused,
-        }
-        for finish in (lambda: self._records.write(json.dumps(ending) + "\n"), self._records.close):
+        ending = SegmentEnded(time.time(), int(self.rank), self._step_count, pauses(self._paused))
+        for finish in (lambda: self._records.write(ending.to_json() + "\n"), self._records.close):
             try:
                 finish()
             except OSError:

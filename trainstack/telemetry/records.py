@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
 import psutil
 
-from trainstack.rundir import LAUNCHED_AT_ENV, SEGMENT_MARKER
+from trainstack.record import SegmentStarted
+from trainstack.rundir import LAUNCHED_AT_ENV
 from trainstack.telemetry.device import RankIdentity
 
 
@@ -32,10 +32,5 @@ def open_records(path: Path, identity: RankIdentity, launched_at: float):
             existing.seek(-1, os.SEEK_END)
             if existing.read(1) != b"\n":
                 records.write("\n")
-    records.write(
-        json.dumps(
-            {SEGMENT_MARKER: time.time(), "rank": identity.rank, "run_id": identity.run_id, "launched_at": launched_at}
-        )
-        + "\n"
-    )
+    records.write(SegmentStarted(time.time(), identity.rank, identity.run_id, launched_at).to_json() + "\n")
     return records

@@ -14,12 +14,14 @@ gives (--bandwidth). Nothing here imports torch."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainstack import breakdown
+from trainstack import breakdown, window
 from trainstack.errors import ConfigError
-from trainstack.rundir import SHOWN, RunDir, by_segment, read_rank_records, read_summary
+from trainstack.record import IntervalRecord
+from trainstack.rundir import SHOWN, RunDir, read_summary
 
 
 def ring_factor(world_size: int) -> float:
@@ -29,7 +31,7 @@ def ring_factor(world_size: int) -> float:
 
 @dataclass(frozen=True)
 class RunFigures:
-    """Per step, the ranks' mean over each launch's records after its first (warm-up)."""
+    """Per step, the ranks' mean over their steady windows (trainstack/record.py)."""
 
     world_size: int
     compute_seconds: float
@@ -56,21 +58,19 @@ class RunFigures:
 
 def figures_of(run_dir: Path) -> RunFigures:
     records = {
-        rank: [
-            r for segment in by_segment(read_rank_records(path)) for r in segment[1:] if r.get("comm_bytes") is not None
-        ]
-        for rank, path in RunDir(run_dir).all_rank_records().items()
+        steady.rank: lines
+        for steady in window.of_run(run_dir)
+        if (lines := [r for r in steady.records if r.comm_bytes is not None])
     }
-    records = {rank: lines for rank, lines in records.items() if lines}
     if not records:
         raise ConfigError(
             f"{run_dir} has no telemetry records past the warm-up ({SHOWN.rank_records('<r>')}): "
             "pass the directory of a finished run of 2 or more ranks"
         )
 
-    def per_step(key) -> float:
+    def per_step(key: Callable[[IntervalRecord], float]) -> float:
         return sum(
-            sum(key(r) for r in lines) / sum(r["step_count"] for r in lines) for lines in records.values()
+            sum(key(r) for r in lines) / sum(r.step_count or 0 for r in lines) for lines in records.values()
         ) / len(records)
 
     world = read_summary(RunDir(run_dir).summary).get("world_size") or len(records)
@@ -79,13 +79,13 @@ def figures_of(run_dir: Path) -> RunFigures:
         compute_seconds=per_step(
             lambda r: sum(
                 v
-                for part, v in r["time_parts"].items()
+                for part, v in (r.time_parts or {}).items()
                 if part in breakdown.STEP_PARTS and part != breakdown.COMM_EXPOSED
             )
         ),
-        comm_seconds=per_step(lambda r: r["comm_seconds"]),
-        exposed_seconds=per_step(lambda r: r["comm_exposed_seconds"]),
-        gradient_bytes=per_step(lambda r: r["comm_bytes"]),
+        comm_seconds=per_step(lambda r: r.comm_seconds or 0.0),
+        exposed_seconds=per_step(lambda r: r.comm_exposed_seconds or 0.0),
+        gradient_bytes=per_step(lambda r: r.comm_bytes or 0),
     )
 
 

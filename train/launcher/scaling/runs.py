@@ -3,16 +3,14 @@ dataparallel.py, each in a fresh process so that no CUDA or process-group state 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainstack import ratios
+from trainstack import window
 from trainstack.rundir import RunDir, read_summary
 from trainstack.train.launcher.scaling.config import ScalingConfig
 
@@ -70,24 +68,10 @@ def run_ddp(config: ScalingConfig, devices: int) -> Measurement:
 
 
 def exposed_comm_share(run_dir: Path) -> float | None:
-    """From the ranks' telemetry records, as the comm-bound verdict judges a job: its least exposed rank."""
-    shares = []
-    for path in RunDir(run_dir).all_rank_records().values():
-        records = list(_comm_records(path))
-        share = ratios.COMM_EXPOSED_SHARE.of(
-            sum(r["comm_exposed_seconds"] for r in records), sum(sum(r["step_seconds"]) for r in records)
-        )
-        if share is not None:
-            shares.append(share)
+    """From the ranks' steady windows (trainstack/record.py), as the comm-bound verdict judges a job: its least
+    exposed rank, of the ranks that measured communication."""
+    shares = [share for steady in window.of_run(run_dir) if (share := steady.comm_exposed_ratio) is not None]
     return min(shares, default=None)
-
-
-def _comm_records(path: Path) -> Iterator[dict]:
-    """A rank's records with communication times (docs/architecture.md); a line cut off by a kill is skipped."""
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            if "comm_exposed_seconds" in (record := json.loads(line)):
-                yield record
 
 
 def run_dataparallel(config: ScalingConfig, devices: int) -> Measurement:
