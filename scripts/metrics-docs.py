@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Write the metric tables of docs/metrics.md from the metric catalog (trainstack/catalog.py).
 
-The "read by" column joins the rules, alerts, panels and dashboard variables that read each series, found in the
-generated rule files and dashboards (monitoring/metric_readers.py), to the diagnose verdicts the catalog names.
+The "read by" column names the rules, alerts, panels, dashboard variables and diagnose verdicts that read each
+series, found in the generated rule files, the dashboards and diagnose's code (monitoring/metric_readers.py).
 Each table sits between a begin marker naming its part of the catalog and an end marker; the prose around the
 tables is written by hand and kept as it is. `--check` writes nothing and fails when the committed page differs
 from what this script writes (tests/test_catalog.py runs it).
@@ -46,9 +46,9 @@ READER_KINDS = (
 READERS = metric_readers.readers()
 
 
-def read_by(name: str, diagnose: tuple[str, ...] = ()) -> str:
+def read_by(name: str) -> str:
     """A series' readers -> "rules: `a`; panels: B; diagnose: x"."""
-    readers = (*READERS.get(name, ()), *(f"diagnose {kind}" for kind in diagnose))
+    readers = READERS.get(name, ())
     parts = []
     for kind, heading in READER_KINDS:
         names = [reader.split(" ", 1)[1] for reader in readers if reader.startswith(f"{kind} ")]
@@ -79,7 +79,7 @@ def metrics_table(source: str, origin_heading: str) -> str:
                 ", ".join(labels),
                 metric.origin,
                 metric.absent_when,
-                read_by(metric.name, metric.diagnose),
+                read_by(metric.name),
             )
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

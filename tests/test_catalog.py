@@ -1,9 +1,9 @@
 """The metric catalog (trainstack/catalog.py) against everything that names a metric.
 
 Readers: every metric a recording rule, alert, rule unit test, dashboard query or variable, `trainstack diagnose`
-or the NVML fake's stand-in ranks names is in the catalog; docs/metrics.md names exactly the rules, panels and
-variables that read each series (found in those files by monitoring/metric_readers.py), and each entry's `diagnose`
-verdicts are read by monitoring/diagnose. Producers: every metric in the catalog is produced, checked
+or the NVML fake's stand-in ranks names is in the catalog; docs/metrics.md names exactly the rules, panels,
+variables and diagnose verdicts that read each series (found in those files and in diagnose's code by
+monitoring/metric_readers.py and monitoring/diagnose_readers.py). Producers: every metric in the catalog is produced, checked
 on a live scrape of an exporter process on the NVML fake (the `dgx_h100` host, plus a T4 whose unsupported fields
 make NVML errors) reading the files of a rank that trainer's own telemetry code wrote. Metrics that exist only
 under a condition are produced by meeting the condition, never by declaring them present:
@@ -38,6 +38,7 @@ from tests.helpers.scrapes import scrape
 from tests.standin_ranks import write_rank
 from trainstack import catalog, ratios
 from trainstack.monitoring import metric_readers
+from trainstack.monitoring.diagnose_readers import OUTPUTS, diagnose_readers
 from trainstack.monitoring.metric_readers import queries
 from trainstack.monitoring.promql import PROMETHEUS_SERIES, metric_names
 from trainstack.rundir import RunDir, free_port
@@ -104,11 +105,17 @@ def test_rule_unit_tests_feed_only_catalog_metrics():
 
 # One row of a docs/metrics.md table: its series, then its "read by" cell, the last.
 DOCS_ROW = re.compile(r"^\| `([^`]+)` \|.*\| ([^|]*) \|$", re.MULTILINE)
-DOCS_READER_HEADINGS = {"rules": "record", "alerts": "alert", "panels": "panel", "dashboard variables": "variable"}
+DOCS_READER_HEADINGS = {
+    "rules": "record",
+    "alerts": "alert",
+    "panels": "panel",
+    "dashboard variables": "variable",
+    "diagnose": "diagnose",
+}
 
 
 def docs_readers() -> dict[str, set[str]]:
-    """Series -> the rules, alerts, panels and variables docs/metrics.md says read it."""
+    """Series -> the rules, alerts, panels, variables and diagnose verdicts docs/metrics.md says read it."""
     named: dict[str, set[str]] = {}
     for name, cell in DOCS_ROW.findall((REPO / "docs/metrics.md").read_text()):
         for part in filter(None, cell.split("; ")):
@@ -125,7 +132,12 @@ def test_readers_are_what_the_rules_and_dashboards_read():
     for reader, expr in queries():
         for name in metric_names(expr) - PROMETHEUS_SERIES:
             actual.setdefault(entry(name).name, set()).add(reader)
-    assert {name: set(readers) for name, readers in metric_readers.readers().items()} == actual
+    found = {name: set(readers) for name, readers in metric_readers.readers().items()}
+    assert {name: {r for r in readers if not r.startswith("diagnose ")} for name, readers in found.items()} == {
+        name: actual.get(name, set()) for name in found
+    }
+    for name, kinds in diagnose_readers().items():
+        actual.setdefault(name, set()).update(f"diagnose {kind}" for kind in kinds)
     named = docs_readers()
     wrong = []
     for item in [*catalog.METRICS, *catalog.RECORDED]:
@@ -133,7 +145,7 @@ def test_readers_are_what_the_rules_and_dashboards_read():
         read_by = actual.get(item.name, set())
         if declared != read_by:
             wrong.append(f"{item.name}: add {sorted(read_by - declared)}, remove {sorted(declared - read_by)}")
-    assert not wrong, "docs/metrics.md's readers differ from the rules and dashboards:\n" + "\n".join(wrong)
+    assert not wrong, "docs/metrics.md's readers differ from the rules, dashboards and diagnose:\n" + "\n".join(wrong)
 
 
 def catalog_references(path: Path) -> set[str]:
@@ -173,19 +185,42 @@ def verdict_kinds() -> set[str]:
     }
 
 
-def test_diagnose_reads_what_the_catalog_says():
+def test_diagnose_readers_are_what_diagnose_names():
     read = {getattr(catalog, name).name for path in DIAGNOSE_DIR.glob("*.py") for name in catalog_references(path)}
     read |= {name for path in DIAGNOSE_DIR.glob("*.py") for name in ratio_references(path)}
-    declared = {metric.name for metric in catalog.METRICS if metric.diagnose}
-    assert read == declared, (
-        f"read by monitoring/diagnose, no diagnose reader in the catalog: "
-        f"{sorted(read - declared)}; declared but not read: {sorted(declared - read)}"
+    found = diagnose_readers()
+    assert read == set(found), (
+        f"named by monitoring/diagnose, read by no verdict found in its code: "
+        f"{sorted(read - set(found))}; found read but not named: {sorted(set(found) - read)}"
     )
-    kinds = verdict_kinds() | {"figures"}
+    kinds = verdict_kinds() | set(OUTPUTS)
     assert len(kinds) > 5
-    for metric in catalog.METRICS:
-        named = set(metric.diagnose)
-        assert named <= kinds, f"{metric.name}: no verdict {sorted(named - kinds)} in monitoring/diagnose/verdicts.py"
+    for name, named in found.items():
+        assert set(named) <= kinds, (
+            f"{name}: no verdict {sorted(set(named) - kinds)} in monitoring/diagnose/verdicts.py"
+        )
+
+
+@pytest.mark.parametrize(
+    ("metric", "kind"),
+    [
+        (catalog.TRAIN_DATA_WAIT, "input-bound"),  # a ratio's series, through a RankView field
+        (catalog.GPU_SM_ACTIVE, "gpu-underused"),  # a field filled by a `**{...}` of (field, metric) pairs
+        (catalog.GPU_LINK_INFO, "comm-bound"),  # fields named by a catalog tuple (GPU_LINK_LABELS)
+        (catalog.EXPORTER_GPU_SAMPLES, "throttled"),  # the exporter source's slow reads time the violation counters
+        (catalog.GPU_PROCESS_MEMORY_USED, "one-process-many-gpus"),  # through a Snapshot method (gpus_held)
+        (catalog.TRAIN_STEPS, "no-training"),  # which ranks exist
+        (catalog.WATCH_COMMAND_PROCESSES, "notes"),  # what diagnose shows besides the verdicts
+    ],
+)
+def test_diagnose_readers_follow_each_field_to_the_verdicts(metric, kind):
+    assert kind in diagnose_readers()[metric.name]
+
+
+def test_diagnose_readers_leave_out_what_a_verdict_does_not_read():
+    readers = diagnose_readers()
+    assert "input-bound" not in readers[catalog.GPU_SM_ACTIVE.name]
+    assert "throttled" not in readers[catalog.EXPORTER_GPU_SAMPLE_INTERVAL.name]
 
 
 @pytest.mark.slow

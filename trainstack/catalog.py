@@ -1,14 +1,13 @@
 """Every metric trainstack exports, as data: the one place a metric name is written in Python.
 
 Each entry says what a metric is (name, type, unit, labels, help), where its value comes from (the ranks'
-telemetry, an NVML call or field, the exporter itself), when it is absent, and which of diagnose's verdicts read
-it. The producers build their metrics from these entries (trainstack/telemetry/, the exporter's collectors, the
-NVML fake's stand-in ranks), the readers take the names from here, and docs/metrics.md's tables are generated from
-them (scripts/metrics-docs.py). Who else reads a metric, the recording rules and alerts
-(monitoring/prometheus/rules/) and the Grafana panels and variables (monitoring/grafana/dashboards/), is found in
-those generated files (monitoring/metric_readers.py), not written here. tests/test_catalog.py holds the files that
-cannot import this module (rules, dashboards) to it, and checks that every entry is produced. The approach is
-dcgm-exporter's (etc/default-counters.csv parsed into Counter structs, every collector built from that one table).
+telemetry, an NVML call or field, the exporter itself) and when it is absent. The producers build their metrics
+from these entries (trainstack/telemetry/, the exporter's collectors, the NVML fake's stand-in ranks), the readers
+take the names from here, and docs/metrics.md's tables are generated from them (scripts/metrics-docs.py). Who
+reads a metric is not written here: monitoring/metric_readers.py finds it in the readers themselves, the generated
+rule files and dashboards and diagnose's code. tests/test_catalog.py holds the files that cannot import this module
+(rules, dashboards) to it, and checks that every entry is produced. The approach is dcgm-exporter's
+(etc/default-counters.csv parsed into Counter structs, every collector built from that one table).
 """
 
 from __future__ import annotations
@@ -63,8 +62,6 @@ class Metric:
     values: str = ""
     """"1" for an info-style gauge, "0/1" for a yes/no gauge."""
     absent_when: str = ""
-    diagnose: tuple[str, ...] = ()
-    """The diagnose verdict kinds that read it ("figures": the figures a healthy diagnosis shows)."""
     buckets: tuple[float, ...] = ()
     """A histogram's bucket bounds."""
 
@@ -109,7 +106,6 @@ TRAIN_STEPS = Metric(
     RANK_LABELS,
     TELEMETRY,
     "optimizer steps completed",
-    diagnose=("no-training", "stalled", "straggler", "figures"),
 )
 TRAIN_SAMPLES = Metric(
     "trainstack_train_samples_total",
@@ -118,7 +114,6 @@ TRAIN_SAMPLES = Metric(
     RANK_LABELS,
     TELEMETRY,
     "samples (sequences) consumed",
-    diagnose=("figures",),
 )
 TRAIN_TOKENS = Metric(
     "trainstack_train_tokens_total",
@@ -138,7 +133,6 @@ TRAIN_STEP_DURATION = Metric(
     "timeline, observed at each log interval ([which clock](#which-clock-data-wait-on-gpu-and-cpu-ranks))",
     unit="s",
     buckets=STEP_BUCKETS,
-    diagnose=("input-bound", "straggler", "host-bound", "figures"),
 )
 TRAIN_FORWARD_SECONDS = Metric(
     "trainstack_train_forward_seconds_total",
@@ -150,7 +144,6 @@ TRAIN_FORWARD_SECONDS = Metric(
     "count as exposed communication): which part of a straggler's step is slow; added at each log interval, on a "
     "GPU rank on the GPU's timeline",
     unit="s",
-    diagnose=("straggler",),
 )
 TRAIN_FORWARD_PASSES = Metric(
     "trainstack_train_forward_passes_total",
@@ -172,7 +165,6 @@ TRAIN_DATA_WAIT = Metric(
     "([which clock](#which-clock-data-wait-on-gpu-and-cpu-ranks)). The input-bound alert and `trainstack "
     "diagnose` read this one",
     unit="s",
-    diagnose=("input-bound", "figures"),
 )
 TRAIN_HOST_DATA_WAIT = Metric(
     "trainstack_train_host_data_wait_seconds_total",
@@ -182,7 +174,6 @@ TRAIN_HOST_DATA_WAIT = Metric(
     TELEMETRY,
     "the host's time blocked in the loader's `next()`, on every device (equal to the data wait on a CPU rank)",
     unit="s",
-    diagnose=("input-bound", "figures"),
 )
 _COMM_ABSENT = "the rank communicates with no other: one process (DDP or FSDP) on its own"
 TRAIN_COMM_SECONDS = Metric(
@@ -196,7 +187,6 @@ TRAIN_COMM_SECONDS = Metric(
     "on a GPU rank on the GPU's timeline; added at each log interval",
     unit="s",
     absent_when=_COMM_ABSENT,
-    diagnose=("comm-bound",),
 )
 TRAIN_COMM_EXPOSED = Metric(
     "trainstack_train_comm_exposed_seconds_total",
@@ -211,7 +201,6 @@ TRAIN_COMM_EXPOSED = Metric(
     "so all of them",
     unit="s",
     absent_when=_COMM_ABSENT,
-    diagnose=("comm-bound", "straggler", "figures"),
 )
 TRAIN_COMM_BYTES = Metric(
     "trainstack_train_comm_bytes_total",
@@ -223,7 +212,6 @@ TRAIN_COMM_BYTES = Metric(
     "reduce-scatters (the gradients before scattering); per step: its rate over the steps' rate",
     unit="bytes",
     absent_when=_COMM_ABSENT,
-    diagnose=("comm-bound",),
 )
 # The NCCL switches a rank publishes, as labels: each is the environment variable's name in lower case.
 NCCL_SWITCH_LABELS = ("nccl_p2p_disable", "nccl_shm_disable", "nccl_ib_disable", "nccl_socket_ifname")
@@ -238,7 +226,6 @@ TRAIN_COMM_SETUP_INFO = Metric(
     "written once, when the rank starts timing its DDP all-reduce (trainstack.telemetry.comm_setup)",
     values="1",
     absent_when=_COMM_ABSENT,
-    diagnose=("comm-bound",),
 )
 TRAIN_SHM_BYTES = Metric(
     "trainstack_train_shm_bytes",
@@ -251,7 +238,6 @@ TRAIN_SHM_BYTES = Metric(
     "with the communication setup",
     unit="bytes",
     absent_when=f"{_COMM_ABSENT}; or the rank sees no /dev/shm",
-    diagnose=("comm-bound",),
 )
 TRAIN_TIME = Metric(
     "trainstack_train_time_seconds_total",
@@ -264,7 +250,6 @@ TRAIN_TIME = Metric(
     "at each log interval, a pause's time when it ends, startup's at the first step. `host_bound` only on GPU ranks "
     "NVML answers for, `comm_exposed` only on DDP ranks",
     unit="s",
-    diagnose=("host-bound",),
 )
 TRAIN_LOSS = Metric(
     "trainstack_train_loss",
@@ -293,7 +278,6 @@ TRAIN_LAST_STEP = Metric(
     "when the last step completed",
     unit="s (unix)",
     absent_when="before the first step",
-    diagnose=("no-step-yet", "stalled", "figures"),
 )
 TRAIN_EPOCH = Metric(
     "trainstack_train_epoch", GAUGE, "Current epoch (0-based).", RANK_LABELS, TELEMETRY, "current epoch (0-based)"
@@ -326,7 +310,6 @@ TRAIN_COMPILE_SECONDS = Metric(
     TELEMETRY,
     "wall time of the steps during which `torch.compile` compiled (left out of the step durations)",
     unit="s",
-    diagnose=("gpu-underused",),
 )
 TRAIN_RECOMPILES = Metric(
     "trainstack_train_recompiles_total",
@@ -397,7 +380,6 @@ TRAIN_MFU = Metric(
     "model FLOPs utilization over the last log interval ([formula and peaks](#mfu))",
     unit="0..1",
     absent_when="the device peak is unknown (e.g. CPU)",
-    diagnose=("low-mfu", "figures"),
 )
 TRAIN_RANK_INFO = Metric(
     "trainstack_train_rank_info",
@@ -407,7 +389,6 @@ TRAIN_RANK_INFO = Metric(
     TELEMETRY,
     "joins a rank to its GPU (`uuid` empty on CPU)",
     values="1",
-    diagnose=("no-training", "gpus-unused", "stalled"),
 )
 TRAIN_RUN_INFO = Metric(
     "trainstack_train_run_info",
@@ -420,7 +401,6 @@ TRAIN_RUN_INFO = Metric(
     "or `host`; `strategy`: `ddp` or `fsdp`; `launcher`: `train` (`trainstack train`) or `watch` (a user's "
     "script under `trainstack watch`), empty when unknown: whose knobs a verdict's fix names",
     values="1",
-    diagnose=("input-bound", "comm-bound", "host-bound", "low-mfu", "gpu-underused", "figures"),
 )
 
 # --- the watched command: written by `trainstack watch` (train/launcher/watch.py) -----------------------------
@@ -433,7 +413,6 @@ WATCH_COMMAND_PROCESSES = Metric(
     WATCH,
     "the command and its descendants still running, counted in watch's poll loop; 0 once the command has ended",
     absent_when="the run is not a `trainstack watch` run",
-    diagnose=("no-training", "figures"),
 )
 WATCH_COMMAND_INFO = Metric(
     "trainstack_watch_command_info",
@@ -444,7 +423,6 @@ WATCH_COMMAND_INFO = Metric(
     "the watched command line (as a shell would quote it) and the run id",
     values="1",
     absent_when="the run is not a `trainstack watch` run",
-    diagnose=("no-training",),
 )
 
 # --- a stall's evidence: the launcher's, in RUN_DIR/hang, served by the exporter (monitoring/exporter/hang.py) ---
@@ -465,7 +443,6 @@ HANG_EVIDENCE = Metric(
     unit="s",
     absent_when="the exporter has no run directory (`--run-dir`), or no stall of this launch has been collected in "
     "it (an earlier launch's stays in RUN_DIR/hang, and the report shows it)",
-    diagnose=("stalled",),
 )
 
 # --- GPUs: read from NVML by the exporter (monitoring/exporter/gpu.py) ---------------------------------------
@@ -478,7 +455,6 @@ GPU_INFO = Metric(
     NVML,
     "`nvmlDeviceGetName`, `nvmlDeviceGetPciInfo`, `nvmlSystemGetDriverVersion` (read once)",
     values="1",
-    diagnose=("gpus-unused", "throttled", "memory-full", "figures"),
 )
 # The GPU's links, as labels of trainstack_gpu_link_info; a label is empty where the driver lacks its call.
 GPU_LINK_LABELS = ("pcie_generation", "pcie_width", "pcie_max_generation", "pcie_max_width", "nvlinks_active")
@@ -495,7 +471,6 @@ GPU_LINK_INFO = Metric(
     "the call: `nvlinks_active` on a GPU without NVLink",
     values="1",
     absent_when="NVML answers none of the calls",
-    diagnose=("comm-bound",),
 )
 GPU_UTILIZATION = Metric(
     "trainstack_gpu_utilization_ratio",
@@ -505,7 +480,6 @@ GPU_UTILIZATION = Metric(
     NVML,
     "`nvmlDeviceGetUtilizationRates().gpu` / 100",
     unit="0..1",
-    diagnose=("gpu-underused", "no-training", "stalled", "gpus-unused", "one-process-many-gpus", "figures"),
 )
 GPU_MEMORY_BUSY = Metric(
     "trainstack_gpu_memory_busy_ratio",
@@ -524,7 +498,6 @@ GPU_MEMORY_USED = Metric(
     NVML,
     "`nvmlDeviceGetMemoryInfo(version=v2).used` (v1 on old drivers, where it includes the reserved memory)",
     unit="bytes",
-    diagnose=("memory-full", "figures"),
 )
 GPU_MEMORY_TOTAL = Metric(
     "trainstack_gpu_memory_total_bytes",
@@ -534,7 +507,6 @@ GPU_MEMORY_TOTAL = Metric(
     NVML,
     "`nvmlDeviceGetMemoryInfo().total`",
     unit="bytes",
-    diagnose=("memory-full", "figures"),
 )
 GPU_MEMORY_RESERVED = Metric(
     "trainstack_gpu_memory_reserved_bytes",
@@ -603,7 +575,6 @@ GPU_SM_CLOCK = Metric(
     NVML,
     "`nvmlDeviceGetClockInfo(NVML_CLOCK_SM)` (MHz)",
     unit="Hz",
-    diagnose=("throttled",),
 )
 GPU_SM_CLOCK_MAX = Metric(
     "trainstack_gpu_sm_clock_max_hertz",
@@ -613,7 +584,6 @@ GPU_SM_CLOCK_MAX = Metric(
     NVML,
     "`nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM)` (read once)",
     unit="Hz",
-    diagnose=("throttled",),
 )
 GPU_MEMORY_CLOCK = Metric(
     "trainstack_gpu_memory_clock_hertz",
@@ -642,7 +612,6 @@ GPU_CLOCK_EVENT_ACTIVE = Metric(
     "`nvmlDeviceGetCurrentClocksEventReasons` (`…ThrottleReasons` on drivers before R535): one series per reason, "
     "1 while it holds the clocks down",
     values="0/1",
-    diagnose=("throttled",),
 )
 GPU_POWER_VIOLATION = Metric(
     "trainstack_gpu_power_violation_seconds_total",
@@ -653,7 +622,6 @@ GPU_POWER_VIOLATION = Metric(
     "field `NVML_FI_DEV_PERF_POLICY_POWER` (ns); `nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_POWER)"
     ".violationTime` where the field is missing",
     unit="s",
-    diagnose=("throttled",),
 )
 GPU_THERMAL_VIOLATION = Metric(
     "trainstack_gpu_thermal_violation_seconds_total",
@@ -664,7 +632,6 @@ GPU_THERMAL_VIOLATION = Metric(
     "field `NVML_FI_DEV_PERF_POLICY_THERMAL` (ns); `nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_THERMAL)"
     ".violationTime` where the field is missing",
     unit="s",
-    diagnose=("throttled",),
 )
 GPU_PCIE_REPLAYS = Metric(
     "trainstack_gpu_pcie_replays_total",
@@ -760,7 +727,6 @@ GPU_GPM_INFO = Metric(
     "`reason` empty where supported, else the call and NVML's error (`nvmlGpmSampleGet: NotSupported` on a MIG-mode "
     "GPU, `nvmlGpmQueryDeviceSupport: FunctionNotFound` on a driver without GPM) or that the GPU has none",
     values="1",
-    diagnose=("gpu-underused", "no-tensor-cores"),
 )
 GPU_SM_ACTIVE = Metric(
     "trainstack_gpu_sm_active_ratio",
@@ -772,7 +738,6 @@ GPU_SM_ACTIVE = Metric(
     f"`NVML_GPM_METRIC_SM_UTIL` / 100, {_GPM_PERIOD}",
     unit="0..1",
     absent_when=_GPM_ABSENT,
-    diagnose=("gpu-underused", "no-tensor-cores", "figures"),
 )
 GPU_SM_OCCUPANCY = Metric(
     "trainstack_gpu_sm_occupancy_ratio",
@@ -783,7 +748,6 @@ GPU_SM_OCCUPANCY = Metric(
     f"`NVML_GPM_METRIC_SM_OCCUPANCY` / 100, {_GPM_PERIOD}",
     unit="0..1",
     absent_when=_GPM_ABSENT,
-    diagnose=("gpu-underused",),
 )
 GPU_TENSOR_ACTIVE = Metric(
     "trainstack_gpu_tensor_active_ratio",
@@ -794,7 +758,6 @@ GPU_TENSOR_ACTIVE = Metric(
     f"`NVML_GPM_METRIC_ANY_TENSOR_UTIL` / 100, {_GPM_PERIOD}",
     unit="0..1",
     absent_when=_GPM_ABSENT,
-    diagnose=("no-tensor-cores", "figures"),
 )
 GPU_DRAM_ACTIVE = Metric(
     "trainstack_gpu_dram_active_ratio",
@@ -805,7 +768,6 @@ GPU_DRAM_ACTIVE = Metric(
     f"`NVML_GPM_METRIC_DRAM_BW_UTIL` / 100, {_GPM_PERIOD}",
     unit="0..1",
     absent_when=_GPM_ABSENT,
-    diagnose=("gpu-underused", "figures"),
 )
 _GPM_BYTES = (
     "added up from the GPM periods' mean rates (MiB/s) times their length, since the exporter started: "
@@ -821,7 +783,6 @@ GPU_GPM_PCIE_TRANSMIT = Metric(
     f"`NVML_GPM_METRIC_PCIE_TX_PER_SEC`, {_GPM_BYTES} (`trainstack_gpu_pcie_transmit_bytes_per_second`, opt-in)",
     unit="bytes",
     absent_when=_GPM_ABSENT,
-    diagnose=("comm-bound",),
 )
 GPU_GPM_PCIE_RECEIVE = Metric(
     "trainstack_gpu_gpm_pcie_receive_bytes_total",
@@ -832,7 +793,6 @@ GPU_GPM_PCIE_RECEIVE = Metric(
     "`NVML_GPM_METRIC_PCIE_RX_PER_SEC`, as the transmit counter",
     unit="bytes",
     absent_when=_GPM_ABSENT,
-    diagnose=("comm-bound",),
 )
 GPU_GPM_NVLINK_TRANSMIT = Metric(
     "trainstack_gpu_gpm_nvlink_transmit_bytes_total",
@@ -844,7 +804,6 @@ GPU_GPM_NVLINK_TRANSMIT = Metric(
     "at the slow cadence from a field)",
     unit="bytes",
     absent_when=f"{_GPM_ABSENT}; a GPU without NVLink",
-    diagnose=("comm-bound",),
 )
 GPU_GPM_NVLINK_RECEIVE = Metric(
     "trainstack_gpu_gpm_nvlink_receive_bytes_total",
@@ -855,7 +814,6 @@ GPU_GPM_NVLINK_RECEIVE = Metric(
     "`NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC`, as the transmit counter",
     unit="bytes",
     absent_when=f"{_GPM_ABSENT}; a GPU without NVLink",
-    diagnose=("comm-bound",),
 )
 GPU_PROCESS_MEMORY_USED = Metric(
     "trainstack_gpu_process_memory_used_bytes",
@@ -869,7 +827,6 @@ GPU_PROCESS_MEMORY_USED = Metric(
     unit="bytes",
     absent_when="no process on the GPU; a figure NVML does not have (Windows WDDM); a container without the host "
     "PID namespace may see host pids, or none",
-    diagnose=("one-process-many-gpus", "gpus-unused", "no-training"),
 )
 
 # --- the exporter's own (monitoring/exporter/health.py) -------------------------------------------------------
@@ -934,7 +891,6 @@ EXPORTER_GPU_SAMPLE_AGE = Metric(
     "`TrainstackGPUDataStale` alert fires past 3 intervals",
     unit="s",
     absent_when="NVML is down",
-    diagnose=("gpu-data-stale", "throttled"),
 )
 EXPORTER_GPU_SAMPLE_INTERVAL = Metric(
     "trainstack_exporter_gpu_sample_interval_seconds",
@@ -945,7 +901,6 @@ EXPORTER_GPU_SAMPLE_INTERVAL = Metric(
     "the sampler's cadences (`--sample-interval`, `--slow-sample-interval`)",
     unit="s",
     absent_when="NVML is down",
-    diagnose=("gpu-data-stale",),
 )
 EXPORTER_GPU_SAMPLES = Metric(
     "trainstack_exporter_gpu_samples_total",
@@ -955,7 +910,6 @@ EXPORTER_GPU_SAMPLES = Metric(
     EXPORTER,
     "samples taken; a `slow` sample reads both parts",
     absent_when="NVML is down",
-    diagnose=("throttled",),
 )
 EXPORTER_GPU_SAMPLE_CPU = Metric(
     "trainstack_exporter_gpu_sample_cpu_seconds_total",
