@@ -1025,7 +1025,6 @@ GPU_POWER_THROTTLE = Recorded(
 
 METRICS: tuple[Metric, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Metric))
 RECORDED: tuple[Recorded, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Recorded))
-BY_NAME: dict[str, Metric] = {metric.name: metric for metric in METRICS}
 
 
 def rank_metric(metric: Metric):
