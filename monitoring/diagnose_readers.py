@@ -29,7 +29,6 @@ from trainstack.monitoring.diagnose import snapshot, sources, verdicts
 
 # verdicts.py's functions whose output diagnose shows besides the verdicts.
 OUTPUTS = ("figures", "notes")
-SERIES = {sample: metric.name for metric in catalog.METRICS for sample in metric.sample_names}
 VIEWS = {
     name: view
     for name, view in vars(snapshot).items()
@@ -59,9 +58,13 @@ def _series(value: object) -> set[str]:
     if isinstance(value, catalog.Metric):
         return {value.name}
     if isinstance(value, str):
-        return {SERIES[value]} if value in SERIES else set()
+        return {catalog.ENTRY_OF_SERIES[value]} if value in catalog.ENTRY_OF_SERIES else set()
     named = getattr(value, "series", ())
-    return {SERIES[name] for name in named if name in SERIES} if isinstance(named, tuple) else set()
+    return (
+        {catalog.ENTRY_OF_SERIES[name] for name in named if name in catalog.ENTRY_OF_SERIES}
+        if isinstance(named, tuple)
+        else set()
+    )
 
 
 def _bound(target: ast.expr) -> list[str]:

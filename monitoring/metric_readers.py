@@ -22,11 +22,6 @@ MONITORING = Path(__file__).resolve().parent
 RULE_FILES = sorted((MONITORING / "prometheus/rules").glob("*.yml"))
 DASHBOARD_FILES = sorted((MONITORING / "grafana/dashboards").glob("*.json"))
 READER_KINDS = ("record", "alert", "panel", "variable", "diagnose")
-# A histogram's series (`_bucket`, `_sum`, `_count`) are read as its metric.
-ENTRY_OF_SERIES = {
-    **{sample: metric.name for metric in catalog.METRICS for sample in metric.sample_names},
-    **{series.name: series.name for series in catalog.RECORDED},
-}
 
 
 def rules() -> list[dict]:
@@ -60,8 +55,8 @@ def readers() -> dict[str, tuple[str, ...]]:
     found: dict[str, dict[str, None]] = {}
     for reader, expr in queries():
         for name in sorted(metric_names(expr) - PROMETHEUS_SERIES):
-            if name in ENTRY_OF_SERIES:
-                found.setdefault(ENTRY_OF_SERIES[name], {})[reader] = None
+            if name in catalog.ENTRY_OF_SERIES:
+                found.setdefault(catalog.ENTRY_OF_SERIES[name], {})[reader] = None
     for name, kinds in diagnose_readers().items():
         found.setdefault(name, {}).update(dict.fromkeys(f"diagnose {kind}" for kind in kinds))
     return {name: tuple(read_by) for name, read_by in found.items()}

@@ -1025,6 +1025,11 @@ GPU_POWER_THROTTLE = Recorded(
 
 METRICS: tuple[Metric, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Metric))
 RECORDED: tuple[Recorded, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Recorded))
+# Every series a query can name -> its entry's name: a histogram's `_bucket`, `_sum` and `_count` are its metric's.
+ENTRY_OF_SERIES: dict[str, str] = {
+    **{sample: metric.name for metric in METRICS for sample in metric.sample_names},
+    **{series.name: series.name for series in RECORDED},
+}
 
 
 def rank_metric(metric: Metric):
