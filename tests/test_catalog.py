@@ -199,6 +199,8 @@ def test_diagnose_readers_are_what_diagnose_names():
         assert set(named) <= kinds, (
             f"{name}: no verdict {sorted(set(named) - kinds)} in monitoring/diagnose/verdicts.py"
         )
+    unseen = kinds - {kind for named in found.values() for kind in named}
+    assert not unseen, f"monitoring/diagnose_readers.py finds no series read by {sorted(unseen)}"
 
 
 @pytest.mark.parametrize(
