@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Write the metric tables of docs/metrics.md from the metric catalog (trainstack/catalog.py).
 
+The "read by" column names the rules, alerts, panels, dashboard variables and diagnose verdicts that read each
+series, found in the generated rule files, the dashboards and diagnose's code (monitoring/metric_readers.py).
 Each table sits between a begin marker naming its part of the catalog and an end marker; the prose around the
 tables is written by hand and kept as it is. `--check` writes nothing and fails when the committed page differs
 from what this script writes (tests/test_catalog.py runs it).
@@ -18,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: the catalog comes from this checkout
 from trainstack import catalog  # noqa: E402
 from trainstack.generated import write_or_check  # noqa: E402
+from trainstack.monitoring import metric_readers  # noqa: E402
 
 DOCS_FILE = ROOT / "docs/metrics.md"
 TABLE = re.compile(
@@ -40,10 +43,12 @@ READER_KINDS = (
     ("variable", "dashboard variables"),
     ("diagnose", "diagnose"),
 )
+READERS = metric_readers.readers()
 
 
-def read_by(readers: tuple[str, ...]) -> str:
-    """`record a`, `panel B`, `diagnose x` -> "rules: `a`; panels: B; diagnose: x"."""
+def read_by(name: str) -> str:
+    """A series' readers -> "rules: `a`; panels: B; diagnose: x"."""
+    readers = READERS.get(name, ())
     parts = []
     for kind, heading in READER_KINDS:
         names = [reader.split(" ", 1)[1] for reader in readers if reader.startswith(f"{kind} ")]
@@ -74,7 +79,7 @@ def metrics_table(source: str, origin_heading: str) -> str:
                 ", ".join(labels),
                 metric.origin,
                 metric.absent_when,
-                read_by(metric.readers),
+                read_by(metric.name),
             )
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -82,7 +87,7 @@ def metrics_table(source: str, origin_heading: str) -> str:
 
 def recorded_table() -> str:
     lines = ["| series | what | read by |", "| --- | --- | --- |"]
-    lines += [f"| `{series.name}` | {series.help} | {read_by(series.readers)} |" for series in catalog.RECORDED]
+    lines += [f"| `{series.name}` | {series.help} | {read_by(series.name)} |" for series in catalog.RECORDED]
     return "\n".join(lines) + "\n"
 
 

@@ -1,8 +1,9 @@
 """The metric catalog (trainstack/catalog.py) against everything that names a metric.
 
 Readers: every metric a recording rule, alert, rule unit test, dashboard query or variable, `trainstack diagnose`
-or the NVML fake's stand-in ranks names is in the catalog, and each entry's `readers` are exactly the rules,
-panels, variables and diagnose modules that read it. Producers: every metric in the catalog is produced, checked
+or the NVML fake's stand-in ranks names is in the catalog; docs/metrics.md names exactly the rules, panels,
+variables and diagnose verdicts that read each series (found in those files and in diagnose's code by
+monitoring/metric_readers.py and monitoring/diagnose_readers.py). Producers: every metric in the catalog is produced, checked
 on a live scrape of an exporter process on the NVML fake (the `dgx_h100` host, plus a T4 whose unsupported fields
 make NVML errors) reading the files of a rank that trainer's own telemetry code wrote. Metrics that exist only
 under a condition are produced by meeting the condition, never by declaring them present:
@@ -32,17 +33,18 @@ import torch
 import yaml
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from tests.helpers.promql import PROMETHEUS_SERIES, label_values_metric, metric_names
 from tests.helpers.runs import REPO, stop_process
 from tests.helpers.scrapes import scrape
 from tests.standin_ranks import write_rank
 from trainstack import catalog, problems, ratios
 from trainstack.commands.watch import CommandState
+from trainstack.monitoring import metric_readers
+from trainstack.monitoring.diagnose_readers import OUTPUTS, diagnose_readers
+from trainstack.monitoring.metric_readers import queries
+from trainstack.monitoring.promql import PROMETHEUS_SERIES, metric_names
 from trainstack.rundir import RunDir, free_port
 
-RULE_FILES = sorted((REPO / "monitoring/prometheus/rules").glob("*.yml"))
 RULE_TEST_FILES = sorted((REPO / "monitoring/prometheus/tests").glob("*.yml"))
-DASHBOARD_FILES = sorted((REPO / "monitoring/grafana/dashboards").glob("*.json"))
 DIAGNOSE_DIR = REPO / "monitoring/diagnose"
 # Where a metric name may not be written outside the catalog (issue 11: one module names the metrics).
 PYTHON_DIRS = ("train", "monitoring", "supervisor", "commands", "bench", "trainstack")
@@ -59,30 +61,6 @@ def entry(name: str) -> catalog.Metric | catalog.Recorded:
     return SAMPLES.get(name) or RECORDED[name]
 
 
-def rules() -> list[dict]:
-    return [
-        rule for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]
-    ]
-
-
-def dashboards() -> list[dict]:
-    return [json.loads(path.read_text()) for path in DASHBOARD_FILES]
-
-
-def queries() -> list[tuple[str, str]]:
-    """(reader, PromQL) for every rule, dashboard panel query and dashboard variable."""
-    found = [
-        (f"record {rule['record']}" if "record" in rule else f"alert {rule['alert']}", rule["expr"]) for rule in rules()
-    ]
-    for dashboard in dashboards():
-        for panel in dashboard["panels"]:
-            found += [(f"panel {panel['title']}", target["expr"]) for target in panel.get("targets", [])]
-        for variable in dashboard["templating"]["list"]:
-            if variable["type"] == "query":
-                found.append((f"variable {variable['name']}", label_values_metric(variable["definition"])[0]))
-    return found
-
-
 def unknown(names: set[str]) -> set[str]:
     return {name for name in names if name not in SAMPLES and name not in RECORDED and name not in PROMETHEUS_SERIES}
 
@@ -96,9 +74,8 @@ def test_names_follow_the_project_conventions():
         assert metric.name.endswith("_info") == (metric.type == catalog.INFO or metric.values == "1"), metric.name
         assert bool(metric.buckets) == (metric.type == catalog.HISTOGRAM), metric.name
         assert metric.help.endswith(".") and metric.origin, metric.name
-        assert all(
-            reader.split(" ", 1)[0] in {"record", "alert", "panel", "variable", "diagnose"} for reader in metric.readers
-        ), metric.name
+    for name, readers in metric_readers.readers().items():
+        assert all(reader.split(" ", 1)[0] in metric_readers.READER_KINDS for reader in readers), name
     for series in catalog.RECORDED:
         level, base, operation = series.name.split(":")
         assert level in {"rank", "job", "gpu"} and base.startswith(catalog.PREFIX) and operation, series.name
@@ -110,7 +87,7 @@ def test_rules_and_dashboards_read_only_catalog_metrics(reader: str, expr: str):
 
 
 def test_the_recording_rules_record_the_catalogs_recorded_series():
-    recorded = {rule["record"] for rule in rules() if "record" in rule}
+    recorded = {rule["record"] for rule in metric_readers.rules() if "record" in rule}
     assert recorded == set(RECORDED), (
         f"recorded by the rules, not in the catalog: {sorted(recorded - set(RECORDED))}; "
         f"in the catalog, recorded by no rule: {sorted(set(RECORDED) - recorded)}"
@@ -126,19 +103,49 @@ def test_rule_unit_tests_feed_only_catalog_metrics():
             assert not unknown(names), f"{path.name}: feeds or asks for series trainstack/catalog.py lacks"
 
 
+# One row of a docs/metrics.md table: its series, then its "read by" cell, the last.
+DOCS_ROW = re.compile(r"^\| `([^`]+)` \|.*\| ([^|]*) \|$", re.MULTILINE)
+DOCS_READER_HEADINGS = {
+    "rules": "record",
+    "alerts": "alert",
+    "panels": "panel",
+    "dashboard variables": "variable",
+    "diagnose": "diagnose",
+}
+
+
+def docs_readers() -> dict[str, set[str]]:
+    """Series -> the rules, alerts, panels, variables and diagnose verdicts docs/metrics.md says read it."""
+    named: dict[str, set[str]] = {}
+    for name, cell in DOCS_ROW.findall((REPO / "docs/metrics.md").read_text()):
+        for part in filter(None, cell.split("; ")):
+            heading, _, readers = part.partition(": ")
+            if heading in DOCS_READER_HEADINGS:
+                named.setdefault(name, set()).update(
+                    f"{DOCS_READER_HEADINGS[heading]} {reader.strip('`')}" for reader in readers.split(", ")
+                )
+    return named
+
+
 def test_readers_are_what_the_rules_and_dashboards_read():
     actual: dict[str, set[str]] = {}
     for reader, expr in queries():
         for name in metric_names(expr) - PROMETHEUS_SERIES:
             actual.setdefault(entry(name).name, set()).add(reader)
-    declared_kinds = ("record ", "alert ", "panel ", "variable ")
+    found = {name: set(readers) for name, readers in metric_readers.readers().items()}
+    assert {name: {r for r in readers if not r.startswith("diagnose ")} for name, readers in found.items()} == {
+        name: actual.get(name, set()) for name in found
+    }
+    for name, kinds in diagnose_readers().items():
+        actual.setdefault(name, set()).update(f"diagnose {kind}" for kind in kinds)
+    named = docs_readers()
     wrong = []
     for item in [*catalog.METRICS, *catalog.RECORDED]:
-        declared = {reader for reader in item.readers if reader.startswith(declared_kinds)}
+        declared = named.get(item.name, set())
         read_by = actual.get(item.name, set())
         if declared != read_by:
             wrong.append(f"{item.name}: add {sorted(read_by - declared)}, remove {sorted(declared - read_by)}")
-    assert not wrong, "trainstack/catalog.py's readers differ from the rules and dashboards:\n" + "\n".join(wrong)
+    assert not wrong, "docs/metrics.md's readers differ from the rules, dashboards and diagnose:\n" + "\n".join(wrong)
 
 
 def catalog_references(path: Path) -> set[str]:
@@ -179,21 +186,44 @@ def verdict_kinds() -> set[str]:
     }
 
 
-def test_diagnose_reads_what_the_catalog_says():
+def test_diagnose_readers_are_what_diagnose_names():
     read = {getattr(catalog, name).name for path in DIAGNOSE_DIR.glob("*.py") for name in catalog_references(path)}
     read |= {name for path in DIAGNOSE_DIR.glob("*.py") for name in ratio_references(path)}
-    declared = {
-        metric.name for metric in catalog.METRICS if any(reader.startswith("diagnose ") for reader in metric.readers)
-    }
-    assert read == declared, (
-        f"read by monitoring/diagnose, no diagnose reader in the catalog: "
-        f"{sorted(read - declared)}; declared but not read: {sorted(declared - read)}"
+    found = diagnose_readers()
+    assert read == set(found), (
+        f"named by monitoring/diagnose, read by no verdict found in its code: "
+        f"{sorted(read - set(found))}; found read but not named: {sorted(set(found) - read)}"
     )
-    kinds = verdict_kinds() | {"figures"}
+    kinds = verdict_kinds() | set(OUTPUTS)
     assert len(kinds) > 5
-    for metric in catalog.METRICS:
-        named = {reader.split(" ", 1)[1] for reader in metric.readers if reader.startswith("diagnose ")}
-        assert named <= kinds, f"{metric.name}: no verdict {sorted(named - kinds)} in monitoring/diagnose/verdicts.py"
+    for name, named in found.items():
+        assert set(named) <= kinds, (
+            f"{name}: no verdict {sorted(set(named) - kinds)} in monitoring/diagnose/verdicts.py"
+        )
+    unseen = kinds - {kind for named in found.values() for kind in named}
+    assert not unseen, f"monitoring/diagnose_readers.py finds no series read by {sorted(unseen)}"
+
+
+@pytest.mark.parametrize(
+    ("metric", "kind"),
+    [
+        (catalog.TRAIN_DATA_WAIT, "input-bound"),  # a ratio's series, through a RankView field
+        (catalog.GPU_SM_ACTIVE, "gpu-underused"),  # a field filled by a `**{...}` of (field, metric) pairs
+        (catalog.GPU_LINK_INFO, "comm-bound"),  # fields named by a catalog tuple (GPU_LINK_LABELS)
+        (catalog.EXPORTER_GPU_SAMPLES, "throttled"),  # the exporter source's slow reads time the violation counters
+        (catalog.GPU_PROCESS_MEMORY_USED, "one-process-many-gpus"),  # through a Snapshot method (gpus_held)
+        (catalog.TRAIN_STEPS, "no-training"),  # which ranks exist
+        (catalog.WATCH_COMMAND_PROCESSES, "notes"),  # what diagnose shows besides the verdicts
+    ],
+)
+def test_diagnose_readers_follow_each_field_to_the_verdicts(metric, kind):
+    assert kind in diagnose_readers()[metric.name]
+
+
+def test_diagnose_readers_leave_out_what_a_verdict_does_not_read():
+    readers = diagnose_readers()
+    assert "input-bound" not in readers[catalog.GPU_SM_ACTIVE.name]
+    assert "throttled" not in readers[catalog.EXPORTER_GPU_SAMPLE_INTERVAL.name]
 
 
 @pytest.mark.slow

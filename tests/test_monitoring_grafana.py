@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.promql import label_values_metric, metric_names, undocumented
+from tests.helpers.promql import undocumented
+from trainstack.monitoring.promql import label_values_metric, metric_names
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA_DIR = ROOT / "monitoring/grafana"

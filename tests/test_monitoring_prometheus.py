@@ -35,11 +35,6 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.fakes import LIMITS, kinds
-from tests.helpers.promql import (
-    PROMETHEUS_SERIES,
-    label_values_metric,
-    metric_names,
-)
 from tests.helpers.runs import kill_tree
 from tests.helpers.scrapes import diagnose_url
 from trainstack import thresholds
@@ -47,6 +42,7 @@ from trainstack.errors import ConfigError, RuntimeFailure
 from trainstack.monitoring.diagnose.snapshot import read_snapshot
 from trainstack.monitoring.diagnose.sources import PrometheusSource
 from trainstack.monitoring.diagnose.verdicts import diagnose
+from trainstack.monitoring.promql import PROMETHEUS_SERIES, label_values_metric, metric_names
 from trainstack.rundir import RunDir, StallDir, free_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,11 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.promql import (
-    label_values_metric,
-    metric_names,
-    undocumented,
-)
+from tests.helpers.promql import undocumented
+from trainstack.monitoring.promql import label_values_metric, metric_names
 
 ROOT = Path(__file__).resolve().parents[1]
 

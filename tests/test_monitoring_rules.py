@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.promql import metric_names, undocumented
+from tests.helpers.promql import undocumented
 from trainstack import thresholds
+from trainstack.monitoring.promql import metric_names
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS_DIR = ROOT / "monitoring/prometheus"

@@ -1,16 +1,13 @@
 """Every metric trainstack exports, as data: the one place a metric name is written in Python.
 
 Each entry says what a metric is (name, type, unit, labels, help), where its value comes from (the ranks'
-telemetry, an NVML call or field, the exporter itself), when it is absent, and who reads it: the recording
-rules and alerts (monitoring/prometheus/rules/), the Grafana panels (monitoring/grafana/) and `trainstack diagnose`
-(monitoring/diagnose/). The producers build their metrics from these entries (trainstack/telemetry/, the exporter's
-collectors, the NVML fake's stand-in ranks), the readers take the names from here, and docs/metrics.md's tables
-are generated from them (scripts/metrics-docs.py). tests/test_catalog.py holds the files that cannot import this
-module (rules, dashboards) to it, and checks that every entry is produced. The approach is dcgm-exporter's
+telemetry, an NVML call or field, the exporter itself) and when it is absent. The producers build their metrics
+from these entries (trainstack/telemetry/, the exporter's collectors, the NVML fake's stand-in ranks), the readers
+take the names from here, and docs/metrics.md's tables are generated from them (scripts/metrics-docs.py). Who
+reads a metric is not written here: monitoring/metric_readers.py finds it in the readers themselves, the generated
+rule files and dashboards and diagnose's code. tests/test_catalog.py holds the files that cannot import this module
+(rules, dashboards) to it, and checks that every entry is produced. The approach is dcgm-exporter's
 (etc/default-counters.csv parsed into Counter structs, every collector built from that one table).
-
-A reader is written "record <series>", "alert <name>", "panel <title>", "variable <name>" (a dashboard variable)
-or "diagnose <verdict kind>" ("diagnose figures": the figures a healthy diagnosis shows).
 """
 
 from __future__ import annotations
@@ -65,7 +62,6 @@ class Metric:
     values: str = ""
     """"1" for an info-style gauge, "0/1" for a yes/no gauge."""
     absent_when: str = ""
-    readers: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
     """A histogram's bucket bounds."""
 
@@ -99,7 +95,6 @@ class Recorded:
 
     name: str
     help: str
-    readers: tuple[str, ...] = ()
 
 
 # --- training: written by each rank (trainstack/telemetry/) -----------------------------------------------------
@@ -111,13 +106,6 @@ TRAIN_STEPS = Metric(
     RANK_LABELS,
     TELEMETRY,
     "optimizer steps completed",
-    readers=(
-        "record rank:trainstack_train_steps:rate2m",
-        "diagnose no-training",
-        "diagnose stalled",
-        "diagnose straggler",
-        "diagnose figures",
-    ),
 )
 TRAIN_SAMPLES = Metric(
     "trainstack_train_samples_total",
@@ -126,7 +114,6 @@ TRAIN_SAMPLES = Metric(
     RANK_LABELS,
     TELEMETRY,
     "samples (sequences) consumed",
-    readers=("record rank:trainstack_train_samples:rate2m", "diagnose figures"),
 )
 TRAIN_TOKENS = Metric(
     "trainstack_train_tokens_total",
@@ -135,7 +122,6 @@ TRAIN_TOKENS = Metric(
     RANK_LABELS,
     TELEMETRY,
     "non-padding tokens consumed",
-    readers=("record rank:trainstack_train_tokens:rate2m",),
 )
 TRAIN_STEP_DURATION = Metric(
     "trainstack_train_step_duration_seconds",
@@ -147,18 +133,6 @@ TRAIN_STEP_DURATION = Metric(
     "timeline, observed at each log interval ([which clock](#which-clock-data-wait-on-gpu-and-cpu-ranks))",
     unit="s",
     buckets=STEP_BUCKETS,
-    readers=(
-        "record rank:trainstack_train_step_duration_seconds:mean_rate2m",
-        "record rank:trainstack_train_step_duration_seconds:quantile_rate2m",
-        "record job:trainstack_train_step_duration_seconds:quantile_rate2m",
-        "record rank:trainstack_train_data_wait:ratio_rate2m",
-        "record rank:trainstack_train_comm_exposed:ratio_rate2m",
-        "record rank:trainstack_train_host_bound:ratio_rate2m",
-        "diagnose input-bound",
-        "diagnose straggler",
-        "diagnose host-bound",
-        "diagnose figures",
-    ),
 )
 TRAIN_FORWARD_SECONDS = Metric(
     "trainstack_train_forward_seconds_total",
@@ -170,7 +144,6 @@ TRAIN_FORWARD_SECONDS = Metric(
     "count as exposed communication): which part of a straggler's step is slow; added at each log interval, on a "
     "GPU rank on the GPU's timeline",
     unit="s",
-    readers=("diagnose straggler",),
 )
 TRAIN_FORWARD_PASSES = Metric(
     "trainstack_train_forward_passes_total",
@@ -192,7 +165,6 @@ TRAIN_DATA_WAIT = Metric(
     "([which clock](#which-clock-data-wait-on-gpu-and-cpu-ranks)). The input-bound alert and `trainstack "
     "diagnose` read this one",
     unit="s",
-    readers=("record rank:trainstack_train_data_wait:ratio_rate2m", "diagnose input-bound", "diagnose figures"),
 )
 TRAIN_HOST_DATA_WAIT = Metric(
     "trainstack_train_host_data_wait_seconds_total",
@@ -202,7 +174,6 @@ TRAIN_HOST_DATA_WAIT = Metric(
     TELEMETRY,
     "the host's time blocked in the loader's `next()`, on every device (equal to the data wait on a CPU rank)",
     unit="s",
-    readers=("diagnose input-bound", "diagnose figures"),
 )
 _COMM_ABSENT = "the rank communicates with no other: one process (DDP or FSDP) on its own"
 TRAIN_COMM_SECONDS = Metric(
@@ -216,7 +187,6 @@ TRAIN_COMM_SECONDS = Metric(
     "on a GPU rank on the GPU's timeline; added at each log interval",
     unit="s",
     absent_when=_COMM_ABSENT,
-    readers=("diagnose comm-bound",),
 )
 TRAIN_COMM_EXPOSED = Metric(
     "trainstack_train_comm_exposed_seconds_total",
@@ -231,12 +201,6 @@ TRAIN_COMM_EXPOSED = Metric(
     "so all of them",
     unit="s",
     absent_when=_COMM_ABSENT,
-    readers=(
-        "record rank:trainstack_train_comm_exposed:ratio_rate2m",
-        "diagnose comm-bound",
-        "diagnose straggler",
-        "diagnose figures",
-    ),
 )
 TRAIN_COMM_BYTES = Metric(
     "trainstack_train_comm_bytes_total",
@@ -248,7 +212,6 @@ TRAIN_COMM_BYTES = Metric(
     "reduce-scatters (the gradients before scattering); per step: its rate over the steps' rate",
     unit="bytes",
     absent_when=_COMM_ABSENT,
-    readers=("diagnose comm-bound",),
 )
 # The NCCL switches a rank publishes, as labels: each is the environment variable's name in lower case.
 NCCL_SWITCH_LABELS = ("nccl_p2p_disable", "nccl_shm_disable", "nccl_ib_disable", "nccl_socket_ifname")
@@ -263,7 +226,6 @@ TRAIN_COMM_SETUP_INFO = Metric(
     "written once, when the rank starts timing its DDP all-reduce (trainstack.telemetry.comm_setup)",
     values="1",
     absent_when=_COMM_ABSENT,
-    readers=("diagnose comm-bound",),
 )
 TRAIN_SHM_BYTES = Metric(
     "trainstack_train_shm_bytes",
@@ -276,7 +238,6 @@ TRAIN_SHM_BYTES = Metric(
     "with the communication setup",
     unit="bytes",
     absent_when=f"{_COMM_ABSENT}; or the rank sees no /dev/shm",
-    readers=("diagnose comm-bound",),
 )
 TRAIN_TIME = Metric(
     "trainstack_train_time_seconds_total",
@@ -289,11 +250,6 @@ TRAIN_TIME = Metric(
     "at each log interval, a pause's time when it ends, startup's at the first step. `host_bound` only on GPU ranks "
     "NVML answers for, `comm_exposed` only on DDP ranks",
     unit="s",
-    readers=(
-        "record rank:trainstack_train_time:share_rate2m",
-        "record rank:trainstack_train_host_bound:ratio_rate2m",
-        "diagnose host-bound",
-    ),
 )
 TRAIN_LOSS = Metric(
     "trainstack_train_loss",
@@ -303,7 +259,6 @@ TRAIN_LOSS = Metric(
     TELEMETRY,
     "the rank's own training loss, its mean over the last log interval",
     absent_when="before the first log interval",
-    readers=("panel Loss",),
 )
 TRAIN_LEARNING_RATE = Metric(
     "trainstack_train_learning_rate",
@@ -313,7 +268,6 @@ TRAIN_LEARNING_RATE = Metric(
     TELEMETRY,
     "current learning rate",
     absent_when="before the first log interval",
-    readers=("panel Learning rate",),
 )
 TRAIN_LAST_STEP = Metric(
     "trainstack_train_last_step_timestamp_seconds",
@@ -324,13 +278,6 @@ TRAIN_LAST_STEP = Metric(
     "when the last step completed",
     unit="s (unix)",
     absent_when="before the first step",
-    readers=(
-        "record job:trainstack_train_last_step_age:seconds",
-        "alert TrainstackRankHung",
-        "diagnose no-step-yet",
-        "diagnose stalled",
-        "diagnose figures",
-    ),
 )
 TRAIN_EPOCH = Metric(
     "trainstack_train_epoch", GAUGE, "Current epoch (0-based).", RANK_LABELS, TELEMETRY, "current epoch (0-based)"
@@ -363,7 +310,6 @@ TRAIN_COMPILE_SECONDS = Metric(
     TELEMETRY,
     "wall time of the steps during which `torch.compile` compiled (left out of the step durations)",
     unit="s",
-    readers=("diagnose gpu-underused",),
 )
 TRAIN_RECOMPILES = Metric(
     "trainstack_train_recompiles_total",
@@ -434,7 +380,6 @@ TRAIN_MFU = Metric(
     "model FLOPs utilization over the last log interval ([formula and peaks](#mfu))",
     unit="0..1",
     absent_when="the device peak is unknown (e.g. CPU)",
-    readers=("record job:trainstack_train_mfu:avg_ratio", "panel MFU per rank", "diagnose low-mfu", "diagnose figures"),
 )
 TRAIN_RANK_INFO = Metric(
     "trainstack_train_rank_info",
@@ -444,15 +389,6 @@ TRAIN_RANK_INFO = Metric(
     TELEMETRY,
     "joins a rank to its GPU (`uuid` empty on CPU)",
     values="1",
-    readers=(
-        "alert TrainstackGPUUnused",
-        "alert TrainstackNVMLUnavailable",
-        "panel GPU utilization by rank",
-        "variable rank",
-        "diagnose no-training",
-        "diagnose gpus-unused",
-        "diagnose stalled",
-    ),
 )
 TRAIN_RUN_INFO = Metric(
     "trainstack_train_run_info",
@@ -465,14 +401,6 @@ TRAIN_RUN_INFO = Metric(
     "or `host`; `strategy`: `ddp` or `fsdp`; `launcher`: `train` (`trainstack train`) or `watch` (a user's "
     "script under `trainstack watch`), empty when unknown: whose knobs a verdict's fix names",
     values="1",
-    readers=(
-        "diagnose input-bound",
-        "diagnose comm-bound",
-        "diagnose host-bound",
-        "diagnose low-mfu",
-        "diagnose gpu-underused",
-        "diagnose figures",
-    ),
 )
 
 # --- the watched command: written by `trainstack watch` (commands/watch.py) -----------------------------------
@@ -485,7 +413,6 @@ WATCH_COMMAND_PROCESSES = Metric(
     WATCH,
     "the command and its descendants still running, counted in watch's poll loop; 0 once the command has ended",
     absent_when="the run is not a `trainstack watch` run",
-    readers=("diagnose no-training", "diagnose figures"),
 )
 WATCH_COMMAND_INFO = Metric(
     "trainstack_watch_command_info",
@@ -496,7 +423,6 @@ WATCH_COMMAND_INFO = Metric(
     "the watched command line (as a shell would quote it) and the run id",
     values="1",
     absent_when="the run is not a `trainstack watch` run",
-    readers=("diagnose no-training",),
 )
 
 # --- a stall's evidence: the launcher's, in RUN_DIR/hang, served by the exporter (monitoring/exporter/hang.py) ---
@@ -517,7 +443,6 @@ HANG_EVIDENCE = Metric(
     unit="s",
     absent_when="the exporter has no run directory (`--run-dir`), or no stall of this launch has been collected in "
     "it (an earlier launch's stays in RUN_DIR/hang, and the report shows it)",
-    readers=("alert TrainstackRankHung", "panel Hang evidence", "diagnose stalled"),
 )
 
 # --- GPUs: read from NVML by the exporter (monitoring/exporter/gpu.py) ---------------------------------------
@@ -530,7 +455,6 @@ GPU_INFO = Metric(
     NVML,
     "`nvmlDeviceGetName`, `nvmlDeviceGetPciInfo`, `nvmlSystemGetDriverVersion` (read once)",
     values="1",
-    readers=("variable gpu", "diagnose gpus-unused", "diagnose throttled", "diagnose memory-full", "diagnose figures"),
 )
 # The GPU's links, as labels of trainstack_gpu_link_info; a label is empty where the driver lacks its call.
 GPU_LINK_LABELS = ("pcie_generation", "pcie_width", "pcie_max_generation", "pcie_max_width", "nvlinks_active")
@@ -547,7 +471,6 @@ GPU_LINK_INFO = Metric(
     "the call: `nvlinks_active` on a GPU without NVLink",
     values="1",
     absent_when="NVML answers none of the calls",
-    readers=("diagnose comm-bound",),
 )
 GPU_UTILIZATION = Metric(
     "trainstack_gpu_utilization_ratio",
@@ -557,21 +480,6 @@ GPU_UTILIZATION = Metric(
     NVML,
     "`nvmlDeviceGetUtilizationRates().gpu` / 100",
     unit="0..1",
-    readers=(
-        "record job:trainstack_gpu_utilization:avg_ratio",
-        "alert TrainstackGPUUnused",
-        "alert TrainstackOneProcessManyGPUs",
-        "alert TrainstackGPUUnderused",
-        "panel GPU utilization",
-        "panel GPU utilization by rank",
-        "panel Busy vs really busy",
-        "diagnose gpu-underused",
-        "diagnose no-training",
-        "diagnose stalled",
-        "diagnose gpus-unused",
-        "diagnose one-process-many-gpus",
-        "diagnose figures",
-    ),
 )
 GPU_MEMORY_BUSY = Metric(
     "trainstack_gpu_memory_busy_ratio",
@@ -590,12 +498,6 @@ GPU_MEMORY_USED = Metric(
     NVML,
     "`nvmlDeviceGetMemoryInfo(version=v2).used` (v1 on old drivers, where it includes the reserved memory)",
     unit="bytes",
-    readers=(
-        "record gpu:trainstack_gpu_memory_used:ratio",
-        "panel GPU memory used",
-        "diagnose memory-full",
-        "diagnose figures",
-    ),
 )
 GPU_MEMORY_TOTAL = Metric(
     "trainstack_gpu_memory_total_bytes",
@@ -605,7 +507,6 @@ GPU_MEMORY_TOTAL = Metric(
     NVML,
     "`nvmlDeviceGetMemoryInfo().total`",
     unit="bytes",
-    readers=("record gpu:trainstack_gpu_memory_used:ratio", "diagnose memory-full", "diagnose figures"),
 )
 GPU_MEMORY_RESERVED = Metric(
     "trainstack_gpu_memory_reserved_bytes",
@@ -626,11 +527,6 @@ GPU_POWER = Metric(
     "`nvmlDeviceGetPowerUsage` (mW averaged over 1 s on Ampere except GA100 and newer, the same as field "
     "`NVML_FI_DEV_POWER_AVERAGE` there; instantaneous on GA100 and older, which lack that field)",
     unit="W",
-    readers=(
-        "record job:trainstack_gpu_power_watts:sum",
-        "record job:trainstack_gpu_energy_joules:rate2m",
-        "panel Power draw and limit",
-    ),
 )
 GPU_POWER_LIMIT = Metric(
     "trainstack_gpu_power_limit_watts",
@@ -641,7 +537,6 @@ GPU_POWER_LIMIT = Metric(
     "field `NVML_FI_DEV_POWER_CURRENT_LIMIT` (mW, the limit enforced, whoever set it); "
     "`nvmlDeviceGetEnforcedPowerLimit` on drivers without the field",
     unit="W",
-    readers=("panel Power draw and limit",),
 )
 GPU_ENERGY = Metric(
     "trainstack_gpu_energy_joules_total",
@@ -652,7 +547,6 @@ GPU_ENERGY = Metric(
     "field `NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION` (mJ since the driver loaded)",
     unit="J",
     absent_when="before Volta",
-    readers=("record job:trainstack_gpu_energy_joules:rate2m",),
 )
 GPU_TEMPERATURE = Metric(
     "trainstack_gpu_temperature_celsius",
@@ -662,7 +556,6 @@ GPU_TEMPERATURE = Metric(
     NVML,
     "`nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)`",
     unit="°C",
-    readers=("panel Temperature",),
 )
 GPU_MEMORY_TEMPERATURE = Metric(
     "trainstack_gpu_memory_temperature_celsius",
@@ -682,7 +575,6 @@ GPU_SM_CLOCK = Metric(
     NVML,
     "`nvmlDeviceGetClockInfo(NVML_CLOCK_SM)` (MHz)",
     unit="Hz",
-    readers=("alert TrainstackGPUPowerThrottling", "panel SM clock", "diagnose throttled"),
 )
 GPU_SM_CLOCK_MAX = Metric(
     "trainstack_gpu_sm_clock_max_hertz",
@@ -692,7 +584,6 @@ GPU_SM_CLOCK_MAX = Metric(
     NVML,
     "`nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM)` (read once)",
     unit="Hz",
-    readers=("alert TrainstackGPUPowerThrottling", "panel SM clock", "diagnose throttled"),
 )
 GPU_MEMORY_CLOCK = Metric(
     "trainstack_gpu_memory_clock_hertz",
@@ -721,12 +612,6 @@ GPU_CLOCK_EVENT_ACTIVE = Metric(
     "`nvmlDeviceGetCurrentClocksEventReasons` (`…ThrottleReasons` on drivers before R535): one series per reason, "
     "1 while it holds the clocks down",
     values="0/1",
-    readers=(
-        "record gpu:trainstack_gpu_thermal_throttle:ratio_rate2m",
-        "record gpu:trainstack_gpu_power_throttle:ratio_rate2m",
-        "panel Throttle reasons",
-        "diagnose throttled",
-    ),
 )
 GPU_POWER_VIOLATION = Metric(
     "trainstack_gpu_power_violation_seconds_total",
@@ -737,7 +622,6 @@ GPU_POWER_VIOLATION = Metric(
     "field `NVML_FI_DEV_PERF_POLICY_POWER` (ns); `nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_POWER)"
     ".violationTime` where the field is missing",
     unit="s",
-    readers=("record gpu:trainstack_gpu_power_throttle:ratio_rate2m", "diagnose throttled"),
 )
 GPU_THERMAL_VIOLATION = Metric(
     "trainstack_gpu_thermal_violation_seconds_total",
@@ -748,7 +632,6 @@ GPU_THERMAL_VIOLATION = Metric(
     "field `NVML_FI_DEV_PERF_POLICY_THERMAL` (ns); `nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_THERMAL)"
     ".violationTime` where the field is missing",
     unit="s",
-    readers=("record gpu:trainstack_gpu_thermal_throttle:ratio_rate2m", "diagnose throttled"),
 )
 GPU_PCIE_REPLAYS = Metric(
     "trainstack_gpu_pcie_replays_total",
@@ -784,7 +667,6 @@ GPU_XID_ERRORS = Metric(
     NVML,
     "NVML event set registered for `nvmlEventTypeXidCriticalError`, drained at each scrape without waiting",
     absent_when="until the first Xid on that GPU (alert on the series existing, not only on `increase()`)",
-    readers=("alert TrainstackGPUXidError",),
 )
 GPU_NVLINK_TRANSMIT = Metric(
     "trainstack_gpu_nvlink_transmit_bytes_total",
@@ -845,7 +727,6 @@ GPU_GPM_INFO = Metric(
     "`reason` empty where supported, else the call and NVML's error (`nvmlGpmSampleGet: NotSupported` on a MIG-mode "
     "GPU, `nvmlGpmQueryDeviceSupport: FunctionNotFound` on a driver without GPM) or that the GPU has none",
     values="1",
-    readers=("diagnose gpu-underused", "diagnose no-tensor-cores"),
 )
 GPU_SM_ACTIVE = Metric(
     "trainstack_gpu_sm_active_ratio",
@@ -857,14 +738,6 @@ GPU_SM_ACTIVE = Metric(
     f"`NVML_GPM_METRIC_SM_UTIL` / 100, {_GPM_PERIOD}",
     unit="0..1",
     absent_when=_GPM_ABSENT,
-    readers=(
-        "alert TrainstackGPUUnderused",
-        "alert TrainstackNoTensorCores",
-        "panel Busy vs really busy",
-        "diagnose gpu-underused",
-        "diagnose no-tensor-cores",
-        "diagnose figures",
-    ),
 )
 GPU_SM_OCCUPANCY = Metric(
     "trainstack_gpu_sm_occupancy_ratio",
@@ -875,7 +748,6 @@ GPU_SM_OCCUPANCY = Metric(
     f"`NVML_GPM_METRIC_SM_OCCUPANCY` / 100, {_GPM_PERIOD}",
     unit="0..1",
     absent_when=_GPM_ABSENT,
-    readers=("panel SM occupancy and DRAM bandwidth", "diagnose gpu-underused"),
 )
 GPU_TENSOR_ACTIVE = Metric(
     "trainstack_gpu_tensor_active_ratio",
@@ -886,12 +758,6 @@ GPU_TENSOR_ACTIVE = Metric(
     f"`NVML_GPM_METRIC_ANY_TENSOR_UTIL` / 100, {_GPM_PERIOD}",
     unit="0..1",
     absent_when=_GPM_ABSENT,
-    readers=(
-        "alert TrainstackNoTensorCores",
-        "panel Busy vs really busy",
-        "diagnose no-tensor-cores",
-        "diagnose figures",
-    ),
 )
 GPU_DRAM_ACTIVE = Metric(
     "trainstack_gpu_dram_active_ratio",
@@ -902,7 +768,6 @@ GPU_DRAM_ACTIVE = Metric(
     f"`NVML_GPM_METRIC_DRAM_BW_UTIL` / 100, {_GPM_PERIOD}",
     unit="0..1",
     absent_when=_GPM_ABSENT,
-    readers=("panel SM occupancy and DRAM bandwidth", "diagnose gpu-underused", "diagnose figures"),
 )
 _GPM_BYTES = (
     "added up from the GPM periods' mean rates (MiB/s) times their length, since the exporter started: "
@@ -918,7 +783,6 @@ GPU_GPM_PCIE_TRANSMIT = Metric(
     f"`NVML_GPM_METRIC_PCIE_TX_PER_SEC`, {_GPM_BYTES} (`trainstack_gpu_pcie_transmit_bytes_per_second`, opt-in)",
     unit="bytes",
     absent_when=_GPM_ABSENT,
-    readers=("panel Link traffic", "diagnose comm-bound"),
 )
 GPU_GPM_PCIE_RECEIVE = Metric(
     "trainstack_gpu_gpm_pcie_receive_bytes_total",
@@ -929,7 +793,6 @@ GPU_GPM_PCIE_RECEIVE = Metric(
     "`NVML_GPM_METRIC_PCIE_RX_PER_SEC`, as the transmit counter",
     unit="bytes",
     absent_when=_GPM_ABSENT,
-    readers=("panel Link traffic", "diagnose comm-bound"),
 )
 GPU_GPM_NVLINK_TRANSMIT = Metric(
     "trainstack_gpu_gpm_nvlink_transmit_bytes_total",
@@ -941,7 +804,6 @@ GPU_GPM_NVLINK_TRANSMIT = Metric(
     "at the slow cadence from a field)",
     unit="bytes",
     absent_when=f"{_GPM_ABSENT}; a GPU without NVLink",
-    readers=("panel Link traffic", "diagnose comm-bound"),
 )
 GPU_GPM_NVLINK_RECEIVE = Metric(
     "trainstack_gpu_gpm_nvlink_receive_bytes_total",
@@ -952,7 +814,6 @@ GPU_GPM_NVLINK_RECEIVE = Metric(
     "`NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC`, as the transmit counter",
     unit="bytes",
     absent_when=f"{_GPM_ABSENT}; a GPU without NVLink",
-    readers=("panel Link traffic", "diagnose comm-bound"),
 )
 GPU_PROCESS_MEMORY_USED = Metric(
     "trainstack_gpu_process_memory_used_bytes",
@@ -966,12 +827,6 @@ GPU_PROCESS_MEMORY_USED = Metric(
     unit="bytes",
     absent_when="no process on the GPU; a figure NVML does not have (Windows WDDM); a container without the host "
     "PID namespace may see host pids, or none",
-    readers=(
-        "alert TrainstackOneProcessManyGPUs",
-        "diagnose one-process-many-gpus",
-        "diagnose gpus-unused",
-        "diagnose no-training",
-    ),
 )
 
 # --- the exporter's own (monitoring/exporter/health.py) -------------------------------------------------------
@@ -985,7 +840,6 @@ EXPORTER_NVML_UP = Metric(
     "1 when `nvmlInit` succeeded at start (a driver is present); 0 on a CPU host or a broken driver, and then no "
     "GPU metric is served",
     values="0/1",
-    readers=("alert TrainstackNVMLUnavailable", "panel NVML up", "variable job", "variable instance"),
 )
 EXPORTER_NVML_ERRORS = Metric(
     "trainstack_exporter_nvml_errors_total",
@@ -998,7 +852,6 @@ EXPORTER_NVML_ERRORS = Metric(
     "`Timeout`, `NoPermission`, `LibraryNotFound`, `DriverNotLoaded`...). `NotSupported`/`FunctionNotFound` are "
     "counted once per GPU and call",
     absent_when="until the first error",
-    readers=("panel NVML errors",),
 )
 EXPORTER_GPUS_LOST = Metric(
     "trainstack_exporter_gpus_lost",
@@ -1016,7 +869,6 @@ EXPORTER_COLLECTOR_DURATION = Metric(
     EXPORTER,
     "time the `gpu`, `training`, `hang` or `watched command` collector took in its latest run (scrape cost)",
     unit="s",
-    readers=("panel Exporter collector time",),
 )
 EXPORTER_COLLECTOR_SUCCESS = Metric(
     "trainstack_exporter_collector_success",
@@ -1039,7 +891,6 @@ EXPORTER_GPU_SAMPLE_AGE = Metric(
     "`TrainstackGPUDataStale` alert fires past 3 intervals",
     unit="s",
     absent_when="NVML is down",
-    readers=("alert TrainstackGPUDataStale", "diagnose gpu-data-stale", "diagnose throttled"),
 )
 EXPORTER_GPU_SAMPLE_INTERVAL = Metric(
     "trainstack_exporter_gpu_sample_interval_seconds",
@@ -1050,7 +901,6 @@ EXPORTER_GPU_SAMPLE_INTERVAL = Metric(
     "the sampler's cadences (`--sample-interval`, `--slow-sample-interval`)",
     unit="s",
     absent_when="NVML is down",
-    readers=("alert TrainstackGPUDataStale", "diagnose gpu-data-stale"),
 )
 EXPORTER_GPU_SAMPLES = Metric(
     "trainstack_exporter_gpu_samples_total",
@@ -1060,7 +910,6 @@ EXPORTER_GPU_SAMPLES = Metric(
     EXPORTER,
     "samples taken; a `slow` sample reads both parts",
     absent_when="NVML is down",
-    readers=("diagnose throttled",),
 )
 EXPORTER_GPU_SAMPLE_CPU = Metric(
     "trainstack_exporter_gpu_sample_cpu_seconds_total",
@@ -1086,28 +935,22 @@ EXPORTER_GPU_SAMPLE_DURATION = Metric(
 
 # --- recorded series (monitoring/prometheus/rules/recording.yml) ----------------------------------------------
 
-RANK_STEPS_RATE = Recorded(
-    "rank:trainstack_train_steps:rate2m", "optimizer steps per second", readers=("alert TrainstackGPUUnused",)
-)
+RANK_STEPS_RATE = Recorded("rank:trainstack_train_steps:rate2m", "optimizer steps per second")
 RANK_SAMPLES_RATE = Recorded(
     "rank:trainstack_train_samples:rate2m",
     "samples per second",
-    readers=("record job:trainstack_train_samples:rate2m", "panel Samples/s per rank"),
 )
 RANK_TOKENS_RATE = Recorded(
     "rank:trainstack_train_tokens:rate2m",
     "non-padding tokens per second",
-    readers=("record job:trainstack_train_tokens:rate2m", "panel Tokens/s per rank"),
 )
 JOB_SAMPLES_RATE = Recorded(
     "job:trainstack_train_samples:rate2m",
     "the job's samples per second",
-    readers=("record job:trainstack_gpu_energy_per_sample:joules", "panel Samples/s", "panel Samples/s per rank"),
 )
 JOB_TOKENS_RATE = Recorded(
     "job:trainstack_train_tokens:rate2m",
     "the job's non-padding tokens per second",
-    readers=("panel Tokens/s", "panel Tokens/s per rank"),
 )
 RANK_STEP_DURATION_MEAN = Recorded(
     "rank:trainstack_train_step_duration_seconds:mean_rate2m", "mean wall time per optimizer step"
@@ -1115,7 +958,6 @@ RANK_STEP_DURATION_MEAN = Recorded(
 RANK_STEP_DURATION_QUANTILE = Recorded(
     "rank:trainstack_train_step_duration_seconds:quantile_rate2m",
     "step time quantiles (`quantile` 0.5, 0.9, 0.99)",
-    readers=("panel Step time per rank",),
 )
 JOB_STEP_DURATION_QUANTILE = Recorded(
     "job:trainstack_train_step_duration_seconds:quantile_rate2m", "the job's step time quantiles"
@@ -1123,97 +965,71 @@ JOB_STEP_DURATION_QUANTILE = Recorded(
 RANK_DATA_WAIT_RATIO = Recorded(
     "rank:trainstack_train_data_wait:ratio_rate2m",
     "share of step time the device idled for want of a batch",
-    readers=(
-        "record job:trainstack_train_data_wait:ratio_rate2m",
-        "alert TrainstackInputBound",
-        "panel Data-wait ratio per rank",
-    ),
 )
-JOB_DATA_WAIT_RATIO = Recorded(
-    "job:trainstack_train_data_wait:ratio_rate2m", "the ranks' mean data-wait ratio", readers=("panel Data-wait ratio",)
-)
+JOB_DATA_WAIT_RATIO = Recorded("job:trainstack_train_data_wait:ratio_rate2m", "the ranks' mean data-wait ratio")
 RANK_COMM_EXPOSED_RATIO = Recorded(
     "rank:trainstack_train_comm_exposed:ratio_rate2m",
     "share of step time the rank waited for communication compute did not hide (DDP's all-reduce, FSDP's "
     "all-gathers and reduce-scatters)",
-    readers=(
-        "record job:trainstack_train_comm_exposed:min_ratio_rate2m",
-        "record rank:trainstack_train_straggler_wait:ratio_rate2m",
-    ),
 )
 JOB_COMM_EXPOSED_MIN_RATIO = Recorded(
     "job:trainstack_train_comm_exposed:min_ratio_rate2m",
     "the least exposed-communication share of the job's ranks: over the threshold, every rank waits on the network",
-    readers=("alert TrainstackCommunicationBound",),
 )
 RANK_TIME_SHARE = Recorded(
     "rank:trainstack_train_time:share_rate2m",
     "each part's share of the rank's time measured in the window (`part`)",
-    readers=("record rank:trainstack_train_goodput:ratio_rate2m", "panel Where the time goes"),
 )
 RANK_GOODPUT = Recorded(
     "rank:trainstack_train_goodput:ratio_rate2m",
     "goodput: the compute share of the rank's measured time",
-    readers=("record job:trainstack_train_goodput:avg_ratio_rate2m", "panel Goodput per rank"),
 )
-JOB_GOODPUT = Recorded(
-    "job:trainstack_train_goodput:avg_ratio_rate2m", "the ranks' mean goodput", readers=("panel Goodput per rank",)
-)
+JOB_GOODPUT = Recorded("job:trainstack_train_goodput:avg_ratio_rate2m", "the ranks' mean goodput")
 RANK_HOST_BOUND_RATIO = Recorded(
     "rank:trainstack_train_host_bound:ratio_rate2m",
     "share of step time the rank's GPU idled though neither starved of data nor waiting on communication",
-    readers=("alert TrainstackHostBound",),
 )
 RANK_STRAGGLER_WAIT = Recorded(
     "rank:trainstack_train_straggler_wait:ratio_rate2m",
     "the most any rank of the job waits at the collectives, less this rank's wait (shares of step time): "
     "largest on the straggler, what the others wait for it",
-    readers=(
-        "record job:trainstack_train_straggler_wait:max_ratio_rate2m",
-        "alert TrainstackStragglerRank",
-        "panel Peers' wait beyond each rank",
-    ),
 )
 JOB_STRAGGLER_WAIT = Recorded(
     "job:trainstack_train_straggler_wait:max_ratio_rate2m",
     "what the job's ranks wait for its straggler, as a share of step time",
-    readers=("panel Waiting for a straggler",),
 )
 JOB_LAST_STEP_AGE = Recorded(
     "job:trainstack_train_last_step_age:seconds",
     "seconds since the job's newest step",
-    readers=("alert TrainstackTrainingStalled", "panel Since last step"),
 )
-JOB_MFU = Recorded("job:trainstack_train_mfu:avg_ratio", "the ranks' mean MFU", readers=("panel MFU",))
+JOB_MFU = Recorded("job:trainstack_train_mfu:avg_ratio", "the ranks' mean MFU")
 GPU_MEMORY_USED_RATIO = Recorded(
     "gpu:trainstack_gpu_memory_used:ratio",
     "used over installed device memory",
-    readers=("alert TrainstackGPUMemoryNearlyFull", "panel GPU memory used share"),
 )
 JOB_GPU_UTILIZATION = Recorded("job:trainstack_gpu_utilization:avg_ratio", "the job's mean GPU utilization")
 JOB_GPU_POWER = Recorded("job:trainstack_gpu_power_watts:sum", "the job's GPUs' power draw")
 JOB_GPU_ENERGY_RATE = Recorded(
     "job:trainstack_gpu_energy_joules:rate2m",
     "the job's GPUs' energy per second",
-    readers=("record job:trainstack_gpu_energy_per_sample:joules",),
 )
-JOB_GPU_ENERGY_PER_SAMPLE = Recorded(
-    "job:trainstack_gpu_energy_per_sample:joules", "joules per training sample", readers=("panel Energy per sample",)
-)
+JOB_GPU_ENERGY_PER_SAMPLE = Recorded("job:trainstack_gpu_energy_per_sample:joules", "joules per training sample")
 GPU_THERMAL_THROTTLE = Recorded(
     "gpu:trainstack_gpu_thermal_throttle:ratio_rate2m",
     "share of time the clocks were held down by temperature",
-    readers=("alert TrainstackGPUThermalThrottling", "panel Throttled time share"),
 )
 GPU_POWER_THROTTLE = Recorded(
     "gpu:trainstack_gpu_power_throttle:ratio_rate2m",
     "share of time the clocks were held down by the power limit",
-    readers=("alert TrainstackGPUPowerThrottling", "panel Throttled time share"),
 )
 
 METRICS: tuple[Metric, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Metric))
 RECORDED: tuple[Recorded, ...] = tuple(value for value in dict(globals()).values() if isinstance(value, Recorded))
-BY_NAME: dict[str, Metric] = {metric.name: metric for metric in METRICS}
+# Every series a query can name -> its entry's name: a histogram's `_bucket`, `_sum` and `_count` are its metric's.
+ENTRY_OF_SERIES: dict[str, str] = {
+    **{sample: metric.name for metric in METRICS for sample in metric.sample_names},
+    **{series.name: series.name for series in RECORDED},
+}
 
 
 def rank_metric(metric: Metric):

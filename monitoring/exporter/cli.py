@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     watch_supervisor(launcher_gone)
     exporter.start()
     # What start-up made lives as long as the process: kept out of the collector's full passes, which otherwise
-    # walk it all (~10-15 ms on the CI machine) and stall whichever thread triggers them, a scrape's included.
+    # walk it all (10-15 ms each) and stall whichever thread triggers them, a scrape's included.
     gc.freeze()
     session = exporter.session
     nvml = (

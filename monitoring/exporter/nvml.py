@@ -24,8 +24,8 @@ name nvidia-smi shows), and is empty where this exporter's PID namespace does no
 On Hopper and newer each sample also takes one GPM sample per GPU, whose pair with the previous one gives the
 SMs', tensor cores' and links' mean activity over the period (monitoring/exporter/gpm.py).
 
-GPUs are read one after the other on the sampler's thread: a read no longer holds up a scrape, and one thread
-spends the least CPU.
+GPUs are read one after the other on the sampler's thread, never in a scrape: a slow read cannot hold up a
+scrape, and one thread spends the least CPU.
 """
 
 from __future__ import annotations

@@ -337,10 +337,6 @@ def nvmlInit() -> None:
     host.initialised = True
 
 
-def nvmlInitWithFlags(flags: int) -> None:
-    nvmlInit()
-
-
 def nvmlShutdown() -> None:
     _enter("nvmlShutdown")
     _require_host().initialised = False
@@ -364,10 +360,6 @@ def nvmlDeviceGetHandleByIndex(index: int):
     if gpus[index].lost:
         raise _error("GpuIsLost")
     return gpus[index].handle
-
-
-def nvmlDeviceGetIndex(handle) -> int:
-    return _enter("nvmlDeviceGetIndex", handle).index
 
 
 def nvmlDeviceGetUUID(handle) -> str:
@@ -465,14 +457,6 @@ def nvmlDeviceGetViolationStatus(handle, policy: int):
 def nvmlDeviceGetPcieReplayCounter(handle) -> int:
     gpu = _enter("nvmlDeviceGetPcieReplayCounter", handle)
     return _answer(gpu, "fields", "NVML_FI_DEV_PCIE_REPLAY_COUNTER")
-
-
-def nvmlDeviceGetTotalEccErrors(handle, error_type: int, counter_type: int) -> int:
-    gpu = _enter("nvmlDeviceGetTotalEccErrors", handle)
-    single_bit = error_type == _real.NVML_MEMORY_ERROR_TYPE_CORRECTED
-    volatile = counter_type == _real.NVML_VOLATILE_ECC
-    field = f"NVML_FI_DEV_ECC_{'SBE' if single_bit else 'DBE'}_{'VOL' if volatile else 'AGG'}_TOTAL"
-    return _answer(gpu, "fields", field)
 
 
 def nvmlDeviceGetPcieThroughput(handle, counter: int) -> int:
@@ -645,11 +629,6 @@ def nvmlSystemGetProcessName(pid: int) -> str:
     if names.get(pid) is None:
         raise _error("NotFound")
     return names[pid]
-
-
-def nvmlDeviceGetSupportedEventTypes(handle) -> int:
-    gpu = _enter("nvmlDeviceGetSupportedEventTypes", handle)
-    return _answer(gpu, "nvmlDeviceGetSupportedEventTypes")
 
 
 def nvmlEventSetCreate():
