@@ -13,10 +13,10 @@ from pathlib import Path
 import yaml
 
 from trainstack import ceilings, problems, thresholds
+from trainstack.commands.tune import candidates
 from trainstack.monitoring.diagnose import verdicts
 from trainstack.problems import PROBLEMS
 from trainstack.train.rank.config import TrainConfig, _flag
-from trainstack.commands.tune import candidates
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTS_FILE = ROOT / "monitoring/prometheus/rules/alerts.yml"
