@@ -59,9 +59,9 @@ STRAGGLER = Threshold(
     0.15,
     "share of step time",
     "the other ranks wait at the collectives more than this share of their step time beyond the least-waiting "
-    "rank, which is the straggler (trainstack/ratios.py STRAGGLER_WAIT); healthy 2-rank CPU runs differ by under "
-    "0.02 from the ranks' natural jitter, and by up to 0.11 on a 2-core host loaded four times over, so a rank "
-    "given a sixth of a step's extra work (25 ms on a 122 ms step) is named and jitter is not",
+    "rank, which is the straggler (trainstack/ratios.py STRAGGLER_WAIT); set above the spread that the ranks' "
+    "natural jitter gives healthy ranks, even on a host whose cores other work shares, and below the wait that a "
+    "rank given a sixth of a step's extra work causes, so that rank is named and jitter is not",
     "TrainstackStragglerRank",
 )
 COMM_BOUND = Threshold(
