@@ -5,6 +5,7 @@ built from the table, so that a new threshold is one entry there and no second l
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from trainstack import thresholds
 from trainstack.errors import ConfigError
@@ -16,9 +17,18 @@ def _check_positive(self) -> None:
             raise ConfigError(f"threshold {name.replace('_', '-')} must be positive, got {value}")
 
 
-Thresholds = dataclasses.make_dataclass(
-    "Thresholds",
-    [(t.name, float, dataclasses.field(default=t.value)) for t in thresholds.THRESHOLDS],
-    frozen=True,
-    namespace={"__post_init__": _check_positive, "__doc__": __doc__},
-)
+if TYPE_CHECKING:
+    # What mypy sees of the class built below: a field per table entry, each a float, read by name. mypy cannot
+    # run make_dataclass, and a class statement listing the fields would be the second list the table avoids.
+    class Thresholds:
+        def __init__(self, **limits: float) -> None: ...
+
+        def __getattr__(self, name: str) -> float: ...
+
+else:
+    Thresholds = dataclasses.make_dataclass(
+        "Thresholds",
+        [(t.name, float, dataclasses.field(default=t.value)) for t in thresholds.THRESHOLDS],
+        frozen=True,
+        namespace={"__post_init__": _check_positive, "__doc__": __doc__},
+    )
