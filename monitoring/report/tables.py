@@ -14,6 +14,7 @@ from trainstack.monitoring.report.runfiles import (
     on_gpu_clock,
     training_seconds,
 )
+from trainstack.rundir import Segment
 
 NOT_MEASURED = "not measured"
 
@@ -62,7 +63,7 @@ def _gpu_activity(records: list[dict]) -> dict[str, float]:
     return columns
 
 
-def segment_rows(segments: list[dict]) -> list[dict[str, object]]:
+def segment_rows(segments: list[Segment]) -> list[dict[str, object]]:
     """summary.json's segments: one row per launch."""
     return [
         {
@@ -95,7 +96,9 @@ def time_rows(run: RunFiles) -> list[dict[str, object]]:
     """Where each rank's wall time went, over every launch: one column per rank, its seconds and share of its own
     wall time (ranks run side by side: their seconds are not added). A part the rank did not measure (host-bound
     idle on a CPU, communication on a rank without DDP or FSDP) reads "not measured", never 0."""
-    ranks = run.time_breakdown["ranks"]
+    times = run.time_breakdown
+    assert times is not None, "a run without a time breakdown has no time table"
+    ranks = times["ranks"]
     measured = {
         row["rank"]: measured_parts(run.ranks.get(row["rank"], []))
         | {part for part in breakdown.PARTS if part not in breakdown.STEP_PARTS}
@@ -104,7 +107,7 @@ def time_rows(run: RunFiles) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = [
         {"part": "wall time (s)", **{f"rank {row['rank']}": row["wall_seconds"] for row in ranks}}
     ]
-    for part in run.time_breakdown["parts"]:
+    for part in times["parts"]:
         cells: dict[str, object] = {"part": part}
         for row in ranks:
             seconds, wall = row["seconds"][part], row["wall_seconds"]
