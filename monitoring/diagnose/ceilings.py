@@ -17,8 +17,8 @@ def of_snapshot(snapshot: Snapshot) -> dict[str, Ceiling]:
         ceilings.HOST_BOUND: max((r.host_bound_ratio for r in ranks if r.host_bound_ratio is not None), default=None),
         ceilings.STRAGGLER: max(snapshot.straggler_waits().values(), default=None),
     }
-    exposed = [r.comm_exposed_ratio for r in ranks]
-    if ranks and None not in exposed:
+    exposed = [r.comm_exposed_ratio for r in ranks if r.comm_exposed_ratio is not None]
+    if ranks and len(exposed) == len(ranks):
         shares[ceilings.COMM_BOUND] = min(exposed)
     # A share of 1 (a rank that only waited) has no finite ceiling: capped just below it.
     return {kind: ceilings.ceiling(kind, min(share, 0.99)) for kind, share in shares.items() if share is not None}

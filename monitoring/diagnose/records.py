@@ -81,7 +81,7 @@ def snapshot_from_records(run_dir: Path | RunDir) -> Snapshot:
     views = [
         view for rank, records in launches.items() if (view := rank_view(rank, records, len(launches))) is not None
     ]
-    now = max((view.last_step_time for view in views), default=0.0)
+    now = max((view.last_step_time for view in views if view.last_step_time is not None), default=0.0)
     return Snapshot(f"records in {run.telemetry} (the last launch, its intervals after the first)", now, views)
 
 
