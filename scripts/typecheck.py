@@ -10,7 +10,8 @@ modules their tests load them as.
 
     .venv/bin/python scripts/typecheck.py [MYPY OPTIONS]
 
-The options are mypy's own; its settings are pyproject.toml's [tool.mypy]. Exits as mypy does: 0 clean, 1 errors.
+The options are mypy's own; its settings are pyproject.toml's [tool.mypy]. Exits as mypy does: 0 clean, 1 errors,
+2 a file it could not check at all.
 """
 
 import os
@@ -27,6 +28,15 @@ from mypy.util import FancyFormatter, count_stats
 REPO = Path(__file__).resolve().parent.parent
 
 
+def package_folder(package: str, folders: dict[str, str]) -> Path:
+    """Where setuptools finds `package`: the longest prefix of its name that package-dir maps gives the folder, the
+    rest of the name its subfolders; a name nothing maps is its own path."""
+    for prefix in sorted(folders, key=len, reverse=True):
+        if package == prefix or package.startswith(prefix + "."):
+            return Path(folders[prefix], *package[len(prefix) :].split(".")[1:])
+    return Path(*package.split("."))
+
+
 def installed_modules(repo: Path) -> list[BuildSource]:
     """Each module of each package setuptools installs from `repo`, with its file (relative to `repo`), then each
     script beside them."""
@@ -34,15 +44,13 @@ def installed_modules(repo: Path) -> list[BuildSource]:
     folders: dict[str, str] = setuptools["package-dir"]
     modules = []
     for package in setuptools["packages"]:
-        # setuptools' rule: the longest mapped prefix of the name gives the folder, the rest of the name its subfolders
-        mapped = max((name for name in folders if package == name or package.startswith(name + ".")), key=len)
-        folder = Path(folders[mapped], *package.removeprefix(mapped).split(".")[1:])
+        folder = package_folder(package, folders)
         for path in sorted((repo / folder).glob("*.py")):
             module = package if path.stem == "__init__" else f"{package}.{path.stem}"
             modules.append(BuildSource(str(folder / path.name), module))
     installed = {Path(str(module.path)) for module in modules}
-    for folder in sorted(set(folders.values())):
-        for path in sorted((repo / folder).rglob("*.py")):
+    for root in sorted(set(folders.values())):
+        for path in sorted((repo / root).rglob("*.py")):
             if path.relative_to(repo) not in installed and "__pycache__" not in path.parts:
                 modules.append(BuildSource(str(path.relative_to(repo)), path.stem))
     return modules
