@@ -22,9 +22,8 @@ from trainstack.train.rank.config import TrainConfig
 MiB = 1 << 20
 GiB = 1 << 30
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
-TRAIN_DEFAULTS: dict[str, Any] = {
-    spec.name: spec.default for spec in dataclasses.fields(TrainConfig)
-}  # `trainstack train` alone
+# `trainstack train` alone; Any: each option's default has its own type
+TRAIN_DEFAULTS: dict[str, Any] = {spec.name: spec.default for spec in dataclasses.fields(TrainConfig)}
 
 
 def token_batch_bytes(batch_size: int, seq_len: int) -> int:
