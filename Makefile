@@ -44,10 +44,10 @@ check: setup ## the fast tier for the inner loop: every test that starts no proc
 system-deps: ## Debian packages the tests use for real (prometheus/promtool, docker, debootstrap, chromium); needs root
 	@bash scripts/system-deps.sh
 
-lint: setup ## ruff (lint and format) and mypy over trainstack/, as tests/test_lint.py checks them
+lint: setup ## ruff (lint and format) and mypy over trainstack/, train/ and monitoring/, as tests/test_lint.py checks them
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(BIN)/python scripts/typecheck.py
 
 doctor: setup ## preflight checks: GPUs, CUDA, /dev/shm, ulimits, NCCL switches, ports, disk
 	$(BIN)/trainstack doctor $(ARGS)

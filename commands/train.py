@@ -88,7 +88,7 @@ def completed_before(config: train_config.TrainConfig) -> str | None:
     if config.resume != "auto" or summary.get("exit_reason") != "completed" or not latest:
         return None
     steps = summary.get("steps")
-    if checkpoint.read_train_state(latest[-1]).get("step") != steps:
+    if steps is None or checkpoint.read_train_state(latest[-1]).get("step") != steps:
         return None  # trained further since that summary
     same_target = (saved.get("max_steps"), saved.get("epochs")) == (config.max_steps, config.epochs)
     lower_step_limit = config.epochs == saved.get("epochs") == 0 and 0 < config.max_steps <= steps

@@ -137,7 +137,7 @@ class CommandState:
 
     def __init__(self, metrics_dir: Path, command: list[str], run_id: str):
         self._path = metrics_dir / WATCHED_COMMAND_FILE
-        self._state = {"command": shlex.join(command), "run_id": run_id, "processes": None}
+        self._state: dict[str, object] = {"command": shlex.join(command), "run_id": run_id, "processes": None}
 
     def running(self, processes: int) -> None:
         """The command's processes running now (written when the count changes)."""
@@ -240,6 +240,7 @@ class Watch:
             returncode = supervised.wait(each_poll)
             self.ended_at = time.time()
             say(f"the command {describe_end(returncode)}")
+            assert supervised.processes is not None, "start() comes first"
             series.running(len(supervised.processes.running()))
             if (hang := supervised.hang_line()) and returncode:
                 say(f"it ended in a hang: {hang}")
@@ -250,6 +251,7 @@ class Watch:
     def summary(self, code: int) -> Summary:
         """summary.json of the watched run, as `trainstack train` writes its own (rundir.Summary): the command, its
         exit, its duration, and where each rank's time went when the command's loop recorded ranks."""
+        assert self.started_at is not None and self.ended_at is not None, "run() comes first"
         times = breakdown.of_run(self.run_dir.path)
         signalled = any(signum in (signal.SIGTERM, signal.SIGINT) for signum in self.supervised.received)
         return {

@@ -80,15 +80,17 @@ class SupervisedExporter:
 
     def _wait_until_serving(self) -> str | None:
         """None once /healthz answers; else why not (the process ended, or never answered and was killed)."""
+        process = self.process
+        assert process is not None, "asked of the process _supervise just started"
         deadline = time.monotonic() + START_TIMEOUT_SECONDS
         while not self._stopping.is_set():
-            if self.process.poll() is not None:
-                return f"{describe_end(self.process.returncode)} before serving"
-            if self._answering() == self.process.pid:
+            if process.poll() is not None:
+                return f"{describe_end(process.returncode)} before serving"
+            if self._answering() == process.pid:
                 return None
             if time.monotonic() > deadline:
-                self.process.kill()
-                self.process.wait()
+                process.kill()
+                process.wait()
                 return f"did not answer on {self.health_url} within {START_TIMEOUT_SECONDS:g} s"
             self._stopping.wait(PROBE_SECONDS)
         return None

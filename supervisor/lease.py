@@ -275,7 +275,7 @@ class RunDirLease:
             seen = self._inspect(path)
             if seen is None or seen[0] is None or seen[0].run_id == self.me.run_id:
                 continue  # gone, being written, or a node of our own run
-            reason = self._stale_reason(*seen)
+            reason = self._stale_reason(seen[0], *seen[1:])
             if reason is None:
                 return seen[0]
             self._take_over(path, seen[0], reason, seen[1])
@@ -361,16 +361,19 @@ class RunDirLease:
 
     # ---- while held -----------------------------------------------------------------------------------------
     def _still_mine(self) -> bool:
+        assert self._fd is not None, "asked only while the lease is held"
         try:
             return os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
         except OSError:
             return False
 
     def _beat(self) -> None:
+        fd = self._fd  # held until release() has stopped this thread
+        assert fd is not None, "the heartbeat starts once the lease is held"
         interval = self.timeout / HEARTBEATS_PER_TIMEOUT
         while not self._stop.wait(interval):
             try:
-                os.utime(self._fd)
+                os.utime(fd)
             except OSError:
                 continue  # a network volume's hiccup: the next beat tries again, well within the timeout
             if not self.lost and not self._still_mine():

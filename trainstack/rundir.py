@@ -363,7 +363,7 @@ class Summary(TypedDict, total=False):
     command: str  # the watched command, as a shell would quote it
     started: float  # Unix time the watched command started
     goodput: float | None  # a watched run's: time_breakdown's goodput, compute over the ranks' wall time
-    world_size: int
+    world_size: int | None  # None in a watched run whose command recorded no ranks
     distributed_type: str
     device: str
     mixed_precision: str

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trainstack.errors import ConfigError
 
@@ -229,12 +230,22 @@ def _check_positive(self) -> None:
             raise ConfigError(f"threshold {name.replace('_', '-')} must be positive, got {value}")
 
 
-Thresholds = dataclasses.make_dataclass(
-    "Thresholds",
-    [(t.name, float, dataclasses.field(default=t.value)) for t in THRESHOLDS],
-    frozen=True,
-    namespace={"__post_init__": _check_positive},
-)
-Thresholds.__doc__ = """The thresholds one judgement applies: a field per entry above, defaulting to its value, so `trainstack
-diagnose` and the alerts (generated from the same entries) agree on what is wrong, while diagnose's flags and the tests
-may set their own. Built from the entries, so that a new threshold is one entry and no second list."""
+if TYPE_CHECKING:
+    # What mypy sees of the class built below: a field per entry, each a float, read by name. mypy cannot run
+    # make_dataclass, and a class statement listing the fields would be the second list the entries avoid.
+    class Thresholds:
+        def __init__(self, **limits: float) -> None: ...
+
+        def __getattr__(self, name: str) -> float: ...
+
+else:
+    Thresholds = dataclasses.make_dataclass(
+        "Thresholds",
+        [(t.name, float, dataclasses.field(default=t.value)) for t in THRESHOLDS],
+        frozen=True,
+        namespace={"__post_init__": _check_positive},
+    )
+    Thresholds.__doc__ = """The thresholds one judgement applies: a field per entry above, defaulting to its value, so
+    `trainstack diagnose` and the alerts (generated from the same entries) agree on what is wrong, while diagnose's
+    flags and the tests may set their own. Built from the entries, so that a new threshold is one entry and no second
+    list."""

@@ -166,6 +166,8 @@ class Tuner:
                 f"{stderr.strip().splitlines()[-1] if stderr.strip() else ''}"
             )
         measured = profile.load(run_dir)
+        # --steps of at least 10 at 5 log intervals: a trial that exited 0 has intervals past its first to time
+        assert measured.rate is not None, "a finished trial has a steady rate"
         self.progress.ended(
             f"tune: trial {self.count} {candidate.name}: {measured.rate.steps_per_second:.2f} steps/s, "
             f"{measured.rate.samples_per_second:.1f} samples/s ({time.monotonic() - self.started:.0f} s)"
@@ -198,16 +200,18 @@ class Tuner:
                         standings.remove(standing)
                         continue
                     trials[standing.candidate.name] = measured.run_dir
-                    standing.ratios.append(measured.rate.samples_per_second / baseline.rate.samples_per_second)
-                    standing.steps_per_second.append(measured.rate.steps_per_second)
-                    standing.baseline_samples_per_second.append(baseline.rate.samples_per_second)
+                    rate, baseline_rate = measured.rate, baseline.rate
+                    assert rate is not None and baseline_rate is not None, "trial() returns timed trials"
+                    standing.ratios.append(rate.samples_per_second / baseline_rate.samples_per_second)
+                    standing.steps_per_second.append(rate.steps_per_second)
+                    standing.baseline_samples_per_second.append(baseline_rate.samples_per_second)
             interrupted = False
         except KeyboardInterrupt:
             interrupted = True
-        measured = [s for s in standings if s.ratios]
-        winners = [s for s in measured if s.faster]
+        timed = [s for s in standings if s.ratios]
+        winners = [s for s in timed if s.faster]
         winner = max(winners, key=lambda s: s.ratio, default=None)
-        return Outcome(verdicts, measured, winner, trials, refused, interrupted)
+        return Outcome(verdicts, timed, winner, trials, refused, interrupted)
 
     def remove_scratch(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)

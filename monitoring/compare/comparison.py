@@ -35,7 +35,9 @@ class Comparison:
     @property
     def speedup(self) -> float | None:
         """B's steady steps/s over A's."""
-        return _ratio(self.a.rate and self.a.rate.steps_per_second, self.b.rate and self.b.rate.steps_per_second)
+        return _ratio(
+            self.a.rate.steps_per_second if self.a.rate else None, self.b.rate.steps_per_second if self.b.rate else None
+        )
 
     def headline(self) -> list[dict]:
         def rate(profile: RunProfile, field: str) -> float | None:
@@ -55,7 +57,7 @@ class Comparison:
             for part in breakdown.STEP_PARTS
             if part in self.a.seconds_per_step or part in self.b.seconds_per_step
         }
-        return max(changes, key=changes.get) if changes and max(changes.values()) > 0 else None
+        return max(changes, key=lambda part: changes[part]) if changes and max(changes.values()) > 0 else None
 
     def parts(self) -> list[dict]:
         moved = self.moved_most()

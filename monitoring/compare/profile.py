@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -91,7 +92,7 @@ def load(run_dir: Path) -> RunProfile:
             "compares by what its ranks recorded (a watched command records them with "
             "trainstack.monitor in its loop)"
         )
-    summary = dict(read_summary(layout.summary))
+    summary: dict[str, Any] = dict(read_summary(layout.summary))  # read by keys from a list, so a plain dict
     config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
     times = breakdown.of_run(run_dir)
     steps = statistics.median(sum(r.step_count or 0 for r in lines) for lines in records.values())

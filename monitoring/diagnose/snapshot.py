@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainstack import catalog, ratios
 from trainstack.hang_verdict import Hang
@@ -326,7 +327,8 @@ def _gpus(source: Source) -> list[GpuView]:
     active = _active_reasons(source)
     links = {labels["uuid"]: labels for labels, _ in source.instant(catalog.GPU_LINK_INFO.name) if "uuid" in labels}
     gpm = {labels["uuid"]: labels for labels, _ in source.instant(catalog.GPU_GPM_INFO.name) if "uuid" in labels}
-    activity = {
+    # GpuView's field -> GPU -> ratio; Any, as GpuView's keyword arguments are read by name from it
+    activity: dict[str, dict[str, Any]] = {
         field_name: _by("uuid", source.instant(metric.name))
         for field_name, metric in (
             ("sm_active", catalog.GPU_SM_ACTIVE),

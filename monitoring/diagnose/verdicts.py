@@ -33,8 +33,8 @@ class Verdict:
     fix: str
 
 
-def _percent(ratio: float) -> str:
-    return f"{100 * ratio:.0f}%"
+def _percent(ratio: float | None) -> str:
+    return "unknown" if ratio is None else f"{100 * ratio:.0f}%"
 
 
 def _ranks_list(ranks: list[RankView]) -> str:
@@ -101,10 +101,10 @@ def not_started(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
 
 
 def stalled(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
-    stepped = [r for r in snapshot.ranks if r.last_step_time]
-    if not stepped:
+    step_times = [r.last_step_time for r in snapshot.ranks if r.last_step_time]
+    if not step_times:
         return None
-    last_step = max(r.last_step_time for r in stepped)
+    last_step = max(step_times)
     age = snapshot.now - last_step
     # Evidence collected since the last step (the launcher's threshold follows the run's step times) is this stall.
     hang = snapshot.hang[0] if snapshot.hang and snapshot.hang[1] > last_step else None
@@ -184,8 +184,8 @@ def _process_name(process: GpuProcess) -> str:
     return f"pid {process.pid}" + (f" ({process.name})" if process.name else "") + where
 
 
-def _against(value: float, first: float, first_gpu: GpuView) -> str:
-    return f" ({value / first:.2f}x GPU {first_gpu.index}'s)" if first else ""
+def _against(value: float | None, first: float | None, first_gpu: GpuView) -> str:
+    return f" ({value / first:.2f}x GPU {first_gpu.index}'s)" if first and value is not None else ""
 
 
 def _driven_gpus_evidence(held: list[tuple[GpuProcess, GpuView]]) -> list[str]:
@@ -202,7 +202,11 @@ def _driven_gpus_evidence(held: list[tuple[GpuProcess, GpuView]]) -> list[str]:
         f"{_percent(gpu.utilization)}{_against(gpu.utilization, first_gpu.utilization, first_gpu)}"
         for process, gpu in others
     ]
-    if all(first.memory_bytes > p.memory_bytes and first_gpu.utilization > g.utilization for p, g in others):
+    # each GPU here is busy (one_process_many_gpus), so its utilization is known
+    if all(
+        first.memory_bytes > p.memory_bytes and (first_gpu.utilization or 0.0) > (g.utilization or 0.0)
+        for p, g in others
+    ):
         evidence.append(
             f"GPU {first_gpu.index} is the busiest and the fullest: nn.DataParallel's shape (it "
             "scatters each batch, gathers the outputs and computes the loss there)"
@@ -275,7 +279,7 @@ def straggler(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     beyond = snapshot.straggler_waits()
     if not beyond:
         return None
-    named = max(beyond, key=beyond.get)
+    named = max(beyond, key=lambda rank: beyond[rank])
     share = beyond[named]
     if share <= limits.straggler_wait_ratio:
         return None
@@ -308,6 +312,7 @@ def _straggler_evidence(ranks: list[RankView]) -> list[str]:
 
     lines = []
     for r in ranks:
+        assert r.comm_exposed_ratio is not None, "ranks whose waits were measured (straggler_waits)"
         parts = [f"rank {r.rank}: waits at the collectives {per_step(r.comm_exposed_ratio, r)} per step"]
         if r.forward_seconds is not None:
             parts.append(f"forward {1000 * r.forward_seconds:.1f} ms per step")
@@ -324,7 +329,7 @@ def comm_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     measured = [r for r in snapshot.ranks if r.comm_exposed_ratio is not None]
     if len(measured) < len(snapshot.ranks) or not measured:
         return None
-    least = min(r.comm_exposed_ratio for r in measured)
+    least = min(r.comm_exposed_ratio for r in measured if r.comm_exposed_ratio is not None)
     if least <= limits.comm_bound_ratio:
         return None
     gpus = {g.uuid: g for g in snapshot.gpus}
@@ -351,6 +356,7 @@ def comm_bound(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
 
 
 def _comm_per_rank(r: RankView) -> str:
+    assert r.comm_exposed_ratio is not None, "a rank whose wait was measured"
     total = "" if r.comm_seconds is None else f" of {1000 * r.comm_seconds:.0f} ms communication per step"
     exposed = "" if r.step_seconds is None else f"{1000 * r.comm_exposed_ratio * r.step_seconds:.0f} ms exposed"
     carried = ""
@@ -393,7 +399,7 @@ def _link_traffic(r: RankView, g: GpuView) -> str:
     parts = []
     for link, most in (
         ("nvlink", (g.nvlinks_active or 0) * NVLINK_BYTES_PER_SECOND),
-        ("pcie", PCIE_LANE_BYTES_PER_SECOND.get(g.pcie_generation, 0.0) * (g.pcie_width or 0)),
+        ("pcie", PCIE_LANE_BYTES_PER_SECOND.get(g.pcie_generation or 0, 0.0) * (g.pcie_width or 0)),
     ):
         sent, received = (g.link_bytes_per_second.get(f"{link} {way}") for way in ("transmit", "receive"))
         if sent is None or received is None:
@@ -557,11 +563,12 @@ def gpu_underused(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if not hollow:
         return None
     ranks = {r.uuid: r for r in snapshot.ranks if r.uuid}
-    evidence, on_hollow = [], []
+    evidence: list[str] = []
+    on_hollow: list[RankView] = []
     for g in hollow:
         rank = ranks.get(g.uuid)
         on_hollow += [rank] if rank else []
-        evidence += filter(None, (_activity(g), rank and _rank_setup(rank, g), _memory_bound(g, limits)))
+        evidence += filter(None, (_activity(g), _rank_setup(rank, g) if rank else None, _memory_bound(g, limits)))
     fixes = [_fix(P.GPU_UNDERUSED, on_hollow)]
     if any(r.mixed_precision == "no" for r in on_hollow):
         fixes.append(
@@ -662,7 +669,7 @@ def low_mfu(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     measured = [r for r in snapshot.ranks if r.mfu is not None]
     if not measured:
         return None
-    mean = statistics.fmean(r.mfu for r in measured)
+    mean = statistics.fmean(r.mfu for r in measured if r.mfu is not None)
     if mean >= limits.low_mfu_ratio:
         return None
     return Verdict(

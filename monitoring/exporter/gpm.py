@@ -25,6 +25,7 @@ failures are counted and unsupported calls remembered: `session` and `gpu` below
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 # NVML's GPM metric ids (nvml.h's nvmlGpmMetricId_t), written out as nvml.py writes its constants.
 SM_UTIL, SM_OCCUPANCY, ANY_TENSOR_UTIL, DRAM_BW_UTIL = 2, 3, 5, 10
@@ -79,7 +80,7 @@ class Gpm:
     totals: dict[str, float] = field(default_factory=dict)
     """Byte counter attribute -> bytes since the exporter started, from the first pair that answered it."""
     unsupported_metrics: set[int] = field(default_factory=set)
-    request: object = None
+    request: Any = None  # pynvml's c_nvmlGpmMetricsGet_t: its module has no type information
     """The nvmlGpmMetricsGet request, built once and rebuilt only when a metric drops out: pynvml's structures
     answer each attribute through Python, so building one per period would cost more than the call."""
     wanted: tuple[int, ...] = ()

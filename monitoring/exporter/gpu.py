@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from trainstack import catalog
@@ -122,6 +122,6 @@ class GpuCollector(Collector):
                 yield family
 
 
-def _add(family: Metric, labels: list[str], value: float | None) -> None:
+def _add(family: CounterMetricFamily | GaugeMetricFamily, labels: list[str], value: float | None) -> None:
     if value is not None:
         family.add_metric(labels, float(value))

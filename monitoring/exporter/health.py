@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -34,11 +35,19 @@ class CollectorRuns:
             return dict(self._latest)
 
 
+class NamedCollector(Protocol):
+    """A collector with the name its self-metrics carry (`gpu`, `training`, ...)."""
+
+    name: str
+
+    def collect(self) -> Iterable[Metric]: ...
+
+
 class Timed(Collector):
     """Runs a collector (one with a `name` for the self-metrics), times it, and keeps a failing collector from
     failing the whole scrape."""
 
-    def __init__(self, collector: Collector, runs: CollectorRuns):
+    def __init__(self, collector: NamedCollector, runs: CollectorRuns):
         self._collector = collector
         self._runs = runs
 

@@ -111,7 +111,7 @@ UNSUPPORTED_ERRORS = {"NotSupported", "FunctionNotFound"}
 UNSUPPORTED_FIELD_ERRORS = UNSUPPORTED_ERRORS | {"InvalidArgument"}
 MAX_EVENTS_PER_READ = 1000
 # The process lists of a GPU, each newest API first: R470 drivers lack the v3 calls pynvml's unversioned names make.
-PROCESS_LISTS = tuple(
+PROCESS_LISTS: tuple[tuple[tuple[str, tuple[()], dict[str, object]], ...], ...] = tuple(
     ((f"nvmlDeviceGet{kind}RunningProcesses", (), {}), (f"nvmlDeviceGet{kind}RunningProcesses_v2", (), {}))
     for kind in ("Compute", "Graphics")
 )
@@ -243,7 +243,7 @@ class NvmlSession:
         self._xid_errors: Counter[tuple[int, str, int]] = Counter()
         self._unsupported: set[tuple] = set()
         self._gpus: list[Gpu] = []
-        self._gpus_by_address: dict[int, Gpu] = {}
+        self._gpus_by_address: dict[int | None, Gpu] = {}
         self._process_names: dict[int, str] = {}
         self._events = None
         self.up = False
@@ -473,11 +473,13 @@ class NvmlSession:
     def _names(self, pids: set[int]) -> dict[int, str]:
         """pid -> the name of its command, asked once while the process stays on a GPU: NVML reads it from /proc,
         so a process outside this exporter's PID namespace has none (its failure is counted once, too)."""
-        known = {pid: self._process_names.get(pid) for pid in pids}
-        for pid, name in known.items():
+        known: dict[int, str] = {}
+        for pid in pids:
+            name = self._process_names.get(pid)
             if name is None:
                 answer = self._ask(None, "nvmlSystemGetProcessName", pid)
-                known[pid] = posixpath.basename(answer) if answer else ""  # a path where it was started by one
+                name = posixpath.basename(answer) if answer else ""  # a path where it was started by one
+            known[pid] = name
         self._process_names = known
         return known
 

@@ -13,7 +13,7 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -57,7 +57,7 @@ class Endpoints:
 
 
 def _answer(
-    start_response: Callable, status: str, content_type: str, body: bytes, headers: list[tuple[str, str]] = ()
+    start_response: Callable, status: str, content_type: str, body: bytes, headers: Sequence[tuple[str, str]] = ()
 ) -> list[bytes]:
     start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body))), *headers])
     return [body]

@@ -558,7 +558,7 @@ def _variables() -> list[dict]:
 
 
 def _field_config(panel: Panel) -> dict:
-    steps = [{"color": "green", "value": None}]
+    steps: list[dict[str, object]] = [{"color": "green", "value": None}]
     if panel.threshold is not None:
         steps.append({"color": "red", "value": panel.threshold})
     defaults: dict = {"unit": panel.unit, "thresholds": {"mode": "absolute", "steps": steps}}

@@ -48,10 +48,14 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, overload
 
 import pynvml as _real
 
 from trainstack.rundir import SUPERVISOR_PID_ENV
+
+if TYPE_CHECKING:
+    import psutil
 
 # The constants and exception classes of the real module, so code written against pynvml runs unchanged.
 globals().update(
@@ -116,7 +120,7 @@ class _Host:
         self.gpus_by_address = {gpu.address: gpu for gpu in self.gpus}
         self.processes = {int(index): procs for index, procs in spec.get("processes", {}).items()}
         self.watches = any(process.get("watched") for listed in self.processes.values() for process in listed)
-        self.watched = None  # psutil.Process: the watched command, found at the first call that lists it
+        self.watched: psutil.Process | None = None  # the watched command, found at the first call that lists it
         self.started = time.monotonic()
         self.initialised = False
         self.event_sets: list[list] = []
@@ -244,6 +248,14 @@ def _error(name: str) -> _real.NVMLError:
     return getattr(_real, f"NVMLError_{name.removeprefix('NVMLError_')}")()
 
 
+@overload
+def _enter(call: str) -> None: ...
+
+
+@overload
+def _enter(call: str, handle: object) -> _Gpu: ...
+
+
 def _enter(call: str, handle=None) -> _Gpu | None:
     host = _host
     if host is None or not host.initialised:
@@ -260,7 +272,8 @@ def _enter(call: str, handle=None) -> _Gpu | None:
         raise _error("FunctionNotFound")
     gpu = None
     if handle is not None:
-        gpu = host.gpus_by_address.get(ctypes.cast(handle, ctypes.c_void_p).value)
+        address = ctypes.cast(handle, ctypes.c_void_p).value
+        gpu = host.gpus_by_address.get(address) if address is not None else None
         if gpu is None:
             raise _error("InvalidArgument")
         if gpu.lost:
@@ -562,7 +575,7 @@ def _listed(host: _Host) -> dict[int, list[dict]]:
     watched = _watched_command(host)
     return {
         index: [
-            {**process, "pid": watched[0], "name": watched[1]} if process.get("watched") else process
+            {**process, "pid": watched[0], "name": watched[1]} if watched and process.get("watched") else process
             for process in listed
             if watched or not process.get("watched")
         ]
@@ -590,7 +603,7 @@ def _watched_command(host: _Host) -> tuple[int, str] | None:
         argv = host.watched.cmdline() if host.watched else []
     except psutil.NoSuchProcess:  # ended since (a zombie too: it holds no GPU)
         argv = []
-    return (host.watched.pid, argv[0]) if argv else None
+    return (host.watched.pid, argv[0]) if host.watched and argv else None
 
 
 def _still_started_by(process, supervisor: int) -> bool:
@@ -626,9 +639,10 @@ def nvmlSystemGetProcessName(pid: int) -> str:
     namespace)."""
     _enter("nvmlSystemGetProcessName")
     names = {process["pid"]: process.get("name") for listed in _listed(_require_host()).values() for process in listed}
-    if names.get(pid) is None:
+    name = names.get(pid)
+    if name is None:
         raise _error("NotFound")
-    return names[pid]
+    return name
 
 
 def nvmlEventSetCreate():
@@ -639,7 +653,9 @@ def nvmlEventSetCreate():
 
 
 def _event_set(event_set) -> list:
-    index = ctypes.cast(event_set, ctypes.c_void_p).value - 0x9001
+    address = ctypes.cast(event_set, ctypes.c_void_p).value
+    assert address is not None, "an event set nvmlEventSetCreate made is never NULL"
+    index = address - 0x9001
     return _require_host().event_sets[index]
 
 

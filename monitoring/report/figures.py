@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from matplotlib import colormaps
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from trainstack import breakdown, thresholds
@@ -23,7 +24,7 @@ from trainstack.monitoring.report.runfiles import (
 GiB = 1 << 30
 
 
-def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, object]:
+def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, Axes]:
     figure = Figure(figsize=(10, 3.8), dpi=100, layout="constrained")
     axes = figure.add_subplot()
     axes.set_title(title)
@@ -37,7 +38,7 @@ def _legend(axes, count: int) -> None:
     axes.legend(fontsize="small", ncols=max(1, count // 8), loc="best")
 
 
-def _per_rank(draw: Callable[[RunFiles], Figure]) -> Callable[[RunFiles], Figure | None]:
+def _per_rank(draw: Callable[[RunFiles], Figure | None]) -> Callable[[RunFiles], Figure | None]:
     """A figure of the ranks' records, left out of a run that has none (a watched command not instrumented)."""
     return lambda run: draw(run) if run.ranks else None
 
@@ -118,7 +119,12 @@ def data_wait(run: RunFiles) -> Figure:
         title = "Data-wait ratio per rank (time blocked on the loader / step time)"
     figure, axes = _figure(title, "step", "ratio")
     for rank, records in run.ranks.items():
-        axes.plot([r.step for r in records], [data_wait_ratio(r) for r in records], marker=".", label=f"rank {rank}")
+        axes.plot(
+            [r.step for r in records],
+            [math.nan if (ratio := data_wait_ratio(r)) is None else ratio for r in records],
+            marker=".",
+            label=f"rank {rank}",
+        )
     axes.axhline(thresholds.INPUT_BOUND.value, color="tab:red", linestyle="--", label="input-bound threshold")
     axes.set_ylim(0, 1)
     _legend(axes, len(run.ranks) + 1)
@@ -167,13 +173,14 @@ def time_breakdown(run: RunFiles) -> Figure | None:
     figure = Figure(figsize=(10, max(3.8, 1.6 + 0.4 * bars)), dpi=100, layout="constrained")
     figure.suptitle(f"Where the time went (goodput {100 * (times['goodput'] or 0):.0f}%: compute over wall time)")
     shown = [part for part in times["parts"] if any(abs(r["seconds"][part]) > 0 for r in times["ranks"])]
-    colors = dict(zip(times["parts"], colormaps["tab20"].colors, strict=False))
+    # tab20 is a ListedColormap, whose colors the registry's type for it (Colormap) does not have
+    palette: tuple[tuple[float, float, float], ...] = colormaps["tab20"].colors  # type: ignore[attr-defined]
+    colors = dict(zip(times["parts"], palette, strict=False))
     panels = (
-        ((f"rank {r['rank']}" for r in times["ranks"]), times["ranks"], "per rank, every launch"),
-        ((f"launch {s['segment'] + 1}" for s in times["segments"]), times["segments"], "per launch, every rank"),
+        ([f"rank {r['rank']}" for r in times["ranks"]], times["ranks"], "per rank, every launch"),
+        ([f"launch {s['segment'] + 1}" for s in times["segments"]], times["segments"], "per launch, every rank"),
     )
     for axes, (labels, rows, title) in zip(figure.subplots(1, 2), panels, strict=True):
-        labels = list(labels)
         left = [0.0] * len(rows)
         for part in shown:
             widths = [max(row["seconds"][part], 0.0) for row in rows]

@@ -8,6 +8,7 @@ import time
 from trainstack import breakdown
 from trainstack.monitoring.report.runfiles import RunFiles, measured_parts, on_gpu_clock, training_seconds
 from trainstack.record import IntervalRecord
+from trainstack.rundir import Segment
 
 NOT_MEASURED = "not measured"
 
@@ -19,7 +20,7 @@ def _percentile(values: list[float], share: float) -> float:
 
 def rank_rows(run: RunFiles) -> list[dict[str, object]]:
     """One row per rank, of its steady window (trainstack/record.py): what diagnose judges it by."""
-    rows = []
+    rows: list[dict[str, object]] = []
     for rank, steady in run.steady.items():
         training = sum(training_seconds(r) for r in steady.records)
         steps = [s for r in steady.records for s in r.step_seconds]
@@ -58,7 +59,7 @@ def _gpu_activity(records: list[IntervalRecord]) -> dict[str, float]:
     return columns
 
 
-def segment_rows(segments: list[dict]) -> list[dict[str, object]]:
+def segment_rows(segments: list[Segment]) -> list[dict[str, object]]:
     """summary.json's segments: one row per launch."""
     return [
         {
@@ -91,7 +92,9 @@ def time_rows(run: RunFiles) -> list[dict[str, object]]:
     """Where each rank's wall time went, over every launch: one column per rank, its seconds and share of its own
     wall time (ranks run side by side: their seconds are not added). A part the rank did not measure (host-bound
     idle on a CPU, communication on a rank without DDP or FSDP) reads "not measured", never 0."""
-    ranks = run.time_breakdown["ranks"]
+    times = run.time_breakdown
+    assert times is not None, "a run without a time breakdown has no time table"
+    ranks = times["ranks"]
     measured = {
         row["rank"]: measured_parts(run.ranks.get(row["rank"], []))
         | {part for part in breakdown.PARTS if part not in breakdown.STEP_PARTS}
@@ -100,7 +103,7 @@ def time_rows(run: RunFiles) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = [
         {"part": "wall time (s)", **{f"rank {row['rank']}": row["wall_seconds"] for row in ranks}}
     ]
-    for part in run.time_breakdown["parts"]:
+    for part in times["parts"]:
         cells: dict[str, object] = {"part": part}
         for row in ranks:
             seconds, wall = row["seconds"][part], row["wall_seconds"]

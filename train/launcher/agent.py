@@ -41,7 +41,7 @@ class ExpectedStopsOnly(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)
-        if message.startswith("failed (exitcode: %s)"):
+        if message.startswith("failed (exitcode: %s)") and isinstance(record.args, tuple):
             return record.args[0] != EXIT_PREEMPTED
         return not message.startswith("Sending process %s closing signal %s")
 
@@ -58,7 +58,7 @@ def stop_ranks_then_leave(launcher_pid: int) -> None:
     )
     import psutil
 
-    agent, signalled = psutil.Process(), set()
+    agent, signalled = psutil.Process(), set[int]()
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         signal_new_children(agent, signal.SIGTERM, signalled)
@@ -87,7 +87,7 @@ def first_cause(failure: ChildFailedError) -> int:
     notes = {rank: process.error_file_data.get(FAILURE_NOTE_KEY) for rank, process in failure.failures.items()}
     own = {rank: note["time"] for rank, note in notes.items() if isinstance(note, dict) and not note["peer_lost"]}
     if own:
-        return min(own, key=own.get)
+        return min(own, key=lambda rank: own[rank])
     silent = {rank: failure.failures[rank].timestamp for rank, note in notes.items() if note is None}
     return min(silent, key=lambda rank: (silent[rank], rank)) if silent else failure.get_first_failure()[0]
 

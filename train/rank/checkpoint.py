@@ -154,9 +154,9 @@ def latest_valid(root: Path, warn) -> Path | None:
         except ConfigError as problem:
             damaged.append((folder, problem))
             continue
-        for bad, problem in damaged:
+        for bad, reason in damaged:
             os.replace(bad, bad.with_name(bad.name + ".damaged"))
-            warn(f"{problem}; kept as {bad.name}.damaged, resuming from {folder.name}")
+            warn(f"{reason}; kept as {bad.name}.damaged, resuming from {folder.name}")
         return folder
     if candidates:
         raise ConfigError(

@@ -12,7 +12,7 @@ import time
 import torch
 from accelerate import Accelerator
 
-from trainstack.rundir import RunDir
+from trainstack.rundir import RunDir, Segment
 from trainstack.train.rank import checkpoint
 from trainstack.train.rank.progress import Progress
 from trainstack.train.rank.segments import SEGMENTS_KEY, RunRecord
@@ -27,7 +27,7 @@ class Checkpointer:
         self.strategy = strategy
         self.keep = keep
 
-    def resume(self, resume: str, progress: Progress) -> list[dict]:
+    def resume(self, resume: str, progress: Progress) -> list[Segment]:
         """Restores the state and `progress` from the checkpoint `resume` names (config.resume), if any; returns
         the segments that checkpoint carries."""
         accelerator = self.accelerator

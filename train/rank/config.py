@@ -136,7 +136,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):
-            setattr(self, spec.name, _coerce(spec.name, getattr(self, spec.name), spec.type))
+            # spec.type is the annotation's text ("int"): this module's annotations are strings (__future__)
+            setattr(self, spec.name, _coerce(spec.name, getattr(self, spec.name), str(spec.type)))
         positive = (
             "batch_size",
             "grad_accum",
@@ -304,7 +305,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 *flags, dest=spec.name, action=argparse.BooleanOptionalAction, default=None, help=help_text
             )
         else:
-            kind = {"int": int, "float": float, "str": str}[spec.type]
+            kind = {"int": int, "float": float, "str": str}[str(spec.type)]
             group.add_argument(*flags, dest=spec.name, type=kind, default=None, help=help_text)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
-from trainstack.rundir import ERROR_FILE_ENV, FAILURE_NOTE_KEY, METRICS_DIR_ENV
+from trainstack.rundir import ERROR_FILE_ENV, FAILURE_NOTE_KEY, METRICS_DIR_ENV, Segment, Summary
 from trainstack.telemetry.metrics import progress_by_rank
 from trainstack.train.rank.config import TrainConfig
 from trainstack.train.rank.segments import SEGMENTS_KEY
@@ -117,12 +117,12 @@ def summary(
     started: float,
     throughput: dict[str, float],
     compile_watch,
-    segments: list[dict],
+    segments: list[Segment],
     exit_reason: str,
     exit_code: int,
     eval_loss: float | None,
     error: str | None,
-) -> dict:
+) -> Summary:
     """summary.json's fields (docs/training.md, Exit codes)."""
     p = progress
     return {

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Final
 
-SEGMENTS_KEY = "segments"
+from trainstack.rundir import Segment
+
+SEGMENTS_KEY: Final = "segments"
 INTERRUPTED = "interrupted"  # the launch ended after this checkpoint without saving again: killed or failed
 
 
@@ -19,9 +22,13 @@ class RunRecord:
     """The segments restored from the checkpoint this launch resumed, plus the one it trains now."""
 
     def __init__(
-        self, run_id: str, progress, restored: list[dict] | None = None, not_training: Callable[[], float] = lambda: 0.0
+        self,
+        run_id: str,
+        progress,
+        restored: list[Segment] | None = None,
+        not_training: Callable[[], float] = lambda: 0.0,
     ):
-        self.previous = [
+        self.previous: list[Segment] = [
             {**segment, "exit_reason": segment.get("exit_reason") or INTERRUPTED} for segment in restored or []
         ]
         self.run_id = run_id
@@ -36,15 +43,16 @@ class RunRecord:
         self.loop_started = time.time()
 
     def loop_ends(self, exit_reason: str) -> None:
+        assert self.loop_started is not None, "loop_ends without loop_begins"
         self.loop_seconds = time.time() - self.loop_started - self._not_training()
         self.exit_reason = exit_reason
 
-    def segments(self, progress, exit_reason: str | None = None) -> list[dict]:
+    def segments(self, progress, exit_reason: str | None = None) -> list[Segment]:
         if self.loop_seconds is not None:
             seconds = self.loop_seconds
         else:
             seconds = time.time() - self.loop_started - self._not_training() if self.loop_started else 0.0
-        current = {
+        current: Segment = {
             "run_id": self.run_id,
             "started": self.started,
             "ended": time.time(),

@@ -90,9 +90,9 @@ def local_data_files(path: Path) -> tuple[str, list[str]]:
     if not path.exists():
         raise ConfigError(f"dataset path {path} does not exist; pass an existing file or folder to --dataset")
     files = sorted(p for p in path.rglob("*") if p.suffix in LOCAL_BUILDERS) if path.is_dir() else [path]
-    builders = {LOCAL_BUILDERS.get(p.suffix) for p in files}
-    if not files or None in builders:
+    if not files or any(p.suffix not in LOCAL_BUILDERS for p in files):
         raise ConfigError(f"dataset {path}: no readable data; use .txt, .json, .jsonl, .parquet or .csv files")
+    builders = {LOCAL_BUILDERS[p.suffix] for p in files}
     if len(builders) > 1:
         raise ConfigError(f"dataset folder {path} mixes file types; keep one of {sorted(LOCAL_BUILDERS)}")
     return builders.pop(), [str(p) for p in files]

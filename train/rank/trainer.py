@@ -296,6 +296,7 @@ class Trainer:
     def save(self) -> None:
         if not self.checkpointer.due(self.progress.step):
             return
+        assert self.record is not None, "run() starts the record before the loop that saves"
         with self.monitor.pause(CHECKPOINT_SAVE):
             self.checkpointer.save(self.progress, self.record)
         self.compile_watch.resync()

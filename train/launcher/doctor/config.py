@@ -10,6 +10,7 @@ import resource
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from trainstack.errors import ConfigError
 from trainstack.rundir import DEFAULT_EXPORTER_HOST, DEFAULT_EXPORTER_PORT, DEFAULT_MASTER_PORT, check_port
@@ -21,7 +22,8 @@ from trainstack.train.rank.config import TrainConfig
 MiB = 1 << 20
 GiB = 1 << 30
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
-TRAIN_DEFAULTS = {spec.name: spec.default for spec in dataclasses.fields(TrainConfig)}  # `trainstack train` alone
+# `trainstack train` alone; Any: each option's default has its own type
+TRAIN_DEFAULTS: dict[str, Any] = {spec.name: spec.default for spec in dataclasses.fields(TrainConfig)}
 
 
 def token_batch_bytes(batch_size: int, seq_len: int) -> int:

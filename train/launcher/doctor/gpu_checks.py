@@ -23,7 +23,7 @@ def devices_cuda_exposes(cuda_visible_devices: str, uuids: tuple[str, ...]) -> t
     exposed: list[str] = []
     for entry in (part.strip() for part in cuda_visible_devices.split(",")):
         if entry.isdigit() and int(entry) < len(uuids):
-            match = uuids[int(entry)]
+            match: str | None = uuids[int(entry)]
         elif entry.startswith("GPU-"):
             match = next((uuid for uuid in uuids if uuid.startswith(entry)), None)
         elif entry.startswith("MIG-"):

@@ -63,8 +63,9 @@ def run_ddp(config: ScalingConfig, devices: int) -> Measurement:
         config.output_dir / f"ddp-{devices}.log",
         f"DDP on {devices} device(s)",
     )
-    summary = read_summary(RunDir(run_dir).summary)
-    return Measurement("DDP", devices, summary["samples_per_second"], exposed_comm_share(run_dir))
+    throughput = read_summary(RunDir(run_dir).summary)["samples_per_second"]
+    assert throughput is not None, "a launch that exited 0 wrote its throughput"
+    return Measurement("DDP", devices, throughput, exposed_comm_share(run_dir))
 
 
 def exposed_comm_share(run_dir: Path) -> float | None:
