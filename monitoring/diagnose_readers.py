@@ -122,8 +122,9 @@ class _Reads:
         assigned: dict[str, ast.expr] = {}
         for _ in range(2):  # ast.walk reaches a nested block's assignments after the outer ones that may read them
             for node in ast.walk(function):
-                if isinstance(node, ast.Assign):
-                    for name in (name for target in node.targets for name in _bound(target)):
+                if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    for name in (name for target in targets for name in _bound(target)):
                         names[name] = names.get(name, set()) | self.of(node.value, names)
                         assigned[name] = node.value
                 elif isinstance(node, ast.For) and isinstance(node.target, ast.Tuple):
