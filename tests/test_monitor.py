@@ -13,7 +13,7 @@ import torch
 
 import trainstack.monitor
 from tests.helpers.fakes import FakeDdpModel
-from trainstack.monitor import Monitor, NullMonitor
+from trainstack.monitor import Monitor, NullMonitor, TrainingMonitor
 from trainstack.rundir import RUN_DIR_ENV, RunDir
 
 
@@ -37,7 +37,8 @@ def unwatched(monkeypatch):
 
 
 def test_the_null_monitor_has_every_method_of_the_monitor_with_its_parameters():
-    assert public_methods(NullMonitor) == public_methods(Monitor)
+    assert public_methods(NullMonitor) == public_methods(Monitor) == public_methods(TrainingMonitor)
+    assert not issubclass(Monitor, NullMonitor)  # siblings: a live monitor is typed as the protocol, not as a null one
 
 
 def test_outside_a_watched_run_it_records_nothing_and_says_so_once(unwatched, capsys, tmp_path, monkeypatch):
@@ -77,7 +78,7 @@ def test_a_plain_loop_records_steps_samples_tokens_loss_and_each_wait_for_a_batc
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     monitor = trainstack.monitor.start(model, run_dir=tmp_path, log_every=5, optimizer=optimizer)
-    assert isinstance(monitor, Monitor) and monitor.telemetry.clock == "host"
+    assert isinstance(monitor, Monitor) and monitor.clock == "host"
     for batch in monitor.batches(slow_batches(10, 0.02)):
         with monitor.forward():
             loss = model(batch).pow(2).mean() * 0 + 3.0  # a known loss, still a tensor with a graph

@@ -109,7 +109,7 @@ class Trainer:
         self.progress = Progress()
         self.record: RunRecord | None = None
         self.run_id = os.environ.get(RUN_ID_ENV, "manual")
-        self.monitor: trainstack.monitor.NullMonitor = trainstack.monitor.NullMonitor()
+        self.monitor: trainstack.monitor.TrainingMonitor = trainstack.monitor.NullMonitor()
         self.compile_watch: CompileWatch | NoCompileWatch = NoCompileWatch()
         self.evaluator = evaluator(compiled=config.compile)
         self.throughput: dict[str, float] = {}

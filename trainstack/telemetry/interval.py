@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trainstack.telemetry.clock import PendingTimes
+
 LOSS, TOKENS, LOSSES, STOP = range(4)
 """The places of an interval's sums in the vector a reduction sums across the ranks."""
 
@@ -26,6 +28,21 @@ def interval_ends(step: int, log_every: int) -> bool:
     """Whether the loop closes a log interval after optimizer step `step`: every `log_every` steps, and after the
     first, so that a run shows its first loss (and its startup's cost) at once."""
     return step % log_every == 0 or step == 1
+
+
+@dataclass(frozen=True)
+class IntervalCut:
+    """A log interval's counts, taken between its last step and the next one."""
+
+    samples: int
+    times: PendingTimes  # step, data-wait and forward times, on the rank's clock (clock.py)
+    forward_passes: int
+    host_data_wait: float
+    comm_steps: list | None  # the steps' gradient-communication marks (CommTimer.cut); None where unmeasured
+    step_count: int  # optimizer steps, those that compiled included
+    compile_seconds: float  # of the steps that compiled
+    paused: list[dict]  # the pauses (and the startup) that ended in it: {"part", "seconds", "after_steps"}
+    not_stepping: list[tuple[float, float]]  # unix-time spans of the startup, pauses and compiling steps
 
 
 @dataclass(frozen=True)
