@@ -163,6 +163,62 @@ def test_inside_a_pause_the_loops_shared_calls_record_nothing_as_training(unwatc
     assert evaluation["seconds"] >= 0.3
 
 
+class DoubledAcrossRanks:
+    """A loop's `interval_totals`: the sums reduced as if another rank had sent the same, each closing kept."""
+
+    device = torch.device("cpu")
+
+    def __init__(self):
+        self.closed = []
+
+    def reduce(self, tensor, reduction):
+        return tensor * 2
+
+    def __call__(self, sums):
+        totals = sums.start_reduce(self, stop_requested=False)
+        self.closed.append(totals)
+        return totals
+
+
+def test_a_loop_reads_the_monitors_sums_reduced_while_the_records_keep_the_ranks_own(unwatched, tmp_path):
+    """One sum per interval, the monitor's: the loop (trainstack's Trainer) closes it with its cross-rank reduction."""
+    reduction = DoubledAcrossRanks()
+    monitor = trainstack.monitor.start(run_dir=tmp_path, log_every=4, interval_totals=reduction)
+    monitor.micro_batch(tokens=5, loss=torch.tensor(1.0))
+    monitor.step(4, tokens=torch.tensor(7), loss=torch.tensor(3.0))  # step 1 ends an interval
+    monitor.step(4, tokens=3, loss=4.0)
+    monitor.step(4, tokens=3, loss=4.0)  # steps 2-3: flushed at the close
+    assert len(reduction.closed) == 1
+    monitor.close()
+    totals = [pending.result() for pending in reduction.closed]
+    assert [(t.loss, t.tokens, t.local_loss, t.local_tokens, t.micro_batches) for t in totals] == [
+        (2.0, 24, 2.0, 12, 2),
+        (4.0, 12, 4.0, 6, 2),
+    ]
+    assert [(line["step"], line["loss"], line["tokens"]) for line in records(tmp_path)] == [(1, 2.0, 12), (3, 4.0, 6)]
+
+
+def test_a_null_monitor_sums_only_for_a_loop_that_reads_the_totals(unwatched):
+    reduction = DoubledAcrossRanks()
+    monitor = trainstack.monitor.start(run_dir=None, log_every=2, interval_totals=reduction)
+    assert type(monitor) is NullMonitor
+    monitor.resumed_at(1)
+    for _ in range(3):
+        monitor.step(4, tokens=3, loss=4.0)  # steps 2-4: an interval ends at 2 and at 4
+    monitor.micro_batch(tokens=1, loss=1.0)
+    monitor.flush()
+    assert monitor.steps == 4
+    assert [(t.loss, t.tokens, t.micro_batches) for t in (p.result() for p in reduction.closed)] == [
+        (4.0, 6, 1),
+        (4.0, 12, 2),
+        (1.0, 2, 1),
+    ]
+    idle = trainstack.monitor.start(run_dir=None)
+    idle.step(4, tokens=torch.tensor(3), loss=torch.tensor(4.0))
+    idle.flush()
+    assert idle._sums.micro_batches == 0  # nothing is summed that nobody reads
+
+
 def test_a_bad_log_interval_is_named(unwatched):
     with pytest.raises(ValueError, match="log_every must be at least 1"):
         trainstack.monitor.start(run_dir="x", log_every=0)

@@ -167,6 +167,7 @@ def start(
     optimizer=None,
     enabled: bool = True,
     comm_hook: Callable | None = None,
+    interval_totals: Callable[[IntervalSums], PendingTotals] | None = None,
 ) -> TrainingMonitor:
     """A Monitor for this rank, or a NullMonitor outside a watched run (or with `enabled=False`).
 
@@ -182,6 +183,10 @@ def start(
     comm_hook: a DDP communication hook for the model (e.g. torch's `default_hooks.bf16_compress_hook`), given here
       instead of to `register_comm_hook`: DDP takes one hook per model, and the monitor's timing of the all-reduce
       is one; it runs the given hook inside it, and registers it plainly when it records nothing.
+    interval_totals: for a loop that reads the monitor's loss and token sums: called with them at each interval's
+      end (and at `flush`), it closes them (`IntervalSums.take` or `start_reduce`, trainstack/telemetry/interval.py)
+      and keeps what it returns to read later; the records show this rank's own. A NullMonitor given it keeps the
+      sums too. trainstack's Trainer reduces them across its ranks here, the one collective of its loop.
     """
     if log_every < 1:
         raise ValueError(f"log_every must be at least 1 step, not {log_every}")
@@ -192,7 +197,7 @@ def start(
                 f"trainstack.monitor: not in a watched run ({RUN_DIR_ENV} is unset), so nothing is recorded; "
                 "run the script with `trainstack watch -- python ...` to see its ranks"
             )
-        idle = NullMonitor()
+        idle = NullMonitor(log_every, interval_totals)
         if model is not None:
             idle.watch(model, comm_hook)
         return idle
@@ -209,6 +214,7 @@ def start(
         device,
         log_every=log_every,
         optimizer=optimizer,
+        interval_totals=interval_totals,
     )
     if model is not None:
         monitor.watch(model, comm_hook)
@@ -218,11 +224,18 @@ def start(
 
 
 class NullMonitor(TrainingMonitor):
-    """The loop API, recording nothing: outside a watched run (or with `enabled=False`)."""
+    """The loop API, recording nothing: outside a watched run (or with `enabled=False`). Given `interval_totals`
+    (start's), it still sums the loop's loss and tokens and closes them at each interval's end, for the loop to read;
+    without, it sums nothing."""
 
-    steps = 0
     epoch = 0
     data_wait_share: float | None = None
+
+    def __init__(self, log_every: int = 10, interval_totals: Callable[[IntervalSums], PendingTotals] | None = None):
+        self.steps = 0
+        self._log_every = log_every
+        self._sums = IntervalSums()
+        self._close_sums = interval_totals
 
     def watch(self, model: torch.nn.Module, comm_hook: Callable | None = None) -> bool:
         """Times nothing; a DDP model's `comm_hook` is registered as it is."""
@@ -252,7 +265,8 @@ class NullMonitor(TrainingMonitor):
     def micro_batch(
         self, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None
     ) -> None:
-        pass
+        if self._close_sums is not None:
+            self._sums.add(loss, tokens)
 
     def step(
         self,
@@ -265,10 +279,14 @@ class NullMonitor(TrainingMonitor):
         compile_seconds: float | None = None,
         recompiles: int = 0,
     ) -> None:
-        pass
+        self.steps += 1
+        if self._close_sums is not None:
+            self._sums.add(loss, tokens)
+            if interval_ends(self.steps, self._log_every):
+                self._close_sums(self._sums)
 
     def resumed_at(self, step: int, epoch: int = 0) -> None:
-        pass
+        self.steps, self.epoch = step, epoch
 
     @contextmanager
     def pause(self, part: str) -> Iterator[None]:
@@ -281,7 +299,8 @@ class NullMonitor(TrainingMonitor):
         pass
 
     def flush(self) -> None:
-        pass
+        if self._close_sums is not None and self._sums.micro_batches:
+            self._close_sums(self._sums)
 
     def close(self) -> None:
         pass
@@ -319,14 +338,16 @@ class Monitor(TrainingMonitor):
         *,
         log_every: int = 10,
         optimizer=None,
+        interval_totals: Callable[[IntervalSums], PendingTotals] | None = None,
     ):
         """`peak`: the device's peak FLOP/s, None where unknown (no MFU); `optimizer`: its learning rate is the
-        records', unless `step` is given one."""
+        records', unless `step` is given one; `interval_totals`: start's."""
         self.log_every = log_every
         self.steps = 0
         self.epoch = 0
         self.data_wait_share: float | None = None
         self._sums = IntervalSums()
+        self._close_sums = interval_totals or IntervalSums.take
         self._open: tuple[IntervalCut, PendingTotals, int, int, float | None] | None = None
         self._optimizer = optimizer
         self._lr: float | None = None
@@ -570,7 +591,7 @@ class Monitor(TrainingMonitor):
 
     # ---- intervals --------------------------------------------------------------------------------------------
     def _open_interval(self) -> None:
-        self._open = (self._cut_interval(), self._sums.take(), self.steps, self.epoch, self._lr)
+        self._open = (self._cut_interval(), self._close_sums(self._sums), self.steps, self.epoch, self._lr)
 
     def _record_open(self) -> None:
         if self._open is None:
@@ -578,7 +599,7 @@ class Monitor(TrainingMonitor):
         cut, sums, step, epoch, lr = self._open
         self._open = None
         totals = sums.result()
-        self.data_wait_share = self._record_interval(cut, step, epoch, totals.loss, lr, totals.local_tokens)
+        self.data_wait_share = self._record_interval(cut, step, epoch, totals.local_loss, lr, totals.local_tokens)
 
     def _cut_interval(self) -> IntervalCut:
         """Closes the interval's counts between two steps; `_record_interval` records them once its loss is known."""
