@@ -61,6 +61,7 @@ from trainstack.telemetry.interval import IntervalCut, IntervalSums, PendingTota
 from trainstack.telemetry.metrics import CommMetrics, RankMetrics
 from trainstack.telemetry.records import launch_time, open_records
 from trainstack.telemetry.state import measure_state_once
+from trainstack.telemetry.wall_time import WallTime
 from trainstack.write_failure import write_failure
 
 __all__ = ["PAUSES", "Monitor", "NullMonitor", "TrainingMonitor", "start"]
@@ -368,12 +369,12 @@ class Monitor(TrainingMonitor):
             if os.environ.get(METRICS_DIR_ENV)
             else RankMetrics.off()
         )  # no metrics directory: no series
-        self._launched_at = launch_time()
+        launched_at = launch_time()
         start_responder(identity.rank)  # hang evidence on the launcher's request (trainstack/hang.py)
         self._records_path = RunDir(run_dir).rank_records(identity.rank)
         with self._storage_failures():
             self._records_path.parent.mkdir(parents=True, exist_ok=True)
-            self._records = open_records(self._records_path, identity, self._launched_at)
+            self._records = open_records(self._records_path, identity, launched_at)
         self._interval_start = time.time()
         self._rank_clock: RankClock = clock.start(identity.uuid, self._metrics)
         self._clock_started_at = self._interval_start  # unix time the step clock last (re)started
@@ -385,14 +386,7 @@ class Monitor(TrainingMonitor):
         self._in_forward = False
         self._forward_passes = 0
         self._state_bytes: dict[str, int] = {}
-        # Where the time goes (trainstack/breakdown.py): this interval's pauses and compiling steps, and the startup
-        # until the first step.
-        self._starting = True
-        self._paused_while_starting = 0.0
-        self._step_count = 0
-        self._compile_seconds = 0.0
-        self._paused_parts: list[dict] = []
-        self._not_stepping: list[tuple[float, float]] = []
+        self._wall_time = WallTime(launched_at, self._spent)  # this interval's pauses, compiling steps, startup
         # Every part this rank measures is a series from the start: a rate needs two samples
         for part in filter(self._measures, breakdown.LIVE_PARTS):
             self._metrics.time.labels(self.rank, part)
@@ -516,9 +510,7 @@ class Monitor(TrainingMonitor):
         if pause is None or pause.part != part:
             raise ValueError(f"pause {part!r} ended, but {f'{pause.part!r}' if pause else 'none'} had started")
         seconds = time.perf_counter() - pause.started
-        if self._starting:
-            self._paused_while_starting += seconds
-        self._not_training(part, seconds, (pause.started_at, pause.started_at + seconds))
+        self._wall_time.paused(part, seconds, pause.started_at)
         self._resync_clock()
         if part == breakdown.CHECKPOINT_SAVE:
             self._checkpoint_done(seconds)
@@ -538,7 +530,7 @@ class Monitor(TrainingMonitor):
         finally:
             self._close_records()
 
-    # ---- the rank's time (trainstack/breakdown.py) -----------------------------------------------------------
+    # ---- the rank's time (trainstack/breakdown.py, trainstack/telemetry/wall_time.py) ------------------------
     def _measures(self, part: str) -> bool:
         """Whether this rank measures `part`: host-bound idle only on a GPU NVML answers for, exposed communication
         only on a watched DDP model. A part it does not measure has no series, rather than zeros."""
@@ -549,34 +541,16 @@ class Monitor(TrainingMonitor):
     def _step_compiled(self, samples: int, seconds: float, recompiles: int) -> None:
         """A step that compiled counts as a step, but its time is compile time, not a step time."""
         self._count_step(samples)
-        now = time.time()
-        self._compile_seconds += seconds
-        self._not_stepping.append((now - seconds, now))
-        self._spent(breakdown.COMPILE, seconds)
+        self._wall_time.compiled(seconds, time.time())
         self._resync_clock()
         self._metrics.compile_seconds.inc(seconds)
         self._metrics.recompiles.inc(recompiles)
 
-    def _not_training(self, part: str, seconds: float, span: tuple[float, float]) -> None:
-        """A pause or the startup: into this interval's record, after the steps counted so far."""
-        self._paused_parts.append({"part": part, "seconds": seconds, "after_steps": self._step_count})
-        self._not_stepping.append(span)
-        self._spent(part, seconds)
-
     def _spent(self, part: str, seconds: float) -> None:
         self._metrics.time.labels(self.rank, part).inc(seconds)
 
-    def _end_startup(self, at: float) -> None:
-        """Startup runs from the launch to `at`, the start of the first step's clock, less the pauses before it."""
-        self._starting = False
-        self._not_training(
-            breakdown.STARTUP, max(0.0, at - self._launched_at - self._paused_while_starting), (self._launched_at, at)
-        )
-
     def _count_step(self, samples: int) -> None:
-        if self._starting:
-            self._end_startup(self._clock_started_at)
-        self._step_count += 1
+        self._wall_time.stepped(self._clock_started_at)
         self._samples += samples
         self._comm.step_done()
         self._metrics.steps.inc()
@@ -603,19 +577,19 @@ class Monitor(TrainingMonitor):
 
     def _cut_interval(self) -> IntervalCut:
         """Closes the interval's counts between two steps; `_record_interval` records them once its loss is known."""
+        outside = self._wall_time.cut()
         cut = IntervalCut(
             samples=self._samples,
             times=self._rank_clock.cut(),
             host_data_wait=self._host_data_wait,
             forward_passes=self._forward_passes,
             comm_steps=self._comm.cut() if self._comm_watched else None,
-            step_count=self._step_count,
-            compile_seconds=self._compile_seconds,
-            paused=self._paused_parts,
-            not_stepping=self._not_stepping,
+            step_count=outside.step_count,
+            compile_seconds=outside.compile_seconds,
+            paused=outside.paused,
+            not_stepping=outside.spans,
         )
         self._samples, self._host_data_wait, self._forward_passes = 0, 0.0, 0
-        self._step_count, self._compile_seconds, self._paused_parts, self._not_stepping = 0, 0.0, [], []
         return cut
 
     def _record_interval(
@@ -727,13 +701,12 @@ class Monitor(TrainingMonitor):
 
     def _close_records(self) -> None:
         self._comm_callbacks.wait_released()
-        if self._starting:
-            self._end_startup(time.time())
+        since_the_last_record = self._wall_time.ended(time.time())
         ending = {
             SEGMENT_ENDED: time.time(),
             "rank": int(self.rank),
-            "step_count": self._step_count,
-            "paused": self._paused_parts,
+            "step_count": since_the_last_record.step_count,
+            "paused": since_the_last_record.paused,
         }
         for finish in (lambda: self._records.write(json.dumps(ending) + "\n"), self._records.close):
             try:

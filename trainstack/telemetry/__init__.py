@@ -6,6 +6,7 @@ monitoring side (trainstack.monitoring).
 - metrics.py: its series in the multiprocess files the exporter reads
 - records.py: its records file, one JSON line per log interval, for the report
 - interval.py: when an interval ends, its counts at the cut, and its loss and token sums, read one interval later
+- wall_time.py: where the rank's time goes besides its steps: the startup, the pauses, the steps that compiled
 - clock.py: the clock a rank's step, data-wait and forward times are measured on, one strategy chosen once from
   the device: the host's, or the GPU's CUDA events
 - timeline.py: what the GPU's marks measure, and how an interval's are read

@@ -43,10 +43,11 @@ class IntervalCut:
     forward_passes: int
     host_data_wait: float
     comm_steps: list | None  # the steps' gradient-communication marks (CommTimer.cut); None where unmeasured
-    step_count: int  # optimizer steps, those that compiled included
-    compile_seconds: float  # of the steps that compiled
-    paused: list[dict]  # the pauses (and the startup) that ended in it: {"part", "seconds", "after_steps"}
-    not_stepping: list[tuple[float, float]]  # unix-time spans of the startup, pauses and compiling steps
+    # Its time outside its steps (wall_time.py's NotStepping):
+    step_count: int
+    compile_seconds: float
+    paused: list[dict]
+    not_stepping: list[tuple[float, float]]
 
 
 @dataclass(frozen=True)
