@@ -10,8 +10,9 @@ under a condition are produced by meeting the condition, never by declaring them
   clock and fake memory figures (torch.cuda.Event and max_memory_* stood in, as tests/test_timeline.py does);
   `test_cuda_telemetry_writes_its_gpu_only_gauges` runs the same on a real GPU;
 - MFU: the telemetry is given a known peak FLOP/s, as peak_flops() gives a known GPU;
-- parameter, gradient and optimizer-state bytes (per shard under FSDP): the state_measured() call the loop makes
-  after the first optimizer step; compile time and recompiles: the step_compiled() call a compiling step makes;
+- parameter, gradient and optimizer-state bytes (per shard under FSDP): what the monitor's hook measures after the
+  first optimizer step (`_state_measured`); compile time and recompiles: the `step(compile_seconds=...)` of a
+  compiling step;
 - Xid errors, per-process memory, PCIe throughput, NVML errors: the fake host raises an Xid, lists the rank's pid
   on a GPU, the exporter runs with --pcie-throughput, and the T4 lacks fields.
 """

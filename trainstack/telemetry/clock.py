@@ -1,5 +1,5 @@
 """The clock a rank measures its step, forward and data-wait times on: one strategy, chosen from its device once,
-when its telemetry is built (`clock_for`), and called the same way at every mark after that (core.py).
+when its monitor is built (`clock_for`), and called the same way at every mark after that (trainstack/monitor.py).
 
 - A CPU rank's is the host's: a wait for data, a forward pass or a step lasts what the host's clock says, known
   and published at once.
