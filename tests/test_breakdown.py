@@ -5,6 +5,7 @@ the rank's side (trainstack/telemetry/, gpu_busy.py) on the CPU and on a fake GP
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -26,7 +27,6 @@ from trainstack.breakdown import (
 from trainstack.monitor import Monitor
 from trainstack.record import SEGMENT_ENDED, SEGMENT_MARKER
 from trainstack.rundir import RunDir, read_json_lines
-from trainstack.telemetry.core import Telemetry
 from trainstack.telemetry.gpu_busy import GpuBusy
 
 # --- the arithmetic -------------------------------------------------------------------------------------------
@@ -165,30 +165,33 @@ def test_records_from_before_the_breakdown_are_left_out():
 # --- the rank's side --------------------------------------------------------------------------------------------
 
 
-def paused(telemetry: Telemetry, part: str):
-    """The pause as a loop marks it, through its monitor (trainstack.monitor, the public API)."""
-    return Monitor(telemetry, log_every=1000).pause(part)
+def monitor_of(run_dir: Path, device: str = "cpu", uuid: str = "") -> Monitor:
+    """A rank's monitor whose steps make one interval until it is flushed: none of them is a run's first, which is an
+    interval of its own."""
+    monitor = Monitor(run_dir, identity(uuid), 1.0, None, torch.device(device), log_every=1000)
+    monitor.resumed_at(1)
+    return monitor
 
 
-def step(telemetry: Telemetry, seconds: float = 0.0) -> None:
-    telemetry.data_wait_started()
-    telemetry.data_ready()
+def step(monitor: Monitor, seconds: float = 0.0) -> None:
+    monitor.data_wait_started()
+    monitor.data_ready()
     time.sleep(seconds)
-    telemetry.step_done(4)
+    monitor.step(4)
 
 
 def test_a_cpu_rank_records_its_startup_pauses_and_exit(tmp_path, plain_env):
-    telemetry = Telemetry(tmp_path, identity(), 1.0, None, torch.device("cpu"))
-    with paused(telemetry, "checkpoint_load"):
+    monitor = monitor_of(tmp_path)
+    with monitor.pause("checkpoint_load"):
         time.sleep(0.2)
-    step(telemetry, 0.01)
-    with paused(telemetry, "evaluation"):
+    step(monitor, 0.01)
+    with monitor.pause("evaluation"):
         time.sleep(0.2)
-    step(telemetry, 0.01)  # timed from the evaluation's end: the pause is no step
-    telemetry.interval_done(telemetry.interval_ended(), 12, 0, 2.0, 0.1, 40)
-    with paused(telemetry, "checkpoint_save"):
+    step(monitor, 0.01)  # timed from the evaluation's end: the pause is no step
+    monitor.flush()
+    with monitor.pause("checkpoint_save"):
         time.sleep(0.2)
-    telemetry.close()
+    monitor.close()
     lines = read_json_lines(RunDir(tmp_path).rank_records(0))
     assert lines[0]["launched_at"] == plain_env
     assert [line["version"] for line in lines] == [record.RECORD_VERSION] * 3  # the marker, the record, the end
@@ -208,19 +211,19 @@ def test_a_cpu_rank_records_its_startup_pauses_and_exit(tmp_path, plain_env):
 
 
 def test_pauses_are_named_and_do_not_nest(tmp_path, plain_env):
-    telemetry = Telemetry(tmp_path, identity(), 1.0, None, torch.device("cpu"))
+    monitor = monitor_of(tmp_path)
     with pytest.raises(ValueError, match="one of evaluation, checkpoint_save, checkpoint_load, compile"):
-        telemetry.pause_started("coffee")
-    telemetry.pause_started("evaluation")
+        monitor.pause_started("coffee")
+    monitor.pause_started("evaluation")
     with pytest.raises(ValueError, match="during pause 'evaluation'"):
-        telemetry.pause_started("checkpoint_save")
+        monitor.pause_started("checkpoint_save")
     with pytest.raises(ValueError, match="'checkpoint_save' ended, but 'evaluation' had started"):
-        telemetry.pause_ended("checkpoint_save")
-    telemetry.close()
+        monitor.pause_ended("checkpoint_save")
+    monitor.close()
 
 
 def test_a_rank_that_never_steps_spent_its_launch_starting(tmp_path, plain_env):
-    Telemetry(tmp_path, identity(), 1.0, None, torch.device("cpu")).close()
+    monitor_of(tmp_path).close()
     (segment,) = rank_segments(record.read_launches(RunDir(tmp_path).rank_records(0)))
     assert segment_seconds(segment, None)["startup"] == pytest.approx(segment.wall_seconds, abs=1e-3)
 
@@ -267,30 +270,30 @@ def test_a_gpu_rank_splits_its_steps_by_the_busy_share_nvml_sampled(tmp_path, pl
     gpu, nvml = FakeGpu(), StandInNvml()
     monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing: gpu.new_event())
     monkeypatch.setattr(GpuBusy, "open", classmethod(lambda cls, uuid: cls(nvml, uuid)))
-    telemetry = Telemetry(tmp_path, identity("GPU-0"), 1.0, None, torch.device("cuda"))
+    monitor = monitor_of(tmp_path, "cuda", "GPU-0")
     time.sleep(0.01)
     nvml.add(time.time(), 40)
     for _ in range(10):  # the loader keeps up: the device idles only for the first batch and the host's launches
-        telemetry.data_wait_started()
+        monitor.data_wait_started()
         gpu.host_works(0.003)
-        telemetry.data_ready()
+        monitor.data_ready()
         gpu.queue(0.06)
-        telemetry.step_done(4)
+        monitor.step(4)
     gpu.drain()
     time.sleep(0.01)
-    telemetry.interval_done(telemetry.interval_ended(), 10, 0, 2.0, 0.1, 40)
-    with paused(telemetry, "checkpoint_save"):
+    monitor.flush()
+    with monitor.pause("checkpoint_save"):
         nvml.add(time.time(), 0)  # the device idles while the checkpoint is written: no step's business
         time.sleep(0.01)
     nvml.add(time.time() + 0.005, 90)
     time.sleep(0.01)
-    telemetry.data_wait_started()
-    telemetry.data_ready()
+    monitor.data_wait_started()
+    monitor.data_ready()
     gpu.queue(0.06)
-    telemetry.step_done(4)
+    monitor.step(4)
     gpu.drain()
-    telemetry.interval_done(telemetry.interval_ended(), 11, 0, 2.0, 0.1, 40)
-    telemetry.close()
+    monitor.flush()
+    monitor.close()
     first, second = read_json_lines(RunDir(tmp_path).rank_records(0))[1:3]
     steps, starved = sum(first["step_seconds"]), first["data_wait_seconds"]
     assert first["host_bound_measured"] and starved == pytest.approx(0.003)

@@ -11,8 +11,9 @@ under a condition are produced by meeting the condition, never by declaring them
   clock and fake memory figures (torch.cuda.Event and max_memory_* stood in, as tests/test_timeline.py does);
   `test_cuda_telemetry_writes_its_gpu_only_gauges` runs the same on a real GPU;
 - MFU: the telemetry is given a known peak FLOP/s, as peak_flops() gives a known GPU;
-- parameter, gradient and optimizer-state bytes (per shard under FSDP): the state_measured() call the loop makes
-  after the first optimizer step; compile time and recompiles: the step_compiled() call a compiling step makes;
+- parameter, gradient and optimizer-state bytes (per shard under FSDP): what the monitor's hook measures after the
+  first optimizer step (`_state_measured`); compile time and recompiles: the `step(compile_seconds=...)` of a
+  compiling step;
 - Xid errors, per-process memory, PCIe throughput, NVML errors: the fake host raises an Xid, lists the rank's pid
   on a GPU, the exporter runs with --pcie-throughput, and the T4 lacks fields.
 """
@@ -282,7 +283,7 @@ TELEMETRY_RANK = """
 import sys, time
 from pathlib import Path
 import torch
-from trainstack.telemetry.core import Telemetry
+from trainstack.monitor import Monitor
 from trainstack.telemetry.device import RankIdentity
 
 if sys.argv[3] == "fake-cuda":
@@ -298,28 +299,29 @@ else:
         torch.ones(1024, 1024, device="cuda").sum()
 identity = RankIdentity(rank=0, local_rank=0, node="node0", uuid=sys.argv[2], run_id="catalog", world_size=1,
                         nodes=1, mixed_precision="bf16", model="builtin:tiny-gpt", dataset="builtin:sequences")
-telemetry = Telemetry(Path(sys.argv[1]), identity, flops_per_token=6e6, peak=1e12, device=torch.device("cuda"))
-telemetry.step_compiled(8, seconds=2.0, recompiles=1)
+monitor = Monitor(Path(sys.argv[1]), identity, flops_per_token=6e6, peak=1e12, device=torch.device("cuda"))
+monitor.step(8, compile_seconds=2.0, recompiles=1)
 # A real one-process DDP model on gloo (a file store, no network): its all-reduce hook times the gradient buckets.
 torch.distributed.init_process_group("gloo", store=torch.distributed.FileStore(sys.argv[1] + ".store", 1), rank=0,
                                      world_size=1)
 ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
-assert telemetry.watch_communication(ddp)
+assert monitor.watch(ddp)
 for _ in range(3):
-    telemetry.data_wait_started()
+    monitor.data_wait_started()
     load(0.01)
-    telemetry.data_ready()
-    telemetry.forward_started()
+    monitor.data_ready()
+    monitor.forward_started()
     compute(0.02)
-    telemetry.forward_done()
+    monitor.forward_done()
     compute(0.04)
     ddp(torch.ones(2, 4)).sum().backward()
-    telemetry.step_done(8)
-telemetry.state_measured({"param_bytes": 1000, "grad_bytes": 1000, "optimizer_state_bytes": 2000})
+    monitor.step(8, tokens=8 * 64, loss=2.5, lr=3e-4)
+monitor._state_measured({"param_bytes": 1000, "grad_bytes": 1000, "optimizer_state_bytes": 2000})
 drain()
-telemetry.interval_done(telemetry.interval_ended(), 4, 0, 2.5, 3e-4, 3 * 8 * 64)
-telemetry.checkpoint_done(0.5)
-telemetry.close()
+monitor.flush()
+with monitor.pause("checkpoint_save"):
+    load(0.01)
+monitor.close()
 torch.distributed.destroy_process_group()
 """
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from tests.helpers.fakes import FakeDdpModel, FakeGpu
+from trainstack.monitor import Monitor
 from trainstack.rundir import METRICS_DIR_ENV, RunDir
 from trainstack.telemetry.comm import watch_gradient_communication
 from trainstack.telemetry.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
-from trainstack.telemetry.core import Telemetry
 from trainstack.telemetry.device import RankIdentity
 from trainstack.telemetry.future_callbacks import FutureCallbacks
 
@@ -145,15 +145,15 @@ def identity() -> RankIdentity:
 
 
 @pytest.mark.parametrize("ddp", [False, True])
-def test_telemetry_records_communication_only_where_measured(tmp_path, monkeypatch, ddp):
+def test_the_monitor_records_communication_only_where_measured(tmp_path, monkeypatch, ddp):
     """A DDP rank's records carry the fields (zero in an interval without a synchronizing step); any other rank's
     lack them: unmeasured is absent, not zero."""
     monkeypatch.delenv(METRICS_DIR_ENV, raising=False)
-    telemetry = Telemetry(tmp_path, identity(), flops_per_token=1.0, peak=None, device=torch.device("cpu"))
-    assert telemetry.watch_communication(FakeDdpModel() if ddp else torch.nn.Linear(2, 2)) == ddp
-    telemetry.step_done(8)
-    telemetry.interval_done(telemetry.interval_ended(), 1, 0, 2.0, 1e-3, 64)
-    telemetry.close()
+    monitor = Monitor(tmp_path, identity(), flops_per_token=1.0, peak=None, device=torch.device("cpu"))
+    assert monitor.watch(FakeDdpModel() if ddp else torch.nn.Linear(2, 2)) == ddp
+    monitor.step(8, tokens=64, loss=2.0, lr=1e-3)
+    monitor.flush()
+    monitor.close()
     record = json.loads(RunDir(tmp_path).rank_records(0).read_text().splitlines()[1])  # after the marker
     fields = {"comm_seconds": 0, "comm_exposed_seconds": 0, "comm_bytes": 0, "comm_buckets": 0}
     assert {key: record[key] for key in fields if key in record} == (fields if ddp else {})

@@ -39,16 +39,16 @@ DDP_RANK = """
 import sys
 from pathlib import Path
 import torch
-from trainstack.telemetry.core import Telemetry
+from trainstack.monitor import Monitor
 from trainstack.telemetry.device import RankIdentity
 
 identity = RankIdentity(rank=3, local_rank=0, node="node0", uuid="", run_id="setup", world_size=1, nodes=1,
                         mixed_precision="no", model="builtin:tiny-gpt", dataset="builtin:sequences")
-telemetry = Telemetry(Path(sys.argv[1]), identity, flops_per_token=1.0, peak=None, device=torch.device("cpu"))
+monitor = Monitor(Path(sys.argv[1]), identity, flops_per_token=1.0, peak=None, device=torch.device("cpu"))
 torch.distributed.init_process_group("gloo", store=torch.distributed.FileStore(sys.argv[1] + ".store", 1), rank=0,
                                      world_size=1)
-assert telemetry.watch_communication(torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4)))
-telemetry.close()
+assert monitor.watch(torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4)))
+monitor.close()
 torch.distributed.destroy_process_group()
 """
 

@@ -13,8 +13,8 @@ import torch
 
 import trainstack.monitoring.nvml_fake as fake
 from tests.helpers.fakes import FakeGpu, identity
+from trainstack.monitor import Monitor
 from trainstack.rundir import RunDir, read_json_lines
-from trainstack.telemetry.core import Telemetry
 from trainstack.telemetry.device import device_uuid
 from trainstack.telemetry.gpu_activity import GpuActivity
 
@@ -96,17 +96,17 @@ def test_gpu_ranks_records_carry_its_activity_a_cpu_ranks_none(tmp_path, plain_e
     real_open = GpuActivity.open
     monkeypatch.setattr(GpuActivity, "open", classmethod(lambda cls, uuid: real_open(uuid, stand_in)))
     for device, run_dir in ((torch.device("cuda"), tmp_path / "gpu"), (torch.device("cpu"), tmp_path / "cpu")):
-        telemetry = Telemetry(run_dir, identity(H100_UUID), 1.0, None, device)
-        for interval, sm in enumerate((85.0, 20.0)):
+        monitor = Monitor(run_dir, identity(H100_UUID), 1.0, None, device)
+        for sm in (85.0, 20.0):
             fake.set_gpm(0, {"NVML_GPM_METRIC_SM_UTIL": sm})
-            telemetry.data_wait_started()
-            telemetry.data_ready()
+            monitor.data_wait_started()
+            monitor.data_ready()
             gpu.queue(0.01)
-            telemetry.step_done(4)
+            monitor.step(4, tokens=40, loss=2.0, lr=0.1)
             gpu.drain()
             time.sleep(0.001)
-            telemetry.interval_done(telemetry.interval_ended(), interval + 1, 0, 2.0, 0.1, 40)
-        telemetry.close()
+            monitor.flush()
+        monitor.close()
     on_gpu = [r for r in read_json_lines(RunDir(tmp_path / "gpu").rank_records(0)) if "time" in r]
     assert [r["sm_active_ratio"] for r in on_gpu] == pytest.approx([0.85, 0.2])  # each interval its own
     assert [r["tensor_active_ratio"] for r in on_gpu] == pytest.approx([0.5, 0.5])

@@ -21,10 +21,10 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from tests.helpers.runs import explain, summary, train
 from trainstack.commands import train as train_command
 from trainstack.errors import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME
+from trainstack.monitor import Monitor
 from trainstack.rundir import ERROR_FILE_ENV, METRICS_DIR_ENV, UNSEALED_PREFIX, step_dir_name
 from trainstack.supervisor import supervised
 from trainstack.supervisor.supervised import write_report
-from trainstack.telemetry.core import Telemetry
 from trainstack.telemetry.device import RankIdentity
 from trainstack.train.launcher import agent
 from trainstack.train.rank import checkpoint, outcome
@@ -165,14 +165,14 @@ def test_telemetry_on_a_full_disk_is_a_write_failure_and_closes_quietly(tmp_path
         dataset="d",
     )
     with tmpfs(tmp_path / "disk", "1m") as disk:
-        telemetry = Telemetry(disk, identity, 1.0, None, torch.device("cpu"))
+        monitor = Monitor(disk, identity, 1.0, None, torch.device("cpu"))
         fill(disk)
         records = disk / "telemetry" / "rank-0.jsonl"
         with pytest.raises(WriteFailure, match=f"^no space left on device writing the telemetry records to {records}"):
-            for step in range(1, 100):  # the first records still fit in the file's last page
-                telemetry.step_done(4)
-                telemetry.interval_done(telemetry.interval_ended(), step, 0, 2.0, 0.1, 40)
-        telemetry.close()  # the record that failed is still buffered: closing must not raise it again
+            for _ in range(1, 100):  # the first records still fit in the file's last page
+                monitor.step(4, tokens=40, loss=2.0, lr=0.1)
+                monitor.flush()
+        monitor.close()  # the record that failed is still buffered: closing must not raise it again
 
 
 # ---- the checkpoint a rerun resumes from --------------------------------------------------------------------

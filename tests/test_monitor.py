@@ -13,7 +13,7 @@ import torch
 
 import trainstack.monitor
 from tests.helpers.fakes import FakeDdpModel
-from trainstack.monitor import Monitor, NullMonitor
+from trainstack.monitor import Monitor, NullMonitor, TrainingMonitor
 from trainstack.rundir import RUN_DIR_ENV, RunDir
 
 
@@ -37,7 +37,8 @@ def unwatched(monkeypatch):
 
 
 def test_the_null_monitor_has_every_method_of_the_monitor_with_its_parameters():
-    assert public_methods(NullMonitor) == public_methods(Monitor)
+    assert public_methods(NullMonitor) == public_methods(Monitor) == public_methods(TrainingMonitor)
+    assert not issubclass(Monitor, NullMonitor)  # siblings: a live monitor is typed as the protocol, not as a null one
 
 
 def test_outside_a_watched_run_it_records_nothing_and_says_so_once(unwatched, capsys, tmp_path, monkeypatch):
@@ -77,7 +78,7 @@ def test_a_plain_loop_records_steps_samples_tokens_loss_and_each_wait_for_a_batc
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     monitor = trainstack.monitor.start(model, run_dir=tmp_path, log_every=5, optimizer=optimizer)
-    assert isinstance(monitor, Monitor) and monitor.telemetry.clock == "host"
+    assert isinstance(monitor, Monitor) and monitor.clock == "host"
     for batch in monitor.batches(slow_batches(10, 0.02)):
         with monitor.forward():
             loss = model(batch).pow(2).mean() * 0 + 3.0  # a known loss, still a tensor with a graph
@@ -160,6 +161,62 @@ def test_inside_a_pause_the_loops_shared_calls_record_nothing_as_training(unwatc
     assert sum(len(line["step_seconds"]) for line in lines) == 5
     (evaluation,) = [pause for line in lines for pause in line["paused"] if pause["part"] == "evaluation"]
     assert evaluation["seconds"] >= 0.3
+
+
+class DoubledAcrossRanks:
+    """A loop's `interval_totals`: the sums reduced as if another rank had sent the same, each closing kept."""
+
+    device = torch.device("cpu")
+
+    def __init__(self):
+        self.closed = []
+
+    def reduce(self, tensor, reduction):
+        return tensor * 2
+
+    def __call__(self, sums):
+        totals = sums.start_reduce(self, stop_requested=False)
+        self.closed.append(totals)
+        return totals
+
+
+def test_a_loop_reads_the_monitors_sums_reduced_while_the_records_keep_the_ranks_own(unwatched, tmp_path):
+    """One sum per interval, the monitor's: the loop (trainstack's Trainer) closes it with its cross-rank reduction."""
+    reduction = DoubledAcrossRanks()
+    monitor = trainstack.monitor.start(run_dir=tmp_path, log_every=4, interval_totals=reduction)
+    monitor.micro_batch(tokens=5, loss=torch.tensor(1.0))
+    monitor.step(4, tokens=torch.tensor(7), loss=torch.tensor(3.0))  # step 1 ends an interval
+    monitor.step(4, tokens=3, loss=4.0)
+    monitor.step(4, tokens=3, loss=4.0)  # steps 2-3: flushed at the close
+    assert len(reduction.closed) == 1
+    monitor.close()
+    totals = [pending.result() for pending in reduction.closed]
+    assert [(t.loss, t.tokens, t.local_loss, t.local_tokens, t.micro_batches) for t in totals] == [
+        (2.0, 24, 2.0, 12, 2),
+        (4.0, 12, 4.0, 6, 2),
+    ]
+    assert [(line["step"], line["loss"], line["tokens"]) for line in records(tmp_path)] == [(1, 2.0, 12), (3, 4.0, 6)]
+
+
+def test_a_null_monitor_sums_only_for_a_loop_that_reads_the_totals(unwatched):
+    reduction = DoubledAcrossRanks()
+    monitor = trainstack.monitor.start(run_dir=None, log_every=2, interval_totals=reduction)
+    assert type(monitor) is NullMonitor
+    monitor.resumed_at(1)
+    for _ in range(3):
+        monitor.step(4, tokens=3, loss=4.0)  # steps 2-4: an interval ends at 2 and at 4
+    monitor.micro_batch(tokens=1, loss=1.0)
+    monitor.flush()
+    assert monitor.steps == 4
+    assert [(t.loss, t.tokens, t.micro_batches) for t in (p.result() for p in reduction.closed)] == [
+        (4.0, 6, 1),
+        (4.0, 12, 2),
+        (1.0, 2, 1),
+    ]
+    idle = trainstack.monitor.start(run_dir=None)
+    idle.step(4, tokens=torch.tensor(3), loss=torch.tensor(4.0))
+    idle.flush()
+    assert idle._sums.micro_batches == 0  # nothing is summed that nobody reads
 
 
 def test_a_bad_log_interval_is_named(unwatched):

@@ -79,24 +79,23 @@ SYNTHETIC_RANK = """
 import sys, time
 from pathlib import Path
 import torch
-from trainstack.telemetry.core import Telemetry
+from trainstack.monitor import Monitor
 from trainstack.telemetry.device import RankIdentity
 identity = RankIdentity(rank=0, local_rank=0, node="fake-gpu-node", uuid=sys.argv[2], run_id="synthetic",
                         world_size=1, nodes=1, mixed_precision="bf16", model="builtin:tiny-gpt",
                         dataset="builtin:sequences")
-telemetry = Telemetry(Path(sys.argv[1]), identity, flops_per_token=6e6, peak=1e12, device=torch.device("cpu"))
-step = 0
+monitor = Monitor(Path(sys.argv[1]), identity, flops_per_token=6e6, peak=1e12, device=torch.device("cpu"),
+                  log_every=5)
 while True:
-    telemetry.data_wait_started()
+    monitor.data_wait_started()
     time.sleep(0.01)
-    telemetry.data_ready()
+    monitor.data_ready()
     time.sleep(0.09)
-    step += 1
-    telemetry.step_done(8)
-    if step % 5 == 0:
-        telemetry.interval_done(telemetry.interval_ended(), step, 0, 2.0, 1e-3, 8 * 100 * 5)
+    monitor.step(8, tokens=8 * 100, loss=2.0, lr=1e-3)
+    if monitor.steps % 5 == 0:
+        monitor.flush()
         # What NVML's samples of its GPU would add on a GPU rank (a CPU device measures none): host-bound idle.
-        telemetry._metrics.time.labels("0", "host_bound").inc(0.02)
+        monitor._metrics.time.labels("0", "host_bound").inc(0.02)
 """
 
 

@@ -34,10 +34,9 @@ def counting_step(accelerator, model, optimizer, batch, *args):
         trainer.stop.requested = True  # what SIGTERM sets
     return real_step(accelerator, model, optimizer, batch, *args)
 
-def watched_log(self, bar):
-    if self._open_interval is not None:
-        reads.append([self._open_interval.step, queued["steps"]])
-    return real_log(self, bar)
+def watched_log(self, interval, bar):
+    reads.append([interval.step, queued["steps"]])
+    return real_log(self, interval, bar)
 
 real_step, rank.train_step = rank.train_step, counting_step
 real_log, rank.Trainer._log_interval = rank.Trainer._log_interval, watched_log

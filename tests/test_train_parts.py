@@ -92,6 +92,7 @@ def test_interval_sums_reduce_to_the_mean_loss_and_start_over():
     sums.add(torch.tensor(4.0, dtype=torch.bfloat16), batch["attention_mask"].sum())
     totals = sums.start_reduce(SumAccelerator(), stop_requested=True).result()
     assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches, totals.stop) == (3.0, 8, 8, 2, True)
+    assert totals.local_loss == 3.0
     assert sums.start_reduce(SumAccelerator(), stop_requested=False).result().micro_batches == 0
 
 
@@ -102,11 +103,16 @@ class TwoRanksAccelerator(SumAccelerator):
         return super().reduce(tensor, reduction) * 2
 
 
-def test_interval_sums_keep_this_ranks_tokens_apart_from_the_reduced_ones():
+def test_interval_sums_keep_this_ranks_loss_and_tokens_apart_from_the_reduced_ones():
     sums = IntervalSums(torch.device("cpu"))
     sums.add(torch.tensor(2.0), collate([{"input_ids": [1, 2, 3]}])["attention_mask"].sum())
     totals = sums.start_reduce(TwoRanksAccelerator(), stop_requested=False).result()
     assert (totals.loss, totals.tokens, totals.local_tokens, totals.micro_batches, totals.stop) == (2.0, 6, 3, 1, False)
+    sums.add(torch.tensor(1.0), 2)
+    sums.add(torch.tensor(5.0), 2)
+    sums.add(None, 1)  # a micro-batch that gave no loss: the means leave it out
+    totals = sums.start_reduce(TwoRanksAccelerator(), stop_requested=False).result()
+    assert (totals.loss, totals.tokens, totals.local_loss, totals.local_tokens) == (3.0, 10, 3.0, 5)
 
 
 class FixedLogits(torch.nn.Module):

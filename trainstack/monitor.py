@@ -19,7 +19,8 @@ A run started by `trainstack watch -- COMMAND` (or `trainstack train`) hands its
 metrics directory in the environment (trainstack/rundir.py); there `start` returns a `Monitor` that publishes the
 same per-rank series as trainstack's own loop (steps, samples, tokens, data wait, forward time, gradient
 communication and what backward did not hide, MFU, memory) for the exporter, and appends the rank's records for
-the report. Anywhere else it returns a `NullMonitor`, which says so once and records nothing.
+the report. Anywhere else it returns a `NullMonitor`, which says so once and records nothing. Both are a
+`TrainingMonitor`, the type a loop holds either by.
 
 What it costs a step: a few host clock reads or CUDA events, and adds on the device for the loss and token sums.
 It never waits for the device and never talks to another rank: every `log_every` steps it closes an interval and
@@ -30,24 +31,127 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
-from trainstack import breakdown
-from trainstack.rundir import RUN_DIR_ENV, RUN_ID_ENV
-from trainstack.telemetry.core import IntervalCut, Telemetry
-from trainstack.telemetry.device import device_of, peak_flops, precision_of, rank_identity, tf32_allowed
-from trainstack.telemetry.interval import IntervalSums, PendingTotals, interval_ends
+from trainstack import breakdown, ratios
+from trainstack.hang import start_responder
+from trainstack.record import IntervalRecord, SegmentEnded, pauses
+from trainstack.rundir import METRICS_DIR_ENV, RUN_DIR_ENV, RUN_ID_ENV, RunDir
+from trainstack.telemetry.clock import RankClock, clock_for
+from trainstack.telemetry.comm import watch_gradient_communication
+from trainstack.telemetry.comm_setup import CommSetup
+from trainstack.telemetry.comm_timer import CommTimer, StepComm
+from trainstack.telemetry.device import (
+    RankIdentity,
+    device_of,
+    peak_flops,
+    precision_of,
+    rank_identity,
+    tf32_allowed,
+)
+from trainstack.telemetry.future_callbacks import FutureCallbacks
+from trainstack.telemetry.interval import IntervalCut, IntervalSums, PendingTotals, interval_ends
+from trainstack.telemetry.metrics import CommMetrics, RankMetrics
+from trainstack.telemetry.records import launch_time, open_records
 from trainstack.telemetry.state import measure_state_once
+from trainstack.telemetry.wall_time import WallTime
+from trainstack.write_failure import write_failure
 
-__all__ = ["PAUSES", "Monitor", "NullMonitor", "start"]
+__all__ = ["PAUSES", "Monitor", "NullMonitor", "TrainingMonitor", "start"]
 
 PAUSES = breakdown.PAUSES
 """What a run does besides training steps, as `pause` names it: its time is a part of the rank's wall time of its
 own (trainstack/breakdown.py), kept out of step time."""
+
+
+class TrainingMonitor(Protocol):
+    """The loop API. Its methods may be called as the loop reaches each point; the context managers and `batches`
+    are the same calls placed for you."""
+
+    steps: int
+    """Optimizer steps so far (numbered on from a resumed checkpoint's)."""
+    epoch: int
+    data_wait_share: float | None
+    """The last recorded interval's data-wait share of step time (trainstack/ratios.py DATA_WAIT_SHARE)."""
+
+    def watch(self, model: torch.nn.Module, comm_hook: Callable | None = None) -> bool:
+        """Times the model's gradient communication (DDP, FSDP); False for a model without any. comm_hook: a DDP
+        communication hook run inside the timing (start's `comm_hook`)."""
+        ...
+
+    def batches(self, loader: Iterable) -> Iterator:
+        """The loader's batches, each wait for one timed (not inside a pause: an evaluation's loader is no
+        training's wait)."""
+        ...
+
+    def data_wait_started(self) -> None:
+        """The loop is about to ask the loader for the next batch."""
+        ...
+
+    def data_ready(self) -> None:
+        """The loader answered (a batch, now on the device, or the end of the epoch)."""
+        ...
+
+    def forward(self) -> AbstractContextManager[None]:
+        """`forward_started` and `forward_done` around the block."""
+        ...
+
+    def forward_started(self) -> None:
+        """Forward time says which part of a straggler's step is slow. The waits for collectives inside it (DDP's
+        buffer broadcast, FSDP's all-gathers) are communication, taken out when the interval is read."""
+        ...
+
+    def forward_done(self) -> None: ...
+
+    def micro_batch(
+        self, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None
+    ) -> None:
+        """A micro-batch of gradient accumulation that did not step the optimizer: its tokens and loss."""
+        ...
+
+    def step(
+        self,
+        samples: int,
+        *,
+        tokens: int | torch.Tensor | None = None,
+        loss: float | torch.Tensor | None = None,
+        lr: float | None = None,
+        epoch: int | None = None,
+        compile_seconds: float | None = None,
+        recompiles: int = 0,
+    ) -> None:
+        """An optimizer step: the samples it trained on (all micro-batches); its last micro-batch's tokens and loss
+        (device tensors are summed on the device, never read here). `compile_seconds`: the step compiled, and
+        that long is compile time, not step time. Inside a pause (an evaluation's batches) it records nothing."""
+        ...
+
+    def resumed_at(self, step: int, epoch: int = 0) -> None:
+        """The run continues from a checkpoint: steps are numbered on from `step`."""
+        ...
+
+    def pause(self, part: str) -> AbstractContextManager[None]:
+        """Time that trains nothing (evaluation, a checkpoint): not counted as a step; the monitor's calls
+        inside it record nothing."""
+        ...
+
+    def pause_started(self, part: str) -> None:
+        """`part`: one of PAUSES. On a GPU the pause begins once the device has run the steps queued before it."""
+        ...
+
+    def pause_ended(self, part: str) -> None: ...
+
+    def flush(self) -> None:
+        """Records everything up to now, waiting for the device: before a checkpoint or at the end."""
+        ...
+
+    def close(self) -> None: ...
 
 
 def start(
@@ -64,7 +168,8 @@ def start(
     optimizer=None,
     enabled: bool = True,
     comm_hook: Callable | None = None,
-) -> NullMonitor:
+    interval_totals: Callable[[IntervalSums], PendingTotals] | None = None,
+) -> TrainingMonitor:
     """A Monitor for this rank, or a NullMonitor outside a watched run (or with `enabled=False`).
 
     model: the model as the loop calls it (after DDP/FSDP wrapping or `accelerator.prepare`); its gradient
@@ -79,6 +184,10 @@ def start(
     comm_hook: a DDP communication hook for the model (e.g. torch's `default_hooks.bf16_compress_hook`), given here
       instead of to `register_comm_hook`: DDP takes one hook per model, and the monitor's timing of the all-reduce
       is one; it runs the given hook inside it, and registers it plainly when it records nothing.
+    interval_totals: for a loop that reads the monitor's loss and token sums: called with them at each interval's
+      end (and at `flush`), it closes them (`IntervalSums.take` or `start_reduce`, trainstack/telemetry/interval.py)
+      and keeps what it returns to read later; the records show this rank's own. A NullMonitor given it keeps the
+      sums too. trainstack's Trainer reduces them across its ranks here, the one collective of its loop.
     """
     if log_every < 1:
         raise ValueError(f"log_every must be at least 1 step, not {log_every}")
@@ -89,7 +198,7 @@ def start(
                 f"trainstack.monitor: not in a watched run ({RUN_DIR_ENV} is unset), so nothing is recorded; "
                 "run the script with `trainstack watch -- python ...` to see its ranks"
             )
-        idle = NullMonitor()
+        idle = NullMonitor(log_every, interval_totals)
         if model is not None:
             idle.watch(model, comm_hook)
         return idle
@@ -98,28 +207,36 @@ def start(
     identity = rank_identity(
         model, accelerator, device, precision, model_name, dataset, run_id or os.environ.get(RUN_ID_ENV, "manual")
     )
-    telemetry = Telemetry(
+    monitor = Monitor(
         Path(run_dir),
         identity,
         flops_per_token or 0.0,
         peak_flops(device, precision, tf32_allowed()) if flops_per_token else None,
         device,
+        log_every=log_every,
+        optimizer=optimizer,
+        interval_totals=interval_totals,
     )
-    monitor = Monitor(telemetry, log_every, optimizer)
     if model is not None:
         monitor.watch(model, comm_hook)
-        if optimizer is not None:
-            measure_state_once(model, getattr(optimizer, "optimizer", optimizer), telemetry)  # Accelerate wraps it
+        if optimizer is not None:  # Accelerate wraps it
+            measure_state_once(model, getattr(optimizer, "optimizer", optimizer), monitor._state_measured)
     return monitor
 
 
-class NullMonitor:
-    """The loop API, recording nothing: outside a watched run (or with `enabled=False`), and the base of `Monitor`,
-    which overrides every method with the same parameters (tests/test_monitor.py keeps the two alike)."""
+class NullMonitor(TrainingMonitor):
+    """The loop API, recording nothing: outside a watched run (or with `enabled=False`). Given `interval_totals`
+    (start's), it still sums the loop's loss and tokens and closes them at each interval's end, for the loop to read;
+    without, it sums nothing."""
 
-    steps = 0
     epoch = 0
     data_wait_share: float | None = None
+
+    def __init__(self, log_every: int = 10, interval_totals: Callable[[IntervalSums], PendingTotals] | None = None):
+        self.steps = 0
+        self._log_every = log_every
+        self._sums = IntervalSums()
+        self._close_sums = interval_totals
 
     def watch(self, model: torch.nn.Module, comm_hook: Callable | None = None) -> bool:
         """Times nothing; a DDP model's `comm_hook` is registered as it is."""
@@ -137,7 +254,7 @@ class NullMonitor:
         pass
 
     @contextmanager
-    def forward(self):
+    def forward(self) -> Iterator[None]:
         yield
 
     def forward_started(self) -> None:
@@ -145,100 +262,11 @@ class NullMonitor:
 
     def forward_done(self) -> None:
         pass
-
-    def micro_batch(self, *, tokens=None, loss=None) -> None:
-        pass
-
-    def step(
-        self, samples: int, *, tokens=None, loss=None, lr=None, epoch=None, compile_seconds=None, recompiles=0
-    ) -> None:
-        pass
-
-    def resumed_at(self, step: int, epoch: int = 0) -> None:
-        pass
-
-    @contextmanager
-    def pause(self, part: str):
-        yield
-
-    def pause_started(self, part: str) -> None:
-        pass
-
-    def pause_ended(self, part: str) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class Monitor(NullMonitor):
-    """One rank's telemetry. Its methods may be called as the loop reaches each point; the context managers and
-    `batches` are the same calls placed for you."""
-
-    def __init__(self, telemetry: Telemetry, log_every: int, optimizer=None):
-        self.telemetry = telemetry
-        self.log_every = log_every
-        self.steps = 0
-        self.epoch = 0
-        self.data_wait_share: float | None = None
-        """The last recorded interval's data-wait share of step time (trainstack/ratios.py DATA_WAIT_SHARE)."""
-        self._sums = IntervalSums()
-        self._open: tuple[IntervalCut, PendingTotals, int, int, float | None] | None = None
-        self._optimizer = optimizer  # its learning rate is the record's, unless `step` is given one
-        self._lr: float | None = None
-        self._paused = False
-        """A pause is open: the loop evaluates or checkpoints, so its batches, forwards and steps train nothing."""
-
-    # ---- the loop's points ------------------------------------------------------------------------------------
-    def watch(self, model: torch.nn.Module, comm_hook: Callable | None = None) -> bool:
-        """Times the model's gradient communication (DDP, FSDP); False for a model without any. comm_hook: a DDP
-        communication hook run inside the timing (start's `comm_hook`)."""
-        return self.telemetry.watch_communication(model, comm_hook)
-
-    def batches(self, loader: Iterable) -> Iterator:
-        """The loader's batches, each wait for one timed (not inside a pause: an evaluation's loader is no
-        training's wait)."""
-        batches = iter(loader)
-        while True:
-            self.data_wait_started()
-            try:
-                batch = next(batches)
-            except StopIteration:
-                self.data_ready()
-                return
-            self.data_ready()
-            yield batch
-
-    def data_wait_started(self) -> None:
-        if not self._paused:
-            self.telemetry.data_wait_started()
-
-    def data_ready(self) -> None:
-        if not self._paused:
-            self.telemetry.data_ready()
-
-    @contextmanager
-    def forward(self):
-        self.forward_started()
-        yield
-        self.forward_done()
-
-    def forward_started(self) -> None:
-        if not self._paused:
-            self.telemetry.forward_started()
-
-    def forward_done(self) -> None:
-        if not self._paused:
-            self.telemetry.forward_done()
 
     def micro_batch(
         self, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None
     ) -> None:
-        """A micro-batch of gradient accumulation that did not step the optimizer: its tokens and loss."""
-        if not self._paused:
+        if self._close_sums is not None:
             self._sums.add(loss, tokens)
 
     def step(
@@ -252,16 +280,198 @@ class Monitor(NullMonitor):
         compile_seconds: float | None = None,
         recompiles: int = 0,
     ) -> None:
-        """An optimizer step: the samples it trained on (all micro-batches); its last micro-batch's tokens and loss
-        (device tensors are summed on the device, never read here). `compile_seconds`: the step compiled, and
-        that long is compile time, not step time. Inside a pause (an evaluation's batches) it records nothing."""
-        if self._paused:
+        self.steps += 1
+        if self._close_sums is not None:
+            self._sums.add(loss, tokens)
+            if interval_ends(self.steps, self._log_every):
+                self._close_sums(self._sums)
+
+    def resumed_at(self, step: int, epoch: int = 0) -> None:
+        self.steps, self.epoch = step, epoch
+
+    @contextmanager
+    def pause(self, part: str) -> Iterator[None]:
+        yield
+
+    def pause_started(self, part: str) -> None:
+        pass
+
+    def pause_ended(self, part: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        if self._close_sums is not None and self._sums.micro_batches:
+            self._close_sums(self._sums)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class OpenPause:
+    part: str
+    started: float  # perf_counter()
+    started_at: float  # unix time
+
+
+class Monitor(TrainingMonitor):
+    """One rank's telemetry, interval by interval: prometheus_client multiprocess files for the exporter, JSON lines
+    for the run report. Its times are measured on one clock, chosen from the device once (trainstack/telemetry/
+    clock.py): the host's, or the GPU's CUDA events.
+
+    Nothing here talks to another rank or waits on one: each rank writes its own memory-mapped files (a few
+    microseconds per step) and appends one JSON line per log interval. The loss it publishes is the rank's own
+    (summed on the device, trainstack/telemetry/interval.py): ranks whose losses part for long train on different
+    data.
+
+    It also says where the rank's wall time goes (trainstack/breakdown.py): each interval's step time split into its
+    parts, the pauses, the startup from the launch to the first step, and, as the rank exits, a closing line whose
+    time ends the rank's wall time.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        identity: RankIdentity,
+        flops_per_token: float,
+        peak: float | None,
+        device: torch.device,
+        *,
+        log_every: int = 10,
+        optimizer=None,
+        interval_totals: Callable[[IntervalSums], PendingTotals] | None = None,
+    ):
+        """`peak`: the device's peak FLOP/s, None where unknown (no MFU); `optimizer`: its learning rate is the
+        records', unless `step` is given one; `interval_totals`: start's."""
+        self.log_every = log_every
+        self.steps = 0
+        self.epoch = 0
+        self.data_wait_share: float | None = None
+        self._sums = IntervalSums()
+        self._close_sums = interval_totals or IntervalSums.take
+        self._open: tuple[IntervalCut, PendingTotals, int, int, float | None] | None = None
+        self._optimizer = optimizer
+        self._lr: float | None = None
+        self._pause: OpenPause | None = None
+        """The open pause: the loop evaluates or checkpoints, so its batches, forwards and steps train nothing."""
+        self.rank = str(identity.rank)
+        self.flops_per_token = flops_per_token
+        self.peak = peak
+        self.device = device
+        # What measures the step, forward and data-wait times; it starts with the first step's clock, below
+        clock = clock_for(device)
+        self.clock = clock.name
+        self._comm_metrics = CommMetrics.off()  # until a watched model communicates
+        self._comm_watched = False
+        self._identity = identity
+        self._metrics = (
+            RankMetrics.build(identity, self.clock, device.type == "cuda", bool(peak))
+            if os.environ.get(METRICS_DIR_ENV)
+            else RankMetrics.off()
+        )  # no metrics directory: no series
+        launched_at = launch_time()
+        start_responder(identity.rank)  # hang evidence on the launcher's request (trainstack/hang.py)
+        self._records_path = RunDir(run_dir).rank_records(identity.rank)
+        with self._storage_failures():
+            self._records_path.parent.mkdir(parents=True, exist_ok=True)
+            self._records = open_records(self._records_path, identity, launched_at)
+        self._interval_start = time.time()
+        self._rank_clock: RankClock = clock.start(identity.uuid, self._metrics)
+        self._clock_started_at = self._interval_start  # unix time the step clock last (re)started
+        self._comm: CommTimer = CommTimer(self._rank_clock.marks, in_forward=lambda: self._in_forward)
+        self._comm_callbacks = FutureCallbacks()
+        self._host_data_wait = 0.0
+        self._wait_start = 0.0
+        self._samples = 0
+        self._in_forward = False
+        self._forward_passes = 0
+        self._state_bytes: dict[str, int] = {}
+        self._wall_time = WallTime(launched_at, self._spent)  # this interval's pauses, compiling steps, startup
+        # Every part this rank measures is a series from the start: a rate needs two samples
+        for part in filter(self._measures, breakdown.LIVE_PARTS):
+            self._metrics.time.labels(self.rank, part)
+
+    # ---- the loop's points ------------------------------------------------------------------------------------
+    def watch(self, model: torch.nn.Module, comm_hook: Callable | None = None) -> bool:
+        """Times the communication of a DDP or FSDP model (trainstack/telemetry/comm.py), a DDP model's through
+        `comm_hook` where given; False for any other."""
+        self._comm_watched = watch_gradient_communication(
+            model, self._comm, self._comm_callbacks, training=lambda: self._pause is None, comm_hook=comm_hook
+        )
+        if self._comm_watched and os.environ.get(METRICS_DIR_ENV):
+            self._comm_metrics = CommMetrics.build(self._identity)
+            CommSetup.read().publish(self.rank)  # what diagnose's comm-bound evidence names
+        if self._comm_watched:
+            self._metrics.time.labels(self.rank, breakdown.COMM_EXPOSED)
+        return self._comm_watched
+
+    def batches(self, loader: Iterable) -> Iterator:
+        batches = iter(loader)
+        while True:
+            self.data_wait_started()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                self.data_ready()
+                return
+            self.data_ready()
+            yield batch
+
+    def data_wait_started(self) -> None:
+        if self._pause is None:
+            self._wait_start = time.perf_counter()
+            self._rank_clock.data_wait_started()
+
+    def data_ready(self) -> None:
+        if self._pause is None:
+            seconds = time.perf_counter() - self._wait_start
+            self._host_data_wait += seconds
+            self._metrics.host_data_wait.inc(seconds)
+            self._rank_clock.data_ready(seconds)
+
+    @contextmanager
+    def forward(self) -> Iterator[None]:
+        self.forward_started()
+        yield
+        self.forward_done()
+
+    def forward_started(self) -> None:
+        if self._pause is None:
+            self._in_forward = True
+            self._rank_clock.forward_started()
+
+    def forward_done(self) -> None:
+        if self._pause is None:
+            self._in_forward = False
+            self._forward_passes += 1
+            self._metrics.forward_passes.inc()
+            self._rank_clock.forward_done()
+
+    def micro_batch(
+        self, *, tokens: int | torch.Tensor | None = None, loss: float | torch.Tensor | None = None
+    ) -> None:
+        if self._pause is None:
+            self._sums.add(loss, tokens)
+
+    def step(
+        self,
+        samples: int,
+        *,
+        tokens: int | torch.Tensor | None = None,
+        loss: float | torch.Tensor | None = None,
+        lr: float | None = None,
+        epoch: int | None = None,
+        compile_seconds: float | None = None,
+        recompiles: int = 0,
+    ) -> None:
+        if self._pause is not None:
             return
         self._sums.add(loss, tokens)
         if compile_seconds is None:
-            self.telemetry.step_done(samples)
+            self._count_step(samples)
+            self._rank_clock.step_done()
         else:
-            self.telemetry.step_compiled(samples, compile_seconds, recompiles)
+            self._step_compiled(samples, compile_seconds, recompiles)
         self.steps += 1
         if lr is not None:
             self._lr = lr
@@ -273,13 +483,10 @@ class Monitor(NullMonitor):
             self._open_interval()
 
     def resumed_at(self, step: int, epoch: int = 0) -> None:
-        """The run continues from a checkpoint: steps are numbered on from `step`."""
         self.steps, self.epoch = step, epoch
 
     @contextmanager
-    def pause(self, part: str):
-        """Time that trains nothing (evaluation, a checkpoint): not counted as a step; the monitor's calls
-        inside it record nothing."""
+    def pause(self, part: str) -> Iterator[None]:
         self.pause_started(part)
         try:
             yield
@@ -287,32 +494,78 @@ class Monitor(NullMonitor):
             self.pause_ended(part)
 
     def pause_started(self, part: str) -> None:
-        """`part`: one of PAUSES. On a GPU the pause begins once the device has run the steps queued before it."""
-        self.telemetry.pause_started(part)
-        self._paused = True
+        """`part`, one of trainstack/breakdown.py's PAUSES ("evaluation", "checkpoint_save", "checkpoint_load",
+        "compile"); `pause_ended(part)` says it trains again. On a GPU the pause starts once the device has run the
+        steps queued before it, which are step time."""
+        if part not in breakdown.PAUSES:
+            raise ValueError(f"no pause {part!r}: a pause is one of {', '.join(breakdown.PAUSES)}")
+        if self._pause:
+            raise ValueError(f"pause {part!r} started during pause {self._pause.part!r}: pauses do not nest")
+        self._rank_clock.wait_for_device()
+        self._pause = OpenPause(part, time.perf_counter(), time.time())
 
     def pause_ended(self, part: str) -> None:
-        seconds = self.telemetry.pause_ended(part)
-        self._paused = False
+        """The pause `part` is over: its time goes to that part, and the next step's clock starts now."""
+        pause, self._pause = self._pause, None
+        if pause is None or pause.part != part:
+            raise ValueError(f"pause {part!r} ended, but {f'{pause.part!r}' if pause else 'none'} had started")
+        seconds = time.perf_counter() - pause.started
+        self._wall_time.paused(part, seconds, pause.started_at)
+        self._resync_clock()
         if part == breakdown.CHECKPOINT_SAVE:
-            self.telemetry.checkpoint_done(seconds)
+            self._checkpoint_done(seconds)
 
     def flush(self) -> None:
-        """Records everything up to now, waiting for the device: before a checkpoint or at the end."""
         self._record_open()
         if self._sums.micro_batches:
             self._open_interval()
             self._record_open()
 
     def close(self) -> None:
+        """The closing line: the pauses since the last record (the final checkpoint and evaluation) and the time,
+        which ends the rank's wall time. A rank that never stepped spent all of it starting. Returns once the
+        collectives' threads hold none of the telemetry's callbacks, which would abort the exiting process."""
         try:
             self.flush()
         finally:
-            self.telemetry.close()
+            self._close_records()
+
+    # ---- the rank's time (trainstack/breakdown.py, trainstack/telemetry/wall_time.py) ------------------------
+    def _measures(self, part: str) -> bool:
+        """Whether this rank measures `part`: host-bound idle only on a GPU NVML answers for, exposed communication
+        only on a watched DDP model. A part it does not measure has no series, rather than zeros."""
+        return {breakdown.HOST_BOUND: self._rank_clock.measures_busy, breakdown.COMM_EXPOSED: self._comm_watched}.get(
+            part, True
+        )
+
+    def _step_compiled(self, samples: int, seconds: float, recompiles: int) -> None:
+        """A step that compiled counts as a step, but its time is compile time, not a step time."""
+        self._count_step(samples)
+        self._wall_time.compiled(seconds, time.time())
+        self._resync_clock()
+        self._metrics.compile_seconds.inc(seconds)
+        self._metrics.recompiles.inc(recompiles)
+
+    def _spent(self, part: str, seconds: float) -> None:
+        self._metrics.time.labels(self.rank, part).inc(seconds)
+
+    def _count_step(self, samples: int) -> None:
+        self._wall_time.stepped(self._clock_started_at)
+        self._samples += samples
+        self._comm.step_done()
+        self._metrics.steps.inc()
+        self._metrics.samples.inc(samples)
+        self._metrics.last_step.set(time.time())
+
+    def _resync_clock(self) -> None:
+        """After a checkpoint, an evaluation or a compiling step: that time is not a step, so it must not count as
+        one."""
+        self._clock_started_at = time.time()
+        self._rank_clock.restart_step_clock()
 
     # ---- intervals --------------------------------------------------------------------------------------------
     def _open_interval(self) -> None:
-        self._open = (self.telemetry.interval_ended(), self._sums.take(), self.steps, self.epoch, self._lr)
+        self._open = (self._cut_interval(), self._close_sums(self._sums), self.steps, self.epoch, self._lr)
 
     def _record_open(self) -> None:
         if self._open is None:
@@ -320,7 +573,145 @@ class Monitor(NullMonitor):
         cut, sums, step, epoch, lr = self._open
         self._open = None
         totals = sums.result()
-        self.data_wait_share = self.telemetry.interval_done(cut, step, epoch, totals.loss, lr, totals.local_tokens)
+        self.data_wait_share = self._record_interval(cut, step, epoch, totals.local_loss, lr, totals.local_tokens)
+
+    def _cut_interval(self) -> IntervalCut:
+        """Closes the interval's counts between two steps; `_record_interval` records them once its loss is known."""
+        outside = self._wall_time.cut()
+        cut = IntervalCut(
+            samples=self._samples,
+            times=self._rank_clock.cut(),
+            host_data_wait=self._host_data_wait,
+            forward_passes=self._forward_passes,
+            comm_steps=self._comm.cut() if self._comm_watched else None,
+            step_count=outside.step_count,
+            compile_seconds=outside.compile_seconds,
+            paused=outside.paused,
+            not_stepping=outside.spans,
+        )
+        self._samples, self._host_data_wait, self._forward_passes = 0, 0.0, 0
+        return cut
+
+    def _record_interval(
+        self, cut: IntervalCut, step: int, epoch: int, loss: float | None, lr: float | None, tokens: int
+    ) -> float | None:
+        """Records the interval; returns its data-wait share of step time (ratios.DATA_WAIT_SHARE, for the progress
+        bar)."""
+        times, ended = cut.times.read()
+        step_seconds, data_wait, forward = times.step_seconds, times.data_wait_seconds, times.forward_seconds
+        comm = self._comm.read(cut.comm_steps) if cut.comm_steps is not None else None
+        if comm:
+            forward = max(0.0, forward - sum(step.forward_exposed_seconds for step in comm))
+        self._metrics.forward_seconds.inc(forward)
+        # The samples NVML took while the device ran the interval: from the end of the previous one to now.
+        busy = self._rank_clock.busy_share(self._interval_start, ended, cut.not_stepping)
+        activity: dict[str, Any] = self._rank_clock.activity()  # GPM: SM and tensor-core activity
+        interval = max(ended - self._interval_start, 1e-9)
+        self._interval_start = ended
+        stepped = sum(step_seconds) or interval
+        comm_fields = self._record_comm(comm) if comm is not None else {}
+        record = IntervalRecord(
+            time=ended,
+            rank=int(self.rank),
+            step=step,
+            epoch=epoch,
+            loss=loss,
+            lr=lr,
+            samples=cut.samples,
+            tokens=tokens,
+            interval_seconds=interval,
+            data_wait_seconds=data_wait,
+            step_seconds=tuple(step_seconds),
+            host_data_wait_seconds=cut.host_data_wait,
+            clock=self.clock,
+            forward_seconds=forward if cut.forward_passes else None,
+            param_bytes=self._state_bytes.get("param_bytes"),
+            grad_bytes=self._state_bytes.get("grad_bytes"),
+            optimizer_state_bytes=self._state_bytes.get("optimizer_state_bytes"),
+            **comm_fields,
+            **self._record_time(cut, sum(step_seconds), data_wait, comm_fields.get("comm_exposed_seconds"), busy),
+            **activity,
+        )
+        with self._storage_failures():
+            self._records.write(record.to_json() + "\n")
+        m = self._metrics
+        m.tokens.inc(tokens)
+        if loss is not None:  # a loop that gives its monitor no loss (or no learning rate) has none to show
+            m.loss.set(loss)
+        if lr is not None:
+            m.learning_rate.set(lr)
+        m.epoch.set(epoch)
+        if m.memory_allocated_peak is not None and m.memory_reserved_peak is not None:
+            m.memory_allocated_peak.set(torch.cuda.max_memory_allocated(self.device))
+            m.memory_reserved_peak.set(torch.cuda.max_memory_reserved(self.device))
+        if m.mfu is not None and self.peak:
+            # Tokens this rank trained on over the time its steps took (a checkpoint or evaluation pause
+            # in the interval is no step): docs/metrics.md.
+            m.mfu.set(self.flops_per_token * tokens / stepped / self.peak)
+        return ratios.DATA_WAIT_SHARE.of(data_wait, stepped)
+
+    def _record_comm(self, steps: list[StepComm]) -> dict[str, Any]:
+        """The interval's gradient communication into the counters, and as its record's fields."""
+        fields = {
+            "comm_seconds": sum(step.seconds for step in steps),
+            "comm_exposed_seconds": sum(step.exposed_seconds for step in steps),
+            "comm_bytes": sum(step.bytes for step in steps),
+            "comm_buckets": sum(step.buckets for step in steps),
+        }
+        self._comm_metrics.seconds.inc(fields["comm_seconds"])
+        self._comm_metrics.exposed.inc(fields["comm_exposed_seconds"])
+        self._comm_metrics.bytes.inc(fields["comm_bytes"])
+        return fields
+
+    def _record_time(
+        self, cut: IntervalCut, step_seconds: float, data_wait: float, comm_exposed: float | None, busy: float | None
+    ) -> dict:
+        """The interval's time by part into the counter, and as its record's fields (trainstack/breakdown.py)."""
+        parts = breakdown.split_step_time(step_seconds, data_wait, comm_exposed or 0.0, busy)
+        for part, seconds in parts.items():
+            if self._measures(part):
+                self._spent(part, seconds)
+        return {
+            "step_count": cut.step_count,
+            "time_parts": {**parts, breakdown.COMPILE: cut.compile_seconds},
+            "paused": pauses(cut.paused),
+            "host_bound_measured": busy is not None,
+        }
+
+    def _state_measured(self, sizes: dict[str, int]) -> None:
+        """The rank's parameter, gradient and optimizer-state bytes (`training_state_bytes`)."""
+        self._state_bytes = sizes
+        for key, value in sizes.items():
+            self._metrics.state_bytes[key].set(value)
+
+    def _checkpoint_done(self, duration: float) -> None:
+        """A checkpoint was saved (its pause, "checkpoint_save", has ended): its time and how long it took."""
+        self._metrics.last_checkpoint.set(time.time())
+        self._metrics.checkpoint_duration.set(duration)
+
+    @contextmanager
+    def _storage_failures(self):
+        """A records write the storage refused, as a WriteFailure; a cut-off line is ended by the next start."""
+        try:
+            yield
+        except OSError as error:
+            failure = write_failure(error, "the telemetry records", self._records_path)
+            if failure is None:
+                raise
+            raise failure from None
+
+    def _close_records(self) -> None:
+        self._comm_callbacks.wait_released()
+        since_the_last_record = self._wall_time.ended(time.time())
+        ending = SegmentEnded(
+            time.time(), int(self.rank), since_the_last_record.step_count, pauses(since_the_last_record.paused)
+        )
+        for finish in (lambda: self._records.write(ending.to_json() + "\n"), self._records.close):
+            try:
+                finish()
+            except OSError:
+                pass  # a record's write failed and was reported (the segment then reads as killed)
+        self._rank_clock.close()
 
 
 # ---- saying so --------------------------------------------------------------------------------------------

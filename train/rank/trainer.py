@@ -30,7 +30,7 @@ from trainstack.errors import EXIT_CONFIG, EXIT_RUNTIME, ConfigError
 from trainstack.hang import start_responder
 from trainstack.heap import freeze_what_is_built
 from trainstack.rundir import NON_BLOCKING_COPY_ENV, RUN_ID_ENV, RunDir, write_summary
-from trainstack.telemetry.interval import IntervalSums, PendingTotals, interval_ends
+from trainstack.telemetry.interval import IntervalSums, PendingTotals
 from trainstack.train.rank import checkpoint, outcome, sharding
 from trainstack.train.rank.checkpointer import Checkpointer, drop_tied_aliases
 from trainstack.train.rank.config import TrainConfig, require_device_support
@@ -57,7 +57,7 @@ from trainstack.write_failure import WriteFailure
 
 @dataclass(frozen=True)
 class OpenInterval:
-    """A log interval whose totals are on their way to the host."""
+    """A log interval whose totals, reduced across the ranks, are on their way to the host."""
 
     totals: PendingTotals
     step: int
@@ -109,11 +109,12 @@ class Trainer:
         self.progress = Progress()
         self.record: RunRecord | None = None
         self.run_id = os.environ.get(RUN_ID_ENV, "manual")
-        self.monitor: trainstack.monitor.NullMonitor = trainstack.monitor.NullMonitor()
+        self.monitor: trainstack.monitor.TrainingMonitor = trainstack.monitor.NullMonitor()
         self.compile_watch: CompileWatch | NoCompileWatch = NoCompileWatch()
         self.evaluator = evaluator(compiled=config.compile)
         self.throughput: dict[str, float] = {}
-        self._open_interval: OpenInterval | None = None
+        self._open_intervals: list[OpenInterval] = []
+        self._in_loop = False  # the ranks step together: a collective closing an interval finds every rank
         # train/rank/static_graph.py: under DDP's static graph an output it cannot flatten leaves the ranks apart
         self.unchecked_static_graph = (
             config.strategy == "ddp" and config.ddp_static_graph and self.accelerator.num_processes > 1
@@ -182,29 +183,36 @@ class Trainer:
             optimizer=self.optimizer,
             enabled=config.telemetry,
             comm_hook=comm_hook(config),
+            interval_totals=self._close_interval,
         )
 
     # ---- the loop -------------------------------------------------------------------------------------------
     def train(self) -> str:
-        config, accelerator, p = self.config, self.accelerator, self.progress
+        p = self.progress
         bar = tqdm(
             total=self.total_steps,
             initial=p.step,
-            disable=not accelerator.is_main_process,
+            disable=not self.accelerator.is_main_process,
             desc="train",
             unit="step",
             dynamic_ncols=True,
         )
-        sums = IntervalSums(accelerator.device)
         if p.step >= self.total_steps:
             return "completed"
         self.model.train()
         self.compile_watch.resync()
+        self._in_loop = True
+        try:
+            return self._loop(bar)
+        finally:
+            self._in_loop = False
+
+    def _loop(self, bar) -> str:
+        config, accelerator, p = self.config, self.accelerator, self.progress
         while config.epochs == 0 or p.epoch < config.epochs:
             for batch in self._batches_of_epoch():
                 loss = train_step(accelerator, self.model, self.optimizer, batch, config.max_grad_norm, self.monitor)
                 tokens = batch["attention_mask"].sum()
-                sums.add(loss, tokens)
                 p.batch_in_epoch += 1
                 if not accelerator.sync_gradients:
                     self.monitor.micro_batch(tokens=tokens, loss=loss)
@@ -215,7 +223,8 @@ class Trainer:
                     require_reduced_gradients(accelerator, self.model)
                     self.unchecked_static_graph = False
                 compile_seconds, recompiles = self.compile_watch.step_done() or (None, 0)
-                self.monitor.step(
+                closed_before, self._open_intervals = self._open_intervals, []
+                self.monitor.step(  # at an interval's end it closes the interval (`_close_interval`)
                     batch["input_ids"].shape[0] * config.grad_accum,
                     tokens=tokens,
                     loss=loss,
@@ -225,17 +234,15 @@ class Trainer:
                     recompiles=recompiles,
                 )
                 # The previous interval's totals, read now that this step is queued behind them.
-                stop = self._log_interval(bar)  # the ranks agreed to stop
+                stop = self._log_intervals(closed_before, bar)  # the ranks agreed to stop
                 last = p.step >= self.total_steps
                 if last or stop:
-                    self._log_through_now(sums, bar)
+                    self._log_through_now(bar)
                     return "completed" if last else "preempted"
-                if interval_ends(p.step, config.log_every):
-                    self._end_interval(sums)
                 checkpoint_due = config.checkpoint_every and p.step % config.checkpoint_every == 0
                 eval_due = config.eval_every and p.step % config.eval_every == 0
                 if checkpoint_due or eval_due:
-                    if self._log_through_now(sums, bar):  # both need the progress up to now
+                    if self._log_through_now(bar):  # both need the progress up to now
                         return "preempted"
                     if checkpoint_due:
                         self.save()
@@ -243,7 +250,7 @@ class Trainer:
                         self.evaluate()
             p.epoch += 1
             p.batch_in_epoch = 0
-        self._log_through_now(sums, bar)
+        self._log_through_now(bar)
         return "completed"
 
     def _batches_of_epoch(self):
@@ -254,20 +261,26 @@ class Trainer:
             loader = self.accelerator.skip_first_batches(self.train_loader, self.progress.batch_in_epoch)
         yield from self.monitor.batches(loader)
 
-    def _end_interval(self, sums: IntervalSums) -> None:
-        """Queues the interval's one all-reduce and returns at once; `_log_interval` reads it, normally after the
-        next step is queued (trainstack/telemetry/interval.py says why)."""
+    def _close_interval(self, sums: IntervalSums) -> PendingTotals:
+        """The monitor's loss and token sums at an interval's end: in the loop, queues their one all-reduce and
+        returns at once; `_log_intervals` reads it, normally after the next step is queued
+        (trainstack/telemetry/interval.py says why). Outside it (a rank closing after an error) no other rank
+        meets a collective: this rank's own, and nothing to log."""
+        if not self._in_loop:
+            return sums.take()
         p = self.progress
-        self._open_interval = OpenInterval(
-            sums.start_reduce(self.accelerator, self.stop.requested), p.step, p.epoch, self.scheduler.get_last_lr()[0]
-        )
+        totals = sums.start_reduce(self.accelerator, self.stop.requested)
+        self._open_intervals.append(OpenInterval(totals, p.step, p.epoch, self.scheduler.get_last_lr()[0]))
+        return totals
 
-    def _log_interval(self, bar) -> bool:
-        """The open interval's totals into the progress and the bar; True when the ranks agreed to stop. Nothing
-        open: False."""
-        interval, self._open_interval = self._open_interval, None
-        if interval is None:
-            return False
+    def _log_intervals(self, intervals: list[OpenInterval], bar) -> bool:
+        """The intervals' totals into the progress and the bar; True when the ranks agreed to stop."""
+        stop = False
+        for interval in intervals:
+            stop = self._log_interval(interval, bar) or stop
+        return stop
+
+    def _log_interval(self, interval: OpenInterval, bar) -> bool:
         accelerator, p = self.accelerator, self.progress
         totals = interval.totals.result()
         p.last_loss = totals.loss
@@ -283,15 +296,12 @@ class Trainer:
         bar.set_postfix(**postfix)
         return totals.stop
 
-    def _log_through_now(self, sums: IntervalSums, bar) -> bool:
+    def _log_through_now(self, bar) -> bool:
         """Logs the open interval and the steps since, waiting for the device (a checkpoint, an evaluation or
         the end of the loop needs the progress up to now); True when the ranks agreed to stop."""
-        self.monitor.flush()
-        stop = self._log_interval(bar)
-        if sums.micro_batches:
-            self._end_interval(sums)
-            stop = self._log_interval(bar) or stop
-        return stop
+        self.monitor.flush()  # closes the steps since the last interval's end (`_close_interval`)
+        intervals, self._open_intervals = self._open_intervals, []
+        return self._log_intervals(intervals, bar)
 
     def save(self) -> None:
         if not self.checkpointer.due(self.progress.step):

@@ -53,7 +53,7 @@ class TrainstackCallback(TrainerCallback):
     def __init__(self, trainer, **options):
         self._trainer = trainer
         self._options = options
-        self._monitor: tsm.NullMonitor | None = None  # a Monitor from on_train_begin to on_train_end
+        self._monitor: tsm.TrainingMonitor | None = None  # from on_train_begin to on_train_end
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._between: str | None = None
         self._main_input = "input_ids"
@@ -145,7 +145,7 @@ class TrainstackCallback(TrainerCallback):
             self._switch(BATCH)
 
     @property
-    def _active(self) -> tsm.NullMonitor:
+    def _active(self) -> tsm.TrainingMonitor:
         """The monitor, which the Trainer's events and the model's hooks reach only while it trains."""
         assert self._monitor is not None, "the Trainer calls these between on_train_begin and on_train_end"
         return self._monitor

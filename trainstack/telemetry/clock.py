@@ -1,5 +1,5 @@
 """The clock a rank measures its step, forward and data-wait times on: one strategy, chosen from its device once,
-when its telemetry is built (`clock_for`), and called the same way at every mark after that (core.py).
+when its monitor is built (`clock_for`), and called the same way at every mark after that (trainstack/monitor.py).
 
 - A CPU rank's is the host's: a wait for data, a forward pass or a step lasts what the host's clock says, known
   and published at once.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import ClassVar
@@ -24,7 +25,7 @@ from trainstack.telemetry.comm_timer import Clock, DeviceClock, HostClock
 from trainstack.telemetry.gpu_activity import GpuActivity
 from trainstack.telemetry.gpu_busy import GpuBusy
 from trainstack.telemetry.metrics import RankMetrics
-from trainstack.telemetry.timeline import DeviceTimeline, IntervalSpans, IntervalTimes
+from trainstack.telemetry.timeline import IntervalSpans, IntervalTimes, Span, TimingEvent
 
 
 class PendingTimes(ABC):
@@ -186,21 +187,28 @@ class DeviceTimes(PendingTimes):
 
 
 class GpuRankClock(RankClock):
-    """A GPU rank's: CUDA events on the device's timeline, and NVML's samples of how busy it was."""
+    """A GPU rank's: CUDA events on the device's timeline (timeline.py says why each mark is where it is), and
+    NVML's samples of how busy it was. The events come from a small pool: the loop marks a handful per step."""
 
     name = "gpu"
 
     def __init__(
         self,
-        timeline: DeviceTimeline,
-        marks: DeviceClock,
+        new_event: Callable[[], TimingEvent],
         metrics: RankMetrics,
         busy: GpuBusy | None,
         activity: GpuActivity | None,
     ):
-        """`busy`, `activity`: None where NVML cannot answer for this GPU."""
-        self._timeline = timeline
-        self.marks = marks
+        """`new_event`: torch.cuda.Event's, or a fake GPU's in the tests; `busy`, `activity`: None where NVML cannot
+        answer for this GPU."""
+        self._new_event = new_event
+        self._free: list[TimingEvent] = []
+        self._step_start = self._mark()
+        self._open: TimingEvent | None = None
+        self._waits: list[Span] = []
+        self._forwards: list[Span] = []
+        self._steps: list[Span] = []
+        self.marks = DeviceClock(new_event)
         self._metrics = metrics
         self._busy = busy
         self._activity = activity
@@ -208,34 +216,52 @@ class GpuRankClock(RankClock):
 
     @classmethod
     def start(cls, uuid: str, metrics: RankMetrics) -> GpuRankClock:
-        new_event = partial(torch.cuda.Event, enable_timing=True)
-        return cls(
-            DeviceTimeline(new_event), DeviceClock(new_event), metrics, GpuBusy.open(uuid), GpuActivity.open(uuid)
-        )
+        return cls(partial(torch.cuda.Event, enable_timing=True), metrics, GpuBusy.open(uuid), GpuActivity.open(uuid))
+
+    def _mark(self) -> TimingEvent:
+        event = self._free.pop() if self._free else self._new_event()
+        event.record()
+        return event
+
+    def _open_span(self) -> None:
+        self._open = self._mark()
+
+    def _close_span(self, spans: list[Span]) -> None:
+        assert self._open is not None, "a span closes only after _open_span"
+        spans.append((self._open, self._mark()))
+        self._open = None
 
     def data_wait_started(self) -> None:
-        self._timeline.data_wait_started()
+        self._open_span()
 
     def data_ready(self, host_seconds: float) -> None:
-        self._timeline.data_ready()  # the GPU's starvation, not the host's wait
+        self._close_span(self._waits)  # the GPU's starvation, not the host's wait
 
     def forward_started(self) -> None:
-        self._timeline.forward_started()
+        self._open_span()
 
     def forward_done(self) -> None:
-        self._timeline.forward_done()
+        self._close_span(self._forwards)
 
     def step_done(self) -> None:
-        self._timeline.step_done()
+        end = self._mark()
+        self._steps.append((self._step_start, end))
+        self._step_start = end
 
     def wait_for_device(self) -> None:
-        self._timeline.wait_for_device()
+        mark = self._mark()
+        mark.synchronize()
+        self._free.append(mark)
 
     def restart_step_clock(self) -> None:
-        self._timeline.restart_step_clock()
+        self._step_start = self._mark()
 
     def cut(self) -> DeviceTimes:
-        return DeviceTimes(self._timeline.cut(), self._metrics)
+        """No wait or forward pass is half-marked at the end of a step. The interval's times are read later, once
+        the device has run its marks."""
+        spans = IntervalSpans(self._waits, self._forwards, self._steps, self._step_start, self._free)
+        self._waits, self._forwards, self._steps = [], [], []
+        return DeviceTimes(spans, self._metrics)
 
     def busy_share(self, start: float, end: float, not_stepping: list[tuple[float, float]]) -> float | None:
         return self._busy.share(start, end, not_stepping) if self._busy else None

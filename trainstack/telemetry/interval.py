@@ -1,4 +1,5 @@
-"""A log interval's loss and tokens: summed where they are, read one interval later, and when an interval ends.
+"""A log interval: when it ends, its counts at the cut, and its loss and tokens, summed where they are and read
+later.
 
 Every loop sums each micro-batch's loss and tokens into `IntervalSums`: a device tensor with one in-place add on
 the device (the cheapest thing a step can do with it without waiting for it), a number on the host. At the end of
@@ -7,9 +8,11 @@ event after it) and the next interval starts; the loop reads them after it has q
 has that step to run while the host waits for the totals and then logs them. Read at once, the GPU would sit idle
 from the end of the interval until the host had logged and queued again.
 
-trainstack.monitor reads a rank's own sums (`take`); trainstack's Trainer also reduces them across the ranks
-(`start_reduce`): the one cross-rank traffic of its loop, which carries the loss, the tokens and the stop flag
-together.
+A rank's monitor (trainstack.monitor) keeps the one sum of its loop's loss and tokens, and closes it at each
+interval's end: into this rank's own totals (`take`), or, where the loop asks the monitor for it, into every rank's
+(`start_reduce`): trainstack's Trainer does, for its progress bar, and that reduction is the one cross-rank traffic
+of its loop, which carries the loss, the tokens and the stop flag together. Either way the totals keep this rank's
+own loss and tokens, which its records and series show.
 """
 
 from __future__ import annotations
@@ -18,8 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
+from trainstack.telemetry.clock import PendingTimes
+
 LOSS, TOKENS, LOSSES, STOP = range(4)
-"""The places of an interval's sums in the vector a reduction sums across the ranks."""
+"""The places of an interval's sums in the vector a reduction sums across the ranks; this rank's own loss and tokens
+follow them in the totals."""
 
 
 def interval_ends(step: int, log_every: int) -> bool:
@@ -29,9 +35,26 @@ def interval_ends(step: int, log_every: int) -> bool:
 
 
 @dataclass(frozen=True)
+class IntervalCut:
+    """A log interval's counts, taken between its last step and the next one."""
+
+    samples: int
+    times: PendingTimes  # step, data-wait and forward times, on the rank's clock (clock.py)
+    forward_passes: int
+    host_data_wait: float
+    comm_steps: list | None  # the steps' gradient-communication marks (CommTimer.cut); None where unmeasured
+    # Its time outside its steps (wall_time.py's NotStepping):
+    step_count: int
+    compile_seconds: float
+    paused: list[dict]
+    not_stepping: list[tuple[float, float]]
+
+
+@dataclass(frozen=True)
 class IntervalTotals:
     loss: float | None  # the mean over the micro-batches that gave one (every rank's, when reduced); None: none did
     tokens: int  # every rank's, when reduced
+    local_loss: float | None  # this rank's mean
     local_tokens: int  # this rank's
     micro_batches: int  # this rank's
     stop: bool  # some rank was asked to stop (only a reduction carries it)
@@ -69,13 +92,15 @@ class IntervalSums:
         """This rank's sums on their way to the host; the next interval starts."""
         on_device = [value for value in self._on_device if value is not None]
         values = self._stacked(on_device[0].device) if on_device else None
-        pending = PendingTotals(values, [*self._host, float(self._losses), 0.0], self.micro_batches, reduced=False)
+        pending = PendingTotals(
+            values, [*self._host, float(self._losses), 0.0], self.micro_batches, self._losses, reduced=False
+        )
         self._reset()
         return pending
 
     def start_reduce(self, accelerator, stop_requested: bool) -> PendingTotals:
         """Queues one all-reduce (the loss mean over all ranks, their tokens, whether any must stop) and the copy of
-        its result, with this rank's own tokens, to the host; the next interval starts."""
+        its result, with this rank's own loss and tokens, to the host; the next interval starts."""
         device = self._device or next(
             (value.device for value in self._on_device if value is not None), accelerator.device
         )
@@ -86,9 +111,9 @@ class IntervalSums:
             [*self._host, float(self._losses), float(stop_requested)], dtype=torch.float64, pin_memory=on_gpu
         ).to(device, non_blocking=on_gpu)
         local[LOSS : TOKENS + 1] += self._stacked(device)
-        own_tokens = local[TOKENS : TOKENS + 1].clone()
-        values = torch.cat([accelerator.reduce(local, reduction="sum"), own_tokens])
-        pending = PendingTotals(values, [0.0] * 5, self.micro_batches, reduced=True)
+        own = local[LOSS : TOKENS + 1].clone()
+        values = torch.cat([accelerator.reduce(local, reduction="sum"), own])
+        pending = PendingTotals(values, [0.0] * 6, self.micro_batches, self._losses, reduced=True)
         self._reset()
         return pending
 
@@ -106,10 +131,13 @@ class PendingTotals:
     """An interval's totals on their way to the host. On a GPU the copy is queued behind the interval's work (into
     page-locked memory, so that it need not block) with an event after it; elsewhere they are there already."""
 
-    def __init__(self, values: torch.Tensor | None, host: list[float], micro_batches: int, reduced: bool):
+    def __init__(
+        self, values: torch.Tensor | None, host: list[float], micro_batches: int, local_losses: int, reduced: bool
+    ):
         """`values` (None: all on the host) are added, place by place, to `host` when read: loss, tokens, losses,
-        stop, and after a reduction this rank's own tokens."""
-        self._host, self._micro_batches, self._reduced = host, micro_batches, reduced
+        stop, and after a reduction this rank's own loss and tokens. `local_losses`: this rank's micro-batches that
+        gave a loss."""
+        self._host, self._micro_batches, self._local_losses, self._reduced = host, micro_batches, local_losses, reduced
         self._values, self._copied = values, None
         if values is not None and values.device.type == "cuda":
             self._values = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
@@ -125,10 +153,12 @@ class PendingTotals:
         for place, value in enumerate([] if self._values is None else self._values.tolist()):
             values[place] += value
         loss, tokens, losses, stop, *own = values
+        local_loss, local_tokens = own if self._reduced else (loss, tokens)
         return IntervalTotals(
             loss=loss / losses if losses else None,
             tokens=int(tokens),
-            local_tokens=int(own[0] if self._reduced else tokens),
+            local_loss=local_loss / self._local_losses if self._local_losses else None,
+            local_tokens=int(local_tokens),
             micro_batches=self._micro_batches,
             stop=stop > 0,
         )

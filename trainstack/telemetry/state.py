@@ -3,12 +3,9 @@ measured once, right after the first optimizer step."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
-
-if TYPE_CHECKING:
-    from trainstack.telemetry.core import Telemetry
 
 
 def local_bytes(tensors) -> int:
@@ -35,12 +32,14 @@ def training_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimize
     }
 
 
-def measure_state_once(model: torch.nn.Module, optimizer: torch.optim.Optimizer, telemetry: Telemetry) -> None:
-    """At the first optimizer step, once: the bytes of parameters, gradients and optimizer state stay the same for
+def measure_state_once(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, measured: Callable[[dict[str, int]], None]
+) -> None:
+    """At the first optimizer step, once, into `measured`: the bytes of parameters, gradients and optimizer state stay the same for
     the rest of the run, and only right after a step do the gradients and the optimizer state all exist."""
 
     def measure(inner: torch.optim.Optimizer, args, kwargs) -> None:
         handle.remove()
-        telemetry.state_measured(training_state_bytes(model, inner))
+        measured(training_state_bytes(model, inner))
 
     handle = optimizer.register_step_post_hook(measure)

@@ -1,4 +1,5 @@
-"""Step, forward and data-wait times on a device's own clock, from timing events read once per log interval.
+"""Step, forward and data-wait times on a device's own clock, from timing events read once per log interval: what
+the marks of a GPU rank's clock (clock.py, `GpuRankClock`) measure, and how an interval's marks are read.
 
 On a GPU the host runs ahead: it queues a step's kernels and moves on, so its clock says when work was queued,
 not when it ran. A host blocked in the loader's `next()` while the GPU still works through the previous steps
@@ -15,7 +16,6 @@ which is how the tests drive this with a fake GPU clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,64 +40,6 @@ class IntervalTimes:
 
 
 Span = tuple[TimingEvent, TimingEvent]
-
-
-class DeviceTimeline:
-    def __init__(self, new_event: Callable[[], TimingEvent]):
-        self._new_event = new_event
-        self._free: list[TimingEvent] = []
-        self._step_start = self._mark()
-        self._open: TimingEvent | None = None
-        self._waits: list[Span] = []
-        self._forwards: list[Span] = []
-        self._steps: list[Span] = []
-
-    def _mark(self) -> TimingEvent:
-        event = self._free.pop() if self._free else self._new_event()
-        event.record()
-        return event
-
-    def _open_span(self) -> None:
-        self._open = self._mark()
-
-    def _close_span(self, spans: list[Span]) -> None:
-        assert self._open is not None, "a span closes only after _open_span"
-        spans.append((self._open, self._mark()))
-        self._open = None
-
-    def data_wait_started(self) -> None:
-        self._open_span()
-
-    def data_ready(self) -> None:
-        self._close_span(self._waits)
-
-    def forward_started(self) -> None:
-        self._open_span()
-
-    def forward_done(self) -> None:
-        self._close_span(self._forwards)
-
-    def step_done(self) -> None:
-        end = self._mark()
-        self._steps.append((self._step_start, end))
-        self._step_start = end
-
-    def wait_for_device(self) -> None:
-        """Returns once the device has run everything queued so far (a pause starts there)."""
-        mark = self._mark()
-        mark.synchronize()
-        self._free.append(mark)
-
-    def restart_step_clock(self) -> None:
-        """After a checkpoint or evaluation: that pause is not a step, so the next step starts now."""
-        self._step_start = self._mark()
-
-    def cut(self) -> IntervalSpans:
-        """Ends the interval at the end of a step (no wait or forward pass half-marked); the next one starts
-        with the next mark. Its times are read later, once the device has run its marks."""
-        spans = IntervalSpans(self._waits, self._forwards, self._steps, self._step_start, self._free)
-        self._waits, self._forwards, self._steps = [], [], []
-        return spans
 
 
 class IntervalSpans:
