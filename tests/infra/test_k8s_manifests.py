@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
@@ -18,13 +17,13 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 
 from tests.helpers.k8s import KUBECTL, NO_KUBECTL, OVERLAYS_DIR, SAFE_LOADER, arg_value, needs_kubectl, only, render
+from tests.helpers.runs import REPO as ROOT
 from trainstack.rundir import RUN_ID_ENV
 from trainstack.train.launcher.lease import DEFAULT_TIMEOUT_SECONDS
 from trainstack.train.rank.config import TrainConfig, read_config_file
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 OVERLAYS = sorted(p.name for p in OVERLAYS_DIR.iterdir() if (p / "kustomization.yaml").is_file())
 JOB_OVERLAYS = ("single-node", "multi-node")
 SHARED_STORAGE_OVERLAYS = ("multi-node", "kubeflow-trainer")

@@ -9,15 +9,14 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.helpers.promql import metric_names, undocumented
+from tests.helpers.runs import REPO as ROOT
 from trainstack import thresholds
 
-ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS_DIR = ROOT / "monitoring/prometheus"
 RULE_FILES = sorted((PROMETHEUS_DIR / "rules").glob("*.yml"))
 UNIT_TEST_FILES = sorted((PROMETHEUS_DIR / "tests").glob("*.yml"))

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.helpers.promql import label_values_metric, metric_names, undocumented
+from tests.helpers.runs import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 GRAFANA_DIR = ROOT / "monitoring/grafana"
 DASHBOARD_FILES = sorted((GRAFANA_DIR / "dashboards").glob("*.json"))
 RECORDING_RULES = ROOT / "monitoring/prometheus/rules/recording.yml"

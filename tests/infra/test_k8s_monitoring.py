@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.runs import REPO as ROOT
+
 SCRIPT = ROOT / "scripts/k8s-monitoring.py"
 GENERATED = ROOT / "k8s/common/generated"
 RULES_DIR = ROOT / "monitoring/prometheus/rules"

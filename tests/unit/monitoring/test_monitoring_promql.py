@@ -3,8 +3,6 @@ check every rule and dashboard query against the series that exist. Here: the he
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests.helpers.promql import (
@@ -12,8 +10,6 @@ from tests.helpers.promql import (
     metric_names,
     undocumented,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,7 @@ from tests.helpers.promql import (
     label_values_metric,
     metric_names,
 )
+from tests.helpers.runs import REPO as ROOT
 from tests.helpers.runs import kill_tree
 from tests.helpers.scrapes import diagnose_url
 from trainstack import thresholds
@@ -49,7 +50,6 @@ from trainstack.monitoring.diagnose.sources import PrometheusSource
 from trainstack.monitoring.diagnose.verdicts import diagnose
 from trainstack.rundir import RunDir, StallDir, free_port
 
-ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS_DIR = ROOT / "monitoring/prometheus"
 RULE_FILES = sorted((PROMETHEUS_DIR / "rules").glob("*.yml"))
 DASHBOARD_FILES = sorted((ROOT / "monitoring/grafana/dashboards").glob("*.json"))

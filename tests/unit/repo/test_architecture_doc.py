@@ -1,9 +1,8 @@
 """docs/architecture.md names every module of trainstack/ (its module map): a module added without its line fails
 here, so the one-page map stays whole."""
 
-from pathlib import Path
+from tests.helpers.runs import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 MAP = (ROOT / "docs/architecture.md").read_text().split("Every module of `trainstack/`", 1)[1].split("\n\n", 2)[1]
 
 

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.runs import torchrun
+from tests.helpers.runs import REPO, torchrun
 from trainstack.monitoring.diagnose import verdicts
 from trainstack.monitoring.diagnose.records import snapshot_from_records
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 
-REPO = Path(__file__).resolve().parent.parent
 DRIVER = REPO / "tests" / "drivers" / "straggler_matrix.py"
 
 
