@@ -14,10 +14,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from filelock import FileLock
 
+import trainstack.monitoring.nvml_fake as nvml_fake
 from tests.helpers.netns import NODE_ADDRESSES, RATE_BITS, Node, ip, limit_rate
+from tests.helpers.nvml_fake import HOST
 from tests.helpers.runs import (
     REFERENCE_DDP,
     REFERENCE_DDP_ROTATION,
@@ -228,3 +231,19 @@ def slow_link() -> Iterator[tuple[Node, Node]]:
     finally:
         for namespace in made:  # the veth pair goes with them
             ip("netns", "delete", namespace)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def watched_gpu():
+    """GPU 0 of the NVML fake's HOST, whose watched job's entry stands for the process that asks."""
+    nvml_fake.load(HOST)
+    nvml_fake.nvmlInit()
+    yield nvml_fake.nvmlDeviceGetHandleByIndex(0)
+    nvml_fake.load(None)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.k8s import OVERLAYS_DIR, arg_value, needs_kubectl, only, render
+from tests.helpers.k8s import OVERLAYS_DIR, arg_value, expand, needs_kubectl, only, render
 from tests.helpers.runs import REPO
 from trainstack.rundir import LEASE_DIR, free_port
 
@@ -31,17 +31,6 @@ DISTRIBUTED_ENV = re.compile(
     r"^(MASTER_ADDR|MASTER_PORT|NNODES|NODE_RANK|NPROC_PER_NODE|JOB_COMPLETION_INDEX|"
     r"RANK|LOCAL_RANK|WORLD_SIZE|GROUP_RANK|PET_.*|ACCELERATE_.*|PROMETHEUS_MULTIPROC_DIR)$"
 )
-
-
-def expand(value: str, variables: dict[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion: defined names are replaced, $$ escapes, anything else is left as written."""
-
-    def replace(match: re.Match) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        return variables.get(match.group(1), match.group(0))
-
-    return re.sub(r"\$\$|\$\(([^)]*)\)", replace, value)
 
 
 def pod_environment(job: dict, container: dict, index: int) -> dict[str, str]:
@@ -80,11 +69,6 @@ def test_every_pod_finds_node_0_at_its_stable_dns_name(multi_node_job):
         env = pod_environment(job, container, index)
         assert env["MASTER_ADDR"] == f"{job['metadata']['name']}-0.{service}"
         assert env["NNODES"] == str(job["spec"]["completions"])
-
-
-def test_expansion_follows_kubernetes_rules():
-    assert expand("$(A)-0.$(A)", {"A": "job"}) == "job-0.job"
-    assert expand("$(UNSET) $$(A) $(A", {"A": "x"}) == "$(UNSET) $(A) $(A"
 
 
 def pod_volumes(job: dict, container: dict, docs: list[dict], tmp_path: Path):

@@ -1,6 +1,6 @@
 """The NVML fake's "watched" process entry: under a trainstack launcher it is the command the launcher runs (its pid,
 its argv[0] as NVML's name), absent while there is none; outside one, the entry's own pid and name. End to end: a
-single-process script under `trainstack watch` on the `dataparallel` host is named by its own pid."""
+single-process script under `trainstack watch` on the `dataparallel` watched_gpu is named by its own pid."""
 
 from __future__ import annotations
 
@@ -14,54 +14,9 @@ from pathlib import Path
 
 import pytest
 
-import trainstack.monitoring.nvml_fake as fake
+from tests.helpers.nvml_fake import listed, name_of
 from tests.helpers.runs import explain, run_trainstack, stop_process, trainstack_command, wait_for
 from trainstack.rundir import SUPERVISOR_PID_ENV, free_port
-
-# GPU 0: the watched command beside a process of another user's, which stays whatever runs.
-HOST = {
-    "driver_version": "550.90.07",
-    "gpus": [{"model": "h100_sxm5_80gb", "uuid": "GPU-0", "pci_bus_id": "00000000:18:00.0"}],
-    "processes": {
-        "0": [
-            {"pid": 4242, "name": "/opt/conda/bin/python", "used_gpu_memory": 70_000, "watched": True},
-            {"pid": 777, "name": "/usr/bin/Xorg", "used_gpu_memory": 1_000, "type": "C+G"},
-        ]
-    },
-}
-
-
-@pytest.fixture
-def host():
-    fake.load(HOST)
-    fake.nvmlInit()
-    yield fake.nvmlDeviceGetHandleByIndex(0)
-    fake.load(None)
-
-
-def listed(handle) -> dict[int, int]:
-    return {p.pid: p.usedGpuMemory for p in fake.nvmlDeviceGetComputeRunningProcesses(handle)}
-
-
-def name_of(pid: int) -> str | None:
-    try:
-        return fake.nvmlSystemGetProcessName(pid)
-    except fake.NVMLError_NotFound:
-        return None
-
-
-def test_outside_a_launcher_the_watched_entry_answers_its_own_pid_and_name(host, monkeypatch):
-    monkeypatch.delenv(SUPERVISOR_PID_ENV, raising=False)
-    assert listed(host) == {4242: 70_000, 777: 1_000}
-    assert name_of(4242) == "/opt/conda/bin/python"
-
-
-def test_under_a_launcher_that_is_gone_the_watched_entry_is_not_listed(host, monkeypatch):
-    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    monkeypatch.setenv(SUPERVISOR_PID_ENV, str(pid_max + 1))  # no process can have it
-    assert listed(host) == {777: 1_000}
-    assert name_of(4242) is None and name_of(777) == "/usr/bin/Xorg"
-
 
 # A stand-in launcher: it starts one command, prints its pid, ends it on "end" (printing "ended"), and exits at EOF.
 LAUNCHER = textwrap.dedent("""
@@ -76,7 +31,7 @@ LAUNCHER = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_under_a_launcher_the_watched_entry_is_its_command_until_that_ends(host, monkeypatch):
+def test_under_a_launcher_the_watched_entry_is_its_command_until_that_ends(watched_gpu, monkeypatch):
     launcher = subprocess.Popen(
         [sys.executable, "-c", LAUNCHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -85,14 +40,14 @@ def test_under_a_launcher_the_watched_entry_is_its_command_until_that_ends(host,
         monkeypatch.setenv(SUPERVISOR_PID_ENV, str(launcher.pid))
         # Popen returns once the command's exec is under way, before the kernel gives it its argv: until then
         # the fake lists nothing for it, as NVML lists a process only once it has a CUDA context
-        wait_for(lambda: command in listed(host), launcher, timeout=10)
-        assert listed(host) == {command: 70_000, 777: 1_000}
+        wait_for(lambda: command in listed(watched_gpu), launcher, timeout=10)
+        assert listed(watched_gpu) == {command: 70_000, 777: 1_000}
         assert name_of(command) == sys.executable  # argv[0], as the launcher started it
         assert name_of(4242) is None
         launcher.stdin.write("end\n")
         launcher.stdin.flush()
         assert launcher.stdout.readline() == "ended\n"
-        assert listed(host) == {777: 1_000}
+        assert listed(watched_gpu) == {777: 1_000}
         assert name_of(command) is None
     finally:
         launcher.stdin.close()

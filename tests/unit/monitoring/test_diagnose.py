@@ -8,27 +8,19 @@ from __future__ import annotations
 import argparse
 import http.server
 import json
-import re
 import threading
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from tests.helpers.fakes import LIMITS, NOW, CountersSource, gpu, kinds, rank
-from tests.helpers.runs import REPO, live_run, run_trainstack
-from tests.helpers.scrapes import diagnose_url
+from tests.helpers.fakes import LIMITS, NOW, CountersSource, fake_host, gpu, kinds, rank
 from trainstack import catalog
-from trainstack.errors import EXIT_RUNTIME, ConfigError
+from trainstack.errors import ConfigError
 from trainstack.hang_verdict import Hang
 from trainstack.monitoring.diagnose.render import render_text
 from trainstack.monitoring.diagnose.snapshot import Snapshot, read_snapshot
 from trainstack.monitoring.diagnose.sources import ExporterSource
 from trainstack.monitoring.diagnose.thresholds import Thresholds
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes
-from trainstack.rundir import RunDir, free_port
-from trainstack.telemetry.comm import TEST_ALLREDUCE_DELAY_ENV
 
 
 def gpu_snapshot(ranks=None, gpus=None) -> Snapshot:
@@ -377,59 +369,6 @@ def test_thresholds_must_be_positive():
 # --- GPU series through the real exporter (fake NVML) ---------------------------------------------------------
 
 
-def fake_host() -> dict:
-    """Four H100s of the fake's DGX: GPU 1 power-capped at a low clock, GPU 2 idle, GPU 3 hot and nearly full."""
-    host = json.loads((REPO / "monitoring/nvml_fake/hosts/dgx_h100.json").read_text())
-    host["gpus"] = host["gpus"][:4]
-    # NVML's violation counters are in nanoseconds: 0.9e9 per second is 90% of the time.
-    host["gpus"][1]["overrides"] = {
-        "nvmlDeviceGetViolationStatus": {"NVML_PERF_POLICY_POWER": {"start": 0, "per_second": 0.9e9}},
-        "nvmlDeviceGetClockInfo": {"NVML_CLOCK_SM": 1200},
-    }
-    host["gpus"][2]["overrides"] = {"nvmlDeviceGetUtilizationRates": {"gpu": 0, "memory": 0}}
-    host["gpus"][3]["overrides"] = {
-        "nvmlDeviceGetViolationStatus": {"NVML_PERF_POLICY_THERMAL": {"start": 0, "per_second": 0.5e9}},
-        "nvmlDeviceGetMemoryInfo": {"used": 83_000_000_000},
-    }
-    return host
-
-
-@pytest.mark.slow
-def test_gpu_verdicts_through_the_real_exporter(cpu_run):
-    from trainstack.monitoring import nvml_fake
-    from trainstack.monitoring.exporter.app import Exporter
-    from trainstack.monitoring.exporter.config import ExporterConfig
-
-    nvml_fake.load(fake_host())
-    exporter = Exporter(
-        ExporterConfig(
-            port=0,
-            metrics_dir=cpu_run / "metrics" / "node-0",
-            nvml_module="trainstack.monitoring.nvml_fake",
-            sample_interval_seconds=0.1,
-            slow_sample_interval_seconds=0.2,
-        )
-    )
-    exporter.start()
-    try:
-        source = ExporterSource(f"http://127.0.0.1:{exporter.server.port}/metrics", interval=1.0)
-    finally:
-        exporter.stop()
-        nvml_fake.load(None)
-    snapshot = read_snapshot(source)
-    assert [r.rank for r in snapshot.ranks] == ["0", "1"] and [g.index for g in snapshot.gpus] == list("0123")
-    verdicts = {v.kind: v for v in diagnose(snapshot, Thresholds(stall_seconds=1e9))}
-    assert set(verdicts) == {"gpus-unused", "throttled", "memory-full"}
-    assert "the ranks run on CPU while 1 of 4 visible GPU(s) sit idle" in verdicts["gpus-unused"].summary
-    throttling = verdicts["throttled"].evidence
-    # The shares are rates over two scrapes ~1 s apart of counters that advance with wall time: allow jitter.
-    power = re.match(r"GPU 1: at its power cap (\d+)%", throttling[0])
-    thermal = re.match(r"GPU 3: clocks held down by temperature (\d+)%", throttling[1])
-    assert power and 80 <= int(power[1]) <= 100 and "SM clock 61% of its maximum" in throttling[0], throttling
-    assert thermal and 40 <= int(thermal[1]) <= 65, throttling
-    assert verdicts["memory-full"].evidence == ("GPU 3: 97% of its memory used",)
-
-
 def test_slow_gpu_counters_have_no_rate_until_the_exporter_reads_them_again():
     from trainstack.monitoring import nvml_fake
     from trainstack.monitoring.exporter.app import Exporter
@@ -459,88 +398,6 @@ def test_slow_gpu_counters_have_no_rate_until_the_exporter_reads_them_again():
 
 
 # --- real runs, read live -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CommPerStep:
-    step_seconds: float
-    exposed_seconds: float
-    buckets: float
-
-
-def comm_per_step(run: Path, rank: int) -> CommPerStep:
-    """A rank's step time, exposed communication and all-reduces per step from its telemetry records, leaving out
-    the first interval (the first step's warm-up) and a line the kill cut off."""
-    lines = RunDir(run).rank_records(rank).read_text().splitlines()
-    records = [record for line in lines if line.endswith("}") and "comm_seconds" in (record := json.loads(line))]
-    steady = records[1:]
-    assert len(steady) >= 3, f"rank {rank}: {len(records)} records with communication times"
-    steps = sum(len(r["step_seconds"]) for r in steady)
-    return CommPerStep(
-        sum(sum(r["step_seconds"]) for r in steady) / steps,
-        sum(r["comm_exposed_seconds"] for r in steady) / steps,
-        sum(r["comm_buckets"] for r in steady) / steps,
-    )
-
-
-@pytest.mark.slow
-@pytest.mark.timing
-def test_a_healthy_run_and_then_a_slow_link_comm_bound_by_the_share_its_delay_predicts(tmp_path):
-    """The undelayed run is healthy, on the command line and through the exporter. Each gradient all-reduce held back
-    by `delay` (as a slow link would) adds `delay` per bucket to the step, all of it after backward compute: the
-    exposed share must be what the undelayed run's figures predict."""
-    delay = 0.3
-    # No loader workers: two ranks already fill the two cores of a small CI machine, and a rank starved of CPU
-    # by its neighbours' workers is a real straggler.
-    options = ("--num-workers", "0", "--log-every", "1")
-    (tmp_path / "plain").mkdir()
-    with live_run(tmp_path / "plain", *options, steps=6) as url:
-        healthy = run_trainstack("diagnose", "--url", url.removesuffix("/metrics"), "--interval", "6")
-        assert "comm-bound" not in kinds(diagnose_url(url))
-    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
-    verdict = healthy.stdout.splitlines()[1]
-    assert verdict.startswith("HEALTHY  2 rank(s), ") and "samples/s in all" in verdict
-    plain = [comm_per_step(tmp_path / "plain/run", rank) for rank in (0, 1)]
-    (tmp_path / "delayed").mkdir()
-    with live_run(tmp_path / "delayed", *options, env={TEST_ALLREDUCE_DELAY_ENV: str(delay)}, steps=6) as url:
-        verdicts = diagnose_url(url, interval=6.0)
-    assert kinds(verdicts) == ["comm-bound"], verdicts
-    # The evidence, through the exporter: what each rank's all-reduce carried, its setup (gloo, no NCCL switch) and
-    # /dev/shm (never flagged under gloo); CPU ranks have no GPU links.
-    evidence = "\n".join(verdicts[0].evidence)
-    assert re.search(r"rank 1: .* communicated per step at [0-9.]+ [MG]B/s bus bandwidth", evidence), evidence
-    assert "no NCCL switch set on any rank (backend gloo)" in evidence and "/dev/shm is" in evidence, evidence
-    assert "smaller than" not in evidence and "GPU" not in evidence, evidence
-    for index, before in enumerate(plain):
-        added = before.buckets * delay
-        predicted = (before.exposed_seconds + added) / (before.step_seconds + added)
-        delayed = comm_per_step(tmp_path / "delayed/run", index)
-        assert delayed.buckets == before.buckets
-        assert delayed.exposed_seconds / delayed.step_seconds == pytest.approx(predicted, abs=0.05), (before, delayed)
-
-
-@pytest.mark.slow
-def test_a_slowed_rank_is_named_the_straggler_and_once_it_hangs_the_run_is_stalled(tmp_path):
-    pause = tmp_path / "pause-seconds"
-    slow_rank = {
-        "TRAINSTACK_TEST_SLOW_RANK": "1",
-        "TRAINSTACK_TEST_SLOW_SECONDS": "0.3",
-        "TRAINSTACK_TEST_SLOW_FILE": str(pause),
-    }
-    with live_run(tmp_path, "--model", "tests.factories:pausing_gpt", "--num-workers", "1", env=slow_rank) as url:
-        straggling = diagnose_url(url)
-        written = tmp_path / "pause-seconds.new"
-        written.write_text("3600")
-        written.replace(pause)  # whole: the rank never reads half a number
-        deadline = time.monotonic() + 120
-        while "stalled" not in kinds(verdicts := diagnose_url(url, interval=1.0, stall_seconds=3)):
-            assert time.monotonic() < deadline, f"never stalled: {verdicts}"
-        result = run_trainstack("diagnose", "--url", url, "--interval", "1", "--stall-seconds", "3", "--json")
-    assert kinds(straggling) == ["straggler"], straggling
-    assert straggling[0].summary.startswith("rank 1 is a straggler: the other rank(s) wait for it")
-    assert kinds(verdicts) == ["stalled"]
-    assert [item.split(":")[0] for item in verdicts[0].evidence] == ["rank 0", "rank 1"]
-    assert result.returncode == 1 and '"kind": "stalled"' in result.stdout
 
 
 class OneScrapeExporter(http.server.BaseHTTPRequestHandler):
@@ -587,11 +444,3 @@ def test_a_diagnose_whose_scrapes_straddle_the_runs_end_judges_the_first_reading
     assert shown["notes"][0].startswith("the run ended meanwhile: its exporter was gone 0.5 s after the first scrape")
     assert shown["notes"][1].startswith("uninstrumented: 2 process(es) of the watched command are running")
     assert shown["verdicts"] == []
-
-
-@pytest.mark.slow
-def test_an_unreachable_source_is_one_line_and_the_runtime_failure_exit_code():
-    result = run_trainstack("diagnose", "--url", f"127.0.0.1:{free_port()}", "--interval", "0.1")
-    assert result.returncode == EXIT_RUNTIME == 69
-    assert result.stderr.startswith("trainstack diagnose: error: cannot read http://127.0.0.1:")
-    assert len(result.stderr.splitlines()) == 1

@@ -5,34 +5,19 @@ no rank telemetry, and the alert's promtool test fed with what the exporter serv
 
 from __future__ import annotations
 
-import contextlib
 import json
-import shutil
-import subprocess
-import time
-from collections.abc import Iterator
 
 import pytest
-import yaml
 
 from tests.helpers.fakes import LIMITS, NOW, gpu, kinds, rank
-from tests.helpers.runs import REPO, run_trainstack
 from tests.helpers.scrapes import scrape
-from trainstack import catalog
-from trainstack.errors import ConfigError, RuntimeFailure
-from trainstack.monitoring import nvml_fake
+from tests.helpers.uninstrumented import PROCESS_MEMORY, UNINSTRUMENTED, fake_exporter
 from trainstack.monitoring.diagnose.render import render_json
-from trainstack.monitoring.diagnose.snapshot import GpuProcess, GpuView, Snapshot, read_snapshot
-from trainstack.monitoring.diagnose.sources import ExporterSource, PrometheusSource
-from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes, uninstrumented
-from trainstack.monitoring.exporter.app import Exporter
-from trainstack.monitoring.exporter.config import ExporterConfig
+from trainstack.monitoring.diagnose.snapshot import GpuProcess, Snapshot, read_snapshot
+from trainstack.monitoring.diagnose.sources import ExporterSource
+from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes
 
 GIB = 2**30
-PROCESS_MEMORY = catalog.GPU_PROCESS_MEMORY_USED.name
-ALERT = "TrainstackOneProcessManyGPUs"
-# The note on a job that uses GPUs without rank telemetry and is not a watched run (tests/test_watch.py has those).
-UNINSTRUMENTED = uninstrumented(Snapshot("note", 0.0, [], [GpuView("0", "GPU-0")]))
 
 
 def process(pid: str, index: int, gib: float, name: str = "python", instance: str = "") -> GpuProcess:
@@ -136,27 +121,6 @@ def test_a_busy_gpu_without_ranks_is_an_uninstrumented_job_even_where_its_proces
 # --- the fake hosts through the real exporter ------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def fake_exporter(host: str) -> Iterator[str]:
-    """The exporter, in this process, on a host of the NVML fake and no metrics directory (no rank telemetry, as for
-    an uninstrumented job); yields its /metrics URL."""
-    nvml_fake.load(host)
-    exporter = Exporter(
-        ExporterConfig(
-            port=0,
-            nvml_module="trainstack.monitoring.nvml_fake",
-            sample_interval_seconds=0.1,
-            slow_sample_interval_seconds=0.2,
-        )
-    )
-    exporter.start()
-    try:
-        yield f"http://127.0.0.1:{exporter.server.port}/metrics"
-    finally:
-        exporter.stop()
-        nvml_fake.load(None)
-
-
 def test_the_exporter_serves_the_process_to_gpu_map_of_the_dataparallel_host():
     with fake_exporter("dataparallel") as url:
         served = {
@@ -184,108 +148,4 @@ def test_diagnose_judges_the_fake_hosts_from_the_exporter_alone(host, expected):
         assert verdicts[0].evidence[1] == "GPU 0: 65.7 GiB used by it, utilization 90% (its first GPU)"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("host", "code", "first"),
-    [
-        ("dataparallel", 1, "ONE-PROCESS-MANY-GPUS  one process drives several GPUs"),
-        ("ddp_h100", 0, "HEALTHY  0 rank(s), 4 GPU(s), GPU utilization 98% on average"),
-    ],
-)
-def test_the_diagnose_command_gives_the_gpu_verdicts_and_its_one_line_hint(host, code, first):
-    with fake_exporter(host) as url:
-        result = run_trainstack("diagnose", "--url", url, "--interval", "0.5")
-    lines = result.stdout.splitlines()
-    assert result.returncode == code, result.stdout + result.stderr
-    assert lines[1].startswith(first) and "no-training" not in result.stdout.lower()
-    assert lines[-1] == UNINSTRUMENTED
-
-
-@pytest.mark.slow
-def test_diagnose_names_the_process_through_a_real_prometheus(prometheus):
-    with fake_exporter("dataparallel") as url:
-        target = url.removeprefix("http://").removesuffix("/metrics")
-        source = PrometheusSource(prometheus(target))
-
-        def scraped() -> bool:
-            try:
-                return (
-                    len(source.instant(PROCESS_MEMORY)) == 4 and len(source.instant(catalog.GPU_UTILIZATION.name)) == 4
-                )
-            except (ConfigError, RuntimeFailure):  # Prometheus is still starting
-                return False
-
-        deadline = time.monotonic() + 120
-        while not scraped():
-            assert time.monotonic() < deadline, "Prometheus has not scraped the exporter after 120 s"
-            time.sleep(1)
-        verdicts = diagnose(read_snapshot(source), LIMITS)
-    assert kinds(verdicts) == ["one-process-many-gpus"]
-    assert verdicts[0].evidence[0] == f"pid 4242 (python) on {target} is the main user of GPUs 0, 1, 2, 3"
-
-
 # --- the alert, fed with what the exporter serves ---------------------------------------------------------------
-
-
-def input_series(url: str, job: str, instance: str) -> list[dict]:
-    """Every GPU series the exporter serves now, as promtool input held constant for 20 minutes."""
-    series = []
-    for sample in scrape(url):
-        if sample.name.startswith(catalog.GPU_PREFIX):
-            labels = {**sample.labels, "job": job, "instance": instance}
-            written = ",".join(f'{name}="{value}"' for name, value in sorted(labels.items()))
-            series.append({"series": f"{sample.name}{{{written}}}", "values": f"{sample.value:g}x80"})
-    return series
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(
-    shutil.which("promtool") is None,
-    reason="promtool not found: install Debian's `prometheus` package (make system-deps)",
-)
-def test_the_alert_fires_on_what_the_exporter_serves_for_the_dataparallel_host_only(tmp_path):
-    served = []
-    for host, job, instance in (("dataparallel", "dataparallel", "node0:9450"), ("ddp_h100", "ddp", "node1:9450")):
-        with fake_exporter(host) as url:
-            served += input_series(url, job, instance)
-    rules = yaml.safe_load((REPO / "monitoring/prometheus/rules/alerts.yml").read_text())
-    alert = next(rule for group in rules["groups"] for rule in group["rules"] if rule.get("alert") == ALERT)
-    tests = {
-        "rule_files": [
-            str(REPO / "monitoring/prometheus/rules/recording.yml"),
-            str(REPO / "monitoring/prometheus/rules/alerts.yml"),
-        ],
-        "evaluation_interval": "15s",
-        "tests": [
-            {
-                "interval": "15s",
-                "input_series": served,
-                "alert_rule_test": [
-                    {"eval_time": "8m", "alertname": ALERT, "exp_alerts": []},
-                    {
-                        "eval_time": "12m",
-                        "alertname": ALERT,
-                        "exp_alerts": [
-                            {
-                                "exp_labels": {
-                                    "severity": "warning",
-                                    "job": "dataparallel",
-                                    "instance": "node0:9450",
-                                    "pid": "4242",
-                                    "process": "python",
-                                },
-                                "exp_annotations": {
-                                    **alert["annotations"],
-                                    "summary": "Process 4242 (python) on node0:9450 drives 4 GPUs by itself",
-                                },
-                            }
-                        ],
-                    },
-                ],
-            }
-        ],
-    }
-    test_file = tmp_path / "one-process.test.yml"
-    test_file.write_text(yaml.safe_dump(tests, sort_keys=False))
-    result = subprocess.run(["promtool", "test", "rules", str(test_file)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr

@@ -15,37 +15,19 @@ the check catch it: a check that cannot fail proves nothing.
 from __future__ import annotations
 
 import ast
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
 from tests.helpers.runs import REPO
+from tests.helpers.source_tree import plant, project_modules, within_any
 
-# Source folder -> the package it installs as (pyproject.toml's package-dir).
-LAYOUT = {"trainstack": "trainstack", "train": "trainstack.train", "monitoring": "trainstack.monitoring"}
-# The processes that must stay torch-free: every module of these packages, __main__ aside (it runs the command).
-TORCH_FREE = {
-    folder: f"trainstack.{folder.replace('/', '.')}"
-    for folder in ("monitoring/exporter", "monitoring/diagnose", "monitoring/report")
-}
-TORCH_FREE["trainstack"] = "trainstack"
 APART = ("trainstack.train", "trainstack.monitoring")  # neither imports the other
 # The trainstack modules that may import train/ and monitoring/: the CLI composes them, as `trainstack tune` does (it
 # runs trials of the app and compares them), and the integrations are entry points a user's framework calls. Every
 # other trainstack module is shared ground: the loop API (trainstack.monitor) stands on the rank's telemetry beneath
 # it (trainstack.telemetry), and the app's Trainer is one more client of that API.
 COMPOSERS = ("trainstack.cli", "trainstack.tune", "trainstack.integrations")
-# The trainstack modules that run in a training rank, where torch is: the loop API, its telemetry, the integrations.
-RANK_SIDE = ("trainstack.monitor", "trainstack.telemetry", "trainstack.integrations")
 # What the loop API and its telemetry stand on: trainstack's shared ground, never the app or the monitoring side.
 LOOP_API = ("trainstack.monitor", "trainstack.telemetry")
-
-
-def within_any(module: str, packages: tuple[str, ...]) -> bool:
-    return any(module == package or module.startswith(package + ".") for package in packages)
 
 
 # Packages whose members are each a part of the design: a module, or a subpackage taken whole.
@@ -56,16 +38,6 @@ GROUPS = {
     "trainstack.train.rank",
     "trainstack.monitoring",
 }
-
-
-def project_modules(root: Path, layout=LAYOUT) -> dict[str, Path]:
-    """Dotted module name -> file, for every Python file of the source folders (a package is its __init__)."""
-    modules = {}
-    for folder, package in layout.items():
-        for path in sorted((root / folder).rglob("*.py")):
-            parts = (*package.split("."), *path.relative_to(root / folder).with_suffix("").parts)
-            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return modules
 
 
 def within(modules: dict[str, Path], packages) -> dict[str, Path]:
@@ -189,38 +161,6 @@ def crossings(root: Path) -> list[str]:
     return found
 
 
-def torch_importers(root: Path, layout=TORCH_FREE) -> list[str]:
-    """Imports every module of the layout's folders in a fresh interpreter (cwd: root) and returns the torch
-    modules that ended up in sys.modules."""
-    names = [
-        name
-        for name in project_modules(root, layout)
-        if not name.endswith("__main__") and not within_any(name, RANK_SIDE)
-    ]
-    script = (
-        "import importlib, json, sys\n"
-        f"for name in {names!r}:\n    importlib.import_module(name)\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)},
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.splitlines()[-1])
-
-
-# ---- the project ------------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_the_exporter_and_diagnose_never_import_torch():
-    assert len(project_modules(REPO, TORCH_FREE)) > 25  # they were all found
-    assert torch_importers(REPO) == []
-
-
 def test_train_and_monitoring_never_import_each_other():
     assert crossings(REPO) == []
 
@@ -254,34 +194,6 @@ def test_the_project_has_no_import_cycles():
     assert launch in graph and doctor in graph[launch]  # the graph sees real imports
     assert cycles(graph) == []
     assert cycles(subpackage_graph(graph)) == []
-
-
-# ---- the checks catch what they are for -------------------------------------------------------------------
-def plant(root: Path, files: dict[str, str]) -> Path:
-    for name, text in {**{f"{p}/__init__.py": "" for p in LAYOUT}, **files}.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    return root
-
-
-@pytest.mark.slow
-def test_a_planted_torch_import_is_caught(tmp_path):
-    # A stand-in torch: the check looks at sys.modules, so the real one need not load. The planted tree is laid
-    # out as it installs (trainstack/monitoring/...), so it imports from its own folder.
-    root = plant(
-        tmp_path,
-        {
-            "torch.py": "",
-            "trainstack/monitoring/__init__.py": "",
-            "trainstack/monitoring/exporter/__init__.py": "",
-            "trainstack/monitoring/exporter/cli.py": "def run():\n    import torch\n",
-            "trainstack/monitoring/diagnose/__init__.py": "",
-            "trainstack/monitoring/diagnose/verdicts.py": "from trainstack import rundir\n",
-            "trainstack/rundir.py": "import torch\n",
-        },
-    )
-    # Found through trainstack, not through the lazy import that never ran.
-    assert torch_importers(root, layout={"trainstack": "trainstack"}) == ["torch"]
 
 
 def test_a_planted_crossing_is_caught(tmp_path):

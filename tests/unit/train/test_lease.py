@@ -6,34 +6,15 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.runs import REPO
+from tests.helpers.lease import lease, snapshot
 from trainstack.rundir import LEASE_DIR
 from trainstack.train.launcher.lease import Holder, LeaseHeld, RunDirLease, this_machine
-
-
-def snapshot(root: Path) -> dict[str, bytes | None]:
-    """Every path under root with its bytes (None for a folder): what "writes nothing" compares."""
-    return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes() for p in sorted(root.rglob("*"))}
-
-
-def lease(run_dir: Path, run_id: str, node_rank: int = 0, said: list | None = None, **options) -> RunDirLease:
-    return RunDirLease(
-        run_dir,
-        run_id,
-        node_rank,
-        options.pop("timeout", 60.0),
-        say=(said.append if said is not None else lambda line: None),
-        **options,
-    )
 
 
 def write_holder(run_dir: Path, node_rank: int = 0, **fields) -> Path:
@@ -105,26 +86,6 @@ def test_a_second_launcher_for_the_same_node_of_the_same_run_is_refused(tmp_path
         old.acquire()
         with pytest.raises(LeaseHeld):
             lease(tmp_path, "job-uid", 0).acquire()
-
-
-@pytest.mark.slow
-def test_a_sigkilled_holder_is_taken_over_at_once_and_the_taker_says_so(tmp_path):
-    code = (
-        "import sys, time; from trainstack.train.launcher.lease import RunDirLease; "
-        f"RunDirLease({str(tmp_path)!r}, 'killed-run').acquire(); print('held', flush=True); time.sleep(600)"
-    )
-    holder = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(LeaseHeld):
-            lease(tmp_path, "new-run").acquire()
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
-    said = []
-    with lease(tmp_path, "new-run", said=said) as taker:
-        taker.acquire()
-    assert len(said) == 1 and f"PID {holder.pid} is gone" in said[0] and "run killed-run" in said[0], said
 
 
 def test_a_reused_pid_is_not_the_holder(tmp_path):
@@ -281,29 +242,3 @@ def test_a_fresh_start_sets_an_earlier_attempts_record_aside_and_a_resume_keeps_
     assert {name: (aside / name).read_bytes() for name in old} == old
     assert not any((tmp_path / name).exists() for name in old)
     assert (tmp_path / "config.yaml").is_file()
-
-
-@pytest.mark.slow
-def test_sigterm_while_waiting_for_the_lease_leaves_at_once_and_writes_nothing(tmp_path):
-    from tests.helpers.runs import FAST, trainstack_command
-
-    with lease(tmp_path, "holder") as held:
-        held.acquire()
-        before = snapshot(tmp_path)
-        waiting = subprocess.Popen(
-            trainstack_command("train", "--output-dir", str(tmp_path), *FAST, "--wait-for-lease", "600"),
-            cwd=REPO,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            first = waiting.stderr.readline()
-            assert "is in use by" in first and "waiting up to 600 s" in first, first
-            waiting.send_signal(signal.SIGTERM)
-            assert waiting.wait(timeout=60) == 75
-        finally:
-            if waiting.poll() is None:
-                waiting.kill()
-                waiting.wait()
-        assert "stopped by SIGTERM before any rank started" in waiting.stderr.read()
-        assert snapshot(tmp_path) == before

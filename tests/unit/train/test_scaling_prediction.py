@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.runs import run_trainstack
 from trainstack.train.launcher.scaling import predict
 from trainstack.train.launcher.scaling.predict import RunFigures
 
@@ -28,9 +27,3 @@ def test_the_ring_model_on_known_figures():
 def test_a_run_without_communication_is_refused_in_one_line(tmp_path):
     with pytest.raises(Exception, match="no gradient communication"):
         RunFigures(world_size=1, compute_seconds=0.2, comm_seconds=0.0, exposed_seconds=0.0, gradient_bytes=0.0)
-
-
-@pytest.mark.slow
-def test_bad_input_exits_2(tmp_path):
-    result = run_trainstack("bench", "scaling", "--predict", str(tmp_path))
-    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
