@@ -85,6 +85,16 @@ def gpu_unmarked(item: pytest.Item) -> bool:
     )
 
 
+# Every test this session collected, before -m and -k deselect any: tests/unit/repo/test_suite_layout.py checks each
+# one's folder against its marks, including the tests the fast tier leaves out.
+COLLECTED = pytest.StashKey[list[pytest.Item]]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[COLLECTED] = list(items)
+
+
 # Setup and teardown too: a fixture that starts a process (cpu_run) counts for the tests that use it.
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item):
