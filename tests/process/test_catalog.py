@@ -7,8 +7,8 @@ on a live scrape of an exporter process on the NVML fake (the `dgx_h100` host, p
 make NVML errors) reading the files of a rank that trainer's own telemetry code wrote. Metrics that exist only
 under a condition are produced by meeting the condition, never by declaring them present:
 - CUDA-only gauges (peak memory) and the GPU timeline: the telemetry runs with device "cuda" on a fake CUDA
-  clock and fake memory figures (torch.cuda.Event and max_memory_* stood in, as tests/test_timeline.py does);
-  `test_cuda_telemetry_writes_its_gpu_only_gauges` runs the same on a real GPU;
+  clock and fake memory figures (torch.cuda.Event and max_memory_* stood in, as tests/unit/trainstack/test_timeline.py
+  does); `test_cuda_telemetry_writes_its_gpu_only_gauges` runs the same on a real GPU;
 - MFU: the telemetry is given a known peak FLOP/s, as peak_flops() gives a known GPU;
 - parameter, gradient and optimizer-state bytes (per shard under FSDP): the state_measured() call the loop makes
   after the first optimizer step; compile time and recompiles: the step_compiled() call a compiling step makes;
@@ -29,10 +29,10 @@ import pytest
 import torch
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from bench.standin_ranks import write_rank
 from tests.helpers.catalog import SAMPLES, unknown
 from tests.helpers.runs import REPO, stop_process
 from tests.helpers.scrapes import scrape
-from tests.standin_ranks import write_rank
 from trainstack import catalog
 from trainstack.rundir import RunDir, free_port
 from trainstack.train.launcher.watch import CommandState
@@ -78,13 +78,13 @@ def test_the_stand_in_ranks_write_catalog_metrics(tmp_path, on_gpu):
     found = exposed(
         sample for family in MultiProcessCollector(None, str(tmp_path)).collect() for sample in family.samples
     )
-    assert not unknown(set(found)), "tests/standin_ranks.py writes metrics trainstack/catalog.py lacks"
+    assert not unknown(set(found)), "bench/standin_ranks.py writes metrics trainstack/catalog.py lacks"
     assert not labels_wrong(found)
 
 
 # One rank's telemetry as the trainer drives it, with a known peak FLOP/s, on a "cuda" device: every training metric
 # a GPU rank writes. `fake-cuda` stands in CUDA's events and memory figures (a fake GPU clock, as
-# tests/test_timeline.py's); `cuda` is a real GPU. The process exits, leaving its files, as a rank does.
+# tests/unit/trainstack/test_timeline.py's); `cuda` is a real GPU. The process exits, leaving its files, as a rank does.
 TELEMETRY_RANK = """
 import sys, time
 from pathlib import Path

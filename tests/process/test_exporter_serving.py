@@ -1,8 +1,8 @@
 """The exporter as a server: HTTP endpoints, training metrics from a multiprocess directory, promtool on a live
 scrape, the command line (flags, bad input, SIGTERM), and the GPU log for the run report.
 
-Training metrics come from stand-in ranks (tests/standin_ranks.py) that write prometheus_client multiprocess
-files the way trainstack/telemetry/ does; tests/test_exporter_live.py scrapes a real training run.
+Training metrics come from stand-in ranks (bench/standin_ranks.py) that write prometheus_client multiprocess
+files the way trainstack/telemetry/ does; tests/process/test_exporter_live.py scrapes a real training run.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import trainstack.monitoring.nvml_fake as fake
+from bench.standin_ranks import write_rank
 from tests.helpers.runs import REPO
-from tests.standin_ranks import write_rank
 from trainstack.errors import EXIT_RUNTIME
 from trainstack.monitoring.exporter.app import Exporter
 from trainstack.monitoring.exporter.config import ExporterConfig

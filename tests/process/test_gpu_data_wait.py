@@ -27,9 +27,9 @@ pytestmark = [
 BATCH_SIZE = 16
 GPT2_SMALL_RUN = (
     "--model",
-    "tests.factories:gpt2_small",
+    "bench.factories:gpt2_small",
     "--dataset",
-    "tests.factories:random_bytes",
+    "bench.factories:random_bytes",
     "--seq-len",
     "1024",
     "--batch-size",

@@ -26,7 +26,7 @@ def write_rank(metrics_dir: Path, rank: int, steps: int, on_gpu: bool = False, w
     command = [
         sys.executable,
         "-m",
-        "tests.standin_ranks",
+        "bench.standin_ranks",
         str(rank),
         str(steps),
         str(world_size),
