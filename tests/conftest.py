@@ -32,7 +32,7 @@ from tests.helpers.runs import (
 )
 from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, free_port
 
-pytest_plugins = ["pytester"]  # tests/test_process_guard.py runs a planted test file through the guard below
+pytest_plugins = ["pytester"]  # tests/unit/repo/test_process_guard.py runs a planted test file through the guard below
 # Nothing in the suite may reach the network; datasets and the hub are told so before anything imports them.
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"

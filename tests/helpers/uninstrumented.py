@@ -15,7 +15,8 @@ from trainstack.monitoring.exporter.config import ExporterConfig
 PROCESS_MEMORY = catalog.GPU_PROCESS_MEMORY_USED.name
 
 
-# The note on a job that uses GPUs without rank telemetry and is not a watched run (tests/test_watch.py has those).
+# The note on a job that uses GPUs without rank telemetry and is not a watched run (tests/process/test_watch.py has
+# those).
 UNINSTRUMENTED = uninstrumented(Snapshot("note", 0.0, [], [GpuView("0", "GPU-0")]))
 
 

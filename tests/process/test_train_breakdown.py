@@ -1,7 +1,8 @@
 """Where each rank's time goes, for real: one 2-rank CPU run with a slow checkpoint and a slow evaluation, killed
 (SIGKILL, every process at once) after it trained past its first checkpoint, then resumed to its end. Its
 summary.json and report must account for both launches' wall time, put the injected pauses in their parts, and
-count the steps the resume trained again as lost progress. The arithmetic on its own: tests/test_breakdown.py."""
+count the steps the resume trained again as lost progress. The arithmetic on its own:
+tests/unit/trainstack/test_breakdown.py."""
 
 from __future__ import annotations
 

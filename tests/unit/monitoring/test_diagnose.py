@@ -1,7 +1,8 @@
 """trainstack diagnose: each verdict from snapshots, GPU verdicts through the real exporter over the fake NVML,
 and the verdicts the issue asks for from real 2-rank CPU runs read live through the exporter: healthy, comm-bound
 (a delayed all-reduce), straggler (one slowed rank), stalled (a hung rank). Input-bound (a slowed loader), through
-the exporter and through a real Prometheus, reads the input-bound run of test_monitoring_prometheus.py's stack."""
+the exporter and through a real Prometheus, reads the input-bound run of tests/infra/test_monitoring_prometheus.py's
+stack."""
 
 from __future__ import annotations
 

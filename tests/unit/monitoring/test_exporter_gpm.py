@@ -1,7 +1,7 @@
 """GPM in the exporter (monitoring/exporter/gpm.py) on the NVML fake: each period's pair of samples gives each
 metric's mean, as ratios and byte counters; where GPM cannot answer the series are absent and the info series says
 why; a failing GPM call is counted and fails nothing else; the scrape passes promtool. The sampler is driven by
-`sample_now` on a clock the test moves (tests/test_exporter_nvml.py's Rig)."""
+`sample_now` on a clock the test moves (tests/unit/monitoring/test_exporter_nvml.py's Rig)."""
 
 from __future__ import annotations
 

@@ -52,7 +52,8 @@ def test_h100_exports_every_field_in_base_units():
     opt_in = {"trainstack_gpu_pcie_transmit_bytes_per_second", "trainstack_gpu_pcie_receive_bytes_per_second"}
     gpm = {metric.name for metric in (*GAUGES.values(), *COUNTERS.values()) if "GPM" in metric.origin}  # a pair's
     expected = {metric.name for metric in GAUGES.values()} - opt_in | {metric.name for metric in COUNTERS.values()}
-    expected -= gpm  # GPM's series come from a pair of samples, this is the first: tests/test_exporter_gpm.py
+    # GPM's series come from a pair of samples, this is the first: tests/unit/monitoring/test_exporter_gpm.py
+    expected -= gpm
     assert expected <= names_for_gpu(samples, "0")
     assert value(samples, "trainstack_gpu_utilization_ratio", **gpu0) == 0.98
     assert value(samples, "trainstack_gpu_power_watts", **gpu0) == pytest.approx(612.845)

@@ -5,7 +5,7 @@
 - train/ and monitoring/ never import each other; what they share lives in trainstack/ (errors, the run
   directory, the metric catalog, the CLI that composes them).
 - No trainstack command that must run beside a user's stack loads torch: `trainstack --help`, `diagnose`,
-  `exporter` and `report` (tests/test_cli_imports.py runs the commands themselves).
+  `exporter` and `report` (tests/process/test_cli_imports.py runs the commands themselves).
 - No import cycles among the project's modules.
 
 Each check is a function of a source tree, so the tests at the end plant a violation in a scratch tree and see

@@ -1,7 +1,7 @@
 """Checkpoints as files, without training: a sealed folder verifies and any damage is named; resume picks the newest
 intact one and sets damaged ones aside; rotation keeps the newest; the Checkpointer runs those steps in the order
-that keeps a checkpoint whole (train/rank/checkpoint.py, checkpointer.py). tests/test_train_checkpoint.py checks the
-same with real ranks, SIGTERM and SIGKILL."""
+that keeps a checkpoint whole (train/rank/checkpoint.py, checkpointer.py). tests/process/test_train_checkpoint.py checks
+the same with real ranks, SIGTERM and SIGKILL."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The launcher's verdict without starting a rank: how the ranks' exit status, rank 0's summary.json and a
 SIGTERM become `trainstack train`'s exit code and final line (train/launcher/launch.py, agent.py), and how a rerun
-of a completed run is recognised and changes nothing. tests/test_train_*.py check the same with real ranks."""
+of a completed run is recognised and changes nothing. tests/process/test_train_*.py check the same with real ranks."""
 
 from __future__ import annotations
 
@@ -133,8 +133,9 @@ def agent_exit(monkeypatch, raised: BaseException | None) -> int:
             raise raised
 
     monkeypatch.setattr(agent, "main", accelerate_launch)
-    # The agent's watch on its launcher and the supervisor PID it hands its ranks are tests/test_run_lifetimes.py's
-    # concern: here they would watch pytest's parent and leave the PID in this process's environment.
+    # The agent's watch on its launcher and the supervisor PID it hands its ranks are
+    # tests/process/test_run_lifetimes.py's concern: here they would watch pytest's parent and leave the PID in this
+    # process's environment.
     monkeypatch.setattr(agent, "watch_supervisor", lambda on_gone: None)
     monkeypatch.setenv(agent.SUPERVISOR_PID_ENV, "")  # restored (unset) after the test, whatever run() sets
     return agent.run()

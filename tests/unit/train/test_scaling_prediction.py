@@ -1,6 +1,6 @@
 """`trainstack bench scaling --predict`: the ring all-reduce model (train/launcher/scaling/predict.py) on figures
 whose answer is known. (Against a real slow link, predicted at 80 Mbit/s from a run at 40 and then measured there:
-tests/test_slow_interconnect.py, on its run.)"""
+tests/timing/test_slow_interconnect.py, on its run.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Where each rank's time goes (trainstack/breakdown.py): a step's split, the records' sums with lost progress, and
 the rank's side (trainstack/telemetry/, gpu_busy.py) on the CPU and on a fake GPU with stand-in NVML samples. The
-2-rank runs are in tests/test_train_breakdown.py."""
+2-rank runs are in tests/process/test_train_breakdown.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Gradient-communication times (trainstack/telemetry/comm_timer.py, with DDP's marks from trainstack/telemetry/comm.py)
-from marks on a stand-in clock: the host's (a CPU rank) and the fake GPU of tests/test_timeline.py (a GPU rank, where
-the host runs ahead of the marks). The figures follow from the schedules by hand."""
+from marks on a stand-in clock: the host's (a CPU rank) and the fake GPU of tests/unit/trainstack/test_timeline.py (a
+GPU rank, where the host runs ahead of the marks). The figures follow from the schedules by hand."""
 
 from __future__ import annotations
 

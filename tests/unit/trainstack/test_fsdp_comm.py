@@ -9,8 +9,9 @@ from trainstack.telemetry.fsdp_comm import REDUCE_SCATTERS
 
 
 class TwoStreams:
-    """tests/test_timeline.py's fake GPU with a compute and a communication stream, which run their queued work in
-    order while the host has queued everything at time 0; an event takes the time its stream reaches it."""
+    """tests/unit/trainstack/test_timeline.py's fake GPU with a compute and a communication stream, which run their
+    queued work in order while the host has queued everything at time 0; an event takes the time its stream reaches
+    it."""
 
     def __init__(self) -> None:
         self.host = 0.0

@@ -121,7 +121,7 @@ def test_a_rank_that_died_silently_comes_before_those_that_lost_it_or_were_ended
     tmp_path, monkeypatch, survivor
 ):
     # ended: torchrun's SIGTERM to the surviving rank's process group killed its loader worker, and torch raised
-    # that in the rank before the rank could stop (tests/test_run_lifetimes.py met it on a loaded host)
+    # that in the rank before the rank could stop (tests/process/test_run_lifetimes.py met it on a loaded host)
     config = TrainConfig(collective_timeout=600)
     errors = {
         "lost": RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:4242"),

@@ -1,6 +1,6 @@
 """trainstack.monitor, the public loop API, on one CPU process: what it records and when, and that outside a
-watched run it does nothing. Under `trainstack watch` with 2 ranks it is tested in tests/test_user_loop.py, and
-trainstack's own loop (which uses it) in every tests/test_train_*.py run."""
+watched run it does nothing. Under `trainstack watch` with 2 ranks it is tested in tests/process/test_user_loop.py, and
+trainstack's own loop (which uses it) in every tests/process/test_train_*.py run."""
 
 from __future__ import annotations
 

@@ -172,7 +172,7 @@ def test_a_trial_as_train_parses_it_saves_no_checkpoint_and_evaluates_nothing(tm
 
 class RefusingTrial:
     """Stands in for a trial's `trainstack train`: the static graph is refused as bad input (an output DDP cannot
-    flatten, tests/test_train_faults.py), every other setting runs."""
+    flatten, tests/process/test_train_faults.py), every other setting runs."""
 
     def __init__(self, command, **kwargs):
         self.returncode = EXIT_CONFIG if "--ddp-static-graph" in command else 0
