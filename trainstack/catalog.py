@@ -5,9 +5,10 @@ telemetry, an NVML call or field, the exporter itself), when it is absent, and w
 rules and alerts (monitoring/prometheus/rules/), the Grafana panels (monitoring/grafana/) and `trainstack diagnose`
 (monitoring/diagnose/). The producers build their metrics from these entries (trainstack/telemetry/, the exporter's
 collectors, the NVML fake's stand-in ranks), the readers take the names from here, and docs/metrics.md's tables
-are generated from them (scripts/metrics-docs.py). tests/test_catalog.py holds the files that cannot import this
-module (rules, dashboards) to it, and checks that every entry is produced. The approach is dcgm-exporter's
-(etc/default-counters.csv parsed into Counter structs, every collector built from that one table).
+are generated from them (scripts/metrics-docs.py). tests/unit/trainstack/test_catalog.py holds the files that cannot
+import this module (rules, dashboards) to it, and tests/process/test_catalog.py checks that every entry is produced. The
+approach is dcgm-exporter's (etc/default-counters.csv parsed into Counter structs, every collector built from that one
+table).
 
 A reader is written "record <series>", "alert <name>", "panel <title>", "variable <name>" (a dashboard variable)
 or "diagnose <verdict kind>" ("diagnose figures": the figures a healthy diagnosis shows).

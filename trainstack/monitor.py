@@ -115,7 +115,8 @@ def start(
 
 class NullMonitor:
     """The loop API, recording nothing: outside a watched run (or with `enabled=False`), and the base of `Monitor`,
-    which overrides every method with the same parameters (tests/test_monitor.py keeps the two alike)."""
+    which overrides every method with the same parameters (tests/unit/trainstack/test_monitor.py keeps the two
+    alike)."""
 
     steps = 0
     epoch = 0

@@ -6,7 +6,7 @@ The alerts take their numbers from the threshold table (trainstack/thresholds.py
 ratios from trainstack/ratios.py, the same definitions `trainstack diagnose`, the report and the Grafana panels use,
 so none of them can drift from the alerts. The rule files are committed as plain PromQL (Prometheus, promtool and
 the Kubernetes PrometheusRules load them as they are); `--check` writes nothing and fails when a committed file
-differs from what this script builds (tests/test_monitoring_rules.py runs it).
+differs from what this script builds (tests/unit/monitoring/test_monitoring_rules.py runs it).
 
 usage: python monitoring/prometheus/build_rules.py [--check]
 """
@@ -48,7 +48,7 @@ class Alert:
     severity: str
     summary: str
     description: str
-    """Likely cause, then "Fix: ..." (tests/test_monitoring_rules.py)."""
+    """Likely cause, then "Fix: ..." (tests/unit/monitoring/test_monitoring_rules.py)."""
     fires_when: str
     """docs/alerts.md's one-line summary of the expression."""
     for_: str = ""
