@@ -6,8 +6,6 @@ from tests.helpers.promql import PROMETHEUS_SERIES
 from trainstack import catalog
 
 SAMPLES = {sample: metric for metric in catalog.METRICS for sample in metric.sample_names}
-
-
 RECORDED = {series.name: series for series in catalog.RECORDED}
 
 

@@ -8,8 +8,6 @@ from trainstack.train.launcher.doctor import (
 )
 
 CPU_HOST = GpuInventory(driver_found=False, torch_version="2.13.0+cpu")
-
-
 UUIDS = ("GPU-aaaa-0", "GPU-bbbb-1", "GPU-cccc-2", "GPU-dddd-3")
 
 

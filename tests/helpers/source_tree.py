@@ -22,7 +22,6 @@ def project_modules(root: Path, layout=LAYOUT) -> dict[str, Path]:
     return modules
 
 
-# ---- the checks catch what they are for -------------------------------------------------------------------
 def plant(root: Path, files: dict[str, str]) -> Path:
     for name, text in {**{f"{p}/__init__.py": "" for p in LAYOUT}, **files}.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 
 SITE = "/venv/lib/python3.11/site-packages"
-
-
 C10D = {"file": f"{SITE}/torch/distributed/distributed_c10d.py", "line": 3252, "function": "all_reduce"}
 
 

@@ -19,8 +19,6 @@ TORCH_FREE = {
     folder: f"trainstack.{folder.replace('/', '.')}"
     for folder in ("monitoring/exporter", "monitoring/diagnose", "monitoring/report")
 }
-
-
 TORCH_FREE["trainstack"] = "trainstack"
 
 

@@ -74,8 +74,6 @@ def _tune_two_ranks(tmp_path, options: dict, env: dict, rounds: int):
 
 
 COMM_BOUND_FIXES = ("grad_accum=", "ddp_bucket_cap_mb=")
-
-
 """The candidates that cut what the all-reduces cost a step: fewer per sample (gradient accumulation under no_sync),
 or fewer, larger buckets."""
 

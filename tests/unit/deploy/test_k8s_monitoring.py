@@ -11,11 +11,7 @@ import yaml
 from tests.helpers.runs import REPO as ROOT
 
 GENERATED = ROOT / "k8s/common/generated"
-
-
 RULES_DIR = ROOT / "monitoring/prometheus/rules"
-
-
 DASHBOARDS_DIR = ROOT / "monitoring/grafana/dashboards"
 
 

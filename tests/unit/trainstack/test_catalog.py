@@ -19,24 +19,12 @@ from tests.helpers.runs import REPO
 from trainstack import catalog, ratios
 
 RULE_FILES = sorted((REPO / "monitoring/prometheus/rules").glob("*.yml"))
-
-
 RULE_TEST_FILES = sorted((REPO / "monitoring/prometheus/tests").glob("*.yml"))
-
-
 DASHBOARD_FILES = sorted((REPO / "monitoring/grafana/dashboards").glob("*.json"))
-
-
 DIAGNOSE_DIR = REPO / "monitoring/diagnose"
-
-
 # Where a metric name may not be written outside the catalog (issue 11: one module names the metrics).
 PYTHON_DIRS = ("train", "monitoring", "bench", "trainstack")
-
-
 CATALOG_FILE = REPO / "trainstack/catalog.py"
-
-
 METRIC_NAME = re.compile(r"(?<![\w:])trainstack_(?:train|gpu|exporter|watch)_[a-z0-9_]*")
 
 

@@ -62,10 +62,6 @@ def test_each_verdict_brings_its_own_fixes():
         dataclasses.replace(config, **candidate.options)  # each one a config the app takes
 
 
-"""The candidates that cut what the all-reduces cost a step: fewer per sample (gradient accumulation under no_sync),
-or fewer, larger buckets."""
-
-
 def test_a_candidate_wins_only_beyond_the_baselines_own_spread():
     # The baseline moved 1.2x between rounds with nothing changed: rounds of 1.15x are drift, 1.3x are a gain.
     drift = Standing(BASELINE, ratios=[1.15, 1.15], steps_per_second=[1, 1], baseline_samples_per_second=[10, 12])
