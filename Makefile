@@ -23,6 +23,8 @@ setup: $(STAMP) ## create .venv and install trainstack with its pinned dependenc
 run: setup ## train the default model on every GPU (2 CPU ranks without one); ARGS="--max-steps 500" to override
 	$(BIN)/trainstack train $(ARGS)
 
+# The tiers live in folders (tests/unit/<package>/, tests/process/, tests/infra/, tests/timing/) and are selected
+# by their marks, which tests/unit/repo/test_suite_layout.py keeps in step with the folders.
 # TEST_WORKERS=2: the tests that start processes wait on them (ranks starting, an exporter answering, a checkpoint
 # landing, a diagnose window) as well as compute, so 2 pytest-xdist workers, a module to a worker, keep a 2-core
 # machine's cores busy (88% of the time, docs/benchmarks.md), and the `timing` tests, which measure speed, run
@@ -30,7 +32,7 @@ run: setup ## train the default model on every GPU (2 CPU ranks without one); AR
 # may select tests of one kind only.
 TEST_WORKERS ?= 2
 
-test: setup ## the whole test suite (no GPU needed) on 2 workers, then the timing tests alone; TEST_WORKERS=1: one process
+test: setup ## the whole test suite (no GPU needed) on 2 workers, then tests/timing/ alone; TEST_WORKERS=1: one process
 ifeq ($(TEST_WORKERS),1)
 	$(BIN)/python -m pytest $(ARGS)
 else
@@ -38,13 +40,13 @@ else
 	$(BIN)/python -m pytest -m timing $(ARGS) || [ $$? -eq 5 ]
 endif
 
-check: setup ## the fast tier for the inner loop: every test that starts no process (-m "not slow"), under 2 minutes
+check: setup ## the fast tier: every test that starts no process, tests/unit/ (-m "not slow"), under 2 minutes
 	$(BIN)/python -m pytest -m "not slow" $(ARGS)
 
 system-deps: ## Debian packages the tests use for real (prometheus/promtool, docker, debootstrap, chromium); needs root
 	@bash scripts/system-deps.sh
 
-lint: setup ## ruff (lint and format) and mypy over trainstack/, train/ and monitoring/, as tests/test_lint.py checks them
+lint: setup ## ruff (lint and format) and mypy over trainstack/, train/ and monitoring/, as tests/process/test_lint.py checks them
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python scripts/typecheck.py

@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from train_run import train_command
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: trainstack and the report's record reader come from the checkout
 from trainstack import record  # noqa: E402
@@ -87,36 +89,11 @@ def minimal(args: argparse.Namespace, data: Path, tuned: bool) -> dict:
 
 
 def trainstack(args: argparse.Namespace, data: Path, run_dir: Path, compile_: bool) -> dict:
-    command = [
-        sys.executable,
-        "-m",
-        "trainstack",
-        "train",
-        "--output-dir",
-        str(run_dir),
-        "--model",
-        f"builtin:{MODEL}",
-        "--dataset",
-        str(data),
-        "--seq-len",
-        str(args.seq_len),
-        "--batch-size",
-        str(args.batch_size),
-        "--num-workers",
-        str(args.num_workers),
-        "--max-steps",
-        str(args.warmup + args.steps),
-        "--checkpoint-every",
-        "0",
-        "--log-every",
-        "10",
-        "--eval-fraction",
-        str(EVAL_FRACTION),
-        "--exporter-port",
-        "0",
-        "--no-report",
-        *(["--compile"] if compile_ else []),
-    ]
+    flags = ["--model", f"builtin:{MODEL}", "--dataset", str(data), "--seq-len", str(args.seq_len), "--log-every", "10"]
+    flags += ["--eval-fraction", str(EVAL_FRACTION), "--exporter-port", "0", "--no-report"]
+    if compile_:
+        flags.append("--compile")
+    command = train_command(run_dir, args.warmup + args.steps, args.batch_size, args.num_workers, flags)
     run(command, "trainstack train")
     records = {r.step: r for r in record.records(record.read_launches(RunDir(run_dir).rank_records(0)))}
     first, last = records[args.warmup], records[args.warmup + args.steps]

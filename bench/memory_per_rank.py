@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from train_run import train_command
+
 from trainstack.rundir import RunDir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,38 +44,9 @@ MiB = 1 << 20
 
 
 def train(args: argparse.Namespace, strategy: str, run_dir: Path) -> int:
-    command = [
-        sys.executable,
-        "-m",
-        "trainstack",
-        "train",
-        "--output-dir",
-        str(run_dir),
-        "--strategy",
-        strategy,
-        "--model",
-        args.model,
-        "--max-steps",
-        str(args.steps),
-        "--batch-size",
-        str(args.batch_size),
-        "--seq-len",
-        str(args.seq_len),
-        "--num-workers",
-        "0",
-        "--log-every",
-        "1",
-        "--checkpoint-every",
-        "0",
-        "--eval-fraction",
-        "0",
-        "--exporter-port",
-        "0",
-        "--no-report",
-        "--cpu",
-        "--nproc-per-node",
-        "2",
-    ]
+    flags = ["--strategy", strategy, "--model", args.model, "--seq-len", str(args.seq_len), "--log-every", "1"]
+    flags += ["--eval-fraction", "0", "--exporter-port", "0", "--no-report", "--cpu", "--nproc-per-node", "2"]
+    command = train_command(run_dir, args.steps, args.batch_size, 0, flags)
     result = subprocess.run(
         [sys.executable, "-c", PEAK_RSS, *command], cwd=REPO, env=ENV, capture_output=True, text=True
     )

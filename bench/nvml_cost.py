@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run as a script: tests/ comes from the checkout
+sys.path.insert(0, str(REPO))  # run as a script: trainstack comes from this checkout
 from trainstack.monitoring.exporter.config import DEFAULT_SAMPLE_INTERVAL, DEFAULT_SLOW_SAMPLE_INTERVAL  # noqa: E402
 from trainstack.monitoring.exporter.nvml import (  # noqa: E402
     CLOCK_SM,

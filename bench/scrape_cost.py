@@ -6,7 +6,7 @@ The exporter runs as it does in production (`python -m trainstack.monitoring.exp
 (monitoring/nvml_fake/hosts/h100_driver580.json: an H100 on driver 580, where each call and each field costs what it
 cost there, spent on the CPU as the real driver spends it), the profile's GPU repeated 1, 8 and 16 times, and a
 metrics directory holding 8 ranks' multiprocess files with the training metrics a GPU rank writes (stand-ins:
-tests/standin_ranks.py), each rank's process listed on a GPU so the per-process memory call runs.
+bench/standin_ranks.py), each rank's process listed on a GPU so the per-process memory call runs.
 
 For each GPU count, --scrapes scrapes on a fixed schedule, one every --scrape-interval seconds, each with the
 headers Prometheus sends (OpenMetrics preferred, gzip) over a connection reused whenever the server keeps it
@@ -49,9 +49,10 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run as a script: tests/ comes from the checkout
+sys.path.insert(0, str(REPO))  # run as a script: trainstack comes from this checkout
+from standin_ranks import write_rank  # noqa: E402
+
 import trainstack.monitoring.nvml_fake as fake  # noqa: E402
-from tests.standin_ranks import write_rank  # noqa: E402
 from trainstack import catalog  # noqa: E402
 from trainstack.monitoring.exporter.config import DEFAULT_SAMPLE_INTERVAL, DEFAULT_SLOW_SAMPLE_INTERVAL  # noqa: E402
 from trainstack.rundir import RunDir  # noqa: E402

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from side_by_side import halves_for_pair, pinned, report
+from train_run import train_command
 
 from trainstack import record
 from trainstack.rundir import RunDir, free_port
@@ -59,25 +60,9 @@ def minimal_command(args: argparse.Namespace) -> list[str]:
 
 
 def trainstack_command(args: argparse.Namespace, run_dir: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "trainstack",
-        "train",
-        "--output-dir",
-        str(run_dir),
-        "--max-steps",
-        str(args.steps),
-        "--batch-size",
-        str(args.batch_size),
-        "--num-workers",
-        str(args.num_workers),
-        "--checkpoint-every",
-        "0",
-        "--exporter-port",
-        "0",
-        "--no-report",
-    ]
+    return train_command(
+        run_dir, args.steps, args.batch_size, args.num_workers, ["--exporter-port", "0", "--no-report"]
+    )
 
 
 def trainstack_rate(run_dir: Path, warmup: int) -> float:

@@ -3,7 +3,7 @@
     trainstack watch -- torchrun --nproc_per_node 2 examples/hf_trainer.py --output-dir runs/hf-example
 
 The two lines marked `# trainstack` are all it adds to a Trainer script (docs/hf-callback.md). Swap in your own
-model, dataset and collator; tests/test_hf_callback.py runs this very file.
+model, dataset and collator; tests/unit/trainstack/test_hf_callback.py runs this very file.
 """
 
 from __future__ import annotations

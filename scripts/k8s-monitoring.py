@@ -5,7 +5,7 @@ monitoring/prometheus/rules/*.yml become PrometheusRule resources (the Prometheu
 file) and monitoring/grafana/dashboards/*.json become ConfigMaps labelled for kube-prometheus-stack's Grafana
 dashboard sidecar. kustomize cannot do this itself: it cannot wrap a file in a resource, and it cannot read files
 outside a kustomization's folder without --load-restrictor. So the output is committed, and
-`scripts/k8s-monitoring.py --check` (run by tests/test_k8s_monitoring.py) fails when it is stale.
+`scripts/k8s-monitoring.py --check` (run by tests/infra/test_k8s_monitoring.py) fails when it is stale.
 
 usage: scripts/k8s-monitoring.py [--check]
 """

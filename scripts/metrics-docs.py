@@ -5,7 +5,7 @@ The "read by" column names the rules, alerts, panels, dashboard variables and di
 series, found in the generated rule files, the dashboards and diagnose's code (monitoring/metric_readers.py).
 Each table sits between a begin marker naming its part of the catalog and an end marker; the prose around the
 tables is written by hand and kept as it is. `--check` writes nothing and fails when the committed page differs
-from what this script writes (tests/test_catalog.py runs it).
+from what this script writes (tests/process/test_catalog.py runs it).
 
 usage: scripts/metrics-docs.py [--check]
 """

@@ -14,10 +14,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from filelock import FileLock
 
+import trainstack.monitoring.nvml_fake as nvml_fake
 from tests.helpers.netns import NODE_ADDRESSES, RATE_BITS, Node, ip, limit_rate
+from tests.helpers.nvml_fake import HOST
 from tests.helpers.runs import (
     REFERENCE_DDP,
     REFERENCE_DDP_ROTATION,
@@ -29,7 +32,7 @@ from tests.helpers.runs import (
 )
 from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, free_port
 
-pytest_plugins = ["pytester"]  # tests/test_process_guard.py runs a planted test file through the guard below
+pytest_plugins = ["pytester"]  # tests/unit/repo/test_process_guard.py runs a planted test file through the guard below
 # Nothing in the suite may reach the network; datasets and the hub are told so before anything imports them.
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -80,6 +83,16 @@ def gpu_unmarked(item: pytest.Item) -> bool:
     return not item.get_closest_marker("gpu") and any(
         NEEDS_GPU.search(str(mark.kwargs.get("reason", ""))) for mark in item.iter_markers("skipif")
     )
+
+
+# Every test this session collected, before -m and -k deselect any: tests/unit/repo/test_suite_layout.py checks each
+# one's folder against its marks, including the tests the fast tier leaves out.
+COLLECTED = pytest.StashKey[list[pytest.Item]]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[COLLECTED] = list(items)
 
 
 # Setup and teardown too: a fixture that starts a process (cpu_run) counts for the tests that use it.
@@ -228,3 +241,19 @@ def slow_link() -> Iterator[tuple[Node, Node]]:
     finally:
         for namespace in made:  # the veth pair goes with them
             ip("netns", "delete", namespace)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def watched_gpu():
+    """GPU 0 of the NVML fake's HOST, whose watched job's entry stands for the process that asks."""
+    nvml_fake.load(HOST)
+    nvml_fake.nvmlInit()
+    yield nvml_fake.nvmlDeviceGetHandleByIndex(0)
+    nvml_fake.load(None)

@@ -5,9 +5,10 @@ telemetry, an NVML call or field, the exporter itself) and when it is absent. Th
 from these entries (trainstack/telemetry/, the exporter's collectors, the NVML fake's stand-in ranks), the readers
 take the names from here, and docs/metrics.md's tables are generated from them (scripts/metrics-docs.py). Who
 reads a metric is not written here: monitoring/metric_readers.py finds it in the readers themselves, the generated
-rule files and dashboards and diagnose's code. tests/test_catalog.py holds the files that cannot import this module
-(rules, dashboards) to it, and checks that every entry is produced. The approach is dcgm-exporter's
-(etc/default-counters.csv parsed into Counter structs, every collector built from that one table).
+rule files and dashboards and diagnose's code. tests/unit/trainstack/test_catalog.py holds the files that cannot
+import this module (rules, dashboards) to it, and tests/process/test_catalog.py checks that every entry is produced.
+The approach is dcgm-exporter's (etc/default-counters.csv parsed into Counter structs, every collector built from
+that one table).
 """
 
 from __future__ import annotations

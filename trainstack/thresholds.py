@@ -6,8 +6,8 @@ as it is), `trainstack diagnose` takes its defaults from it (`Thresholds`, below
 panels draw it as their red line (monitoring/grafana/build_dashboards.py), as does the report's data-wait figure.
 The rule file is generated rather than read back because Prometheus needs concrete numbers in its expressions, and a
 number read back out of PromQL is a guess at the expression's shape; generating keeps the committed file plain
-PromQL while the number lives here. tests/test_monitoring_rules.py fails while alerts.yml differs from what the
-table gives.
+PromQL while the number lives here. tests/unit/monitoring/test_monitoring_rules.py fails while alerts.yml differs from
+what the table gives.
 
 To change a threshold: edit its value here and run `make generate` (the rule files, the tables of docs/alerts.md,
 the dashboards, k8s/common/generated); move the alert's unit test in monitoring/prometheus/tests/ if its samples

@@ -3,7 +3,7 @@
 docs/monitoring.md, from one description of each panel.
 
 The JSON is committed (Grafana provisioning and the Kubernetes ConfigMaps read it); `--check` writes nothing and
-fails when the committed files differ from what this script builds (tests/test_monitoring_grafana.py runs it).
+fails when the committed files differ from what this script builds (tests/process/test_monitoring_grafana.py runs it).
 Alert thresholds drawn on panels come from trainstack/thresholds.py, the table the alerts are built from.
 
 usage: python monitoring/grafana/build_dashboards.py [--check]

@@ -6,7 +6,7 @@ The alerts take their numbers from the threshold table (trainstack/thresholds.py
 registry (trainstack/problems.py) and the recording rules their ratios from trainstack/ratios.py, the same definitions `trainstack diagnose`, the report and the Grafana panels use,
 so none of them can drift from the alerts. The rule files are committed as plain PromQL (Prometheus, promtool and
 the Kubernetes PrometheusRules load them as they are); `--check` writes nothing and fails when a committed file
-differs from what this script builds (tests/test_monitoring_rules.py runs it).
+differs from what this script builds (tests/unit/monitoring/test_monitoring_rules.py runs it).
 
 usage: python monitoring/prometheus/build_rules.py [--check]
 """
@@ -48,7 +48,7 @@ class Alert:
     summary: str
     cause: str
     """What the alert sees and its likely cause; the description adds "Fix: " and the fix of its problem
-    (trainstack/problems.py), the one the verdict gives (tests/test_monitoring_rules.py)."""
+    (trainstack/problems.py), the one the verdict gives (tests/unit/monitoring/test_monitoring_rules.py)."""
     fires_when: str
     """docs/alerts.md's one-line summary of the expression."""
     for_: str = ""

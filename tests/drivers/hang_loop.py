@@ -1,7 +1,7 @@
 """A plain 2-rank loop (gloo) instrumented with trainstack.monitor that hangs on purpose at step 5, for
-tests/test_hang.py: `--hang skip-collective` (rank 0 alone calls an all_reduce under `if rank == 0:`; rank 1 goes on
-to work that needs no peer), `--hang skip-first-collective` (the same before the first step), `--hang loader` (rank
-1's dataset never returns its batch), `--hang none` (healthy: runs `--steps` and exits)."""
+tests/process/test_hang.py: `--hang skip-collective` (rank 0 alone calls an all_reduce under `if rank == 0:`; rank 1
+goes on to work that needs no peer), `--hang skip-first-collective` (the same before the first step), `--hang loader`
+(rank 1's dataset never returns its batch), `--hang none` (healthy: runs `--steps` and exits)."""
 
 import argparse
 import time

@@ -1,6 +1,6 @@
 """Phases of a small DDP loop under trainstack.monitor, one after another in one process group: each phase a fresh
 model, its own run directory (OUT_DIR/<phase>) and, in some, one rank given real extra work each step in one part
-of its step. tests/test_straggler.py judges each phase from its records.
+of its step. tests/timing/test_straggler.py judges each phase from its records.
 
 Run under `torch.distributed.run --nproc-per-node 2`: straggler_matrix.py OUT_DIR [PHASE ...] (default: every
 phase). Extra work is busy compute, not a sleep: a rank that sleeps leaves its core to its peer, which then runs

@@ -9,15 +9,14 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
-import random
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from trainstack.train.rank.data import BYTE_VOCAB
-from trainstack.train.rank.model import BUILTIN_MODELS, GPT, GPTShape
+from bench.factories import RandomBytes
+from trainstack.train.rank.model import BUILTIN_MODELS, GPT
 
 
 def _rank() -> int:
@@ -172,30 +171,6 @@ def not_a_module(config, vocab_size: int) -> str:
     return "not a model"
 
 
-class RandomBytes(torch.utils.data.Dataset):
-    """Byte text whose every line fills --seq-len: fixed-length batches, as in the GPU runs of issue 12. A sample
-    costs TRAINSTACK_TEST_SAMPLE_DELAY seconds (default none) to load: a loader slowed on purpose."""
-
-    vocab_size = BYTE_VOCAB
-
-    def __init__(self, count: int, length: int, seed: int = 0):
-        rng = random.Random(seed)
-        self.samples = [rng.randbytes(length) for _ in range(count)]
-        self.delay = float(os.environ.get("TRAINSTACK_TEST_SAMPLE_DELAY", "0"))
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> dict:
-        if self.delay:
-            time.sleep(self.delay)
-        return {"input_ids": list(self.samples[index])}
-
-
-def random_bytes(config) -> RandomBytes:
-    return RandomBytes(8192, config.seq_len)  # 8 MB at --seq-len 1024: an epoch outlasts the GPU tests' runs
-
-
 class BusyRandomBytes(RandomBytes):
     """RandomBytes whose delay spins instead of sleeping: with no loader workers the rank itself holds its core while
     it waits, as it does while it computes, so the host's other processes and the caches meet the same rank whether
@@ -210,11 +185,6 @@ class BusyRandomBytes(RandomBytes):
 
 def busy_random_bytes(config) -> BusyRandomBytes:
     return BusyRandomBytes(1024, config.seq_len)
-
-
-def gpt2_small(config, vocab_size: int) -> GPT:
-    """GPT-2 small's shape (12 layers, 12 heads, width 768) on the built-in GPT."""
-    return GPT(GPTShape(12, 12, 768), vocab_size, config.seq_len)
 
 
 @dataclasses.dataclass

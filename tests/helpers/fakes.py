@@ -3,11 +3,14 @@ exporter's NVML rig on the fake host, diagnose's views and sources."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import trainstack.monitoring.nvml_fake as fake
+from tests.helpers.runs import REPO
 from trainstack.monitoring.diagnose.snapshot import GpuView, RankView
 from trainstack.monitoring.exporter.app import build_registry
 from trainstack.monitoring.exporter.config import ExporterConfig
@@ -191,3 +194,27 @@ class FakeDdpModel(torch.nn.parallel.DistributedDataParallel):
 
     def register_comm_hook(self, state, hook) -> None:
         self.hooks.append((state, hook))
+
+
+def fake_host() -> dict:
+    """Four H100s of the fake's DGX: GPU 1 power-capped at a low clock, GPU 2 idle, GPU 3 hot and nearly full."""
+    host = json.loads((REPO / "monitoring/nvml_fake/hosts/dgx_h100.json").read_text())
+    host["gpus"] = host["gpus"][:4]
+    # NVML's violation counters are in nanoseconds: 0.9e9 per second is 90% of the time.
+    host["gpus"][1]["overrides"] = {
+        "nvmlDeviceGetViolationStatus": {"NVML_PERF_POLICY_POWER": {"start": 0, "per_second": 0.9e9}},
+        "nvmlDeviceGetClockInfo": {"NVML_CLOCK_SM": 1200},
+    }
+    host["gpus"][2]["overrides"] = {"nvmlDeviceGetUtilizationRates": {"gpu": 0, "memory": 0}}
+    host["gpus"][3]["overrides"] = {
+        "nvmlDeviceGetViolationStatus": {"NVML_PERF_POLICY_THERMAL": {"start": 0, "per_second": 0.5e9}},
+        "nvmlDeviceGetMemoryInfo": {"used": 83_000_000_000},
+    }
+    return host
+
+
+def rig(host, gpm_interval=0.0) -> Rig:
+    """The exporter on `host`, its GPM samples timed on the clock the test moves."""
+    built = Rig(host, gpm_interval=gpm_interval)
+    built.session.clock = built.clock
+    return built

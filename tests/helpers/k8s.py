@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,3 +44,14 @@ def arg_value(args: list[str], flag: str) -> str:
 
 
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's loader: the CRDs are large
+
+
+def expand(value: str, variables: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion: defined names are replaced, $$ escapes, anything else is left as written."""
+
+    def replace(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return variables.get(match.group(1), match.group(0))
+
+    return re.sub(r"\$\$|\$\(([^)]*)\)", replace, value)

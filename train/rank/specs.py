@@ -23,7 +23,7 @@ class GPTShape:
     width: int
 
     def parameter_count(self, vocab_size: int, max_len: int) -> int:
-        """The parameters of model.GPT of this shape, the tied output projection once (tests/test_doctor.py
+        """The parameters of model.GPT of this shape, the tied output projection once (tests/unit/train/test_doctor.py
         checks it against every built model, so the two cannot drift)."""
         width = self.width
         norms = 2 * 2 * width  # two LayerNorms, weight and bias

@@ -38,7 +38,7 @@ from trainstack.telemetry.future_callbacks import FutureCallbacks
 
 # Test-only: seconds each collective (DDP's gradient all-reduce, FSDP's all-gather and reduce-scatter) is held back
 # after it finishes, as a slow link would. The tests that make a run communication-bound set it
-# (tests/test_diagnose.py); nothing else reads it.
+# (tests/timing/test_diagnose.py); nothing else reads it.
 TEST_ALLREDUCE_DELAY_ENV = "TRAINSTACK_TEST_ALLREDUCE_DELAY"
 
 

@@ -1,0 +1,98 @@
+"""The straggler is named where the ranks wait for each other (docs/diagnostics.md, "How trainstack finds a
+straggler"): 2 CPU ranks over gloo, one rank given real extra work in its forward pass, after its optimizer step or
+in its loader, on a model with buffers (DDP broadcasts them in every forward pass, or not) and on one without.
+Every phase runs in one launch (tests/drivers/straggler_matrix.py) and is judged from its records."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.runs import REPO, torchrun
+from trainstack.monitoring.diagnose import verdicts
+from trainstack.monitoring.diagnose.records import snapshot_from_records
+from trainstack.thresholds import Thresholds
+
+DRIVER = REPO / "tests" / "drivers" / "straggler_matrix.py"
+
+
+@pytest.fixture(scope="module")
+def phases(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("straggler-matrix")
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONWARNINGS": "ignore::FutureWarning",
+    }
+    env.pop("TRAINSTACK_RUN_DIR", None)
+    done = subprocess.run(
+        torchrun(str(DRIVER), str(out)),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out, json.loads((out / "phases.json").read_text())
+
+
+def _judged(out: Path, name: str):
+    snapshot = snapshot_from_records(out / name)
+    return snapshot, [v for v in verdicts.diagnose(snapshot, Thresholds()) if v.kind == "straggler"]
+
+
+@pytest.mark.slow
+@pytest.mark.timing
+def test_the_slowed_rank_is_named_with_its_peers_wait_as_the_cost(phases):
+    out, matrix = phases
+    extra = matrix["extra_seconds"]
+    slowed = [phase for phase in matrix["phases"] if phase["slow_in"]]
+    assert {(p["buffers"], p["broadcast_buffers"], p["slow_in"]) for p in slowed} >= {
+        (buffers, broadcast, where)
+        for buffers, broadcast in ((True, True), (True, False), (False, True))
+        for where in ("forward", "after_step", "data")
+    }
+    for phase in slowed:
+        snapshot, named = _judged(out, phase["name"])
+        assert len(named) == 1, (phase["name"], named)
+        assert named[0].summary.startswith(f"rank {phase['slow_rank']} is a straggler:"), (phase["name"], named)
+        waits = snapshot.straggler_waits()
+        straggler = next(r for r in snapshot.ranks if r.rank == str(phase["slow_rank"]))
+        cost = waits[straggler.rank] * straggler.step_seconds
+        assert cost == pytest.approx(extra, rel=0.2), (phase["name"], cost, extra)
+
+
+@pytest.mark.slow
+@pytest.mark.timing
+def test_a_healthy_run_names_no_straggler(phases):
+    out, matrix = phases
+    healthy = [phase["name"] for phase in matrix["phases"] if not phase["slow_in"]]
+    assert len(healthy) == 3
+    for name in healthy:
+        snapshot, named = _judged(out, name)
+        assert len(snapshot.straggler_waits()) == 2, name  # both ranks' waits are measured, and judged
+        assert named == [], (name, named)
+
+
+@pytest.mark.slow
+@pytest.mark.timing
+def test_the_buffer_broadcast_is_communication_not_forward_time(phases):
+    """With one rank slowed in its forward pass, its peer waits in the buffer broadcast at the start of its own
+    forward pass: that wait counts as exposed communication, and the peer's forward time stays its own."""
+    out, matrix = phases
+    assert {p["name"]: p["slow_rank"] for p in matrix["phases"]}["buffers-forward"] == 1
+    broadcast = snapshot_from_records(out / "buffers-forward")
+    unbroadcast = snapshot_from_records(out / "no-broadcast-forward")
+    for snapshot in (broadcast, unbroadcast):
+        peer, slow = snapshot.ranks
+        assert slow.forward_seconds - peer.forward_seconds == pytest.approx(matrix["extra_seconds"], rel=0.3)
+    buffers_bytes = [r.comm_bytes_per_step for r in broadcast.ranks]
+    assert all(
+        with_b > without
+        for with_b, without in zip(buffers_bytes, [r.comm_bytes_per_step for r in unbroadcast.ranks], strict=True)
+    )

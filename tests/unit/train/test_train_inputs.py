@@ -1,0 +1,62 @@
+"""The training config without a rank: config file and flags merge with flags winning, each validation message,
+and docs/training.md lists every option (bad input to real runs: tests/process/test_train_inputs.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainstack.errors import ConfigError
+from trainstack.train.rank.config import TrainConfig, read_config_file
+
+
+def test_config_file_and_flags_merge_with_flags_winning(tmp_path):
+    import argparse
+
+    from trainstack.train.rank.config import add_arguments, from_sources
+
+    toml = tmp_path / "c.toml"
+    toml.write_text('batch_size = 4\nlr = 0.01\nmodel = "builtin:small-gpt"\n')
+    assert read_config_file(str(toml)) == {"batch_size": 4, "lr": 0.01, "model": "builtin:small-gpt"}
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = from_sources(parser.parse_args(["--config", str(toml), "--batch-size", "8"]), on_cuda=False)
+    assert (config.batch_size, config.lr, config.model) == (8, 0.01, "builtin:small-gpt")
+    # what neither sets keeps the default
+    assert config.num_workers == TrainConfig().num_workers
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"grad_accum": 0}, "--gradient-accumulation-steps must be at least 1"),
+        ({"lr": 0.0}, "--learning-rate must be positive"),
+        ({"lr_schedule": "step"}, "--lr-schedule must be one of"),
+        ({"mixed_precision": "fp8"}, "--mixed-precision must be one of"),
+        ({"collective_timeout": -1.0}, "--collective-timeout must be positive"),
+        ({"eval_fraction": 1.0}, "--eval-fraction must be in [0, 1)"),
+        ({"sync_batchnorm": 1}, "sync_batchnorm must be bool"),
+        ({"prefetch_factor": 0}, "--prefetch-factor must be at least 1"),
+        ({"num_workers": 0, "prefetch_factor": 4}, "--prefetch-factor 4 needs --num-workers 1 or more"),
+        ({"ddp_bucket_cap_mb": 0}, "--ddp-bucket-cap-mb must be at least 1"),
+        ({"ddp_comm_hook": "powersgd"}, "--ddp-comm-hook must be one of none, fp16, bf16"),
+        ({"strategy": "fsdp", "ddp_bucket_cap_mb": 100}, "--ddp-bucket-cap-mb is a DDP option"),
+        ({"strategy": "fsdp", "ddp_comm_hook": "bf16"}, "--ddp-comm-hook is a DDP option"),
+        ({"ddp_static_graph": True, "grad_accum": 2}, "--ddp-static-graph needs --gradient-accumulation-steps 1"),
+        ({"keep_checkpoints": -1}, "--keep-checkpoints must be 0 or more"),
+        ({"keep_checkpoints": 0}, "--checkpoint-every 100 saves checkpoints that --keep-checkpoints 0 keeps none of"),
+    ],
+)
+def test_config_validation_messages(values, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        TrainConfig(**values)
+
+
+def test_training_doc_lists_every_option():
+    import dataclasses
+
+    from tests.helpers.runs import REPO
+    from trainstack.train.rank.config import _flag
+
+    doc = (REPO / "docs" / "training.md").read_text()
+    missing = [f.name for f in dataclasses.fields(TrainConfig) if f"`{_flag(f.name)}" not in doc]
+    assert not missing, f"docs/training.md does not describe {missing}"

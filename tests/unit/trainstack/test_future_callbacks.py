@@ -1,0 +1,38 @@
+"""trainstack/telemetry/future_callbacks.py in one process: the wait ends when the completing thread drops the
+callback, and a callback that never ran is not waited for (a process that exits first: tests/process/)."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+from trainstack.telemetry.future_callbacks import FutureCallbacks
+
+
+class Payload:
+    """Something only the callback refers to."""
+
+
+def test_the_wait_ends_when_the_completing_thread_drops_the_callback():
+    callbacks, gate = FutureCallbacks(), threading.Event()
+    payload = Payload()
+    alive = weakref.ref(payload)
+    parent = torch.futures.Future()
+    child = callbacks.then(parent, lambda future, payload=payload: future.value())
+    # The completing thread runs the child's callbacks before it drops the parent's, as gloo's thread does.
+    child.then(lambda future: gate.wait(30))
+    del payload
+    threading.Thread(target=parent.set_result, args=(1,), daemon=True).start()
+    assert child.wait() == 1  # where DDP's backward returns
+    assert alive() is not None and not callbacks.wait_released(timeout=0)  # the thread still holds it
+    gate.set()
+    assert callbacks.wait_released(timeout=30)
+    assert alive() is None
+
+
+def test_a_callback_that_never_ran_is_not_waited_for():
+    callbacks = FutureCallbacks()
+    callbacks.then(torch.futures.Future(), lambda future: None)  # a collective that never ends (a hang)
+    assert callbacks.wait_released(timeout=0)
