@@ -2,7 +2,10 @@
 lightning_example.py: `Trainer(strategy="ddp", accelerator="cpu", devices=2)`, a BatchNorm model over token ids,
 gradient accumulation, validations and checkpoints.
 
-- In one process: what the callback reads from a batch, and the import's message without Lightning.
+- In one process, on a stand-in monitor: every training fetch inside a data wait, every validation and save inside
+  its pause, each optimizer step with its micro-batches; a resumed fit numbered on; a second fit, or a strategy
+  holding DDP's one comm hook, left unrecorded with one line; what the callback reads from a batch; the import's
+  message without Lightning.
 - Under `trainstack watch` on 2 CPU ranks (gloo), launched by torchrun and by Lightning itself (`python script.py`):
   one launch each, three phases (healthy; rank 1 slowed after its micro-batches; a slow loader on both ranks),
   judged from each phase's records as `trainstack diagnose` judges a finished run.
@@ -189,6 +192,23 @@ def test_in_one_process_fetches_are_data_waits_validations_and_saves_pauses_and_
     again.fit(example.Regressor(), DataLoader(train, batch_size=batch))
     assert [event for event in events if event[0] not in ("fetch",)] == []
     assert "trainstack: one fit per process is recorded; this fit is not" in capsys.readouterr().err
+
+    # A fit resumed from the checkpoint at step 4 (in a process of its own, as a resumed run is) numbers on from it.
+    events.clear()
+    monkeypatch.setattr(lightning_callback, "_process", {"recorded": False})
+    resumed = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        accumulate_grad_batches=accumulate,
+        callbacks=[TrainstackCallback()],
+        logger=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    resumed.fit(example.Regressor(), DataLoader(train, batch_size=batch), ckpt_path=tmp_path / "epoch=0-step=4.ckpt")
+    assert [event[:3] for event in events if event[0] == "resumed_at"] == [("resumed_at", 4, 0)]
+    assert [event[0] for event in events].count("step") == steps - 4
 
 
 def test_a_strategy_holding_ddps_one_comm_hook_leaves_the_fit_unrecorded_and_says_how(monkeypatch, capsys):
