@@ -59,9 +59,9 @@ def metadata(wheel: Path) -> email.message.Message:
         return email.message_from_bytes(archive.read(name))
 
 
-def locked() -> dict[str, str]:
+def locked(lock: str = "requirements.lock") -> dict[str, str]:
     pins = {}
-    for line in (REPO / "requirements.lock").read_text().splitlines():
+    for line in (REPO / lock).read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             name, _, version = line.partition("==")
             pins[canonicalize_name(name)] = version.strip()
@@ -101,3 +101,25 @@ def test_no_dependency_is_pinned_and_the_lock_satisfies_every_range(wheel):
         "nvidia-ml-py",
     }
     assert problems(runtime, locked()) == []
+
+
+FRAMEWORKS = ("hf", "lightning")  # the integrations' extras, which the dev lock pins for their tests
+
+
+@pytest.mark.slow
+def test_the_dev_lock_satisfies_the_framework_extras_their_tests_install(wheel):
+    requirements = [Requirement(text) for text in metadata(wheel).get_all("Requires-Dist")]
+    frameworks = [r for r in requirements if r.marker and any(r.marker.evaluate({"extra": e}) for e in FRAMEWORKS)]
+    assert {canonicalize_name(r.name) for r in frameworks} == {"transformers", "lightning"}
+    assert problems(frameworks, locked("requirements-dev.lock")) == []
+
+
+def test_a_pin_an_open_range_and_a_lock_outside_the_range_are_caught():
+    pins = {"torch": "2.13.0", "tqdm": "4.70.1", "psutil": "7.2.2"}
+    planted = [Requirement("torch==2.13.0"), Requirement("tqdm"), Requirement("psutil>=8"), Requirement("h11>=0.14")]
+    assert problems(planted, pins) == [
+        "torch==2.13.0 pins one version",
+        "tqdm states no range",
+        "requirements.lock pins psutil==7.2.2, outside >=8",
+        "h11 is not in requirements.lock",
+    ]

@@ -1,6 +1,8 @@
 """trainstack inside other frameworks' training loops, each an optional extra:
 
 - `trainstack.integrations.hf`: `TrainstackCallback`, for transformers' `Trainer` (`pip install trainstack[hf]`).
+- `trainstack.integrations.lightning`: `TrainstackCallback`, for Lightning's `Trainer` (`pip install
+  trainstack[lightning]`).
 
 This package imports none of them: importing an integration is what imports its framework.
 """

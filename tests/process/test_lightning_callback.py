@@ -1,0 +1,341 @@
+"""Lightning's Trainer with trainstack's callback (trainstack.integrations.lightning), on tests/drivers/
+lightning_example.py: `Trainer(strategy="ddp", accelerator="cpu", devices=2)`, a BatchNorm model over token ids,
+gradient accumulation, validations and checkpoints.
+
+- In one process, on a stand-in monitor: every training fetch inside a data wait, every validation and save inside
+  its pause, each optimizer step with its micro-batches; a resumed fit numbered on; a second fit, or a strategy
+  holding DDP's one comm hook, left unrecorded with one line; what the callback reads from a batch; the import's
+  message without Lightning.
+- Under `trainstack watch` on 2 CPU ranks (gloo), launched by torchrun and by Lightning itself (`python script.py`):
+  one launch each, three phases (healthy; rank 1 slowed after its micro-batches; a slow loader on both ranks),
+  judged from each phase's records as `trainstack diagnose` judges a finished run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader
+
+import trainstack.integrations.lightning as lightning_callback
+import trainstack.monitor as tsm
+from tests.helpers.runs import REPO, torchrun, trainstack_command
+from trainstack.integrations.lightning import TrainstackCallback, samples_and_tokens
+from trainstack.monitoring.diagnose.records import judged
+
+DRIVER = REPO / "tests" / "drivers" / "lightning_example.py"
+
+
+# ---- in one process -------------------------------------------------------------------------------------------
+def test_without_lightning_the_integration_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "lightning", None)  # what `import lightning` meets when it is absent
+    for module in ("lightning.pytorch", "trainstack.integrations", "trainstack.integrations.lightning"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    importlib.import_module("trainstack.integrations")  # the package itself imports no framework
+    with pytest.raises(ImportError) as raised:
+        importlib.import_module("trainstack.integrations.lightning")
+    assert str(raised.value) == ("trainstack.integrations.lightning needs lightning: pip install trainstack[lightning]")
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
+def test_a_batch_gives_its_samples_and_its_tokens():
+    ids = torch.randint(0, 100, (4, 16))
+    mask = torch.ones(4, 16, dtype=torch.long)
+    mask[:, 10:] = 0
+    assert samples_and_tokens((ids, torch.randn(4))) == (4, 64)  # token ids: every one counts
+    samples, tokens = samples_and_tokens({"input_ids": ids, "attention_mask": mask, "labels": ids})
+    assert (samples, int(tokens)) == (4, 40)  # the mask's sum, left a tensor: no host sync
+    assert isinstance(tokens, torch.Tensor)
+    assert samples_and_tokens([torch.randn(4, 3), torch.randn(4)]) == (4, 0)  # features, not tokens
+    assert samples_and_tokens({"pixels": torch.randn(2, 3, 8, 8)}) == (2, 0)
+
+
+class Recorder(tsm.Monitor):
+    """Stands in for a Monitor (a real one is made only in a watched run): notes each call, in order."""
+
+    def __init__(self, events: list[tuple]):  # no telemetry: nothing is recorded
+        self.events = events
+
+    def __getattribute__(self, name: str):
+        if name in MONITOR_CALLS:
+            return lambda *args, **kwargs: object.__getattribute__(self, "events").append((name, *args, kwargs))
+        return object.__getattribute__(self, name)
+
+
+MONITOR_CALLS = {
+    "data_wait_started",
+    "data_ready",
+    "forward_started",
+    "forward_done",
+    "micro_batch",
+    "step",
+    "resumed_at",
+    "pause_started",
+    "pause_ended",
+    "close",
+}
+
+
+class Noted(torch.utils.data.Dataset):
+    def __init__(self, name: str, dataset, events: list[tuple]):
+        self.name, self.dataset, self.events = name, dataset, events
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        self.events.append((self.name, {}))
+        return self.dataset[index]
+
+
+class NoteSaves(pl.Callback):
+    def __init__(self, events: list[tuple]):
+        self.events = events
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        self.events.append(("save", {}))
+
+
+def where_things_happen(events: list[tuple]) -> tuple[Counter, list[tuple]]:
+    """(what happened -> inside a data wait, a pause or neither; the steps and micro-batches in order). Fails on a
+    wait or pause opened inside another, closed unopened, or left open at a step or at the end."""
+    places: Counter = Counter()
+    steps, inside = [], None
+    for method, *args, kwargs in events:
+        if method in ("data_wait_started", "pause_started"):
+            assert inside is None, f"{method} inside {inside}"
+            inside = "data wait" if method == "data_wait_started" else args[0]
+        elif method in ("data_ready", "pause_ended"):
+            assert inside == ("data wait" if method == "data_ready" else args[0]), f"{method} in {inside}"
+            inside = None
+        elif method in ("step", "micro_batch", "close"):
+            assert inside is None, f"{method} inside {inside}"
+            steps.append((method, *args, kwargs))
+        else:
+            places[(method, inside)] += 1
+    assert events[-1][0] == "close"
+    return places, steps
+
+
+def test_in_one_process_fetches_are_data_waits_validations_and_saves_pauses_and_steps_carry_micro_batches(
+    tmp_path, monkeypatch, capsys
+):
+    from tests.drivers import lightning_example as example
+
+    events: list[tuple] = []
+    monkeypatch.setattr(tsm, "start", lambda model, **options: Recorder(events))
+    monkeypatch.setattr(lightning_callback, "_process", {"recorded": False})
+    steps, accumulate, batch = 6, 2, 4
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        accumulate_grad_batches=accumulate,
+        val_check_interval=3 * accumulate,  # micro-batches: after steps 3 and 6
+        limit_val_batches=2,
+        num_sanity_val_steps=0,
+        callbacks=[
+            TrainstackCallback(),
+            NoteSaves(events),
+            ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4, save_top_k=-1),
+        ],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        default_root_dir=tmp_path,
+    )
+    train = Noted("fetch", example.Tokens(batch * accumulate * steps), events)
+    validate = Noted("validation fetch", example.Tokens(2 * batch), events)
+    trainer.fit(example.Regressor(), DataLoader(train, batch_size=batch), DataLoader(validate, batch_size=batch))
+    places, stepped = where_things_happen(events)
+    micro_batches = steps * accumulate
+    assert places == {
+        ("fetch", "data wait"): micro_batches * batch,  # every sample of every training batch, in a data wait
+        ("validation fetch", "evaluation"): 2 * 2 * batch,
+        ("save", "checkpoint_save"): 1,
+        ("forward_started", None): micro_batches,  # no validation forward
+        ("forward_done", None): micro_batches,
+    }
+    tokens = batch * example.SEQUENCE
+    assert [(call[0], call[1] if call[0] == "step" else None) for call in stepped] == [
+        ("micro_batch", None),
+        ("step", batch * accumulate),
+    ] * steps + [("close", None)]
+    assert {call[-1]["tokens"] for call in stepped if call[0] != "close"} == {tokens}  # each micro-batch's own
+    assert all(isinstance(call[-1]["loss"], torch.Tensor) for call in stepped if call[0] != "close")
+    # The profiler and save_checkpoint are the trainer's own again.
+    assert "save_checkpoint" not in vars(trainer) and "start" not in vars(trainer.profiler)
+
+    # A second fit in the process goes unrecorded, and says so, rather than fail on the monitor's registry.
+    events.clear()
+    again = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        callbacks=[TrainstackCallback()],
+        logger=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    again.fit(example.Regressor(), DataLoader(train, batch_size=batch))
+    assert [event for event in events if event[0] not in ("fetch",)] == []
+    assert "trainstack: one fit per process is recorded; this fit is not" in capsys.readouterr().err
+
+    # A fit resumed from the checkpoint at step 4 (in a process of its own, as a resumed run is) numbers on from it.
+    events.clear()
+    monkeypatch.setattr(lightning_callback, "_process", {"recorded": False})
+    resumed = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        accumulate_grad_batches=accumulate,
+        callbacks=[TrainstackCallback()],
+        logger=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    resumed.fit(example.Regressor(), DataLoader(train, batch_size=batch), ckpt_path=tmp_path / "epoch=0-step=4.ckpt")
+    assert [event[:3] for event in events if event[0] == "resumed_at"] == [("resumed_at", 4, 0)]
+    assert [event[0] for event in events].count("step") == steps - 4
+
+
+def test_a_strategy_holding_ddps_one_comm_hook_leaves_the_fit_unrecorded_and_says_how(monkeypatch, capsys):
+    monkeypatch.setattr(tsm, "start", lambda model, **options: pytest.fail("the monitor would register a 2nd hook"))
+    monkeypatch.setattr(lightning_callback, "_process", {"recorded": False})
+    profiler = SimpleNamespace(start=lambda action: None, stop=lambda action: None)
+    strategy = SimpleNamespace(model=torch.nn.Linear(2, 2), _ddp_comm_hook=lambda state, bucket: None)
+    trainer = SimpleNamespace(strategy=strategy, optimizers=[], profiler=profiler, save_checkpoint=lambda path: None)
+    callback = TrainstackCallback()
+    callback.on_fit_start(trainer, None)
+    callback.on_fit_end(trainer, None)
+    assert capsys.readouterr().err == (
+        "trainstack: DDPStrategy(ddp_comm_hook=...) holds DDP's one communication hook, so this fit is not "
+        "recorded; give the hook to TrainstackCallback(comm_hook=...) instead\n"
+    )
+
+
+# ---- 2 ranks under trainstack watch ---------------------------------------------------------------------------
+@dataclass
+class Launch:
+    run: Path
+    """The watched run's directory: its records in telemetry/rank-<r>.jsonl."""
+    expected: dict
+    log: str
+
+    def records(self, rank: int) -> list[dict]:
+        path = self.run / "telemetry" / f"rank-{rank}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def intervals(self, rank: int) -> list[dict]:
+        return [record for record in self.records(rank) if "step" in record]
+
+    def phase(self, name: str, folder: Path) -> Path:
+        """A run directory holding only the phase's records (the interval that starts it is the first, which the
+        judging leaves out as it leaves out a run's first)."""
+        ends = self.expected["phases"]
+        names = list(ends)
+        begins = 0 if names.index(name) == 0 else ends[names[names.index(name) - 1]]
+        (folder / "telemetry").mkdir(parents=True)
+        for rank in (0, 1):
+            records = self.records(rank)
+            kept = [records[0]] + [r for r in records if "step" in r and begins < r["step"] <= ends[name]]
+            text = "".join(json.dumps(record) + "\n" for record in kept)
+            (folder / "telemetry" / f"rank-{rank}.jsonl").write_text(text)
+        return folder
+
+
+def launch(folder: Path, *command: str) -> Launch:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("TRAINSTACK_RUN_DIR", None)
+    done = subprocess.run(
+        trainstack_command("watch", "--run-dir", str(folder / "run"), "--exporter-port", "0", "--no-report", "--")
+        + list(command),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    return Launch(folder / "run", json.loads((folder / "expected.json").read_text()), log)
+
+
+LAUNCHERS = {
+    "torchrun": lambda out: torchrun(str(DRIVER), str(out)),
+    "lightning": lambda out: [sys.executable, str(DRIVER), str(out)],  # Lightning starts rank 1 itself
+}
+
+
+@pytest.fixture(scope="module", params=sorted(LAUNCHERS))
+def launched(request, tmp_path_factory) -> Launch:
+    out = tmp_path_factory.mktemp(f"lightning-{request.param}")
+    return launch(out, *LAUNCHERS[request.param](out))
+
+
+@pytest.mark.slow
+def test_every_rank_records_each_optimizer_step_with_all_its_micro_batches(launched):
+    expected = launched.expected
+    for rank in (0, 1):
+        records = launched.records(rank)
+        assert records[0]["rank"] == rank
+        intervals = launched.intervals(rank)
+        assert [r["step"] for r in intervals] == [1] + list(
+            range(expected["log_every"], expected["steps"] + 1, expected["log_every"])
+        )
+        # Optimizer steps, not micro-batches: each step carries both micro-batches' samples and tokens.
+        assert sum(r["step_count"] for r in intervals) == expected["steps"]
+        assert {r["samples"] / r["step_count"] for r in intervals} == {expected["samples_per_step"]}
+        assert {r["tokens"] / r["step_count"] for r in intervals} == {expected["tokens_per_step"]}
+        assert {r["lr"] for r in intervals} == {0.05}
+        assert all(r["forward_seconds"] > 0 and r["comm_seconds"] > 0 for r in intervals)  # DDP's model
+
+
+@pytest.mark.slow
+def test_validations_and_checkpoint_saves_are_pauses_after_their_steps(launched):
+    expected = launched.expected
+    for rank in (0, 1):
+        pauses: dict[str, list[int]] = {"evaluation": [], "checkpoint_save": []}
+        last_step = 0
+        for record in launched.records(rank):
+            for pause in record.get("paused", []):
+                if pause["part"] in pauses:
+                    pauses[pause["part"]].append(last_step + pause["after_steps"])
+            last_step = record.get("step", last_step)
+        assert pauses == {"evaluation": expected["validations"], "checkpoint_save": expected["saves"]}
+
+
+@pytest.mark.slow
+@pytest.mark.timing  # healthy means ranks at one speed: another test's ranks on the same cores make a straggler
+def test_a_healthy_phase_gets_no_verdict_and_a_slow_loader_reads_input_bound(launched, tmp_path):
+    assert judged(launched.phase("healthy", tmp_path / "healthy")) == []
+    slow = judged(launched.phase("slow-loader", tmp_path / "slow-loader"))
+    assert [verdict["kind"] for verdict in slow] == ["input-bound"]
+
+
+@pytest.mark.slow
+@pytest.mark.timing
+def test_a_rank_waiting_for_a_slow_peer_at_the_stop_flag_broadcast_is_not_input_bound(launched, tmp_path):
+    # Lightning broadcasts its stop flag before each fetch: rank 0 waits there for rank 1, and none of it is the
+    # fetch's. Its data wait stays the fetch's few milliseconds while its step time grows by rank 1's extra work.
+    verdicts = judged(launched.phase("straggler", tmp_path / "straggler"))
+    assert "input-bound" not in [verdict["kind"] for verdict in verdicts]
+    ends = launched.expected["phases"]
+    waits = [
+        r["data_wait_seconds"] / r["interval_seconds"]
+        for r in launched.intervals(0)
+        if ends["healthy"] < r["step"] <= ends["straggler"]
+    ]
+    assert waits and max(waits) < 0.1, waits
