@@ -59,7 +59,7 @@ class TrainstackCallback(pl.Callback):
 
     def __init__(self, **options):
         self._options = options
-        self._monitor: tsm.NullMonitor | None = None  # a Monitor from on_fit_start to the fit's end
+        self._monitor: tsm.TrainingMonitor | None = None  # a Monitor from on_fit_start to the fit's end
         self._trainer: pl.Trainer | None = None
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._wrapped: list[tuple[object, str, bool, object]] = []  # (object, attribute, was set on it, old value)
@@ -185,7 +185,7 @@ class TrainstackCallback(pl.Callback):
 
     # ---- between steps ----------------------------------------------------------------------------------------
     @property
-    def _active(self) -> tsm.NullMonitor:
+    def _active(self) -> tsm.TrainingMonitor:
         assert self._monitor is not None, "Lightning calls these between on_fit_start and the fit's end"
         return self._monitor
 
