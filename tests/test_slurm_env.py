@@ -193,3 +193,76 @@ def test_describe_is_one_line():
     assert found.describe() == (
         f"slurm job 4242 node 1/2 (n2) master n1:{MASTER_PORT_BASE + 4242} tasks 1 gpus 8 restarts 0 step yes"
     )
+
+
+# ---- the launcher's world under Slurm (train/launcher/launch_config.py) -----------------------------------------
+
+WORLD_VARIABLES = ("NNODES", "PET_NNODES", "NODE_RANK", "PET_NODE_RANK", "JOB_COMPLETION_INDEX", "MASTER_ADDR")
+WORLD_VARIABLES += ("PET_MASTER_ADDR", "MASTER_PORT", "PET_MASTER_PORT", "NPROC_PER_NODE", "PET_NPROC_PER_NODE")
+
+
+def launch_world(monkeypatch, environ: dict[str, str], *flags: str):
+    """The launcher's world (LaunchConfig.from_args) for `flags` in `environ` alone, the host list expanded in
+    Python (no scontrol process)."""
+    import argparse
+    import os
+
+    import trainstack.slurm
+    from trainstack.train.launcher.launch_config import LaunchConfig, add_arguments
+
+    for name in list(os.environ):
+        if name.startswith("SLURM") or name in WORLD_VARIABLES or name in ("RANK", "GROUP_RANK", "LOCAL_RANK"):
+            monkeypatch.delenv(name)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(trainstack.slurm, "scontrol_hostnames", lambda hostlist: None)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return LaunchConfig.from_args(parser.parse_args(["--cpu", "--exporter-port", "0", *flags]))
+
+
+def test_the_launcher_takes_the_slurm_jobs_world(monkeypatch):
+    found = launch_world(monkeypatch, STEP_ON_N2)
+    assert (found.nnodes, found.node_rank, found.master_addr, found.master_port) == (2, 1, "n1", 15000 + 4242)
+    assert found.nproc_per_node == 2  # the CPU stand-in's two ranks: GPUs come from the node, as without Slurm
+
+
+def test_flags_and_torchruns_variables_win_over_slurms(monkeypatch):
+    environ = {**STEP_ON_N2, "MASTER_ADDR": "head.example", "NODE_RANK": "0"}
+    found = launch_world(monkeypatch, environ, "--master-port", "29999")
+    assert (found.nnodes, found.node_rank, found.master_addr, found.master_port) == (2, 0, "head.example", 29999)
+    assert launch_world(monkeypatch, STEP_ON_N2, "--nnodes", "1", "--node-rank", "0").nnodes == 1
+
+
+def test_the_launcher_refuses_a_multi_node_jobs_batch_script(monkeypatch):
+    batch = {k: v for k, v in STEP_ON_N2.items() if not k.startswith(("SLURM_STEP", "SLURM_STEPID"))}
+    batch.update(SLURMD_NODENAME="n1", SLURM_NODEID="0")
+    with pytest.raises(ConfigError, match="srun --ntasks-per-node=1"):
+        launch_world(monkeypatch, batch)
+
+
+def test_a_one_node_slurm_job_takes_a_free_port(monkeypatch):
+    single = {**STEP_ON_N2, "SLURM_JOB_NODELIST": "n1", "SLURM_NODELIST": "n1", "SLURM_NODEID": "0"}
+    single.update(SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1", SLURMD_NODENAME="n1", SLURM_STEP_TASKS_PER_NODE="1")
+    found = launch_world(monkeypatch, single)
+    assert (found.nnodes, found.node_rank, found.master_addr) == (1, 0, "n1")
+
+
+def test_node_0_refuses_a_derived_port_in_use(monkeypatch):
+    for job_id in range(4242, 4262):  # a derived port nobody else holds on this machine
+        with socket.socket() as taken:
+            try:
+                taken.bind(("127.0.0.1", master_port_of(job_id)))
+            except OSError:
+                continue
+            taken.listen()
+            node_0 = {**STEP_ON_N2, "SLURM_JOB_ID": str(job_id), "SLURM_NODEID": "0", "SLURMD_NODENAME": "n1"}
+            with pytest.raises(ConfigError) as error:
+                launch_world(monkeypatch, node_0)
+            assert f"port {master_port_of(job_id)}, the rendezvous port of Slurm job {job_id}, is in use" in str(
+                error.value
+            )
+            # Node 1 does not listen there: the port is node 0's to check.
+            assert launch_world(monkeypatch, {**node_0, "SLURM_NODEID": "1"}).master_port == master_port_of(job_id)
+            return
+    pytest.fail("no derived port was free to hold")
