@@ -5,7 +5,9 @@ own that holds only loopback.
 Why each setting (all found on this kind of machine, issue 44):
 - the namespace: the daemons listen on every address; in a namespace with only loopback nothing outside reaches
   them and they reach nothing outside. It is entered with `nsenter --net=`, not `ip netns exec`, which remounts /sys
-  and stops slurmd. 127.0.0.2 is added beside 127.0.0.1 so the host's name resolves to a local address there.
+  and stops slurmd. 127.0.0.2 is added beside 127.0.0.1: Slurm's daemons find the address to listen on with
+  getaddrinfo's AI_ADDRCONFIG, which with 127.0.0.1 alone found none here ("Name or service not known", then
+  "Unable to bind listen port"), and they never came up.
 - two `slurmd -N` on one host: Debian's build has MULTIPLE_SLURMD; each NodeName has its own Port=.
 - ProctrackType=proctrack/pgid: with proctrack/linuxproc a job's background processes outlived it. No cgroups.
 - TaskPlugin=task/none, no accounting, MailProg=/bin/true: nothing else to set up.
@@ -172,7 +174,11 @@ class SlurmCluster:
 
     def logs(self, tail: int = 15) -> str:
         parts = []
-        for log in sorted(self.root.glob("*.log")) + sorted((self.root / "munge").glob("*.log")):
+        for log in (
+            sorted(self.root.glob("*.log")) + sorted(self.root.glob("*.out")) + [self.root / "munge" / "munged.log"]
+        ):
+            if not log.exists():
+                continue
             lines = log.read_text(errors="replace").splitlines()[-tail:]
             parts.append(f"--- {log.name}\n" + "\n".join(lines))
         return "\n".join(parts)
@@ -205,6 +211,8 @@ class SlurmCluster:
         self.conf.write_text(slurm_conf(self.root, self.munge_socket))
         self.daemon(
             "munged",
+            # --force: munged refuses a socket in a folder whose parents are not open to all, and pytest's
+            # temporary root is 0700; with it, it warns and runs.
             ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={self.munge_socket}"]
             + [f"--pid-file={munge / 'munged.pid'}", f"--seed-file={munge / 'munged.seed'}"]
             + [f"--log-file={munge / 'munged.log'}"],
@@ -261,9 +269,13 @@ class SlurmCluster:
 
     def stop(self) -> None:
         # The jobs first, so that the node daemons can end their steps; then the daemons, nodes before controller
-        # and munge last (the others ask it to sign their last messages).
+        # and munge last (the others ask it to sign their last messages). Every step runs, whatever the one before
+        # did: a controller that does not answer must not leave the daemons running.
         if "slurmctld" in self.daemons and self.daemons["slurmctld"].poll() is None:
-            self.run(["scancel", "--full", "--user=root"], check=False, timeout=10)
+            try:
+                self.run(["scancel", "--full", "--user=root"], check=False, timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
         for name in reversed(list(self.daemons)):
             end(self.daemons[name])
         for pid in self.namespace_pids():  # steps a node daemon left behind
