@@ -3,10 +3,13 @@ loopback-only network namespace) runs what trainstack's Slurm support relies on:
 nodes with the environment trainstack/slurm.py reads, the time limit's warning signal in the batch shell before the
 limit, a requeued job running again with SLURM_RESTART_COUNT=1; and examples/slurm/multi-node.sbatch passing the
 warning on to both nodes and requeueing itself after their exit 75 (a stand-in in place of `trainstack train`), and
-training for real on both nodes with the world the launcher takes from Slurm.
+training for real on both nodes with the world the launcher takes from Slurm; and watch-torchrun.sbatch running a
+user's own DDP loop under `trainstack watch -- torchrun` on both nodes.
 
 One cluster for the module (it starts in about a second). The jobs that wait (for slurmctld's time-limit pass,
-every 30 s; for torch's import) are submitted first and run beside the others: the module takes about 55 s."""
+every 30 s; for torch's import) are submitted first and run beside the others: the module takes about 50 s. The
+timeouts are generous: the jobs share the machine's cores, and the 2-node step job took 5 s alone, over 30 s
+beside the two training jobs."""
 
 from __future__ import annotations
 
@@ -117,13 +120,32 @@ def trainstack_job(slurm, tmp_path_factory) -> tuple[str, Path, Path]:
     return job_id, output, run_dir
 
 
+@pytest.fixture(scope="module")
+def watch_job(slurm, tmp_path_factory) -> tuple[str, Path, Path]:
+    """examples/slurm/watch-torchrun.sbatch running a user's own DDP loop (examples/ddp_loop.py) under
+    `trainstack watch -- torchrun` on both nodes, one CPU rank each: (job id, output file, run directory).
+    MASTER_ADDR and no exporter as in trainstack_job. Submitted as the cluster comes up."""
+    folder = tmp_path_factory.mktemp("watch-job")
+    output, run_dir = folder / "out.txt", folder / "run"
+    environ = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "RUN_DIR": str(run_dir)}
+    environ.update(EXPORTER_PORT="0", MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
+    job_id = slurm.sbatch(
+        *("--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5", f"--chdir={REPO}"),
+        f"--output={output}",
+        str(REPO / "examples/slurm/watch-torchrun.sbatch"),
+        *("examples/ddp_loop.py", "--steps", "30"),
+        env=environ,
+    )
+    return job_id, output, run_dir
+
+
 def script(path: Path, body: str) -> Path:
     path.write_text("#!/bin/bash\n" + body)
     path.chmod(0o755)
     return path
 
 
-def wait_for_text(path: Path, text: str, timeout: float = 30) -> str:
+def wait_for_text(path: Path, text: str, timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     while True:
         found = path.read_text() if path.exists() else ""
@@ -141,6 +163,7 @@ def test_the_cluster_comes_up_with_both_nodes_idle(slurm, request):
     request.getfixturevalue("time_limited_job")
     request.getfixturevalue("multi_node_script_job")
     request.getfixturevalue("trainstack_job")
+    request.getfixturevalue("watch_job")
 
 
 def test_a_two_node_job_runs_a_step_on_each_node_with_the_world_trainstack_reads(slurm, tmp_path):
@@ -152,7 +175,7 @@ def test_a_two_node_job_runs_a_step_on_each_node_with_the_world_trainstack_reads
         f"srun --ntasks-per-node=1 {sys.executable} -m trainstack.slurm\n",
     )
     job_id = slurm.sbatch("--nodes=2", "--ntasks-per-node=1", f"--output={output}", str(job))
-    fields = slurm.wait_job(job_id, ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"], timeout=30)
+    fields = slurm.wait_job(job_id, ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"], timeout=120)
     text = output.read_text()
     assert fields["JobState"] == "COMPLETED", text
     assert sorted(line for line in text.splitlines() if line.startswith("task")) == [
@@ -186,11 +209,11 @@ def test_a_requeued_job_runs_again_with_its_restart_count(slurm, tmp_path):
         'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 60; fi\n',
     )
     job_id = slurm.sbatch("--requeue", "--open-mode=append", f"--output={output}", str(job))
-    slurm.wait_job(job_id, ["RUNNING"], timeout=30)
+    slurm.wait_job(job_id, ["RUNNING"], timeout=60)
     wait_for_text(output, "segment restarts=0")
     slurm.run(["scontrol", "requeue", job_id])
     # AuthInfo=cred_expire=10 (tests/helpers/slurm.py): a requeued job starts again about 11 s later.
-    fields = slurm.wait_job(job_id, ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"], timeout=45)
+    fields = slurm.wait_job(job_id, ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"], timeout=90)
     text = output.read_text()
     assert fields["JobState"] == "COMPLETED", text
     assert fields["Restarts"] == "1"
@@ -202,7 +225,7 @@ def test_a_requeued_job_runs_again_with_its_restart_count(slurm, tmp_path):
 
 def test_the_time_limit_warning_signal_reaches_the_batch_shell_before_the_limit(slurm, time_limited_job):
     job_id, output = time_limited_job
-    fields = slurm.wait_job(job_id, ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"], timeout=70)
+    fields = slurm.wait_job(job_id, ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"], timeout=90)
     text = output.read_text()
     assert fields["JobState"] == "COMPLETED", text
     match = re.search(r"TERM after (\d+) s", text)
@@ -251,13 +274,32 @@ def test_the_multi_node_script_trains_on_both_nodes_with_the_world_slurm_gives(s
     assert sorted(path.name for path in (run_dir / "metrics").iterdir()) == ["node-0", "node-1"]
 
 
-@pytest.mark.parametrize("name", ["one-node.sbatch", "multi-node.sbatch"])
+def test_the_watch_script_runs_a_users_torchrun_job_on_both_nodes(slurm, watch_job):
+    job_id, output, run_dir = watch_job
+    fields = slurm.wait_job(job_id, ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"], timeout=120)
+    text = output.read_text()
+    assert fields["JobState"] == "COMPLETED", text[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["launcher"], summary["world_size"], summary["exit_reason"]) == ("watch", 2, "completed")
+    assert summary["run_id"] == f"slurm-{job_id}-0"
+    # Both nodes' ranks are in the run directory, each node's in its own metrics folder: one rank each (which
+    # node's torchrun gets global rank 0 is the c10d rendezvous's choice).
+    assert sorted(path.name for path in (run_dir / "telemetry").iterdir()) == ["rank-0.jsonl", "rank-1.jsonl"]
+    per_node = [
+        sorted(path.name for path in (run_dir / "metrics" / f"node-{node}").glob("hang-rank-*.json")) for node in (0, 1)
+    ]
+    assert sorted(per_node) == [["hang-rank-0.json"], ["hang-rank-1.json"]]
+
+
+@pytest.mark.parametrize("name", ["one-node.sbatch", "multi-node.sbatch", "watch-torchrun.sbatch"])
 def test_the_batch_scripts_parse_and_pass_shellcheck(name):
     path = REPO / "examples/slurm" / name
     text = path.read_text()
-    for setting in ("#SBATCH --signal=B:TERM@120", "#SBATCH --requeue", "#SBATCH --open-mode=append"):
+    settings = ["#SBATCH --open-mode=append", "srun --ntasks-per-node=1 --kill-on-bad-exit=1 --unbuffered"]
+    if name != "watch-torchrun.sbatch":  # the user's own script decides what SIGTERM does there
+        settings += ["#SBATCH --signal=B:TERM@120", "#SBATCH --requeue"]
+    for setting in settings:
         assert setting in text
-    assert "srun --ntasks-per-node=1 --kill-on-bad-exit=1 --unbuffered" in text
     parsed = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
     assert parsed.returncode == 0, parsed.stderr
     shellcheck = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which("shellcheck")
