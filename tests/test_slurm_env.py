@@ -140,6 +140,22 @@ def test_port_free_sees_a_port_in_use():
     assert port_free(port, "127.0.0.1")
 
 
+def test_a_port_whose_last_connections_linger_is_free():
+    # A requeued segment's node 0 checks the port its previous segment's rendezvous store listened on: that
+    # store's connections linger in TIME_WAIT, and the store binds with SO_REUSEADDR, as this listener does.
+    # A plain bind fails on them; the store's own bind, and so port_free, does not (the test cluster's requeued
+    # segment was refused before port_free set it).
+    with socket.socket() as store:
+        store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        store.bind(("127.0.0.1", 0))
+        store.listen()
+        port = store.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = store.accept()
+            accepted.close()  # the store's side closes first: its end lingers in TIME_WAIT
+    assert port_free(port)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

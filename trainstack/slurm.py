@@ -145,8 +145,13 @@ def master_port_of(job_id: int) -> int:
 
 def port_free(port: int, host: str = "") -> bool:
     """Whether `port` can be listened on now (on every address where host is ""): the check node 0, where the
-    rendezvous listens, makes before it starts. Another process may still take it before it is bound again."""
+    rendezvous listens, makes before it starts. Another process may still take it before it is bound again.
+
+    With SO_REUSEADDR, as torch's rendezvous store binds: the connections of a job's previous segment linger in
+    TIME_WAIT on the port for a minute, and without it the requeued segment's check failed on them (seen on the
+    test cluster), though the store binds there fine. Only a socket bound or listening there makes it taken."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:
