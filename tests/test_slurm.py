@@ -2,18 +2,17 @@
 loopback-only network namespace) runs what trainstack's Slurm support relies on: a 2-node job's step on both
 nodes with the environment trainstack/slurm.py reads, the time limit's warning signal in the batch shell before the
 limit, a requeued job running again with SLURM_RESTART_COUNT=1; and examples/slurm/multi-node.sbatch passing the
-warning on to both nodes and requeueing itself after their exit 75 (a stand-in in place of `trainstack train`), and
-training for real on both nodes with the world the launcher takes from Slurm; and watch-torchrun.sbatch running a
-user's own DDP loop under `trainstack watch -- torchrun` on both nodes.
+warning on to both nodes and requeueing itself after their exit 75 (a stand-in in place of `trainstack train`:
+tests/test_slurm_preemption.py runs the real one); and watch-torchrun.sbatch running a user's own DDP loop under
+`trainstack watch -- torchrun` on both nodes.
 
 One cluster for the module (it starts in about a second). The jobs that wait (for slurmctld's time-limit pass,
 every 30 s; for torch's import) are submitted first and run beside the others: the module takes about 50 s. The
 timeouts are generous: the jobs share the machine's cores, and the 2-node step job took 5 s alone, over 30 s
-beside the two training jobs."""
+beside two training jobs."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.runs import REPO
-from tests.helpers.slurm import NODES, SlurmCluster, SlurmUnavailable, skip_reason
+from tests.helpers.slurm import NODES, SlurmCluster, cluster_or_skip
 from trainstack.slurm import expand_hostlist
 
 pytestmark = pytest.mark.slow
@@ -35,14 +34,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory) -> Iterator[SlurmCluster]:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    with contextlib.ExitStack() as stack:
-        try:
-            cluster = stack.enter_context(SlurmCluster(tmp_path_factory.mktemp("slurm")))
-        except SlurmUnavailable as error:
-            pytest.skip(str(error))
+    with cluster_or_skip(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
 
 
@@ -98,33 +90,11 @@ def multi_node_script_job(slurm, tmp_path_factory) -> tuple[str, Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def trainstack_job(slurm, tmp_path_factory) -> tuple[str, Path, Path]:
-    """examples/slurm/multi-node.sbatch running `trainstack train` for real: one CPU rank on each of the 2 nodes,
-    20 steps, (job id, output file, run directory). Submitted as the cluster comes up.
-
-    MASTER_ADDR=127.0.0.1: the master is the job's first node, n1, a Slurm node name that resolves nowhere here
-    (on a cluster node names resolve). No exporter (EXPORTER_PORT=0): both nodes are on this host, and the port the
-    script derives from the job id is the same for both (the launcher is to count the node in, issue 44)."""
-    folder = tmp_path_factory.mktemp("trainstack-job")
-    output, run_dir = folder / "out.txt", folder / "run"
-    environ = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "RUN_DIR": str(run_dir)}
-    environ.update(EXPORTER_PORT="0", MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
-    job_id = slurm.sbatch(
-        *("--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5"),
-        f"--output={output}",
-        str(REPO / "examples/slurm/multi-node.sbatch"),
-        *("--cpu", "--nproc-per-node", "1", "--max-steps", "20", "--batch-size", "8", "--num-workers", "0"),
-        *("--log-every", "5", "--no-report"),
-        env=environ,
-    )
-    return job_id, output, run_dir
-
-
-@pytest.fixture(scope="module")
 def watch_job(slurm, tmp_path_factory) -> tuple[str, Path, Path]:
     """examples/slurm/watch-torchrun.sbatch running a user's own DDP loop (examples/ddp_loop.py) under
     `trainstack watch -- torchrun` on both nodes, one CPU rank each: (job id, output file, run directory).
-    MASTER_ADDR and no exporter as in trainstack_job. Submitted as the cluster comes up."""
+    MASTER_ADDR and no exporter as in tests/helpers/slurm.py's submit_multi_node. Submitted as the cluster comes
+    up."""
     folder = tmp_path_factory.mktemp("watch-job")
     output, run_dir = folder / "out.txt", folder / "run"
     environ = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "RUN_DIR": str(run_dir)}
@@ -162,7 +132,6 @@ def test_the_cluster_comes_up_with_both_nodes_idle(slurm, request):
     # beside the others.
     request.getfixturevalue("time_limited_job")
     request.getfixturevalue("multi_node_script_job")
-    request.getfixturevalue("trainstack_job")
     request.getfixturevalue("watch_job")
 
 
@@ -259,21 +228,6 @@ def test_the_multi_node_script_passes_the_warning_on_and_requeues_after_a_checkp
     assert f"batch: requeueing job {job_id} (segment 1 stopped with a checkpoint)" in text
 
 
-def test_the_multi_node_script_trains_on_both_nodes_with_the_world_slurm_gives(slurm, trainstack_job):
-    job_id, output, run_dir = trainstack_job
-    fields = slurm.wait_job(job_id, ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"], timeout=120)
-    text = output.read_text()
-    assert fields["JobState"] == "COMPLETED", text[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    # Two nodes of one rank each found one another at n1's derived port, with no --nnodes, --node-rank or
-    # --master-port: the launcher took them from Slurm.
-    assert (summary["world_size"], summary["steps"], summary["exit_reason"]) == (2, 20, "completed")
-    assert summary["run_id"] == f"slurm-{job_id}-0"
-    assert f"127.0.0.1:{15000 + int(job_id) % 10000}" in text
-    assert sorted(path.name for path in (run_dir / "environment").iterdir()) == ["node-0.json", "node-1.json"]
-    assert sorted(path.name for path in (run_dir / "metrics").iterdir()) == ["node-0", "node-1"]
-
-
 def test_the_watch_script_runs_a_users_torchrun_job_on_both_nodes(slurm, watch_job):
     job_id, output, run_dir = watch_job
     fields = slurm.wait_job(job_id, ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"], timeout=120)
@@ -295,9 +249,12 @@ def test_the_watch_script_runs_a_users_torchrun_job_on_both_nodes(slurm, watch_j
 def test_the_batch_scripts_parse_and_pass_shellcheck(name):
     path = REPO / "examples/slurm" / name
     text = path.read_text()
-    settings = ["#SBATCH --open-mode=append", "srun --ntasks-per-node=1 --kill-on-bad-exit=1 --unbuffered"]
-    if name != "watch-torchrun.sbatch":  # the user's own script decides what SIGTERM does there
+    settings = ["#SBATCH --open-mode=append", "#SBATCH --output=%x-%j.out"]
+    if name == "watch-torchrun.sbatch":  # the user's own script decides what SIGTERM does there
+        settings += ["srun --ntasks-per-node=1 --kill-on-bad-exit=1 --unbuffered"]
+    else:  # 0: with 1, srun killed the nodes still checkpointing once the first exited 75
         settings += ["#SBATCH --signal=B:TERM@120", "#SBATCH --requeue"]
+        settings += ["srun --ntasks-per-node=1 --kill-on-bad-exit=0 --unbuffered"]
     for setting in settings:
         assert setting in text
     parsed = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
