@@ -141,7 +141,9 @@ def test_a_two_node_job_runs_a_step_on_each_node_with_the_world_trainstack_reads
         tmp_path / "job.sh",
         "srun --ntasks-per-node=1 bash -c 'echo \"task node=$SLURM_NODEID name=$SLURMD_NODENAME "
         "list=$SLURM_JOB_NODELIST\"'\n"
-        f"srun --ntasks-per-node=1 {sys.executable} -m trainstack.slurm\n",
+        f"srun --ntasks-per-node=1 {sys.executable} -m trainstack.slurm\n"
+        # A step on one of the job's nodes is a world of its own: its SLURM_NODEID counts within the step.
+        f"srun --nodes=1 --ntasks=1 --nodelist=n2 {sys.executable} -m trainstack.slurm | sed 's/^/one: /'\n",
     )
     job_id = slurm.sbatch("--nodes=2", "--ntasks-per-node=1", f"--output={output}", str(job))
     fields = slurm.wait_job(job_id, ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"], timeout=120)
@@ -158,6 +160,9 @@ def test_a_two_node_job_runs_a_step_on_each_node_with_the_world_trainstack_reads
     assert worlds == [
         f"slurm job {job_id} node {rank}/2 ({name}) master n1:{port} tasks 1 gpus ? restarts 0 step yes"
         for rank, name in enumerate(NODES)
+    ]
+    assert [line for line in text.splitlines() if line.startswith("one: ")] == [
+        f"one: slurm job {job_id} node 0/1 (n2) master n2:{port} tasks 1 gpus ? restarts 0 step yes"
     ]
 
 

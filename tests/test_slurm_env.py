@@ -33,6 +33,8 @@ STEP_ON_N2 = {
     "SLURM_NTASKS": "2",
     "SLURM_TASKS_PER_NODE": "1(x2)",
     "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NODELIST": "n[1-2]",
     "SLURM_STEP_ID": "0",
     "SLURM_STEPID": "0",
 }
@@ -92,9 +94,18 @@ def test_a_step_task_on_the_second_node():
     found.check_launchable()
 
 
+def test_a_step_on_some_of_the_jobs_nodes_is_a_world_of_its_own():
+    # `srun -N1 -w n2` in a 2-node job, as slurm-wlm 22.05 sets it: SLURM_NODEID counts within the step.
+    environ = {**STEP_ON_N2, "SLURM_NODEID": "0", "SLURM_NNODES": "1", "SLURM_STEP_NUM_NODES": "1"}
+    environ.update(SLURM_STEP_NODELIST="n2", SLURM_STEP_TASKS_PER_NODE="1", SLURM_TASKS_PER_NODE="1")
+    found = world(environ)
+    assert found is not None
+    assert (found.nnodes, found.node_rank, found.hosts, found.master_addr) == (1, 0, ("n2",), "n2")
+
+
 def test_nnodes_falls_back_to_slurm_nnodes_and_the_restart_count_is_read():
     environ = {**STEP_ON_N2, "SLURM_RESTART_COUNT": "3"}
-    del environ["SLURM_JOB_NUM_NODES"]
+    del environ["SLURM_JOB_NUM_NODES"], environ["SLURM_STEP_NUM_NODES"]
     found = world(environ)
     assert found is not None and found.nnodes == 2 and found.restart_count == 3
 
@@ -161,13 +172,13 @@ def test_a_port_whose_last_connections_linger_is_free():
     [
         ({"SLURM_NODEID": "2"}, "SLURM_NODEID=2 must be in 0..1"),
         ({"SLURM_NODEID": "-1"}, "SLURM_NODEID='-1' must be 0 or more"),
-        ({"SLURM_JOB_NUM_NODES": "0"}, "SLURM_JOB_NUM_NODES='0' must be 1 or more"),
-        ({"SLURM_JOB_NUM_NODES": "3"}, "names 2 host(s) but SLURM_JOB_NUM_NODES=3"),
+        ({"SLURM_STEP_NUM_NODES": "0"}, "SLURM_STEP_NUM_NODES='0' must be 1 or more"),
+        ({"SLURM_STEP_NUM_NODES": "3"}, "node list names 2 host(s) but its node count is 3"),
         ({"SLURM_JOB_ID": "abc"}, "SLURM_JOB_ID='abc' must be a whole number"),
         ({"SLURM_GPUS_ON_NODE": "two"}, "SLURM_GPUS_ON_NODE='two' must be a whole number"),
         ({"SLURM_RESTART_COUNT": "-2"}, "SLURM_RESTART_COUNT='-2' must be 0 or more"),
-        ({"SLURM_JOB_NODELIST": "n[1-2", "SLURM_NODELIST": ""}, "'[' without ']'"),
-        ({"SLURM_JOB_NODELIST": "", "SLURM_NODELIST": ""}, "SLURM_JOB_NODELIST is not"),
+        ({"SLURM_STEP_NODELIST": "n[1-2"}, "'[' without ']'"),
+        ({"SLURM_STEP_NODELIST": "", "SLURM_JOB_NODELIST": "", "SLURM_NODELIST": ""}, "SLURM_JOB_NODELIST is not"),
         ({"SLURM_STEP_TASKS_PER_NODE": "x"}, "is not like 2(x3),1"),
     ],
 )
@@ -260,8 +271,10 @@ def test_the_launcher_refuses_a_multi_node_jobs_batch_script(monkeypatch):
 def test_a_one_node_slurm_job_takes_a_free_port(monkeypatch):
     single = {**STEP_ON_N2, "SLURM_JOB_NODELIST": "n1", "SLURM_NODELIST": "n1", "SLURM_NODEID": "0"}
     single.update(SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1", SLURMD_NODENAME="n1", SLURM_STEP_TASKS_PER_NODE="1")
+    single.update(SLURM_STEP_NUM_NODES="1", SLURM_STEP_NODELIST="n1")
     found = launch_world(monkeypatch, single)
     assert (found.nnodes, found.node_rank, found.master_addr) == (1, 0, "n1")
+    assert found.master_port != master_port_of(4242)  # the OS's pick, from its ephemeral range
 
 
 def test_node_0_refuses_a_derived_port_in_use(monkeypatch):

@@ -7,9 +7,10 @@ are absent: when torchrun runs under srun, its own world (RANK, GROUP_RANK, LOCA
 in Lightning's cluster environments, since torchrun's ranks are what a process is.
 
 What Slurm sets, as seen on Debian's slurm-wlm 22.05 (tests/test_slurm.py runs one): a job step's tasks get
-SLURM_JOB_ID, SLURM_NODEID, SLURM_JOB_NUM_NODES (SLURM_NNODES), SLURM_JOB_NODELIST in the compact hostlist syntax
-(`n[1-2]`), SLURM_TASKS_PER_NODE (`2(x3),1`), SLURMD_NODENAME, SLURM_STEP_ID; SLURM_GPUS_ON_NODE where GPUs were
-allocated; SLURM_RESTART_COUNT only once the job has been requeued. The batch script itself runs on the first
+SLURM_JOB_ID, SLURM_NODEID (within the step), SLURM_STEP_NUM_NODES and SLURM_JOB_NUM_NODES, SLURM_STEP_NODELIST and
+SLURM_JOB_NODELIST in the compact hostlist syntax (`n[1-2]`), SLURM_STEP_TASKS_PER_NODE (`2(x3),1`),
+SLURMD_NODENAME, SLURM_STEP_ID; SLURM_GPUS_ON_NODE where GPUs were allocated; SLURM_RESTART_COUNT only once the
+job has been requeued. The step's nodes are the world: `srun -N1` in a 2-node job starts one node. The batch script itself runs on the first
 node only, with SLURM_NODEID=0 and no SLURM_STEP_ID: a multi-node launch from there, without srun, would wait for
 nodes that never start, so it is refused.
 
@@ -200,11 +201,11 @@ class SlurmWorld:
     job_id: int
     """SLURM_JOB_ID: the same for every node and every requeued segment of the job."""
     node_rank: int
-    """SLURM_NODEID: this node's index in the job's node list, 0 for the first."""
+    """SLURM_NODEID: this node's index among the step's nodes (the job's, in the batch script), 0 for the first."""
     nnodes: int
-    """SLURM_JOB_NUM_NODES (or SLURM_NNODES)."""
+    """SLURM_STEP_NUM_NODES in a step, else SLURM_JOB_NUM_NODES (or SLURM_NNODES)."""
     hosts: tuple[str, ...]
-    """SLURM_JOB_NODELIST expanded, in Slurm's order: one per node."""
+    """SLURM_STEP_NODELIST in a step, else SLURM_JOB_NODELIST, expanded in Slurm's order: one per node."""
     master_port: int
     """MASTER_PORT_BASE + job id mod MASTER_PORT_SPAN (master_port_of)."""
     tasks_on_node: int
@@ -222,12 +223,13 @@ class SlurmWorld:
         if self.job_id < 0:
             raise ConfigError(f"SLURM_JOB_ID={self.job_id} must be 0 or more")
         if self.nnodes < 1:
-            raise ConfigError(f"SLURM_JOB_NUM_NODES={self.nnodes} must be at least 1")
+            raise ConfigError(f"Slurm's node count {self.nnodes} must be at least 1")
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(f"SLURM_NODEID={self.node_rank} must be in 0..{self.nnodes - 1} for {self.nnodes} nodes")
         if len(self.hosts) != self.nnodes:
             raise ConfigError(
-                f"SLURM_JOB_NODELIST names {len(self.hosts)} host(s) but SLURM_JOB_NUM_NODES={self.nnodes}"
+                f"Slurm's node list names {len(self.hosts)} host(s) but its node count is {self.nnodes} "
+                "(SLURM_STEP_NODELIST / SLURM_JOB_NODELIST against SLURM_STEP_NUM_NODES / SLURM_JOB_NUM_NODES)"
             )
         if not 1 <= self.master_port <= 65535:
             raise ConfigError(f"master port {self.master_port} is not a TCP port")
@@ -266,13 +268,21 @@ class SlurmWorld:
         job_id = _int(environ, JOB_ID_ENV, "SLURM_JOBID")
         if job_id is None or under_torchelastic(environ):
             return None
-        nnodes = _int(environ, "SLURM_JOB_NUM_NODES", "SLURM_NNODES", minimum=1) or 1
+        # A step's own nodes first: `srun -N1` in a 2-node job runs on one node, whose SLURM_NODEID (0) counts
+        # within the step, and SLURM_JOB_NUM_NODES still says 2 (seen on slurm-wlm 22.05).
+        nnodes = _int(environ, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", minimum=1) or 1
         node_rank = _int(environ, "SLURM_NODEID") or 0
-        hostlist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+        hostlist = next(
+            (
+                environ[name]
+                for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                if environ.get(name)
+            ),
+            None,
+        )
         if not hostlist:
             raise ConfigError("SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not: is this a Slurm job's environment?")
         node_name = environ.get("SLURMD_NODENAME") or ""
-        # A step's own layout first: `srun` inside the job may place fewer tasks than the job asked for.
         spec = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
         tasks = 1
         if spec:
