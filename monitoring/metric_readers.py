@@ -50,7 +50,7 @@ def queries() -> list[tuple[str, str]]:
 
 def readers() -> dict[str, tuple[str, ...]]:
     """Catalog entry name (a metric's or a recorded series') -> the rules, panels, variables and diagnose kinds
-    that read it, in the files' order. A series no catalog entry has is left out: tests/test_catalog.py fails on
+    that read it, in the files' order. A series no catalog entry has is left out: tests/unit/trainstack/test_catalog.py fails on
     it."""
     found: dict[str, dict[str, None]] = {}
     for reader, expr in queries():

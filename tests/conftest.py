@@ -37,6 +37,10 @@ pytest_plugins = ["pytester"]  # tests/unit/repo/test_process_guard.py runs a pl
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TQDM_DISABLE", "1")
+# The launcher takes a Slurm job's world where one is in the environment (trainstack/slurm.py): a suite run inside a
+# Slurm job, as on a cluster's CI runner, would have every launch in the tests take that job's nodes and ports.
+for _name in [name for name in os.environ if name.startswith(("SLURM_", "SLURMD_"))]:
+    del os.environ[_name]
 
 
 # The fast tier (`make check`: -m "not slow") is every test that starts no process, so a test that starts one

@@ -5,7 +5,7 @@ As trainstack/ratios.py defines a figure once for Python and PromQL, this regist
 place that names it: `trainstack diagnose` (monitoring/diagnose/verdicts.py writes each verdict's kind and fix from
 its entry), the alert rules (monitoring/prometheus/build_rules.py takes each alert's fix from the entry that lists
 the alert), the ceilings (trainstack/ceilings.py: WHAT_FIX_GAINS), `trainstack tune` (commands/tune/candidates.py
-keys its candidates by kind) and the docs tables built from them. tests/test_problems.py walks the registry and
+keys its candidates by kind) and the docs tables built from them. tests/unit/trainstack/test_problems.py walks the registry and
 checks which kinds have which parts, and that every alert of the rule files belongs to one kind.
 
 A part that does not apply to a kind is None (or empty), for the reason its field's docstring gives. Adding a

@@ -96,7 +96,7 @@ FIXES: dict[str, Callable[[TrainConfig, bool], list[Candidate]]] = {
 }
 """Verdict kind -> its fixes, each an option of the config (docs/training.md maps them onto a user's own DataLoader
 and DDP arguments). Each candidate changes one option of the baseline's, and only where it changes something: one
-of the options its problem's `tune` lists (trainstack/problems.py; tests/test_problems.py checks the two agree)."""
+of the options its problem's `tune` lists (trainstack/problems.py; tests/unit/trainstack/test_problems.py checks the two agree)."""
 
 
 def for_verdicts(kinds: list[str], config: TrainConfig, on_cuda: bool) -> list[Candidate]:

@@ -1,4 +1,4 @@
-"""A Lightning `Trainer(strategy="ddp")` on 2 CPU ranks with trainstack's callback, as tests/test_lightning_callback.py
+"""A Lightning `Trainer(strategy="ddp")` on 2 CPU ranks with trainstack's callback, as tests/timing/test_lightning_callback.py
 runs it under `trainstack watch`, started by torchrun or by Lightning itself (`python this.py`, devices=2):
 
     python tests/drivers/lightning_example.py OUT          # or: torchrun --nproc-per-node 2 ... OUT

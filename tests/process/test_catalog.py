@@ -84,7 +84,7 @@ def test_the_stand_in_ranks_write_catalog_metrics(tmp_path, on_gpu):
 
 # One rank's telemetry as the trainer drives it, with a known peak FLOP/s, on a "cuda" device: every training metric
 # a GPU rank writes. `fake-cuda` stands in CUDA's events and memory figures (a fake GPU clock, as
-# tests/test_timeline.py's); `cuda` is a real GPU. The process exits, leaving its files, as a rank does.
+# tests/unit/trainstack/test_timeline.py's); `cuda` is a real GPU. The process exits, leaving its files, as a rank does.
 TELEMETRY_RANK = """
 import sys, time
 from pathlib import Path

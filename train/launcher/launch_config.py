@@ -1,5 +1,6 @@
 """Where the ranks of `trainstack train` run: the world (ranks per node, nodes, this node's rank, rendezvous),
-from the flags and the torchrun / Kubernetes / Kubeflow environment, and the launcher's flags.
+from the flags and the torchrun / Kubernetes / Kubeflow environment, then a Slurm job's (trainstack/slurm.py),
+and the launcher's flags.
 
 The launcher (commands/train.py) and `trainstack doctor` (train/launcher/doctor/cli.py) both build it, so
 the doctor checks exactly the world the launcher would start; neither imports the other for it.
@@ -22,6 +23,7 @@ from trainstack.rundir import (
     check_port,
     free_port,
 )
+from trainstack.slurm import SlurmWorld, port_free
 from trainstack.train.launcher.cuda_devices import cuda_device_count
 from trainstack.train.rank import config as train_config
 
@@ -39,11 +41,26 @@ def env_int(*names: str) -> int | None:
     return None
 
 
-def node_rank_of(args: argparse.Namespace) -> int:
-    """This node's rank: --node-rank, else the torchrun / Kubeflow / Indexed Job environment, else 0."""
+def node_rank_of(args: argparse.Namespace, slurm: SlurmWorld | None = None) -> int:
+    """This node's rank: --node-rank, else the torchrun / Kubeflow / Indexed Job environment, else the Slurm job's
+    (SLURM_NODEID) where `slurm` is given, else 0."""
     if args.node_rank is not None:
         return args.node_rank
-    return env_int("NODE_RANK", "PET_NODE_RANK", "JOB_COMPLETION_INDEX") or 0
+    rank = env_int("NODE_RANK", "PET_NODE_RANK", "JOB_COMPLETION_INDEX")
+    if rank is not None:
+        return rank
+    return slurm.node_rank if slurm is not None else 0
+
+
+def slurm_master_port(slurm: SlurmWorld, node_rank: int) -> int:
+    """The Slurm job's rendezvous port (derived from its id alike on every node), checked free on node 0, where
+    the rendezvous listens: another job on that node whose id differs by a multiple of the span holds it."""
+    if node_rank == 0 and not port_free(slurm.master_port):
+        raise ConfigError(
+            f"port {slurm.master_port}, the rendezvous port of Slurm job {slurm.job_id}, is in use on "
+            f"{slurm.node_name or 'this node'}: export MASTER_PORT=<a free port> in the batch script"
+        )
+    return slurm.master_port
 
 
 def _env_str(*names: str) -> str | None:
@@ -96,9 +113,17 @@ class LaunchConfig:
                 f"--nproc-per-node {nproc} but only {gpus} GPU(s) are visible; one rank per GPU "
                 "(check CUDA_VISIBLE_DEVICES) or pass --cpu"
             )
-        nnodes = args.nnodes or env_int("NNODES", "PET_NNODES") or 1
-        node_rank = node_rank_of(args)
+        # Slurm's world only where the flags and torchrun's / Kubernetes' variables leave a part of it open.
+        slurm = SlurmWorld.from_environ(os.environ)
+        nnodes = args.nnodes or env_int("NNODES", "PET_NNODES")
+        if nnodes is None and slurm is not None:
+            slurm.check_launchable()  # not from a multi-node job's batch script, one task per node
+            nnodes = slurm.nnodes
+        nnodes = nnodes or 1
+        node_rank = node_rank_of(args, slurm)
         master_port = args.master_port or env_int("MASTER_PORT", "PET_MASTER_PORT")
+        if master_port is None and slurm is not None and nnodes > 1:
+            master_port = slurm_master_port(slurm, node_rank)
         if master_port is None:
             # A single-node job needs no fixed port; a free one lets several jobs share a host.
             master_port = DEFAULT_MASTER_PORT if nnodes > 1 else free_port()
@@ -106,7 +131,9 @@ class LaunchConfig:
             nproc_per_node=nproc,
             nnodes=nnodes,
             node_rank=node_rank,
-            master_addr=args.master_addr or _env_str("MASTER_ADDR", "PET_MASTER_ADDR") or "127.0.0.1",
+            master_addr=args.master_addr
+            or _env_str("MASTER_ADDR", "PET_MASTER_ADDR")
+            or (slurm.master_addr if slurm is not None else "127.0.0.1"),
             master_port=master_port,
             use_cpu=use_cpu,
             exporter_port=args.exporter_port,
@@ -117,15 +144,22 @@ class LaunchConfig:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     train_config.add_arguments(parser)
-    group = parser.add_argument_group("launch (flags win over torchrun/Kubernetes environment variables)")
+    group = parser.add_argument_group(
+        "launch (flags win over torchrun/Kubernetes environment variables, which win over a Slurm job's)"
+    )
     group.add_argument("--nproc-per-node", type=int, help="ranks on this node (default: one per GPU, 2 on CPU)")
-    group.add_argument("--nnodes", type=int, help="nodes in the job (env NNODES; default 1)")
-    group.add_argument("--node-rank", type=int, help="this node's rank (env NODE_RANK or JOB_COMPLETION_INDEX)")
-    group.add_argument("--master-addr", help="rendezvous host: node 0's address (env MASTER_ADDR)")
+    group.add_argument("--nnodes", type=int, help="nodes in the job (env NNODES or SLURM_JOB_NUM_NODES; default 1)")
+    group.add_argument(
+        "--node-rank", type=int, help="this node's rank (env NODE_RANK, JOB_COMPLETION_INDEX or SLURM_NODEID)"
+    )
+    group.add_argument(
+        "--master-addr", help="rendezvous host: node 0's address (env MASTER_ADDR; Slurm: the job's first node)"
+    )
     group.add_argument(
         "--master-port",
         type=int,
-        help=f"rendezvous port (env MASTER_PORT; default: {DEFAULT_MASTER_PORT} multi-node, a free port single-node)",
+        help=f"rendezvous port (env MASTER_PORT; default: {DEFAULT_MASTER_PORT} multi-node, derived from the job id "
+        "under Slurm, a free port single-node)",
     )
     group.add_argument(
         "--rendezvous-timeout",

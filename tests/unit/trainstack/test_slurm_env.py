@@ -1,0 +1,297 @@
+"""trainstack/slurm.py: Slurm's environment as the launcher's world, from environments like those a real Slurm sets
+(tests/process/test_slurm.py reads them from a real one). No process: the host list is expanded in Python here."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from trainstack.errors import ConfigError
+from trainstack.slurm import (
+    MASTER_PORT_BASE,
+    MASTER_PORT_SPAN,
+    SlurmWorld,
+    expand_hostlist,
+    master_port_of,
+    port_free,
+    tasks_per_node,
+)
+
+# A step's task on the second node of a 2-node job, as slurm-wlm 22.05 sets it under `srun` (trimmed).
+STEP_ON_N2 = {
+    "SLURMD_NODENAME": "n2",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOBID": "4242",
+    "SLURM_JOB_NODELIST": "n[1-2]",
+    "SLURM_NODELIST": "n[1-2]",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NNODES": "2",
+    "SLURM_NODEID": "1",
+    "SLURM_PROCID": "1",
+    "SLURM_LOCALID": "0",
+    "SLURM_NTASKS": "2",
+    "SLURM_TASKS_PER_NODE": "1(x2)",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NODELIST": "n[1-2]",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEPID": "0",
+}
+
+
+def world(environ: dict[str, str]) -> SlurmWorld | None:
+    return SlurmWorld.from_environ(environ, expand=expand_hostlist)
+
+
+@pytest.mark.parametrize(
+    ("hostlist", "hosts"),
+    [
+        ("n1", ["n1"]),
+        ("n[1-3,5],gpu-[01-02]", ["n1", "n2", "n3", "n5", "gpu-01", "gpu-02"]),
+        ("node[8-11]", ["node8", "node9", "node10", "node11"]),
+        ("gpu[098-101]", ["gpu098", "gpu099", "gpu100", "gpu101"]),
+        ("n[01-3]", ["n01", "n02", "n03"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+        ("a[1]-ib,b", ["a1-ib", "b"]),
+        ("host0 host1", ["host0", "host1"]),
+        ("x-[3-4].cluster", ["x-3.cluster", "x-4.cluster"]),
+    ],
+)
+def test_expand_hostlist(hostlist, hosts):
+    assert expand_hostlist(hostlist) == hosts
+
+
+@pytest.mark.parametrize("bad", ["n[1-2", "n1-2]", "n[2-1]", "n[a-b]", "n[1-]", "n1,,n2", "", "n[]"])
+def test_a_malformed_hostlist_is_one_config_error(bad):
+    with pytest.raises(ConfigError) as error:
+        expand_hostlist(bad)
+    assert "\n" not in str(error.value) and "hostlist" in str(error.value)
+
+
+def test_tasks_per_node():
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert tasks_per_node("1") == [1]
+    with pytest.raises(ConfigError, match="SLURM_TASKS_PER_NODE"):
+        tasks_per_node("2(x)")
+
+
+def test_a_step_task_on_the_second_node():
+    found = world(STEP_ON_N2)
+    assert found == SlurmWorld(
+        job_id=4242,
+        node_rank=1,
+        nnodes=2,
+        hosts=("n1", "n2"),
+        master_port=MASTER_PORT_BASE + 4242,
+        tasks_on_node=1,
+        gpus_on_node=None,
+        node_name="n2",
+        restart_count=0,
+        in_step=True,
+    )
+    assert found.master_addr == "n1"
+    found.check_launchable()
+
+
+def test_a_step_on_some_of_the_jobs_nodes_is_a_world_of_its_own():
+    # `srun -N1 -w n2` in a 2-node job, as slurm-wlm 22.05 sets it: SLURM_NODEID counts within the step.
+    environ = {**STEP_ON_N2, "SLURM_NODEID": "0", "SLURM_NNODES": "1", "SLURM_STEP_NUM_NODES": "1"}
+    environ.update(SLURM_STEP_NODELIST="n2", SLURM_STEP_TASKS_PER_NODE="1", SLURM_TASKS_PER_NODE="1")
+    found = world(environ)
+    assert found is not None
+    assert (found.nnodes, found.node_rank, found.hosts, found.master_addr) == (1, 0, ("n2",), "n2")
+
+
+def test_nnodes_falls_back_to_slurm_nnodes_and_the_restart_count_is_read():
+    environ = {**STEP_ON_N2, "SLURM_RESTART_COUNT": "3"}
+    del environ["SLURM_JOB_NUM_NODES"], environ["SLURM_STEP_NUM_NODES"]
+    found = world(environ)
+    assert found is not None and found.nnodes == 2 and found.restart_count == 3
+
+
+def test_outside_slurm_or_under_torchrun_there_is_no_slurm_world():
+    assert world({"PATH": "/bin"}) is None
+    torchrun_rank = {**STEP_ON_N2, "RANK": "3", "GROUP_RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert world(torchrun_rank) is None
+    # One of torchrun's names alone (a user's RANK) is not torchrun.
+    assert world({**STEP_ON_N2, "RANK": "3"}) is not None
+
+
+@pytest.mark.parametrize(
+    ("extra", "gpus"),
+    [
+        ({}, None),
+        ({"SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1"}, 4),
+        ({"CUDA_VISIBLE_DEVICES": "2,3"}, 2),
+        ({"CUDA_VISIBLE_DEVICES": ""}, 0),
+    ],
+)
+def test_gpus_on_node(extra, gpus):
+    found = world({**STEP_ON_N2, **extra})
+    assert found is not None and found.gpus_on_node == gpus
+
+
+def test_master_port_is_derived_from_the_job_id_in_an_unprivileged_range_below_the_ephemeral_ports():
+    assert master_port_of(0) == MASTER_PORT_BASE
+    assert master_port_of(123456) == MASTER_PORT_BASE + 3456
+    ports = {master_port_of(job) for job in range(1, 3 * MASTER_PORT_SPAN)}
+    assert min(ports) >= 1024 and max(ports) < 32768  # Linux's ephemeral range starts at 32768
+    assert master_port_of(7) != master_port_of(8)  # neighbouring jobs on one node do not collide
+
+
+def test_port_free_sees_a_port_in_use():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert not port_free(taken.getsockname()[1], "127.0.0.1")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert port_free(port, "127.0.0.1")
+
+
+def test_a_port_whose_last_connections_linger_is_free():
+    # A requeued segment's node 0 checks the port its previous segment's rendezvous store listened on: that
+    # store's connections linger in TIME_WAIT, and the store binds with SO_REUSEADDR, as this listener does.
+    # A plain bind fails on them; the store's own bind, and so port_free, does not (the test cluster's requeued
+    # segment was refused before port_free set it).
+    with socket.socket() as store:
+        store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        store.bind(("127.0.0.1", 0))
+        store.listen()
+        port = store.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = store.accept()
+            accepted.close()  # the store's side closes first: its end lingers in TIME_WAIT
+    assert port_free(port)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"SLURM_NODEID": "2"}, "SLURM_NODEID=2 must be in 0..1"),
+        ({"SLURM_NODEID": "-1"}, "SLURM_NODEID='-1' must be 0 or more"),
+        ({"SLURM_STEP_NUM_NODES": "0"}, "SLURM_STEP_NUM_NODES='0' must be 1 or more"),
+        ({"SLURM_STEP_NUM_NODES": "3"}, "node list names 2 host(s) but its node count is 3"),
+        ({"SLURM_JOB_ID": "abc"}, "SLURM_JOB_ID='abc' must be a whole number"),
+        ({"SLURM_GPUS_ON_NODE": "two"}, "SLURM_GPUS_ON_NODE='two' must be a whole number"),
+        ({"SLURM_RESTART_COUNT": "-2"}, "SLURM_RESTART_COUNT='-2' must be 0 or more"),
+        ({"SLURM_STEP_NODELIST": "n[1-2"}, "'[' without ']'"),
+        ({"SLURM_STEP_NODELIST": "", "SLURM_JOB_NODELIST": "", "SLURM_NODELIST": ""}, "SLURM_JOB_NODELIST is not"),
+        ({"SLURM_STEP_TASKS_PER_NODE": "x"}, "is not like 2(x3),1"),
+    ],
+)
+def test_nonsense_is_one_config_error_line(change, message):
+    with pytest.raises(ConfigError) as error:
+        world({**STEP_ON_N2, **change})
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_batch_script_of_a_multi_node_job_is_refused_but_of_a_one_node_job_is_not():
+    batch = {k: v for k, v in STEP_ON_N2.items() if not k.startswith(("SLURM_STEP", "SLURM_STEPID"))}
+    batch.update(SLURMD_NODENAME="n1", SLURM_NODEID="0")
+    found = world(batch)
+    assert found is not None and not found.in_step
+    with pytest.raises(ConfigError, match="srun --ntasks-per-node=1"):
+        found.check_launchable()
+    single = {**batch, "SLURM_JOB_NODELIST": "n1", "SLURM_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1"}
+    single.update(SLURM_NNODES="1", SLURM_TASKS_PER_NODE="1")
+    alone = world(single)
+    assert alone is not None
+    alone.check_launchable()
+
+
+def test_two_tasks_on_a_node_are_refused():
+    found = world({**STEP_ON_N2, "SLURM_STEP_TASKS_PER_NODE": "2(x2)"})
+    assert found is not None and found.tasks_on_node == 2
+    with pytest.raises(ConfigError, match="one task per node"):
+        found.check_launchable()
+
+
+def test_a_heterogeneous_layout_is_read_for_this_node():
+    found = world({**STEP_ON_N2, "SLURM_STEP_TASKS_PER_NODE": "4,1"})
+    assert found is not None and found.tasks_on_node == 1
+
+
+def test_describe_is_one_line():
+    found = world({**STEP_ON_N2, "SLURM_GPUS_ON_NODE": "8"})
+    assert found is not None
+    assert found.describe() == (
+        f"slurm job 4242 node 1/2 (n2) master n1:{MASTER_PORT_BASE + 4242} tasks 1 gpus 8 restarts 0 step yes"
+    )
+
+
+# ---- the launcher's world under Slurm (train/launcher/launch_config.py) -----------------------------------------
+
+WORLD_VARIABLES = ("NNODES", "PET_NNODES", "NODE_RANK", "PET_NODE_RANK", "JOB_COMPLETION_INDEX", "MASTER_ADDR")
+WORLD_VARIABLES += ("PET_MASTER_ADDR", "MASTER_PORT", "PET_MASTER_PORT", "NPROC_PER_NODE", "PET_NPROC_PER_NODE")
+
+
+def launch_world(monkeypatch, environ: dict[str, str], *flags: str):
+    """The launcher's world (LaunchConfig.from_args) for `flags` in `environ` alone, the host list expanded in
+    Python (no scontrol process)."""
+    import argparse
+    import os
+
+    import trainstack.slurm
+    from trainstack.train.launcher.launch_config import LaunchConfig, add_arguments
+
+    for name in list(os.environ):
+        if name.startswith("SLURM") or name in WORLD_VARIABLES or name in ("RANK", "GROUP_RANK", "LOCAL_RANK"):
+            monkeypatch.delenv(name)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(trainstack.slurm, "scontrol_hostnames", lambda hostlist: None)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return LaunchConfig.from_args(parser.parse_args(["--cpu", "--exporter-port", "0", *flags]))
+
+
+def test_the_launcher_takes_the_slurm_jobs_world(monkeypatch):
+    found = launch_world(monkeypatch, STEP_ON_N2)
+    assert (found.nnodes, found.node_rank, found.master_addr, found.master_port) == (2, 1, "n1", 15000 + 4242)
+    assert found.nproc_per_node == 2  # the CPU stand-in's two ranks: GPUs come from the node, as without Slurm
+
+
+def test_flags_and_torchruns_variables_win_over_slurms(monkeypatch):
+    environ = {**STEP_ON_N2, "MASTER_ADDR": "head.example", "NODE_RANK": "0"}
+    found = launch_world(monkeypatch, environ, "--master-port", "29999")
+    assert (found.nnodes, found.node_rank, found.master_addr, found.master_port) == (2, 0, "head.example", 29999)
+    assert launch_world(monkeypatch, STEP_ON_N2, "--nnodes", "1", "--node-rank", "0").nnodes == 1
+
+
+def test_the_launcher_refuses_a_multi_node_jobs_batch_script(monkeypatch):
+    batch = {k: v for k, v in STEP_ON_N2.items() if not k.startswith(("SLURM_STEP", "SLURM_STEPID"))}
+    batch.update(SLURMD_NODENAME="n1", SLURM_NODEID="0")
+    with pytest.raises(ConfigError, match="srun --ntasks-per-node=1"):
+        launch_world(monkeypatch, batch)
+
+
+def test_a_one_node_slurm_job_takes_a_free_port(monkeypatch):
+    single = {**STEP_ON_N2, "SLURM_JOB_NODELIST": "n1", "SLURM_NODELIST": "n1", "SLURM_NODEID": "0"}
+    single.update(SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1", SLURMD_NODENAME="n1", SLURM_STEP_TASKS_PER_NODE="1")
+    single.update(SLURM_STEP_NUM_NODES="1", SLURM_STEP_NODELIST="n1")
+    found = launch_world(monkeypatch, single)
+    assert (found.nnodes, found.node_rank, found.master_addr) == (1, 0, "n1")
+    assert found.master_port != master_port_of(4242)  # the OS's pick, from its ephemeral range
+
+
+def test_node_0_refuses_a_derived_port_in_use(monkeypatch):
+    for job_id in range(4242, 4262):  # a derived port nobody else holds on this machine
+        with socket.socket() as taken:
+            try:
+                taken.bind(("127.0.0.1", master_port_of(job_id)))
+            except OSError:
+                continue
+            taken.listen()
+            node_0 = {**STEP_ON_N2, "SLURM_JOB_ID": str(job_id), "SLURM_NODEID": "0", "SLURMD_NODENAME": "n1"}
+            with pytest.raises(ConfigError) as error:
+                launch_world(monkeypatch, node_0)
+            assert f"port {master_port_of(job_id)}, the rendezvous port of Slurm job {job_id}, is in use" in str(
+                error.value
+            )
+            # Node 1 does not listen there: the port is node 0's to check.
+            assert launch_world(monkeypatch, {**node_0, "SLURM_NODEID": "1"}).master_port == master_port_of(job_id)
+            return
+    pytest.fail("no derived port was free to hold")
