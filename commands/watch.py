@@ -42,7 +42,7 @@ from trainstack.rundir import (
     write_summary,
 )
 from trainstack.supervisor.lease import RunDirLease, lease_timeout
-from trainstack.supervisor.supervised import AnyCommand, SupervisedRun, findings, write_report
+from trainstack.supervisor.supervised import AnyCommand, SupervisedRun, findings, print_card, write_report
 from trainstack.train.launcher.launch_config import add_beside_run_arguments, lease_wait, node_rank_of
 from trainstack.write_failure import WriteFailure, write_atomically
 
@@ -308,6 +308,8 @@ def run(args: argparse.Namespace) -> int:
             if args.report and node_rank == 0:
                 report = write_report(args.run_dir, PROGRAM)
                 code = code or report  # a report the disk refused fails a command that succeeded
+            elif node_rank == 0 and watch.started_at is not None:
+                print_card(args.run_dir, PROGRAM, None)
             return code
     finally:
         for signum, handler in previous.items():
