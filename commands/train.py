@@ -260,7 +260,7 @@ class Launch:
         if times is None:
             return
         try:
-            write_summary(self.run_dir.summary, {**summary, **findings(self.run_dir.path, times)})
+            write_summary(self.run_dir.summary, {**summary, **findings(self.run_dir.path, times, LAUNCHER_TRAIN)})
         except WriteFailure as failure:
             print(f"trainstack train: warning: no time breakdown in the summary: {failure}", file=sys.stderr)
 

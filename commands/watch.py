@@ -262,7 +262,7 @@ class Watch:
             "wall_seconds": self.ended_at - self.started_at,
             "world_size": len(times["ranks"]) if times else None,
             "goodput": times["goodput"] if times else None,
-            **findings(self.run_dir.path, times),
+            **findings(self.run_dir.path, times, LAUNCHER_WATCH),
         }
 
     def write_summary(self, code: int) -> int:

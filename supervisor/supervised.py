@@ -207,14 +207,15 @@ class SupervisedRun:
         return self.hangs.last_line() if self.hangs else None
 
 
-def findings(run_dir: Path, times: dict | None) -> Summary:
+def findings(run_dir: Path, times: dict | None, launcher: str) -> Summary:
     """What summary.json says of a finished run from its records: where each rank's time went (`times`,
     trainstack/breakdown.py), the most each fix can gain, and the verdicts diagnose gives them, where any rank
-    recorded something to judge; else `judged` false and why (never an empty list, which reads healthy)."""
+    recorded something to judge; else `judged` false and why (never an empty list, which reads healthy). `launcher`
+    (rundir.LAUNCHER_TRAIN or _WATCH): whose words the fixes are in."""
     return {
         "time_breakdown": times,
         **({"ceilings": ceilings.as_json(ceilings.of_run(run_dir, times))} if times else {}),
-        **judgement(run_dir).summary_keys(),
+        **judgement(run_dir, launcher).summary_keys(),
     }
 
 
@@ -230,10 +231,10 @@ def print_card(run_dir: Path, program: str, report: Path | None, summary: Mappin
         return
     bold = sys.stderr.isatty() and os.environ.get("NO_COLOR") is None
     for number, line in enumerate(lines):
-        if bold and line[:1].isupper():
+        if bold and line[:1].isupper():  # a headline: its kind (INPUT-BOUND, HEALTHY, NOT JUDGED) stands out
             kind, _, rest = line.partition("  ")
             line = f"\033[1m{kind}\033[0m  {rest}"
-        print(f"{program}: verdict: {line}" if number == 0 else f"  {line}", file=sys.stderr)
+        print(f"{program}: {line}" if number == 0 or line[:1].isupper() else f"  {line}", file=sys.stderr)
     if report is not None:
         print(f"{program}: report: {report}", file=sys.stderr)
 

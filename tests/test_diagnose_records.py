@@ -206,14 +206,15 @@ def test_the_end_of_run_card_of_an_input_bound_run_is_diagnoses_words_and_each_r
     assert verdict_lines([first])[0] == lines[0]
     assert any(line.strip() == f"fix: {first['fix']}" for line in lines)
     assert any(line.strip() == f"ceiling: {first['ceiling']['text']}" for line in lines)
-    times = [line for line in lines if line.startswith("rank ")]
-    assert [t.split(":")[0] for t in times] == ["rank 0", "rank 1"]
+    times = [line for line in lines if line.startswith("time: ")]
+    assert [t.split(",")[0] for t in times] == ["time: rank 0", "time: rank 1"]
+    assert lines[1:4] == [f"evidence: {item}" for item in first["evidence"]] + [f"fix: {first['fix']}"]
     # Each rank's time by part, the pauses folded into one (the report splits them); parts of no time left out.
     seconds = dict.fromkeys(breakdown.PARTS, 0.0) | {"compute": 30.0, "data_starvation": 60.0, "evaluation": 5.0}
     seconds |= {"checkpoint_save": 5.0}
     row = {"rank": 3, "wall_seconds": 100.0, "seconds": seconds}
-    assert time_lines({"ranks": [row]}) == ["rank 3: 1m 40s: compute 30%, data starvation 60%, pauses 10%"]
-    assert time_lines({"ranks": [row] * 10})[-1] == "2 more rank(s) in the report"
+    assert time_lines({"ranks": [row]}) == ["time: rank 3, 1m 40s: compute 30%, data starvation 60%, pauses 10%"]
+    assert time_lines({"ranks": [row] * 10})[-1] == "time: 2 more rank(s) in the report"
 
 
 def test_a_healthy_card_is_one_line_with_its_throughput_and_nothing_judged_one_line_saying_why(tmp_path):
@@ -230,3 +231,22 @@ def test_a_healthy_card_is_one_line_with_its_throughput_and_nothing_judged_one_l
 
 def test_durations_read_as_hours_minutes_seconds():
     assert [duration(s) for s in (4.25, 65, 3600 + 125)] == ["4.2 s", "1m 05s", "1h 02m"]
+
+
+def test_the_card_on_stderr_names_the_program_and_the_fix_in_the_launchers_words(tmp_path, capsys):
+    from trainstack.rundir import LAUNCHER_TRAIN
+    from trainstack.supervisor.supervised import findings, print_card
+
+    run = RunDir(tmp_path)
+    write_run(run, {rank: [[record(rank, s, 0.02, 0.1, data_wait=0.45) for s in (10, 20, 30)]] for rank in (0, 1)})
+    times = breakdown.of_run(tmp_path)
+    summary = {"steps": 30, **findings(tmp_path, times, LAUNCHER_TRAIN)}
+    assert summary["judged"] is True and "--num-workers" in summary["verdicts"][0]["fix"]  # train's flags
+    run.summary.write_text(json.dumps({"version": 1, **summary}))
+    print_card(tmp_path, "trainstack train", tmp_path / "report.html")
+    shown = capsys.readouterr().err.splitlines()
+    assert shown[0].startswith("trainstack train: INPUT-BOUND  ") and "\033[" not in shown[0]  # no colour off a TTY
+    assert all(line.startswith("  ") for line in shown[1:-1]) and len(shown) <= 12
+    assert shown[-1] == f"trainstack train: report: {tmp_path / 'report.html'}"
+    watched = findings(tmp_path, times, "watch")["verdicts"][0]["fix"]
+    assert "--num-workers" not in watched and "DataLoader(num_workers=...)" in watched  # the script's own knobs

@@ -13,7 +13,7 @@ import yaml
 
 from trainstack import breakdown, environment, record, window
 from trainstack.errors import ConfigError
-from trainstack.monitoring.diagnose.records import NOTHING_RECORDED, judged_of, judgement
+from trainstack.monitoring.diagnose.records import NOTHING_RECORDED, judged_of, judgement, launcher_of
 from trainstack.rundir import CONFIG_FILE, SHOWN, SUMMARY_FILE, RunDir, read_summary
 from trainstack.window import RankWindow
 
@@ -77,7 +77,7 @@ def _verdicts(summary: dict, run_dir: Path) -> tuple[dict[str, str], str | None]
     why nothing was judged, where nothing was."""
     kept = judged_of(summary)
     if kept is None:
-        found = judgement(run_dir)
+        found = judgement(run_dir, launcher_of(summary))
         verdicts, not_judged = found.verdicts, found.not_judged
     else:
         verdicts = summary.get("verdicts") if kept else None

@@ -17,12 +17,13 @@ from trainstack.errors import ConfigError
 from trainstack.monitoring.diagnose.render import NOTHING_RECORDED, card, unjudged_line, verdict_dicts
 from trainstack.monitoring.diagnose.snapshot import RankView, Snapshot
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures
-from trainstack.rundir import RunDir
+from trainstack.rundir import LAUNCHER_TRAIN, RunDir
 from trainstack.thresholds import Thresholds
 
 
-def rank_view(steady: window.RankWindow, world_size: int) -> RankView:
-    """One rank's figures from its steady window."""
+def rank_view(steady: window.RankWindow, world_size: int, launcher: str = "") -> RankView:
+    """One rank's figures from its steady window; `launcher` (rundir.LAUNCHER_TRAIN or _WATCH) picks the words of
+    its fixes, which the records do not say."""
     return RankView(
         rank=str(steady.rank),
         steps=float(steady.last.step),
@@ -39,6 +40,7 @@ def rank_view(steady: window.RankWindow, world_size: int) -> RankView:
         comm_bytes_per_step=steady.comm_bytes_per_step,
         world_size=world_size,
         host_bound_ratio=steady.host_bound_ratio,
+        launcher=launcher,
     )
 
 
@@ -67,14 +69,14 @@ def _rank_windows(run: RunDir) -> tuple[list[window.RankWindow], dict[str, str]]
     return windows, unjudged
 
 
-def snapshot_from_records(run_dir: Path | RunDir) -> Snapshot:
+def snapshot_from_records(run_dir: Path | RunDir, launcher: str = "") -> Snapshot:
     """Every rank's view of the run's steady window, from telemetry/rank-<r>.jsonl; `now` is its newest record's
     time, so the last step's age reads from the end of the run. Ranks that ran but left nothing to judge are in
     `unjudged`."""
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     windows, unjudged = _rank_windows(run)
     world_size = len(windows) + len(unjudged)
-    views = [rank_view(steady, world_size) for steady in windows]
+    views = [rank_view(steady, world_size, launcher) for steady in windows]
     now = max((view.last_step_time or 0.0 for view in views), default=0.0)
     return Snapshot(
         f"records in {run.telemetry} (the last launch, its intervals after the first)", now, views, unjudged=unjudged
@@ -105,10 +107,11 @@ class Judgement:
         }
 
 
-def judgement(run_dir: Path | RunDir) -> Judgement:
+def judgement(run_dir: Path | RunDir, launcher: str = "") -> Judgement:
     """A finished run's verdicts from its records, or why none could be given (no rank recorded a step: a command
-    without trainstack.monitor), which an empty list (healthy) would hide."""
-    snapshot = snapshot_from_records(run_dir)
+    without trainstack.monitor), which an empty list (healthy) would hide. `launcher`: who started the ranks
+    (rundir.LAUNCHER_TRAIN: the fixes name train's flags; else the script's own knobs)."""
+    snapshot = snapshot_from_records(run_dir, launcher)
     shown = figures(snapshot)
     if not snapshot.ranks:
         why = NOTHING_RECORDED
@@ -119,11 +122,11 @@ def judgement(run_dir: Path | RunDir) -> Judgement:
     return Judgement(verdicts, shown, None, dict(snapshot.unjudged))
 
 
-def judged(run_dir: Path | RunDir) -> list[dict] | None:
+def judged(run_dir: Path | RunDir, launcher: str = "") -> list[dict] | None:
     """A finished run's verdicts, each with its ceiling, from its records, as `diagnose --json` gives them: what
     `train` and `watch` keep in summary.json (`verdicts`) and what compare shows. None where no rank recorded a
     step (a command without trainstack.monitor): nothing was judged, which an empty list (healthy) would hide."""
-    return judgement(run_dir).verdicts
+    return judgement(run_dir, launcher).verdicts
 
 
 def judged_of(summary: Mapping) -> bool | None:
@@ -134,11 +137,16 @@ def judged_of(summary: Mapping) -> bool | None:
     return True if "verdicts" in summary else None
 
 
+def launcher_of(summary: Mapping) -> str:
+    """Who started a finished run's ranks, from its summary.json: watch says so; train's has its steps."""
+    return summary.get("launcher") or (LAUNCHER_TRAIN if "steps" in summary else "")
+
+
 def end_card(run_dir: Path | RunDir, summary: Mapping) -> list[str]:
     """The end-of-run card (render.card) of a finished run: the verdicts summary.json kept, or those its records give
     where it kept none (an older summary, or none), with each rank's time and the healthy run's throughput."""
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    fresh = judgement(run)
+    fresh = judgement(run, launcher_of(summary))
     kept = judged_of(summary)
     if kept is None:
         verdicts, not_judged, unjudged = fresh.verdicts, fresh.not_judged, fresh.unjudged

@@ -90,13 +90,17 @@ def _rank_key(item: tuple[str, str]) -> tuple[int, str]:
     return (int(rank), rank) if rank.isdigit() else (1 << 30, rank)
 
 
-def verdict_lines(verdicts: Sequence[dict], evidence_limit: int | None = None, first_only: bool = False) -> list[str]:
+def verdict_lines(
+    verdicts: Sequence[dict], evidence_limit: int | None = None, first_only: bool = False, indent: str | None = None
+) -> list[str]:
     """Verdicts as `verdict_dicts` gives them, as people read them: each one's kind and summary, then its evidence,
     its fix in the launcher's words and its ceiling. The one wording of diagnose, the end-of-run card and the report.
-    `evidence_limit` cuts the evidence (saying how many more); `first_only` gives the others their headline only."""
+    `evidence_limit` cuts the evidence (saying how many more); `first_only` gives the others their headline only;
+    `indent` the details' (default: under the summary, past the widest kind)."""
     if not verdicts:
         return []
     width = max(len(v["kind"]) for v in verdicts)
+    under = f"{'':<{width}}    " if indent is None else indent
     lines = []
     for number, verdict in enumerate(verdicts):
         lines.append(f"{verdict['kind'].upper():<{width}}  {verdict['summary']}")
@@ -104,12 +108,12 @@ def verdict_lines(verdicts: Sequence[dict], evidence_limit: int | None = None, f
             continue
         evidence = list(verdict["evidence"])
         shown = evidence if evidence_limit is None else evidence[:evidence_limit]
-        lines += [f"{'':<{width}}    evidence: {item}" for item in shown]
+        lines += [f"{under}evidence: {item}" for item in shown]
         if len(shown) < len(evidence):
-            lines.append(f"{'':<{width}}    evidence: {len(evidence) - len(shown)} more in the report")
-        lines.append(f"{'':<{width}}    fix: {verdict['fix']}")
+            lines.append(f"{under}evidence: {len(evidence) - len(shown)} more in the report")
+        lines.append(f"{under}fix: {verdict['fix']}")
         if verdict.get("ceiling"):
-            lines.append(f"{'':<{width}}    ceiling: {verdict['ceiling']['text']}")
+            lines.append(f"{under}ceiling: {verdict['ceiling']['text']}")
     return lines
 
 
@@ -211,9 +215,9 @@ def time_lines(times: dict | None, limit: int = CARD_RANKS) -> list[str]:
             for name, parts in _CARD_PARTS
         ]
         shown = ", ".join(f"{name} {100 * share:.0f}%" for name, share in shares if share >= 0.005)
-        lines.append(f"rank {row['rank']}: {duration(wall)}: {shown}")
+        lines.append(f"time: rank {row['rank']}, {duration(wall)}: {shown}")
     if len(times["ranks"]) > limit:
-        lines.append(f"{len(times['ranks']) - limit} more rank(s) in the report")
+        lines.append(f"time: {len(times['ranks']) - limit} more rank(s) in the report")
     return lines
 
 
@@ -234,7 +238,7 @@ def card(
         else:
             lines = [healthy_line(figures, everything=False) if figures else HEALTHY]
         return lines + ([unjudged_line(unjudged)] if unjudged else [])
-    lines = verdict_lines(verdicts, evidence_limit=CARD_EVIDENCE, first_only=True)
+    lines = verdict_lines(verdicts, evidence_limit=CARD_EVIDENCE, first_only=True, indent="")
     if unjudged:
         lines.append(unjudged_line(unjudged))
     return lines + time_lines(times)
