@@ -132,7 +132,8 @@ def render_text(
     lines = [f"trainstack diagnose: {source}"]
     if not verdicts and not_judged:
         lines.append(not_judged_line(not_judged))
-        lines.append(f"figures: {_figure_line(figures)}")
+        if figures["gpus"]:  # what the GPUs alone showed; without them "0 rank(s)" says nothing
+            lines.append(f"figures: {_figure_line(figures)}")
     elif not verdicts:
         lines.append(healthy_line(figures))
     else:
