@@ -230,11 +230,14 @@ def print_card(run_dir: Path, program: str, report: Path | None, summary: Mappin
         print(f"{program}: no verdict: {problem}", file=sys.stderr)
         return
     bold = sys.stderr.isatty() and os.environ.get("NO_COLOR") is None
-    for number, line in enumerate(lines):
-        if bold and line[:1].isupper():  # a headline: its kind (INPUT-BOUND, HEALTHY, NOT JUDGED) stands out
+    for line in lines:
+        if line.startswith(" "):  # a detail, indented under its headline
+            print(line, file=sys.stderr)
+            continue
+        if bold:  # a headline: its kind (INPUT-BOUND, HEALTHY, NOT JUDGED) stands out
             kind, _, rest = line.partition("  ")
             line = f"\033[1m{kind}\033[0m  {rest}"
-        print(f"{program}: {line}" if number == 0 or line[:1].isupper() else f"  {line}", file=sys.stderr)
+        print(f"{program}: {line}", file=sys.stderr)
     if report is not None:
         print(f"{program}: report: {report}", file=sys.stderr)
 

@@ -188,7 +188,7 @@ def test_a_partly_instrumented_run_names_the_ranks_not_judged_and_judges_the_oth
     unreadable = judgement(run).unjudged["2"]
     assert unreadable.startswith("its records cannot be read: ") and "upgrade trainstack" in unreadable
     card_lines = end_card(run, judgement(run).summary_keys())
-    assert card_lines[0].startswith("HEALTHY  1 rank(s)") and card_lines[1].startswith("not judged: rank 1 (no ")
+    assert card_lines[0].startswith("HEALTHY  1 rank(s)") and card_lines[1].startswith("  not judged: rank 1 (no ")
     # No rank judged at all: the headline says why, naming each rank.
     run.rank_records(0).unlink()
     alone = judgement(run)
@@ -207,15 +207,15 @@ def test_the_end_of_run_card_of_an_input_bound_run_is_diagnoses_words_and_each_r
     assert verdict_lines([first])[0] == lines[0]
     assert any(line.strip() == f"fix: {first['fix']}" for line in lines)
     assert any(line.strip() == f"ceiling: {first['ceiling']['text']}" for line in lines)
-    times = [line for line in lines if line.startswith("time: ")]
-    assert [t.split(",")[0] for t in times] == ["time: rank 0", "time: rank 1"]
-    assert lines[1:4] == [f"evidence: {item}" for item in first["evidence"]] + [f"fix: {first['fix']}"]
+    times = [line for line in lines if line.startswith("  time: ")]
+    assert [t.split(",")[0] for t in times] == ["  time: rank 0", "  time: rank 1"]
+    assert lines[1:4] == [f"  evidence: {item}" for item in first["evidence"]] + [f"  fix: {first['fix']}"]
     # Each rank's time by part, the pauses folded into one (the report splits them); parts of no time left out.
     seconds = dict.fromkeys(breakdown.PARTS, 0.0) | {"compute": 30.0, "data_starvation": 60.0, "evaluation": 5.0}
     seconds |= {"checkpoint_save": 5.0}
     row = {"rank": 3, "wall_seconds": 100.0, "seconds": seconds}
-    assert time_lines({"ranks": [row]}) == ["time: rank 3, 1m 40s: compute 30%, data starvation 60%, pauses 10%"]
-    assert time_lines({"ranks": [row] * 10})[-1] == "time: 2 more rank(s) in the report"
+    assert time_lines({"ranks": [row]}) == ["  time: rank 3, 1m 40s: compute 30%, data starvation 60%, pauses 10%"]
+    assert time_lines({"ranks": [row] * 10})[-1] == "  time: 2 more rank(s) in the report"
 
 
 def test_a_healthy_card_is_one_line_with_its_throughput_and_nothing_judged_one_line_saying_why(tmp_path):

@@ -325,3 +325,20 @@ def test_an_uninstrumented_run_without_a_gpu_still_gets_a_report_of_its_command(
     # It leads with the card: nothing judged, never healthy (an older summary without `judged`, no records).
     card = page.split("<pre class='card'>", 1)[1].split("</pre>", 1)[0]
     assert card.startswith("NOT JUDGED  no rank recorded a step") and "HEALTHY" not in page
+
+
+def test_a_train_runs_header_starts_at_its_first_segment_and_reads_dates_and_durations(tmp_path):
+    from trainstack.monitoring.report.runfiles import RunFiles
+    from trainstack.monitoring.report.tables import header_rows, summary_rows
+
+    segment = {"run_id": "a", "started": 1000.0, "ended": 1100.0, "train_seconds": 90.0}
+    summary = {"version": 1, "steps": 60, "wall_seconds": 3725.0, "compile_seconds": 65.0, "segments": [segment]}
+    run = RunFiles(tmp_path, {}, {}, summary)
+    header = {row[""]: row["value"] for row in header_rows(run)}
+    assert header["started"] == time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1000.0))
+    assert header["duration"] == "1h 02m" and header["command"] == "trainstack train"
+    assert {row["field"]: row["value"] for row in summary_rows(run)} == {
+        "version": 1,
+        "steps": 60,
+        "compile_seconds": "1m 05s",
+    }

@@ -68,6 +68,7 @@ NOTHING_RECORDED = (
 HEALTHY = "HEALTHY"
 CARD_EVIDENCE = 3  # the end-of-run card's evidence lines for its first verdict; diagnose and the report give all
 CARD_RANKS = 8  # the card's per-rank time lines; the report has every rank
+CARD_INDENT = "  "  # a card's details, under its headlines (which the terminal prefixes with the program)
 
 
 def healthy_line(figures: dict, everything: bool = True) -> str:
@@ -205,7 +206,7 @@ def duration(seconds: float) -> str:
 
 def time_lines(times: dict | None, limit: int = CARD_RANKS) -> list[str]:
     """Each rank's wall time (summary.json's `time_breakdown`) as one line of its parts' shares, the ones that took
-    any; the first `limit` ranks, then how many more."""
+    any, indented as the card's details; the first `limit` ranks, then how many more."""
     if not times:
         return []
     lines = []
@@ -216,9 +217,9 @@ def time_lines(times: dict | None, limit: int = CARD_RANKS) -> list[str]:
             for name, parts in _CARD_PARTS
         ]
         shown = ", ".join(f"{name} {100 * share:.0f}%" for name, share in shares if share >= 0.005)
-        lines.append(f"time: rank {row['rank']}, {duration(wall)}: {shown}")
+        lines.append(f"{CARD_INDENT}time: rank {row['rank']}, {duration(wall)}: {shown}")
     if len(times["ranks"]) > limit:
-        lines.append(f"time: {len(times['ranks']) - limit} more rank(s) in the report")
+        lines.append(f"{CARD_INDENT}time: {len(times['ranks']) - limit} more rank(s) in the report")
     return lines
 
 
@@ -238,8 +239,8 @@ def card(
             lines = [not_judged_line(not_judged or NOTHING_RECORDED)]
         else:
             lines = [healthy_line(figures, everything=False) if figures else HEALTHY]
-        return lines + ([unjudged_line(unjudged)] if unjudged else [])
-    lines = verdict_lines(verdicts, evidence_limit=CARD_EVIDENCE, first_only=True, indent="")
+        return lines + ([CARD_INDENT + unjudged_line(unjudged)] if unjudged else [])
+    lines = verdict_lines(verdicts, evidence_limit=CARD_EVIDENCE, first_only=True, indent=CARD_INDENT)
     if unjudged:
-        lines.append(unjudged_line(unjudged))
+        lines.append(CARD_INDENT + unjudged_line(unjudged))
     return lines + time_lines(times)

@@ -104,11 +104,19 @@ def header_rows(run: RunFiles) -> list[dict[str, object]]:
         "command": summary.get("command") or ("trainstack train" if "steps" in summary else None),
         "exit code": summary.get("exit_code"),
         "ended": summary.get("exit_reason"),
-        "started": value_text("started", summary["started"]) if "started" in summary else None,
+        "started": value_text("started", started) if (started := _started(summary)) is not None else None,
         "duration": value_text("wall_seconds", summary.get("wall_seconds")),
         "world size": summary.get("world_size"),
     }
     return [{"": key, "value": value} for key, value in shown.items() if value is not None or key != "started"]
+
+
+def _started(summary: dict) -> float | None:
+    """When the run started: watch's `started`, or train's first segment's."""
+    if "started" in summary:
+        return summary["started"]
+    segments = summary.get("segments") or []
+    return segments[0].get("started") if segments else None
 
 
 def summary_rows(run: RunFiles) -> list[dict[str, object]]:
