@@ -226,8 +226,8 @@ def print_card(run_dir: Path, program: str, report: Path | None, summary: Mappin
     this launch's summary.json where the caller knows it ({} where this launch wrote none), else the file's."""
     try:
         lines = end_card(run_dir, read_summary(RunDir(run_dir).summary) if summary is None else summary)
-    except (ConfigError, OSError) as problem:
-        print(f"{program}: no verdict: {problem}", file=sys.stderr)
+    except (ConfigError, OSError, KeyError, TypeError, ValueError) as problem:  # a summary edited or cut short
+        print(f"{program}: no verdict: {type(problem).__name__}: {problem}", file=sys.stderr)
         return
     bold = sys.stderr.isatty() and os.environ.get("NO_COLOR") is None
     for line in lines:

@@ -251,3 +251,12 @@ def test_the_card_on_stderr_names_the_program_and_the_fix_in_the_launchers_words
     assert shown[-1] == f"trainstack train: report: {tmp_path / 'report.html'}"
     watched = findings(tmp_path, times, "watch")["verdicts"][0]["fix"]
     assert "--num-workers" not in watched and "DataLoader(num_workers=...)" in watched  # the script's own knobs
+
+
+def test_a_summary_the_card_cannot_read_costs_one_line_never_the_run(tmp_path, capsys):
+    from trainstack.supervisor.supervised import print_card
+
+    RunDir(tmp_path).telemetry.mkdir(parents=True)
+    print_card(tmp_path, "trainstack watch", None, {"judged": True, "verdicts": [{"kind": "input-bound"}]})
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("trainstack watch: no verdict: KeyError")
