@@ -34,7 +34,7 @@ from trainstack.rundir import (
     write_summary,
 )
 from trainstack.supervisor.lease import RunDirLease, lease_timeout
-from trainstack.supervisor.supervised import OwnAgent, SupervisedRun, findings, write_report
+from trainstack.supervisor.supervised import OwnAgent, SupervisedRun, findings, print_card, write_report
 from trainstack.train.launcher import launch_config
 from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
 from trainstack.train.launcher.fsdp_units import check_fsdp_units
@@ -260,7 +260,7 @@ class Launch:
         if times is None:
             return
         try:
-            write_summary(self.run_dir.summary, {**summary, **findings(self.run_dir.path, times)})
+            write_summary(self.run_dir.summary, {**summary, **findings(self.run_dir.path, times, LAUNCHER_TRAIN)})
         except WriteFailure as failure:
             print(f"trainstack train: warning: no time breakdown in the summary: {failure}", file=sys.stderr)
 
@@ -350,8 +350,11 @@ def run(args: argparse.Namespace) -> int:
             launched = Launch(config, launch, resume_from, run_id, lease)
             code = launched.run()
             if args.report and launch.node_rank == 0:
-                report = write_report(config.run_dir, PROGRAM, checkpoints_kept)
+                this_launch = launched.summary_of_this_launch()  # not an earlier launch's verdict
+                report = write_report(config.run_dir, PROGRAM, checkpoints_kept, this_launch)
                 code = code or report  # a report the disk refused fails a run that trained to its end
+            elif launch.node_rank == 0:
+                print_card(config.run_dir, PROGRAM, None, launched.summary_of_this_launch())
             hang = launched.supervised.hang_line()
             if launched.failed_rank:  # the last line: the one a user reads first
                 print(

@@ -42,7 +42,7 @@ from trainstack.rundir import (
     write_summary,
 )
 from trainstack.supervisor.lease import RunDirLease, lease_timeout
-from trainstack.supervisor.supervised import AnyCommand, SupervisedRun, findings, write_report
+from trainstack.supervisor.supervised import AnyCommand, SupervisedRun, findings, print_card, write_report
 from trainstack.train.launcher.launch_config import add_beside_run_arguments, lease_wait, node_rank_of
 from trainstack.write_failure import WriteFailure, write_atomically
 
@@ -264,7 +264,7 @@ class Watch:
             "wall_seconds": self.ended_at - self.started_at,
             "world_size": len(times["ranks"]) if times else None,
             "goodput": times["goodput"] if times else None,
-            **findings(self.run_dir.path, times),
+            **findings(self.run_dir.path, times, LAUNCHER_WATCH),
         }
 
     def write_summary(self, code: int) -> int:
@@ -310,6 +310,8 @@ def run(args: argparse.Namespace) -> int:
             if args.report and node_rank == 0:
                 report = write_report(args.run_dir, PROGRAM)
                 code = code or report  # a report the disk refused fails a command that succeeded
+            elif node_rank == 0 and watch.started_at is not None:
+                print_card(args.run_dir, PROGRAM, None)
             return code
     finally:
         for signum, handler in previous.items():

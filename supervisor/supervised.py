@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
@@ -32,9 +32,9 @@ import psutil
 from trainstack import ceilings
 from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.lifetime import Descendants, describe_end, signal_new_children, stop_grace, wait_or_kill
-from trainstack.monitoring.diagnose.records import judged
+from trainstack.monitoring.diagnose.records import end_card, judgement
 from trainstack.monitoring.report import render_report
-from trainstack.rundir import RunDir, Summary
+from trainstack.rundir import RunDir, Summary, read_summary
 from trainstack.supervisor.exporter_process import SupervisedExporter, exporter_beside_run
 from trainstack.supervisor.hang_watch import HangWatch
 from trainstack.supervisor.lease import RunDirLease
@@ -207,26 +207,53 @@ class SupervisedRun:
         return self.hangs.last_line() if self.hangs else None
 
 
-def findings(run_dir: Path, times: dict | None) -> Summary:
+def findings(run_dir: Path, times: dict | None, launcher: str) -> Summary:
     """What summary.json says of a finished run from its records: where each rank's time went (`times`,
     trainstack/breakdown.py), the most each fix can gain, and the verdicts diagnose gives them, where any rank
-    recorded something to judge."""
+    recorded something to judge; else `judged` false and why (never an empty list, which reads healthy). `launcher`
+    (rundir.LAUNCHER_TRAIN or _WATCH): whose words the fixes are in."""
     return {
         "time_breakdown": times,
         **({"ceilings": ceilings.as_json(ceilings.of_run(run_dir, times))} if times else {}),
-        **({"verdicts": verdicts} if (verdicts := judged(run_dir)) is not None else {}),
+        **judgement(run_dir, launcher).summary_keys(),
     }
+
+
+def print_card(run_dir: Path, program: str, report: Path | None, summary: Mapping | None = None) -> None:
+    """The verdict on the terminal when the run ends, from summary.json as written (render.card): the first line
+    names the program, the others are indented under it, and the report's place closes it. Bold kinds on a
+    terminal only: a log file gets plain text. Never fails the run: a summary it cannot read is one line. `summary`:
+    this launch's summary.json where the caller knows it ({} where this launch wrote none), else the file's."""
+    try:
+        lines = end_card(run_dir, read_summary(RunDir(run_dir).summary) if summary is None else summary)
+    except (ConfigError, OSError, KeyError, TypeError, ValueError) as problem:  # a summary edited or cut short
+        print(f"{program}: no verdict: {type(problem).__name__}: {problem}", file=sys.stderr)
+        return
+    bold = sys.stderr.isatty() and os.environ.get("NO_COLOR") is None
+    for line in lines:
+        if line.startswith(" "):  # a detail, indented under its headline
+            print(line, file=sys.stderr)
+            continue
+        if bold:  # a headline: its kind (INPUT-BOUND, HEALTHY, NOT JUDGED) stands out
+            kind, _, rest = line.partition("  ")
+            line = f"\033[1m{kind}\033[0m  {rest}"
+        print(f"{program}: {line}", file=sys.stderr)
+    if report is not None:
+        print(f"{program}: report: {report}", file=sys.stderr)
 
 
 def nothing_kept(run_dir: Path) -> str:
     return ""
 
 
-def write_report(run_dir: Path, program: str, kept: Callable[[Path], str] = nothing_kept) -> int:
-    """Writes the run's report. Returns EXIT_RUNTIME when the storage refused it (one line said so, ending with
-    `kept(run_dir)`: what is safe regardless), else EXIT_OK."""
+def write_report(
+    run_dir: Path, program: str, kept: Callable[[Path], str] = nothing_kept, summary: Mapping | None = None
+) -> int:
+    """Writes the run's report, then the end-of-run card (`print_card`), closed by the report's place. Returns
+    EXIT_RUNTIME when the storage refused it (one line said so, ending with `kept(run_dir)`: what is safe
+    regardless), else EXIT_OK."""
     try:
-        print(f"{program}: report: {render_report(run_dir)}", file=sys.stderr)
+        print_card(run_dir, program, render_report(run_dir), summary)
     except ConfigError as problem:
         print(f"{program}: warning: no report: {problem}", file=sys.stderr)
     except WriteFailure as failure:

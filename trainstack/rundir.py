@@ -355,7 +355,7 @@ class Segment(TypedDict):
 class Summary(TypedDict, total=False):
     """summary.json, written by global rank 0 when its launch ends (docs/training.md, "Exit codes"); by `trainstack
     watch` when its command ends, with the keys it knows (run_id, launcher, command, exit_code, exit_reason,
-    started, wall_seconds, world_size, goodput, time_breakdown, ceilings, verdicts)."""
+    started, wall_seconds, world_size, goodput, time_breakdown, ceilings, verdicts or judged and not_judged)."""
 
     version: int
     run_id: str
@@ -391,7 +391,15 @@ class Summary(TypedDict, total=False):
     """Verdict kind -> the speedup its fix can bring at most, from time_breakdown (trainstack/ceilings.py)."""
     verdicts: list[dict]
     """The finished run's verdicts, judged from its records as `trainstack diagnose --json` gives them (kind,
-    summary, evidence, fix, ceiling); absent where no rank recorded a step (nothing to judge)."""
+    summary, evidence, fix, ceiling); absent where no rank recorded a step (nothing to judge: `judged` false)."""
+    judged: bool
+    """Whether any rank was judged; false with `not_judged` saying why (a command without trainstack.monitor), so no
+    reader takes an absent or empty `verdicts` for health. A summary older than this key: judged where it has
+    `verdicts` (monitoring/diagnose/records.py `judged_of`)."""
+    not_judged: str
+    """Why nothing was judged, where `judged` is false."""
+    ranks_not_judged: dict[str, str]
+    """Rank -> why it was not judged, where others were (a partly instrumented run); absent where every rank was."""
 
 
 def write_summary(path: Path, summary: Summary) -> None:

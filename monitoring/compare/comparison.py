@@ -89,10 +89,13 @@ class Comparison:
         ]
 
     def verdicts(self) -> list[dict]:
+        """Each run's verdicts; "healthy" only where it was judged, else "not judged" and why."""
         return [
             {"run": name, "verdict": kind, "ceiling": text}
             for name, profile in (("A", self.a), ("B", self.b))
-            for kind, text in (profile.verdicts or {"healthy": ""}).items()
+            for kind, text in (
+                profile.verdicts or ({"not judged": profile.not_judged} if profile.not_judged else {"healthy": ""})
+            ).items()
         ]
 
     def settings(self) -> list[dict]:

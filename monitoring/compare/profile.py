@@ -14,7 +14,7 @@ import yaml
 
 from trainstack import breakdown, environment, record, window
 from trainstack.errors import ConfigError
-from trainstack.monitoring.diagnose.records import judged
+from trainstack.monitoring.diagnose.records import NOTHING_RECORDED, judged_of, judgement, launcher_of
 from trainstack.rundir import CONFIG_FILE, SHOWN, SUMMARY_FILE, RunDir, read_summary
 from trainstack.window import RankWindow
 
@@ -51,6 +51,8 @@ class RunProfile:
     """Each rank's median step time."""
     verdicts: dict[str, str]
     """Verdict kind -> its summary (diagnose's, kept in summary.json or judged from the records)."""
+    not_judged: str | None
+    """Why nothing was judged (no rank recorded a step): `verdicts` empty then is no health."""
     settings: dict[str, object]
     model: str | None
     param_bytes: int | None
@@ -71,10 +73,17 @@ def _per_step(times: dict, steps: float) -> dict[str, float]:
     }
 
 
-def _verdicts(summary: dict, run_dir: Path) -> dict[str, str]:
-    """Verdict kind -> its summary: those summary.json kept at the run's end, else judged now from the records."""
-    verdicts = summary["verdicts"] if "verdicts" in summary else judged(run_dir) or []
-    return {v["kind"]: v.get("summary", "") for v in verdicts}
+def _verdicts(summary: dict, run_dir: Path) -> tuple[dict[str, str], str | None]:
+    """Verdict kind -> its summary: those summary.json kept at the run's end, else judged now from the records; and
+    why nothing was judged, where nothing was."""
+    kept = judged_of(summary)
+    if kept is None:
+        found = judgement(run_dir, launcher_of(summary))
+        verdicts, not_judged = found.verdicts, found.not_judged
+    else:
+        verdicts = summary.get("verdicts") if kept else None
+        not_judged = None if kept else summary.get("not_judged") or NOTHING_RECORDED
+    return {v["kind"]: v.get("summary", "") for v in verdicts or []}, not_judged
 
 
 def load(run_dir: Path) -> RunProfile:
@@ -105,6 +114,7 @@ def load(run_dir: Path) -> RunProfile:
         "ranks": len(records),
         **environment.settings({node: environment.read(path) for node, path in layout.environments().items()}),
     }
+    verdicts, not_judged = _verdicts(summary, run_dir)
     return RunProfile(
         run_dir=run_dir,
         rate=steady_rate(windows),
@@ -115,7 +125,8 @@ def load(run_dir: Path) -> RunProfile:
             for steady in windows
             if any(r.step_seconds for r in steady.records)
         },
-        verdicts=_verdicts(summary, run_dir),
+        verdicts=verdicts,
+        not_judged=not_judged,
         settings=settings,
         model=summary.get("model") or (config or {}).get("model"),
         param_bytes=last.param_bytes,

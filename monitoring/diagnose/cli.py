@@ -3,8 +3,9 @@
 Exit status: 0 healthy, 1 a problem was found (the verdicts say which), 2 the source is not an exporter or a
 Prometheus server (or a flag is wrong), 69 the source cannot be reached (an exporter that answers the first scrape
 and is gone by the second had a run that ended meanwhile: that first reading is judged, and a note says so). A job
-that runs but reports no rank telemetry (a watched command without trainstack.monitor) is judged on its GPUs alone,
-and a note says so (its exit status is the GPU verdicts': 0 on a host without GPUs).
+that runs but reports no rank telemetry (a watched command without trainstack.monitor) is judged on its GPUs alone:
+its headline says NOT JUDGED and why (never HEALTHY), a note says how to get the rest, and its exit status is the
+GPU verdicts' (0 on a host without GPUs: nothing found, which is no claim of health).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from trainstack.monitoring.diagnose.render import render_json, render_text
     from trainstack.monitoring.diagnose.snapshot import read_snapshot
     from trainstack.monitoring.diagnose.sources import open_source
-    from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes
+    from trainstack.monitoring.diagnose.verdicts import diagnose, figures, not_judged, notes
 
     if not args.interval > 0:
         raise ConfigError(f"--interval must be positive seconds, got {args.interval}")
@@ -84,7 +85,15 @@ def run(args: argparse.Namespace) -> int:
     render = render_json if args.json else render_text
     said = [source.ended_meanwhile] if source.ended_meanwhile else []
     print(
-        render(snapshot.source, verdicts, figures(snapshot), said + notes(snapshot, limits), of_ranks(snapshot.ranks)),
+        render(
+            snapshot.source,
+            verdicts,
+            figures(snapshot),
+            said + notes(snapshot, limits),
+            of_ranks(snapshot.ranks),
+            not_judged(snapshot, limits),
+            snapshot.unjudged,
+        ),
         flush=True,
     )
     return EXIT_PROBLEM if verdicts else EXIT_OK

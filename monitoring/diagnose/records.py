@@ -8,18 +8,22 @@ diagnose (trainstack/ratios.py), of the records' sums instead of the counters' r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainstack import ceilings, window
-from trainstack.monitoring.diagnose.render import verdict_dicts
+from trainstack import breakdown, ceilings, record, window
+from trainstack.errors import ConfigError
+from trainstack.monitoring.diagnose.render import NOTHING_RECORDED, card, unjudged_line, verdict_dicts
 from trainstack.monitoring.diagnose.snapshot import RankView, Snapshot
-from trainstack.monitoring.diagnose.verdicts import diagnose
-from trainstack.rundir import RunDir
+from trainstack.monitoring.diagnose.verdicts import diagnose, figures
+from trainstack.rundir import LAUNCHER_TRAIN, RunDir
 from trainstack.thresholds import Thresholds
 
 
-def rank_view(steady: window.RankWindow, world_size: int) -> RankView:
-    """One rank's figures from its steady window."""
+def rank_view(steady: window.RankWindow, world_size: int, launcher: str = "") -> RankView:
+    """One rank's figures from its steady window; `launcher` (rundir.LAUNCHER_TRAIN or _WATCH) picks the words of
+    its fixes, which the records do not say."""
     return RankView(
         rank=str(steady.rank),
         steps=float(steady.last.step),
@@ -36,24 +40,124 @@ def rank_view(steady: window.RankWindow, world_size: int) -> RankView:
         comm_bytes_per_step=steady.comm_bytes_per_step,
         world_size=world_size,
         host_bound_ratio=steady.host_bound_ratio,
+        launcher=launcher,
     )
 
 
-def snapshot_from_records(run_dir: Path | RunDir) -> Snapshot:
+NO_INTERVAL = "no interval recorded in its last launch"
+
+
+def _rank_windows(run: RunDir) -> tuple[list[window.RankWindow], dict[str, str]]:
+    """Each rank's steady window, and rank -> why for the ranks that ran (a records file, or a gap below the
+    highest rank that has one) but give nothing to judge. A file this trainstack cannot read is that rank's
+    problem alone: the others are still judged."""
+    windows, unjudged = [], {}
+    files = run.all_rank_records()
+    for rank, path in sorted(files.items()):
+        try:
+            found = window.of_rank(rank, record.read_launches(path))
+        except ConfigError as unreadable:
+            unjudged[str(rank)] = f"its records cannot be read: {unreadable}"
+            continue
+        if found is None:
+            unjudged[str(rank)] = NO_INTERVAL
+        else:
+            windows.append(found)
+    for rank in range(max(files, default=-1)):
+        if rank not in files:
+            unjudged[str(rank)] = "no records file"
+    return windows, unjudged
+
+
+def snapshot_from_records(run_dir: Path | RunDir, launcher: str = "") -> Snapshot:
     """Every rank's view of the run's steady window, from telemetry/rank-<r>.jsonl; `now` is its newest record's
-    time, so the last step's age reads from the end of the run."""
+    time, so the last step's age reads from the end of the run. Ranks that ran but left nothing to judge are in
+    `unjudged`."""
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    world_size = len(run.all_rank_records())
-    views = [rank_view(steady, world_size) for steady in window.of_run(run)]
+    windows, unjudged = _rank_windows(run)
+    world_size = len(windows) + len(unjudged)
+    views = [rank_view(steady, world_size, launcher) for steady in windows]
     now = max((view.last_step_time or 0.0 for view in views), default=0.0)
-    return Snapshot(f"records in {run.telemetry} (the last launch, its intervals after the first)", now, views)
+    return Snapshot(
+        f"records in {run.telemetry} (the last launch, its intervals after the first)", now, views, unjudged=unjudged
+    )
 
 
-def judged(run_dir: Path | RunDir) -> list[dict] | None:
+@dataclass(frozen=True)
+class Judgement:
+    """A finished run judged from its records: what summary.json keeps and the end-of-run card shows."""
+
+    verdicts: list[dict] | None
+    """As `diagnose --json` gives them, each with its ceiling; None where no rank could be judged."""
+    figures: dict
+    not_judged: str | None = None
+    """Why nothing was judged, where `verdicts` is None."""
+    unjudged: dict[str, str] = field(default_factory=dict)
+    """Rank -> why, for ranks that ran but could not be judged while others were."""
+
+    def summary_keys(self) -> dict:
+        """summary.json's `judged`, and `verdicts` or `not_judged`, and `ranks_not_judged` where some were not. A
+        summary older than `judged` has `verdicts` where it was judged (`judged_of`)."""
+        if self.verdicts is None:
+            return {"judged": False, "not_judged": self.not_judged}
+        return {
+            "judged": True,
+            "verdicts": self.verdicts,
+            **({"ranks_not_judged": self.unjudged} if self.unjudged else {}),
+        }
+
+
+def judgement(run_dir: Path | RunDir, launcher: str = "") -> Judgement:
+    """A finished run's verdicts from its records, or why none could be given (no rank recorded a step: a command
+    without trainstack.monitor), which an empty list (healthy) would hide. `launcher`: who started the ranks
+    (rundir.LAUNCHER_TRAIN: the fixes name train's flags; else the script's own knobs)."""
+    snapshot = snapshot_from_records(run_dir, launcher)
+    shown = figures(snapshot)
+    if not snapshot.ranks:
+        why = NOTHING_RECORDED
+        if snapshot.unjudged:
+            why = "no rank could be judged: " + unjudged_line(snapshot.unjudged).removeprefix("not judged: ")
+        return Judgement(None, shown, why)
+    verdicts = verdict_dicts(diagnose(snapshot, Thresholds()), ceilings.of_ranks(snapshot.ranks))
+    return Judgement(verdicts, shown, None, dict(snapshot.unjudged))
+
+
+def judged(run_dir: Path | RunDir, launcher: str = "") -> list[dict] | None:
     """A finished run's verdicts, each with its ceiling, from its records, as `diagnose --json` gives them: what
     `train` and `watch` keep in summary.json (`verdicts`) and what compare shows. None where no rank recorded a
     step (a command without trainstack.monitor): nothing was judged, which an empty list (healthy) would hide."""
-    snapshot = snapshot_from_records(run_dir)
-    if not snapshot.ranks:
-        return None
-    return verdict_dicts(diagnose(snapshot, Thresholds()), ceilings.of_ranks(snapshot.ranks))
+    return judgement(run_dir, launcher).verdicts
+
+
+def judged_of(summary: Mapping) -> bool | None:
+    """Whether summary.json says its run was judged: its `judged`, or for a summary older than that key, whether it
+    has `verdicts`; None where the summary says nothing of it (a run that ended before its launcher judged it)."""
+    if "judged" in summary:
+        return bool(summary["judged"])
+    return True if "verdicts" in summary else None
+
+
+def launcher_of(summary: Mapping) -> str:
+    """Who started a finished run's ranks, from its summary.json: watch says so; train's has its steps."""
+    return summary.get("launcher") or (LAUNCHER_TRAIN if "steps" in summary else "")
+
+
+def end_card(run_dir: Path | RunDir, summary: Mapping) -> list[str]:
+    """The end-of-run card (render.card) of a finished run: the verdicts summary.json kept, or those its records give
+    where it kept none (an older summary, or none), with each rank's time and the healthy run's throughput."""
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    fresh = judgement(run, launcher_of(summary))
+    kept = judged_of(summary)
+    if kept is None:
+        verdicts, not_judged, unjudged = fresh.verdicts, fresh.not_judged, fresh.unjudged
+    else:
+        verdicts = summary.get("verdicts", []) if kept else None
+        not_judged = None if kept else summary.get("not_judged") or NOTHING_RECORDED
+        unjudged = dict(summary.get("ranks_not_judged") or {})
+    times = summary.get("time_breakdown")
+    if times is None:
+        try:
+            times = breakdown.of_run(run.path)
+        except ConfigError:  # a rank's records this trainstack cannot read: the card says so, without times
+            times = None
+    return card(verdicts, fresh.figures if fresh.verdicts is not None else None, times, not_judged, unjudged)

@@ -150,6 +150,9 @@ class Snapshot:
     """The latest stall's hang verdict and the unix time its evidence was collected: served by the exporter beside
     the run (catalog.HANG_EVIDENCE), or read from RUN_DIR/hang with `--run-dir` (trainstack/hang_verdict.py); None
     without a stall."""
+    unjudged: dict[str, str] = field(default_factory=dict)
+    """Rank -> why it could not be judged, where its records say it ran but give nothing to judge (a finished run's
+    records only: a live source lists only the ranks that report)."""
 
     def gpus_held(self) -> dict[tuple[str, str], list[GpuProcess]]:
         """(instance, pid) -> the GPUs the process holds: those where it uses the most memory of the processes

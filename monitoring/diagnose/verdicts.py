@@ -740,6 +740,21 @@ def uninstrumented(snapshot: Snapshot) -> str:
     )
 
 
+def not_judged(snapshot: Snapshot, limits: Thresholds) -> str | None:
+    """Why no rank could be judged, where a job ran but no rank reports telemetry; None where ranks were judged (or
+    no job ran: no-training says so). An empty verdict list then means nothing was judged, never healthy."""
+    if not _uninstrumented(snapshot, limits):
+        return None
+    if snapshot.command_processes:
+        running = f"{snapshot.command_processes} process(es) of the watched command run"
+    elif snapshot.command:
+        running = "the watched command ran"
+    else:
+        running = "the GPUs are in use"
+    gpus = "its GPUs were checked alone" if snapshot.gpus else "no GPU here to check"
+    return f"{running}, but no rank reports telemetry (no trainstack.monitor in its loop): {gpus}"
+
+
 def notes(snapshot: Snapshot, limits: Thresholds) -> list[str]:
     """What the reader must know that is no problem of the run: a job that runs but reports no rank telemetry
     gets the GPU verdicts only (none without a GPU), and one line on how to get the others; GPUs without GPM, whose

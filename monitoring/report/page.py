@@ -8,9 +8,10 @@ import html
 import time
 
 from trainstack import ceilings
+from trainstack.monitoring.diagnose.records import end_card
 from trainstack.monitoring.report.hangs import hang_section
 from trainstack.monitoring.report.runfiles import RunFiles
-from trainstack.monitoring.report.tables import cell, header_rows, rank_rows, segment_rows, time_rows
+from trainstack.monitoring.report.tables import cell, header_rows, rank_rows, segment_rows, summary_rows, time_rows
 from trainstack.rundir import GPU_LOG_FILE, SUMMARY_FILE, TELEMETRY_DIR
 
 STYLE = """
@@ -20,6 +21,7 @@ th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
 th { background: #f0f3f7; } td:first-child, th:first-child { text-align: left; }
 figure { margin: 0 0 1.5em 0; } img { max-width: 100%; }
 .note { color: #666; }
+.card { background: #f6f8fa; border: 1px solid #ccc; padding: 0.6em; white-space: pre-wrap; }
 """
 
 
@@ -38,19 +40,15 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
         f"<p class='note'>{html.escape(str(run.run_dir.resolve()))}, report written "
         f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}</p>",
     ]
+    if run.summary or run.launches:
+        # The same card `train` and `watch` print when the run ends (diagnose's render.card), first.
+        card = "\n".join(end_card(run.run_dir, run.summary))
+        parts.append(f"<pre class='card'>{html.escape(card)}</pre>")
     if run.summary:
         parts.append(_table(header_rows(run)))
     parts.append("<h2>Summary</h2>")
     if run.summary:
-        parts.append(
-            _table(
-                [
-                    {"field": key, "value": value}
-                    for key, value in run.summary.items()
-                    if key not in ("segments", "time_breakdown", "ceilings", "verdicts")
-                ]
-            )
-        )  # own tables
+        parts.append(_table(summary_rows(run)))
         if run.summary.get("verdicts") is not None:
             parts += [
                 "<h2>Verdicts</h2>",

@@ -6,9 +6,10 @@ import statistics
 import time
 
 from trainstack import breakdown
+from trainstack.monitoring.diagnose.render import duration
 from trainstack.monitoring.report.runfiles import RunFiles, measured_parts, on_gpu_clock, training_seconds
 from trainstack.record import IntervalRecord
-from trainstack.rundir import Segment
+from trainstack.rundir import Segment, Summary
 
 NOT_MEASURED = "not measured"
 
@@ -65,7 +66,7 @@ def segment_rows(segments: list[Segment]) -> list[dict[str, object]]:
         {
             "segment": number,
             "run id": segment.get("run_id"),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(segment["started"])),
+            "started": date(segment["started"]),
             "steps": f"{segment.get('first_step')} to {segment.get('last_step')}",
             "training (s)": segment.get("train_seconds"),
             "samples/s": segment["samples"] / segment["train_seconds"] if segment.get("train_seconds") else None,
@@ -75,17 +76,57 @@ def segment_rows(segments: list[Segment]) -> list[dict[str, object]]:
     ]
 
 
+# summary.json's keys the header shows, and those with tables or a card of their own: the summary table leaves
+# them out, so no figure is said twice.
+HEADER_KEYS = ("command", "exit_code", "exit_reason", "started", "wall_seconds", "world_size")
+OWN_TABLES = ("segments", "time_breakdown", "ceilings", "verdicts", "judged", "not_judged", "ranks_not_judged")
+
+
+def date(unix_seconds: float) -> str:
+    """A unix time as a local date people read (the report is read where it was written, as its own date is)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix_seconds))
+
+
+def value_text(key: str, value: object) -> object:
+    """A summary.json value as people read it: its unix times as dates, its durations in h/m/s."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if key in ("started", "launched_at", "ended") or key.endswith("_at"):
+            return date(value)
+        if key == "wall_seconds" or (key.endswith("_seconds") and "per" not in key):
+            return duration(value)
+    return value
+
+
 def header_rows(run: RunFiles) -> list[dict[str, object]]:
-    """What ran and how it ended, from summary.json: the command, its exit code, its duration, the ranks."""
+    """What ran and how it ended, from summary.json: the command, its exit code, when it started and for how long,
+    the ranks."""
     summary = run.summary
     shown = {
         "command": summary.get("command") or ("trainstack train" if "steps" in summary else None),
         "exit code": summary.get("exit_code"),
         "ended": summary.get("exit_reason"),
-        "duration (s)": summary.get("wall_seconds"),
+        "started": value_text("started", started) if (started := _started(summary)) is not None else None,
+        "duration": value_text("wall_seconds", summary.get("wall_seconds")),
         "world size": summary.get("world_size"),
     }
-    return [{"": key, "value": value} for key, value in shown.items()]
+    return [{"": key, "value": value} for key, value in shown.items() if value is not None or key != "started"]
+
+
+def _started(summary: Summary) -> float | None:
+    """When the run started: watch's `started`, or train's first segment's."""
+    if "started" in summary:
+        return summary["started"]
+    segments = summary.get("segments") or []
+    return segments[0].get("started") if segments else None
+
+
+def summary_rows(run: RunFiles) -> list[dict[str, object]]:
+    """summary.json's other fields: those the header, the card and their own tables do not show."""
+    return [
+        {"field": key, "value": value_text(key, value)}
+        for key, value in run.summary.items()
+        if key not in HEADER_KEYS + OWN_TABLES
+    ]
 
 
 def time_rows(run: RunFiles) -> list[dict[str, object]]:

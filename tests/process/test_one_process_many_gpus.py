@@ -29,7 +29,8 @@ ALERT = "TrainstackOneProcessManyGPUs"
     ("host", "code", "first"),
     [
         ("dataparallel", 1, "ONE-PROCESS-MANY-GPUS  one process drives several GPUs"),
-        ("ddp_h100", 0, "HEALTHY  0 rank(s), 4 GPU(s), GPU utilization 98% on average"),
+        # No rank reports: nothing of them was judged, so never HEALTHY; the GPUs' figures still follow.
+        ("ddp_h100", 0, "NOT JUDGED  the GPUs are in use, but no rank reports telemetry"),
     ],
 )
 def test_the_diagnose_command_gives_the_gpu_verdicts_and_its_one_line_hint(host, code, first):
@@ -38,6 +39,9 @@ def test_the_diagnose_command_gives_the_gpu_verdicts_and_its_one_line_hint(host,
     lines = result.stdout.splitlines()
     assert result.returncode == code, result.stdout + result.stderr
     assert lines[1].startswith(first) and "no-training" not in result.stdout.lower()
+    assert "figures: 0 rank(s), 4 GPU(s)" in result.stdout and "HEALTHY" not in result.stdout
+    if host == "ddp_h100":
+        assert lines[2].startswith("figures: 0 rank(s), 4 GPU(s), GPU utilization 98% on average")
     assert lines[-1] == UNINSTRUMENTED
 
 

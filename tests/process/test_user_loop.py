@@ -65,6 +65,10 @@ def test_a_plain_ddp_loop_under_watch_has_its_straggler_named(tmp_path):
         steps = [json.loads(line) for line in path.read_text().splitlines() if '"step"' in line]
         assert steps[-1]["step"] == 150 and "comm_exposed_seconds" in steps[-1], rank  # DDP's all-reduce timed
     assert "<figure id='loss'>" in (run_dir / "report.html").read_text()
+    # The verdict on the terminal when the run ends: diagnose's words, each rank's time, then the report's place.
+    card = output.split("trainstack watch: STRAGGLER  rank 1 is a straggler", 1)[1]
+    assert "\n  fix: " in card and "\n  time: rank 0, " in card and "\n  time: rank 1, " in card
+    assert card.rstrip().endswith(f"trainstack watch: report: {run_dir}/report.html")
     # watch's summary.json: the command, its exit, and each rank's wall time accounted for by its parts
     summary = json.loads(RunDir(run_dir).summary.read_text())
     assert (summary["launcher"], summary["exit_code"], summary["exit_reason"], summary["world_size"]) == (
@@ -75,6 +79,7 @@ def test_a_plain_ddp_loop_under_watch_has_its_straggler_named(tmp_path):
     )
     assert str(EXAMPLE) in summary["command"] and 0 < summary["goodput"] <= 1
     assert [v["kind"] for v in summary["verdicts"]] == ["straggler"]  # judged from the records at the end
+    assert summary["judged"] is True and "ranks_not_judged" not in summary
     assert summary["verdicts"][0]["summary"].startswith("rank 1 is a straggler")
     assert summary["verdicts"][0]["ceiling"]["speedup"] > 1
     assert summary["ceilings"]["straggler"] == summary["verdicts"][0]["ceiling"]  # one ceiling per kind

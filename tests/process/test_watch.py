@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -327,6 +328,8 @@ def test_an_uninstrumented_ddp_job_on_a_host_without_gpus_is_called_uninstrument
     assert diagnosed.returncode == 0, explain(diagnosed)
     diagnosis = json.loads(diagnosed.stdout)
     assert diagnosis["verdicts"] == [] and "no-training" not in diagnosed.stdout.lower()
+    assert (diagnosis["healthy"], diagnosis["judged"]) == (False, False)  # nothing judged is no health
+    assert "no rank reports telemetry" in diagnosis["not_judged"]
     (note,) = diagnosis["notes"]
     assert note.startswith(
         "uninstrumented: 3 process(es) of the watched command are running with no rank telemetry "
@@ -337,9 +340,15 @@ def test_an_uninstrumented_ddp_job_on_a_host_without_gpus_is_called_uninstrument
     summary = json.loads(RunDir(run_dir).summary.read_text())
     assert (summary["command"], summary["exit_code"], summary["exit_reason"]) == (shlex.join(command), 0, "completed")
     assert summary["wall_seconds"] > 1 and summary["time_breakdown"] is None
+    assert summary["judged"] is False and summary["not_judged"].startswith("no rank recorded a step")
+    assert "verdicts" not in summary
+    # The end of the run says so in one line, never HEALTHY, then where the report is.
+    assert f"trainstack watch: NOT JUDGED  {summary['not_judged']}\ntrainstack watch: report: " in output
+    assert "HEALTHY" not in output
     page = RunDir(run_dir).report.read_text()
     assert html.escape(shlex.join(command)) in page and "<td>exit code</td><td>0</td>" in page
-    assert "<td>duration (s)</td>" in page and "No rank records" in page
+    assert "<td>duration</td>" in page and "No rank records" in page
+    assert re.search(r"<td>started</td><td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d</td>", page)  # a date, not 1.8e+09
 
 
 @pytest.mark.slow

@@ -66,6 +66,18 @@ def test_compare_marks_the_part_that_moved_and_the_speedup(tmp_path):
     assert [(row["run"], row["verdict"]) for row in comparison.verdicts()] == [("A", "input-bound"), ("B", "healthy")]
 
 
+def test_compare_says_a_run_nothing_was_judged_of_is_not_judged_never_healthy(tmp_path):
+    judged = _fake_run(tmp_path / "judged")
+    unjudged = _fake_run(tmp_path / "unjudged")
+    why = "no rank recorded a step"
+    (unjudged / "summary.json").write_text(json.dumps({"version": 1, "judged": False, "not_judged": why}))
+    rows = Comparison(profile.load(judged), profile.load(unjudged)).verdicts()
+    assert [(row["run"], row["verdict"], row["ceiling"]) for row in rows] == [
+        ("A", "healthy", ""),
+        ("B", "not judged", why),
+    ]
+
+
 def _environment(run_dir: Path, node: int, nccl_algo: str, torch: str, gpus: list[str]) -> None:
     """A node's recorded environment (trainstack/environment.py), as `trainstack train` and `watch` write it."""
     path = run_dir / "environment" / f"node-{node}.json"

@@ -17,10 +17,10 @@ from tests.helpers.fakes import LIMITS, NOW, CountersSource, fake_host, gpu, kin
 from trainstack import catalog
 from trainstack.errors import ConfigError
 from trainstack.hang_verdict import Hang
-from trainstack.monitoring.diagnose.render import render_text
+from trainstack.monitoring.diagnose.render import render_json, render_text
 from trainstack.monitoring.diagnose.snapshot import Snapshot, read_snapshot
 from trainstack.monitoring.diagnose.sources import ExporterSource
-from trainstack.monitoring.diagnose.verdicts import diagnose, figures, notes
+from trainstack.monitoring.diagnose.verdicts import diagnose, figures, not_judged, notes
 from trainstack.thresholds import Thresholds
 
 
@@ -65,6 +65,27 @@ def test_a_watched_command_without_rank_telemetry_is_uninstrumented_never_no_tra
     assert diagnose(ended, LIMITS) == [] and "the watched command has ended" in notes(ended, LIMITS)[0]
     # No watch series and nothing on the GPUs: still no training.
     assert kinds(diagnose(Snapshot("test", NOW, [], [gpu(0, utilization=0.0)]), LIMITS)) == ["no-training"]
+
+
+@pytest.mark.parametrize("gpus", [[], [gpu(0)]])
+def test_a_job_no_rank_reports_gets_a_not_judged_headline_never_healthy(gpus):
+    """Nothing judged (a watched command without trainstack.monitor) reads so, in text and JSON, never HEALTHY."""
+    snapshot = Snapshot("test", NOW, [], gpus, command="python train.py", command_processes=1)
+    verdicts = diagnose(snapshot, LIMITS)
+    why = not_judged(snapshot, LIMITS)
+    assert verdicts == [] and why is not None and "no rank reports telemetry" in why
+    text = render_text("test", verdicts, figures(snapshot), notes(snapshot, LIMITS), None, why)
+    assert text.splitlines()[1] == f"NOT JUDGED  {why}" and "HEALTHY" not in text
+    shown = json.loads(render_json("test", verdicts, figures(snapshot), notes(snapshot, LIMITS), None, why))
+    assert (shown["healthy"], shown["judged"], shown["not_judged"]) == (False, False, why)
+    # Ranks that report are judged: their healthy run still reads HEALTHY, and a run with no job is no-training.
+    judged_run = gpu_snapshot([rank("0", uuid="GPU-0")])
+    assert not_judged(judged_run, LIMITS) is None
+    assert not_judged(Snapshot("test", NOW, [], [gpu(0, utilization=0.0)]), LIMITS) is None
+    assert json.loads(render_json("t", [], figures(judged_run)))["healthy"] is True
+    partly = render_text("t", [], figures(judged_run), unjudged={"1": "no records file"})
+    assert partly.splitlines()[1].startswith("HEALTHY  1 rank(s)")
+    assert partly.splitlines()[2] == "not judged: rank 1 (no records file)"
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,16 @@ import json
 import pytest
 
 from trainstack import breakdown, ceilings
-from trainstack.monitoring.diagnose.records import judged, snapshot_from_records
+from trainstack.monitoring.diagnose.records import (
+    NO_INTERVAL,
+    NOTHING_RECORDED,
+    end_card,
+    judged,
+    judged_of,
+    judgement,
+    snapshot_from_records,
+)
+from trainstack.monitoring.diagnose.render import card, duration, time_lines, verdict_lines
 from trainstack.monitoring.diagnose.verdicts import diagnose
 from trainstack.monitoring.report import render_report
 from trainstack.record import SEGMENT_ENDED, SEGMENT_MARKER
@@ -143,3 +152,99 @@ def test_a_finished_run_is_judged_with_each_verdicts_ceiling_and_shown_in_its_re
 def test_a_run_no_rank_recorded_is_not_judged(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"version": 1, "command": "python train.py"}))
     assert judged(tmp_path) is None  # nothing judged, which an empty list (healthy) would hide
+
+
+def test_nothing_judged_is_said_in_summary_json_never_left_out(tmp_path):
+    run = RunDir(tmp_path)
+    run.telemetry.mkdir(parents=True)
+    found = judgement(run)
+    assert found.verdicts is None and found.not_judged == NOTHING_RECORDED
+    assert found.summary_keys() == {"judged": False, "not_judged": NOTHING_RECORDED}
+    # Summaries written before `judged`: `verdicts` was there where the run was judged.
+    assert judged_of({"verdicts": []}) is True and judged_of({"judged": False}) is False and judged_of({}) is None
+
+
+def test_a_partly_instrumented_run_names_the_ranks_not_judged_and_judges_the_others(tmp_path):
+    run = RunDir(tmp_path)
+    write_run(run, {0: [[record(0, s, 0.05, 0.1) for s in (10, 20, 30)]], 2: [[]]})  # rank 2: a marker alone
+    found = judgement(run)
+    assert found.verdicts is not None  # rank 0 was judged
+    assert found.unjudged == {"1": "no records file", "2": NO_INTERVAL}
+    assert found.summary_keys()["ranks_not_judged"] == found.unjudged
+    # A file this trainstack cannot read is that rank's alone: the others are still judged.
+    run.rank_records(2).write_text(json.dumps({"version": 99, "time": 1.0}) + "\n")
+    unreadable = judgement(run).unjudged["2"]
+    assert unreadable.startswith("its records cannot be read: ") and "upgrade trainstack" in unreadable
+    card_lines = end_card(run, judgement(run).summary_keys())
+    assert card_lines[0].startswith("HEALTHY  1 rank(s)") and card_lines[1].startswith("  not judged: rank 1 (no ")
+    # No rank judged at all: the headline says why, naming each rank.
+    run.rank_records(0).unlink()
+    alone = judgement(run)
+    assert alone.verdicts is None and alone.not_judged.startswith("no rank could be judged: rank 0 (no records file)")
+
+
+def test_the_end_of_run_card_of_an_input_bound_run_is_diagnoses_words_and_each_ranks_time(tmp_path):
+    run = RunDir(tmp_path)
+    write_run(run, {rank: [[record(rank, s, 0.02, 0.1, data_wait=0.45) for s in (10, 20, 30)]] for rank in (0, 1)})
+    found = judgement(run)
+    summary = {"time_breakdown": breakdown.of_run(tmp_path), **found.summary_keys()}
+    lines = end_card(run, summary)
+    assert len(lines) <= 12
+    first = found.verdicts[0]
+    assert lines[0] == f"INPUT-BOUND  {first['summary']}"  # diagnose's own line (render.verdict_lines)
+    assert verdict_lines([first])[0] == lines[0]
+    assert any(line.strip() == f"fix: {first['fix']}" for line in lines)
+    assert any(line.strip() == f"ceiling: {first['ceiling']['text']}" for line in lines)
+    times = [line for line in lines if line.startswith("  time: ")]
+    assert [t.split(",")[0] for t in times] == ["  time: rank 0", "  time: rank 1"]
+    assert lines[1:4] == [f"  evidence: {item}" for item in first["evidence"]] + [f"  fix: {first['fix']}"]
+    # Each rank's time by part, the pauses folded into one (the report splits them); parts of no time left out.
+    seconds = dict.fromkeys(breakdown.PARTS, 0.0) | {"compute": 30.0, "data_starvation": 60.0, "evaluation": 5.0}
+    seconds |= {"checkpoint_save": 5.0}
+    row = {"rank": 3, "wall_seconds": 100.0, "seconds": seconds}
+    assert time_lines({"ranks": [row]}) == ["  time: rank 3, 1m 40s: compute 30%, data starvation 60%, pauses 10%"]
+    assert time_lines({"ranks": [row] * 10})[-1] == "  time: 2 more rank(s) in the report"
+
+
+def test_a_healthy_card_is_one_line_with_its_throughput_and_nothing_judged_one_line_saying_why(tmp_path):
+    run = RunDir(tmp_path)
+    write_run(run, {rank: [[record(rank, s, 0.02, 0.1) for s in (10, 20, 30)]] for rank in (0, 1)})
+    summary = {"time_breakdown": breakdown.of_run(tmp_path), **judgement(run).summary_keys()}
+    (line,) = end_card(run, summary)
+    assert line == "HEALTHY  2 rank(s), 10.00 steps/s per rank, 160.0 samples/s in all"
+    assert end_card(run, {}) == [line]  # no summary (an older trainstack's run): judged from the records
+    (nothing,) = end_card(run, {"judged": False, "not_judged": "why"})
+    assert nothing == "NOT JUDGED  why"
+    assert card(None, None, None) == [f"NOT JUDGED  {NOTHING_RECORDED}"]
+
+
+def test_durations_read_as_hours_minutes_seconds():
+    assert [duration(s) for s in (4.25, 65, 3600 + 125)] == ["4.2 s", "1m 05s", "1h 02m"]
+
+
+def test_the_card_on_stderr_names_the_program_and_the_fix_in_the_launchers_words(tmp_path, capsys):
+    from trainstack.rundir import LAUNCHER_TRAIN
+    from trainstack.supervisor.supervised import findings, print_card
+
+    run = RunDir(tmp_path)
+    write_run(run, {rank: [[record(rank, s, 0.02, 0.1, data_wait=0.45) for s in (10, 20, 30)]] for rank in (0, 1)})
+    times = breakdown.of_run(tmp_path)
+    summary = {"steps": 30, **findings(tmp_path, times, LAUNCHER_TRAIN)}
+    assert summary["judged"] is True and "--num-workers" in summary["verdicts"][0]["fix"]  # train's flags
+    run.summary.write_text(json.dumps({"version": 1, **summary}))
+    print_card(tmp_path, "trainstack train", tmp_path / "report.html")
+    shown = capsys.readouterr().err.splitlines()
+    assert shown[0].startswith("trainstack train: INPUT-BOUND  ") and "\033[" not in shown[0]  # no colour off a TTY
+    assert all(line.startswith("  ") for line in shown[1:-1]) and len(shown) <= 12
+    assert shown[-1] == f"trainstack train: report: {tmp_path / 'report.html'}"
+    watched = findings(tmp_path, times, "watch")["verdicts"][0]["fix"]
+    assert "--num-workers" not in watched and "DataLoader(num_workers=...)" in watched  # the script's own knobs
+
+
+def test_a_summary_the_card_cannot_read_costs_one_line_never_the_run(tmp_path, capsys):
+    from trainstack.supervisor.supervised import print_card
+
+    RunDir(tmp_path).telemetry.mkdir(parents=True)
+    print_card(tmp_path, "trainstack watch", None, {"judged": True, "verdicts": [{"kind": "input-bound"}]})
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("trainstack watch: no verdict: KeyError")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -146,9 +147,15 @@ def test_the_report_heads_with_the_command_its_exit_and_duration(tmp_path):
         "command": "torchrun --nproc-per-node 2 train.py",
         "exit code": "3",
         "ended": "failed",
-        "duration (s)": "53.5",
+        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1000.0)),  # a date, never 1e+03
+        "duration": "53.5 s",
         "world size": "2",
     }
+    # The card leads, before the header: the run's verdict as `watch` printed it when the run ended.
+    assert page.index("<pre class='card'>HEALTHY  2 rank(s), ") < page.index("<td>command</td>")
+    # The summary table says only what the header does not: no field twice, no unix time.
+    summary = dict(row for row in table_after(page, "<h2>Summary</h2>")[1:])
+    assert not {"command", "exit_code", "exit_reason", "started", "wall_seconds", "world_size"} & set(summary)
 
 
 def test_where_the_time_went_is_per_rank_wall_time_with_unmeasured_parts_said_so(tmp_path):
@@ -188,3 +195,23 @@ def test_an_uninstrumented_run_without_a_gpu_still_gets_a_report_of_its_command(
     )
     page = render_report(run_dir).read_text()
     assert "python train.py" in page and "No rank records" in page and "No GPU snapshots" in page
+    # It leads with the card: nothing judged, never healthy (an older summary without `judged`, no records).
+    card = page.split("<pre class='card'>", 1)[1].split("</pre>", 1)[0]
+    assert card.startswith("NOT JUDGED  no rank recorded a step") and "HEALTHY" not in page
+
+
+def test_a_train_runs_header_starts_at_its_first_segment_and_reads_dates_and_durations(tmp_path):
+    from trainstack.monitoring.report.runfiles import RunFiles
+    from trainstack.monitoring.report.tables import header_rows, summary_rows
+
+    segment = {"run_id": "a", "started": 1000.0, "ended": 1100.0, "train_seconds": 90.0}
+    summary = {"version": 1, "steps": 60, "wall_seconds": 3725.0, "compile_seconds": 65.0, "segments": [segment]}
+    run = RunFiles(tmp_path, {}, {}, summary)
+    header = {row[""]: row["value"] for row in header_rows(run)}
+    assert header["started"] == time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1000.0))
+    assert header["duration"] == "1h 02m" and header["command"] == "trainstack train"
+    assert {row["field"]: row["value"] for row in summary_rows(run)} == {
+        "version": 1,
+        "steps": 60,
+        "compile_seconds": "1m 05s",
+    }
