@@ -32,7 +32,7 @@ import psutil
 from trainstack import ceilings
 from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.lifetime import Descendants, describe_end, signal_new_children, stop_grace, wait_or_kill
-from trainstack.monitoring.diagnose.records import end_card, judgement
+from trainstack.monitoring.diagnose.finished import end_card, judgement
 from trainstack.monitoring.report import render_report
 from trainstack.rundir import RunDir, Summary, read_summary
 from trainstack.supervisor.exporter_process import SupervisedExporter, exporter_beside_run

@@ -59,7 +59,7 @@ from trainstack.telemetry.device import (
 from trainstack.telemetry.future_callbacks import FutureCallbacks
 from trainstack.telemetry.interval import IntervalCut, IntervalSums, PendingTotals, interval_ends
 from trainstack.telemetry.metrics import CommMetrics, RankMetrics
-from trainstack.telemetry.records import launch_time, open_records
+from trainstack.telemetry.records_file import launch_time, open_records
 from trainstack.telemetry.state import measure_state_once
 from trainstack.telemetry.wall_time import WallTime
 from trainstack.write_failure import write_failure

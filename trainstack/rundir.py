@@ -395,7 +395,7 @@ class Summary(TypedDict, total=False):
     judged: bool
     """Whether any rank was judged; false with `not_judged` saying why (a command without trainstack.monitor), so no
     reader takes an absent or empty `verdicts` for health. A summary older than this key: judged where it has
-    `verdicts` (monitoring/diagnose/records.py `judged_of`)."""
+    `verdicts` (monitoring/diagnose/finished.py `judged_of`)."""
     not_judged: str
     """Why nothing was judged, where `judged` is false."""
     ranks_not_judged: dict[str, str]

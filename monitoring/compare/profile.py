@@ -14,7 +14,7 @@ import yaml
 
 from trainstack import breakdown, environment, record, window
 from trainstack.errors import ConfigError
-from trainstack.monitoring.diagnose.records import NOTHING_RECORDED, judged_of, judgement, launcher_of
+from trainstack.monitoring.diagnose.finished import NOTHING_RECORDED, judged_of, judgement, launcher_of
 from trainstack.rundir import CONFIG_FILE, SHOWN, SUMMARY_FILE, RunDir, read_summary
 from trainstack.window import RankWindow
 

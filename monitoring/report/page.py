@@ -8,7 +8,7 @@ import html
 import time
 
 from trainstack import ceilings
-from trainstack.monitoring.diagnose.records import end_card
+from trainstack.monitoring.diagnose.finished import end_card
 from trainstack.monitoring.report.hangs import hang_section
 from trainstack.monitoring.report.runfiles import RunFiles
 from trainstack.monitoring.report.tables import cell, header_rows, rank_rows, segment_rows, summary_rows, time_rows

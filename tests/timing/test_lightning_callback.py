@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.runs import REPO, torchrun, trainstack_command
-from trainstack.monitoring.diagnose.records import judged
+from trainstack.monitoring.diagnose.finished import judged
 
 DRIVER = REPO / "tests" / "drivers" / "lightning_example.py"
 

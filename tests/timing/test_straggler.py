@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers.runs import REPO, torchrun
 from trainstack.monitoring.diagnose import verdicts
-from trainstack.monitoring.diagnose.records import snapshot_from_records
+from trainstack.monitoring.diagnose.finished import snapshot_from_records
 from trainstack.thresholds import Thresholds
 
 DRIVER = REPO / "tests" / "drivers" / "straggler_matrix.py"

@@ -4,7 +4,7 @@ monitoring side (trainstack.monitoring).
 
 - device.py: what the rank is: its device's peak FLOP/s and UUID, its identity on every series
 - metrics.py: its series in the multiprocess files the exporter reads
-- records.py: its records file, one JSON line per log interval, for the report
+- records_file.py: its records file, one JSON line per log interval, for the report
 - interval.py: when an interval ends, its counts at the cut, and its loss and token sums, read one interval later
 - wall_time.py: where the rank's time goes besides its steps: the startup, the pauses, the steps that compiled
 - clock.py: the clock a rank's step, data-wait and forward times are measured on, one strategy chosen once from

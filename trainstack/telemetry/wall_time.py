@@ -22,7 +22,7 @@ class NotStepping:
 
 class WallTime:
     def __init__(self, launched_at: float, spent: Callable[[str, float], None]):
-        """`launched_at`: unix time the rank's launch began (records.py's launch_time); `spent`: puts a part's
+        """`launched_at`: unix time the rank's launch began (records_file.py's launch_time); `spent`: puts a part's
         seconds into its series."""
         self._launched_at = launched_at
         self._spent = spent

@@ -1,12 +1,12 @@
 """A finished run's summary.json holds one ceiling per kind, the one its verdicts carry (the judging itself, on
-records written by hand: tests/unit/monitoring/test_diagnose_records.py)."""
+records written by hand: tests/unit/monitoring/test_diagnose_finished.py)."""
 
 import json
 
 import pytest
 
 from trainstack import ceilings
-from trainstack.monitoring.diagnose.records import snapshot_from_records
+from trainstack.monitoring.diagnose.finished import snapshot_from_records
 from trainstack.rundir import RunDir
 
 

@@ -1,4 +1,4 @@
-"""A Snapshot from a finished run's telemetry records (monitoring/diagnose/records.py): the last launch only, its
+"""A Snapshot from a finished run's telemetry records (monitoring/diagnose/finished.py): the last launch only, its
 intervals after the first (warm-up), the verdicts diagnose gives on it, and the one ceiling per kind that both
 they and summary.json carry."""
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from trainstack import breakdown, ceilings
-from trainstack.monitoring.diagnose.records import (
+from trainstack.monitoring.diagnose.finished import (
     NO_INTERVAL,
     NOTHING_RECORDED,
     end_card,
