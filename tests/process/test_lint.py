@@ -13,7 +13,7 @@ from tests.helpers.runs import REPO
 pytestmark = pytest.mark.slow
 
 TYPECHECK = REPO / "scripts/typecheck.py"
-PACKAGES = ("trainstack", "train", "monitoring")
+PACKAGES = ("trainstack", "train", "monitoring", "supervisor", "commands")
 
 
 def test_ruff_is_clean():
@@ -52,4 +52,5 @@ def test_mypy_sees_every_file():
     assert files <= set(modules), sorted(files - set(modules))
     assert modules["train/rank/trainer.py"] == "trainstack.train.rank.trainer"
     assert modules["monitoring/diagnose/__init__.py"] == "trainstack.monitoring.diagnose"
-    assert modules["trainstack/cli.py"] == "trainstack.cli"
+    assert modules["commands/cli.py"] == "trainstack.commands.cli"
+    assert modules["supervisor/supervised.py"] == "trainstack.supervisor.supervised"
