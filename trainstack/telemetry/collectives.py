@@ -9,8 +9,9 @@ call as it starts and ends on the caller's stream). A wrapped call is booked onl
   collective's stream) waits for it inside the call, so marks on the current stream before and after the call
   (CUDA events on a GPU, as DDP's timing takes) span the wait. An `async_op=True` call is not booked: its wait is
   wherever the loop waits for its Work, which is not seen here.
-- its caller is not torch itself: DDP's and FSDP's collectives are timed by their own hooks, and a collective that
-  torch calls inside another (`broadcast_object_list`'s `broadcast`) is part of the outer one.
+- its caller is not torch itself, nor trainstack's telemetry: DDP's and FSDP's collectives are timed by their own
+  hooks (and trainstack's timed copies of them), and a collective that torch calls inside another
+  (`broadcast_object_list`'s `broadcast`) is part of the outer one.
 - it runs on the thread the Monitor was started on, the loop's: a helper thread's collective is not the step's.
 Nothing else is added to the call: no collective, no synchronization.
 """
@@ -28,7 +29,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 TIMED = (
     "all_reduce",
@@ -74,7 +74,12 @@ _inside = threading.local()  # a booked call in progress on this thread: calls w
 
 def watch_collectives(booking: CollectiveBooking) -> Callable[[], None]:
     """Books the collectives this thread calls into `booking` until the returned function is called. One booking at
-    a time: a later one replaces an earlier one (a rank runs one Monitor)."""
+    a time: a later one replaces an earlier one (a rank runs one Monitor). Where this torch has no
+    torch.distributed, there is nothing to book."""
+    if not dist.is_available():
+        return lambda: None
+    import torch.distributed.distributed_c10d as c10d
+
     if not _watch.originals:
         for name in TIMED:
             original = getattr(c10d, name, None)
@@ -117,9 +122,10 @@ def _is_async(position: int | None, args: tuple, kwargs: dict) -> bool:
     return position is not None and len(args) > position and bool(args[position])
 
 
-def _called_by_torch(frame: FrameType | None) -> bool:
+def _timed_elsewhere(frame: FrameType | None) -> bool:
+    """Whether the caller is torch or trainstack's telemetry, whose collectives are timed where they run."""
     name = frame.f_globals.get("__name__", "") if frame is not None else ""
-    return name == "torch" or name.startswith("torch.")
+    return name == "torch" or name.startswith(("torch.", "trainstack.telemetry."))
 
 
 def _timed(original: Callable) -> Callable:
@@ -133,7 +139,7 @@ def _timed(original: Callable) -> Callable:
             or getattr(_inside, "call", False)
             or _watch.thread != threading.get_ident()
             or _is_async(position, args, kwargs)
-            or _called_by_torch(sys._getframe(1))
+            or _timed_elsewhere(sys._getframe(1))
         ):
             return original(*args, **kwargs)
         booked = booking.started(tensor_bytes(args, kwargs))

@@ -50,10 +50,15 @@ def test_an_async_call_is_not_booked_whether_async_op_is_named_or_placed(booked)
     assert booked == []
 
 
-def test_torchs_own_calls_and_calls_within_a_booked_one_are_not_booked(booked):
+def test_torchs_and_the_telemetrys_own_calls_and_calls_within_a_booked_one_are_not_booked(booked):
     # DDP's and FSDP's collectives are timed by their hooks; broadcast_object_list's broadcast is part of it.
     exec(
         "timed(torch.ones(4))", {"__name__": "torch.nn.parallel.distributed", "timed": timed_all_reduce, "torch": torch}
+    )
+    # trainstack's timed copies of FSDP's collectives are booked where they run (trainstack/telemetry/fsdp_comm.py)
+    exec(
+        "timed(torch.ones(4))",
+        {"__name__": "trainstack.telemetry.fsdp_comm", "timed": timed_all_reduce, "torch": torch},
     )
     outer = collectives._timed(lambda tensor, async_op=False: timed_all_reduce(tensor))
     outer(torch.ones(2))
