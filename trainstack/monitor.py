@@ -386,6 +386,7 @@ class Monitor(TrainingMonitor):
         self._samples = 0
         self._in_forward = False
         self._waiting_for_data = False
+        self._closing_interval = False
         self._forward_passes = 0
         self._state_bytes: dict[str, int] = {}
         self._wall_time = WallTime(launched_at, self._spent)  # this interval's pauses, compiling steps, startup
@@ -422,8 +423,9 @@ class Monitor(TrainingMonitor):
         """A collective the loop calls itself blocks the rank (trainstack/telemetry/collectives.py): booked as a
         wait at the collectives, never as a wait for data. One inside the wait for a batch (the Hugging Face
         Trainer gathers each rank's label count while it fetches one) ends the data wait before it and starts
-        another after it. Inside a pause (evaluation's reductions) nothing trains, so nothing is booked."""
-        if self._pause is not None:
+        another after it. Inside a pause (evaluation's reductions) nothing trains, so nothing is booked; nor is the
+        reduction of the interval's totals."""
+        if self._pause is not None or self._closing_interval:
             return None
         in_data_wait = self._waiting_for_data
         if in_data_wait:
@@ -599,7 +601,15 @@ class Monitor(TrainingMonitor):
 
     # ---- intervals --------------------------------------------------------------------------------------------
     def _open_interval(self) -> None:
-        self._open = (self._cut_interval(), self._close_sums(self._sums), self.steps, self.epoch, self._lr)
+        cut = self._cut_interval()
+        # `interval_totals`' collective (trainstack's Trainer reduces the loss across its ranks there, once an
+        # interval, outside any step) is the monitor's own, not the loop's: not booked, as before every collective was
+        self._closing_interval = True
+        try:
+            totals = self._close_sums(self._sums)
+        finally:
+            self._closing_interval = False
+        self._open = (cut, totals, self.steps, self.epoch, self._lr)
 
     def _record_open(self) -> None:
         if self._open is None:

@@ -13,7 +13,8 @@ call as it starts and ends on the caller's stream). A wrapped call is booked onl
   hooks (and trainstack's timed copies of them), and a collective that torch calls inside another
   (`broadcast_object_list`'s `broadcast`) is part of the outer one.
 - it runs on the thread the Monitor was started on, the loop's: a helper thread's collective is not the step's.
-Nothing else is added to the call: no collective, no synchronization.
+Nothing else is added to the call: no collective, no synchronization. The wrappers stay once the first Monitor has
+put them in place; with no Monitor booking they only pass each call on.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def unwatched(monkeypatch):
 def recorded(run_dir) -> dict:
     path = RunDir(run_dir).rank_records(0)
     lines = [line for line in map(json.loads, path.read_text().splitlines()) if "time" in line]
-    keys = [key for key, value in lines[0].items() if key.endswith("_seconds") and not isinstance(value, list)]
+    keys = {k for line in lines for k, value in line.items() if k.endswith("_seconds") and not isinstance(value, list)}
     return {key: sum(line.get(key) or 0 for line in lines) for key in keys}
 
 
@@ -124,5 +124,19 @@ def test_inside_a_pause_a_collective_is_not_booked(unwatched, tmp_path):
     with monitor.pause("evaluation"):
         timed_all_reduce(torch.ones(1))  # evaluation's reduction of its metric
     monitor.step(1)
+    monitor.close()
+    assert recorded(tmp_path).get("comm_exposed_seconds", 0.0) == 0.0
+
+
+def test_the_reduction_of_an_intervals_totals_is_the_monitors_own(unwatched, tmp_path):
+    """trainstack's Trainer reduces its loss across ranks in `interval_totals`: not the loop's collective."""
+
+    def reduced(sums):
+        timed_all_reduce(torch.ones(6))
+        return sums.take()
+
+    monitor = trainstack.monitor.start(torch.nn.Linear(4, 1), run_dir=tmp_path, log_every=1, interval_totals=reduced)
+    for _ in range(3):
+        monitor.step(1)
     monitor.close()
     assert recorded(tmp_path).get("comm_exposed_seconds", 0.0) == 0.0
