@@ -13,9 +13,13 @@ import pytest
 import torch
 
 import trainstack.monitor
-from trainstack.rundir import RUN_DIR_ENV, RunDir
+from tests.helpers.fakes import FakeGpu, identity
+from trainstack.monitor import Monitor
+from trainstack.rundir import RUN_DIR_ENV, RunDir, read_json_lines
 from trainstack.telemetry import collectives
 from trainstack.telemetry.collectives import CollectiveBooking, tensor_bytes, watch_collectives
+from trainstack.telemetry.gpu_activity import GpuActivity
+from trainstack.telemetry.gpu_busy import GpuBusy
 
 WAIT = 0.05
 
@@ -140,3 +144,34 @@ def test_the_reduction_of_an_intervals_totals_is_the_monitors_own(unwatched, tmp
         monitor.step(1)
     monitor.close()
     assert recorded(tmp_path).get("comm_exposed_seconds", 0.0) == 0.0
+
+
+def test_on_a_gpu_the_collectives_wait_is_the_streams_and_the_starvation_around_it_stays_data_wait(
+    tmp_path, plain_env, monkeypatch
+):
+    """On a GPU rank NCCL's blocking call makes the current stream wait for the collective; the marks before and
+    after it on that stream (CUDA events, a fake GPU here) span that wait. The data wait it interrupts is the GPU's
+    starvation before it and after it: here the host's work after it is hidden behind the collective."""
+    gpu = FakeGpu()
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing: gpu.new_event())
+    monkeypatch.setattr(GpuBusy, "open", classmethod(lambda cls, uuid: None))
+    monkeypatch.setattr(GpuActivity, "open", classmethod(lambda cls, uuid: None))
+    nccl_all_reduce = collectives._timed(lambda tensor, async_op=False: gpu.queue(0.02))
+    monitor = Monitor(tmp_path, identity("GPU-0"), 1.0, None, torch.device("cuda"), log_every=1000)
+    monitor.resumed_at(1)
+    for _ in range(5):
+        monitor.data_wait_started()
+        gpu.host_works(0.003)  # the loader
+        nccl_all_reduce(torch.ones(1))  # the label-count gather inside the fetch
+        gpu.host_works(0.003)  # the copy to the device, while the stream still waits for the collective
+        monitor.data_ready()
+        gpu.queue(0.06)
+        monitor.step(4)
+    gpu.drain()
+    monitor.flush()
+    monitor.close()
+    interval = read_json_lines(RunDir(tmp_path).rank_records(0))[1]
+    # Only the first fetch starves the GPU, before its collective: later the host runs ahead of the stream
+    assert interval["data_wait_seconds"] == pytest.approx(0.003)
+    assert interval["comm_exposed_seconds"] == pytest.approx(5 * 0.02)
+    assert interval["comm_seconds"] == pytest.approx(5 * 0.02)
