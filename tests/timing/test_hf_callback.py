@@ -102,8 +102,19 @@ def verdicts(url: str) -> list[str]:
 @pytest.mark.timing  # healthy means ranks at one speed: another test's ranks on the same cores make a straggler
 def test_ddp_ranks_show_on_the_exporter_healthy_then_input_bound_once_the_collator_slows_down(tmp_path):
     slow_down = tmp_path / "slow-down"
+    # 32 samples a step: at the example's 8, this small model's ranks wait at the collectives (its gradient
+    # all-reduce and the Trainer's label-count gather) a quarter of each step on a 2-core host, comm-bound by the
+    # registry's 25%, no healthy run.
     with watched_run(
-        tmp_path, "-m", "tests.drivers.hf_example", "--slow-down-when", str(slow_down), "--delay", "0.3"
+        tmp_path,
+        "-m",
+        "tests.drivers.hf_example",
+        "--slow-down-when",
+        str(slow_down),
+        "--delay",
+        "0.3",
+        "--batch-size",
+        "32",
     ) as run:
         run.wait_for(10)
         served, info = per_rank(scrape(run.url)), run_info(run.url)
