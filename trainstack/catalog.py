@@ -199,7 +199,8 @@ TRAIN_COMM_EXPOSED = Metric(
     "DDP from the end of backward compute (the last bucket's launch) to the end of the last bucket's all-reduce, "
     "and its buffer broadcast at the start of each forward pass (`broadcast_buffers`, a model with buffers); FSDP "
     "wherever compute waits for an all-gather or reduce-scatter; on a CPU rank FSDP's collectives hold the host, "
-    "so all of them",
+    "so all of them; and every blocking collective the loop or its framework calls (a metric's all-reduce, "
+    "Lightning's stop-flag broadcast, the Hugging Face Trainer's label-count gather)",
     unit="s",
     absent_when=_COMM_ABSENT,
 )
@@ -249,7 +250,7 @@ TRAIN_TIME = Metric(
     TELEMETRY,
     "the rank's time by `part` ([where each rank's time goes](#where-each-ranks-time-goes)): the steps' parts added "
     "at each log interval, a pause's time when it ends, startup's at the first step. `host_bound` only on GPU ranks "
-    "NVML answers for, `comm_exposed` only on DDP ranks",
+    "NVML answers for, `comm_exposed` only on ranks that communicate (DDP, FSDP, a timed collective)",
     unit="s",
 )
 TRAIN_LOSS = Metric(

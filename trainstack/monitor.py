@@ -45,9 +45,10 @@ from trainstack.hang import start_responder
 from trainstack.record import IntervalRecord, SegmentEnded, pauses
 from trainstack.rundir import METRICS_DIR_ENV, RUN_DIR_ENV, RUN_ID_ENV, RunDir
 from trainstack.telemetry.clock import RankClock, clock_for
+from trainstack.telemetry.collectives import CollectiveBooking, watch_collectives
 from trainstack.telemetry.comm import watch_gradient_communication
 from trainstack.telemetry.comm_setup import CommSetup
-from trainstack.telemetry.comm_timer import CommTimer, StepComm
+from trainstack.telemetry.comm_timer import Collective, CommTimer, StepComm
 from trainstack.telemetry.device import (
     RankIdentity,
     device_of,
@@ -384,26 +385,59 @@ class Monitor(TrainingMonitor):
         self._wait_start = 0.0
         self._samples = 0
         self._in_forward = False
+        self._waiting_for_data = False
+        self._closing_interval = False
         self._forward_passes = 0
         self._state_bytes: dict[str, int] = {}
         self._wall_time = WallTime(launched_at, self._spent)  # this interval's pauses, compiling steps, startup
         # Every part this rank measures is a series from the start: a rate needs two samples
         for part in filter(self._measures, breakdown.LIVE_PARTS):
             self._metrics.time.labels(self.rank, part)
+        # Every collective the loop calls is a wait at the collectives (trainstack/telemetry/collectives.py)
+        self._unwatch_collectives = watch_collectives(
+            CollectiveBooking(self._collective_started, self._collective_ended)
+        )
 
     # ---- the loop's points ------------------------------------------------------------------------------------
     def watch(self, model: torch.nn.Module, comm_hook: Callable | None = None) -> bool:
         """Times the communication of a DDP or FSDP model (trainstack/telemetry/comm.py), a DDP model's through
         `comm_hook` where given; False for any other."""
-        self._comm_watched = watch_gradient_communication(
+        watched = watch_gradient_communication(
             model, self._comm, self._comm_callbacks, training=lambda: self._pause is None, comm_hook=comm_hook
         )
-        if self._comm_watched and os.environ.get(METRICS_DIR_ENV):
+        if watched:
+            self._communicates()
+        return watched
+
+    def _communicates(self) -> None:
+        """The rank's communication is timed from now on: a watched model's, or the first collective it calls."""
+        if self._comm_watched:
+            return
+        self._comm_watched = True
+        if os.environ.get(METRICS_DIR_ENV):
             self._comm_metrics = CommMetrics.build(self._identity)
             CommSetup.read().publish(self.rank)  # what diagnose's comm-bound evidence names
-        if self._comm_watched:
-            self._metrics.time.labels(self.rank, breakdown.COMM_EXPOSED)
-        return self._comm_watched
+        self._metrics.time.labels(self.rank, breakdown.COMM_EXPOSED)
+
+    def _collective_started(self, nbytes: int) -> tuple[Collective, bool] | None:
+        """A collective the loop calls itself blocks the rank (trainstack/telemetry/collectives.py): booked as a
+        wait at the collectives, never as a wait for data. One inside the wait for a batch (the Hugging Face
+        Trainer gathers each rank's label count while it fetches one) ends the data wait before it and starts
+        another after it. Inside a pause (evaluation's reductions) nothing trains, so nothing is booked; nor is the
+        reduction of the interval's totals."""
+        if self._pause is not None or self._closing_interval:
+            return None
+        in_data_wait = self._waiting_for_data
+        if in_data_wait:
+            self.data_ready()
+        self._communicates()
+        return self._comm.launched(nbytes, blocking=True), in_data_wait
+
+    def _collective_ended(self, booked: tuple[Collective, bool]) -> None:
+        collective, in_data_wait = booked
+        self._comm.done(collective)
+        if in_data_wait:
+            self.data_wait_started()
 
     def batches(self, loader: Iterable) -> Iterator:
         batches = iter(loader)
@@ -419,11 +453,13 @@ class Monitor(TrainingMonitor):
 
     def data_wait_started(self) -> None:
         if self._pause is None:
+            self._waiting_for_data = True
             self._wait_start = time.perf_counter()
             self._rank_clock.data_wait_started()
 
     def data_ready(self) -> None:
         if self._pause is None:
+            self._waiting_for_data = False
             seconds = time.perf_counter() - self._wait_start
             self._host_data_wait += seconds
             self._metrics.host_data_wait.inc(seconds)
@@ -565,7 +601,15 @@ class Monitor(TrainingMonitor):
 
     # ---- intervals --------------------------------------------------------------------------------------------
     def _open_interval(self) -> None:
-        self._open = (self._cut_interval(), self._close_sums(self._sums), self.steps, self.epoch, self._lr)
+        cut = self._cut_interval()
+        # `interval_totals`' collective (trainstack's Trainer reduces the loss across its ranks there, once an
+        # interval, outside any step) is the monitor's own, not the loop's: not booked, as before every collective was
+        self._closing_interval = True
+        try:
+            totals = self._close_sums(self._sums)
+        finally:
+            self._closing_interval = False
+        self._open = (cut, totals, self.steps, self.epoch, self._lr)
 
     def _record_open(self) -> None:
         if self._open is None:
@@ -701,6 +745,7 @@ class Monitor(TrainingMonitor):
             raise failure from None
 
     def _close_records(self) -> None:
+        self._unwatch_collectives()
         self._comm_callbacks.wait_released()
         since_the_last_record = self._wall_time.ended(time.time())
         ending = SegmentEnded(

@@ -162,7 +162,8 @@ class WaitBeyond:
 STRAGGLER_WAIT = WaitBeyond(
     "job",
     "the most any rank of the job waits at its collectives (COMM_EXPOSED_SHARE: DDP's gradient all-reduce "
-    "and buffer broadcast, FSDP's all-gathers and reduce-scatters), less this rank's own wait. Every rank of a "
+    "and buffer broadcast, FSDP's all-gathers and reduce-scatters, every other collective the rank calls), less "
+    "this rank's own wait. Every rank of a "
     "synchronous job takes the same wall time per step, so a rank slowed anywhere in its step (data, forward, "
     "backward, optimizer, logging) makes the others wait for it at the next collective and itself waits least: "
     "its figure is what it costs them",

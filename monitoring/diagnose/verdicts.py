@@ -295,7 +295,8 @@ def straggler(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
         f"rank {named} is a straggler: the other rank(s) wait for it {cost} at the collectives "
         f"(threshold {_percent(limits.straggler_wait_ratio)})",
         tuple(_straggler_evidence(measured)),
-        "the others wait for it at each gradient all-reduce (and DDP's buffer broadcast); the evidence says which "
+        "the others wait for it at each collective (the gradient all-reduce, DDP's buffer broadcast, any its framework "
+        "or loop calls); the evidence says which "
         f"part of its step is slow. {_sentence(_fix(P.STRAGGLER, measured))}",
     )
 

@@ -25,7 +25,8 @@ from torch.utils.data import DataLoader, Dataset
 from trainstack.integrations.lightning import TrainstackCallback
 
 BATCH, SEQUENCE, ACCUMULATE = 8, 64, 2
-WIDTH, DEPTH = 128, 32  # compute enough per step that gloo's all-reduce of the gradients is a small part of it
+# Compute enough per step that gloo's collectives (the gradient all-reduce, the stop flag) are a small part of it
+WIDTH, DEPTH = 128, 64
 HEALTHY_STEPS, STRAGGLER_STEPS, SLOW_STEPS = 40, 10, 10  # optimizer steps; each phase starts an interval
 VALIDATE_EVERY, SAVE_EVERY = 15, 30  # optimizer steps
 LOG_EVERY = 5

@@ -40,7 +40,9 @@ class Phase:
     broadcast_buffers: bool = True
     slow_rank: int = -1
     slow_in: str = ""
-    """forward, after_step (after the optimizer step) or data (in the loader); "" for a healthy phase."""
+    """forward, after_step (after the optimizer step), data (in the loader), metric (after the optimizer step,
+    before the loop's all-reduce of its loss) or pre_hook (in a forward pre-hook of the user's on the wrapped
+    module); "" for a healthy phase."""
 
     @property
     def steps(self) -> int:
@@ -51,6 +53,10 @@ PHASES = [
     Phase(f"{model}-{where or 'healthy'}", buffers, broadcast, rank, where)
     for model, buffers, broadcast in (("buffers", True, True), ("no-broadcast", True, False), ("plain", False, True))
     for where, rank in (("", -1), ("forward", 1), ("after_step", 0), ("data", 1))
+] + [
+    # A wait at the loop's own collective, and work in a pre-hook the broadcast's timing must leave out (issue 43)
+    Phase("plain-metric", False, True, 1, "metric"),
+    Phase("buffers-pre_hook", True, True, 1, "pre_hook"),
 ]
 
 
@@ -98,11 +104,12 @@ def batches(rank: int, phase: Phase):
 def run_phase(phase: Phase, run_dir: Path) -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DistributedDataParallel(
-        WithBuffers() if phase.buffers else plain_model(), broadcast_buffers=phase.broadcast_buffers
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     slow = rank == phase.slow_rank
+    inner = WithBuffers() if phase.buffers else plain_model()
+    if slow and phase.slow_in == "pre_hook":  # registered before wrapping, as PEFT or Accelerate's hooks are
+        inner.register_forward_pre_hook(lambda module, args: busy(EXTRA_SECONDS))
+    model = DistributedDataParallel(inner, broadcast_buffers=phase.broadcast_buffers)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     monitor = trainstack.monitor.start(
         model, optimizer=optimizer, run_dir=run_dir, log_every=LOG_EVERY, run_id=phase.name
     )
@@ -114,8 +121,10 @@ def run_phase(phase: Phase, run_dir: Path) -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if slow and phase.slow_in == "after_step":
+        if slow and phase.slow_in in ("after_step", "metric"):
             busy(EXTRA_SECONDS)
+        if phase.slow_in == "metric":
+            dist.all_reduce(loss.detach())  # the loop's metric, as its logging would reduce it
         monitor.step(samples=len(inputs), loss=loss)
     monitor.close()
 

@@ -1,11 +1,13 @@
 """transformers' Trainer with trainstack's callback under `trainstack watch -- torchrun` on 2 CPU ranks (gloo):
 both ranks show on watch's exporter as DDP ranks, and diagnose calls the run healthy, then input-bound once the
-collator is slowed on purpose (the callback in one process: tests/unit/trainstack/test_hf_callback.py)."""
+collator is slowed on purpose; and a run with rank 1 slowed after its optimizer step names rank 1 the straggler (the
+callback in one process: tests/unit/trainstack/test_hf_callback.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import time
 import urllib.request
@@ -18,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.runs import REPO, run_trainstack, stop_process, torchrun, trainstack_command
 from tests.helpers.scrapes import per_rank, scrape
+from trainstack.monitoring.diagnose.finished import judged
 from trainstack.rundir import free_port
 
 
@@ -99,8 +102,19 @@ def verdicts(url: str) -> list[str]:
 @pytest.mark.timing  # healthy means ranks at one speed: another test's ranks on the same cores make a straggler
 def test_ddp_ranks_show_on_the_exporter_healthy_then_input_bound_once_the_collator_slows_down(tmp_path):
     slow_down = tmp_path / "slow-down"
+    # 32 samples a step: at the example's 8, this small model's ranks wait at the collectives (its gradient
+    # all-reduce and the Trainer's label-count gather) a quarter of each step on a 2-core host, comm-bound by the
+    # registry's 25%, no healthy run.
     with watched_run(
-        tmp_path, "-m", "tests.drivers.hf_example", "--slow-down-when", str(slow_down), "--delay", "0.3"
+        tmp_path,
+        "-m",
+        "tests.drivers.hf_example",
+        "--slow-down-when",
+        str(slow_down),
+        "--delay",
+        "0.3",
+        "--batch-size",
+        "32",
     ) as run:
         run.wait_for(10)
         served, info = per_rank(scrape(run.url)), run_info(run.url)
@@ -114,3 +128,40 @@ def test_ddp_ranks_show_on_the_exporter_healthy_then_input_bound_once_the_collat
     assert all(value > 0 for value in served["trainstack_train_forward_seconds_total"].values())
     assert healthy == []
     assert slowed == ["input-bound"]
+
+
+@pytest.mark.slow
+@pytest.mark.timing
+def test_a_rank_slowed_after_its_optimizer_step_is_named_and_its_peer_is_not_input_bound(tmp_path):
+    """Rank 0 waits for rank 1 at the Trainer's gather of the label counts, inside its fetch of the next batch
+    (`average_tokens_across_devices`): a wait at the collectives, never data wait (issue 43: it read input-bound)."""
+    extra = 0.05
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("TRAINSTACK_RUN_DIR", None)
+    done = subprocess.run(
+        trainstack_command("watch", "--run-dir", str(tmp_path / "run"), "--exporter-port", "0", "--no-report", "--")
+        + torchrun(
+            "-m",
+            "tests.drivers.hf_example",
+            "--slow-down-when",
+            str(tmp_path / "never"),
+            "--delay",
+            "0",
+            "--rank-1-after-step",
+            str(extra),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--max-steps",
+            "150",
+        ),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    verdicts = judged(tmp_path / "run")
+    assert verdicts is not None
+    assert [verdict["kind"] for verdict in verdicts] == ["straggler"], verdicts
+    assert verdicts[0]["summary"].startswith("rank 1 is a straggler:"), verdicts

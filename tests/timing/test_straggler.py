@@ -69,6 +69,26 @@ def test_the_slowed_rank_is_named_with_its_peers_wait_as_the_cost(phases):
 
 @pytest.mark.slow
 @pytest.mark.timing
+def test_a_wait_at_the_loops_own_collective_or_after_a_pre_hook_names_the_straggler_and_nothing_else(phases):
+    """The peer waits for the slowed rank at the loop's all-reduce of its metric, or (the slowed rank's own
+    forward pre-hook working) at the next broadcast and gradient all-reduce: that is its wait at the collectives,
+    never data wait, and the pre-hook's work is the slowed rank's forward, not the broadcast (issue 43)."""
+    out, matrix = phases
+    slowed = {p["name"]: p for p in matrix["phases"] if p["slow_in"] in ("metric", "pre_hook")}
+    assert set(slowed) == {"plain-metric", "buffers-pre_hook"}
+    for name, phase in slowed.items():
+        snapshot = snapshot_from_records(out / name)
+        every = verdicts.diagnose(snapshot, Thresholds())
+        assert [v.kind for v in every] == ["straggler"], (name, every)
+        assert every[0].summary.startswith(f"rank {phase['slow_rank']} is a straggler:"), (name, every)
+        peer, slow = snapshot.ranks
+        assert peer.data_wait_ratio is not None and peer.data_wait_ratio < 0.1, (name, peer.data_wait_ratio)
+        if phase["slow_in"] == "pre_hook":
+            assert slow.forward_seconds - peer.forward_seconds == pytest.approx(matrix["extra_seconds"], rel=0.3)
+
+
+@pytest.mark.slow
+@pytest.mark.timing
 def test_a_healthy_run_names_no_straggler(phases):
     out, matrix = phases
     healthy = [phase["name"] for phase in matrix["phases"] if not phase["slow_in"]]

@@ -16,7 +16,8 @@ Lightning 2.6's training loop, one micro-batch at a time (`_TrainingEpochLoop.ad
 
 No callback hook comes before the fetch, so the wait for a batch is timed by the trainer's profiler calls for that
 action, and only them: the stop-flag broadcast before it is a wait at a collective, not for input, and stays out of
-the data wait (it is part of the step's own time). An evaluation's fetches are other actions (its loop is paused).
+the data wait: the monitor books it as a wait at the collectives (trainstack/telemetry/collectives.py), as it
+books every collective Lightning or the module calls. An evaluation's fetches are other actions (its loop is paused).
 Saves go through the public `Trainer.save_checkpoint` (ModelCheckpoint's and a user's own): each is a checkpoint
 pause, its barrier included. The callback wraps the trainer's profiler and `save_checkpoint` on the instance for
 the fit, and puts them back when the fit ends.

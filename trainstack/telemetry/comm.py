@@ -14,8 +14,10 @@ all-reduce here, FSDP2's all-gathers and reduce-scatters in trainstack/telemetry
 - **DDP's buffer broadcast**: with `broadcast_buffers=True` (the default) a model with buffers (BatchNorm's running
   statistics, a causal mask) has rank 0's buffers broadcast at the start of every forward pass
   (`DistributedDataParallel._pre_forward`), so a rank waits there for a slower peer. It blocks compute: its launch
-  is marked by a forward pre-hook on the DDP wrapper (before `_pre_forward`), its end by one on the wrapped module
-  (after it), both on the current stream, which on a GPU waits for the broadcast.
+  is marked by a forward pre-hook on the DDP wrapper (before `_pre_forward`), its end by the first pre-hook of the
+  wrapped module (after it, before any pre-hook of the user's there), both on the current stream, which on a GPU
+  waits for the broadcast.
+- Every other collective the rank calls (a framework's, the loop's own): trainstack/telemetry/collectives.py.
 - **FSDP2** (train/rank/sharding.py) all-gathers each unit's parameters before its forward and again before its
   backward, and reduce-scatters its gradients after; compute waits for each all-gather where the unit needs its
   parameters, and for each reduce-scatter before the next unit's (trainstack/telemetry/fsdp_comm.py has the marks and
@@ -111,7 +113,9 @@ def time_buffer_broadcast(
             timer.done(broadcasts.pop())
 
     model.register_forward_pre_hook(launching)
-    model.module.register_forward_pre_hook(broadcast_done)
+    # First of the wrapped module's pre-hooks: one the user or a library (PEFT, Accelerate) registered there is the
+    # rank's own forward work, after the broadcast, not part of it.
+    model.module.register_forward_pre_hook(broadcast_done, prepend=True)
 
 
 def watch_gradient_communication(
