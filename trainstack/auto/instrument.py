@@ -58,6 +58,18 @@ def is_rank() -> bool:
     return program not in ("-c", "") and not program.endswith(LAUNCHERS)
 
 
+FRAMEWORKS = {
+    "lightning.pytorch": "Lightning",
+    "pytorch_lightning": "Lightning",
+    "transformers.trainer": "transformers",
+}
+"""Trainers whose loops the generic hooks are not checked against: there the rank's callback is the way."""
+
+
+class FrameworkTrainer(Exception):
+    """The rank trains through a framework's Trainer: the generic layer stands down for it, saying so."""
+
+
 class NotARank(Exception):
     """The process trains (an optimizer steps, a loader is read) but is no rank: it is left alone, silently."""
 
@@ -85,9 +97,9 @@ class Rank:
         if not self.off:
             self.off = True
             rank = os.environ.get("RANK", "0")
+            why = str(error) if isinstance(error, FrameworkTrainer) else f"{type(error).__name__}: {error}"
             print(
-                f"trainstack watch: rank {rank}: automatic instrumentation off ({type(error).__name__}: {error}); "
-                "the run goes on unmeasured",
+                f"trainstack watch: rank {rank}: automatic instrumentation off ({why}); the run goes on unmeasured",
                 file=sys.stderr,
                 flush=True,
             )
@@ -109,6 +121,12 @@ class Rank:
             if not is_rank():
                 self.owned_by_the_script = True  # not a rank: nothing here trains, nothing to say
                 raise NotARank
+            framework = next((name for module, name in FRAMEWORKS.items() if module in sys.modules), None)
+            if framework:
+                raise FrameworkTrainer(
+                    f"a {framework} Trainer runs here: its trainstack callback records it "
+                    "(docs/monitor-your-training.md)"
+                )
             self.importing_the_monitor = True
             import trainstack.monitor
 

@@ -3,12 +3,13 @@ rank, and what a forward pass's inputs say."""
 
 import os
 import sys
+import types
 
 import pytest
 import torch
 
 from trainstack.auto import BOOTSTRAP_DIR, instrumented_environment
-from trainstack.auto.instrument import inputs_of, is_rank
+from trainstack.auto.instrument import Rank, inputs_of, is_rank
 
 
 def test_the_start_up_hook_goes_first_on_the_pythonpath_before_the_commands_own():
@@ -42,3 +43,27 @@ def test_samples_and_tokens_come_from_the_inputs_shapes():
     assert inputs_of((torch.zeros(8, 3),), {}) == (8, 0)  # features: samples, no tokens
     assert inputs_of((), {"input_ids": torch.zeros(4, 16, dtype=torch.long)}) == (4, 64)
     assert inputs_of(("text", torch.tensor(1.0)), {}) == (0, 0)  # nothing with a batch dimension
+
+
+def test_a_failing_hook_turns_the_rank_off_with_one_line_once(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    rank = Rank()
+
+    def fails() -> None:
+        raise ValueError("odd input")
+
+    rank.guarded(fails)
+    rank.guarded(fails)
+    assert rank.off
+    assert capsys.readouterr().err == (
+        "trainstack watch: rank 3: automatic instrumentation off (ValueError: odd input); the run goes on unmeasured\n"
+    )
+
+
+def test_a_framework_trainer_is_left_to_its_callback(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", types.ModuleType("lightning.pytorch"))
+    rank = Rank()
+    rank.guarded(rank.started)
+    assert rank.off and rank.monitor is None
+    assert "(a Lightning Trainer runs here: its trainstack callback records it" in capsys.readouterr().err

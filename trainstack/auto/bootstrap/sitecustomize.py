@@ -9,9 +9,6 @@ hooks it. A process that never imports torch pays for a dictionary look-up and t
 It then runs the `sitecustomize` this one hid, if any (OpenTelemetry's `opentelemetry-instrument` does the same).
 """
 
-import importlib
-import importlib.abc
-import importlib.util
 import os
 import sys
 
@@ -19,15 +16,21 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _HOOKED = "torch"
 
 
-class _TorchImported(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when torch is imported, it wraps torch's own loader so the instrumentation is installed
-    once torch has finished importing, then leaves `sys.meta_path`."""
+class _TorchImported:
+    """A `sys.meta_path` finder that finds nothing itself: when torch is imported, it wraps the loader the other
+    finders give torch, so the instrumentation is installed once torch has finished importing, then leaves.
+    (Duck-typed, not an importlib.abc.MetaPathFinder: importing importlib.abc costs every process milliseconds.)"""
 
     def find_spec(self, name, path=None, target=None):
         if name != _HOOKED:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        spec = next(
+            filter(
+                None, (finder.find_spec(name, path, target) for finder in sys.meta_path if hasattr(finder, "find_spec"))
+            ),
+            None,
+        )
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
@@ -56,7 +59,7 @@ def _chain_to_the_hidden_sitecustomize():
     others = [entry for entry in sys.path if os.path.abspath(entry or ".") != _HERE]
     saved, sys.path[:] = list(sys.path), others
     try:
-        importlib.import_module("sitecustomize")
+        __import__("sitecustomize")
     except ModuleNotFoundError as error:
         if error.name != "sitecustomize":
             raise
