@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 from side_by_side import halves_for_pair, pinned, report
 
 from trainstack.auto import instrumented_environment
-from trainstack.rundir import RUN_DIR_ENV
+from trainstack.rundir import RUN_DIR_ENV, free_port
 
 STEPS_TARGET = 0.99
 START_TARGET_MS = 50.0
@@ -63,12 +62,6 @@ def rank_loop(steps: int, out: Path) -> None:
     if dist.get_rank() == 0:
         out.write_text(json.dumps({"steps_per_second": rate}))
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def watched(auto: bool, cpus: set[int], steps: int, scratch: Path) -> tuple[subprocess.Popen, Path]:
