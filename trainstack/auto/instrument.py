@@ -151,9 +151,7 @@ class Rank:
     # ---- the hooks' work ----------------------------------------------------------------------------------------
     def forward_started(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if not (module.training and torch.is_grad_enabled()):
-            if self.pause is None and self.monitor is not None:
-                self.monitor.pause_started(EVALUATION)
-                self.pause = EVALUATION
+            self.evaluating()
             return
         monitor = self.started()
         self.evaluation_over()
@@ -163,6 +161,13 @@ class Rank:
         self.in_forward = True
         monitor.forward_started()
 
+    def evaluating(self) -> None:
+        """The loop evaluates (a forward pass or a fetch in eval mode, or a forward without grad): a pause, once the
+        monitor has started (before its first step there is no step time to keep it out of)."""
+        if self.pause is None and self.monitor is not None:
+            self.monitor.pause_started(EVALUATION)
+            self.pause = EVALUATION
+
     def evaluation_over(self) -> None:
         """An evaluation (eval mode or no grad) lasts until the loop trains, fetches a training batch or saves."""
         if self.pause == EVALUATION:
@@ -171,7 +176,10 @@ class Rank:
 
     def data_wait_started(self) -> bool:
         """Whether this fetch is a training batch's (timed): the model trains, and no checkpoint is being saved."""
-        if not self.training() or self.pause == CHECKPOINT_SAVE:
+        if self.pause == CHECKPOINT_SAVE:
+            return False
+        if not self.training():
+            self.evaluating()  # an evaluation's first batch: its wait is the evaluation's, not a step's
             return False
         monitor = self.started()
         self.evaluation_over()
