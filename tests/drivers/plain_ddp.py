@@ -1,18 +1,23 @@
 """A plain DDP loop with no trainstack line (unless asked): a BatchNorm model on CPU ranks over gloo, fed by a
-DataLoader, an evaluation and a checkpoint at the end. tests/process/test_auto_instrument.py runs it under
+DataLoader; after it an evaluation and checkpoints (torch.save on rank 0; in the healthy mode
+torch.distributed.checkpoint's on every rank too). tests/process/test_auto_instrument.py runs it under
 `trainstack watch -- torchrun ...`, where the automatic instrumentation (trainstack/auto/) must see it.
 
     plain_ddp.py MODE [STEPS]
 
 MODE: healthy; slow-loader (every batch waits in __getitem__); slow-forward (rank 1 computes more in its forward
-pass); monitored (the script calls trainstack.monitor.start itself, as a loop instrumented by hand does).
+pass); monitored (the script calls trainstack.monitor.start itself, as a loop instrumented by hand does);
+own-comm-hook (the script registers a DDP communication hook of its own, and prints how many buckets it reduced).
 """
 
+import os
 import sys
+import tempfile
 import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 WIDTH = 256
@@ -72,6 +77,14 @@ def main() -> int:
     rank = dist.get_rank()
     model = DistributedDataParallel(Model(slow=mode == "slow-forward" and rank == 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    reduced = [0]
+    if mode == "own-comm-hook":
+
+        def counting_allreduce(state, bucket):
+            reduced[0] += 1
+            return default_hooks.allreduce_hook(None, bucket)
+
+        model.register_comm_hook(None, counting_allreduce)
     if mode == "monitored":
         import trainstack.monitor
 
@@ -90,9 +103,15 @@ def main() -> int:
         model(torch.randn(BATCH, WIDTH))
     model.train()
     if rank == 0:
-        torch.save(model.module.state_dict(), "/dev/null")
+        torch.save(model.module.state_dict(), os.devnull)
+    if mode == "healthy":  # a sharded checkpoint too, on every rank
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save({"model": model.module.state_dict()}, checkpoint_id=tempfile.mkdtemp(prefix="plain-ddp-"))
     if mode == "monitored":
         monitor.close()
+    if mode == "own-comm-hook":
+        print(f"COUNTED_BUCKETS {reduced[0]}", flush=True)
     dist.destroy_process_group()
     return 0
 

@@ -25,8 +25,10 @@ DRIVER = str(REPO / "tests" / "drivers" / "plain_ddp.py")
 QUIET = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore::FutureWarning"}
 
 
-def watched(run_dir: Path, mode: str, *flags: str, steps: int = 60, env: dict | None = None) -> tuple[dict, str]:
-    """The driver in `mode` under `trainstack watch`: its summary.json and watch's output."""
+def watched(
+    run_dir: Path, mode: str, *flags: str, steps: int = 60, env: dict | None = None
+) -> tuple[dict, subprocess.CompletedProcess]:
+    """The driver in `mode` under `trainstack watch`: its summary.json and the finished watch."""
     done = run_trainstack(
         "watch",
         "--run-dir",
@@ -40,7 +42,7 @@ def watched(run_dir: Path, mode: str, *flags: str, steps: int = 60, env: dict | 
         env={**QUIET, **(env or {})},
     )
     assert done.returncode == 0, explain(done)
-    return json.loads(RunDir(run_dir).summary.read_text()), done.stderr
+    return json.loads(RunDir(run_dir).summary.read_text()), done
 
 
 def kinds(summary: dict) -> list[str]:
@@ -58,9 +60,9 @@ def test_a_healthy_plain_ddp_loop_is_recorded_per_rank_and_judged_healthy(tmp_pa
         assert {record.lr for record in intervals} == {1e-3}
         assert all(record.comm_seconds is not None and record.forward_seconds for record in intervals)
         assert launch.ended is not None  # the closing line, written before the process group went
-        # The eval-mode forward after the loop, and rank 0's torch.save, as pauses
-        paused = {pause.part for pause in launch.ended.paused}
-        assert paused == ({"evaluation", "checkpoint_save"} if rank == 0 else {"evaluation"}), paused
+        # The eval-mode forward after the loop; rank 0's torch.save and every rank's torch.distributed.checkpoint
+        paused = sorted(pause.part for pause in launch.ended.paused)
+        assert paused == ["checkpoint_save"] * (2 if rank == 0 else 1) + ["evaluation"], paused
 
 
 def test_a_slow_loader_is_input_bound(tmp_path):
@@ -75,8 +77,8 @@ def test_the_rank_slowed_in_its_forward_is_the_straggler(tmp_path):
 
 
 def test_no_auto_leaves_the_loop_unjudged(tmp_path):
-    summary, output = watched(tmp_path / "run", "healthy", "--no-auto", steps=5)
-    assert summary["judged"] is False and "NOT JUDGED" in output
+    summary, done = watched(tmp_path / "run", "healthy", "--no-auto", steps=5)
+    assert summary["judged"] is False and "NOT JUDGED" in done.stderr
     assert not RunDir(tmp_path / "run").all_rank_records()
 
 
@@ -88,10 +90,20 @@ def test_a_script_that_calls_the_monitor_itself_is_recorded_once(tmp_path):
         assert steps == sorted(set(steps)) and steps[-1] == 20, steps  # one monitor's steps, not two interleaved
 
 
+def test_a_scripts_own_ddp_communication_hook_keeps_working(tmp_path):
+    _, done = watched(tmp_path / "run", "own-comm-hook", steps=20)
+    counted = [int(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("COUNTED_BUCKETS")]
+    assert len(counted) == 2 and min(counted) >= 20, done.stdout  # each rank's hook reduced every step's buckets
+    for rank in (0, 1):
+        (launch,) = read_launches(RunDir(tmp_path / "run").rank_records(rank))
+        assert launch.records[-1].step == 20  # recorded, its communication untimed (DDP takes one hook)
+        assert all(record.comm_seconds is None for record in launch.records)
+
+
 def test_an_instrumentation_that_fails_costs_one_line_and_never_the_run(tmp_path):
-    summary, output = watched(tmp_path / "run", "healthy", steps=5, env={FAIL_ENV: "1"})
-    lines = [line for line in output.splitlines() if "automatic instrumentation off" in line]
-    assert sorted(line.split(":")[1] for line in lines) == [" rank 0", " rank 1"], output  # once per rank
+    summary, done = watched(tmp_path / "run", "healthy", steps=5, env={FAIL_ENV: "1"})
+    lines = [line for line in done.stderr.splitlines() if "automatic instrumentation off" in line]
+    assert sorted(line.split(":")[1] for line in lines) == [" rank 0", " rank 1"], done.stderr  # once per rank
     assert "failing on purpose" in lines[0]
     assert summary["exit_code"] == 0 and summary["judged"] is False
 

@@ -9,7 +9,7 @@ Installed by the start-up hook (bootstrap/sitecustomize.py) once the process has
 - each optimizer step (`register_optimizer_step_post_hook`), with the samples and tokens of the forward passes
   before it: the micro-batches of gradient accumulation are the forwards that did not step;
 - evaluation (a forward pass in eval mode or without grad, until the next training forward) and checkpoint saves
-  (`torch.save`) as pauses;
+  (`torch.save`, `torch.distributed.checkpoint.save`) as pauses;
 - the learning rate, from the stepping optimizer's first param group.
 
 It reads only shapes (never a device tensor's value), so it adds no host sync. The monitor starts at the first of
@@ -44,6 +44,7 @@ failing instrumentation costs the run one line and nothing else."""
 LAUNCHERS = ("torchrun", "accelerate", os.path.join("torch", "distributed", "run.py"))
 """How sys.argv[0] ends in the launchers that start ranks and train nothing themselves."""
 EVALUATION, CHECKPOINT_SAVE = "evaluation", "checkpoint_save"
+DISTRIBUTED_CHECKPOINT = "torch.distributed.checkpoint"
 
 
 def is_rank() -> bool:
@@ -210,16 +211,36 @@ class Rank:
 RANK = Rank()
 
 
-class _ScriptImportsTheMonitor(importlib.abc.MetaPathFinder):
-    """Notices the script (or a trainstack callback it uses) importing trainstack.monitor: the rank is then
-    instrumented by those lines, and the automatic layer stands down."""
+class _Imports(importlib.abc.MetaPathFinder):
+    """Notices two imports, then leaves `sys.meta_path`: trainstack.monitor by the script (or a trainstack callback
+    it uses), whose lines then instrument the rank while the automatic layer stands down; and
+    torch.distributed.checkpoint, whose `save` becomes a checkpoint pause once the module has run."""
+
+    def __init__(self) -> None:
+        self.waiting = {"trainstack.monitor", DISTRIBUTED_CHECKPOINT}
 
     def find_spec(self, name, path=None, target=None):
-        if name == "trainstack.monitor":
+        if name not in self.waiting:
+            return None
+        self.waiting.discard(name)
+        if not self.waiting:
             sys.meta_path.remove(self)
+        if name == "trainstack.monitor":
             if not RANK.importing_the_monitor:
                 RANK.owned_by_the_script = True
-        return None
+            return None
+        others = (finder for finder in sys.meta_path if finder is not self and hasattr(finder, "find_spec"))
+        spec = next(filter(None, (finder.find_spec(name, path, target) for finder in others)), None)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_pause_saves(module) -> None:
+            exec_module(module)
+            module.save = _as_pause(module.save, CHECKPOINT_SAVE)
+
+        spec.loader.exec_module = exec_then_pause_saves
+        return spec
 
 
 def inputs_of(args: tuple, kwargs: dict) -> tuple[int, int]:
@@ -245,7 +266,7 @@ def install() -> None:
     if "trainstack.monitor" in sys.modules:  # being imported by the script, which then records by its own lines
         RANK.owned_by_the_script = True
         return
-    sys.meta_path.insert(0, _ScriptImportsTheMonitor())
+    sys.meta_path.insert(0, _Imports())
     _wrap_ddp()
     _wrap_data_loader()
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs: RANK.guarded(lambda: RANK.stepped(optimizer)))
