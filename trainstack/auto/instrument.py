@@ -97,10 +97,11 @@ class Rank:
         """One line, once; every hook does nothing from now on."""
         if not self.off:
             self.off = True
-            rank = os.environ.get("RANK", "0")
+            rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")  # Lightning's launcher sets LOCAL_RANK
+            who = f"rank {rank}" if rank else f"process {os.getpid()}"
             why = str(error) if isinstance(error, FrameworkTrainer) else f"{type(error).__name__}: {error}"
             print(
-                f"trainstack watch: rank {rank}: automatic instrumentation off ({why}); the run goes on unmeasured",
+                f"trainstack watch: {who}: automatic instrumentation off ({why}); the run goes on unmeasured",
                 file=sys.stderr,
                 flush=True,
             )
@@ -125,7 +126,7 @@ class Rank:
             framework = next((name for module, name in FRAMEWORKS.items() if module in sys.modules), None)
             if framework:
                 raise FrameworkTrainer(
-                    f"a {framework} Trainer runs here: its trainstack callback records it "
+                    f"a {framework} Trainer runs here: add trainstack's {framework} callback to it "
                     "(docs/monitor-your-training.md)"
                 )
             self.importing_the_monitor = True

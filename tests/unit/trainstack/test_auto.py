@@ -66,4 +66,14 @@ def test_a_framework_trainer_is_left_to_its_callback(capsys, monkeypatch):
     rank = Rank()
     rank.guarded(rank.started)
     assert rank.off and rank.monitor is None
-    assert "(a Lightning Trainer runs here: its trainstack callback records it" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "trainstack watch: rank 0: automatic instrumentation off (a Lightning Trainer runs here: add trainstack's "
+        "Lightning callback to it (docs/monitor-your-training.md)); the run goes on unmeasured\n"
+    )
+
+
+def test_a_process_without_a_rank_is_named_by_its_pid(capsys, monkeypatch):
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    Rank().turn_off(ValueError("odd"))
+    assert capsys.readouterr().err.startswith(f"trainstack watch: process {os.getpid()}: automatic instrumentation off")
