@@ -100,6 +100,37 @@ def test_a_scripts_own_ddp_communication_hook_keeps_working(tmp_path):
         assert all(record.comm_seconds is None for record in launch.records)
 
 
+@pytest.mark.parametrize("framework", ["lightning", "transformers"])
+def test_a_framework_trainer_gets_trainstacks_callback_by_itself(tmp_path, framework):
+    """Lightning's Trainer launched by Lightning itself (`python script.py`, devices=2), transformers' by torchrun:
+    no trainstack line in either, each rank recorded once, by the callback watch added."""
+    pytest.importorskip("lightning.pytorch" if framework == "lightning" else "transformers")
+    steps = 20
+    if framework == "lightning":
+        command = [sys.executable, str(REPO / "tests" / "drivers" / "lightning_plain.py"), str(steps)]
+    else:
+        command = torchrun(str(REPO / "tests" / "drivers" / "hf_plain.py"), str(tmp_path / "out"), str(steps))
+    done = run_trainstack(
+        "watch",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--exporter-port",
+        "0",
+        "--no-report",
+        "--",
+        *command,
+        env={**QUIET, "HF_HUB_OFFLINE": "1"},
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, explain(done)
+    assert "automatic instrumentation off" not in done.stderr, done.stderr
+    summary = json.loads(RunDir(tmp_path / "run").summary.read_text())
+    assert summary["judged"] is True and summary["world_size"] == 2
+    for rank in (0, 1):
+        (launch,) = read_launches(RunDir(tmp_path / "run").rank_records(rank))  # one monitor: the callback's
+        assert launch.records[-1].step == steps and launch.ended is not None
+
+
 def test_an_instrumentation_that_fails_costs_one_line_and_never_the_run(tmp_path):
     summary, done = watched(tmp_path / "run", "healthy", steps=5, env={FAIL_ENV: "1"})
     lines = [line for line in done.stderr.splitlines() if "automatic instrumentation off" in line]

@@ -1,5 +1,6 @@
 """The instrumentation of a rank that runs under `trainstack watch` with no trainstack line: torch's public hooks
-drive the loop API (trainstack/monitor.py), as a loop's own calls would.
+drive the loop API (trainstack/monitor.py), as a loop's own calls would; a transformers or Lightning Trainer gets
+trainstack's callback for it (trainstack/integrations/) when it is built, unless the script gave it one.
 
 Installed by the start-up hook (bootstrap/sitecustomize.py) once the process has imported torch. In a rank it finds:
 
@@ -64,7 +65,8 @@ FRAMEWORKS = {
     "pytorch_lightning": "Lightning",
     "transformers.trainer": "transformers",
 }
-"""Trainers whose loops the generic hooks are not checked against: there the rank's callback is the way."""
+"""Trainers whose loops the generic hooks are not checked against: there the rank's callback is the way (added by
+itself to a transformers or Lightning Trainer; one that escaped it, or pytorch_lightning's, is left alone)."""
 
 
 class FrameworkTrainer(Exception):
@@ -255,6 +257,42 @@ def inputs_of(args: tuple, kwargs: dict) -> tuple[int, int]:
         return 0, 0
     tokens = first.numel() if first.dim() >= 2 and not first.is_floating_point() else 0
     return int(first.shape[0]), tokens
+
+
+def imported(name: str, module: Any) -> None:
+    """The start-up hook saw `module` imported: torch, or a framework's Trainer module."""
+    if name == "torch":
+        install()
+    elif multiprocessing.parent_process() is None:
+        trainer = module.Trainer
+        trainer.__init__ = _with_callback(trainer.__init__, name)
+
+
+def _with_callback(init: Callable, framework_module: str) -> Callable:
+    """A Trainer's __init__ that adds trainstack's callback for the framework, unless the script gave one: the
+    callback then records the rank (its import of trainstack.monitor stands the generic layer down)."""
+
+    @functools.wraps(init)
+    def init_with_callback(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        RANK.guarded(lambda: _add_callback(self, framework_module))
+
+    return init_with_callback
+
+
+def _add_callback(trainer: Any, framework_module: str) -> None:
+    if not is_rank():
+        return
+    if framework_module.startswith("lightning"):
+        from trainstack.integrations.lightning import TrainstackCallback as LightningCallback
+
+        if not any(isinstance(callback, LightningCallback) for callback in trainer.callbacks):
+            trainer.callbacks.insert(0, LightningCallback())
+        return
+    from trainstack.integrations.hf import TrainstackCallback as HFCallback
+
+    if not any(isinstance(callback, HFCallback) for callback in trainer.callback_handler.callbacks):
+        trainer.add_callback(HFCallback(trainer))
 
 
 def install() -> None:

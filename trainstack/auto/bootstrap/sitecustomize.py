@@ -13,41 +13,46 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_HOOKED = "torch"
+_HOOKED = ("torch", "transformers.trainer", "lightning.pytorch.trainer.trainer")
+"""torch (the instrumentation is installed once it is imported), and the framework Trainers that get trainstack's
+callback: each noticed here, wherever in the imports it comes, since a framework may import torch only from
+inside its Trainer's module."""
 
 
-class _TorchImported:
-    """A `sys.meta_path` finder that finds nothing itself: when torch is imported, it wraps the loader the other
-    finders give torch, so the instrumentation is installed once torch has finished importing, then leaves.
-    (Duck-typed, not an importlib.abc.MetaPathFinder: importing importlib.abc costs every process milliseconds.)"""
+class _Imported:
+    """A `sys.meta_path` finder that finds nothing itself: when a module of _HOOKED is imported, it wraps the loader
+    the other finders give it, so trainstack's instrumentation sees the module once it has run; it leaves once all
+    have come. (Duck-typed, not an importlib.abc.MetaPathFinder: importing importlib.abc costs every process
+    milliseconds.)"""
+
+    def __init__(self):
+        self.waiting = set(_HOOKED)
 
     def find_spec(self, name, path=None, target=None):
-        if name != _HOOKED:
+        if name not in self.waiting:
             return None
-        sys.meta_path.remove(self)
-        spec = next(
-            filter(
-                None, (finder.find_spec(name, path, target) for finder in sys.meta_path if hasattr(finder, "find_spec"))
-            ),
-            None,
-        )
+        self.waiting.discard(name)
+        if not self.waiting:
+            sys.meta_path.remove(self)
+        others = (finder for finder in sys.meta_path if finder is not self and hasattr(finder, "find_spec"))
+        spec = next(filter(None, (finder.find_spec(name, path, target) for finder in others)), None)
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_then_instrument(module):
             exec_module(module)
-            _instrument()
+            _instrument(name, module)
 
         spec.loader.exec_module = exec_then_instrument
         return spec
 
 
-def _instrument():
+def _instrument(name, module):
     try:
-        from trainstack.auto.instrument import install
+        from trainstack.auto.instrument import imported
 
-        install()
+        imported(name, module)
     except Exception as error:  # the user's run never fails for its instrumentation
         print(f"trainstack watch: instrumentation off in process {os.getpid()}: {error!r}", file=sys.stderr)
 
@@ -69,5 +74,5 @@ def _chain_to_the_hidden_sitecustomize():
 
 
 if os.environ.get("TRAINSTACK_RUN_DIR") and "torch" not in sys.modules:
-    sys.meta_path.insert(0, _TorchImported())
+    sys.meta_path.insert(0, _Imported())
 _chain_to_the_hidden_sitecustomize()
