@@ -92,6 +92,7 @@ class Rank:
         self.samples = 0
         self.tokens = 0
         self.closed = False
+        self.pid = os.getpid()
         self.importing_the_monitor = False
 
     # ---- saying so --------------------------------------------------------------------------------------------
@@ -109,8 +110,8 @@ class Rank:
             )
 
     def guarded(self, work: Callable[[], None]) -> None:
-        if self.off or self.owned_by_the_script:
-            return
+        if self.off or self.owned_by_the_script or os.getpid() != self.pid:
+            return  # a process forked from the rank (a DataLoader worker) holds a copy of its monitor: not its own
         try:
             work()
         except NotARank:

@@ -77,3 +77,12 @@ def test_a_process_without_a_rank_is_named_by_its_pid(capsys, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     Rank().turn_off(ValueError("odd"))
     assert capsys.readouterr().err.startswith(f"trainstack watch: process {os.getpid()}: automatic instrumentation off")
+
+
+def test_a_process_forked_from_the_rank_runs_none_of_its_hooks(monkeypatch):
+    """A DataLoader worker forked from the rank holds a copy of its state, monitor included."""
+    rank = Rank()
+    ran = []
+    monkeypatch.setattr(os, "getpid", lambda: rank.pid + 1)
+    rank.guarded(lambda: ran.append(True))
+    assert ran == [] and not rank.off
