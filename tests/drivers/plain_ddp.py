@@ -7,7 +7,8 @@ torch.distributed.checkpoint's on every rank too). tests/process/test_auto_instr
 
 MODE: healthy; slow-loader (every batch waits in __getitem__); slow-forward (rank 1 computes more in its forward
 pass); monitored (the script calls trainstack.monitor.start itself, as a loop instrumented by hand does);
-own-comm-hook (the script registers a DDP communication hook of its own, and prints how many buckets it reduced).
+own-comm-hook (the script registers a DDP communication hook of its own, and prints how many buckets it reduced);
+fsdp (the model sharded by FSDP2's fully_shard instead of DDP).
 """
 
 import os
@@ -75,7 +76,14 @@ def main() -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     rank = dist.get_rank()
-    model = DistributedDataParallel(Model(slow=mode == "slow-forward" and rank == 1))
+    if mode == "fsdp":  # FSDP2: its layers sharded, then the root
+        from torch.distributed.fsdp import fully_shard
+
+        model = Model(slow=False)
+        fully_shard(model.inner)
+        fully_shard(model)
+    else:
+        model = DistributedDataParallel(Model(slow=mode == "slow-forward" and rank == 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     reduced = [0]
     if mode == "own-comm-hook":
@@ -103,7 +111,7 @@ def main() -> int:
         model(torch.randn(BATCH, WIDTH))
     model.train()
     if rank == 0:
-        torch.save(model.module.state_dict(), os.devnull)
+        torch.save(getattr(model, "module", model).state_dict(), os.devnull)
     if mode == "healthy":  # a sharded checkpoint too, on every rank
         import torch.distributed.checkpoint as dcp
 

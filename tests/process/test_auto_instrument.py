@@ -1,7 +1,9 @@
 """`trainstack watch` instruments the ranks it starts with no line of the script changed (trainstack/auto/): a plain
 DDP loop (tests/drivers/plain_ddp.py, a BatchNorm model on 2 CPU ranks over gloo under torchrun) is recorded per rank
-and judged; `--no-auto` leaves it unjudged; a script that calls trainstack.monitor.start itself is recorded once; an
-instrumentation that fails costs the run one line; a process that is no rank is left as it was."""
+and judged, on FSDP2 too; transformers' and Lightning's Trainers get trainstack's callback; `--no-auto` leaves the
+loop unjudged; a script that calls trainstack.monitor.start itself is recorded once; a script's own DDP
+communication hook keeps working; an instrumentation that fails costs the run one line; a process that is no rank
+is left as it was."""
 
 from __future__ import annotations
 
@@ -63,6 +65,16 @@ def test_a_healthy_plain_ddp_loop_is_recorded_per_rank_and_judged_healthy(tmp_pa
         # The eval-mode forward after the loop; rank 0's torch.save and every rank's torch.distributed.checkpoint
         paused = sorted(pause.part for pause in launch.ended.paused)
         assert paused == ["checkpoint_save"] * (2 if rank == 0 else 1) + ["evaluation"], paused
+
+
+def test_the_same_loop_on_fsdp2_is_recorded_with_its_collectives(tmp_path):
+    summary, _ = watched(tmp_path / "run", "fsdp", steps=30)
+    assert summary["judged"] is True and summary["world_size"] == 2
+    for rank in (0, 1):
+        (launch,) = read_launches(RunDir(tmp_path / "run").rank_records(rank))
+        assert launch.records[-1].step == 30 and sum(record.samples for record in launch.records) == 30 * 8192
+        # FSDP's all-gathers and reduce-scatters, timed on the root fully_shard took last
+        assert all(record.comm_buckets and record.forward_seconds for record in launch.records)
 
 
 def test_a_slow_loader_is_input_bound(tmp_path):

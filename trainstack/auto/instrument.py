@@ -4,8 +4,8 @@ trainstack's callback for it (trainstack/integrations/) when it is built, unless
 
 Installed by the start-up hook (bootstrap/sitecustomize.py) once the process has imported torch. In a rank it finds:
 
-- the DDP model when the script wraps it (`DistributedDataParallel.__init__`): its forward passes are timed, and its
-  gradient communication and buffer broadcast (the Monitor's `watch`);
+- the DDP model when the script wraps it (`DistributedDataParallel.__init__`), or the root FSDP2 module (the last
+  that `fully_shard` took): its forward passes are timed, and its communication (the Monitor's `watch`);
 - each wait for a batch: a DataLoader iterator's `__next__` while the model trains;
 - each optimizer step (`register_optimizer_step_post_hook`), with the samples and tokens of the forward passes
   before it: the micro-batches of gradient accumulation are the forwards that did not step;
@@ -45,7 +45,7 @@ failing instrumentation costs the run one line and nothing else."""
 LAUNCHERS = ("torchrun", "accelerate", os.path.join("torch", "distributed", "run.py"))
 """How sys.argv[0] ends in the launchers that start ranks and train nothing themselves."""
 EVALUATION, CHECKPOINT_SAVE = "evaluation", "checkpoint_save"
-DISTRIBUTED_CHECKPOINT = "torch.distributed.checkpoint"
+DISTRIBUTED_CHECKPOINT, FSDP = "torch.distributed.checkpoint", "torch.distributed.fsdp"
 
 
 def is_rank() -> bool:
@@ -83,7 +83,8 @@ class Rank:
     def __init__(self) -> None:
         self.off = False
         self.owned_by_the_script = False  # the script calls trainstack.monitor.start itself
-        self.model: DistributedDataParallel | None = None
+        self.model: torch.nn.Module | None = None
+        """The model the steps train: the DDP wrapper, or the root FSDP2 module (the last that `fully_shard` took)."""
         self.user_comm_hook = False
         self.optimizer: Any = None  # the first optimizer that steps: its steps are the rank's
         self.monitor: Any = None
@@ -216,12 +217,13 @@ RANK = Rank()
 
 
 class _Imports(importlib.abc.MetaPathFinder):
-    """Notices two imports, then leaves `sys.meta_path`: trainstack.monitor by the script (or a trainstack callback
-    it uses), whose lines then instrument the rank while the automatic layer stands down; and
-    torch.distributed.checkpoint, whose `save` becomes a checkpoint pause once the module has run."""
+    """Notices three imports, then leaves `sys.meta_path`: trainstack.monitor by the script (or a trainstack callback
+    it uses), whose lines then instrument the rank while the automatic layer stands down; once they have run,
+    torch.distributed.checkpoint, whose `save` becomes a checkpoint pause, and torch.distributed.fsdp, whose
+    `fully_shard` tells the model."""
 
     def __init__(self) -> None:
-        self.waiting = {"trainstack.monitor", DISTRIBUTED_CHECKPOINT}
+        self.waiting = {"trainstack.monitor", DISTRIBUTED_CHECKPOINT, FSDP}
 
     def find_spec(self, name, path=None, target=None):
         if name not in self.waiting:
@@ -239,11 +241,14 @@ class _Imports(importlib.abc.MetaPathFinder):
             return spec
         exec_module = spec.loader.exec_module
 
-        def exec_then_pause_saves(module) -> None:
+        def exec_then_hook(module) -> None:
             exec_module(module)
-            module.save = _as_pause(module.save, CHECKPOINT_SAVE)
+            if name == FSDP:
+                module.fully_shard = _sharding(module.fully_shard)
+            else:
+                module.save = _as_pause(module.save, CHECKPOINT_SAVE)
 
-        spec.loader.exec_module = exec_then_pause_saves
+        spec.loader.exec_module = exec_then_hook
         return spec
 
 
@@ -338,12 +343,38 @@ def _found(model: DistributedDataParallel) -> None:
     if RANK.model is not None:
         return  # a second model (a teacher, an EMA copy) is not the one the steps train
     RANK.model = model
+    _time_forward(model)
+
+
+def _time_forward(model: torch.nn.Module) -> None:
+    """The model's forward passes, timed while it is the rank's model; first among its pre-hooks, so the waits for
+    collectives in the others (DDP's buffer broadcast, FSDP's all-gathers) are inside."""
     model.register_forward_pre_hook(
-        lambda module, args, kwargs: RANK.guarded(lambda: RANK.forward_started(module, args, kwargs)),
+        lambda module, args, kwargs: RANK.guarded(
+            lambda: RANK.forward_started(module, args, kwargs) if module is RANK.model else None
+        ),
         prepend=True,
         with_kwargs=True,
     )
     model.register_forward_hook(lambda module, args, output: RANK.guarded(RANK.forward_done))
+
+
+def _sharding(fully_shard: Callable) -> Callable:
+    """FSDP2's `fully_shard`, telling the model: the root module is sharded last, after its layers."""
+
+    @functools.wraps(fully_shard)
+    def sharding(module, *args, **kwargs):
+        sharded = fully_shard(module, *args, **kwargs)
+
+        def found() -> None:
+            if RANK.monitor is None and not isinstance(RANK.model, DistributedDataParallel):
+                RANK.model = sharded
+                _time_forward(sharded)
+
+        RANK.guarded(found)
+        return sharded
+
+    return sharding
 
 
 def _wrap_data_loader() -> None:
