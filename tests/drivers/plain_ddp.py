@@ -116,6 +116,7 @@ def main() -> int:
         import torch.distributed.checkpoint as dcp
 
         dcp.save({"model": model.module.state_dict()}, checkpoint_id=tempfile.mkdtemp(prefix="plain-ddp-"))
+        dist.barrier()  # every rank past the save before the group goes
     if mode == "monitored":
         monitor.close()
     if mode == "own-comm-hook":

@@ -89,7 +89,7 @@ def test_the_rank_slowed_in_its_forward_is_the_straggler(tmp_path):
 
 
 def test_no_auto_leaves_the_loop_unjudged(tmp_path):
-    summary, done = watched(tmp_path / "run", "healthy", "--no-auto", steps=5)
+    summary, done = watched(tmp_path / "run", "slow-loader", "--no-auto", steps=5)
     assert summary["judged"] is False and "NOT JUDGED" in done.stderr
     assert not RunDir(tmp_path / "run").all_rank_records()
 
