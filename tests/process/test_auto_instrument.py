@@ -144,7 +144,7 @@ def test_a_framework_trainer_gets_trainstacks_callback_by_itself(tmp_path, frame
 
 
 def test_an_instrumentation_that_fails_costs_one_line_and_never_the_run(tmp_path):
-    summary, done = watched(tmp_path / "run", "healthy", steps=5, env={FAIL_ENV: "1"})
+    summary, done = watched(tmp_path / "run", "slow-loader", steps=5, env={FAIL_ENV: "1"})
     lines = [line for line in done.stderr.splitlines() if "automatic instrumentation off" in line]
     assert sorted(line.split(":")[1] for line in lines) == [" rank 0", " rank 1"], done.stderr  # once per rank
     assert "failing on purpose" in lines[0]

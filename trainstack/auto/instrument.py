@@ -104,11 +104,11 @@ class Rank:
             rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")  # Lightning's launcher sets LOCAL_RANK
             who = f"rank {rank}" if rank else f"process {os.getpid()}"
             why = str(error) if isinstance(error, FrameworkTrainer) else f"{type(error).__name__}: {error}"
-            print(
-                f"trainstack watch: {who}: automatic instrumentation off ({why}); the run goes on unmeasured",
-                file=sys.stderr,
-                flush=True,
+            # One write of the whole line: the ranks share watch's stderr, and two ranks' lines must not interleave
+            sys.stderr.write(
+                f"trainstack watch: {who}: automatic instrumentation off ({why}); the run goes on unmeasured\n"
             )
+            sys.stderr.flush()
 
     def guarded(self, work: Callable[[], None]) -> None:
         if self.off or self.owned_by_the_script or os.getpid() != self.pid:
