@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from trainstack import breakdown, environment
+from trainstack.auto import instrumented_environment
 from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError
 from trainstack.hang import hang_environment
 from trainstack.lifetime import Descendants, describe_end, stop_grace
@@ -86,6 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nvml-module",
         help="the exporter's NVML module (default pynvml); trainstack.monitoring.nvml_fake is a fake "
         "host for trying it without a GPU (NVML_FAKE_HOST names the host)",
+    )
+    parser.add_argument(
+        "--auto",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="instrument the command's ranks with no line of it changed (default: on); --no-auto leaves them as "
+        "they are: only what the script's own trainstack.monitor lines record is seen",
     )
     add_beside_run_arguments(parser)
     parser.add_argument(
@@ -219,7 +227,8 @@ class Watch:
         env = {name: value for name, value in os.environ.items() if name != SUPERVISOR_PID_ENV}
         metrics_dir = self.supervised.metrics_dir
         env = {**env, **run_environment(self.run_dir.path, metrics_dir, self.run_id, time.time(), LAUNCHER_WATCH)}
-        return {**env, **hang_environment(self.run_dir.path, self.run_id, env)}
+        env = {**env, **hang_environment(self.run_dir.path, self.run_id, env)}
+        return instrumented_environment(env) if self.args.auto else env
 
     def run(self) -> int:
         self.prepare_run_dir()

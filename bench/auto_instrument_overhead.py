@@ -1,0 +1,157 @@
+"""What `trainstack watch`'s automatic instrumentation (trainstack/auto/) costs: a plain DDP loop with no trainstack
+line, watched with it on against `--no-auto`, side by side (bench/side_by_side.py: both at once, each on its own
+half of the CPUs, the halves swapped every pair); and what the start-up hook costs a Python process that is no
+rank: `python -c pass` with the hook on its PYTHONPATH against without, alternated.
+
+Targets (issue 43): instrumented / plain steps/s >= 0.99; the hook adds <= 50 ms to `python -c pass`.
+
+    .venv/bin/python bench/auto_instrument_overhead.py [--pairs 4] [--steps 200] [--starts 20]
+
+Run with `--rank-loop STEPS OUT` by torchrun, it is the loop itself: 2 ranks over gloo, a DataLoader of ready
+batches, SGD; rank 0 writes its steps/s after the warm-up to OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from side_by_side import halves_for_pair, pinned, report
+
+from trainstack.auto import instrumented_environment
+from trainstack.rundir import RUN_DIR_ENV, free_port
+
+STEPS_TARGET = 0.99
+START_TARGET_MS = 50.0
+WARM_UP = 20
+WIDTH, BATCH = 1024, 128
+"""About 25 ms a step on one CPU core per rank: a short step, where a fixed cost per step shows most (a GPU step of
+a real model takes 50 ms to seconds)."""
+
+
+def rank_loop(steps: int, out: Path) -> None:
+    """The user's loop: nothing of trainstack in it."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 1))
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    inputs = torch.randn(BATCH, WIDTH)
+    loader = torch.utils.data.DataLoader(
+        [(inputs, inputs.sum(dim=1, keepdim=True))] * (steps + WARM_UP), batch_size=None
+    )
+    started = 0.0
+    for step, (batch, targets) in enumerate(loader):
+        if step == WARM_UP:
+            started = time.perf_counter()
+        loss = torch.nn.functional.mse_loss(model(batch), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    rate = steps / (time.perf_counter() - started)
+    if dist.get_rank() == 0:
+        out.write_text(json.dumps({"steps_per_second": rate}))
+    dist.destroy_process_group()
+
+
+def watched(auto: bool, cpus: set[int], steps: int, scratch: Path) -> tuple[subprocess.Popen, Path]:
+    out = scratch / f"{'auto' if auto else 'plain'}-{time.monotonic_ns()}.json"
+    command = [
+        sys.executable,
+        "-m",
+        "trainstack",
+        "watch",
+        "--run-dir",
+        str(scratch / f"run-{out.stem}"),
+        "--exporter-port",
+        "0",
+        "--no-report",
+        "--auto" if auto else "--no-auto",
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        __file__,
+        "--rank-loop",
+        str(steps),
+        str(out),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop(RUN_DIR_ENV, None)
+    return subprocess.Popen(pinned(command, cpus), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out
+
+
+def rate_of(process: subprocess.Popen, out: Path) -> float:
+    _, errors = process.communicate(timeout=900)
+    if process.returncode != 0:
+        sys.exit(f"a watched run failed ({process.returncode}): {errors.decode()[-2000:]}")
+    return json.loads(out.read_text())["steps_per_second"]
+
+
+def start_up_ms(hooked: bool, scratch: Path) -> float:
+    env = {**os.environ, RUN_DIR_ENV: str(scratch / "never-written")}
+    if hooked:
+        env = instrumented_environment(env)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+    return (time.perf_counter() - started) * 1000
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--starts", type=int, default=20)
+    parser.add_argument("--rank-loop", nargs=2, metavar=("STEPS", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank_loop:
+        rank_loop(int(args.rank_loop[0]), Path(args.rank_loop[1]))
+        return 0
+    with tempfile.TemporaryDirectory() as folder:
+        scratch = Path(folder)
+        hooked, plain = [], []
+        for start in range(args.starts):  # alternated, the other first every other time
+            for hook in (start % 2 == 0, start % 2 == 1):
+                (hooked if hook else plain).append(start_up_ms(hook, scratch))
+        added = statistics.median(hooked) - statistics.median(plain)
+        print(
+            f"python -c pass: {statistics.median(hooked):.1f} ms with the start-up hook, "
+            f"{statistics.median(plain):.1f} ms without (medians of {args.starts}): +{added:.1f} ms; "
+            f"target <= +{START_TARGET_MS:.0f} ms: {'met' if added <= START_TARGET_MS else 'MISSED'}",
+            flush=True,
+        )
+        auto_rates, plain_rates = [], []
+        for pair in range(args.pairs):
+            auto_cpus, plain_cpus = halves_for_pair(pair)
+            auto = watched(True, auto_cpus, args.steps, scratch)
+            reference = watched(False, plain_cpus, args.steps, scratch)
+            auto_rates.append(rate_of(*auto))
+            plain_rates.append(rate_of(*reference))
+            print(
+                f"pair {pair + 1}: auto {auto_rates[-1]:.3f} steps/s (CPUs {sorted(auto_cpus)}), --no-auto "
+                f"{plain_rates[-1]:.3f} (CPUs {sorted(plain_cpus)}), ratio {auto_rates[-1] / plain_rates[-1]:.3f}  "
+                f"(load average {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
+        print(report("watch (auto)", "watch --no-auto", auto_rates, plain_rates, STEPS_TARGET))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The automatic instrumentation's pure parts (trainstack/auto/): the command's environment, which process is a
+rank, and what a forward pass's inputs say."""
+
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+from trainstack.auto import BOOTSTRAP_DIR, instrumented_environment
+from trainstack.auto.instrument import Rank, inputs_of, is_rank
+
+
+def test_the_start_up_hook_goes_first_on_the_pythonpath_before_the_commands_own():
+    assert (BOOTSTRAP_DIR / "sitecustomize.py").is_file()
+    assert instrumented_environment({"A": "1"}) == {"A": "1", "PYTHONPATH": str(BOOTSTRAP_DIR)}
+    chained = instrumented_environment({"PYTHONPATH": f"/mine{os.pathsep}/theirs"})["PYTHONPATH"]
+    assert chained == os.pathsep.join([str(BOOTSTRAP_DIR), "/mine", "/theirs"])
+
+
+@pytest.mark.parametrize(
+    ("argv0", "env", "rank"),
+    [
+        ("train.py", {}, True),  # a plain single process
+        ("train.py", {"RANK": "1", "WORLD_SIZE": "2"}, True),  # torchrun's, accelerate's, Lightning's ranks
+        ("/venv/bin/torchrun", {}, False),  # the launcher's agent
+        ("/venv/lib/torch/distributed/run.py", {}, False),  # python -m torch.distributed.run
+        ("/venv/bin/accelerate", {}, False),
+        ("-c", {}, False),  # python -c: no script
+    ],
+)
+def test_a_rank_is_told_from_its_environment_and_program(monkeypatch, argv0, env, rank):
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, "argv", [argv0])
+    assert is_rank() is rank
+
+
+def test_samples_and_tokens_come_from_the_inputs_shapes():
+    assert inputs_of((torch.zeros(8, 3),), {}) == (8, 0)  # features: samples, no tokens
+    assert inputs_of((), {"input_ids": torch.zeros(4, 16, dtype=torch.long)}) == (4, 64)
+    assert inputs_of(("text", torch.tensor(1.0)), {}) == (0, 0)  # nothing with a batch dimension
+
+
+def test_a_failing_hook_turns_the_rank_off_with_one_line_once(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    rank = Rank()
+
+    def fails() -> None:
+        raise ValueError("odd input")
+
+    rank.guarded(fails)
+    rank.guarded(fails)
+    assert rank.off
+    assert capsys.readouterr().err == (
+        "trainstack watch: rank 3: automatic instrumentation off (ValueError: odd input); the run goes on unmeasured\n"
+    )
+
+
+def test_a_framework_trainer_is_left_to_its_callback(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", types.ModuleType("lightning.pytorch"))
+    rank = Rank()
+    rank.guarded(rank.started)
+    assert rank.off and rank.monitor is None
+    assert capsys.readouterr().err == (
+        "trainstack watch: rank 0: automatic instrumentation off (a Lightning Trainer runs here: add trainstack's "
+        "Lightning callback to it (docs/monitor-your-training.md)); the run goes on unmeasured\n"
+    )
+
+
+def test_a_process_without_a_rank_is_named_by_its_pid(capsys, monkeypatch):
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    Rank().turn_off(ValueError("odd"))
+    assert capsys.readouterr().err.startswith(f"trainstack watch: process {os.getpid()}: automatic instrumentation off")
+
+
+def test_a_process_forked_from_the_rank_runs_none_of_its_hooks(monkeypatch):
+    """A DataLoader worker forked from the rank holds a copy of its state, monitor included."""
+    rank = Rank()
+    ran = []
+    monkeypatch.setattr(os, "getpid", lambda: rank.pid + 1)
+    rank.guarded(lambda: ran.append(True))
+    assert ran == [] and not rank.off

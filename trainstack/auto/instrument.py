@@ -1,0 +1,437 @@
+"""The instrumentation of a rank that runs under `trainstack watch` with no trainstack line: torch's public hooks
+drive the loop API (trainstack/monitor.py), as a loop's own calls would; a transformers or Lightning Trainer gets
+trainstack's callback for it (trainstack/integrations/) when it is built, unless the script gave it one.
+
+Installed by the start-up hook (bootstrap/sitecustomize.py) once the process has imported torch. In a rank it finds:
+
+- the DDP model when the script wraps it (`DistributedDataParallel.__init__`), or the root FSDP2 module (the last
+  that `fully_shard` took): its forward passes are timed, and its communication (the Monitor's `watch`);
+- each wait for a batch: a DataLoader iterator's `__next__` while the model trains;
+- each optimizer step (`register_optimizer_step_post_hook`), with the samples and tokens of the forward passes
+  before it: the micro-batches of gradient accumulation are the forwards that did not step;
+- evaluation (a forward pass in eval mode or without grad, until the next training forward) and checkpoint saves
+  (`torch.save`, `torch.distributed.checkpoint.save`) as pauses;
+- the learning rate, from the stepping optimizer's first param group.
+
+It reads only shapes (never a device tensor's value), so it adds no host sync. The monitor starts at the first of
+these that happens while the model trains, not at the wrap: a script that then calls `trainstack.monitor.start`
+itself (or runs a trainstack callback, which does) is left to its own lines, and a DDP model whose script registered
+its own communication hook keeps it (the monitor then times no communication there).
+
+Whatever it cannot handle turns it off for the rank with one line on stderr; the user's code always runs as it would
+without it (every hook's own work is guarded, the user's function is called outside the guard).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.abc
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import dataloader
+
+FAIL_ENV = "TRAINSTACK_AUTO_FAIL"
+"""Makes the instrumentation fail on purpose (any value), at the rank's first optimizer step: the test that a
+failing instrumentation costs the run one line and nothing else."""
+LAUNCHERS = ("torchrun", "accelerate", os.path.join("torch", "distributed", "run.py"))
+"""How sys.argv[0] ends in the launchers that start ranks and train nothing themselves."""
+EVALUATION, CHECKPOINT_SAVE = "evaluation", "checkpoint_save"
+DISTRIBUTED_CHECKPOINT, FSDP = "torch.distributed.checkpoint", "torch.distributed.fsdp"
+
+
+def is_rank() -> bool:
+    """A rank: a process a launcher started with its rank (torchrun, accelerate and Lightning set RANK or
+    LOCAL_RANK), or a plain `python script.py` of its own; never a multiprocessing child (DataLoader and compile
+    workers), nor a launcher's agent."""
+    if multiprocessing.parent_process() is not None:
+        return False
+    if "RANK" in os.environ or "LOCAL_RANK" in os.environ:
+        return True
+    program = sys.argv[0] if sys.argv else ""
+    return program not in ("-c", "") and not program.endswith(LAUNCHERS)
+
+
+FRAMEWORKS = {
+    "lightning.pytorch": "Lightning",
+    "pytorch_lightning": "Lightning",
+    "transformers.trainer": "transformers",
+}
+"""Trainers whose loops the generic hooks are not checked against: there the rank's callback is the way (added by
+itself to a transformers or Lightning Trainer; one that escaped it, or pytorch_lightning's, is left alone)."""
+
+
+class FrameworkTrainer(Exception):
+    """The rank trains through a framework's Trainer: the generic layer stands down for it, saying so."""
+
+
+class NotARank(Exception):
+    """The process trains (an optimizer steps, a loader is read) but is no rank: it is left alone, silently."""
+
+
+class Rank:
+    """One rank's automatic instrumentation: what it found and the monitor it drives."""
+
+    def __init__(self) -> None:
+        self.off = False
+        self.owned_by_the_script = False  # the script calls trainstack.monitor.start itself
+        self.model: torch.nn.Module | None = None
+        """The model the steps train: the DDP wrapper, or the root FSDP2 module (the last that `fully_shard` took)."""
+        self.user_comm_hook = False
+        self.optimizer: Any = None  # the first optimizer that steps: its steps are the rank's
+        self.monitor: Any = None
+        self.pause: str | None = None
+        self.in_forward = False
+        self.samples = 0
+        self.tokens = 0
+        self.closed = False
+        self.pid = os.getpid()
+        self.importing_the_monitor = False
+
+    # ---- saying so --------------------------------------------------------------------------------------------
+    def turn_off(self, error: BaseException) -> None:
+        """One line, once; every hook does nothing from now on."""
+        if not self.off:
+            self.off = True
+            rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")  # Lightning's launcher sets LOCAL_RANK
+            who = f"rank {rank}" if rank else f"process {os.getpid()}"
+            why = str(error) if isinstance(error, FrameworkTrainer) else f"{type(error).__name__}: {error}"
+            # One write of the whole line: the ranks share watch's stderr, and two ranks' lines must not interleave
+            sys.stderr.write(
+                f"trainstack watch: {who}: automatic instrumentation off ({why}); the run goes on unmeasured\n"
+            )
+            sys.stderr.flush()
+
+    def guarded(self, work: Callable[[], None]) -> None:
+        if self.off or self.owned_by_the_script or os.getpid() != self.pid:
+            return  # a process forked from the rank (a DataLoader worker) holds a copy of its monitor: not its own
+        try:
+            work()
+        except NotARank:
+            pass
+        except Exception as error:
+            self.turn_off(error)
+
+    # ---- the monitor --------------------------------------------------------------------------------------------
+    def started(self) -> Any:
+        """The rank's monitor, started at its first training event."""
+        if self.monitor is None:
+            if not is_rank():
+                self.owned_by_the_script = True  # not a rank: nothing here trains, nothing to say
+                raise NotARank
+            framework = next((name for module, name in FRAMEWORKS.items() if module in sys.modules), None)
+            if framework:
+                raise FrameworkTrainer(
+                    f"a {framework} Trainer runs here: add trainstack's {framework} callback to it "
+                    "(docs/monitor-your-training.md)"
+                )
+            self.importing_the_monitor = True
+            import trainstack.monitor
+
+            model = None if self.user_comm_hook else self.model
+            self.monitor = trainstack.monitor.start(model)
+        return self.monitor
+
+    def training(self) -> bool:
+        """Whether the loop trains now: a model that is known, or a process alone, and no evaluation under way."""
+        if self.model is not None:
+            return self.model.training
+        return int(os.environ.get("WORLD_SIZE", "1")) == 1
+
+    def close(self) -> None:
+        if self.monitor is not None and not self.closed:
+            self.closed = True
+            if self.pause is not None:
+                self.monitor.pause_ended(self.pause)
+                self.pause = None
+            self.monitor.close()
+
+    # ---- the hooks' work ----------------------------------------------------------------------------------------
+    def forward_started(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            self.evaluating()
+            return
+        monitor = self.started()
+        self.evaluation_over()
+        samples, tokens = inputs_of(args, kwargs)
+        self.samples += samples
+        self.tokens += tokens
+        self.in_forward = True
+        monitor.forward_started()
+
+    def evaluating(self) -> None:
+        """The loop evaluates (a forward pass or a fetch in eval mode, or a forward without grad): a pause, once the
+        monitor has started (before its first step there is no step time to keep it out of)."""
+        if self.pause is None and self.monitor is not None:
+            self.monitor.pause_started(EVALUATION)
+            self.pause = EVALUATION
+
+    def evaluation_over(self) -> None:
+        """An evaluation (eval mode or no grad) lasts until the loop trains, fetches a training batch or saves."""
+        if self.pause == EVALUATION:
+            self.pause = None
+            self.monitor.pause_ended(EVALUATION)
+
+    def data_wait_started(self) -> bool:
+        """Whether this fetch is a training batch's (timed): the model trains, and no checkpoint is being saved."""
+        if self.pause == CHECKPOINT_SAVE:
+            return False
+        if not self.training():
+            self.evaluating()  # an evaluation's first batch: its wait is the evaluation's, not a step's
+            return False
+        monitor = self.started()
+        self.evaluation_over()
+        monitor.data_wait_started()
+        return True
+
+    def forward_done(self) -> None:
+        if self.in_forward:
+            self.in_forward = False
+            self.monitor.forward_done()
+
+    def stepped(self, optimizer: Any) -> None:
+        if os.environ.get(FAIL_ENV):
+            raise RuntimeError(f"failing on purpose ({FAIL_ENV} is set)")
+        if self.optimizer is None:
+            self.optimizer = optimizer
+        if optimizer is not self.optimizer or self.pause is not None or not self.training():
+            return
+        lr = optimizer.param_groups[0].get("lr")
+        self.started().step(
+            samples=self.samples,
+            tokens=self.tokens or None,
+            lr=lr if isinstance(lr, float | int) else None,  # a tensor's value would sync
+        )
+        self.samples = self.tokens = 0
+
+
+RANK = Rank()
+
+
+class _Imports(importlib.abc.MetaPathFinder):
+    """Notices three imports, then leaves `sys.meta_path`: trainstack.monitor by the script (or a trainstack callback
+    it uses), whose lines then instrument the rank while the automatic layer stands down; once they have run,
+    torch.distributed.checkpoint, whose `save` becomes a checkpoint pause, and torch.distributed.fsdp, whose
+    `fully_shard` tells the model."""
+
+    def __init__(self) -> None:
+        self.waiting = {"trainstack.monitor", DISTRIBUTED_CHECKPOINT, FSDP}
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.waiting:
+            return None
+        self.waiting.discard(name)
+        if not self.waiting:
+            sys.meta_path.remove(self)
+        if name == "trainstack.monitor":
+            if not RANK.importing_the_monitor:
+                RANK.owned_by_the_script = True
+            return None
+        others = (finder for finder in sys.meta_path if finder is not self and hasattr(finder, "find_spec"))
+        spec = next(filter(None, (finder.find_spec(name, path, target) for finder in others)), None)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_hook(module) -> None:
+            exec_module(module)
+            if name == FSDP:
+                module.fully_shard = _sharding(module.fully_shard)
+            else:
+                module.save = _as_pause(module.save, CHECKPOINT_SAVE)
+
+        spec.loader.exec_module = exec_then_hook
+        return spec
+
+
+def inputs_of(args: tuple, kwargs: dict) -> tuple[int, int]:
+    """The samples and tokens of a forward pass, from its inputs' shapes: the first tensor's first dimension; its
+    elements are tokens where it holds integers (input ids) of two dimensions or more."""
+    first = next(
+        (value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)),
+        None,
+    )
+    if first is None or first.dim() == 0:
+        return 0, 0
+    tokens = first.numel() if first.dim() >= 2 and not first.is_floating_point() else 0
+    return int(first.shape[0]), tokens
+
+
+def imported(name: str, module: Any) -> None:
+    """The start-up hook saw `module` imported: torch, or a framework's Trainer module."""
+    if name == "torch":
+        install()
+    elif multiprocessing.parent_process() is None:
+        trainer = module.Trainer
+        trainer.__init__ = _with_callback(trainer.__init__, name)
+
+
+def _with_callback(init: Callable, framework_module: str) -> Callable:
+    """A Trainer's __init__ that adds trainstack's callback for the framework, unless the script gave one: the
+    callback then records the rank (its import of trainstack.monitor stands the generic layer down)."""
+
+    @functools.wraps(init)
+    def init_with_callback(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        RANK.guarded(lambda: _add_callback(self, framework_module))
+
+    return init_with_callback
+
+
+def _add_callback(trainer: Any, framework_module: str) -> None:
+    if not is_rank():
+        return
+    if framework_module.startswith("lightning"):
+        from trainstack.integrations.lightning import TrainstackCallback as LightningCallback
+
+        if not any(isinstance(callback, LightningCallback) for callback in trainer.callbacks):
+            trainer.callbacks.insert(0, LightningCallback())
+        return
+    from trainstack.integrations.hf import TrainstackCallback as HFCallback
+
+    if not any(isinstance(callback, HFCallback) for callback in trainer.callback_handler.callbacks):
+        trainer.add_callback(HFCallback(trainer))
+
+
+def install() -> None:
+    """Hooks this process, unless it is a multiprocessing child (a DataLoader or compile worker). Whether it is a
+    rank is decided at its first training event, when sys.argv names the script (while `python -m` imports its
+    module's package, torch among them, it does not yet): a launcher's agent never has one, so it never imports the
+    monitor."""
+    if multiprocessing.parent_process() is not None:
+        return
+    if "trainstack.monitor" in sys.modules:  # being imported by the script, which then records by its own lines
+        RANK.owned_by_the_script = True
+        return
+    sys.meta_path.insert(0, _Imports())
+    _wrap_ddp()
+    _wrap_data_loader()
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: RANK.guarded(lambda: RANK.stepped(optimizer)))
+    torch.save = _as_pause(torch.save, CHECKPOINT_SAVE)
+    if dist.is_available():
+        dist.destroy_process_group = _closing_first(dist.destroy_process_group)
+    atexit.register(lambda: RANK.guarded(RANK.close))
+
+
+def _wrap_ddp() -> None:
+    init, register_comm_hook = DistributedDataParallel.__init__, DistributedDataParallel.register_comm_hook
+
+    @functools.wraps(init)
+    def wrapped_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        RANK.guarded(lambda: _found(self))
+
+    @functools.wraps(register_comm_hook)
+    def users_comm_hook(self, *args, **kwargs):
+        if self is RANK.model and RANK.monitor is None:
+            RANK.user_comm_hook = True  # DDP takes one hook per model: the script's stays, the timing stands down
+        return register_comm_hook(self, *args, **kwargs)
+
+    DistributedDataParallel.__init__ = wrapped_init
+    DistributedDataParallel.register_comm_hook = users_comm_hook
+
+
+def _found(model: DistributedDataParallel) -> None:
+    if RANK.model is not None:
+        return  # a second model (a teacher, an EMA copy) is not the one the steps train
+    RANK.model = model
+    _time_forward(model)
+
+
+def _time_forward(model: torch.nn.Module) -> None:
+    """The model's forward passes, timed while it is the rank's model; first among its pre-hooks, so the waits for
+    collectives in the others (DDP's buffer broadcast, FSDP's all-gathers) are inside."""
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: RANK.guarded(
+            lambda: RANK.forward_started(module, args, kwargs) if module is RANK.model else None
+        ),
+        prepend=True,
+        with_kwargs=True,
+    )
+    model.register_forward_hook(lambda module, args, output: RANK.guarded(RANK.forward_done))
+
+
+def _sharding(fully_shard: Callable) -> Callable:
+    """FSDP2's `fully_shard`, telling the model: the root module is sharded last, after its layers."""
+
+    @functools.wraps(fully_shard)
+    def sharding(module, *args, **kwargs):
+        sharded = fully_shard(module, *args, **kwargs)
+
+        def found() -> None:
+            if RANK.monitor is None and not isinstance(RANK.model, DistributedDataParallel):
+                RANK.model = sharded
+                _time_forward(sharded)
+
+        RANK.guarded(found)
+        return sharded
+
+    return sharding
+
+
+def _wrap_data_loader() -> None:
+    next_batch = dataloader._BaseDataLoaderIter.__next__
+
+    @functools.wraps(next_batch)
+    def timed_next(self):
+        timed = False
+
+        def started() -> None:
+            nonlocal timed
+            timed = RANK.data_wait_started()
+
+        RANK.guarded(started)
+        try:
+            return next_batch(self)
+        finally:
+            if timed:
+                RANK.guarded(lambda: RANK.monitor.data_ready())
+
+    dataloader._BaseDataLoaderIter.__next__ = timed_next
+
+
+def _as_pause(save: Callable, part: str) -> Callable:
+    """`save` timed as the pause `part`, when a started monitor trains (no pause open)."""
+
+    @functools.wraps(save)
+    def paused_save(*args, **kwargs):
+        paused = False
+
+        def begin() -> None:
+            nonlocal paused
+            if RANK.monitor is not None and RANK.pause in (None, EVALUATION):
+                RANK.evaluation_over()
+                RANK.monitor.pause_started(part)
+                RANK.pause, paused = part, True
+
+        def end() -> None:
+            RANK.pause = None
+            RANK.monitor.pause_ended(part)
+
+        RANK.guarded(begin)
+        try:
+            return save(*args, **kwargs)
+        finally:
+            if paused:
+                RANK.guarded(end)
+
+    return paused_save
+
+
+def _closing_first(destroy: Callable) -> Callable:
+    """The monitor's closing line before the process group goes: its collectives' callbacks must be let go first."""
+
+    @functools.wraps(destroy)
+    def closing_then_destroy(*args, **kwargs):
+        RANK.guarded(RANK.close)
+        return destroy(*args, **kwargs)
+
+    return closing_then_destroy
