@@ -1,15 +1,9 @@
-"""Lightning's Trainer with trainstack's callback (trainstack.integrations.lightning), on tests/drivers/
+"""Lightning's Trainer with trainstack's callback under `trainstack watch` on 2 CPU ranks (gloo), on tests/drivers/
 lightning_example.py: `Trainer(strategy="ddp", accelerator="cpu", devices=2)`, a BatchNorm model over token ids,
-gradient accumulation, validations and checkpoints.
-
-- In one process, on a stand-in monitor: every training fetch inside a data wait, every validation and save inside
-  its pause, each optimizer step with its micro-batches; a resumed fit numbered on; a second fit, or a strategy
-  holding DDP's one comm hook, left unrecorded with one line; what the callback reads from a batch; the import's
-  message without Lightning.
-- Under `trainstack watch` on 2 CPU ranks (gloo), launched by torchrun and by Lightning itself (`python script.py`):
-  one launch each, three phases (healthy; rank 1 slowed after its micro-batches; a slow loader on both ranks),
-  judged from each phase's records as `trainstack diagnose` judges a finished run.
-"""
+gradient accumulation, validations and checkpoints. Launched by torchrun and by Lightning itself (`python
+script.py`): one launch each, three phases (healthy; rank 1 slowed after its micro-batches; a slow loader on both
+ranks), judged from each phase's records as `trainstack diagnose` judges a finished run (the callback in one
+process: tests/unit/trainstack/test_lightning_callback.py)."""
 
 from __future__ import annotations
 
