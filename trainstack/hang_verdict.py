@@ -80,6 +80,14 @@ def _registered(metrics_dirs: Iterable[Path]) -> float:
 
 
 # ---- stacks -----------------------------------------------------------------------------------------------------
+# trainstack's rank-side instrumentation: the loop API, its telemetry (which wraps torch.distributed's collectives)
+# and watch's automatic layer; never the user's code, whatever folder trainstack runs from.
+INSTRUMENTATION = tuple(
+    f"/{module.replace('.', '/')}{end}"
+    for module, end in (("trainstack.telemetry", "/"), ("trainstack.auto", "/"), ("trainstack.monitor", ".py"))
+)
+
+
 @dataclass(frozen=True)
 class Frame:
     file: str
@@ -91,13 +99,16 @@ class Frame:
 
     @property
     def library(self) -> bool:
-        """The one rule for a library frame (the standard library, an installed package, a frozen module): the
-        verdict names the innermost frame that is not one, the user's own code, and the library call it made."""
+        """The one rule for a library frame (the standard library, an installed package, a frozen module, and
+        trainstack's own rank-side instrumentation, which stands between the user's call and torch's wherever
+        trainstack is installed from, a checkout too): the verdict names the innermost frame that is not one, the
+        user's own code, and the library call it made."""
         return (
             "site-packages" in self.file
             or "dist-packages" in self.file
             or "/lib/python3" in self.file
             or self.file.startswith("<")
+            or any(part in self.file for part in INSTRUMENTATION)
         )
 
 

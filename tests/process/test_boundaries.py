@@ -25,8 +25,9 @@ TORCH_FREE["supervisor"] = "trainstack.supervisor"
 TORCH_FREE["commands"] = "trainstack.commands"
 
 
-# The trainstack modules that run in a training rank, where torch is: the loop API, its telemetry, the integrations.
-RANK_SIDE = ("trainstack.monitor", "trainstack.telemetry", "trainstack.integrations")
+# The trainstack modules that run in a training rank, where torch is: the loop API, its telemetry, the integrations,
+# and watch's instrumentation, which its start-up hook (torch-free itself) loads once torch is imported.
+RANK_SIDE = ("trainstack.monitor", "trainstack.telemetry", "trainstack.integrations", "trainstack.auto.instrument")
 
 
 def torch_importers(root: Path, layout=TORCH_FREE) -> list[str]:

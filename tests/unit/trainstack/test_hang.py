@@ -14,6 +14,7 @@ from tests.helpers.stalls import C10D, SITE, entry, user, write_rank
 from trainstack import thresholds
 from trainstack.hang import FR_BUFFER_ENV, FR_DUMP_ENV, FR_SWITCH_ENV, PYSPY_ENV, hang_environment
 from trainstack.hang_verdict import (
+    Frame,
     analyze,
     latest_stall,
     read_verdict,
@@ -42,6 +43,14 @@ def test_a_rank_that_never_joined_is_named_with_the_collective_and_its_place(tmp
     assert hang.headline.startswith("rank 1 has not joined all_reduce #26 of process group 0 (rank 0 waits in it)")
     assert "train.py:12 in `__getitem__`, in `__next__` (torch/utils/data/dataloader.py:733)" in hang.headline
     assert hang.culprits == [1] and "DataLoader" in hang.fix
+
+
+@pytest.mark.parametrize("trainstack_at", ["/home/me/src/trainstack", "/venv/lib/python3.11/site-packages/trainstack"])
+def test_trainstack_s_wrapper_of_a_collective_is_no_place_of_the_user_s(trainstack_at):
+    # The loop's own all_reduce of a metric runs through the monitor's timing wrapper, from a checkout too.
+    wrapper = Frame(f"{trainstack_at}/telemetry/collectives.py", 151, "collective")
+    stack = [Frame("/home/me/train.py", 40, "main"), wrapper, Frame(C10D["file"], C10D["line"], C10D["function"])]
+    assert where(stack).startswith("at train.py:40 in `main`, in `all_reduce` (torch/distributed/")
 
 
 def test_a_rank_that_called_no_collective_yet_is_behind_not_unknown(tmp_path):

@@ -73,6 +73,9 @@ def _chain_to_the_hidden_sitecustomize():
         sys.path[:] = saved
 
 
-if os.environ.get("TRAINSTACK_RUN_DIR") and "torch" not in sys.modules:
-    sys.meta_path.insert(0, _Imported())
-_chain_to_the_hidden_sitecustomize()
+# Only as Python's start-up hook: imported by its package name (a test walking trainstack's modules), it is a module
+# like any other and hooks nothing.
+if __name__ == "sitecustomize":
+    if os.environ.get("TRAINSTACK_RUN_DIR") and "torch" not in sys.modules:
+        sys.meta_path.insert(0, _Imported())
+    _chain_to_the_hidden_sitecustomize()
