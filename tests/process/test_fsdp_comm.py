@@ -145,14 +145,17 @@ def rank_main(rank: int, folder: str) -> None:
             unit = fully_shard.state(module)
             names[unit] = f"{names[unit]}+{name}" if unit in names else name or "root"
     scheduled = ScheduleTimer(names)
-    FsdpCommWatch(net, scheduled, InjectedDelay(0), FutureCallbacks())
+    callbacks = FutureCallbacks()
+    FsdpCommWatch(net, scheduled, InjectedDelay(0), callbacks)
     train(net, scheduled, steps=2)
     timer = CommTimer(HostClock())
     net = sharded()
-    FsdpCommWatch(net, timer, InjectedDelay(DELAY), FutureCallbacks())
+    FsdpCommWatch(net, timer, InjectedDelay(DELAY), callbacks)
     train(net, timer, steps=2)
     result = {"schedule": scheduled.schedule(), "steps": [asdict(step) for step in timer.read(timer.cut())]}
     Path(folder, f"rank-{rank}.json").write_text(json.dumps(result))
+    # As a Monitor closes: a gloo thread still holding one of the callbacks as the process exits aborts it.
+    callbacks.wait_released()
     dist.destroy_process_group()
 
 
