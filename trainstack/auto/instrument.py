@@ -50,10 +50,12 @@ DISTRIBUTED_CHECKPOINT, FSDP = "torch.distributed.checkpoint", "torch.distribute
 
 def is_rank() -> bool:
     """A rank: a process a launcher started with its rank (torchrun, accelerate and Lightning set RANK or
-    LOCAL_RANK), or a plain `python script.py` of its own; never a multiprocessing child (DataLoader and compile
-    workers), nor a launcher's agent."""
+    LOCAL_RANK), a plain `python script.py` of its own, or a multiprocessing child that joined a process group (the
+    ranks of `torch.multiprocessing.spawn`, as PyTorch's DDP tutorial starts them, set no RANK: they pass theirs to
+    init_process_group); never another multiprocessing child (DataLoader and compile workers join no group), nor a
+    launcher's agent. Asked at the process's first training event, by when a rank has joined its group."""
     if multiprocessing.parent_process() is not None:
-        return False
+        return dist.is_available() and dist.is_initialized()
     if "RANK" in os.environ or "LOCAL_RANK" in os.environ:
         return True
     program = sys.argv[0] if sys.argv else ""
