@@ -3,7 +3,7 @@ DDP loop (tests/drivers/plain_ddp.py, a BatchNorm model on 2 CPU ranks over gloo
 and judged, on FSDP2 too; transformers' and Lightning's Trainers get trainstack's callback; `--no-auto` leaves the
 loop unjudged; a script that calls trainstack.monitor.start itself is recorded once; a script's own DDP
 communication hook keeps working; an instrumentation that fails costs the run one line; a process that is no rank
-is left as it was."""
+is left as it was; a collective the script binds to its own name at import is still timed."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from trainstack.auto import BOOTSTRAP_DIR
 from trainstack.auto.instrument import FAIL_ENV
 from trainstack.record import read_launches
 from trainstack.rundir import RUN_DIR_ENV, RunDir
+from trainstack.telemetry import collectives
 
 pytestmark = pytest.mark.slow
 
@@ -172,3 +173,13 @@ def test_a_process_that_is_no_rank_is_left_as_it_was(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (done.stdout, done.stderr) == ("yes\n", "")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_collective_the_script_binds_to_its_own_name_at_import_is_the_timed_one(tmp_path):
+    """watch wraps torch.distributed's collectives as torch is imported: a script's `from torch.distributed import
+    all_reduce`, bound long before its rank's monitor starts, still reaches the wrapper that books the wait."""
+    code = "from torch.distributed import all_reduce\nprint(all_reduce.__code__.co_filename)\n"
+    env = {**os.environ, RUN_DIR_ENV: str(tmp_path / "run"), "PYTHONPATH": str(BOOTSTRAP_DIR)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == collectives.__file__, done.stdout

@@ -39,6 +39,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import dataloader
 
+from trainstack.telemetry.collectives import wrap_collectives
+
 FAIL_ENV = "TRAINSTACK_AUTO_FAIL"
 """Makes the instrumentation fail on purpose (any value), at the rank's first optimizer step: the test that a
 failing instrumentation costs the run one line and nothing else."""
@@ -304,9 +306,10 @@ def _add_callback(trainer: Any, framework_module: str) -> None:
 
 
 def install() -> None:
-    """Hooks this process, unless it is a multiprocessing child (a DataLoader or compile worker). Whether it is a
-    rank is decided at its first training event, when sys.argv names the script (while `python -m` imports its
-    module's package, torch among them, it does not yet): a launcher's agent never has one, so it never imports the
+    """Hooks this process, unless it is a forked multiprocessing child (a DataLoader or compile worker; a spawned
+    child, mp.spawn's ranks among them, imports torch before it knows its parent). Whether it is a rank is decided
+    at its first training event (is_rank), when sys.argv names the script (while `python -m` imports its module's
+    package, torch among them, it does not yet): a launcher's agent never has one, so it never imports the
     monitor."""
     if multiprocessing.parent_process() is not None:
         return
@@ -320,6 +323,7 @@ def install() -> None:
     torch.save = _as_pause(torch.save, CHECKPOINT_SAVE)
     if dist.is_available():
         dist.destroy_process_group = _closing_first(dist.destroy_process_group)
+        wrap_collectives()
     atexit.register(lambda: RANK.guarded(RANK.close))
 
 

@@ -13,21 +13,8 @@ monitoring side (trainstack.monitoring).
 - comm.py, fsdp_comm.py, comm_timer.py, comm_setup.py: DDP's and FSDP's communication times and settings
 - gpu_busy.py, gpu_activity.py: NVML's utilization and GPM on the rank's own GPU
 - state.py: the bytes of parameters, gradients and optimizer state the rank holds
+- collectives.py: every other collective the rank calls (a framework's, the loop's own)
+
+It re-exports nothing: `trainstack watch` imports collectives.py into every process that imports torch, and a
+package import that pulled in the rest would cost each of them a fifth of a second.
 """
-
-from trainstack.telemetry.device import RankIdentity, device_uuid, peak_flops
-from trainstack.telemetry.interval import IntervalSums, IntervalTotals, interval_ends
-from trainstack.telemetry.metrics import progress_by_rank
-from trainstack.telemetry.state import measure_state_once, training_state_bytes
-
-__all__ = [
-    "IntervalSums",
-    "IntervalTotals",
-    "RankIdentity",
-    "device_uuid",
-    "interval_ends",
-    "measure_state_once",
-    "peak_flops",
-    "progress_by_rank",
-    "training_state_bytes",
-]

@@ -13,8 +13,10 @@ call as it starts and ends on the caller's stream). A wrapped call is booked onl
   hooks (and trainstack's timed copies of them), and a collective that torch calls inside another
   (`broadcast_object_list`'s `broadcast`) is part of the outer one.
 - it runs on the thread the Monitor was started on, the loop's: a helper thread's collective is not the step's.
-Nothing else is added to the call: no collective, no synchronization. The wrappers stay once the first Monitor has
-put them in place; with no Monitor booking they only pass each call on.
+Nothing else is added to the call: no collective, no synchronization. The wrappers stay once the first Monitor (or,
+under `trainstack watch`, torch's import) has put them in place; with no Monitor booking they only pass each call on.
+A name the script bound to a collective before then (`from torch.distributed import all_reduce` in a loop
+instrumented by hand, imported before `trainstack.monitor.start`) keeps the original: its calls are not seen.
 """
 
 from __future__ import annotations
@@ -73,24 +75,33 @@ _watch = _Watch()
 _inside = threading.local()  # a booked call in progress on this thread: calls within it are part of it
 
 
+def wrap_collectives() -> None:
+    """Puts the wrappers in place of torch.distributed's collectives, once; they only pass each call on until a
+    booking watches them. `trainstack watch` calls it as torch is imported, before the script binds a collective
+    to a name of its own (`from torch.distributed import all_reduce`), which a wrapper put in place later would
+    not reach."""
+    if not dist.is_available() or _watch.originals:
+        return
+    import torch.distributed.distributed_c10d as c10d
+
+    for name in TIMED:
+        original = getattr(c10d, name, None)
+        if original is None:
+            continue
+        _watch.originals[name] = original
+        wrapped = _timed(original)
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name, None) is original:
+            setattr(dist, name, wrapped)
+
+
 def watch_collectives(booking: CollectiveBooking) -> Callable[[], None]:
     """Books the collectives this thread calls into `booking` until the returned function is called. One booking at
     a time: a later one replaces an earlier one (a rank runs one Monitor). Where this torch has no
     torch.distributed, there is nothing to book."""
     if not dist.is_available():
         return lambda: None
-    import torch.distributed.distributed_c10d as c10d
-
-    if not _watch.originals:
-        for name in TIMED:
-            original = getattr(c10d, name, None)
-            if original is None:
-                continue
-            _watch.originals[name] = original
-            wrapped = _timed(original)
-            setattr(c10d, name, wrapped)
-            if getattr(dist, name, None) is original:
-                setattr(dist, name, wrapped)
+    wrap_collectives()
     _watch.booking, _watch.thread = booking, threading.get_ident()
 
     def unwatch() -> None:
