@@ -79,12 +79,14 @@ def multi_node_script_job(slurm, tmp_path_factory) -> tuple[str, Path, Path]:
     (folder / "bin").mkdir()
     script(folder / "bin" / "trainstack", STAND_IN)
     output, run_dir = folder / "out.txt", folder / "run"
+    environ = {"PATH": f"{folder / 'bin'}:{os.environ['PATH']}", "RUN_DIR": str(run_dir)}
+    environ["PROMETHEUS_SD_DIR"] = str(folder / "targets")
     job_id = slurm.sbatch(
         *("--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=1", "--signal=B:TERM@50"),
         f"--output={output}",
         str(REPO / "examples/slurm/multi-node.sbatch"),
         *("--max-steps", "10"),
-        env={"PATH": f"{folder / 'bin'}:{os.environ['PATH']}", "RUN_DIR": str(run_dir)},
+        env=environ,
     )
     return job_id, output, run_dir
 
@@ -213,8 +215,8 @@ def test_the_multi_node_script_passes_the_warning_on_and_requeues_after_a_checkp
     text = output.read_text()
     assert fields["JobState"] == "COMPLETED", text
     assert fields["Restarts"] == "1", text
-    exporter_port = 25000 + int(job_id) % 4000
-    args = f"train --output-dir {run_dir} --exporter-host 0.0.0.0 --exporter-port {exporter_port} "
+    # No exporter port: each node's launcher derives its own. The target folder for Prometheus, as the test set it.
+    args = f"train --output-dir {run_dir} --exporter-host 0.0.0.0 --prometheus-sd-dir {run_dir.parent / 'targets'} "
     args += "--wait-for-lease 120 --max-steps 10"
     stand_in = sorted(line for line in text.splitlines() if line.startswith("stand-in"))
     assert stand_in == sorted(
