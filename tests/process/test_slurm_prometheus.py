@@ -179,6 +179,9 @@ def test_the_files_are_gone_once_the_job_stopped_with_a_checkpoint(job):
     assert fields["ExitCode"] == "75:0", text[-3000:]  # both nodes checkpointed and exited 75; not requeued
     assert fields["Restarts"] == "0"
     assert json.loads((job.run_dir / "summary.json").read_text())["exit_reason"] == "preempted"
+    # Both nodes' ranks are in the run directory too, each node's metrics in its own folder.
+    assert sorted(path.name for path in (job.run_dir / "telemetry").iterdir()) == ["rank-0.jsonl", "rank-1.jsonl"]
+    assert sorted(path.name for path in (job.run_dir / "metrics").iterdir()) == ["node-0", "node-1"]
     assert sorted(path.name for path in job.targets.iterdir()) == []  # nor a temporary file left
     assert len(re.findall(r"Prometheus target \S+:\d+ in ", text)) == 2, text[-3000:]  # each node said where
     # Prometheus drops them at its next reading of the folder.
