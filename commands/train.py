@@ -34,11 +34,12 @@ from trainstack.rundir import (
     write_summary,
 )
 from trainstack.supervisor.lease import RunDirLease, lease_timeout
+from trainstack.supervisor.prometheus_sd import FileSdTarget, file_sd_target
 from trainstack.supervisor.supervised import OwnAgent, SupervisedRun, findings, print_card, write_report
 from trainstack.train.launcher import launch_config
 from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
 from trainstack.train.launcher.fsdp_units import check_fsdp_units
-from trainstack.train.launcher.launch_config import LaunchConfig, lease_wait
+from trainstack.train.launcher.launch_config import LaunchConfig, lease_wait, prometheus_sd_dir
 from trainstack.train.rank import checkpoint
 from trainstack.train.rank import config as train_config
 from trainstack.train.rank.specs import check_dataset_spec, check_model_spec
@@ -128,8 +129,9 @@ class Launch:
         resume_from: Path | None,
         run_id: str,
         lease: RunDirLease | None = None,
+        discovery: FileSdTarget | None = None,
     ):
-        self.config, self.launch, self.resume_from = config, launch, resume_from
+        self.config, self.launch, self.resume_from, self.discovery = config, launch, resume_from, discovery
         self.run_dir = RunDir(config.run_dir)
         self.run_id = run_id
         self.supervised = SupervisedRun(
@@ -223,7 +225,7 @@ class Launch:
         self.prepare_run_dir()
         supervised = self.supervised
         with (
-            supervised.exporter_beside(self.launch.exporter_host, self.launch.exporter_port),
+            supervised.exporter_beside(self.launch.exporter_host, self.launch.exporter_port, discovery=self.discovery),
             supervised.catching((signal.SIGTERM, signal.SIGINT)),
         ):
             if self.launch.nnodes > 1:
@@ -334,6 +336,9 @@ def run(args: argparse.Namespace) -> int:
     wait = lease_wait(args)
     preflight(config, launch)
     run_id = new_run_id()
+    discovery = file_sd_target(
+        prometheus_sd_dir(args), run_id, launch.node_rank, launch.exporter_host, launch.exporter_port, launch.slurm
+    )
     # Launch.run handles SIGTERM while ranks run; the caller's handler is back once the launch is over
     previous = signal.signal(signal.SIGTERM, _stop_before_ranks)
     try:
@@ -347,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
                 return EXIT_OK
             resume_from = resume_point(config)
             run_doctor(config, launch, args.skip_doctor)
-            launched = Launch(config, launch, resume_from, run_id, lease)
+            launched = Launch(config, launch, resume_from, run_id, lease, discovery)
             code = launched.run()
             if args.report and launch.node_rank == 0:
                 this_launch = launched.summary_of_this_launch()  # not an earlier launch's verdict

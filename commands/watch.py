@@ -42,9 +42,17 @@ from trainstack.rundir import (
     run_environment,
     write_summary,
 )
+from trainstack.slurm import SlurmWorld
 from trainstack.supervisor.lease import RunDirLease, lease_timeout
+from trainstack.supervisor.prometheus_sd import FileSdTarget, file_sd_target
 from trainstack.supervisor.supervised import AnyCommand, SupervisedRun, findings, print_card, write_report
-from trainstack.train.launcher.launch_config import add_beside_run_arguments, lease_wait, node_rank_of
+from trainstack.train.launcher.launch_config import (
+    add_beside_run_arguments,
+    exporter_port,
+    lease_wait,
+    node_rank_of,
+    prometheus_sd_dir,
+)
 from trainstack.write_failure import WriteFailure, write_atomically
 
 PROGRAM = "trainstack watch"
@@ -80,8 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--node-rank",
         type=int,
         help="this node's rank, for a command that spans nodes (env NODE_RANK, PET_NODE_RANK or "
-        "JOB_COMPLETION_INDEX; default 0): each node holds its own lease file and metrics "
-        "folder, node 0 writes the report",
+        "JOB_COMPLETION_INDEX, else SLURM_NODEID in a Slurm job; default 0): each node holds its own lease file "
+        "and metrics folder, node 0 writes the report",
     )
     parser.add_argument(
         "--nvml-module",
@@ -195,9 +203,12 @@ class Watch:
         node_rank: int,
         run_id: str,
         lease: RunDirLease | None,
+        exporter_port: int,
+        discovery: FileSdTarget | None = None,
     ):
         self.command, self.args, self.run_dir = command, args, run_dir
         self.node_rank, self.run_id = node_rank, run_id
+        self.exporter_port, self.discovery = exporter_port, discovery
         self.supervised = SupervisedRun(run_dir, node_rank, lease, AnyCommand(), say)
         self.started_at: float | None = None  # Unix time the command started
         self.ended_at: float | None = None
@@ -234,7 +245,9 @@ class Watch:
         self.prepare_run_dir()
         supervised = self.supervised
         series = CommandState(supervised.metrics_dir, self.command, self.run_id)
-        with supervised.exporter_beside(self.args.exporter_host, self.args.exporter_port, self.args.nvml_module):
+        with supervised.exporter_beside(
+            self.args.exporter_host, self.exporter_port, self.args.nvml_module, self.discovery
+        ):
             if supervised.received:  # while the exporter started
                 return stopped_before_start(supervised.received[0])
             say(f"run {self.run_id} in {self.run_dir.path}: {shlex.join(self.command)}")
@@ -297,19 +310,21 @@ def run(args: argparse.Namespace) -> int:
     """The watched run; then, with --report on node 0, the report while the lease is still held."""
     command = command_of(args)
     check_run_dir(args.run_dir, "--run-dir")
-    check_port("--exporter-port", args.exporter_port, zero_means="to run no exporter")
     wait, timeout = lease_wait(args), lease_timeout(args.lease_timeout)
-    node_rank = node_rank_of(args)
+    slurm = SlurmWorld.from_environ(os.environ)  # None under torchrun, whose world wins
+    node_rank = node_rank_of(args, slurm)
     if node_rank < 0:
         raise ConfigError(f"--node-rank must be 0 or more, got {node_rank}")
+    port = check_port("--exporter-port", exporter_port(args, slurm, node_rank), zero_means="to run no exporter")
     stop_grace()  # a bad TRAINSTACK_STOP_GRACE is refused now, not once the command has left processes behind
     hint_seconds()
     run_id = new_run_id()
+    discovery = file_sd_target(prometheus_sd_dir(args), run_id, node_rank, args.exporter_host, port, slurm)
     previous = {signum: signal.signal(signum, _stop_before_start) for signum in FORWARDED}
     try:
         with RunDirLease(args.run_dir, run_id, node_rank, timeout, say=say, dir_flag="--run-dir") as lease:
             lease.acquire(wait=wait)
-            watch = Watch(command, args, RunDir(args.run_dir), node_rank, run_id, lease)
+            watch = Watch(command, args, RunDir(args.run_dir), node_rank, run_id, lease, port, discovery)
             for signum in FORWARDED:
                 signal.signal(signum, watch.supervised.on_signal)
             code = watch.run()

@@ -3,6 +3,9 @@ backoff, whenever it ends or never starts serving (a taken port, a crash, an OOM
 
 A restarted exporter carries on where the last one stopped: the training counters it serves are the ranks' own,
 read from their multiprocess files in the metrics folder at each scrape, not kept in the exporter.
+
+With a Prometheus target file (prometheus_sd.py), the exporter is announced there too once it first answers, and
+the file is removed when the exporter is stopped: a restart in between keeps it, since the port stays the same.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from pathlib import Path
 
 from trainstack.lifetime import describe_end, supervised_by_me
 from trainstack.rundir import METRICS_DIR_ENV, exporter_url
+from trainstack.supervisor.prometheus_sd import FileSdTarget
+from trainstack.write_failure import WriteFailure
 
 FIRST_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 60.0
@@ -32,13 +37,21 @@ def probe_address(host: str) -> str:
 
 
 class SupervisedExporter:
-    """`start()` returns at once; a thread starts the exporter, waits for its /healthz, announces `url`, and starts
-    it again when it ends. `stop()` ends the exporter and the thread."""
+    """`start()` returns at once; a thread starts the exporter, waits for its /healthz, announces `url` (and writes
+    `discovery`, its Prometheus target file, if any), and starts it again when it ends. `stop()` removes the target
+    file and ends the exporter and the thread."""
 
     def __init__(
-        self, command: list[str], env: dict[str, str], port: int, host: str, url: str, say: Callable[[str], None]
+        self,
+        command: list[str],
+        env: dict[str, str],
+        port: int,
+        host: str,
+        url: str,
+        say: Callable[[str], None],
+        discovery: FileSdTarget | None = None,
     ):
-        self.command, self.env, self.url, self.say = command, env, url, say
+        self.command, self.env, self.url, self.say, self.discovery = command, env, url, say, discovery
         self.health_url = f"http://{probe_address(host)}:{port}/healthz"
         self.process: subprocess.Popen | None = None
         self._stopping = threading.Event()
@@ -50,6 +63,8 @@ class SupervisedExporter:
     def stop(self) -> None:
         self._stopping.set()
         self._thread.join()
+        if self.discovery:  # first: Prometheus stops looking for it rather than finding it down
+            self.discovery.remove()
         if self.process and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -67,6 +82,8 @@ class SupervisedExporter:
                 return
             if problem is None:
                 self.say(f"metrics at {self.url}" if not served_before else f"the exporter serves {self.url} again")
+                if not served_before:
+                    self._announce()
                 served_before, backoff = True, FIRST_BACKOFF_SECONDS
                 while not self._stopping.wait(PROBE_SECONDS) and self.process.poll() is None:
                     pass
@@ -77,6 +94,17 @@ class SupervisedExporter:
             if self._stopping.wait(backoff):
                 return
             backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+
+    def _announce(self) -> None:
+        """The Prometheus target file, once the port is bound. A storage that refuses it costs the discovery only."""
+        if self.discovery is None:
+            return
+        try:
+            self.discovery.write()
+        except WriteFailure as failure:
+            self.say(f"warning: Prometheus will not find this exporter: {failure}")
+            return
+        self.say(f"Prometheus target {self.discovery.target} in {self.discovery.path}")
 
     def _wait_until_serving(self) -> str | None:
         """None once /healthz answers; else why not (the process ended, or never answered and was killed)."""
@@ -105,10 +133,17 @@ class SupervisedExporter:
 
 
 def exporter_beside_run(
-    metrics_dir: Path, run_dir: Path, host: str, port: int, say: Callable[[str], None], nvml_module: str | None = None
+    metrics_dir: Path,
+    run_dir: Path,
+    host: str,
+    port: int,
+    say: Callable[[str], None],
+    nvml_module: str | None = None,
+    discovery: FileSdTarget | None = None,
 ) -> SupervisedExporter:
     """The exporter a launcher runs beside its run (`trainstack train`, `trainstack watch`): it serves the ranks'
-    files in `metrics_dir`, logs GPU snapshots into `run_dir`, and stops when the launcher is gone. Not started."""
+    files in `metrics_dir`, logs GPU snapshots into `run_dir`, and stops when the launcher is gone; `discovery`, its
+    Prometheus target file, is there while it runs. Not started."""
     command = [
         sys.executable,
         "-m",
@@ -126,5 +161,5 @@ def exporter_beside_run(
         command += ["--nvml-module", nvml_module]
     env = supervised_by_me({**os.environ, METRICS_DIR_ENV: str(metrics_dir.resolve())})
     return SupervisedExporter(
-        command, env=env, port=port, host=host, url=f"{exporter_url(host, port)}/metrics", say=say
+        command, env=env, port=port, host=host, url=f"{exporter_url(host, port)}/metrics", say=say, discovery=discovery
     )

@@ -38,6 +38,7 @@ from trainstack.rundir import RunDir, Summary, read_summary
 from trainstack.supervisor.exporter_process import SupervisedExporter, exporter_beside_run
 from trainstack.supervisor.hang_watch import HangWatch
 from trainstack.supervisor.lease import RunDirLease
+from trainstack.supervisor.prometheus_sd import FileSdTarget
 from trainstack.write_failure import WriteFailure, write_failure
 
 POLL_SECONDS = 0.2
@@ -164,10 +165,15 @@ class SupervisedRun:
                 signal.signal(signum, handler)
 
     @contextmanager
-    def exporter_beside(self, host: str, port: int, nvml_module: str | None = None) -> Iterator[None]:
-        """The exporter serves this node's metrics inside (none for port 0), and is stopped after."""
+    def exporter_beside(
+        self, host: str, port: int, nvml_module: str | None = None, discovery: FileSdTarget | None = None
+    ) -> Iterator[None]:
+        """The exporter serves this node's metrics inside (none for port 0), and is stopped after; `discovery`, its
+        Prometheus target file, is written once it serves and removed as it stops."""
         if port:
-            self.exporter = exporter_beside_run(self.metrics_dir, self.run_dir.path, host, port, self.say, nvml_module)
+            self.exporter = exporter_beside_run(
+                self.metrics_dir, self.run_dir.path, host, port, self.say, nvml_module, discovery
+            )
             self.exporter.start()
         try:
             yield

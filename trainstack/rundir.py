@@ -70,6 +70,8 @@ STOP_GRACE_ENV = "TRAINSTACK_STOP_GRACE"
 # ---- ports --------------------------------------------------------------------------------------------------
 DEFAULT_EXPORTER_HOST = "127.0.0.1"
 DEFAULT_EXPORTER_PORT = 9450
+# A folder where each node's launcher writes its exporter as a Prometheus file_sd target (--prometheus-sd-dir).
+PROMETHEUS_SD_DIR_ENV = "TRAINSTACK_PROMETHEUS_SD_DIR"
 DEFAULT_MASTER_PORT = 29500  # torchrun's default rendezvous port; multi-node jobs need a fixed one
 
 

@@ -40,6 +40,17 @@ TORCHELASTIC_VARIABLES = ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
 MASTER_PORT_BASE = 15000
 MASTER_PORT_SPAN = 10000
 
+# Each node's exporter port: EXPORTER_PORT_BASE + (job id mod EXPORTER_JOB_SLOTS) * EXPORTER_NODE_SLOTS + node rank
+# mod EXPORTER_NODE_SLOTS, 25000-29399. A block of ports per job, one per node, since two nodes of one job may share
+# a host (several slurmd on one machine, as in the tests); on a real cluster each node is its own host and only the
+# job's block counts. Above the privileged ports, below Linux's ephemeral range (32768 up), above the rendezvous
+# ports (MASTER_PORT_BASE's span, 15000-24999) and below torchrun's 29400 and 29500. Two jobs on one host collide
+# only when their ids differ by a multiple of EXPORTER_JOB_SLOTS (550), and then the launcher's check (port_free)
+# says so before any rank starts.
+EXPORTER_PORT_BASE = 25000
+EXPORTER_NODE_SLOTS = 8
+EXPORTER_JOB_SLOTS = 550
+
 RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
@@ -142,6 +153,12 @@ def tasks_per_node(spec: str) -> list[int]:
 def master_port_of(job_id: int) -> int:
     """The rendezvous port every node of job `job_id` derives alike, with no message between them."""
     return MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN
+
+
+def exporter_port_of(job_id: int, node_rank: int) -> int:
+    """The exporter port of node `node_rank` of job `job_id` (EXPORTER_PORT_BASE's rule): known to every node and to
+    a person reading the job id, with no message between them."""
+    return EXPORTER_PORT_BASE + (job_id % EXPORTER_JOB_SLOTS) * EXPORTER_NODE_SLOTS + node_rank % EXPORTER_NODE_SLOTS
 
 
 def port_free(port: int, host: str = "") -> bool:

@@ -27,7 +27,7 @@ import pytest
 
 from tests.helpers.runs import REPO
 from tests.helpers.slurm import NODES, SlurmCluster, cluster_or_skip
-from trainstack.slurm import expand_hostlist
+from trainstack.slurm import expand_hostlist, exporter_port_of
 
 pytestmark = pytest.mark.slow
 
@@ -79,12 +79,14 @@ def multi_node_script_job(slurm, tmp_path_factory) -> tuple[str, Path, Path]:
     (folder / "bin").mkdir()
     script(folder / "bin" / "trainstack", STAND_IN)
     output, run_dir = folder / "out.txt", folder / "run"
+    environ = {"PATH": f"{folder / 'bin'}:{os.environ['PATH']}", "RUN_DIR": str(run_dir)}
+    environ["PROMETHEUS_SD_DIR"] = str(folder / "targets")
     job_id = slurm.sbatch(
         *("--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=1", "--signal=B:TERM@50"),
         f"--output={output}",
         str(REPO / "examples/slurm/multi-node.sbatch"),
         *("--max-steps", "10"),
-        env={"PATH": f"{folder / 'bin'}:{os.environ['PATH']}", "RUN_DIR": str(run_dir)},
+        env=environ,
     )
     return job_id, output, run_dir
 
@@ -93,12 +95,12 @@ def multi_node_script_job(slurm, tmp_path_factory) -> tuple[str, Path, Path]:
 def watch_job(slurm, tmp_path_factory) -> tuple[str, Path, Path]:
     """examples/slurm/watch-torchrun.sbatch running a user's own DDP loop (examples/ddp_loop.py) under
     `trainstack watch -- torchrun` on both nodes, one CPU rank each: (job id, output file, run directory).
-    MASTER_ADDR and no exporter as in tests/helpers/slurm.py's submit_multi_node. Submitted as the cluster comes
-    up."""
+    MASTER_ADDR as in tests/helpers/slurm.py's submit_multi_node; each node's exporter on the port watch derives,
+    announced in the folder `targets` beside the run directory. Submitted as the cluster comes up."""
     folder = tmp_path_factory.mktemp("watch-job")
     output, run_dir = folder / "out.txt", folder / "run"
     environ = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "RUN_DIR": str(run_dir)}
-    environ.update(EXPORTER_PORT="0", MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
+    environ.update(PROMETHEUS_SD_DIR=str(folder / "targets"), MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
     job_id = slurm.sbatch(
         *("--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5", f"--chdir={REPO}"),
         f"--output={output}",
@@ -213,8 +215,8 @@ def test_the_multi_node_script_passes_the_warning_on_and_requeues_after_a_checkp
     text = output.read_text()
     assert fields["JobState"] == "COMPLETED", text
     assert fields["Restarts"] == "1", text
-    exporter_port = 25000 + int(job_id) % 4000
-    args = f"train --output-dir {run_dir} --exporter-host 0.0.0.0 --exporter-port {exporter_port} "
+    # No exporter port: each node's launcher derives its own. The target folder for Prometheus, as the test set it.
+    args = f"train --output-dir {run_dir} --exporter-host 0.0.0.0 --prometheus-sd-dir {run_dir.parent / 'targets'} "
     args += "--wait-for-lease 120 --max-steps 10"
     stand_in = sorted(line for line in text.splitlines() if line.startswith("stand-in"))
     assert stand_in == sorted(
@@ -248,6 +250,12 @@ def test_the_watch_script_runs_a_users_torchrun_job_on_both_nodes(slurm, watch_j
         sorted(path.name for path in (run_dir / "metrics" / f"node-{node}").glob("hang-rank-*.json")) for node in (0, 1)
     ]
     assert sorted(per_node) == [["hang-rank-0.json"], ["hang-rank-1.json"]]
+    # With no --node-rank and no exporter port given, each node's watch took its rank from SLURM_NODEID and derived
+    # its own port from it (both nodes share this host), announced it as a Prometheus target while the command ran,
+    # and removed the file as it stopped.
+    announced = re.findall(r"Prometheus target \S+:(\d+) in ", text)
+    assert sorted(map(int, announced)) == [exporter_port_of(int(job_id), node) for node in (0, 1)], text[-3000:]
+    assert list((run_dir.parent / "targets").iterdir()) == []
 
 
 @pytest.mark.parametrize("name", ["one-node.sbatch", "multi-node.sbatch", "watch-torchrun.sbatch"])

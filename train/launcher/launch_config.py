@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainstack.errors import ConfigError
 from trainstack.rundir import (
@@ -19,11 +20,12 @@ from trainstack.rundir import (
     DEFAULT_LEASE_TIMEOUT_SECONDS,
     DEFAULT_MASTER_PORT,
     LEASE_TIMEOUT_ENV,
+    PROMETHEUS_SD_DIR_ENV,
     SHOWN,
     check_port,
     free_port,
 )
-from trainstack.slurm import SlurmWorld, port_free
+from trainstack.slurm import EXPORTER_PORT_BASE, SlurmWorld, exporter_port_of, port_free
 from trainstack.train.launcher.cuda_devices import cuda_device_count
 from trainstack.train.rank import config as train_config
 
@@ -63,6 +65,32 @@ def slurm_master_port(slurm: SlurmWorld, node_rank: int) -> int:
     return slurm.master_port
 
 
+def exporter_port(args: argparse.Namespace, slurm: SlurmWorld | None, node_rank: int) -> int:
+    """--exporter-port; else, in a Slurm job, the port derived from the job id and this node's rank
+    (trainstack/slurm.py's exporter_port_of), checked free where the exporter binds (--exporter-host): another job's
+    exporter on this host may hold it; else DEFAULT_EXPORTER_PORT."""
+    if args.exporter_port is not None:
+        return args.exporter_port
+    if slurm is None:
+        return DEFAULT_EXPORTER_PORT
+    port = exporter_port_of(slurm.job_id, node_rank)
+    if not port_free(port, args.exporter_host):
+        raise ConfigError(
+            f"port {port}, the exporter port of Slurm job {slurm.job_id} on node {node_rank} "
+            f"({slurm.node_name or 'this node'}), is in use: pass --exporter-port <a free port> "
+            "(EXPORTER_PORT=<port> in examples/slurm's scripts), or 0 for no exporter"
+        )
+    return port
+
+
+def prometheus_sd_dir(args: argparse.Namespace) -> Path | None:
+    """--prometheus-sd-dir, else PROMETHEUS_SD_DIR_ENV, else None (no target file)."""
+    if args.prometheus_sd_dir is not None:
+        return args.prometheus_sd_dir
+    value = os.environ.get(PROMETHEUS_SD_DIR_ENV)
+    return Path(value) if value else None
+
+
 def _env_str(*names: str) -> str | None:
     return next((os.environ[n] for n in names if os.environ.get(n)), None)
 
@@ -80,6 +108,8 @@ class LaunchConfig:
     exporter_port: int
     exporter_host: str
     rendezvous_timeout: float
+    slurm: SlurmWorld | None = None
+    """The Slurm job's world where the launcher runs in one (not under torchrun), for the exporter's target file."""
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1:
@@ -136,9 +166,10 @@ class LaunchConfig:
             or (slurm.master_addr if slurm is not None else "127.0.0.1"),
             master_port=master_port,
             use_cpu=use_cpu,
-            exporter_port=args.exporter_port,
+            exporter_port=exporter_port(args, slurm, node_rank),
             exporter_host=args.exporter_host,
             rendezvous_timeout=args.rendezvous_timeout,
+            slurm=slurm,
         )
 
 
@@ -189,13 +220,20 @@ def add_beside_run_arguments(group: argparse._ActionsContainer) -> None:
     group.add_argument(
         "--exporter-port",
         type=int,
-        default=DEFAULT_EXPORTER_PORT,
-        help=f"metrics exporter port (default: {DEFAULT_EXPORTER_PORT}; 0 turns it off)",
+        help=f"metrics exporter port (default: {DEFAULT_EXPORTER_PORT}; in a Slurm job, one derived from the job id "
+        f"and the node's rank, {EXPORTER_PORT_BASE} up, checked free; 0 turns it off)",
     )
     group.add_argument(
         "--exporter-host",
         default=DEFAULT_EXPORTER_HOST,
         help=f"address the exporter binds (default: {DEFAULT_EXPORTER_HOST}; pass 0.0.0.0 in a container)",
+    )
+    group.add_argument(
+        "--prometheus-sd-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"write this node's exporter as a Prometheus file_sd target, DIR/<run id>-node<k>.json, once it serves, "
+        f"and remove it when it stops: a folder Prometheus' host reads (env {PROMETHEUS_SD_DIR_ENV}; default: none)",
     )
     group.add_argument(
         "--report",

@@ -67,7 +67,7 @@ def test_an_earlier_record_is_set_aside_unless_the_run_is_named(tmp_path, monkey
         monkeypatch.setenv(RUN_ID_ENV, "job-uid")
     monkeypatch.setenv("NCCL_ALGO", "Ring")
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
-    Watch(["true"], argparse.Namespace(auto=True), run_dir, 0, "this-run", lease=None).prepare_run_dir()
+    Watch(["true"], argparse.Namespace(auto=True), run_dir, 0, "this-run", None, exporter_port=0).prepare_run_dir()
     aside = run_dir.previous("this-run").path
     assert {path: path.exists() for path in earlier} == dict.fromkeys(earlier, not moved)
     assert {(aside / path.relative_to(run_dir.path)).exists() for path in earlier} == {moved}

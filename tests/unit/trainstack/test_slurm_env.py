@@ -9,10 +9,14 @@ import pytest
 
 from trainstack.errors import ConfigError
 from trainstack.slurm import (
+    EXPORTER_JOB_SLOTS,
+    EXPORTER_NODE_SLOTS,
+    EXPORTER_PORT_BASE,
     MASTER_PORT_BASE,
     MASTER_PORT_SPAN,
     SlurmWorld,
     expand_hostlist,
+    exporter_port_of,
     master_port_of,
     port_free,
     tasks_per_node,
@@ -140,6 +144,23 @@ def test_master_port_is_derived_from_the_job_id_in_an_unprivileged_range_below_t
     assert master_port_of(7) != master_port_of(8)  # neighbouring jobs on one node do not collide
 
 
+def test_exporter_ports_are_distinct_per_node_and_per_job_in_their_own_range():
+    assert exporter_port_of(0, 0) == EXPORTER_PORT_BASE
+    assert exporter_port_of(4242, 1) == EXPORTER_PORT_BASE + (4242 % 550) * 8 + 1
+    ports = {exporter_port_of(job, node) for job in range(3 * EXPORTER_JOB_SLOTS) for node in range(64)}
+    assert min(ports) >= 1024 and max(ports) < 32768  # above the privileged ports, below Linux's ephemeral range
+    assert max(ports) < 29400  # below torchrun's c10d (29400) and static (29500) rendezvous defaults
+    masters = {master_port_of(job) for job in range(MASTER_PORT_SPAN)}
+    assert not ports & masters and not ports & {29400, 29500, 9450}
+    # The nodes of one job that share a host (the test cluster's two slurmd) each have their own port.
+    job = [exporter_port_of(4242, node) for node in range(EXPORTER_NODE_SLOTS)]
+    assert len(set(job)) == EXPORTER_NODE_SLOTS
+    # Jobs side by side on one host: whatever their nodes' ranks, neighbouring ids never share a port.
+    neighbours = [exporter_port_of(job, node) for job in range(4240, 4250) for node in range(EXPORTER_NODE_SLOTS)]
+    assert len(set(neighbours)) == len(neighbours)
+    assert exporter_port_of(4242, 0) == exporter_port_of(4242 + EXPORTER_JOB_SLOTS, 0)  # the documented collision
+
+
 def test_port_free_sees_a_port_in_use():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -228,9 +249,10 @@ WORLD_VARIABLES = ("NNODES", "PET_NNODES", "NODE_RANK", "PET_NODE_RANK", "JOB_CO
 WORLD_VARIABLES += ("PET_MASTER_ADDR", "MASTER_PORT", "PET_MASTER_PORT", "NPROC_PER_NODE", "PET_NPROC_PER_NODE")
 
 
-def launch_world(monkeypatch, environ: dict[str, str], *flags: str):
+def launch_world(monkeypatch, environ: dict[str, str], *flags: str, no_exporter: bool = True):
     """The launcher's world (LaunchConfig.from_args) for `flags` in `environ` alone, the host list expanded in
-    Python (no scontrol process)."""
+    Python (no scontrol process); no exporter (--exporter-port 0) unless `flags` name a port or no_exporter is
+    False."""
     import argparse
     import os
 
@@ -245,7 +267,8 @@ def launch_world(monkeypatch, environ: dict[str, str], *flags: str):
     monkeypatch.setattr(trainstack.slurm, "scontrol_hostnames", lambda hostlist: None)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    return LaunchConfig.from_args(parser.parse_args(["--cpu", "--exporter-port", "0", *flags]))
+    exporter = [] if "--exporter-port" in flags or not no_exporter else ["--exporter-port", "0"]
+    return LaunchConfig.from_args(parser.parse_args(["--cpu", *exporter, *flags]))
 
 
 def test_the_launcher_takes_the_slurm_jobs_world(monkeypatch):
@@ -293,5 +316,42 @@ def test_node_0_refuses_a_derived_port_in_use(monkeypatch):
             )
             # Node 1 does not listen there: the port is node 0's to check.
             assert launch_world(monkeypatch, {**node_0, "SLURM_NODEID": "1"}).master_port == master_port_of(job_id)
+            return
+    pytest.fail("no derived port was free to hold")
+
+
+def test_each_node_of_a_slurm_job_derives_its_own_exporter_port_unless_one_is_given(monkeypatch):
+    node_0 = {**STEP_ON_N2, "SLURM_NODEID": "0", "SLURMD_NODENAME": "n1"}
+    for environ, node in ((node_0, 0), (STEP_ON_N2, 1)):
+        found = launch_world(monkeypatch, environ, no_exporter=False)
+        if found.exporter_port != exporter_port_of(4242, node):  # held by something else on this machine
+            pytest.skip(f"port {exporter_port_of(4242, node)} is in use here")
+        assert found.slurm is not None and found.slurm.node_rank == node
+    assert launch_world(monkeypatch, STEP_ON_N2, "--exporter-port", "9999").exporter_port == 9999
+    # The node's rank as the launcher takes it: a flag wins over SLURM_NODEID, for the port too.
+    assert launch_world(monkeypatch, STEP_ON_N2, "--node-rank", "0", no_exporter=False).exporter_port == (
+        exporter_port_of(4242, 0)
+    )
+    assert launch_world(monkeypatch, {}, no_exporter=False).exporter_port == 9450  # outside Slurm: the default
+
+
+def test_a_derived_exporter_port_in_use_is_one_line_naming_the_port_the_node_and_the_flag(monkeypatch):
+    for job_id in range(4242, 4262):  # a derived port nobody else holds on this machine
+        port = exporter_port_of(job_id, 1)
+        with socket.socket() as taken:
+            try:
+                taken.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            taken.listen()
+            environ = {**STEP_ON_N2, "SLURM_JOB_ID": str(job_id)}
+            with pytest.raises(ConfigError) as error:
+                launch_world(monkeypatch, environ, no_exporter=False)
+            line = str(error.value)
+            assert f"port {port}, the exporter port of Slurm job {job_id} on node 1 (n2), is in use" in line
+            assert "--exporter-port" in line and "\n" not in line
+            # Bound to every address, the exporter would collide with a listener on one of them too.
+            with pytest.raises(ConfigError, match=f"port {port}"):
+                launch_world(monkeypatch, environ, "--exporter-host", "0.0.0.0", no_exporter=False)
             return
     pytest.fail("no derived port was free to hold")
