@@ -122,17 +122,21 @@ def cluster_or_skip(root: Path) -> Iterator[SlurmCluster]:
         yield cluster
 
 
-def submit_multi_node(cluster: SlurmCluster, output: Path, run_dir: Path, *train_args: str, **env: str) -> str:
+def submit_multi_node(
+    cluster: SlurmCluster, output: Path, run_dir: Path, *train_args: str, options: Sequence[str] = (), **env: str
+) -> str:
     """examples/slurm/multi-node.sbatch as a user submits it, running this checkout's `trainstack train` with
     `train_args` on both nodes, one CPU rank each: the job id. MASTER_ADDR=127.0.0.1, since the master is the
     job's first node, n1, a Slurm node name that resolves nowhere here (on a cluster node names resolve); no
     exporter (EXPORTER_PORT=0), since both nodes are on this host and the port the script derives from the job id
-    is the same for both (the launcher is to count the node in, issue 44). `env` adds to the job's environment."""
+    is the same for both (the launcher is to count the node in, issue 44). `options` adds to sbatch's options
+    (`--hold`), `env` to the job's environment."""
     environ = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "RUN_DIR": str(run_dir)}
     environ.update(EXPORTER_PORT="0", MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", **env)
     return cluster.sbatch(
         *("--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5"),
         f"--output={output}",
+        *options,
         str(REPO / "examples/slurm/multi-node.sbatch"),
         *("--cpu", "--nproc-per-node", "1", "--batch-size", "8", "--num-workers", "0", "--no-report"),
         *train_args,
