@@ -18,6 +18,7 @@ from trainstack.train.launcher.doctor.slurm_checks import (
     check_shared_run_dir,
     check_warning_signal,
     roll_call,
+    roll_call_key,
     sbatch_signal,
 )
 
@@ -135,3 +136,11 @@ def test_the_slurm_checks_run_in_a_slurm_job_only(tmp_path):
     assert not names & {"warning-signal", "job-gpus", "shared-run-dir"}
     in_job = config(output_dir=tmp_path, env=JOB, read_batch_script=lambda job: SCRIPT.format("B:TERM@120"))
     assert [r.name for r in run_checks(in_job)][-3:] == ["warning-signal", "job-gpus", "shared-run-dir"]
+
+
+def test_the_nodes_of_one_launch_meet_in_one_roll_call_whoever_started_them():
+    # The run id the nodes share (the batch scripts' slurm-<job>-<segment>), even from separate sruns...
+    assert roll_call_key({**JOB, "TRAINSTACK_RUN_ID": "slurm-42-1"}) == "slurm-42-1"
+    # ...else the job step and segment: the batch shell's, or a step's after a requeue
+    assert roll_call_key({"SLURM_JOB_ID": "42"}) == "slurm-42.batch-0"
+    assert roll_call_key({**JOB, "SLURM_RESTART_COUNT": "2"}) == "slurm-42.0-2"

@@ -2,8 +2,8 @@
 sees the same run directory, the job has a warning signal that leads to a checkpoint, and the job has the GPUs it
 asked for. The ports are the other checks' (port_checks.py), on the ports the launcher derived from the job id.
 
-Every node sees the run directory: a roll call in it. Each node writes its marker into RUN_DIR/.roll-call/<step>/
-(RunDir.roll_call) and waits until it sees every node's; it then writes that it saw them all, and node 0, once every node has said so,
+Every node sees the run directory: a roll call in it. Each node writes its marker into RUN_DIR/.roll-call/<run id>/
+(RunDir.roll_call; roll_call_key) and waits until it sees every node's; it then writes that it saw them all, and node 0, once every node has said so,
 removes the folder (so no node removes a marker another has yet to see). A node that does not see them all within
 the timeout (TRAINSTACK_SHARED_DIR_TIMEOUT, 180 s: longer than the batch scripts' --wait-for-lease, which may hold a
 node back) fails, removing its own files. A node-local --output-dir (/tmp on each node) fails on every node.
@@ -25,7 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from trainstack.rundir import RunDir, roll_call_marker
+from trainstack.rundir import RUN_ID_ENV, RunDir, roll_call_marker
 from trainstack.slurm import JOB_ID_ENV
 from trainstack.train.launcher.doctor.config import DoctorConfig
 from trainstack.train.launcher.doctor.inventory import GpuInventory
@@ -55,7 +55,11 @@ def in_slurm_job(config: DoctorConfig) -> bool:
 
 
 def roll_call_key(env) -> str:
-    """The same on every node of one job step and different for every other step or segment of the job."""
+    """The same on every node of one launch: its run id (TRAINSTACK_RUN_ID, which the nodes of a multi-node run
+    share, and the batch scripts set per segment), so that nodes started by separate sruns meet too; without one,
+    the job step and segment."""
+    if env.get(RUN_ID_ENV):
+        return env[RUN_ID_ENV]
     step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "batch"
     return f"slurm-{env[JOB_ID_ENV]}.{step}-{env.get('SLURM_RESTART_COUNT') or 0}"
 
@@ -82,6 +86,7 @@ def roll_call(folder: Path, node_rank: int, nnodes: int, timeout: float, who: st
     removes the folder once every node has said it saw them all; a node that did not removes its own files."""
     folder.mkdir(parents=True, exist_ok=True)
     marker = roll_call_marker(folder, node_rank)
+    roll_call_marker(folder, node_rank, seen=True).unlink(missing_ok=True)  # an earlier call's, cut short
     marker.write_text(f"{who or socket.gethostname()} pid {os.getpid()}\n")
     names = {roll_call_marker(folder, n).name: n for n in range(nnodes)}
     missing = _wait_for(folder, set(names), time.monotonic() + timeout)
