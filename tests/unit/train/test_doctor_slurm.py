@@ -144,3 +144,15 @@ def test_the_nodes_of_one_launch_meet_in_one_roll_call_whoever_started_them():
     # ...else the job step and segment: the batch shell's, or a step's after a requeue
     assert roll_call_key({"SLURM_JOB_ID": "42"}) == "slurm-42.batch-0"
     assert roll_call_key({**JOB, "SLURM_RESTART_COUNT": "2"}) == "slurm-42.0-2"
+
+
+def test_a_node_stopped_while_it_waits_withdraws_its_marker(tmp_path, monkeypatch):
+    from trainstack.train.launcher.doctor import slurm_checks
+
+    def stopped(seconds: float) -> None:
+        raise SystemExit(75)  # the launcher's SIGTERM handler before any rank starts
+
+    monkeypatch.setattr(slurm_checks.time, "sleep", stopped)
+    with pytest.raises(SystemExit):
+        roll_call(RunDir(tmp_path / "run").roll_call("r"), 1, 2, timeout=20)
+    assert list((tmp_path / "run").iterdir()) == []

@@ -85,17 +85,19 @@ def roll_call(folder: Path, node_rank: int, nnodes: int, timeout: float, who: st
     `timeout` seconds ([] when it saw every one). A node that saw them all leaves its files for node 0, which
     removes the folder once every node has said it saw them all; a node that did not removes its own files."""
     folder.mkdir(parents=True, exist_ok=True)
-    marker = roll_call_marker(folder, node_rank)
-    roll_call_marker(folder, node_rank, seen=True).unlink(missing_ok=True)  # an earlier call's, cut short
-    marker.write_text(f"{who or socket.gethostname()} pid {os.getpid()}\n")
+    marker, seen_all = roll_call_marker(folder, node_rank), roll_call_marker(folder, node_rank, seen=True)
+    seen_all.unlink(missing_ok=True)  # an earlier call's, cut short
     names = {roll_call_marker(folder, n).name: n for n in range(nnodes)}
-    missing = _wait_for(folder, set(names), time.monotonic() + timeout)
+    try:
+        marker.write_text(f"{who or socket.gethostname()} pid {os.getpid()}\n")
+        missing = _wait_for(folder, set(names), time.monotonic() + timeout)
+    except BaseException:  # SIGTERM while waiting (the launcher's SystemExit): leave nothing behind either
+        _withdraw(marker)
+        raise
     if missing:
-        marker.unlink(missing_ok=True)
-        _remove_if_empty(folder)
-        _remove_if_empty(folder.parent)
+        _withdraw(marker)
         return sorted(names[name] for name in missing)
-    roll_call_marker(folder, node_rank, seen=True).write_text("")
+    seen_all.write_text("")
     if node_rank == 0:
         # Every node saw every marker once its `.seen` is there; a node that died first cannot hold node 0 longer.
         seen = {roll_call_marker(folder, n, seen=True).name for n in range(nnodes)}
@@ -103,6 +105,13 @@ def roll_call(folder: Path, node_rank: int, nnodes: int, timeout: float, who: st
         shutil.rmtree(folder, ignore_errors=True)
         _remove_if_empty(folder.parent)
     return []
+
+
+def _withdraw(marker: Path) -> None:
+    """A node's marker out of a roll call that failed, with the folders once empty."""
+    marker.unlink(missing_ok=True)
+    _remove_if_empty(marker.parent)
+    _remove_if_empty(marker.parent.parent)
 
 
 def _remove_if_empty(folder: Path) -> None:
