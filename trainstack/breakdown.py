@@ -13,14 +13,20 @@ time-by-part counter of the metric catalog, `catalog.TRAIN_TIME`):
 The launch-to-exit time is measured apart from the parts, so what no part accounts for is left over as `other`:
 a sum of parts that misses or double-counts time shows there. Progress lost to restarts is known only once a later
 launch resumes from an earlier checkpoint than the one this launch trained past: the time of the steps it then
-trained again (and of the pauses among them) moves from their parts to `lost_progress`. Goodput is the compute share
-of the whole wall time.
+trained again (and of the pauses among them) moves from their parts to `lost_progress`.
+
+A run stopped and started again (a requeued Slurm job, a preempted pod, a rerun by hand) runs in segments, one launch
+each; the time from one segment's end to the next one's launch (waiting in the queue, the restart) is no launch's:
+each rank counts it as `between_segments`, in the row of the segment it waited for, so a rank's wall time runs from
+its first launch to its last exit. Goodput is the compute share of that whole wall time: it drops while a job waits
+to be requeued.
 
 Nothing here imports torch: the launcher (summary.json) and the run report read the records through this module.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +43,7 @@ EVALUATION = "evaluation"  # the pauses a loop names (PAUSES)
 CHECKPOINT_SAVE = "checkpoint_save"
 CHECKPOINT_LOAD = "checkpoint_load"
 LOST_PROGRESS = "lost_progress"
+BETWEEN_SEGMENTS = "between_segments"
 OTHER = "other"
 
 PARTS = {
@@ -52,6 +59,7 @@ PARTS = {
     STARTUP: "launch to the first step, less any pause before it",
     LOST_PROGRESS: "steps, and the pauses among them, that a later launch trained again after resuming from an "
     "earlier checkpoint",
+    BETWEEN_SEGMENTS: "from a segment's end to the next segment's launch: waiting in the queue, the restart",
     OTHER: "wall time no part accounts for (launch to exit less every part)",
 }
 """Every part, in the order tables and figures show them."""
@@ -59,8 +67,8 @@ STEP_PARTS = (COMPUTE, COMM_EXPOSED, DATA_STARVATION, HOST_BOUND)
 """The parts a step's time splits into (`split_step_time`)."""
 PAUSES = (EVALUATION, CHECKPOINT_SAVE, CHECKPOINT_LOAD, COMPILE)
 """The pauses a loop times around its code (trainstack.monitor's `pause`)."""
-LIVE_PARTS = tuple(part for part in PARTS if part not in (LOST_PROGRESS, OTHER))
-"""The parts a rank measures as it runs (the counter's `part` values); the last two are known only afterwards."""
+LIVE_PARTS = tuple(part for part in PARTS if part not in (LOST_PROGRESS, BETWEEN_SEGMENTS, OTHER))
+"""The parts a rank measures as it runs (the counter's `part` values); the last three are known only afterwards."""
 
 
 def split_step_time(
@@ -156,8 +164,9 @@ def rank_segments(launches: list[Launch]) -> list[SegmentTimes]:
 
 
 def segment_seconds(segment: SegmentTimes, redone_after: int | None) -> dict[str, float]:
-    """Seconds per part (every one of PARTS), the steps after `redone_after` moved to lost progress; `other` is the
-    wall time the parts leave over (negative where they count some of it twice)."""
+    """Seconds per part (every one of PARTS) of the launch's own wall time, the steps after `redone_after` moved to
+    lost progress; `other` is the wall time the parts leave over (negative where they count some of it twice).
+    The time before the launch (between_segments) is run_breakdown's to add."""
     seconds = dict.fromkeys(PARTS, 0.0)
     for spent in segment.spent:
         lost = spent.seconds * spent.lost_share(redone_after)
@@ -178,6 +187,13 @@ def redone_after(segments: list[SegmentTimes]) -> list[int | None]:
     return thresholds[::-1]
 
 
+def waited_before(segments: list[SegmentTimes]) -> list[float]:
+    """For each segment, the seconds from the previous segment's end to its launch (0 for the first). A rank of a
+    requeued job may run on another node than before, whose clock may be behind: a gap below 0 counts as none."""
+    gaps = [max(0.0, later.launched_at - earlier.ended) for earlier, later in itertools.pairwise(segments)]
+    return [0.0, *gaps] if segments else []
+
+
 def _totals(wall: float, seconds: dict[str, float]) -> dict:
     return {"wall_seconds": wall, "goodput": seconds[COMPUTE] / wall if wall > 0 else None, "seconds": seconds}
 
@@ -191,7 +207,9 @@ def _summed(rows: list[dict]) -> dict:
 
 def run_breakdown(segments_by_rank: dict[int, list[SegmentTimes]]) -> dict | None:
     """summary.json's `time_breakdown`: the whole run, each rank (with its segments) and each segment (its ranks
-    summed; the n-th launch of every rank is segment n). None when no rank measured one."""
+    summed; the n-th launch of every rank is segment n). A segment's wall time runs from the previous segment's end
+    (its own launch, for the first) to its end: the wait before it is its `between_segments`. None when no rank
+    measured one."""
     ranks = []
     for rank, segments in sorted(segments_by_rank.items()):
         rows = [
@@ -199,9 +217,14 @@ def run_breakdown(segments_by_rank: dict[int, list[SegmentTimes]]) -> dict | Non
                 "segment": number,
                 "launched_at": segment.launched_at,
                 "ended": "exited" if segment.closed else "killed",
-                **_totals(segment.wall_seconds, segment_seconds(segment, threshold)),
+                **_totals(
+                    waited + segment.wall_seconds,
+                    {**segment_seconds(segment, threshold), BETWEEN_SEGMENTS: waited},
+                ),
             }
-            for number, (segment, threshold) in enumerate(zip(segments, redone_after(segments), strict=True))
+            for number, (segment, threshold, waited) in enumerate(
+                zip(segments, redone_after(segments), waited_before(segments), strict=True)
+            )
         ]
         if rows:
             ranks.append(

@@ -15,8 +15,9 @@ ceiling per run) or a live snapshot's (diagnose). Which share each verdict kind 
 - host-bound: the most host-bound rank's idle time over its step time;
 - straggler: what the other ranks wait beyond the least-waiting rank at the collectives (ratios.STRAGGLER_WAIT, the
   straggler verdict's own figure: the most any rank waits less the straggler's own wait);
-- pauses: evaluation and checkpoint save and load over the wall time of every launch (goodput's ceiling: a loop
-  that never paused), from the time breakdown (trainstack/breakdown.py), which accounts for that wall time.
+- pauses: evaluation and checkpoint save and load over the wall time of every launch and the time between them
+  (goodput's ceiling: a loop that never paused), from the time breakdown (trainstack/breakdown.py), which accounts
+  for that wall time: a requeued job's wait in the queue is in the time, and no fix of the loop removes it.
 
 Nothing here imports torch or monitoring/.
 """
@@ -116,7 +117,7 @@ def of_ranks(ranks: Sequence[RankShares]) -> dict[str, Ceiling]:
 
 def of_pauses(times: dict | None) -> dict[str, Ceiling]:
     """The pauses' ceiling from a run's `time_breakdown` (breakdown.run_breakdown): evaluation and checkpoints over
-    the wall time of every launch, the time it accounts for; {} without one."""
+    the wall time it accounts for (every launch, and the time between segments); {} without one."""
     if not times or not times["wall_seconds"] > 0:
         return {}
     paused = sum(times["seconds"][part] for part in PAUSE_PARTS)

@@ -127,11 +127,17 @@ ENVIRONMENT_DIR = "environment"  # one file per node: what the ranks ran on (tra
 EXPORTS_DIR = "exports"
 HANG_DIR = "hang"  # hang evidence: one folder per stall (trainstack/hang.py)
 PREVIOUS_DIR = "previous"
+ROLL_CALL_DIR = ".roll-call"  # the doctor's check that every node sees this folder; removed once every node answered
 RANK_RECORDS_FILE = re.compile(r"rank-(\d+)\.jsonl")
 NODE_FILE = re.compile(r"node-(\d+)\.json")  # one per node: a lease file, an environment
 STEP_DIR = re.compile(r"^step-(\d{8})$")  # a sealed checkpoint: complete, verified by its manifest
 UNSEALED_PREFIX = ".tmp-"  # a checkpoint being written: `.tmp-step-<N>`, renamed to `step-<N>` once sealed
 UNSEALED_GLOB = UNSEALED_PREFIX + "step-*"
+
+
+def roll_call_marker(folder: Path, node: int, seen: bool = False) -> Path:
+    """A node's marker in a roll call's folder (RunDir.roll_call); `seen`: the one that says it saw every node's."""
+    return folder / (f"node-{node}.seen" if seen else f"node-{node}")
 
 
 def step_dir_name(step: int) -> str:
@@ -205,6 +211,10 @@ class RunDir:
             if match := NODE_FILE.fullmatch(path.name):
                 found[int(match.group(1))] = path
         return dict(sorted(found.items()))
+
+    def roll_call(self, key: str) -> Path:
+        """The folder of one roll call (train/launcher/doctor/slurm_checks.py): the nodes' markers, roll_call_marker."""
+        return self.path / ROLL_CALL_DIR / key
 
     @property
     def lease(self) -> Path:

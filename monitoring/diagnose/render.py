@@ -189,6 +189,7 @@ _CARD_PARTS = (
     ("pauses", breakdown.PAUSES),
     ("startup", (breakdown.STARTUP,)),
     ("lost", (breakdown.LOST_PROGRESS,)),
+    ("between segments", (breakdown.BETWEEN_SEGMENTS,)),
     ("other", (breakdown.OTHER,)),
 )
 

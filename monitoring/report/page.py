@@ -73,7 +73,9 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
             parts += [
                 "<h2>Segments</h2>",
                 "<p class='note'>One per launch that trained the run; samples/s and "
-                "tokens/s above are over all of them.</p>",
+                "tokens/s above are over all of them. <code>waited before</code>: from the previous segment's end "
+                "to this one's start (a requeued job's time in the queue), which the time breakdown counts as "
+                "<code>between_segments</code>.</p>",
                 _table(segment_rows(run.summary["segments"])),
             ]
     else:
@@ -96,12 +98,13 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
         longest = max(row["wall_seconds"] for row in times["ranks"])
         parts += [
             "<h2>Where the time went</h2>",
-            f"<p>Each rank's wall time, launch to exit over every launch (the run's: {cell(longest)} s, its "
+            f"<p>Each rank's wall time, from its first launch to its last exit (the run's: {cell(longest)} s, its "
             f"longest rank's; ranks run side by side, so their seconds are not added). Goodput "
             f"{cell(times['goodput'])}: compute over the ranks' wall time. A killed launch counts to its last "
             "record; <code>other</code> is what no part accounts for; <code>lost_progress</code> is the steps "
-            "a later launch trained again; <code>not measured</code>: the rank could not measure that part "
-            "(host-bound idle needs NVML on a GPU; communication, DDP or FSDP).</p>",
+            "a later launch trained again; <code>between_segments</code> the time from one launch's end to the "
+            "next one's start (waiting to be requeued, restarting); <code>not measured</code>: the rank could not "
+            "measure that part (host-bound idle needs NVML on a GPU; communication, DDP or FSDP).</p>",
             _table(time_rows(run)),
         ]
         if found := ceilings.of_run(run.run_dir, times):

@@ -61,18 +61,21 @@ def _gpu_activity(records: list[IntervalRecord]) -> dict[str, float]:
 
 
 def segment_rows(segments: list[Segment]) -> list[dict[str, object]]:
-    """summary.json's segments: one row per launch."""
+    """summary.json's segments: one row per launch, with the time it waited after the one before (in a requeued
+    job, in the queue; the time breakdown's between_segments), on rank 0's clock: "-" for the first."""
+    ends = [None, *(segment.get("ended") for segment in segments)]
     return [
         {
             "segment": number,
             "run id": segment.get("run_id"),
+            "waited before (s)": None if previous is None else max(0.0, segment["started"] - previous),
             "started": date(segment["started"]),
             "steps": f"{segment.get('first_step')} to {segment.get('last_step')}",
             "training (s)": segment.get("train_seconds"),
             "samples/s": segment["samples"] / segment["train_seconds"] if segment.get("train_seconds") else None,
             "ended": segment.get("exit_reason"),
         }
-        for number, segment in enumerate(segments, start=1)
+        for number, (segment, previous) in enumerate(zip(segments, ends, strict=False), start=1)
     ]
 
 

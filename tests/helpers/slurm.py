@@ -123,13 +123,20 @@ def cluster_or_skip(root: Path) -> Iterator[SlurmCluster]:
 
 
 def submit_multi_node(
-    cluster: SlurmCluster, output: Path, run_dir: Path, *train_args: str, exporters: bool = False, **env: str
+    cluster: SlurmCluster,
+    output: Path,
+    run_dir: Path,
+    *train_args: str,
+    exporters: bool = False,
+    options: Sequence[str] = (),
+    **env: str,
 ) -> str:
     """examples/slurm/multi-node.sbatch as a user submits it, running this checkout's `trainstack train` with
     `train_args` on both nodes, one CPU rank each: the job id. MASTER_ADDR=127.0.0.1, since the master is the
     job's first node, n1, a Slurm node name that resolves nowhere here (on a cluster node names resolve). No
     exporter (EXPORTER_PORT=0) unless `exporters`: then each node's launcher derives its own port (the job id and
-    the node's rank), as on a cluster. `env` adds to the job's environment."""
+    the node's rank), as on a cluster. `options` adds to sbatch's options (`--hold`), `env` to the job's
+    environment."""
     environ = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "RUN_DIR": str(run_dir)}
     environ.update(MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", **env)
     if not exporters:
@@ -137,6 +144,7 @@ def submit_multi_node(
     return cluster.sbatch(
         *("--nodes=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5"),
         f"--output={output}",
+        *options,
         str(REPO / "examples/slurm/multi-node.sbatch"),
         *("--cpu", "--nproc-per-node", "1", "--batch-size", "8", "--num-workers", "0", "--no-report"),
         *train_args,

@@ -87,6 +87,14 @@ def test_a_warned_job_checkpoints_requeues_itself_and_resumes_exactly(slurm, job
         (f"slurm-{job_id}-1", stopped_at, STEPS, "completed"),
     ]
     assert done["resumed_from"] == str(run_dir / "checkpoints" / f"step-{stopped_at:08d}")
+    # The time breakdown counts the requeue's wait (in the queue, the restart) as its own part, in the second
+    # segment's row, and the goodput over all the time falls below the run that was never stopped.
+    times = done["time_breakdown"]
+    assert [len(rank["segments"]) for rank in times["ranks"]] == [2, 2]
+    first, second = times["segments"]
+    assert first["seconds"]["between_segments"] == 0 < second["seconds"]["between_segments"]
+    assert times["seconds"]["between_segments"] == second["seconds"]["between_segments"]
+    assert times["goodput"] < summary(jobs["whole"][2])["time_breakdown"]["goodput"]
     # Bit for bit the run that was never stopped.
     final = f"checkpoints/step-{STEPS:08d}/model.safetensors"
     resumed, whole = load_file(run_dir / final), load_file(jobs["whole"][2] / final)

@@ -215,3 +215,12 @@ def test_a_train_runs_header_starts_at_its_first_segment_and_reads_dates_and_dur
         "steps": 60,
         "compile_seconds": "1m 05s",
     }
+
+
+def test_the_segment_table_says_how_long_each_segment_waited_after_the_one_before():
+    from trainstack.monitoring.report.tables import segment_rows
+
+    stopped = {"run_id": "slurm-7-0", "started": 1000.0, "ended": 1100.0, "samples": 80, "train_seconds": 90.0}
+    requeued = {**stopped, "run_id": "slurm-7-1", "started": 1130.0, "ended": 1200.0}
+    rows = segment_rows([stopped, requeued])
+    assert [row["waited before (s)"] for row in rows] == [None, 30.0]  # in the queue after the requeue

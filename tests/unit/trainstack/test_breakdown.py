@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from tests.helpers.fakes import FakeGpu, identity
-from trainstack import breakdown, record
+from trainstack import breakdown, ceilings, record
 from trainstack.breakdown import (
+    BETWEEN_SEGMENTS,
     COMPUTE,
     LOST_PROGRESS,
     OTHER,
@@ -25,6 +26,7 @@ from trainstack.breakdown import (
     split_step_time,
 )
 from trainstack.monitor import Monitor
+from trainstack.problems import PAUSES
 from trainstack.record import SEGMENT_ENDED, SEGMENT_MARKER
 from trainstack.rundir import RunDir, read_json_lines
 from trainstack.telemetry.gpu_busy import GpuBusy
@@ -148,12 +150,49 @@ def test_the_run_sums_ranks_and_segments_and_goodput_is_computes_share_of_wall_t
     lines = {0: segments(KILLED_THEN_RESUMED), 1: segments(KILLED_THEN_RESUMED)}
     times = run_breakdown(lines)
     assert times["parts"] == list(breakdown.PARTS)
-    assert times["wall_seconds"] == 80.0 and times["goodput"] == (6.0 + 8.0) * 2 / 80.0
+    # Each rank: two launches of 20 s, and 10 s between the killed one's last record and the next launch.
+    assert times["wall_seconds"] == 100.0 and times["goodput"] == (6.0 + 8.0) * 2 / 100.0
     assert [r["rank"] for r in times["ranks"]] == [0, 1]
     assert [s["ended"] for s in times["ranks"][0]["segments"]] == ["killed", "exited"]
-    first = times["segments"][0]
+    first, second = times["segments"]
     assert first["wall_seconds"] == 40.0 and first["seconds"][LOST_PROGRESS] == 18.0
+    assert (second["wall_seconds"], second["seconds"][BETWEEN_SEGMENTS]) == (60.0, 20.0)
+    assert times["seconds"][BETWEEN_SEGMENTS] == 20.0
     assert sum(times["seconds"].values()) == pytest.approx(times["wall_seconds"])
+
+
+def requeued(wait: float) -> list[dict]:
+    """A rank of a job that trained steps 1-10, checkpointed and exited 75, waited `wait` seconds in the queue and
+    trained steps 11-20 in its second segment."""
+    return [
+        marker(0.0),
+        interval(10.0, 10, 10, 4.0, [pause("startup", 2.0), pause("checkpoint_save", 2.0)]),
+        {SEGMENT_ENDED: 10.0, "rank": 0, "step_count": 0, "paused": []},
+        marker(10.0 + wait),
+        interval(20.0 + wait, 20, 10, 4.0, [pause("startup", 2.0), pause("checkpoint_load", 2.0)]),
+        {SEGMENT_ENDED: 20.0 + wait, "rank": 0, "step_count": 0, "paused": []},
+    ]
+
+
+def test_the_time_a_requeued_job_waits_between_its_segments_is_its_own_part_and_lowers_goodput():
+    straight = run_breakdown({0: segments(requeued(0.0))})
+    waited = run_breakdown({0: segments(requeued(30.0))})
+    assert waited["seconds"][BETWEEN_SEGMENTS] == 30.0 and straight["seconds"][BETWEEN_SEGMENTS] == 0.0
+    assert waited["wall_seconds"] == straight["wall_seconds"] + 30.0 == 50.0  # the first launch to the last exit
+    assert waited["goodput"] == 8.0 / 50.0 < straight["goodput"] == 8.0 / 20.0
+    # The wait belongs to the segment it waited for; neither launch's own parts change, `other` stays 0.
+    rows = waited["ranks"][0]["segments"]
+    assert [row["seconds"][BETWEEN_SEGMENTS] for row in rows] == [0.0, 30.0]
+    assert [row["wall_seconds"] for row in rows] == [10.0, 40.0]
+    assert waited["seconds"][OTHER] == straight["seconds"][OTHER] == 0.0
+    assert sum(waited["seconds"].values()) == pytest.approx(waited["wall_seconds"])
+    # The pauses' ceiling is over the same wall time: the checkpoint's save and load, 4 s of the 50.
+    assert ceilings.of_pauses(waited)[PAUSES].share == 4.0 / 50.0
+
+
+def test_a_later_launch_on_a_clock_behind_the_earlier_ones_waited_no_time():
+    times = run_breakdown({0: segments(requeued(-3.0))})
+    assert times["seconds"][BETWEEN_SEGMENTS] == 0.0
 
 
 def test_records_from_before_the_breakdown_are_left_out():

@@ -23,6 +23,7 @@ FOLDERS = (
     rundir.LEASE_DIR,
     rundir.EXPORTS_DIR,
     rundir.PREVIOUS_DIR,
+    rundir.ROLL_CALL_DIR,
 )
 # The start of a per-rank, per-node or set-aside name (rank-<r>.jsonl, node-<n>, before-<run id>); not per-rank.
 PATTERNS = re.compile(r"(?<![\w-])(rank|node|before)-(?=$|[{\d*<])")

@@ -7,6 +7,7 @@ from trainstack.train.launcher.doctor import (
     hang_checks,
     host_checks,
     port_checks,
+    slurm_checks,
     storage_checks,
     switch_checks,
 )
@@ -30,5 +31,7 @@ CHECKS = (
 
 
 def run_checks(config: DoctorConfig) -> list[CheckResult]:
+    """Every check; in a Slurm job, its own checks after them (slurm_checks.py)."""
     gpus = config.gpus if config.gpus is not None else probe_gpus()
-    return [check(config, gpus) for check in CHECKS]
+    checks = CHECKS + (slurm_checks.CHECKS if slurm_checks.in_slurm_job(config) else ())
+    return [check(config, gpus) for check in checks]

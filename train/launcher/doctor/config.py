@@ -7,7 +7,7 @@ import dataclasses
 import math
 import os
 import resource
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,8 @@ class DoctorConfig:
     """Locked-memory ulimit in bytes; None: unlimited."""
     gpus: GpuInventory | None = None
     """What NVML and torch see; None: ask them when the checks run."""
+    read_batch_script: Callable[[str], str | None] | None = None
+    """A Slurm job's batch script by job id (None: none to read); None: ask Slurm (slurm_checks.py)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_dir", Path(self.output_dir))
