@@ -70,7 +70,8 @@ FRAMEWORKS = {
     "transformers.trainer": "transformers",
 }
 """Trainers whose loops the generic hooks are not checked against: there the rank's callback is the way (added by
-itself to a transformers or Lightning Trainer; one that escaped it, or pytorch_lightning's, is left alone)."""
+itself to a transformers or Lightning Trainer, `lightning.pytorch`'s or `pytorch_lightning`'s; one that escaped it
+is left alone)."""
 
 
 class FrameworkTrainer(Exception):
@@ -293,16 +294,25 @@ def _with_callback(init: Callable, framework_module: str) -> Callable:
 def _add_callback(trainer: Any, framework_module: str) -> None:
     if not is_rank():
         return
-    if framework_module.startswith("lightning"):
-        from trainstack.integrations.lightning import TrainstackCallback as LightningCallback
+    if framework_module.startswith(("lightning", "pytorch_lightning")):
+        from trainstack.integrations.lightning_hooks import LightningHooks
 
-        if not any(isinstance(callback, LightningCallback) for callback in trainer.callbacks):
-            trainer.callbacks.insert(0, LightningCallback())
+        if not any(isinstance(callback, LightningHooks) for callback in trainer.callbacks):
+            trainer.callbacks.insert(0, _lightning_callback(framework_module)())
         return
     from trainstack.integrations.hf import TrainstackCallback as HFCallback
 
     if not any(isinstance(callback, HFCallback) for callback in trainer.callback_handler.callbacks):
         trainer.add_callback(HFCallback(trainer))
+
+
+def _lightning_callback(framework_module: str) -> type:
+    """trainstack's callback for the package the Trainer comes from: each accepts only its own Callback."""
+    if framework_module.startswith("pytorch_lightning"):
+        from trainstack.integrations.pytorch_lightning import TrainstackCallback
+    else:
+        from trainstack.integrations.lightning import TrainstackCallback
+    return TrainstackCallback
 
 
 def install() -> None:

@@ -17,9 +17,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
-import trainstack.integrations.lightning as lightning_callback
+import trainstack.integrations.lightning_hooks as lightning_hooks
 import trainstack.monitor as tsm
-from trainstack.integrations.lightning import TrainstackCallback, samples_and_tokens
+from trainstack.integrations.lightning import TrainstackCallback
 
 
 # ---- in one process -------------------------------------------------------------------------------------------
@@ -32,6 +32,10 @@ def test_without_lightning_the_integration_says_how_to_install_it(monkeypatch):
         importlib.import_module("trainstack.integrations.lightning")
     assert str(raised.value) == ("trainstack.integrations.lightning needs lightning: pip install trainstack[lightning]")
     assert raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
+def samples_and_tokens(batch):
+    return lightning_hooks.samples_and_tokens(batch, pl.utilities.data.extract_batch_size)
 
 
 def test_a_batch_gives_its_samples_and_its_tokens():
@@ -120,7 +124,7 @@ def test_in_one_process_fetches_are_data_waits_validations_and_saves_pauses_and_
 
     events: list[tuple] = []
     monkeypatch.setattr(tsm, "start", lambda model, **options: Recorder(events))
-    monkeypatch.setattr(lightning_callback, "_process", {"recorded": False})
+    monkeypatch.setattr(lightning_hooks, "_process", {"recorded": False})
     steps, accumulate, batch = 6, 2, 4
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -179,7 +183,7 @@ def test_in_one_process_fetches_are_data_waits_validations_and_saves_pauses_and_
 
     # A fit resumed from the checkpoint at step 4 (in a process of its own, as a resumed run is) numbers on from it.
     events.clear()
-    monkeypatch.setattr(lightning_callback, "_process", {"recorded": False})
+    monkeypatch.setattr(lightning_hooks, "_process", {"recorded": False})
     resumed = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -195,9 +199,54 @@ def test_in_one_process_fetches_are_data_waits_validations_and_saves_pauses_and_
     assert [event[0] for event in events].count("step") == steps - 4
 
 
+def test_a_pytorch_lightning_trainer_gets_the_same_callback_made_from_its_own_package(tmp_path, monkeypatch):
+    """The standalone `pytorch_lightning` package is Lightning's code under another name: its Trainer accepts only
+    its own package's Callback, so trainstack makes the same hooks into one of each."""
+    import pytorch_lightning
+
+    from trainstack.integrations.pytorch_lightning import TrainstackCallback as PytorchLightningCallback
+
+    class Regressor(pytorch_lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def forward(self, inputs):
+            return self.layer(inputs)
+
+        def training_step(self, batch, batch_idx):
+            inputs, targets = batch
+            return torch.nn.functional.mse_loss(self(inputs), targets)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    events: list[tuple] = []
+    monkeypatch.setattr(tsm, "start", lambda model, **options: Recorder(events))
+    monkeypatch.setattr(lightning_hooks, "_process", {"recorded": False})
+    trainer = pytorch_lightning.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=3,
+        callbacks=[PytorchLightningCallback()],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        default_root_dir=tmp_path,
+    )
+    samples = torch.utils.data.TensorDataset(torch.randn(12, 3), torch.randn(12, 1))
+    trainer.fit(Regressor(), DataLoader(Noted("fetch", samples, events), batch_size=4))
+    places, stepped = where_things_happen(events)
+    assert places[("fetch", "data wait")] == 12 and places[("forward_started", None)] == 3
+    assert [(call[0], call[1] if call[0] == "step" else None) for call in stepped] == [("step", 4)] * 3 + [
+        ("close", None)
+    ]
+
+
 def test_a_strategy_holding_ddps_one_comm_hook_leaves_the_fit_unrecorded_and_says_how(monkeypatch, capsys):
     monkeypatch.setattr(tsm, "start", lambda model, **options: pytest.fail("the monitor would register a 2nd hook"))
-    monkeypatch.setattr(lightning_callback, "_process", {"recorded": False})
+    monkeypatch.setattr(lightning_hooks, "_process", {"recorded": False})
     profiler = SimpleNamespace(start=lambda action: None, stop=lambda action: None)
     strategy = SimpleNamespace(model=torch.nn.Linear(2, 2), _ddp_comm_hook=lambda state, bucket: None)
     trainer = SimpleNamespace(strategy=strategy, optimizers=[], profiler=profiler, save_checkpoint=lambda path: None)
