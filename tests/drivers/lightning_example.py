@@ -31,8 +31,9 @@ BATCH, SEQUENCE, ACCUMULATE = 8, 64, 2
 WIDTH, DEPTH = 128, 64
 VALIDATE_EVERY, SAVE_EVERY = 15, 30  # optimizer steps
 LOG_EVERY = 10  # the callback's default interval, in optimizer steps
-EXTRA_SECONDS = 0.05
-"""Per optimizer step: a slowed rank's extra work (spread over its micro-batches)."""
+EXTRA_SECONDS = 0.1
+"""Per optimizer step: a slowed rank's extra work (spread over its micro-batches), much longer than what a shared
+host's scheduler shifts between the ranks' own compute (tests/drivers/plain_ddp.py)."""
 LOADER_SECONDS = 0.05
 """Per micro-batch: a slow loader's wait, 100 ms an optimizer step (about as long as its compute)."""
 

@@ -29,8 +29,10 @@ WIDTH = 256
 BATCH = 8192
 """Enough compute per step that the gradient all-reduce over gloo hides behind it: a healthy run is no
 communication-bound one."""
-EXTRA_SECONDS = 0.05
-"""A slowed rank's extra work per step, and a slow loader's wait per batch."""
+EXTRA_SECONDS = 0.1
+"""A slowed rank's extra work per step, and a slow loader's wait per batch. On a host whose cores other work shares,
+a slowed rank's own compute runs faster or slower than its peer's as the scheduler hands out the cores (faster
+while its peer sleeps in a wait, slower after it worked): the more extra work, the smaller a share of it that is."""
 
 
 @dataclass(frozen=True)
