@@ -232,6 +232,12 @@ class Launch:
         """The launch's records after its first, whose steps hold the warm-up."""
         return self.records[1:]
 
+    def between_steps(self, after: int, upto: int) -> Launch:
+        """The launch cut to the intervals whose steps all lie in (after, upto]: one phase of a run that changes
+        what it does at known steps. Its first record is then the phase's first, whose steps mix with the phase
+        before it, and `steady` leaves it out as it leaves out the warm-up. No `ended`: the cut ends no launch."""
+        return Launch(self.started, [r for r in self.records if r.first_step >= after and r.step <= upto])
+
 
 def launches(lines: Iterable[Line]) -> list[Launch]:
     """A rank's lines split into its launches, at each marker."""

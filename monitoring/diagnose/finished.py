@@ -8,7 +8,7 @@ diagnose (trainstack/ratios.py), of the records' sums instead of the counters' r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,15 +47,17 @@ def rank_view(steady: window.RankWindow, world_size: int, launcher: str = "") ->
 NO_INTERVAL = "no interval recorded in its last launch"
 
 
-def _rank_windows(run: RunDir) -> tuple[list[window.RankWindow], dict[str, str]]:
-    """Each rank's steady window, and rank -> why for the ranks that ran (a records file, or a gap below the
-    highest rank that has one) but give nothing to judge. A file this trainstack cannot read is that rank's
-    problem alone: the others are still judged."""
+def _rank_windows(
+    run: RunDir, cut: Callable[[list[record.Launch]], list[record.Launch]] = lambda launches: launches
+) -> tuple[list[window.RankWindow], dict[str, str]]:
+    """Each rank's steady window of its launches as `cut` leaves them, and rank -> why for the ranks that ran (a
+    records file, or a gap below the highest rank that has one) but give nothing to judge. A file this trainstack
+    cannot read is that rank's problem alone: the others are still judged."""
     windows, unjudged = [], {}
     files = run.all_rank_records()
     for rank, path in sorted(files.items()):
         try:
-            found = window.of_rank(rank, record.read_launches(path))
+            found = window.of_rank(rank, cut(record.read_launches(path)))
         except ConfigError as unreadable:
             unjudged[str(rank)] = f"its records cannot be read: {unreadable}"
             continue
@@ -74,13 +76,27 @@ def snapshot_from_records(run_dir: Path | RunDir, launcher: str = "") -> Snapsho
     time, so the last step's age reads from the end of the run. Ranks that ran but left nothing to judge are in
     `unjudged`."""
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    windows, unjudged = _rank_windows(run)
+    return _snapshot(run, _rank_windows(run), "the last launch, its intervals after the first", launcher)
+
+
+def snapshot_of_steps(run_dir: Path | RunDir, after: int, upto: int, launcher: str = "") -> Snapshot:
+    """As snapshot_from_records, over the last launch's intervals within steps (after, upto] after the first of
+    them (record.Launch.between_steps): one phase of a run that changed what it did at known steps, judged alone."""
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    windows = _rank_windows(run, lambda launches: [launches[-1].between_steps(after, upto)] if launches else [])
+    return _snapshot(
+        run, windows, f"the last launch's steps {after + 1}-{upto}, their intervals after the first", launcher
+    )
+
+
+def _snapshot(
+    run: RunDir, found: tuple[list[window.RankWindow], dict[str, str]], which: str, launcher: str
+) -> Snapshot:
+    windows, unjudged = found
     world_size = len(windows) + len(unjudged)
     views = [rank_view(steady, world_size, launcher) for steady in windows]
     now = max((view.last_step_time or 0.0 for view in views), default=0.0)
-    return Snapshot(
-        f"records in {run.telemetry} (the last launch, its intervals after the first)", now, views, unjudged=unjudged
-    )
+    return Snapshot(f"records in {run.telemetry} ({which})", now, views, unjudged=unjudged)
 
 
 @dataclass(frozen=True)

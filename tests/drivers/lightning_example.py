@@ -1,13 +1,16 @@
-"""A Lightning `Trainer(strategy="ddp")` on 2 CPU ranks with trainstack's callback, as tests/timing/test_lightning_callback.py
-runs it under `trainstack watch`, started by torchrun or by Lightning itself (`python this.py`, devices=2):
+"""A Lightning `Trainer(strategy="ddp")` on 2 CPU ranks with no trainstack line: under `trainstack watch` the
+automatic instrumentation adds trainstack's callback to it (trainstack/auto/). tests/timing/test_watched_matrix.py
+runs it started by torchrun and by Lightning itself (`python this.py`, devices=2):
 
     python tests/drivers/lightning_example.py OUT          # or: torchrun --nproc-per-node 2 ... OUT
 
-One fit, three phases (a process holds one monitor under watch, so one fit): HEALTHY_STEPS optimizer steps with
-gradient accumulation, a validation every few steps and a checkpoint every few more; STRAGGLER_STEPS in which rank 1
-does real work after each micro-batch, so rank 0 waits for it at the next step's first collective (Lightning's
-stop-flag broadcast, before the fetch); then SLOW_STEPS in which every sample's __getitem__ sleeps, on both ranks. The model has a BatchNorm (DDP broadcasts its buffers in every forward)
-over embedded token ids, so each batch's tokens are its ids. OUT/expected.json says what each rank should record.
+One fit (a process holds one monitor under watch) through the PHASES below, one after another, with gradient
+accumulation, a validation every few optimizer steps and a checkpoint every few more: healthy; a slow loader (its
+collate sleeps, on both ranks); then rank 1 given real work (never a sleep: that would free its core for its peer)
+in its forward passes, after its optimizer step, and in its loader, so that rank 0 waits for it at the next
+collective (DDP's buffer broadcast and gradient all-reduce, or Lightning's stop-flag broadcast before each fetch).
+The model has a BatchNorm (DDP broadcasts its buffers in every forward) over embedded token ids, so each batch's
+tokens are its ids. OUT/expected.json says what each rank should record and which steps each phase took.
 """
 
 from __future__ import annotations
@@ -15,23 +18,60 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from torch.utils.data import DataLoader, Dataset
-
-from trainstack.integrations.lightning import TrainstackCallback
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 BATCH, SEQUENCE, ACCUMULATE = 8, 64, 2
 # Compute enough per step that gloo's collectives (the gradient all-reduce, the stop flag) are a small part of it
 WIDTH, DEPTH = 128, 64
-HEALTHY_STEPS, STRAGGLER_STEPS, SLOW_STEPS = 40, 10, 10  # optimizer steps; each phase starts an interval
 VALIDATE_EVERY, SAVE_EVERY = 15, 30  # optimizer steps
-LOG_EVERY = 5
-SLOW_SECONDS = 0.015  # per sample: 120 ms a micro-batch of 8, against ~50 ms of work
-STRAGGLER_SECONDS = 0.03  # rank 1's extra work after each micro-batch
+LOG_EVERY = 10  # the callback's default interval, in optimizer steps
+EXTRA_SECONDS = 0.1
+"""Per optimizer step: a slowed rank's extra work (spread over its micro-batches), much longer than what a shared
+host's scheduler shifts between the ranks' own compute (tests/drivers/plain_ddp.py)."""
+LOADER_SECONDS = 0.05
+"""Per micro-batch: a slow loader's wait, 100 ms an optimizer step (about as long as its compute)."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    steps: int
+    slow_in: str = ""
+    """loader (every rank), forward, after_step or data (rank `slow_rank` alone); "" for a healthy phase."""
+    slow_rank: int = -1
+
+
+PHASES = [
+    Phase("healthy", 40),  # a validation and a checkpoint among its steps
+    Phase("slow-loader", 30, "loader"),
+    Phase("forward", 30, "forward", 1),
+    Phase("after_step", 30, "after_step", 1),
+    Phase("data", 30, "data", 1),
+]
+
+
+class Schedule:
+    """Which phase the fit is in, from its optimizer steps done; where this rank is slowed in it."""
+
+    def __init__(self):
+        self.trainer: pl.Trainer | None = None
+
+    def slowed_in(self, done: int | None = None) -> str:
+        """Where this rank is slowed in the step made after `done` optimizer steps (default: the trainer's)."""
+        if self.trainer is None:
+            return ""
+        step, ends = self.trainer.global_step if done is None else done, 0
+        for phase in PHASES:
+            ends += phase.steps
+            if step < ends:
+                return phase.slow_in if phase.slow_rank in (-1, self.trainer.global_rank) else ""
+        return ""
 
 
 class Tokens(Dataset):
@@ -39,26 +79,26 @@ class Tokens(Dataset):
         generator = torch.Generator().manual_seed(0)
         self.ids = torch.randint(0, 100, (samples, SEQUENCE), generator=generator)
         self.targets = torch.randn(samples, generator=generator)
-        self.delay = 0.0
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, index: int):
-        if self.delay:
-            time.sleep(self.delay)  # real input work, on every rank (the loader has no workers: this process)
         return self.ids[index], self.targets[index]
 
 
 class Regressor(pl.LightningModule):
-    def __init__(self):
+    def __init__(self, schedule: Schedule | None = None):
         super().__init__()
+        self.schedule = schedule or Schedule()
         self.embed = torch.nn.Embedding(100, WIDTH)
         self.mix = torch.nn.Linear(WIDTH, WIDTH)  # applied DEPTH times to every token: work without parameters
         self.norm = torch.nn.BatchNorm1d(WIDTH)  # buffers DDP broadcasts at every forward
         self.head = torch.nn.Linear(WIDTH, 1)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.training and self.schedule.slowed_in() == "forward":
+            busy(EXTRA_SECONDS / ACCUMULATE)
         hidden = self.embed(ids)
         for _ in range(DEPTH):
             hidden = torch.tanh(self.mix(hidden))
@@ -83,26 +123,31 @@ def busy(seconds: float) -> None:
         pass
 
 
-class Phases(pl.Callback):
-    """Slows rank 1 after its micro-batches from step HEALTHY_STEPS on, then the loader on both ranks."""
-
-    def __init__(self, dataset: Tokens):
-        self.dataset = dataset
+class SlowAfterOptimizerStep(pl.Callback):
+    def __init__(self, schedule: Schedule):
+        self.schedule = schedule
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        step = trainer.global_step  # optimizer steps done
-        if HEALTHY_STEPS <= step < HEALTHY_STEPS + STRAGGLER_STEPS and trainer.global_rank == 1:
-            busy(STRAGGLER_SECONDS)
-        if step >= HEALTHY_STEPS + STRAGGLER_STEPS:
-            self.dataset.delay = SLOW_SECONDS
+        stepped = (batch_idx + 1) % ACCUMULATE == 0  # this micro-batch ended an accumulation: the optimizer stepped
+        if stepped and self.schedule.slowed_in(trainer.global_step - 1) == "after_step":
+            busy(EXTRA_SECONDS)
 
 
 def main() -> None:
     out = Path(sys.argv[1])
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    steps = HEALTHY_STEPS + STRAGGLER_STEPS + SLOW_STEPS
-    train = Tokens(2 * BATCH * ACCUMULATE * steps)  # one epoch: each rank sees half of it
+    steps = sum(phase.steps for phase in PHASES)
+    schedule = Schedule()
+
+    def collate(samples):
+        slow_in = schedule.slowed_in()
+        if slow_in == "loader":
+            time.sleep(LOADER_SECONDS)  # input work on every rank (the loader has no workers)
+        elif slow_in == "data":
+            busy(EXTRA_SECONDS / ACCUMULATE)
+        return default_collate(samples)
+
     trainer = pl.Trainer(
         strategy="ddp",
         accelerator="cpu",
@@ -113,8 +158,7 @@ def main() -> None:
         limit_val_batches=2,
         num_sanity_val_steps=0,
         callbacks=[
-            TrainstackCallback(log_every=LOG_EVERY),
-            Phases(train),
+            SlowAfterOptimizerStep(schedule),
             ModelCheckpoint(dirpath=out / "checkpoints", every_n_train_steps=SAVE_EVERY, save_top_k=-1),
         ],
         enable_progress_bar=False,
@@ -122,14 +166,18 @@ def main() -> None:
         logger=False,
         default_root_dir=out,
     )
-    trainer.fit(Regressor(), DataLoader(train, batch_size=BATCH), DataLoader(Tokens(4 * BATCH), batch_size=BATCH))
+    schedule.trainer = trainer
+    train = Tokens(2 * BATCH * ACCUMULATE * steps)  # one epoch: each rank sees half of it
+    loader = DataLoader(train, batch_size=BATCH, collate_fn=collate)
+    trainer.fit(Regressor(schedule), loader, DataLoader(Tokens(4 * BATCH), batch_size=BATCH))
     if trainer.global_rank == 0:
+        phases, after = [], 0
+        for phase in PHASES:
+            phases.append(asdict(phase) | {"after": after, "upto": after + phase.steps})
+            after += phase.steps
         expected = {
-            "phases": {  # the optimizer steps each phase ends at
-                "healthy": HEALTHY_STEPS,
-                "straggler": HEALTHY_STEPS + STRAGGLER_STEPS,
-                "slow-loader": steps,
-            },
+            "extra_seconds": EXTRA_SECONDS,
+            "phases": phases,
             "steps": steps,
             "log_every": LOG_EVERY,
             "samples_per_step": BATCH * ACCUMULATE,

@@ -1,20 +1,24 @@
 """A plain DDP loop with no trainstack line (unless asked): a BatchNorm model on CPU ranks over gloo, fed by a
 DataLoader; after it an evaluation and checkpoints (torch.save on rank 0; in the healthy mode
-torch.distributed.checkpoint's on every rank too). tests/process/test_auto_instrument.py runs it under
-`trainstack watch -- torchrun ...`, where the automatic instrumentation (trainstack/auto/) must see it.
+torch.distributed.checkpoint's on every rank too). tests/process/test_auto_instrument.py and
+tests/timing/test_watched_matrix.py run it under `trainstack watch -- torchrun ...`, where the automatic
+instrumentation (trainstack/auto/) must see it.
 
-    plain_ddp.py MODE [STEPS]
+    plain_ddp.py MODE [STEPS [PHASES_JSON]]
 
-MODE: healthy; slow-loader (every batch waits in __getitem__); slow-forward (rank 1 computes more in its forward
-pass); monitored (the script calls trainstack.monitor.start itself, as a loop instrumented by hand does);
-own-comm-hook (the script registers a DDP communication hook of its own, and prints how many buckets it reduced);
-fsdp (the model sharded by FSDP2's fully_shard instead of DDP).
+MODE: healthy; slow-loader (every batch waits in __getitem__); monitored (the script calls trainstack.monitor.start
+itself, as a loop instrumented by hand does); own-comm-hook (the script registers a DDP communication hook of its
+own, and prints how many buckets it reduced); fsdp (the model sharded by FSDP2's fully_shard instead of DDP);
+phases, fsdp-phases (DDP's or FSDP2's model through the PHASES below, one after another in one loop, STEPS steps
+each: rank 0 writes which steps each took to PHASES_JSON).
 """
 
+import json
 import os
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
@@ -25,8 +29,29 @@ WIDTH = 256
 BATCH = 8192
 """Enough compute per step that the gradient all-reduce over gloo hides behind it: a healthy run is no
 communication-bound one."""
-EXTRA_SECONDS = 0.05
-BATCH_WAIT_SECONDS = 0.05
+EXTRA_SECONDS = 0.1
+"""A slowed rank's extra work per step, and a slow loader's wait per batch. On a host whose cores other work shares,
+a slowed rank's own compute runs faster or slower than its peer's as the scheduler hands out the cores (faster
+while its peer sleeps in a wait, slower after it worked): the more extra work, the smaller a share of it that is."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    slow_in: str = ""
+    """loader (every rank's loader waits: input-bound), or where one rank works EXTRA_SECONDS more each step:
+    forward, after_step (after its optimizer step), data (in its loader), metric (after its optimizer step, before
+    the loop's all-reduce of its loss, which only this phase makes) or pre_hook (in a forward pre-hook the script
+    registered on the model before wrapping it, as PEFT or Accelerate do); "" for a healthy phase."""
+    slow_rank: int = -1
+
+
+HEALTHY, SLOW_LOADER = Phase("healthy"), Phase("slow-loader", "loader")
+STRAGGLERS = [Phase("forward", "forward", 1), Phase("after_step", "after_step", 0), Phase("data", "data", 1)]
+PHASES = {
+    "phases": [HEALTHY, SLOW_LOADER, *STRAGGLERS, Phase("metric", "metric", 1), Phase("pre_hook", "pre_hook", 1)],
+    "fsdp-phases": [HEALTHY, SLOW_LOADER, *STRAGGLERS],
+}
 
 
 def busy(seconds: float) -> None:
@@ -39,32 +64,43 @@ def busy(seconds: float) -> None:
 
 class Batches(torch.utils.data.Dataset):
     """Each item a whole batch (the DataLoader's batch_size=None): the same one, made once, so that a healthy
-    loader costs next to nothing."""
+    loader costs next to nothing. Item i is step i + 1's batch, slowed as that step's phase says."""
 
-    def __init__(self, size: int, wait: float):
-        self.inputs = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(dist.get_rank()))
+    def __init__(self, phases: list[Phase], steps_each: int, batch: int):
+        self.inputs = torch.randn(batch, WIDTH, generator=torch.Generator().manual_seed(dist.get_rank()))
         self.targets = self.inputs.sum(dim=1, keepdim=True)
-        self.size, self.wait = size, wait
+        self.phases, self.steps_each = phases, steps_each
 
     def __len__(self) -> int:
-        return self.size
+        return len(self.phases) * self.steps_each
 
     def __getitem__(self, index: int):
-        if self.wait:
-            time.sleep(self.wait)
+        slow_in = slowed_in(self.phases[index // self.steps_each])
+        if slow_in == "loader":
+            time.sleep(EXTRA_SECONDS)  # every rank waits alike: no core taken from a peer
+        elif slow_in == "data":
+            busy(EXTRA_SECONDS)
         return self.inputs, self.targets
 
 
+def slowed_in(phase: Phase) -> str:
+    """Where this rank is slowed in `phase`: every rank's loader, or this rank's part of its step; "" if nowhere."""
+    return phase.slow_in if phase.slow_rank in (-1, dist.get_rank()) else ""
+
+
 class Model(torch.nn.Module):
-    def __init__(self, slow: bool):
+    def __init__(self):
         super().__init__()
         self.inner = torch.nn.Linear(WIDTH, WIDTH)
         self.norm = torch.nn.BatchNorm1d(WIDTH)
         self.out = torch.nn.Linear(WIDTH, 1)
-        self.slow = slow
+        self.slow_in = ""  # this step's slowed_in, set by the loop
+        self.register_forward_pre_hook(
+            lambda module, args: busy(EXTRA_SECONDS) if module.slow_in == "pre_hook" else None
+        )
 
     def forward(self, inputs):
-        if self.slow and self.training:
+        if self.slow_in == "forward" and self.training:
             busy(EXTRA_SECONDS)
         return self.out(torch.relu(self.norm(self.inner(inputs))))
 
@@ -72,18 +108,22 @@ class Model(torch.nn.Module):
 def main() -> int:
     mode = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 60
+    phases = PHASES.get(mode, [SLOW_LOADER if mode == "slow-loader" else HEALTHY])
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     rank = dist.get_rank()
-    if mode == "fsdp":  # FSDP2: its layers sharded, then the root
+    inner = Model()
+    # FSDP2 gathers and scatters its parameters at every step, all of it exposed on a CPU: twice the compute keeps
+    # gloo's collectives under a quarter of a healthy step (comm-bound)
+    batch = 2 * BATCH if mode == "fsdp-phases" else BATCH
+    if mode.startswith("fsdp"):  # FSDP2: its layers sharded, then the root
         from torch.distributed.fsdp import fully_shard
 
-        model = Model(slow=False)
-        fully_shard(model.inner)
-        fully_shard(model)
+        fully_shard(inner.inner)
+        model = fully_shard(inner)
     else:
-        model = DistributedDataParallel(Model(slow=mode == "slow-forward" and rank == 1))
+        model = DistributedDataParallel(inner)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     reduced = [0]
     if mode == "own-comm-hook":
@@ -97,18 +137,27 @@ def main() -> int:
         import trainstack.monitor
 
         monitor = trainstack.monitor.start(model, optimizer=optimizer)
-    wait = BATCH_WAIT_SECONDS if mode == "slow-loader" else 0.0
-    loader = torch.utils.data.DataLoader(Batches(steps, wait), batch_size=None)
-    for inputs, targets in loader:
+    loader = torch.utils.data.DataLoader(Batches(phases, steps, batch), batch_size=None)
+    for index, (inputs, targets) in enumerate(loader):
+        inner.slow_in = slow_in = slowed_in(phases[index // steps])
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if slow_in in ("after_step", "metric"):
+            busy(EXTRA_SECONDS)
+        if phases[index // steps].slow_in == "metric":
+            dist.all_reduce(loss.detach())  # the loop's metric, as its logging would reduce it
         if mode == "monitored":
             monitor.step(samples=len(inputs), loss=loss)
+    inner.slow_in = ""
+    if rank == 0 and len(sys.argv) > 3:
+        written = [asdict(phase) | {"after": n * steps, "upto": (n + 1) * steps} for n, phase in enumerate(phases)]
+        with open(sys.argv[3], "w") as out:
+            json.dump({"extra_seconds": EXTRA_SECONDS, "phases": written}, out)
     model.eval()
     with torch.no_grad():
-        model(torch.randn(BATCH, WIDTH))
+        model(torch.randn(batch, WIDTH))
     model.train()
     if rank == 0:
         torch.save(getattr(model, "module", model).state_dict(), os.devnull)

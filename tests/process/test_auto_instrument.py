@@ -3,7 +3,9 @@ DDP loop (tests/drivers/plain_ddp.py, a BatchNorm model on 2 CPU ranks over gloo
 and judged, on FSDP2 too; transformers' and Lightning's Trainers get trainstack's callback; `--no-auto` leaves the
 loop unjudged; a script that calls trainstack.monitor.start itself is recorded once; a script's own DDP
 communication hook keeps working; an instrumentation that fails costs the run one line; a process that is no rank
-is left as it was; a collective the script binds to its own name at import is still timed."""
+is left as it was; a collective the script binds to its own name at import is still timed. The verdicts these
+workloads get (a slow loader, a straggler slowed in its forward, after its step or in its loader) are
+tests/timing/test_watched_matrix.py's."""
 
 from __future__ import annotations
 
@@ -76,17 +78,6 @@ def test_the_same_loop_on_fsdp2_is_recorded_with_its_collectives(tmp_path):
         assert launch.records[-1].step == 30 and sum(record.samples for record in launch.records) == 30 * 8192
         # FSDP's all-gathers and reduce-scatters, timed on the root fully_shard took last
         assert all(record.comm_buckets and record.forward_seconds for record in launch.records)
-
-
-def test_a_slow_loader_is_input_bound(tmp_path):
-    summary, _ = watched(tmp_path / "run", "slow-loader", steps=40)
-    assert kinds(summary) == ["input-bound"]
-
-
-def test_the_rank_slowed_in_its_forward_is_the_straggler(tmp_path):
-    summary, _ = watched(tmp_path / "run", "slow-forward", steps=40)
-    stragglers = [v for v in summary["verdicts"] if v["kind"] == "straggler"]
-    assert len(stragglers) == 1 and stragglers[0]["summary"].startswith("rank 1 is a straggler:"), stragglers
 
 
 def test_no_auto_leaves_the_loop_unjudged(tmp_path):

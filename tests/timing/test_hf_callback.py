@@ -1,13 +1,12 @@
 """transformers' Trainer with trainstack's callback under `trainstack watch -- torchrun` on 2 CPU ranks (gloo):
 both ranks show on watch's exporter as DDP ranks, and diagnose calls the run healthy, then input-bound once the
-collator is slowed on purpose; and a run with rank 1 slowed after its optimizer step names rank 1 the straggler (the
-callback in one process: tests/unit/trainstack/test_hf_callback.py)."""
+collator is slowed on purpose (the callback in one process: tests/unit/trainstack/test_hf_callback.py; the verdicts of a
+Trainer with no trainstack line, whose callback watch adds, in tests/timing/test_watched_matrix.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import time
 import urllib.request
@@ -20,7 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.runs import REPO, run_trainstack, stop_process, torchrun, trainstack_command
 from tests.helpers.scrapes import per_rank, scrape
-from trainstack.monitoring.diagnose.finished import judged
 from trainstack.rundir import free_port
 
 
@@ -128,40 +126,3 @@ def test_ddp_ranks_show_on_the_exporter_healthy_then_input_bound_once_the_collat
     assert all(value > 0 for value in served["trainstack_train_forward_seconds_total"].values())
     assert healthy == []
     assert slowed == ["input-bound"]
-
-
-@pytest.mark.slow
-@pytest.mark.timing
-def test_a_rank_slowed_after_its_optimizer_step_is_named_and_its_peer_is_not_input_bound(tmp_path):
-    """Rank 0 waits for rank 1 at the Trainer's gather of the label counts, inside its fetch of the next batch
-    (`average_tokens_across_devices`): a wait at the collectives, never data wait (issue 43: it read input-bound)."""
-    extra = 0.05
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    env.pop("TRAINSTACK_RUN_DIR", None)
-    done = subprocess.run(
-        trainstack_command("watch", "--run-dir", str(tmp_path / "run"), "--exporter-port", "0", "--no-report", "--")
-        + torchrun(
-            "-m",
-            "tests.drivers.hf_example",
-            "--slow-down-when",
-            str(tmp_path / "never"),
-            "--delay",
-            "0",
-            "--rank-1-after-step",
-            str(extra),
-            "--output-dir",
-            str(tmp_path / "out"),
-            "--max-steps",
-            "150",
-        ),
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    verdicts = judged(tmp_path / "run")
-    assert verdicts is not None
-    assert [verdict["kind"] for verdict in verdicts] == ["straggler"], verdicts
-    assert verdicts[0]["summary"].startswith("rank 1 is a straggler:"), verdicts

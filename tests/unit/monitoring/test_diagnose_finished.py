@@ -15,6 +15,7 @@ from trainstack.monitoring.diagnose.finished import (
     judged_of,
     judgement,
     snapshot_from_records,
+    snapshot_of_steps,
 )
 from trainstack.monitoring.diagnose.render import card, duration, time_lines, verdict_lines
 from trainstack.monitoring.diagnose.verdicts import diagnose
@@ -93,6 +94,33 @@ def test_the_last_launch_after_its_first_interval_is_judged(tmp_path):
     assert verdicts[0].summary.startswith(
         "rank 1 is a straggler: the other rank(s) wait for it 28 ms of each 100 ms step"
     )
+
+
+def test_a_phase_of_steps_is_judged_from_its_own_intervals_after_its_first(tmp_path):
+    """A run that slows rank 1 in steps 31-60 only, in one launch: the phase's window names it; the healthy steps
+    around it name nobody, and the phase's first interval (20-30 here: healthy on rank 1, a straggler on rank 0 in
+    its numbers) is left out."""
+    run = RunDir(tmp_path)
+    healthy = {rank: [record(rank, s, 0.02, 0.1) for s in (10, 20, 70, 80, 90)] for rank in (0, 1)}
+    slowed = {
+        0: [record(0, 30, 0.0, 0.3)] + [record(0, s, 0.3, 0.1) for s in (40, 50, 60)],
+        1: [record(1, 30, 0.3, 0.1)] + [record(1, s, 0.02, 0.38) for s in (40, 50, 60)],
+    }
+    write_run(run, {rank: [sorted(healthy[rank] + slowed[rank], key=lambda r: r["step"])] for rank in (0, 1)})
+    phase = snapshot_of_steps(run, 20, 60)
+    assert "steps 21-60" in phase.source and phase.now == 1060.0
+    assert [r.steps for r in phase.ranks] == [60.0, 60.0]
+    assert [r.comm_exposed_ratio for r in phase.ranks] == [pytest.approx(0.3), pytest.approx(0.02)]
+    verdicts = diagnose(phase, Thresholds())
+    assert [v.kind for v in verdicts] == ["straggler"] and verdicts[0].summary.startswith("rank 1 is a straggler")
+    assert diagnose(snapshot_of_steps(run, 60, 90), Thresholds()) == []
+    # An interval that straddles the phase's edge is no part of it: steps 25-35 would mix both
+    assert [r.comm_exposed_ratio for r in snapshot_of_steps(run, 25, 60).ranks] == [
+        pytest.approx(0.3),
+        pytest.approx(0.02),
+    ]
+    # A window with one interval or none leaves nothing after its first to judge
+    assert snapshot_of_steps(run, 90, 120).ranks == []
 
 
 def test_a_runs_ceilings_are_its_verdicts_one_per_kind_over_the_steady_window(tmp_path):

@@ -1,0 +1,191 @@
+"""The verdict matrix under `trainstack watch` with no trainstack line in the script (issue 43): the automatic
+instrumentation (trainstack/auto/) must judge each workload as trainstack's own loop is judged. 2 CPU ranks over
+gloo, each workload in one launch through phases one after another, each phase judged from its own steps'
+intervals after its first (monitoring/diagnose/finished.py, snapshot_of_steps):
+
+- a plain DDP loop and the same loop on FSDP2 (tests/drivers/plain_ddp.py);
+- a Lightning `Trainer(strategy="ddp")` with a BatchNorm model, gradient accumulation, validations and
+  checkpoints, launched by torchrun and by Lightning itself (tests/drivers/lightning_example.py);
+- a transformers `Trainer` with a BatchNorm model (tests/drivers/hf_plain.py).
+
+In each: a healthy phase gets no verdict; a slow loader on every rank reads input-bound; one rank given real work
+(never a sleep) in its forward, after its optimizer step, or in its loader is named the straggler, never its peer,
+with its loader as the cause in the last case and its cost within 20% of the work given it, which is what its peer
+waits for it. The plain DDP loop also all-reduces a metric after a slowed step, and carries a forward pre-hook of its
+own that works on one rank: straggler both times, nothing input- or comm-bound."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.runs import REPO, torchrun, trainstack_command
+from trainstack.monitoring.diagnose.finished import snapshot_of_steps
+from trainstack.monitoring.diagnose.snapshot import Snapshot
+from trainstack.monitoring.diagnose.verdicts import Verdict, diagnose
+from trainstack.thresholds import Thresholds
+
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
+
+DRIVERS = REPO / "tests" / "drivers"
+PLAIN, LIGHTNING, HF = DRIVERS / "plain_ddp.py", DRIVERS / "lightning_example.py", DRIVERS / "hf_plain.py"
+STEPS_EACH = "40"
+"""A plain or transformers phase's optimizer steps: 4 of the instrumentation's 10-step intervals, 3 judged."""
+WORKLOADS = {
+    "ddp": lambda out: torchrun(str(PLAIN), "phases", STEPS_EACH, str(out / "phases.json")),
+    "fsdp2": lambda out: torchrun(str(PLAIN), "fsdp-phases", STEPS_EACH, str(out / "phases.json")),
+    "lightning-torchrun": lambda out: torchrun(str(LIGHTNING), str(out)),
+    "lightning": lambda out: [sys.executable, str(LIGHTNING), str(out)],  # Lightning starts rank 1 itself
+    "transformers": lambda out: torchrun(str(HF), str(out), STEPS_EACH, "phases"),
+}
+LIGHTNINGS = ["lightning-torchrun", "lightning"]
+STRAGGLERS = ("forward", "after_step", "data")
+
+
+@dataclass
+class Launch:
+    run: Path
+    """The watched run's directory: its records in telemetry/rank-<r>.jsonl."""
+    described: dict
+    """What the driver wrote: the work given a slowed rank (`extra_seconds`), its `phases` with the steps each took
+    (after, upto], and for Lightning what each rank should record."""
+
+    def phase(self, name: str) -> dict:
+        return next(phase for phase in self.described["phases"] if phase["name"] == name)
+
+    def snapshot(self, name: str) -> Snapshot:
+        phase = self.phase(name)
+        return snapshot_of_steps(self.run, phase["after"], phase["upto"])
+
+    def verdicts(self, name: str) -> list[Verdict]:
+        return diagnose(self.snapshot(name), Thresholds())
+
+    def records(self, rank: int) -> list[dict]:
+        path = self.run / "telemetry" / f"rank-{rank}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+_launched: dict[str, Launch] = {}
+
+
+@pytest.fixture
+def launched(request, tmp_path_factory) -> Launch:
+    """The workload's one watched launch, shared by every test that judges it (`request.param`: its name)."""
+    name = request.param
+    if name not in _launched:
+        out = tmp_path_factory.mktemp(f"watched-{name}")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1"}
+        env.pop("TRAINSTACK_RUN_DIR", None)
+        done = subprocess.run(
+            trainstack_command("watch", "--run-dir", str(out / "run"), "--exporter-port", "0", "--no-report", "--")
+            + WORKLOADS[name](out),
+            cwd=out,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+        assert "automatic instrumentation off" not in done.stderr, done.stderr[-4000:]
+        described = out / ("expected.json" if name in LIGHTNINGS else "phases.json")
+        _launched[name] = Launch(out / "run", json.loads(described.read_text()))
+    return _launched[name]
+
+
+every_workload = pytest.mark.parametrize("launched", sorted(WORKLOADS), indirect=True)
+
+
+@every_workload
+def test_a_healthy_phase_gets_no_verdict(launched):
+    snapshot = launched.snapshot("healthy")
+    assert len(snapshot.straggler_waits()) == 2  # both ranks' waits are measured, and judged
+    assert diagnose(snapshot, Thresholds()) == []
+
+
+@every_workload
+def test_a_slow_loader_on_every_rank_is_input_bound(launched):
+    assert [verdict.kind for verdict in launched.verdicts("slow-loader")] == ["input-bound"]
+
+
+@every_workload
+@pytest.mark.parametrize("where", STRAGGLERS)
+def test_the_slowed_rank_is_the_straggler_with_the_work_given_it_as_its_cost(launched, where):
+    phase = launched.phase(where)
+    slow, peer = str(phase["slow_rank"]), str(1 - phase["slow_rank"])
+    snapshot = launched.snapshot(where)
+    found = diagnose(snapshot, Thresholds())
+    named = [verdict for verdict in found if verdict.kind == "straggler"]
+    assert len(named) == 1 and named[0].summary.startswith(f"rank {slow} is a straggler:"), found
+    # Nothing names the peer: a slowed loader may make its own rank input-bound too, that rank alone
+    others = [verdict for verdict in found if verdict.kind != "straggler"]
+    allowed = [f"input-bound: rank {slow} wait"] if where == "data" else []
+    assert all(any(verdict.summary.startswith(start) for start in allowed) for verdict in others), found
+    straggler = next(rank for rank in snapshot.ranks if rank.rank == slow)
+    waiting = next(rank for rank in snapshot.ranks if rank.rank == peer)
+    extra = launched.described["extra_seconds"]
+    cost = snapshot.straggler_waits()[slow] * straggler.step_seconds
+    # What the peer waits for it beyond the waits every rank has (its own exposed all-reduce): the work given it
+    assert cost == pytest.approx(extra, rel=0.2), (where, cost)
+    # The peer waits at the collectives, never for data (Lightning's stop-flag broadcast and the transformers
+    # Trainer's label-count gather sit in or beside its fetch)
+    assert waiting.data_wait_ratio is not None and waiting.data_wait_ratio < 0.1, (where, waiting.data_wait_ratio)
+    if where == "data":  # the loader is the cause: the straggler's own data wait is the work given it
+        assert any(line.startswith(f"rank {slow}:") and "waits for data" in line for line in named[0].evidence)
+        data_wait = straggler.data_wait_ratio * straggler.step_seconds
+        assert data_wait == pytest.approx(extra, rel=0.3), data_wait
+
+
+@pytest.mark.parametrize("launched", ["ddp"], indirect=True)
+@pytest.mark.parametrize("where", ["metric", "pre_hook"])
+def test_a_wait_at_the_loops_own_collective_or_after_a_pre_hook_names_the_straggler_and_nothing_else(launched, where):
+    """The peer waits for the slowed rank at the loop's all-reduce of its metric, or (the slowed rank's own forward
+    pre-hook working) at the next broadcast and gradient all-reduce: that is its wait at the collectives, never
+    data wait, and the pre-hook's work is the slowed rank's forward, not the broadcast."""
+    snapshot = launched.snapshot(where)
+    found = diagnose(snapshot, Thresholds())
+    assert [verdict.kind for verdict in found] == ["straggler"], found
+    assert found[0].summary.startswith("rank 1 is a straggler:"), found
+    peer, slow = snapshot.ranks
+    assert peer.data_wait_ratio is not None and peer.data_wait_ratio < 0.1, peer.data_wait_ratio
+    if where == "pre_hook":
+        assert slow.forward_seconds - peer.forward_seconds == pytest.approx(
+            launched.described["extra_seconds"], rel=0.3
+        )
+
+
+@pytest.mark.parametrize("launched", LIGHTNINGS, indirect=True)
+def test_lightning_every_rank_records_each_optimizer_step_with_all_its_micro_batches(launched):
+    expected = launched.described
+    for rank in (0, 1):
+        records = launched.records(rank)
+        assert records[0]["rank"] == rank
+        intervals = [record for record in records if "step" in record]
+        assert [r["step"] for r in intervals] == [1] + list(
+            range(expected["log_every"], expected["steps"] + 1, expected["log_every"])
+        )
+        # Optimizer steps, not micro-batches: each step carries both micro-batches' samples and tokens.
+        assert sum(r["step_count"] for r in intervals) == expected["steps"]
+        assert {r["samples"] / r["step_count"] for r in intervals} == {expected["samples_per_step"]}
+        assert {r["tokens"] / r["step_count"] for r in intervals} == {expected["tokens_per_step"]}
+        assert {r["lr"] for r in intervals} == {0.05}
+        assert all(r["forward_seconds"] > 0 and r["comm_seconds"] > 0 for r in intervals)  # DDP's model
+
+
+@pytest.mark.parametrize("launched", LIGHTNINGS, indirect=True)
+def test_lightning_validations_and_checkpoint_saves_are_pauses_after_their_steps(launched):
+    expected = launched.described
+    for rank in (0, 1):
+        pauses: dict[str, list[int]] = {"evaluation": [], "checkpoint_save": []}
+        last_step = 0
+        for record in launched.records(rank):
+            for pause in record.get("paused", []):
+                if pause["part"] in pauses:
+                    pauses[pause["part"]].append(last_step + pause["after_steps"])
+            last_step = record.get("step", last_step)
+        assert pauses == {"evaluation": expected["validations"], "checkpoint_save": expected["saves"]}
