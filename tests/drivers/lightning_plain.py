@@ -1,13 +1,15 @@
 """A Lightning `Trainer(strategy="ddp")` with no trainstack line: a BatchNorm model on 2 CPU ranks, launched by
-Lightning itself (`python lightning_plain.py STEPS`). tests/process/test_auto_instrument.py runs it under
-`trainstack watch`, which adds trainstack's Lightning callback by itself."""
+Lightning itself (`python lightning_plain.py STEPS [PACKAGE]`; PACKAGE: lightning.pytorch, the default, or the
+standalone pytorch_lightning). tests/process/test_auto_instrument.py runs it under `trainstack watch`, which adds
+trainstack's Lightning callback by itself."""
 
+import importlib
 import sys
 
-import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+pl = importlib.import_module(sys.argv[2] if len(sys.argv) > 2 else "lightning.pytorch")
 WIDTH, BATCH = 16, 16
 
 

@@ -104,14 +104,15 @@ def test_a_scripts_own_ddp_communication_hook_keeps_working(tmp_path):
         assert all(record.comm_seconds is None for record in launch.records)
 
 
-@pytest.mark.parametrize("framework", ["lightning", "transformers"])
+@pytest.mark.parametrize("framework", ["lightning.pytorch", "pytorch_lightning", "transformers"])
 def test_a_framework_trainer_gets_trainstacks_callback_by_itself(tmp_path, framework):
-    """Lightning's Trainer launched by Lightning itself (`python script.py`, devices=2), transformers' by torchrun:
-    no trainstack line in either, each rank recorded once, by the callback watch added."""
-    pytest.importorskip("lightning.pytorch" if framework == "lightning" else "transformers")
+    """Lightning's Trainer (from `lightning.pytorch` or the standalone `pytorch_lightning`) launched by Lightning
+    itself (`python script.py`, devices=2), transformers' by torchrun: no trainstack line in either, each rank
+    recorded once, by the callback watch added."""
+    pytest.importorskip(framework)
     steps = 20
-    if framework == "lightning":
-        command = [sys.executable, str(REPO / "tests" / "drivers" / "lightning_plain.py"), str(steps)]
+    if framework != "transformers":
+        command = [sys.executable, str(REPO / "tests" / "drivers" / "lightning_plain.py"), str(steps), framework]
     else:
         command = torchrun(str(REPO / "tests" / "drivers" / "hf_plain.py"), str(tmp_path / "out"), str(steps))
     done = run_trainstack(
