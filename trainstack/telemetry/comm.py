@@ -5,12 +5,12 @@ all-reduce here, FSDP2's all-gathers and reduce-scatters in trainstack/telemetry
   reducer launches a bucket once all its gradients are ready, and `loss.backward()` returns once every bucket's
   all-reduce is done. Its one wait is at the end of backward, from the last bucket's launch (when backward compute
   ended) to the end of the last all-reduce. The marks come from a DDP communication hook (`register_comm_hook`, the
-  public route) around DDP's own all-reduce (the bucket's mean, as torch's `allreduce_hook` and DDP without a
-  hook compute it) or the hook the user gave: the launch when the
-  reducer calls it, on the stream backward computes on (when the bucket's gradients are computed), the end in the
-  all-reduce future's `then` callback (on a GPU, CUDA futures run their callbacks with current streams that wait
-  for the all-reduce; on a CPU rank it runs when gloo has finished). torch's reducer keeps the same two figures for
-  its own logger (reducer_timer.hpp: backward_comm_time, backward_compute_comm_overlap_time).
+  public route) around DDP's own all-reduce (the bucket's mean, as DDP without a hook computes it) or the hook the
+  user gave: the launch when the reducer calls it, on the stream backward computes on (when the bucket's gradients
+  are computed), the end in the all-reduce future's `then` callback (on a GPU, CUDA futures run their callbacks
+  with current streams that wait for the all-reduce; on a CPU rank it runs when gloo has finished). torch's reducer
+  keeps the same two figures for its own logger (reducer_timer.hpp: backward_comm_time,
+  backward_compute_comm_overlap_time).
 - **DDP's buffer broadcast**: with `broadcast_buffers=True` (the default) a model with buffers (BatchNorm's running
   statistics, a causal mask) has rank 0's buffers broadcast at the start of every forward pass
   (`DistributedDataParallel._pre_forward`), so a rank waits there for a slower peer. It blocks compute: its launch
