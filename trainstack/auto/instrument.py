@@ -98,7 +98,9 @@ class Rank:
         self.samples = 0
         self.tokens = 0
         self.closed = False
-        self.pid = os.getpid()
+        self.forked = False
+        """A process forked from the rank (a DataLoader worker): the monitor it holds a copy of is not its own."""
+        self.failing_on_purpose = bool(os.environ.get(FAIL_ENV))
         self.importing_the_monitor = False
 
     # ---- saying so --------------------------------------------------------------------------------------------
@@ -115,9 +117,14 @@ class Rank:
             )
             sys.stderr.flush()
 
+    def in_a_forked_child(self) -> None:
+        """Run by the fork itself (os.register_at_fork, below): asking os.getpid() at every hook would be a system
+        call, five or more a step."""
+        self.forked = True
+
     def guarded(self, work: Callable[[], None]) -> None:
-        if self.off or self.owned_by_the_script or os.getpid() != self.pid:
-            return  # a process forked from the rank (a DataLoader worker) holds a copy of its monitor: not its own
+        if self.off or self.owned_by_the_script or self.forked:
+            return
         try:
             work()
         except NotARank:
@@ -203,7 +210,7 @@ class Rank:
             self.monitor.forward_done()
 
     def stepped(self, optimizer: Any) -> None:
-        if os.environ.get(FAIL_ENV):
+        if self.failing_on_purpose:
             raise RuntimeError(f"failing on purpose ({FAIL_ENV} is set)")
         if self.optimizer is None:
             self.optimizer = optimizer
@@ -219,6 +226,7 @@ class Rank:
 
 
 RANK = Rank()
+os.register_at_fork(after_in_child=RANK.in_a_forked_child)
 
 
 class _Imports(importlib.abc.MetaPathFinder):

@@ -5,12 +5,12 @@ all-reduce here, FSDP2's all-gathers and reduce-scatters in trainstack/telemetry
   reducer launches a bucket once all its gradients are ready, and `loss.backward()` returns once every bucket's
   all-reduce is done. Its one wait is at the end of backward, from the last bucket's launch (when backward compute
   ended) to the end of the last all-reduce. The marks come from a DDP communication hook (`register_comm_hook`, the
-  public route) around DDP's own all-reduce (the bucket's mean, as torch's `allreduce_hook` and DDP without a
-  hook compute it) or the hook the user gave: the launch when the
-  reducer calls it, on the stream backward computes on (when the bucket's gradients are computed), the end in the
-  all-reduce future's `then` callback (on a GPU, CUDA futures run their callbacks with current streams that wait
-  for the all-reduce; on a CPU rank it runs when gloo has finished). torch's reducer keeps the same two figures for
-  its own logger (reducer_timer.hpp: backward_comm_time, backward_compute_comm_overlap_time).
+  public route) around DDP's own all-reduce (the bucket's mean, as DDP without a hook computes it) or the hook the
+  user gave: the launch when the reducer calls it, on the stream backward computes on (when the bucket's gradients
+  are computed), the end in the all-reduce future's `then` callback (on a GPU, CUDA futures run their callbacks
+  with current streams that wait for the all-reduce; on a CPU rank it runs when gloo has finished). torch's reducer
+  keeps the same two figures for its own logger (reducer_timer.hpp: backward_comm_time,
+  backward_compute_comm_overlap_time).
 - **DDP's buffer broadcast**: with `broadcast_buffers=True` (the default) a model with buffers (BatchNorm's running
   statistics, a causal mask) has rank 0's buffers broadcast at the start of every forward pass
   (`DistributedDataParallel._pre_forward`), so a rank waits there for a slower peer. It blocks compute: its launch
@@ -85,11 +85,14 @@ def timed_allreduce_hook(
             return callbacks.then(
                 inner(process_group, bucket), lambda future: finished(collective, future), first=False
             )
-        # What torch's allreduce_hook does, the bucket's mean, without the `then` of its own that gloo's thread
-        # would drop after this one's (trainstack/telemetry/future_callbacks.py).
+        # The bucket's mean, as DDP without a hook computes it: a product by the reciprocal (DDP's reducer folds it
+        # into its copy into the bucket, which a hook's bucket has had already), not torch's allreduce_hook's
+        # division, which costs a CPU rank twice the time over the bucket. Straight to the process group: the
+        # checks of `dist.all_reduce` are for a caller's arguments, and DDP's are known good. No `then` but ours,
+        # which gloo's thread would drop after this one's (trainstack/telemetry/future_callbacks.py).
         group = process_group if process_group is not None else dist.group.WORLD
-        buffer.div_(group.size())
-        work = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+        buffer.mul_(1.0 / group.size())
+        work = group.allreduce([buffer]).get_future()
         return callbacks.then(work, lambda future: finished(collective, future)[0])
 
     return hook

@@ -79,10 +79,13 @@ def test_a_process_without_a_rank_is_named_by_its_pid(capsys, monkeypatch):
     assert capsys.readouterr().err.startswith(f"trainstack watch: process {os.getpid()}: automatic instrumentation off")
 
 
-def test_a_process_forked_from_the_rank_runs_none_of_its_hooks(monkeypatch):
-    """A DataLoader worker forked from the rank holds a copy of its state, monitor included."""
+def test_a_process_forked_from_the_rank_runs_none_of_its_hooks():
+    """A DataLoader worker forked from the rank holds a copy of its state, monitor included; the fork tells it
+    (os.register_at_fork runs `in_a_forked_child` there)."""
     rank = Rank()
     ran = []
-    monkeypatch.setattr(os, "getpid", lambda: rank.pid + 1)
     rank.guarded(lambda: ran.append(True))
-    assert ran == [] and not rank.off
+    assert ran == [True]
+    rank.in_a_forked_child()
+    rank.guarded(lambda: ran.append(True))
+    assert ran == [True] and not rank.off
