@@ -10,7 +10,7 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from plain_ddp import Batches, Model
+from plain_ddp import BATCH, HEALTHY, Batches, Model
 from torch.nn.parallel import DistributedDataParallel
 
 WORLD_SIZE = 2
@@ -20,9 +20,9 @@ def rank_main(rank: int, steps: int, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = DistributedDataParallel(Model(slow=False))
+    model = DistributedDataParallel(Model())
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    for inputs, targets in torch.utils.data.DataLoader(Batches(steps, 0.0), batch_size=None):
+    for inputs, targets in torch.utils.data.DataLoader(Batches([HEALTHY], steps, BATCH), batch_size=None):
         torch.nn.functional.mse_loss(model(inputs), targets).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
