@@ -5,9 +5,12 @@ rank: `python -c pass` with the hook on its PYTHONPATH against without, alternat
 
 Targets (issue 43): instrumented / plain steps/s >= 0.99; the hook adds <= 50 ms to `python -c pass`.
 
-    .venv/bin/python bench/auto_instrument_overhead.py [--pairs 4] [--steps 200] [--starts 20]
+    .venv/bin/python bench/auto_instrument_overhead.py [--pairs 4] [--steps 200] [--starts 20] [--batch 128]
 
-Run with `--rank-loop STEPS OUT` by torchrun, it is the loop itself: 2 ranks over gloo, a DataLoader of ready
+`--batch` scales the step's compute and leaves its gradients (and so the per-step cost of timing them) as they are:
+the default's short step is where a fixed cost per step shows most.
+
+Run with `--rank-loop STEPS OUT BATCH` by torchrun, it is the loop itself: 2 ranks over gloo, a DataLoader of ready
 batches, SGD; rank 0 writes its steps/s after the warm-up to OUT.
 """
 
@@ -36,7 +39,7 @@ WIDTH, BATCH = 1024, 128
 a real model takes 50 ms to seconds)."""
 
 
-def rank_loop(steps: int, out: Path) -> None:
+def rank_loop(steps: int, out: Path, batch_size: int) -> None:
     """The user's loop: nothing of trainstack in it."""
     import torch
     import torch.distributed as dist
@@ -48,7 +51,7 @@ def rank_loop(steps: int, out: Path) -> None:
         torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 1))
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    inputs = torch.randn(BATCH, WIDTH)
+    inputs = torch.randn(batch_size, WIDTH)
     loader = torch.utils.data.DataLoader(
         [(inputs, inputs.sum(dim=1, keepdim=True))] * (steps + WARM_UP), batch_size=None
     )
@@ -66,7 +69,7 @@ def rank_loop(steps: int, out: Path) -> None:
     dist.destroy_process_group()
 
 
-def watched(auto: bool, cpus: set[int], steps: int, scratch: Path) -> tuple[subprocess.Popen, Path]:
+def watched(auto: bool, cpus: set[int], steps: int, batch_size: int, scratch: Path) -> tuple[subprocess.Popen, Path]:
     out = scratch / f"{'auto' if auto else 'plain'}-{time.monotonic_ns()}.json"
     command = [
         sys.executable,
@@ -91,6 +94,7 @@ def watched(auto: bool, cpus: set[int], steps: int, scratch: Path) -> tuple[subp
         "--rank-loop",
         str(steps),
         str(out),
+        str(batch_size),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop(RUN_DIR_ENV, None)
@@ -118,10 +122,11 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--starts", type=int, default=20)
-    parser.add_argument("--rank-loop", nargs=2, metavar=("STEPS", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--rank-loop", nargs=3, metavar=("STEPS", "OUT", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_loop:
-        rank_loop(int(args.rank_loop[0]), Path(args.rank_loop[1]))
+        rank_loop(int(args.rank_loop[0]), Path(args.rank_loop[1]), int(args.rank_loop[2]))
         return 0
     with tempfile.TemporaryDirectory() as folder:
         scratch = Path(folder)
@@ -139,8 +144,8 @@ def main() -> int:
         auto_rates, plain_rates = [], []
         for pair in range(args.pairs):
             auto_cpus, plain_cpus = halves_for_pair(pair)
-            auto = watched(True, auto_cpus, args.steps, scratch)
-            reference = watched(False, plain_cpus, args.steps, scratch)
+            auto = watched(True, auto_cpus, args.steps, args.batch, scratch)
+            reference = watched(False, plain_cpus, args.steps, args.batch, scratch)
             auto_rates.append(rate_of(*auto))
             plain_rates.append(rate_of(*reference))
             print(
