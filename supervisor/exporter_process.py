@@ -101,7 +101,7 @@ class SupervisedExporter:
             return
         try:
             self.discovery.write()
-        except WriteFailure as failure:
+        except (WriteFailure, OSError) as failure:  # OSError: the folder gone since the preflight (ENOENT), ESTALE
             self.say(f"warning: Prometheus will not find this exporter: {failure}")
             return
         self.say(f"Prometheus target {self.discovery.target} in {self.discovery.path}")

@@ -213,8 +213,10 @@ class RunDir:
         return dict(sorted(found.items()))
 
     def roll_call(self, key: str) -> Path:
-        """The folder of one roll call (train/launcher/doctor/slurm_checks.py): the nodes' markers, roll_call_marker."""
-        return self.path / ROLL_CALL_DIR / key
+        """The folder of one roll call (train/launcher/doctor/slurm_checks.py): the nodes' markers, roll_call_marker.
+        `key` (a run id the user may set) becomes one plain name inside ROLL_CALL_DIR, since node 0 removes the
+        folder when the call is over: `..`, `/` or a leading dot would reach the run directory or beyond."""
+        return self.path / ROLL_CALL_DIR / (re.sub(r"[^A-Za-z0-9._-]", "_", key).lstrip(".") or "_")
 
     @property
     def lease(self) -> Path:

@@ -75,6 +75,16 @@ def test_the_shared_run_dir_check_passes_on_a_shared_folder_and_fails_on_a_node_
     assert "a folder every node mounts at the same path" in local[1].fix
 
 
+@pytest.mark.parametrize("run_id", ["..", ".", "/etc", "../../elsewhere", "team/exp1", ""])
+def test_a_run_id_of_any_spelling_names_one_folder_inside_the_roll_calls_and_only_it_is_removed(tmp_path, run_id):
+    run = RunDir(tmp_path / "run")
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    folder = run.roll_call(run_id)
+    assert folder.parent == tmp_path / "run" / ROLL_CALL_DIR and not folder.name.startswith(".")
+    assert side_by_side([lambda: roll_call(folder, 0, 1, timeout=5)]) == [[]]
+    assert (tmp_path / "run" / "checkpoints").is_dir()  # node 0 tidied the call's folder, nothing above it
+
+
 def test_one_node_needs_no_roll_call_and_a_bad_timeout_is_refused(tmp_path):
     alone = check_shared_run_dir(doctor(tmp_path / "run", 0, nnodes=1), CPU_HOST)
     assert alone.status is Status.PASS and not (tmp_path / "run").exists()

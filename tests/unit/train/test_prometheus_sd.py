@@ -13,6 +13,7 @@ import pytest
 import trainstack.write_failure
 from trainstack.errors import ConfigError
 from trainstack.slurm import SlurmWorld, expand_hostlist
+from trainstack.supervisor.exporter_process import SupervisedExporter
 from trainstack.supervisor.prometheus_sd import file_sd_target, target_host
 
 SLURM = SlurmWorld.from_environ(
@@ -100,3 +101,14 @@ def test_a_folder_that_cannot_be_made_is_one_line_before_anything_is_written(tmp
     assert "\n" not in str(error.value)
     with pytest.raises(ConfigError, match="is a file, not a folder"):
         file_sd_target(tmp_path / "file", "run", 0, "0.0.0.0", 25000, None)
+
+
+def test_a_target_folder_removed_while_the_run_goes_on_costs_the_discovery_only(tmp_path):
+    """docs/slurm.md has users delete stale target files: one that deletes the folder itself must not end the
+    exporter's supervision (its thread) with a traceback."""
+    target = file_sd_target(tmp_path / "targets", "run", 0, "127.0.0.1", 9450, None)
+    (tmp_path / "targets").rmdir()
+    said: list[str] = []
+    exporter = SupervisedExporter([], {}, 9450, "127.0.0.1", "", said.append, discovery=target)
+    exporter._announce()
+    assert len(said) == 1 and said[0].startswith("warning: Prometheus will not find this exporter:"), said

@@ -2,7 +2,7 @@
 monitor: every training fetch inside a data wait, every validation and save inside its pause, each optimizer step
 with its micro-batches; a resumed fit numbered on; a second fit, or a strategy holding DDP's one comm hook, left
 unrecorded with one line; what the callback reads from a batch; the import's message without Lightning. The same
-callback on 2 ranks under `trainstack watch`: tests/timing/test_lightning_callback.py."""
+callback on 2 ranks under `trainstack watch`: tests/timing/test_watched_matrix.py."""
 
 from __future__ import annotations
 
