@@ -114,7 +114,7 @@ TRAIN_SAMPLES = Metric(
     "Samples consumed.",
     RANK_LABELS,
     TELEMETRY,
-    "samples (sequences) consumed, added at each log interval",
+    "samples (sequences) consumed",
 )
 TRAIN_TOKENS = Metric(
     "trainstack_train_tokens_total",
@@ -130,8 +130,8 @@ TRAIN_STEP_DURATION = Metric(
     "Time per optimizer step (a GPU rank's on its GPU's timeline).",
     RANK_LABELS,
     TELEMETRY,
-    "time per optimizer step, end of the previous step to the end of this one, observed at each log interval; on a "
-    "GPU rank on the GPU's timeline ([which clock](#which-clock-data-wait-on-gpu-and-cpu-ranks))",
+    "time per optimizer step, end of the previous step to the end of this one; on a GPU rank on the GPU's "
+    "timeline, observed at each log interval ([which clock](#which-clock-data-wait-on-gpu-and-cpu-ranks))",
     unit="s",
     buckets=STEP_BUCKETS,
 )
@@ -162,8 +162,8 @@ TRAIN_DATA_WAIT = Metric(
     RANK_LABELS,
     TELEMETRY,
     "time the rank's device sat idle for want of the next batch: on a GPU rank the GPU's starvation, measured on "
-    "its timeline and added at each log interval; on a CPU rank the host's time blocked in the loader, added at "
-    "each log interval too ([which clock](#which-clock-data-wait-on-gpu-and-cpu-ranks)). The input-bound alert and `trainstack "
+    "its timeline and added at each log interval; on a CPU rank the host's time blocked in the loader "
+    "([which clock](#which-clock-data-wait-on-gpu-and-cpu-ranks)). The input-bound alert and `trainstack "
     "diagnose` read this one",
     unit="s",
 )
@@ -173,8 +173,7 @@ TRAIN_HOST_DATA_WAIT = Metric(
     "Host time blocked in the data loader's next(), on every device.",
     RANK_LABELS,
     TELEMETRY,
-    "the host's time blocked in the loader's `next()`, on every device (equal to the data wait on a CPU rank), "
-    "added at each log interval",
+    "the host's time blocked in the loader's `next()`, on every device (equal to the data wait on a CPU rank)",
     unit="s",
 )
 _COMM_ABSENT = "the rank communicates with no other: one process (DDP or FSDP) on its own"

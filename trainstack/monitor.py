@@ -462,6 +462,7 @@ class Monitor(TrainingMonitor):
             self._waiting_for_data = False
             seconds = time.perf_counter() - self._wait_start
             self._host_data_wait += seconds
+            self._metrics.host_data_wait.inc(seconds)
             self._rank_clock.data_ready(seconds)
 
     @contextmanager
@@ -588,9 +589,8 @@ class Monitor(TrainingMonitor):
         self._wall_time.stepped(self._clock_started_at)
         self._samples += samples
         self._comm.step_done()
-        # Each step's count and time at once: a rank that times out in a collective names the peer that stopped from
-        # them (progress_by_rank). The samples and waits are published with the interval (_cut_interval).
         self._metrics.steps.inc()
+        self._metrics.samples.inc(samples)
         self._metrics.last_step.set(time.time())
 
     def _resync_clock(self) -> None:
@@ -633,8 +633,6 @@ class Monitor(TrainingMonitor):
             paused=outside.paused,
             not_stepping=outside.spans,
         )
-        self._metrics.samples.inc(self._samples)
-        self._metrics.host_data_wait.inc(self._host_data_wait)
         self._samples, self._host_data_wait, self._forward_passes = 0, 0.0, 0
         return cut
 

@@ -131,6 +131,7 @@ class HostRankClock(RankClock):
 
     def data_ready(self, host_seconds: float) -> None:
         self._data_wait += host_seconds
+        self._metrics.data_wait.inc(host_seconds)
 
     def forward_started(self) -> None:
         self._forward_start = time.perf_counter()
@@ -143,6 +144,7 @@ class HostRankClock(RankClock):
         duration = now - self._last_step_end
         self._last_step_end = now
         self._step_seconds.append(duration)
+        self._metrics.step_duration.observe(duration)
 
     def wait_for_device(self) -> None:
         pass  # the host has run its work by the time it gets here
@@ -151,11 +153,6 @@ class HostRankClock(RankClock):
         self._last_step_end = time.perf_counter()
 
     def cut(self) -> KnownTimes:
-        # Published once an interval, as a GPU rank's are: a write into the multiprocess files costs a step on a
-        # CPU rank tens of microseconds.
-        self._metrics.data_wait.inc(self._data_wait)
-        for duration in self._step_seconds:
-            self._metrics.step_duration.observe(duration)
         times = KnownTimes(IntervalTimes(self._data_wait, self._step_seconds, self._forward_seconds), time.time())
         self._step_seconds, self._data_wait, self._forward_seconds = [], 0.0, 0.0
         return times
