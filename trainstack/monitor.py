@@ -84,7 +84,7 @@ class TrainingMonitor(Protocol):
 
     def watch(self, model: torch.nn.Module, comm_hook: Callable | None = None) -> bool:
         """Times the model's gradient communication (DDP, FSDP); False for a model without any. comm_hook: a DDP
-        communication hook run inside the timing (start's `comm_hook`)."""
+        communication hook to register on the model (start's `comm_hook`)."""
         ...
 
     def batches(self, loader: Iterable) -> Iterator:
@@ -182,9 +182,8 @@ def start(
     run_id: the run's name on its series; defaults to TRAINSTACK_RUN_ID, which `trainstack watch` sets.
     optimizer: its learning rate is recorded, and its state's bytes, with the parameters' and gradients', are
       measured after its first step.
-    comm_hook: a DDP communication hook for the model (e.g. torch's `default_hooks.bf16_compress_hook`), given here
-      instead of to `register_comm_hook`: DDP takes one hook per model, and the monitor's timing of the all-reduce
-      is one; it runs the given hook inside it, and registers it plainly when it records nothing.
+    comm_hook: a DDP communication hook for the model (e.g. torch's `default_hooks.bf16_compress_hook`), registered
+      on it; the same as the loop's own `register_comm_hook`, which the monitor's timing leaves free.
     interval_totals: for a loop that reads the monitor's loss and token sums: called with them at each interval's
       end (and at `flush`), it closes them (`IntervalSums.take` or `start_reduce`, trainstack/telemetry/interval.py)
       and keeps what it returns to read later; the records show this rank's own. A NullMonitor given it keeps the
@@ -225,6 +224,11 @@ def start(
     return monitor
 
 
+def _register_comm_hook(model: torch.nn.Module, comm_hook: Callable | None) -> None:
+    if comm_hook is not None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model.register_comm_hook(None, comm_hook)
+
+
 class NullMonitor(TrainingMonitor):
     """The loop API, recording nothing: outside a watched run (or with `enabled=False`). Given `interval_totals`
     (start's), it still sums the loop's loss and tokens and closes them at each interval's end, for the loop to read;
@@ -240,9 +244,8 @@ class NullMonitor(TrainingMonitor):
         self._close_sums = interval_totals
 
     def watch(self, model: torch.nn.Module, comm_hook: Callable | None = None) -> bool:
-        """Times nothing; a DDP model's `comm_hook` is registered as it is."""
-        if comm_hook is not None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model.register_comm_hook(None, comm_hook)
+        """Times nothing; a DDP model's `comm_hook` is registered."""
+        _register_comm_hook(model, comm_hook)
         return False
 
     def batches(self, loader: Iterable) -> Iterator:
@@ -400,10 +403,11 @@ class Monitor(TrainingMonitor):
 
     # ---- the loop's points ------------------------------------------------------------------------------------
     def watch(self, model: torch.nn.Module, comm_hook: Callable | None = None) -> bool:
-        """Times the communication of a DDP or FSDP model (trainstack/telemetry/comm.py), a DDP model's through
-        `comm_hook` where given; False for any other."""
+        """Times the communication of a DDP or FSDP model (trainstack/telemetry/comm.py), after registering a DDP
+        model's `comm_hook` where given; False for any other."""
+        _register_comm_hook(model, comm_hook)
         watched = watch_gradient_communication(
-            model, self._comm, self._comm_callbacks, training=lambda: self._pause is None, comm_hook=comm_hook
+            model, self._comm, self._comm_callbacks, training=lambda: self._pause is None
         )
         if watched:
             self._communicates()

@@ -106,7 +106,7 @@ def test_the_throughput_options_reach_ddp_and_the_loader(probe):
         assert rank["ddp"] == {
             "bucket_bytes_cap": 2 * 1024 * 1024,
             "static_graph": True,
-            "comm_hooks": ["fp16_compress_hook"],  # untimed (--no-telemetry): DDP's own hook, as it is
+            "comm_hooks": ["fp16_compress_hook"],  # DDP's own hook, registered by Accelerate
         }
         assert rank["loader"] == {
             "num_workers": 1,

@@ -25,10 +25,12 @@ class CommPerStep:
 
 def comm_per_step(run: Path, rank: int) -> CommPerStep:
     """A rank's step time, exposed communication and all-reduces per step from its telemetry records, leaving out
-    the first interval (the first step's warm-up) and a line the kill cut off."""
+    the first three intervals of a step each (the first step's warm-up; DDP sizes its buckets anew at the second,
+    which its logging data, where the timing reads the bucket count, shows a step later) and a line the kill cut
+    off."""
     lines = RunDir(run).rank_records(rank).read_text().splitlines()
     records = [record for line in lines if line.endswith("}") and "comm_seconds" in (record := json.loads(line))]
-    steady = records[1:]
+    steady = records[3:]
     assert len(steady) >= 3, f"rank {rank}: {len(records)} records with communication times"
     steps = sum(len(r["step_seconds"]) for r in steady)
     return CommPerStep(

@@ -5,9 +5,7 @@ reads off it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from accelerate.utils import DistributedDataParallelKwargs
+from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
 
 from trainstack.train.rank.config import TrainConfig
 
@@ -25,21 +23,13 @@ def loader_options(config: TrainConfig, on_gpu: bool) -> dict:
 
 
 def ddp_kwargs(config: TrainConfig) -> DistributedDataParallelKwargs:
-    """DDP(...)'s arguments through Accelerate. The compression hook is not among them: DDP takes one hook per
-    model, and the rank's monitor registers it inside its timing of the all-reduce (`comm_hook`)."""
+    """DDP(...)'s arguments through Accelerate, which registers --ddp-comm-hook's compression hook (DDP's own
+    fp16 or bf16 one) on the model; the rank's monitor times the all-reduce without a hook of its own."""
     return DistributedDataParallelKwargs(
         find_unused_parameters=config.find_unused_parameters,
         bucket_cap_mb=config.ddp_bucket_cap_mb,
         static_graph=config.ddp_static_graph,
+        comm_hook=DDPCommunicationHookType.NO
+        if config.ddp_comm_hook == "none"
+        else DDPCommunicationHookType(config.ddp_comm_hook),
     )
-
-
-def comm_hook(config: TrainConfig) -> Callable | None:
-    """DDP's own compression hook for --ddp-comm-hook (what Accelerate's DDPCommunicationHookType names), or None
-    for DDP's plain all-reduce."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    return {
-        "fp16": default_hooks.fp16_compress_hook,
-        "bf16": default_hooks.bf16_compress_hook,
-    }.get(config.ddp_comm_hook)

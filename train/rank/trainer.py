@@ -36,7 +36,7 @@ from trainstack.train.rank.checkpointer import Checkpointer, drop_tied_aliases
 from trainstack.train.rank.config import TrainConfig, require_device_support
 from trainstack.train.rank.data import collate, load_token_data
 from trainstack.train.rank.evaluation import evaluator
-from trainstack.train.rank.loader_and_ddp import comm_hook, ddp_kwargs, loader_options
+from trainstack.train.rank.loader_and_ddp import ddp_kwargs, loader_options
 from trainstack.train.rank.model import build_model, estimate_flops_per_token, with_sync_batchnorm
 from trainstack.train.rank.performance import (
     CompileWatch,
@@ -182,7 +182,6 @@ class Trainer:
             run_id=self.run_id,
             optimizer=self.optimizer,
             enabled=config.telemetry,
-            comm_hook=comm_hook(config),
             interval_totals=self._close_interval,
         )
 

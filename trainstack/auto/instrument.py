@@ -15,8 +15,8 @@ Installed by the start-up hook (bootstrap/sitecustomize.py) once the process has
 
 It reads only shapes (never a device tensor's value), so it adds no host sync. The monitor starts at the first of
 these that happens while the model trains, not at the wrap: a script that then calls `trainstack.monitor.start`
-itself (or runs a trainstack callback, which does) is left to its own lines, and a DDP model whose script registered
-its own communication hook keeps it (the monitor then times no communication there).
+itself (or runs a trainstack callback, which does) is left to its own lines. The communication timing takes no DDP
+communication hook, so a script's own keeps working, and is timed.
 
 Whatever it cannot handle turns it off for the rank with one line on stderr; the user's code always runs as it would
 without it (every hook's own work is guarded, the user's function is called outside the guard).
@@ -90,7 +90,6 @@ class Rank:
         self.owned_by_the_script = False  # the script calls trainstack.monitor.start itself
         self.model: torch.nn.Module | None = None
         """The model the steps train: the DDP wrapper, or the root FSDP2 module (the last that `fully_shard` took)."""
-        self.user_comm_hook = False
         self.optimizer: Any = None  # the first optimizer that steps: its steps are the rank's
         self.monitor: Any = None
         self.pause: str | None = None
@@ -148,8 +147,7 @@ class Rank:
             self.importing_the_monitor = True
             import trainstack.monitor
 
-            model = None if self.user_comm_hook else self.model
-            self.monitor = trainstack.monitor.start(model)
+            self.monitor = trainstack.monitor.start(self.model)
         return self.monitor
 
     def training(self) -> bool:
@@ -346,21 +344,14 @@ def install() -> None:
 
 
 def _wrap_ddp() -> None:
-    init, register_comm_hook = DistributedDataParallel.__init__, DistributedDataParallel.register_comm_hook
+    init = DistributedDataParallel.__init__
 
     @functools.wraps(init)
     def wrapped_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         RANK.guarded(lambda: _found(self))
 
-    @functools.wraps(register_comm_hook)
-    def users_comm_hook(self, *args, **kwargs):
-        if self is RANK.model and RANK.monitor is None:
-            RANK.user_comm_hook = True  # DDP takes one hook per model: the script's stays, the timing stands down
-        return register_comm_hook(self, *args, **kwargs)
-
     DistributedDataParallel.__init__ = wrapped_init
-    DistributedDataParallel.register_comm_hook = users_comm_hook
 
 
 def _found(model: DistributedDataParallel) -> None:

@@ -79,15 +79,6 @@ class LightningHooks:  # no Lightning base class: each package's TrainstackCallb
             # fit) would fail the run in the monitor's start, so it goes unrecorded, and says so.
             print("trainstack: one fit per process is recorded; this fit is not", file=sys.stderr)
             self._monitor = tsm.NullMonitor()
-        elif getattr(trainer.strategy, "_ddp_comm_hook", None) is not None:
-            # DDP takes one communication hook per model, and the strategy has registered the user's: the
-            # monitor's timing of the all-reduce cannot join it, and registering a second would fail the run.
-            print(
-                "trainstack: DDPStrategy(ddp_comm_hook=...) holds DDP's one communication hook, so this fit is not "
-                "recorded; give the hook to TrainstackCallback(comm_hook=...) instead",
-                file=sys.stderr,
-            )
-            self._monitor = tsm.NullMonitor()
         else:
             self._monitor = tsm.start(model, optimizer=optimizer, **self._options)
             _process["recorded"] = isinstance(self._monitor, tsm.Monitor)

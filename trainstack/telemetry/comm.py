@@ -3,14 +3,11 @@ all-reduce here, FSDP2's all-gathers and reduce-scatters in trainstack/telemetry
 
 - **DDP** all-reduces the gradients in buckets while backward still computes the earlier layers' gradients: the
   reducer launches a bucket once all its gradients are ready, and `loss.backward()` returns once every bucket's
-  all-reduce is done. Its one wait is at the end of backward, from the last bucket's launch (when backward compute
-  ended) to the end of the last all-reduce. The marks come from a DDP communication hook (`register_comm_hook`, the
-  public route) around DDP's own all-reduce (the bucket's mean, as DDP without a hook computes it) or the hook the
-  user gave: the launch when the reducer calls it, on the stream backward computes on (when the bucket's gradients
-  are computed), the end in the all-reduce future's `then` callback (on a GPU, CUDA futures run their callbacks
-  with current streams that wait for the all-reduce; on a CPU rank it runs when gloo has finished). torch's reducer
-  keeps the same two figures for its own logger (reducer_timer.hpp: backward_comm_time,
-  backward_compute_comm_overlap_time).
+  all-reduce is done. Its one wait is at the end of backward, from the end of backward compute (the last bucket's
+  launch) to the end of the last all-reduce. The marks come from autograd's hooks, not from a DDP communication hook
+  (`DdpTiming` says how and why): the step's communication is timed as one collective, in flight from the first
+  gradient ready to the end of the last all-reduce. torch's reducer keeps the same two figures for its own logger
+  (reducer_timer.hpp: backward_comm_time, backward_compute_comm_overlap_time), every hundredth step.
 - **DDP's buffer broadcast**: with `broadcast_buffers=True` (the default) a model with buffers (BatchNorm's running
   statistics, a causal mask) has rank 0's buffers broadcast at the start of every forward pass
   (`DistributedDataParallel._pre_forward`), so a rank waits there for a slower peer. It blocks compute: its launch
@@ -33,7 +30,6 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
 from trainstack.telemetry.comm_timer import Collective, CommTimer
 from trainstack.telemetry.future_callbacks import FutureCallbacks
@@ -62,63 +58,119 @@ class InjectedDelay:
                 time.sleep(self.seconds)
 
 
-def timed_allreduce_hook(
-    timer: CommTimer, delay: InjectedDelay, callbacks: FutureCallbacks, inner: Callable | None = None
-):
-    """DDP's own all-reduce, or `inner` (a hook of DDP's kind, such as its fp16 and bf16 compression), with the
-    timer's marks around it. The bytes are those sent: half the bucket's under DDP's compression hooks, the
-    bucket's under any other (a hook of the user's own may send fewer)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    compressed = inner in (default_hooks.fp16_compress_hook, default_hooks.bf16_compress_hook)
-
-    def finished(collective: Collective, future: torch.futures.Future):
-        delay()
-        timer.done(collective)
-        return future.value()
-
-    # Unannotated: DDP checks a hook's annotations against its types, and this module's are strings.
-    def hook(process_group, bucket):
-        buffer = bucket.buffer()
-        collective = timer.launched(buffer.numel() * (2 if compressed else buffer.element_size()))
-        if inner is not None:
-            return callbacks.then(
-                inner(process_group, bucket), lambda future: finished(collective, future), first=False
-            )
-        # The bucket's mean, as DDP without a hook computes it: a product by the reciprocal (DDP's reducer folds it
-        # into its copy into the bucket, which a hook's bucket has had already), not torch's allreduce_hook's
-        # division, which costs a CPU rank twice the time over the bucket. Straight to the process group: the
-        # checks of `dist.all_reduce` are for a caller's arguments, and DDP's are known good. No `then` but ours,
-        # which gloo's thread would drop after this one's (trainstack/telemetry/future_callbacks.py).
-        group = process_group if process_group is not None else dist.group.WORLD
-        buffer.mul_(1.0 / group.size())
-        work = group.allreduce([buffer]).get_future()
-        return callbacks.then(work, lambda future: finished(collective, future)[0])
-
-    return hook
+DDP_GRADIENTS = "ddp-gradients"
+"""The CommTimer group of a DDP step's gradient all-reduce."""
+BUCKETS_SETTLED_BY = 5
+"""DDP sizes its buckets when it wraps the model, then anew in the order the first step's gradients came (its
+logging data says so two or three steps in): the bucket count is read at the wrap, then after each of the first
+synchronizing steps until the new sizes show."""
 
 
-def time_buffer_broadcast(
-    model: torch.nn.parallel.DistributedDataParallel, timer: CommTimer, training: Callable[[], bool]
-) -> None:
-    """Times the buffer broadcast of each training forward pass: `training()` is False during an evaluation pause,
-    and a forward pass under no_grad is no training step either."""
-    broadcasts: list[Collective] = []
+class DdpTiming:
+    """Times a DDP model's gradient all-reduce and buffer broadcast from torch's autograd and module hooks, with no
+    communication hook: DDP takes one per model (the user's stays free), and with one registered the reducer no
+    longer scales the gradients to their mean as it copies them into a bucket, so a hook pays a pass of its own
+    over every bucket (on a CPU rank as long as the all-reduce call itself).
 
-    def launching(wrapper, args) -> None:
-        # The check _pre_forward makes next; it reads what the previous forward pass left.
-        if model._check_sync_bufs_pre_fwd() and torch.is_grad_enabled() and training():
+    Per synchronizing step (DDP's forward decides, as its reducer does: grad enabled, outside `no_sync`), three
+    Python calls:
+    - the launch: the gradient that backward computes first is ready (its parameter's post-accumulate-grad hook;
+      which parameter that is, the first synchronizing backward tells, with a hook on each for that once). DDP's
+      first bucket goes out once the rest of it is ready; the flight is counted from here.
+    - the end of backward compute: an autograd final callback the launch queues. The engine runs its final
+      callbacks in order once every gradient is computed, and DDP's own, which waits for the all-reduces and copies
+      their results into the gradients, is queued only when the last bucket is ready, after this one.
+    - the end of the all-reduce: a final callback the previous one queues, so it runs after DDP's. On a GPU rank
+      the marks are events on the current stream, which DDP's wait makes wait for the all-reduce.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.parallel.DistributedDataParallel,
+        timer: CommTimer,
+        delay: InjectedDelay,
+        training: Callable[[], bool],
+    ):
+        self._model, self._timer, self._delay, self._training = model, timer, delay, training
+        parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+        self._elements = sum(parameter.numel() for parameter in parameters)
+        self._bytes = sum(parameter.numel() * parameter.element_size() for parameter in parameters)
+        self._buckets = 1
+        self._buckets_final = False
+        self._synced_steps = 0
+        self._syncing = False
+        self._first: torch.Tensor | None = None
+        self._finding_the_first = [
+            parameter.register_post_accumulate_grad_hook(self._gradient_ready) for parameter in parameters
+        ]
+        self._collective: Collective | None = None
+        self._engine = torch.autograd.Variable._execution_engine
+        self._broadcasts: list[Collective] = []
+        self._read_buckets()
+        model.register_forward_pre_hook(self._forward_starts)
+        # First of the wrapped module's pre-hooks: one the user or a library (PEFT, Accelerate) registered there is
+        # the rank's own forward work, after the broadcast, not part of it.
+        model.module.register_forward_pre_hook(self._broadcast_done, prepend=True)
+
+    def _forward_starts(self, wrapper, args) -> None:
+        model = self._model
+        training = torch.is_grad_enabled() and self._training()
+        self._syncing = training and model.require_backward_grad_sync
+        # The check DDP's _pre_forward makes next; it reads what the previous forward pass left.
+        if training and model._check_sync_bufs_pre_fwd():
             nbytes = sum(buffer.numel() * buffer.element_size() for buffer in model.modules_buffers)
-            broadcasts.append(timer.launched(nbytes, blocking=True))
+            self._broadcasts.append(self._timer.launched(nbytes, blocking=True))
 
-    def broadcast_done(module, args) -> None:
-        if broadcasts:
-            timer.done(broadcasts.pop())
+    def _broadcast_done(self, module, args) -> None:
+        if self._broadcasts:
+            self._timer.done(self._broadcasts.pop())
 
-    model.register_forward_pre_hook(launching)
-    # First of the wrapped module's pre-hooks: one the user or a library (PEFT, Accelerate) registered there is the
-    # rank's own forward work, after the broadcast, not part of it.
-    model.module.register_forward_pre_hook(broadcast_done, prepend=True)
+    def _gradient_ready(self, parameter: torch.Tensor) -> None:
+        if not self._syncing or (self._first is not None and parameter is not self._first):
+            return
+        self._syncing = False
+        self._first = parameter
+        self._collective = self._timer.launched(self._bytes, group=DDP_GRADIENTS, pieces=self._buckets)
+        self._engine.queue_callback(self._backward_computed)
+
+    def _backward_computed(self) -> None:
+        ready = self._timer.mark()
+        if self._finding_the_first:  # found: one hook a step from now on
+            for handle in self._finding_the_first:
+                handle.remove()
+            self._finding_the_first = []
+            assert self._first is not None
+            self._first.register_post_accumulate_grad_hook(self._gradient_ready)
+        self._engine.queue_callback(lambda: self._all_reduced(ready))
+
+    def _all_reduced(self, ready) -> None:
+        assert self._collective is not None
+        for _ in range(self._collective.pieces):  # each bucket's all-reduce held back, one after another
+            self._delay()
+        self._timer.done(self._collective)
+        self._timer.waited(ready, DDP_GRADIENTS)
+        self._collective = None
+        self._synced_steps += 1
+        if not self._buckets_final and self._synced_steps <= BUCKETS_SETTLED_BY:
+            self._read_buckets()
+
+    def _read_buckets(self) -> None:
+        """How many buckets DDP all-reduces the gradients in, and the bytes it sends (half the gradients' under its
+        fp16 and bf16 compression hooks), from DDP's logging data and hook list: private, so read defensively (a
+        torch without them leaves one bucket of the gradients' bytes)."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        try:
+            logged = self._model._get_ddp_logging_data()
+            rebuilt = logged.get("rebuilt_bucket_sizes")
+            sizes = str(rebuilt or logged.get("bucket_sizes", ""))
+            hooks = [hook for hook, _ in getattr(self._model, "_comm_hooks", ())]
+        except (AttributeError, RuntimeError, TypeError, ValueError):
+            return
+        self._buckets_final = bool(rebuilt)
+        self._buckets = max(1, len([size for size in sizes.split(",") if size.strip()]))
+        if any(hook in (default_hooks.fp16_compress_hook, default_hooks.bf16_compress_hook) for hook in hooks):
+            self._bytes = 2 * self._elements
 
 
 def watch_gradient_communication(
@@ -126,16 +178,14 @@ def watch_gradient_communication(
     timer: CommTimer,
     callbacks: FutureCallbacks,
     training: Callable[[], bool],
-    comm_hook: Callable | None = None,
 ) -> bool:
-    """Times a DDP model's gradient all-reduce (through `comm_hook` where given: DDP takes one hook per model, so
-    the timing wraps it) and buffer broadcast, or an FSDP2 model's all-gathers and reduce-scatters; False (nothing
-    registered) for anything else, and for FSDP on one rank, which communicates nothing. `training()`: whether the
-    loop trains now (no pause is open). `callbacks` registers the marks that end a collective."""
+    """Times a DDP model's gradient all-reduce and buffer broadcast, or an FSDP2 model's all-gathers and
+    reduce-scatters; False (nothing registered) for anything else, and for FSDP on one rank, which communicates
+    nothing. `training()`: whether the loop trains now (no pause is open). `callbacks` registers the marks that end
+    an FSDP collective."""
     delay = InjectedDelay.from_environment()
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model.register_comm_hook(None, timed_allreduce_hook(timer, delay, callbacks, comm_hook))
-        time_buffer_broadcast(model, timer, training)
+        DdpTiming(model, timer, delay, training)
         return True
     # Only a model wrapped by torch.distributed.fsdp can be an FSDP module, and importing that package costs each
     # rank about a second of CPU (torch.distributed.tensor): a DDP or plain model never loads it.

@@ -108,6 +108,8 @@ class Collective(Generic[Mark]):
     launched: Mark
     bytes: int
     done: Mark | None = None
+    pieces: int = 1
+    """How many collectives this one stands for: a DDP step's gradient buckets are timed as one."""
 
 
 @dataclass(frozen=True)
@@ -152,10 +154,12 @@ class CommTimer(Generic[Mark]):
         assert self._step is not None, "a collective or a wait comes after a mark, which opens the step"
         return self._step
 
-    def launched(self, nbytes: int, group: Hashable = None, blocking: bool = False) -> Collective[Mark]:
+    def launched(
+        self, nbytes: int, group: Hashable = None, blocking: bool = False, pieces: int = 1
+    ) -> Collective[Mark]:
         """A collective starts; `blocking`: compute waits for it right away, as a CPU rank's host does in gloo's
-        blocking collectives."""
-        collective = Collective(self.mark(), nbytes)
+        blocking collectives; `pieces`: the collectives it stands for."""
+        collective = Collective(self.mark(), nbytes, pieces=pieces)
         step = self._open_step()
         step.collectives.append(collective)
         if blocking:
@@ -222,7 +226,7 @@ class CommTimer(Generic[Mark]):
                     seconds=_covered(flights.values()),
                     exposed_seconds=sum(exposed.values()),
                     bytes=sum(c.bytes for c in step.collectives),
-                    buckets=len(step.collectives),
+                    buckets=sum(c.pieces for c in step.collectives),
                     forward_exposed_seconds=sum(exposed[id(wait)] for wait in step.waits if wait.in_forward),
                 )
             )

@@ -5,10 +5,13 @@ GPU rank, where the host runs ahead of the marks). The figures follow from the s
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
+import threading
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 
 from tests.helpers.fakes import FakeDdpModel, FakeGpu
 from trainstack.monitor import Monitor
@@ -106,27 +109,94 @@ def test_only_a_ddp_model_is_watched():
     assert not watch_gradient_communication(torch.nn.Linear(2, 2), timer, FutureCallbacks(), training=lambda: True)
     model = FakeDdpModel()
     assert watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
-    assert len(model.hooks) == 1
-    # the buffer broadcast's launch before DDP's forward, its end at the start of the wrapped module's
+    assert model.hooks == [], "DDP's one communication hook is left to the user"
+    # DDP's forward decides whether its backward synchronizes; the buffer broadcast ends at the start of the wrapped
+    # module's forward
     assert len(model._forward_pre_hooks) == 1 and len(model.module._forward_pre_hooks) == 1
 
 
-def test_a_given_hook_runs_inside_the_timing_in_place_of_ddps_all_reduce():
-    timer, model, called = CommTimer(HostClock()), FakeDdpModel(), []
+@pytest.fixture
+def world_of_one():
+    """A real gloo process group of one rank in this process (an in-memory store: no port, no other process), so
+    that DDP's reducer and autograd run as in a rank."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
 
-    def own_hook(process_group, bucket):  # a user's hook of DDP's kind: its future carries the reduced bucket
-        called.append(bucket)
-        future = torch.futures.Future()
-        future.set_result(bucket.buffer())
-        return future
 
-    assert watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True, comm_hook=own_hook)
-    [(_, timed)] = model.hooks  # one hook: DDP takes no second
-    bucket = SimpleNamespace(buffer=lambda: torch.ones(10))
-    assert torch.equal(timed(None, bucket).wait(), torch.ones(10))
+def ddp_model(width: int = 64, **options) -> DistributedDataParallel:
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(width, width), torch.nn.Linear(width, width), torch.nn.Linear(width, 1)]
+    return DistributedDataParallel(torch.nn.Sequential(*layers), **options)
+
+
+def gradient_bytes(model: torch.nn.Module) -> int:
+    return sum(parameter.numel() * 4 for parameter in model.parameters())
+
+
+def slow_all_reduce(process_group, bucket):  # unannotated: DDP checks a hook's annotations, and these are strings
+    """A hook of the user's whose all-reduce (of one rank: the bucket as it is) ends 50 ms after backward launched
+    it, on another thread, as over a slow link."""
+    reduced = torch.futures.Future()
+    buffer = bucket.buffer()
+    threading.Timer(0.05, lambda: reduced.set_result(buffer)).start()
+    return reduced
+
+
+def test_a_step_is_timed_from_its_first_gradient_to_the_end_of_ddps_wait(world_of_one):
+    """The wait is measured from the end of backward compute to the end of DDP's own wait for its all-reduces: a
+    user's hook that ends 50 ms late is waited for, and the wait begins before it, not after."""
+    timer, model = CommTimer(HostClock()), ddp_model()
+    assert watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
+    model.register_comm_hook(None, slow_all_reduce)  # the timing leaves DDP's one hook free
+    for _ in range(3):
+        model(torch.randn(8, 64)).sum().backward()
+        timer.step_done()
+    steps = timer.read(timer.cut())
+    assert len(steps) == 3
+    for step in steps:
+        assert 0.05 <= step.exposed_seconds <= step.seconds
+        assert (step.bytes, step.buckets) == (gradient_bytes(model), 1)
+
+
+def test_micro_batches_under_no_sync_join_the_step_that_synchronizes(world_of_one):
+    timer, model = CommTimer(HostClock()), ddp_model()
+    watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
+    with model.no_sync():
+        model(torch.randn(8, 64)).sum().backward()
     timer.step_done()
-    [step] = timer.read(timer.cut())
-    assert called == [bucket] and (step.buckets, step.bytes) == (1, 40)  # an unknown hook: the bucket's bytes
+    assert timer.cut() == [], "a micro-batch under no_sync communicates nothing"
+    model(torch.randn(8, 64)).sum().backward()
+    timer.step_done()
+    assert [step.buckets for step in timer.read(timer.cut())] == [1]
+
+
+def test_no_step_is_timed_while_the_loop_is_not_training(world_of_one):
+    timer, model = CommTimer(HostClock()), ddp_model()
+    watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: False)
+    model(torch.randn(8, 64)).sum().backward()
+    timer.step_done()
+    assert timer.cut() == []
+
+
+def test_ddps_compression_hook_is_kept_and_sends_half_the_bytes(world_of_one):
+    timer, model = CommTimer(HostClock()), ddp_model(512, bucket_cap_mb=0.25)  # a bucket a weight
+    watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
+    model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    inputs = torch.randn(8, 512)
+    for _ in range(5):
+        model.zero_grad()
+        model(inputs).sum().backward()
+        timer.step_done()
+    local = ddp_model(512).module
+    local(inputs).sum().backward()
+    assert all(
+        torch.equal(ours.grad, theirs.grad.half().float())
+        for ours, theirs in zip(model.parameters(), local.parameters(), strict=True)
+    ), "the gradients went through the user's hook"
+    steps = timer.read(timer.cut())
+    assert steps[-1].bytes == gradient_bytes(model) // 2
+    assert steps[0].buckets == 1 and steps[-1].buckets == 2, "DDP's bucket count, once it has sized them"
 
 
 def identity() -> RankIdentity:
