@@ -189,7 +189,9 @@ class ManualClock:
 class FakeDdpModel(torch.nn.parallel.DistributedDataParallel):
     def __init__(self) -> None:  # no process group: only its hook registration is used
         torch.nn.Module.__init__(self)
-        self.module = torch.nn.Linear(2, 2)
+        self.module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+        self.broadcast_buffers = True  # DDP's default: BatchNorm's statistics are broadcast every forward
+        self.modules_buffers = list(self.module.buffers())
         self.hooks = []
 
     def register_comm_hook(self, state, hook) -> None:

@@ -108,9 +108,10 @@ class DdpTiming:
         self._broadcasts: list[Collective] = []
         self._read_buckets()
         model.register_forward_pre_hook(self._forward_starts)
-        # First of the wrapped module's pre-hooks: one the user or a library (PEFT, Accelerate) registered there is
-        # the rank's own forward work, after the broadcast, not part of it.
-        model.module.register_forward_pre_hook(self._broadcast_done, prepend=True)
+        if model.broadcast_buffers and model.modules_buffers:  # a hook costs a module every call: only where needed
+            # First of the wrapped module's pre-hooks: one the user or a library (PEFT, Accelerate) registered there
+            # is the rank's own forward work, after the broadcast, not part of it.
+            model.module.register_forward_pre_hook(self._broadcast_done, prepend=True)
 
     def _forward_starts(self, wrapper, args) -> None:
         model = self._model

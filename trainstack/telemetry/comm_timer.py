@@ -103,7 +103,7 @@ class StepComm:
     forward all-gathers): the forward time less it is the rank's own work."""
 
 
-@dataclass(eq=False)  # one collective is itself only: `in` compares identities
+@dataclass(eq=False, slots=True)  # one collective is itself only: `in` compares identities; made a few times a step
 class Collective(Generic[Mark]):
     launched: Mark
     bytes: int
@@ -112,7 +112,7 @@ class Collective(Generic[Mark]):
     """How many collectives this one stands for: a DDP step's gradient buckets are timed as one."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass sets each field through object.__setattr__, a few times a step
 class _Wait(Generic[Mark]):
     ready: Mark
     collectives: list[Collective[Mark]]
