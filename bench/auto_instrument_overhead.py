@@ -8,10 +8,11 @@ Targets (issue 43): instrumented / plain steps/s >= 0.99; the hook adds <= 50 ms
     .venv/bin/python bench/auto_instrument_overhead.py [--pairs 4] [--steps 200] [--starts 20] [--batch 128]
 
 `--batch` scales the step's compute and leaves its gradients (and so the per-step cost of timing them) as they are:
-the default's short step is where a fixed cost per step shows most.
+the default's short step is where a fixed cost per step shows most. The instrumentation's cost is a fixed CPU time
+per step, so the bench also prints it: the CPU time of rank 0's loop thread per step, instrumented against not.
 
 Run with `--rank-loop STEPS OUT BATCH` by torchrun, it is the loop itself: 2 ranks over gloo, a DataLoader of ready
-batches, SGD; rank 0 writes its steps/s after the warm-up to OUT.
+batches, SGD; rank 0 writes its steps/s and its loop thread's CPU time per step after the warm-up to OUT.
 """
 
 from __future__ import annotations
@@ -55,17 +56,18 @@ def rank_loop(steps: int, out: Path, batch_size: int) -> None:
     loader = torch.utils.data.DataLoader(
         [(inputs, inputs.sum(dim=1, keepdim=True))] * (steps + WARM_UP), batch_size=None
     )
-    started = 0.0
+    started = cpu_started = 0.0
     for step, (batch, targets) in enumerate(loader):
         if step == WARM_UP:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
         loss = torch.nn.functional.mse_loss(model(batch), targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     rate = steps / (time.perf_counter() - started)
+    cpu_ms = (time.thread_time() - cpu_started) * 1000 / steps  # the loop's thread: not gloo's, not the hang watch's
     if dist.get_rank() == 0:
-        out.write_text(json.dumps({"steps_per_second": rate}))
+        out.write_text(json.dumps({"steps_per_second": rate, "cpu_ms_per_step": cpu_ms}))
     dist.destroy_process_group()
 
 
@@ -101,11 +103,13 @@ def watched(auto: bool, cpus: set[int], steps: int, batch_size: int, scratch: Pa
     return subprocess.Popen(pinned(command, cpus), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out
 
 
-def rate_of(process: subprocess.Popen, out: Path) -> float:
+def result_of(process: subprocess.Popen, out: Path) -> tuple[float, float]:
+    """Rank 0's steps/s, and the CPU time of its loop's thread per step."""
     _, errors = process.communicate(timeout=900)
     if process.returncode != 0:
         sys.exit(f"a watched run failed ({process.returncode}): {errors.decode()[-2000:]}")
-    return json.loads(out.read_text())["steps_per_second"]
+    result = json.loads(out.read_text())
+    return result["steps_per_second"], result["cpu_ms_per_step"]
 
 
 def start_up_ms(hooked: bool, scratch: Path) -> float:
@@ -141,20 +145,26 @@ def main() -> int:
             f"target <= +{START_TARGET_MS:.0f} ms: {'met' if added <= START_TARGET_MS else 'MISSED'}",
             flush=True,
         )
-        auto_rates, plain_rates = [], []
+        auto_rates, plain_rates, added_cpu_ms = [], [], []
         for pair in range(args.pairs):
             auto_cpus, plain_cpus = halves_for_pair(pair)
             auto = watched(True, auto_cpus, args.steps, args.batch, scratch)
             reference = watched(False, plain_cpus, args.steps, args.batch, scratch)
-            auto_rates.append(rate_of(*auto))
-            plain_rates.append(rate_of(*reference))
+            (auto_rate, auto_cpu), (plain_rate, plain_cpu) = result_of(*auto), result_of(*reference)
+            auto_rates.append(auto_rate)
+            plain_rates.append(plain_rate)
+            added_cpu_ms.append(auto_cpu - plain_cpu)
             print(
-                f"pair {pair + 1}: auto {auto_rates[-1]:.3f} steps/s (CPUs {sorted(auto_cpus)}), --no-auto "
-                f"{plain_rates[-1]:.3f} (CPUs {sorted(plain_cpus)}), ratio {auto_rates[-1] / plain_rates[-1]:.3f}  "
-                f"(load average {os.getloadavg()[0]:.1f})",
+                f"pair {pair + 1}: auto {auto_rate:.3f} steps/s (CPUs {sorted(auto_cpus)}), --no-auto "
+                f"{plain_rate:.3f} (CPUs {sorted(plain_cpus)}), ratio {auto_rate / plain_rate:.3f}; rank 0's loop "
+                f"{auto_cpu:.2f} against {plain_cpu:.2f} ms of CPU a step  (load average {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
         print(report("watch (auto)", "watch --no-auto", auto_rates, plain_rates, STEPS_TARGET))
+        print(
+            f"rank 0's loop thread: {statistics.median(added_cpu_ms):+.3f} ms of CPU a step with the instrumentation "
+            f"(median of {len(added_cpu_ms)} pairs, {min(added_cpu_ms):+.3f} to {max(added_cpu_ms):+.3f})"
+        )
     return 0
 
 

@@ -57,7 +57,7 @@ from trainstack.telemetry.device import (
     rank_identity,
     tf32_allowed,
 )
-from trainstack.telemetry.future_callbacks import FutureCallbacks
+from trainstack.telemetry.future_callbacks import FutureCallbacks, settle_gloo_threads
 from trainstack.telemetry.interval import IntervalCut, IntervalSums, PendingTotals, interval_ends
 from trainstack.telemetry.metrics import CommMetrics, RankMetrics
 from trainstack.telemetry.records_file import launch_time, open_records
@@ -751,6 +751,7 @@ class Monitor(TrainingMonitor):
     def _close_records(self) -> None:
         self._unwatch_collectives()
         self._comm_callbacks.wait_released()
+        settle_gloo_threads()
         since_the_last_record = self._wall_time.ended(time.time())
         ending = SegmentEnded(
             time.time(), int(self.rank), since_the_last_record.step_count, pauses(since_the_last_record.paused)

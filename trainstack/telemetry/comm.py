@@ -115,10 +115,11 @@ class DdpTiming:
 
     def _forward_starts(self, wrapper, args) -> None:
         model = self._model
-        training = torch.is_grad_enabled() and self._training()
-        self._syncing = training and model.require_backward_grad_sync
+        if not (torch.is_grad_enabled() and self._training()):
+            return  # an evaluation's forward (between a training forward and its backward, too) changes nothing
+        self._syncing = model.require_backward_grad_sync
         # The check DDP's _pre_forward makes next; it reads what the previous forward pass left.
-        if training and model._check_sync_bufs_pre_fwd():
+        if model._check_sync_bufs_pre_fwd():
             nbytes = sum(buffer.numel() * buffer.element_size() for buffer in model.modules_buffers)
             self._broadcasts.append(self._timer.launched(nbytes, blocking=True))
 

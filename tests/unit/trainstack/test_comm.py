@@ -171,6 +171,17 @@ def test_micro_batches_under_no_sync_join_the_step_that_synchronizes(world_of_on
     assert [step.buckets for step in timer.read(timer.cut())] == [1]
 
 
+def test_a_forward_without_grad_before_the_backward_leaves_the_step_timed(world_of_one):
+    timer, model = CommTimer(HostClock()), ddp_model()
+    watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
+    loss = model(torch.randn(8, 64)).sum()
+    with torch.no_grad():
+        model(torch.randn(8, 64))  # a look at the outputs, between the training forward and its backward
+    loss.backward()
+    timer.step_done()
+    assert len(timer.read(timer.cut())) == 1
+
+
 def test_no_step_is_timed_while_the_loop_is_not_training(world_of_one):
     timer, model = CommTimer(HostClock()), ddp_model()
     watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: False)

@@ -7,8 +7,10 @@ import threading
 import weakref
 
 import torch
+import torch.distributed as dist
 
-from trainstack.telemetry.future_callbacks import FutureCallbacks
+from trainstack.telemetry import future_callbacks
+from trainstack.telemetry.future_callbacks import FutureCallbacks, settle_gloo_threads
 
 
 class Payload:
@@ -36,3 +38,16 @@ def test_a_callback_that_never_ran_is_not_waited_for():
     callbacks = FutureCallbacks()
     callbacks.then(torch.futures.Future(), lambda future: None)  # a collective that never ends (a hang)
     assert callbacks.wait_released(timeout=0)
+
+
+def test_only_a_gloo_rank_pauses_for_its_threads_as_it_closes(monkeypatch):
+    pauses = []
+    monkeypatch.setattr(future_callbacks.time, "sleep", pauses.append)
+    settle_gloo_threads()
+    assert pauses == [], "no process group: no gloo thread to wait for"
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        settle_gloo_threads()
+    finally:
+        dist.destroy_process_group()
+    assert pauses == [future_callbacks.GLOO_SETTLE_SECONDS]
