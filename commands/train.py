@@ -337,7 +337,13 @@ def run(args: argparse.Namespace) -> int:
     preflight(config, launch)
     run_id = new_run_id()
     discovery = file_sd_target(
-        prometheus_sd_dir(args), run_id, launch.node_rank, launch.exporter_host, launch.exporter_port, launch.slurm
+        prometheus_sd_dir(args),
+        run_id,
+        launch.node_rank,
+        launch.exporter_host,
+        launch.exporter_port,
+        launch.slurm,
+        lambda line: print(f"trainstack train: warning: {line}", file=sys.stderr),
     )
     # Launch.run handles SIGTERM while ranks run; the caller's handler is back once the launch is over
     previous = signal.signal(signal.SIGTERM, _stop_before_ranks)

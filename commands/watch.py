@@ -319,7 +319,15 @@ def run(args: argparse.Namespace) -> int:
     stop_grace()  # a bad TRAINSTACK_STOP_GRACE is refused now, not once the command has left processes behind
     hint_seconds()
     run_id = new_run_id()
-    discovery = file_sd_target(prometheus_sd_dir(args), run_id, node_rank, args.exporter_host, port, slurm)
+    discovery = file_sd_target(
+        prometheus_sd_dir(args),
+        run_id,
+        node_rank,
+        args.exporter_host,
+        port,
+        slurm,
+        lambda line: say(f"warning: {line}"),
+    )
     previous = {signum: signal.signal(signum, _stop_before_start) for signum in FORWARDED}
     try:
         with RunDirLease(args.run_dir, run_id, node_rank, timeout, say=say, dir_flag="--run-dir") as lease:

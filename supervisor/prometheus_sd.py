@@ -12,10 +12,12 @@ own to `exported_...` and break the dashboards' queries.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,15 @@ from trainstack.write_failure import write_atomically
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
 
 
 def target_host(bind_host: str) -> str:
@@ -60,13 +71,25 @@ class FileSdTarget:
 
 
 def file_sd_target(
-    folder: Path | None, run_id: str, node_rank: int, bind_host: str, port: int, slurm: SlurmWorld | None
+    folder: Path | None,
+    run_id: str,
+    node_rank: int,
+    bind_host: str,
+    port: int,
+    slurm: SlurmWorld | None,
+    warn: Callable[[str], None],
 ) -> FileSdTarget | None:
     """This node's target file in `folder` (--prometheus-sd-dir), or None where there is none to write (no folder,
     or no exporter: port 0). The folder is made if missing; ConfigError, before anything else is written, when it
-    cannot be made or written."""
+    cannot be made or written. `warn` gets one line where the exporter binds loopback only, which a Prometheus on
+    another host cannot reach."""
     if folder is None or port == 0:
         return None
+    if _loopback(bind_host):
+        warn(
+            f"--exporter-host {bind_host} is reachable from this node only, so the target in --prometheus-sd-dir is "
+            "of use to a Prometheus on this node alone: pass --exporter-host 0.0.0.0 for one on another host"
+        )
     fix = "name a folder this node can write and Prometheus' host reads"
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--prometheus-sd-dir {folder} is a file, not a folder: {fix}")

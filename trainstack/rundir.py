@@ -91,6 +91,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
+def bind_error(host: str, port: int) -> OSError | None:
+    """Why a server could not bind `host:port` now (None: it could), binding the way it would, never listening or
+    connecting. `host` "" is every IPv4 address; an address with a colon is IPv6.
+
+    SO_REUSEADDR, as the servers that open these ports bind (torch's rendezvous store, the exporter): a port whose
+    last connections linger in TIME_WAIT (a requeued Slurm segment's, for a minute) is free for them, and only a
+    socket bound or listening there takes it. EADDRINUSE says it is taken; EADDRNOTAVAIL or a socket.gaierror that
+    `host` is no address of this host; anything else that this user may not open it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:  # a host without IPv6 refuses the socket itself
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as error:
+        return error
+    return None
+
+
 def exporter_url(host: str = DEFAULT_EXPORTER_HOST, port: int = DEFAULT_EXPORTER_PORT) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 

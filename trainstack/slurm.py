@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 import re
 import shutil
-import socket
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ TORCHELASTIC_VARIABLES = ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
 # The rendezvous port of a job: MASTER_PORT_BASE + job id mod MASTER_PORT_SPAN. Above the privileged ports and below
 # Linux's ephemeral range (32768-60999), where the OS picks its outgoing ports, and away from torchrun's 29500 and the
 # exporter's 9450; two jobs on one node collide only when their ids differ by a multiple of the span, and then the
-# check on node 0 (port_free) says so before any rank starts.
+# check on node 0 (trainstack/rundir.py's bind_error) says so before any rank starts.
 MASTER_PORT_BASE = 15000
 MASTER_PORT_SPAN = 10000
 
@@ -45,7 +44,7 @@ MASTER_PORT_SPAN = 10000
 # a host (several slurmd on one machine, as in the tests); on a real cluster each node is its own host and only the
 # job's block counts. Above the privileged ports, below Linux's ephemeral range (32768 up), above the rendezvous
 # ports (MASTER_PORT_BASE's span, 15000-24999) and below torchrun's 29400 and 29500. Two jobs on one host collide
-# only when their ids differ by a multiple of EXPORTER_JOB_SLOTS (550), and then the launcher's check (port_free)
+# only when their ids differ by a multiple of EXPORTER_JOB_SLOTS (550), and then the launcher's check (bind_error)
 # says so before any rank starts.
 EXPORTER_PORT_BASE = 25000
 EXPORTER_NODE_SLOTS = 8
@@ -159,22 +158,6 @@ def exporter_port_of(job_id: int, node_rank: int) -> int:
     """The exporter port of node `node_rank` of job `job_id` (EXPORTER_PORT_BASE's rule): known to every node and to
     a person reading the job id, with no message between them."""
     return EXPORTER_PORT_BASE + (job_id % EXPORTER_JOB_SLOTS) * EXPORTER_NODE_SLOTS + node_rank % EXPORTER_NODE_SLOTS
-
-
-def port_free(port: int, host: str = "") -> bool:
-    """Whether `port` can be listened on now (on every address where host is ""): the check node 0, where the
-    rendezvous listens, makes before it starts. Another process may still take it before it is bound again.
-
-    With SO_REUSEADDR, as torch's rendezvous store binds: the connections of a job's previous segment linger in
-    TIME_WAIT on the port for a minute, and without it the requeued segment's check failed on them (seen on the
-    test cluster), though the store binds there fine. Only a socket bound or listening there makes it taken."""
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def under_torchelastic(environ: Mapping[str, str]) -> bool:

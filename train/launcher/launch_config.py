@@ -9,7 +9,9 @@ the doctor checks exactly the world the launcher would start; neither imports th
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,10 +24,11 @@ from trainstack.rundir import (
     LEASE_TIMEOUT_ENV,
     PROMETHEUS_SD_DIR_ENV,
     SHOWN,
+    bind_error,
     check_port,
     free_port,
 )
-from trainstack.slurm import EXPORTER_PORT_BASE, SlurmWorld, exporter_port_of, port_free
+from trainstack.slurm import EXPORTER_PORT_BASE, SlurmWorld, exporter_port_of
 from trainstack.train.launcher.cuda_devices import cuda_device_count
 from trainstack.train.rank import config as train_config
 
@@ -57,11 +60,14 @@ def node_rank_of(args: argparse.Namespace, slurm: SlurmWorld | None = None) -> i
 def slurm_master_port(slurm: SlurmWorld, node_rank: int) -> int:
     """The Slurm job's rendezvous port (derived from its id alike on every node), checked free on node 0, where
     the rendezvous listens: another job on that node whose id differs by a multiple of the span holds it."""
-    if node_rank == 0 and not port_free(slurm.master_port):
-        raise ConfigError(
-            f"port {slurm.master_port}, the rendezvous port of Slurm job {slurm.job_id}, is in use on "
-            f"{slurm.node_name or 'this node'}: export MASTER_PORT=<a free port> in the batch script"
-        )
+    if node_rank == 0 and (error := bind_error("", slurm.master_port)) is not None:
+        fix = "export MASTER_PORT=<a free port> in the batch script"
+        if error.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"port {slurm.master_port}, the rendezvous port of Slurm job {slurm.job_id}, is in use on "
+                f"{slurm.node_name or 'this node'}: {fix}"
+            )
+        raise ConfigError(f"cannot open port {slurm.master_port}, the rendezvous port ({error.strerror}): {fix}")
     return slurm.master_port
 
 
@@ -74,13 +80,24 @@ def exporter_port(args: argparse.Namespace, slurm: SlurmWorld | None, node_rank:
     if slurm is None:
         return DEFAULT_EXPORTER_PORT
     port = exporter_port_of(slurm.job_id, node_rank)
-    if not port_free(port, args.exporter_host):
+    error = bind_error(args.exporter_host, port)
+    if error is None:
+        return port
+    if isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL:
+        raise ConfigError(
+            f"--exporter-host {args.exporter_host} is not an address of {slurm.node_name or 'this node'}: pass "
+            "one of its addresses, or 0.0.0.0 for all of them"
+        )
+    if error.errno == errno.EADDRINUSE:
         raise ConfigError(
             f"port {port}, the exporter port of Slurm job {slurm.job_id} on node {node_rank} "
             f"({slurm.node_name or 'this node'}), is in use: pass --exporter-port <a free port> "
             "(EXPORTER_PORT=<port> in examples/slurm's scripts), or 0 for no exporter"
         )
-    return port
+    raise ConfigError(
+        f"cannot open port {port}, the exporter port ({error.strerror}): pass --exporter-port <a port above 1023 "
+        "this user may open>, or 0 for no exporter"
+    )
 
 
 def prometheus_sd_dir(args: argparse.Namespace) -> Path | None:

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import argparse
+import errno
 import socket
 
 import pytest
 
 from trainstack.errors import ConfigError
+from trainstack.rundir import bind_error
 from trainstack.slurm import (
     EXPORTER_JOB_SLOTS,
     EXPORTER_NODE_SLOTS,
@@ -18,9 +21,9 @@ from trainstack.slurm import (
     expand_hostlist,
     exporter_port_of,
     master_port_of,
-    port_free,
     tasks_per_node,
 )
+from trainstack.train.launcher import launch_config
 
 # A step's task on the second node of a 2-node job, as slurm-wlm 22.05 sets it under `srun` (trimmed).
 STEP_ON_N2 = {
@@ -161,22 +164,24 @@ def test_exporter_ports_are_distinct_per_node_and_per_job_in_their_own_range():
     assert exporter_port_of(4242, 0) == exporter_port_of(4242 + EXPORTER_JOB_SLOTS, 0)  # the documented collision
 
 
-def test_port_free_sees_a_port_in_use():
+def test_the_port_probe_tells_a_port_in_use_from_a_free_one():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        assert not port_free(taken.getsockname()[1], "127.0.0.1")
+        assert bind_error("127.0.0.1", taken.getsockname()[1]).errno == errno.EADDRINUSE
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    assert port_free(port, "127.0.0.1")
+    assert bind_error("127.0.0.1", port) is None
+    ipv6 = bind_error("::1", port)  # an IPv6 address is probed as one, on a host with IPv6 or without
+    assert ipv6 is None or ipv6.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
 
 
 def test_a_port_whose_last_connections_linger_is_free():
     # A requeued segment's node 0 checks the port its previous segment's rendezvous store listened on: that
     # store's connections linger in TIME_WAIT, and the store binds with SO_REUSEADDR, as this listener does.
-    # A plain bind fails on them; the store's own bind, and so port_free, does not (the test cluster's requeued
-    # segment was refused before port_free set it).
+    # A plain bind fails on them; the store's own bind, and so the probe, does not (the test cluster's requeued
+    # segment was refused before the probe set it).
     with socket.socket() as store:
         store.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         store.bind(("127.0.0.1", 0))
@@ -185,7 +190,7 @@ def test_a_port_whose_last_connections_linger_is_free():
         with socket.create_connection(("127.0.0.1", port)):
             accepted, _ = store.accept()
             accepted.close()  # the store's side closes first: its end lingers in TIME_WAIT
-    assert port_free(port)
+    assert bind_error("", port) is None
 
 
 @pytest.mark.parametrize(
@@ -355,3 +360,22 @@ def test_a_derived_exporter_port_in_use_is_one_line_naming_the_port_the_node_and
                 launch_world(monkeypatch, environ, "--exporter-host", "0.0.0.0", no_exporter=False)
             return
     pytest.fail("no derived port was free to hold")
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (OSError(errno.EADDRINUSE, "Address already in use"), "is in use: pass --exporter-port <a free port>"),
+        (OSError(errno.EADDRNOTAVAIL, "Cannot assign"), "--exporter-host 10.1.2.3 is not an address of n2: pass one"),
+        (socket.gaierror(-2, "Name or service not known"), "--exporter-host 10.1.2.3 is not an address of n2"),
+        (OSError(errno.EACCES, "Permission denied"), "cannot open port"),
+    ],
+)
+def test_a_derived_exporter_port_that_cannot_be_opened_says_why_in_one_line(monkeypatch, error, message):
+    """A port taken, a host that is not this node's (before, both read as "in use"), a port this user may not
+    open: each its own line. The probe is replaced: no address but loopback is bound in tests."""
+    monkeypatch.setattr(launch_config, "bind_error", lambda host, port: error)
+    args = argparse.Namespace(exporter_port=None, exporter_host="10.1.2.3")
+    with pytest.raises(ConfigError) as refused:
+        launch_config.exporter_port(args, world(STEP_ON_N2), 1)
+    assert message in str(refused.value) and "\n" not in str(refused.value)

@@ -7,22 +7,10 @@ import socket
 
 import psutil
 
-from trainstack.rundir import free_port
+from trainstack.rundir import bind_error, free_port
 from trainstack.train.launcher.doctor.config import DoctorConfig
 from trainstack.train.launcher.doctor.inventory import GpuInventory
 from trainstack.train.launcher.doctor.result import CheckResult, Status
-
-
-def bind_error(host: str, port: int) -> OSError | None:
-    """Bind (never listen or connect) the way a server would; SO_REUSEADDR so that a port in TIME_WAIT counts
-    as free, as it does for the servers that will open it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            return error
-    return None
 
 
 def listener(port: int) -> str:
