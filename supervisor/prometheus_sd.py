@@ -30,12 +30,14 @@ UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def _loopback(host: str) -> bool:
-    if host == "localhost":
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name
+        address = ipaddress.ip_address(host)
+    except ValueError:  # another host name
         return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return address.is_loopback or bool(mapped and mapped.is_loopback)
 
 
 def target_host(bind_host: str) -> str:

@@ -86,7 +86,7 @@ def check_port(flag: str, port: int, zero_means: str | None = None) -> int:
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on now, picked by the OS: the launcher's rendezvous port, the doctor's suggestion,
     the tests' and benchmarks' exporters. Another process may take it before it is bound again."""
-    with socket.socket() as probe:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
 

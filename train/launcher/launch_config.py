@@ -95,8 +95,8 @@ def exporter_port(args: argparse.Namespace, slurm: SlurmWorld | None, node_rank:
             "(EXPORTER_PORT=<port> in examples/slurm's scripts), or 0 for no exporter"
         )
     raise ConfigError(
-        f"cannot open port {port}, the exporter port ({error.strerror}): pass --exporter-port <a port above 1023 "
-        "this user may open>, or 0 for no exporter"
+        f"cannot open {args.exporter_host} port {port}, the exporter's ({error.strerror}): pass an --exporter-host "
+        "this node can bind (0.0.0.0 for all its IPv4 addresses), or --exporter-port 0 for no exporter"
     )
 
 

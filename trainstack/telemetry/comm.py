@@ -27,7 +27,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -72,16 +73,22 @@ class DdpTiming:
     longer scales the gradients to their mean as it copies them into a bucket, so a hook pays a pass of its own
     over every bucket (on a CPU rank as long as the all-reduce call itself).
 
-    Per synchronizing step (DDP's forward decides, as its reducer does: grad enabled, outside `no_sync`), three
-    Python calls:
-    - the launch: the gradient that backward computes first is ready (its parameter's post-accumulate-grad hook;
-      which parameter that is, the first synchronizing backward tells, with a hook on each for that once). DDP's
-      first bucket goes out once the rest of it is ready; the flight is counted from here.
-    - the end of backward compute: an autograd final callback the launch queues. The engine runs its final
-      callbacks in order once every gradient is computed, and DDP's own, which waits for the all-reduces and copies
-      their results into the gradients, is queued only when the last bucket is ready, after this one.
-    - the end of the all-reduce: a final callback the previous one queues, so it runs after DDP's. On a GPU rank
-      the marks are events on the current stream, which DDP's wait makes wait for the all-reduce.
+    A synchronizing step (DDP's forward decides, as its reducer does: grad enabled, outside `no_sync`) is timed by
+    a few Python calls, whatever the bucket count:
+    - the start of backward: a hook on the forward's output (the first tensor of it that needs a gradient) queues
+      an autograd final callback. The engine runs its final callbacks in order once every gradient is computed, and
+      DDP queues its own, which waits for the all-reduces and copies their results into the gradients, only when
+      its last bucket is ready (or, on static_graph's first step, from its output's backward): after this one. The
+      output's hook runs in the outer backward, even where the model checkpoints its layers reentrantly (their
+      inner backward passes run their own final callbacks). Not where it checkpoints all of itself so: DDP's last
+      bucket is then ready inside the checkpoint's backward, whose end DDP waits at, and the wait reads as compute.
+    - the launch: the gradient backward computes first is ready (its parameter's post-accumulate-grad hook; which
+      parameter that is, the first synchronizing backward tells, with a hook on each for that once). DDP's first
+      bucket goes out once the rest of it is ready. A step where that parameter gets no gradient (an unused head
+      under find_unused_parameters) is in flight from the end of backward compute only.
+    - the end of backward compute: that first final callback.
+    - the end of the all-reduce: a final callback the first queues, so it runs after DDP's. On a GPU rank the marks
+      are events on the current stream, which DDP's wait makes wait for the all-reduce.
     """
 
     def __init__(
@@ -98,7 +105,9 @@ class DdpTiming:
         self._buckets = 1
         self._buckets_final = False
         self._synced_steps = 0
-        self._syncing = False
+        self._syncs = False  # the last training forward's: whether its backward all-reduces
+        self._from_first_gradient = False  # its output had no tensor to hook: the first gradient queues the marks
+        self._queued = False  # this backward's final callbacks are queued
         self._first: torch.Tensor | None = None
         self._finding_the_first = [
             parameter.register_post_accumulate_grad_hook(self._gradient_ready) for parameter in parameters
@@ -108,6 +117,7 @@ class DdpTiming:
         self._broadcasts: list[Collective] = []
         self._read_buckets()
         model.register_forward_pre_hook(self._forward_starts)
+        model.register_forward_hook(self._forward_done)
         if model.broadcast_buffers and model.modules_buffers:  # a hook costs a module every call: only where needed
             # First of the wrapped module's pre-hooks: one the user or a library (PEFT, Accelerate) registered there
             # is the rank's own forward work, after the broadcast, not part of it.
@@ -116,8 +126,9 @@ class DdpTiming:
     def _forward_starts(self, wrapper, args) -> None:
         model = self._model
         if not (torch.is_grad_enabled() and self._training()):
-            return  # an evaluation's forward (between a training forward and its backward, too) changes nothing
-        self._syncing = model.require_backward_grad_sync
+            self._syncs = False
+            return
+        self._syncs = model.require_backward_grad_sync
         # The check DDP's _pre_forward makes next; it reads what the previous forward pass left.
         if model._check_sync_bufs_pre_fwd():
             nbytes = sum(buffer.numel() * buffer.element_size() for buffer in model.modules_buffers)
@@ -127,21 +138,40 @@ class DdpTiming:
         if self._broadcasts:
             self._timer.done(self._broadcasts.pop())
 
-    def _gradient_ready(self, parameter: torch.Tensor) -> None:
-        if not self._syncing or (self._first is not None and parameter is not self._first):
+    def _forward_done(self, wrapper, args, output) -> None:
+        if not self._syncs:
             return
-        self._syncing = False
+        tensor = _needing_grad(output)
+        self._from_first_gradient = tensor is None
+        if tensor is not None:
+            tensor.register_hook(self._backward_starts)
+
+    def _backward_starts(self, grad: torch.Tensor) -> None:
+        self._queue()
+
+    def _queue(self) -> None:
+        if not self._queued:
+            self._queued = True
+            self._engine.queue_callback(self._backward_computed)
+
+    def _gradient_ready(self, parameter: torch.Tensor) -> None:
+        if self._collective is not None or (self._first is not None and parameter is not self._first):
+            return
+        if not self._queued:
+            if not (self._from_first_gradient and self._syncs):
+                return  # a backward that does not all-reduce (no_sync), or none of this model's forward
+            self._queue()
         self._first = parameter
         self._collective = self._timer.launched(self._bytes, group=DDP_GRADIENTS, pieces=self._buckets)
-        self._engine.queue_callback(self._backward_computed)
 
     def _backward_computed(self) -> None:
+        if self._collective is None:  # the first gradient's parameter got none this step
+            self._collective = self._timer.launched(self._bytes, group=DDP_GRADIENTS, pieces=self._buckets)
         ready = self._timer.mark()
-        if self._finding_the_first:  # found: one hook a step from now on
+        if self._finding_the_first and self._first is not None:  # found: one hook a step from now on
             for handle in self._finding_the_first:
                 handle.remove()
             self._finding_the_first = []
-            assert self._first is not None
             self._first.register_post_accumulate_grad_hook(self._gradient_ready)
         self._engine.queue_callback(lambda: self._all_reduced(ready))
 
@@ -152,6 +182,7 @@ class DdpTiming:
         self._timer.done(self._collective)
         self._timer.waited(ready, DDP_GRADIENTS)
         self._collective = None
+        self._queued = False
         self._synced_steps += 1
         if not self._buckets_final and self._synced_steps <= BUCKETS_SETTLED_BY:
             self._read_buckets()
@@ -175,6 +206,26 @@ class DdpTiming:
             self._bytes = 2 * self._elements
 
 
+def _needing_grad(output: object) -> torch.Tensor | None:
+    """The first tensor of a forward's output that backward will reach: the output itself, or inside the tuples,
+    lists and mappings (a transformers ModelOutput, Lightning's step output) it is made of."""
+    pending = [output]
+    while pending:
+        value = pending.pop(0)
+        if isinstance(value, torch.Tensor):
+            if value.requires_grad:
+                return value
+        elif isinstance(value, Mapping):
+            pending.extend(value.values())
+        elif isinstance(value, list | tuple):
+            pending.extend(value)
+    return None
+
+
+_TIMED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+"""DDP models timed already in this process: a second `watch` of one adds no second set of marks."""
+
+
 def watch_gradient_communication(
     model: torch.nn.Module,
     timer: CommTimer,
@@ -187,7 +238,9 @@ def watch_gradient_communication(
     an FSDP collective."""
     delay = InjectedDelay.from_environment()
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        DdpTiming(model, timer, delay, training)
+        if model not in _TIMED:
+            _TIMED.add(model)
+            DdpTiming(model, timer, delay, training)
         return True
     # Only a model wrapped by torch.distributed.fsdp can be an FSDP module, and importing that package costs each
     # rank about a second of CPU (torch.distributed.tensor): a DDP or plain model never loads it.

@@ -16,6 +16,7 @@ from trainstack.slurm import SlurmWorld, expand_hostlist
 from trainstack.supervisor.exporter_process import SupervisedExporter
 from trainstack.supervisor.prometheus_sd import file_sd_target, target_host
 
+
 def no_warning(line: str) -> None:
     pytest.fail(f"warned: {line}")
 
@@ -52,7 +53,7 @@ def test_outside_slurm_the_labels_name_the_run_and_the_node_only(tmp_path):
     assert target.labels == {"trainstack_run_id": "20260101-000000-abcdef", "node_rank": "0"}
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.1.1", "::1", "localhost"])
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.1.1", "::1", "::ffff:127.0.0.1", "localhost", "LOCALHOST"])
 def test_an_exporter_bound_to_loopback_is_announced_with_a_warning(tmp_path, host):
     said = []
     assert file_sd_target(tmp_path, "run", 0, host, 9450, None, said.append) is not None

@@ -10,6 +10,7 @@ import threading
 import pytest
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
@@ -157,6 +158,73 @@ def test_a_step_is_timed_from_its_first_gradient_to_the_end_of_ddps_wait(world_o
     for step in steps:
         assert 0.05 <= step.exposed_seconds <= step.seconds
         assert (step.bytes, step.buckets) == (gradient_bytes(model), 1)
+
+
+class TwoHeads(torch.nn.Module):
+    """A trunk and two heads, one of them or both used a step: DDP's find_unused_parameters case."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk, self.first, self.second = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1), torch.nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor, heads: str) -> torch.Tensor:
+        h = self.trunk(x)
+        return sum(getattr(self, head)(h) for head in heads.split("+"))
+
+
+class Checkpointed(torch.nn.Module):
+    """Its head checkpointed reentrantly: the head's gradients, the first backward computes, come in an inner
+    backward with final callbacks of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk, self.head = torch.nn.Linear(8, 8), torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(self.head, self.trunk(x), use_reentrant=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "model", "forwards"),
+    [
+        # the parameter whose gradient came first (the first step's head) gets none in the later steps
+        (
+            "an unused head",
+            lambda: DistributedDataParallel(TwoHeads(), find_unused_parameters=True),
+            [lambda m: m(torch.randn(4, 8), "first")] + [lambda m: m(torch.randn(4, 8), "second")] * 2,
+        ),
+        (
+            "reentrant checkpointing",
+            lambda: DistributedDataParallel(Checkpointed()),
+            [lambda m: m(torch.randn(4, 8))] * 3,
+        ),
+        # DDP all-reduces static_graph's first step from a final callback of its own, queued from its output
+        (
+            "static_graph",
+            lambda: DistributedDataParallel(torch.nn.Linear(8, 1), static_graph=True),
+            [lambda m: m(torch.randn(4, 8))] * 3,
+        ),
+    ],
+)
+def test_every_synchronizing_step_waits_for_the_slow_all_reduce(world_of_one, name, model, forwards):
+    timer, ddp = CommTimer(HostClock()), model()
+    watch_gradient_communication(ddp, timer, FutureCallbacks(), training=lambda: True)
+    ddp.register_comm_hook(None, slow_all_reduce)
+    for forward in forwards:
+        forward(ddp).sum().backward()
+        timer.step_done()
+    steps = timer.read(timer.cut())
+    assert len(steps) == len(forwards), name
+    assert all(step.exposed_seconds >= 0.05 for step in steps), (name, steps)
+
+
+def test_a_model_watched_twice_is_timed_once(world_of_one):
+    timer, model = CommTimer(HostClock()), ddp_model()
+    for _ in range(2):
+        assert watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
+    model(torch.randn(8, 64)).sum().backward()
+    timer.step_done()
+    assert [(step.bytes, step.buckets) for step in timer.read(timer.cut())] == [(gradient_bytes(model), 1)]
 
 
 def test_micro_batches_under_no_sync_join_the_step_that_synchronizes(world_of_one):

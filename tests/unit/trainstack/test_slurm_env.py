@@ -368,7 +368,7 @@ def test_a_derived_exporter_port_in_use_is_one_line_naming_the_port_the_node_and
         (OSError(errno.EADDRINUSE, "Address already in use"), "is in use: pass --exporter-port <a free port>"),
         (OSError(errno.EADDRNOTAVAIL, "Cannot assign"), "--exporter-host 10.1.2.3 is not an address of n2: pass one"),
         (socket.gaierror(-2, "Name or service not known"), "--exporter-host 10.1.2.3 is not an address of n2"),
-        (OSError(errno.EACCES, "Permission denied"), "cannot open port"),
+        (OSError(errno.EAFNOSUPPORT, "Address family not supported"), "cannot open 10.1.2.3 port"),
     ],
 )
 def test_a_derived_exporter_port_that_cannot_be_opened_says_why_in_one_line(monkeypatch, error, message):

@@ -42,12 +42,12 @@ def _port_result(name: str, host: str, port: int, shown_host: str, port_flag: st
             f"{shown_host}:{port} is already in use{listener(port)}",
             f"stop that process, or pass {port_flag} {free_port(host)} (free now)",
         )
-    return CheckResult(
-        name,
-        Status.FAIL,
-        f"cannot open {shown_host}:{port} ({error.strerror})",
-        f"pass {port_flag} with a port above 1023 this user may open",
+    fix = (
+        f"pass {port_flag} with a port above 1023 this user may open"
+        if error.errno == errno.EACCES
+        else f"pass {host_flag} with an address this host can bind"  # an IPv6 host without IPv6, a link-local one
     )
+    return CheckResult(name, Status.FAIL, f"cannot open {shown_host}:{port} ({error.strerror})", fix)
 
 
 def check_rendezvous_port(config: DoctorConfig, gpus: GpuInventory) -> CheckResult:
