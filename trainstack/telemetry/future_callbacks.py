@@ -2,11 +2,12 @@
 let them go.
 
 A gloo collective's future completes on one of gloo's own threads: that thread runs the `then` callbacks, completes
-the futures they return (which wakes the loop: DDP's backward returns), and only then drops the callbacks, which
-needs the GIL. A rank whose loop ends in that window can reach interpreter exit first; the gloo thread then cannot
+the futures they return (which wakes the loop: FSDP's wait for a collective returns), and only then drops the
+callbacks, which needs the GIL. A rank whose loop ends in that window can reach interpreter exit first; the gloo thread then cannot
 take the GIL, CPython ends it with pthread_exit, and the unwinding through torch's noexcept frames calls
 std::terminate: the rank aborts (SIGABRT, "terminate called without an active exception") after its last step, and
-the launch fails. It happened about once in ten runs of examples/ddp_loop.py on 2 CPU ranks. NCCL completes its
+the launch fails. It happened about once in ten runs of examples/ddp_loop.py on 2 CPU ranks, when DDP's all-reduce
+was timed by a communication hook's callbacks. NCCL completes its
 futures on the thread that launches the collective, so a GPU rank waits for nothing.
 
 The same holds for the tensors of any gloo collective: its thread lets them go a moment after the caller has them
@@ -41,14 +42,11 @@ class FutureCallbacks:
     def __init__(self) -> None:
         self._ran: weakref.WeakSet[_Held] = weakref.WeakSet()
         """A token per callback that has run and is still held by the thread that ran it."""
-        self._after_others = False
 
     def then(
-        self, future: torch.futures.Future, callback: Callable[[torch.futures.Future], Any], first: bool = True
+        self, future: torch.futures.Future, callback: Callable[[torch.futures.Future], Any]
     ) -> torch.futures.Future:
-        """`future.then(callback)`. first=False: `future` is itself the result of a `then` that is not ours (a DDP
-        hook such as torch's compression), whose callback the thread drops right after this one."""
-        self._after_others |= not first
+        """`future.then(callback)`, its release watched."""
         held = _Held()
 
         def run(done: torch.futures.Future) -> Any:
@@ -65,9 +63,6 @@ class FutureCallbacks:
         deadline = time.monotonic() + timeout
         while self._ran and time.monotonic() < deadline:
             time.sleep(0.001)  # frees the GIL the collective's thread needs to drop it
-        if self._after_others:
-            # The others' callbacks are not ours to see go; the thread drops them within microseconds of ours.
-            time.sleep(0.05)
         return not self._ran
 
 
