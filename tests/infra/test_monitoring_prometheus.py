@@ -435,9 +435,16 @@ def test_a_slowed_loader_is_input_bound_through_the_exporter_and_prometheus(stac
         except (ConfigError, RuntimeFailure):
             return []
 
+    def both_input_bound(verdicts: list) -> bool:
+        return (
+            kinds(verdicts) == ["input-bound"] and "rank 0, rank 1 wait(s) for the data loader" in verdicts[0].summary
+        )
+
     assert len(stack.eventually(data_wait_rates, lambda rates: len(rates) == 2)) == 2
-    from_prometheus = diagnose(read_snapshot(source), LIMITS)
-    from_exporter = diagnose_url(stack.exporters[INPUT_BOUND])
+    # Read until both say so: a run's first seconds (no step done yet; one rank's loader a batch ahead of the
+    # other's, which then waits at the all-reduce instead) are no steady state, and the test may reach them first.
+    from_prometheus = stack.eventually(lambda: diagnose(read_snapshot(source), LIMITS), both_input_bound)
+    from_exporter = stack.eventually(lambda: diagnose_url(stack.exporters[INPUT_BOUND]), both_input_bound)
     for verdicts in (from_exporter, from_prometheus):
         assert kinds(verdicts) == ["input-bound"], verdicts
         assert "rank 0, rank 1 wait(s) for the data loader" in verdicts[0].summary
