@@ -291,8 +291,9 @@ class Launch:
 
 
 def run_doctor(config: train_config.TrainConfig, launch: LaunchConfig, skip: bool) -> None:
-    """The doctor's findings that need attention; a FAIL stops the launch before any rank starts."""
-    results = run_checks(DoctorConfig.for_run(config, launch))
+    """The doctor's findings that need attention; a FAIL stops the launch before any rank starts. `skip`: a FAIL
+    does not, and the node does not wait for the others' roll call in the run directory (up to 180 s)."""
+    results = run_checks(DoctorConfig.for_run(config, launch, roll_call=not skip))
     if any(result.status != Status.PASS for result in results):
         print(render_table(results), file=sys.stderr)
     if has_failures(results) and not skip:

@@ -316,3 +316,27 @@ def test_doctor_refuses_what_the_fsdp_trainer_refuses(flags, expected, capsys):
     assert main(["doctor", *flags]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("trainstack doctor: error: ") and expected in lines[0], lines
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_skip_doctor_starts_on_a_fail_and_takes_no_roll_call(monkeypatch, capsys, skip):
+    """`trainstack train --skip-doctor` shows a FAIL and starts anyway, and its node waits for no other node's roll
+    call in the run directory (slurm_checks.check_shared_run_dir: up to 180 s)."""
+    from trainstack.commands import train
+    from trainstack.errors import ConfigError
+    from trainstack.train.rank.config import TrainConfig
+
+    asked = []
+
+    def checks(doctor):
+        asked.append(doctor.roll_call)
+        return [CheckResult("output-dir", Status.FAIL, "no room", "free some")]
+
+    monkeypatch.setattr(train, "run_checks", checks)
+    if skip:
+        train.run_doctor(TrainConfig(), launch_config(), skip=True)
+    else:
+        with pytest.raises(ConfigError, match="pass --skip-doctor to start anyway"):
+            train.run_doctor(TrainConfig(), launch_config(), skip=False)
+    assert asked == [not skip]
+    assert "no room" in capsys.readouterr().err

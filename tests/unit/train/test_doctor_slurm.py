@@ -75,6 +75,17 @@ def test_the_shared_run_dir_check_passes_on_a_shared_folder_and_fails_on_a_node_
     assert "a folder every node mounts at the same path" in local[1].fix
 
 
+def test_skip_doctor_starts_a_node_without_waiting_for_the_others_and_says_the_check_was_not_made(tmp_path):
+    """Node 1 alone, with the default 180 s timeout: under --skip-doctor it neither waits nor leaves a marker."""
+    skipped = check_shared_run_dir(
+        config(output_dir=tmp_path / "run", node_rank=1, nnodes=2, env=JOB, roll_call=False), CPU_HOST
+    )
+    assert skipped.status is Status.WARN
+    assert skipped.detail == f"not checked (--skip-doctor): whether every node sees {tmp_path / 'run'}"
+    assert "without --skip-doctor" in skipped.fix
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("run_id", ["..", ".", "/etc", "../../elsewhere", "team/exp1", ""])
 def test_a_run_id_of_any_spelling_names_one_folder_inside_the_roll_calls_and_only_it_is_removed(tmp_path, run_id):
     run = RunDir(tmp_path / "run")

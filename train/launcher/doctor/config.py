@@ -84,6 +84,9 @@ class DoctorConfig:
     """What NVML and torch see; None: ask them when the checks run."""
     read_batch_script: Callable[[str], str | None] | None = None
     """A Slurm job's batch script by job id (None: none to read); None: ask Slurm (slurm_checks.py)."""
+    roll_call: bool = True
+    """Whether the nodes meet in the run directory (slurm_checks.check_shared_run_dir), waiting up to
+    TRAINSTACK_SHARED_DIR_TIMEOUT for each other; `trainstack train --skip-doctor` starts without waiting."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_dir", Path(self.output_dir))
@@ -110,9 +113,10 @@ class DoctorConfig:
         check_port("--exporter-port", self.exporter_port, zero_means="to run no exporter")
 
     @classmethod
-    def for_run(cls, train, launch) -> DoctorConfig:
+    def for_run(cls, train, launch, roll_call: bool = True) -> DoctorConfig:
         """The checks for what `trainstack train` is about to start: a TrainConfig and a LaunchConfig."""
         return cls(
+            roll_call=roll_call,
             output_dir=Path(train.output_dir),
             num_workers=train.num_workers,
             prefetch_factor=train.prefetch_factor,

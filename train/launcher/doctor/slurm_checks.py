@@ -138,6 +138,13 @@ def check_shared_run_dir(config: DoctorConfig, gpus: GpuInventory) -> CheckResul
     run_dir = config.output_dir.absolute()
     if config.nnodes == 1:
         return CheckResult(name, Status.PASS, f"one node: no other node needs to see {run_dir}")
+    if not config.roll_call:
+        return CheckResult(
+            name,
+            Status.WARN,
+            f"not checked (--skip-doctor): whether every node sees {run_dir}",
+            "launch without --skip-doctor, or run `trainstack doctor` on every node of the job, to check it",
+        )
     timeout = shared_dir_timeout(config.env)
     if timeout is None:
         return CheckResult(
