@@ -57,10 +57,10 @@ def node_rank_of(args: argparse.Namespace, slurm: SlurmWorld | None = None) -> i
     return slurm.node_rank if slurm is not None else 0
 
 
-def slurm_master_port(slurm: SlurmWorld, node_rank: int) -> int:
-    """The Slurm job's rendezvous port (derived from its id alike on every node), checked free on node 0, where
+def slurm_master_port(slurm: SlurmWorld, node_rank: int, check: bool = True) -> int:
+    """The Slurm job's rendezvous port (derived from its id alike on every node), `check`ed free on node 0, where
     the rendezvous listens: another job on that node whose id differs by a multiple of the span holds it."""
-    if node_rank == 0 and (error := bind_error("", slurm.master_port)) is not None:
+    if check and node_rank == 0 and (error := bind_error("", slurm.master_port)) is not None:
         fix = "export MASTER_PORT=<a free port> in the batch script"
         if error.errno == errno.EADDRINUSE:
             raise ConfigError(
@@ -71,16 +71,16 @@ def slurm_master_port(slurm: SlurmWorld, node_rank: int) -> int:
     return slurm.master_port
 
 
-def exporter_port(args: argparse.Namespace, slurm: SlurmWorld | None, node_rank: int) -> int:
+def exporter_port(args: argparse.Namespace, slurm: SlurmWorld | None, node_rank: int, check: bool = True) -> int:
     """--exporter-port; else, in a Slurm job, the port derived from the job id and this node's rank
-    (trainstack/slurm.py's exporter_port_of), checked free where the exporter binds (--exporter-host): another job's
-    exporter on this host may hold it; else DEFAULT_EXPORTER_PORT."""
+    (trainstack/slurm.py's exporter_port_of), `check`ed free where the exporter binds (--exporter-host): another
+    job's exporter on this host may hold it; else DEFAULT_EXPORTER_PORT."""
     if args.exporter_port is not None:
         return args.exporter_port
     if slurm is None:
         return DEFAULT_EXPORTER_PORT
     port = exporter_port_of(slurm.job_id, node_rank)
-    error = bind_error(args.exporter_host, port)
+    error = bind_error(args.exporter_host, port) if check else None
     if error is None:
         return port
     if isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL:
@@ -145,7 +145,9 @@ class LaunchConfig:
         return self.nproc_per_node * self.nnodes
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> LaunchConfig:
+    def from_args(cls, args: argparse.Namespace, check_ports: bool = True) -> LaunchConfig:
+        """`check_ports`: refuse a port derived from a Slurm job that this node cannot open, in one line; `trainstack
+        doctor` takes it unchecked, and its port checks show it as a FAIL beside the others."""
         gpus = cuda_device_count()
         use_cpu = args.cpu or gpus == 0
         # Kubeflow Trainer's runtimes set PET_NPROC_PER_NODE=auto|gpu|cpu: all mean "the default for this node".
@@ -170,7 +172,7 @@ class LaunchConfig:
         node_rank = node_rank_of(args, slurm)
         master_port = args.master_port or env_int("MASTER_PORT", "PET_MASTER_PORT")
         if master_port is None and slurm is not None and nnodes > 1:
-            master_port = slurm_master_port(slurm, node_rank)
+            master_port = slurm_master_port(slurm, node_rank, check_ports)
         if master_port is None:
             # A single-node job needs no fixed port; a free one lets several jobs share a host.
             master_port = DEFAULT_MASTER_PORT if nnodes > 1 else free_port()
@@ -183,7 +185,7 @@ class LaunchConfig:
             or (slurm.master_addr if slurm is not None else "127.0.0.1"),
             master_port=master_port,
             use_cpu=use_cpu,
-            exporter_port=exporter_port(args, slurm, node_rank),
+            exporter_port=exporter_port(args, slurm, node_rank, check_ports),
             exporter_host=args.exporter_host,
             rendezvous_timeout=args.rendezvous_timeout,
             slurm=slurm,

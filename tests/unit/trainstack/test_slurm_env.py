@@ -254,15 +254,11 @@ WORLD_VARIABLES = ("NNODES", "PET_NNODES", "NODE_RANK", "PET_NODE_RANK", "JOB_CO
 WORLD_VARIABLES += ("PET_MASTER_ADDR", "MASTER_PORT", "PET_MASTER_PORT", "NPROC_PER_NODE", "PET_NPROC_PER_NODE")
 
 
-def launch_world(monkeypatch, environ: dict[str, str], *flags: str, no_exporter: bool = True):
-    """The launcher's world (LaunchConfig.from_args) for `flags` in `environ` alone, the host list expanded in
-    Python (no scontrol process); no exporter (--exporter-port 0) unless `flags` name a port or no_exporter is
-    False."""
-    import argparse
+def in_environ(monkeypatch, environ: dict[str, str]) -> None:
+    """`environ` the process's world alone (no other Slurm or torchrun variable), its host list expanded in Python."""
     import os
 
     import trainstack.slurm
-    from trainstack.train.launcher.launch_config import LaunchConfig, add_arguments
 
     for name in list(os.environ):
         if name.startswith("SLURM") or name in WORLD_VARIABLES or name in ("RANK", "GROUP_RANK", "LOCAL_RANK"):
@@ -270,6 +266,15 @@ def launch_world(monkeypatch, environ: dict[str, str], *flags: str, no_exporter:
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(trainstack.slurm, "scontrol_hostnames", lambda hostlist: None)
+
+
+def launch_world(monkeypatch, environ: dict[str, str], *flags: str, no_exporter: bool = True):
+    """The launcher's world (LaunchConfig.from_args) for `flags` in `environ` alone, the host list expanded in
+    Python (no scontrol process); no exporter (--exporter-port 0) unless `flags` name a port or no_exporter is
+    False."""
+    from trainstack.train.launcher.launch_config import LaunchConfig, add_arguments
+
+    in_environ(monkeypatch, environ)
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     exporter = [] if "--exporter-port" in flags or not no_exporter else ["--exporter-port", "0"]
@@ -360,6 +365,41 @@ def test_a_derived_exporter_port_in_use_is_one_line_naming_the_port_the_node_and
                 launch_world(monkeypatch, environ, "--exporter-host", "0.0.0.0", no_exporter=False)
             return
     pytest.fail("no derived port was free to hold")
+
+
+def test_the_doctor_shows_a_derived_port_in_use_as_a_fail_beside_its_other_checks(monkeypatch, capsys):
+    """Where the launcher refuses in one line, `trainstack doctor` (run beside the job's launcher, whose exporter
+    and rendezvous hold their ports) reports: a FAIL line for each port, its table whole, exit 2."""
+    from trainstack.errors import EXIT_CONFIG
+    from trainstack.train.launcher import doctor
+    from trainstack.train.launcher.doctor import cli
+    from trainstack.train.launcher.doctor.port_checks import check_exporter_port, check_rendezvous_port
+
+    for job_id in range(4242, 4262):  # derived ports nobody else holds on this machine
+        rendezvous, exporter = master_port_of(job_id), exporter_port_of(job_id, 0)
+        with socket.socket() as taken_rendezvous, socket.socket() as taken_exporter:
+            try:
+                taken_rendezvous.bind(("", rendezvous))
+                taken_exporter.bind(("127.0.0.1", exporter))
+            except OSError:
+                continue
+            taken_rendezvous.listen()
+            taken_exporter.listen()
+            in_environ(monkeypatch, {**STEP_ON_N2, "SLURM_JOB_ID": str(job_id), "SLURM_NODEID": "0"})
+            # The port checks alone: the others ask this machine's GPUs, disks and Slurm
+            monkeypatch.setattr(
+                doctor,
+                "run_checks",
+                lambda config: [check(config, None) for check in (check_rendezvous_port, check_exporter_port)],
+            )
+            parser = argparse.ArgumentParser()
+            cli.add_arguments(parser)
+            assert cli.run(parser.parse_args(["--cpu", "--exporter-host", "127.0.0.1"])) == EXIT_CONFIG
+            table = capsys.readouterr().out
+            assert f"*:{rendezvous} is already in use" in table and f"127.0.0.1:{exporter} is already in use" in table
+            assert table.rstrip().endswith("doctor: 0 PASS, 0 WARN, 2 FAIL")
+            return
+    pytest.fail("no derived ports were free to hold")
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainstack.train.launcher.doctor import DoctorConfig, has_failures, render_json, render_table, run_checks
 
-    launch = launch_config.LaunchConfig.from_args(args)
+    # A Slurm job's derived ports unchecked: the port checks show one in use as a FAIL with the others (a rerun of
+    # the doctor beside the job's own launcher, whose exporter holds its port, reports rather than refuses).
+    launch = launch_config.LaunchConfig.from_args(args, check_ports=False)
     # Refuses what the trainer refuses (e.g. --strategy fsdp --sync-batchnorm).
     train = train_config.from_sources(args, on_cuda=not launch.use_cpu)
     check_fsdp_units(train)
