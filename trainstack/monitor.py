@@ -57,7 +57,7 @@ from trainstack.telemetry.device import (
     rank_identity,
     tf32_allowed,
 )
-from trainstack.telemetry.future_callbacks import FutureCallbacks, settle_gloo_threads
+from trainstack.telemetry.future_callbacks import FutureCallbacks, on_gloo, settle_gloo_threads
 from trainstack.telemetry.interval import IntervalCut, IntervalSums, PendingTotals, interval_ends
 from trainstack.telemetry.metrics import CommMetrics, RankMetrics
 from trainstack.telemetry.records_file import launch_time, open_records
@@ -367,6 +367,9 @@ class Monitor(TrainingMonitor):
         self.clock = clock.name
         self._comm_metrics = CommMetrics.off()  # until a watched model communicates
         self._comm_watched = False
+        self._on_gloo = on_gloo()
+        """The rank's group ran gloo when last seen: its close settles gloo's threads (future_callbacks.py), even
+        once the group is destroyed."""
         self._identity = identity
         self._metrics = (
             RankMetrics.build(identity, self.clock, device.type == "cuda", bool(peak))
@@ -418,6 +421,7 @@ class Monitor(TrainingMonitor):
         if self._comm_watched:
             return
         self._comm_watched = True
+        self._on_gloo = self._on_gloo or on_gloo()  # a loop may start its monitor before its group
         if os.environ.get(METRICS_DIR_ENV):
             self._comm_metrics = CommMetrics.build(self._identity)
             CommSetup.read().publish(self.rank)  # what diagnose's comm-bound evidence names
@@ -751,7 +755,7 @@ class Monitor(TrainingMonitor):
     def _close_records(self) -> None:
         self._unwatch_collectives()
         self._comm_callbacks.wait_released()
-        settle_gloo_threads()
+        settle_gloo_threads(self._on_gloo)
         since_the_last_record = self._wall_time.ended(time.time())
         ending = SegmentEnded(
             time.time(), int(self.rank), since_the_last_record.step_count, pauses(since_the_last_record.paused)

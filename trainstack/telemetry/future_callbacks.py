@@ -14,7 +14,8 @@ The same holds for the tensors of any gloo collective: its thread lets them go a
 back, and a tensor Python made needs the GIL to go. A rank whose last collective comes right before its exit (the
 Hugging Face Trainer all-gathers its FLOP count after the last step) aborts the same way: twice in three runs of
 the process tests on the loaded 2-core machine, once nothing else made the closing rank pause (never in 22 runs of
-that test alone). Hence `settle_gloo_threads`.
+that test alone); and a trainstack trainer rank once, under the same load, its group destroyed before its monitor
+closed. Hence `settle_gloo_threads`.
 """
 
 from __future__ import annotations
@@ -66,8 +67,15 @@ class FutureCallbacks:
         return not self._ran
 
 
-def settle_gloo_threads() -> None:
+def on_gloo() -> bool:
+    """Whether the process's default group is up and runs gloo."""
+    return dist.is_available() and dist.is_initialized() and "gloo" in str(dist.get_backend())
+
+
+def settle_gloo_threads(was_on_gloo: bool = False) -> None:
     """Once, as a rank closes: a pause, on a gloo rank only, in which gloo's threads drop the tensors of its last
-    collectives (the module's docstring says why)."""
-    if dist.is_available() and dist.is_initialized() and "gloo" in str(dist.get_backend()):
+    collectives (the module's docstring says why). `was_on_gloo`: the rank ran gloo earlier, and may have destroyed
+    its group since (trainstack's trainer does before its monitor closes): its group's threads can outlive that, as
+    long as anything refers to the group (a DDP model does)."""
+    if was_on_gloo or on_gloo():
         time.sleep(GLOO_SETTLE_SECONDS)

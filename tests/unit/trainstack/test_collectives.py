@@ -15,7 +15,7 @@ import torch
 import trainstack.monitor
 from tests.helpers.fakes import FakeGpu, identity
 from trainstack.monitor import Monitor
-from trainstack.rundir import RUN_DIR_ENV, RunDir, read_json_lines
+from trainstack.rundir import RunDir, read_json_lines
 from trainstack.telemetry import collectives
 from trainstack.telemetry.collectives import CollectiveBooking, tensor_bytes, watch_collectives
 from trainstack.telemetry.gpu_activity import GpuActivity
@@ -87,12 +87,6 @@ def test_after_unwatching_nothing_is_booked():
 def test_the_torch_distributed_functions_are_the_timed_ones_while_a_monitor_runs(booked):
     assert torch.distributed.all_reduce.__wrapped__ is collectives._watch.originals["all_reduce"]
     assert torch.distributed.broadcast_object_list is torch.distributed.distributed_c10d.broadcast_object_list
-
-
-@pytest.fixture
-def unwatched(monkeypatch):
-    for name in (RUN_DIR_ENV, "PROMETHEUS_MULTIPROC_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
 
 
 def recorded(run_dir) -> dict:

@@ -51,3 +51,21 @@ def test_only_a_gloo_rank_pauses_for_its_threads_as_it_closes(monkeypatch):
     finally:
         dist.destroy_process_group()
     assert pauses == [future_callbacks.GLOO_SETTLE_SECONDS]
+
+
+def test_a_monitor_that_saw_gloo_pauses_at_its_close_after_its_group_is_gone(unwatched, tmp_path, monkeypatch):
+    """trainstack's trainer destroys its group (Accelerate's end_training) before its monitor closes, and a DDP
+    model that refers to the group keeps gloo's threads alive past that: the close settles them all the same."""
+    import trainstack.monitor
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        monitor = trainstack.monitor.start(run_dir=tmp_path)
+    finally:
+        dist.destroy_process_group()
+    pauses = []
+    monkeypatch.setattr(future_callbacks.time, "sleep", pauses.append)
+    monitor.close()
+    assert pauses == [future_callbacks.GLOO_SETTLE_SECONDS]
+    settle_gloo_threads(was_on_gloo=False)
+    assert len(pauses) == 1, "no group now, none seen: no pause"

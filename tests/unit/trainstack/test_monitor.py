@@ -30,12 +30,6 @@ def records(run_dir) -> list[dict]:
     return [line for line in map(json.loads, path.read_text().splitlines()) if "time" in line]
 
 
-@pytest.fixture
-def unwatched(monkeypatch):
-    for name in (RUN_DIR_ENV, "PROMETHEUS_MULTIPROC_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def test_the_null_monitor_has_every_method_of_the_monitor_with_its_parameters():
     assert public_methods(NullMonitor) == public_methods(Monitor) == public_methods(TrainingMonitor)
     assert not issubclass(Monitor, NullMonitor)  # siblings: a live monitor is typed as the protocol, not as a null one
