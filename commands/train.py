@@ -37,7 +37,7 @@ from trainstack.supervisor.lease import RunDirLease, lease_timeout
 from trainstack.supervisor.prometheus_sd import FileSdTarget, file_sd_target
 from trainstack.supervisor.supervised import OwnAgent, SupervisedRun, findings, print_card, write_report
 from trainstack.train.launcher import launch_config
-from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks
+from trainstack.train.launcher.doctor import DoctorConfig, Status, has_failures, render_table, run_checks, slurm_checks
 from trainstack.train.launcher.fsdp_units import check_fsdp_units
 from trainstack.train.launcher.launch_config import LaunchConfig, lease_wait, prometheus_sd_dir
 from trainstack.train.rank import checkpoint
@@ -293,7 +293,10 @@ class Launch:
 def run_doctor(config: train_config.TrainConfig, launch: LaunchConfig, skip: bool) -> None:
     """The doctor's findings that need attention; a FAIL stops the launch before any rank starts. `skip`: a FAIL
     does not, and the node does not wait for the others' roll call in the run directory (up to 180 s)."""
-    results = run_checks(DoctorConfig.for_run(config, launch, roll_call=not skip))
+    doctor = DoctorConfig.for_run(config, launch, roll_call=not skip)
+    if slurm_checks.in_slurm_job(doctor):  # under the lease: no other launch's roll call is under way
+        slurm_checks.tidy_roll_calls(doctor.output_dir, doctor.env)
+    results = run_checks(doctor)
     if any(result.status != Status.PASS for result in results):
         print(render_table(results), file=sys.stderr)
     if has_failures(results) and not skip:

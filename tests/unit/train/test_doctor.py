@@ -340,3 +340,19 @@ def test_skip_doctor_starts_on_a_fail_and_takes_no_roll_call(monkeypatch, capsys
             train.run_doctor(TrainConfig(), launch_config(), skip=False)
     assert asked == [not skip]
     assert "no room" in capsys.readouterr().err
+
+
+def test_under_slurm_the_launch_removes_stale_roll_calls_before_its_preflight(monkeypatch, tmp_path):
+    """Under the run directory's lease (trainstack train), not under `trainstack doctor`, which holds none."""
+    from trainstack.commands import train
+    from trainstack.rundir import RunDir
+    from trainstack.train.rank.config import TrainConfig
+
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("TRAINSTACK_RUN_ID", "segment-2")
+    stale = RunDir(tmp_path / "run").roll_call("segment-1")
+    stale.mkdir(parents=True)
+    (stale / "node-1").write_text("")
+    monkeypatch.setattr(train, "run_checks", lambda doctor: [])
+    train.run_doctor(TrainConfig(output_dir=str(tmp_path / "run")), launch_config(), skip=False)
+    assert [path.name for path in (tmp_path / "run").iterdir()] == []  # the roll calls' folder too, once empty

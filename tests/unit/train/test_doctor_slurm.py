@@ -20,6 +20,7 @@ from trainstack.train.launcher.doctor.slurm_checks import (
     roll_call,
     roll_call_key,
     sbatch_signal,
+    tidy_roll_calls,
 )
 
 JOB = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURMD_NODENAME": "n1"}
@@ -84,6 +85,19 @@ def test_skip_doctor_starts_a_node_without_waiting_for_the_others_and_says_the_c
     assert skipped.detail == f"not checked (--skip-doctor): whether every node sees {tmp_path / 'run'}"
     assert "without --skip-doctor" in skipped.fix
     assert not (tmp_path / "run").exists()
+
+
+def test_a_launch_under_the_lease_removes_the_roll_calls_killed_nodes_left_and_keeps_its_own(tmp_path):
+    run = RunDir(tmp_path / "run")
+    env = {**JOB, "TRAINSTACK_RUN_ID": "segment-2"}
+    for key in ("segment-1", "slurm-41.0-0", "segment-2"):  # two earlier launches' leftovers, and this one's call
+        run.roll_call(key).mkdir(parents=True)
+        (run.roll_call(key) / "node-1").write_text("n2 pid 7\n")
+    (tmp_path / "run" / "checkpoints").mkdir()
+    assert tidy_roll_calls(tmp_path / "run", env) == ["segment-1", "slurm-41.0-0"]
+    assert [path.name for path in (tmp_path / "run" / ROLL_CALL_DIR).iterdir()] == ["segment-2"]
+    assert (run.roll_call("segment-2") / "node-1").is_file() and (tmp_path / "run" / "checkpoints").is_dir()
+    assert tidy_roll_calls(tmp_path / "elsewhere", env) == []  # no run directory yet: nothing to do
 
 
 @pytest.mark.parametrize("run_id", ["..", ".", "/etc", "../../elsewhere", "team/exp1", ""])

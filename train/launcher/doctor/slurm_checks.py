@@ -107,6 +107,18 @@ def roll_call(folder: Path, node_rank: int, nnodes: int, timeout: float, who: st
     return []
 
 
+def tidy_roll_calls(run_dir: Path, env) -> list[str]:
+    """Removes the roll calls in `run_dir` of launches other than this one (`roll_call_key`): a node killed while it
+    waited leaves its marker, which nothing else removes. Only for a launcher that holds the run directory's lease,
+    which no other launch's nodes hold meanwhile. The names of those removed."""
+    here = RunDir(run_dir).roll_call(roll_call_key(env))
+    stale = sorted(_names(here.parent) - {here.name})
+    for name in stale:
+        shutil.rmtree(here.parent / name, ignore_errors=True)
+    _remove_if_empty(here.parent)
+    return stale
+
+
 def _withdraw(marker: Path) -> None:
     """A node's marker out of a roll call that failed, with the folders once empty."""
     marker.unlink(missing_ok=True)
