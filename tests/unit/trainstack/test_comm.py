@@ -140,8 +140,14 @@ def slow_all_reduce(process_group, bucket):  # unannotated: DDP checks a hook's 
     it, on another thread, as over a slow link."""
     reduced = torch.futures.Future()
     buffer = bucket.buffer()
-    threading.Timer(0.05, lambda: reduced.set_result(buffer)).start()
+    threading.Timer(SLOW, lambda: reduced.set_result(buffer)).start()
     return reduced
+
+
+SLOW = 0.05
+WAITED_AT_LEAST = 0.8 * SLOW
+"""The wait for the slow all-reduce: its 50 ms less the backward compute left after DDP launched it (launched before
+the last gradient of an unused head was marked ready, it has read 49.6 ms on a loaded machine); untimed, 0."""
 
 
 def test_a_step_is_timed_from_its_first_gradient_to_the_end_of_ddps_wait(world_of_one):
@@ -156,7 +162,7 @@ def test_a_step_is_timed_from_its_first_gradient_to_the_end_of_ddps_wait(world_o
     steps = timer.read(timer.cut())
     assert len(steps) == 3
     for step in steps:
-        assert 0.05 <= step.exposed_seconds <= step.seconds
+        assert WAITED_AT_LEAST <= step.exposed_seconds <= step.seconds and step.seconds >= SLOW
         assert (step.bytes, step.buckets) == (gradient_bytes(model), 1)
 
 
@@ -215,7 +221,7 @@ def test_every_synchronizing_step_waits_for_the_slow_all_reduce(world_of_one, na
         timer.step_done()
     steps = timer.read(timer.cut())
     assert len(steps) == len(forwards), name
-    assert all(step.exposed_seconds >= 0.05 for step in steps), (name, steps)
+    assert all(step.exposed_seconds >= WAITED_AT_LEAST for step in steps), (name, steps)
 
 
 def test_a_model_watched_twice_is_timed_once(world_of_one):
