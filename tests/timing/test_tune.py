@@ -100,6 +100,8 @@ def test_tune_picks_a_comm_bound_fix_for_a_delayed_allreduce(tmp_path):
 @pytest.mark.timing
 def test_tune_keeps_the_baseline_of_a_healthy_run(tmp_path):
     # Two workers per rank keep up with the built-in data (one leaves a few percent of starvation, a real gain).
-    result, write = _tune_two_ranks(tmp_path, {"num_workers": 2}, {}, rounds=2)
+    # Three rounds: in two, CI's host once gave num_workers=4 rounds of 1.057 and 1.184 against a noise floor of 1.05,
+    # its compute faster and its loader no better; a candidate wins only where every round beats the noise.
+    result, write = _tune_two_ranks(tmp_path, {"num_workers": 2}, {}, rounds=3)
     assert result.stdout.splitlines()[0] == "baseline verdicts: healthy", result.stdout
     assert "winner: the baseline" in result.stdout and not write.exists(), result.stdout
