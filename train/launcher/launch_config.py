@@ -221,7 +221,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--skip-doctor",
         action="store_true",
-        help="start even if a preflight check FAILs (trainstack doctor shows them)",
+        help="start even if a preflight check FAILs (trainstack doctor shows them), and under Slurm without waiting "
+        "for the other nodes in the run directory",
     )
     add_beside_run_arguments(group)
 
