@@ -3,12 +3,12 @@ let them go.
 
 A gloo collective's future completes on one of gloo's own threads: that thread runs the `then` callbacks, completes
 the futures they return (which wakes the loop: FSDP's wait for a collective returns), and only then drops the
-callbacks, which needs the GIL. A rank whose loop ends in that window can reach interpreter exit first; the gloo thread then cannot
-take the GIL, CPython ends it with pthread_exit, and the unwinding through torch's noexcept frames calls
-std::terminate: the rank aborts (SIGABRT, "terminate called without an active exception") after its last step, and
-the launch fails. It happened about once in ten runs of examples/ddp_loop.py on 2 CPU ranks, when DDP's all-reduce
-was timed by a communication hook's callbacks. NCCL completes its
-futures on the thread that launches the collective, so a GPU rank waits for nothing.
+callbacks, which needs the GIL. A rank whose loop ends in that window can reach interpreter exit first; the gloo
+thread then cannot take the GIL, CPython ends it with pthread_exit, and the unwinding through torch's noexcept
+frames calls std::terminate: the rank aborts (SIGABRT, "terminate called without an active exception") after its
+last step, and the launch fails. It happened about once in ten runs of examples/ddp_loop.py on 2 CPU ranks, when
+DDP's all-reduce was timed by a communication hook's callbacks. NCCL completes its futures on the thread that
+launches the collective, so a GPU rank waits for nothing.
 
 The same holds for the tensors of any gloo collective: its thread lets them go a moment after the caller has them
 back, and a tensor Python made needs the GIL to go. A rank whose last collective comes right before its exit (the
