@@ -57,10 +57,10 @@ def train(args: argparse.Namespace, strategy: str, run_dir: Path) -> int:
 
 def gauges(run_dir: Path) -> dict[str, dict[str, float]]:
     """rank -> gauge key -> value, read from the run's prometheus_client files as the exporter reads them."""
-    from prometheus_client.multiprocess import MultiProcessCollector
+    from trainstack.metric_files import merged_metrics
 
     values: dict[str, dict[str, float]] = {}
-    for family in MultiProcessCollector(None, str(RunDir(run_dir).node_metrics(0))).collect():
+    for family in merged_metrics(RunDir(run_dir).node_metrics(0)):
         for sample in family.samples:
             if sample.name in STATE:
                 values.setdefault(sample.labels["rank"], {})[STATE[sample.name]] = sample.value

@@ -37,10 +37,10 @@ ANSWER_SECONDS = 5.0  # how long the ranks' own answers are waited for before fa
 def steps_by_rank(metrics_dir: Path) -> dict[str, float]:
     """rank -> steps, from the ranks' multiprocess files (as telemetry.progress_by_rank, without importing torch:
     watch's process stays light)."""
-    from prometheus_client.multiprocess import MultiProcessCollector
+    from trainstack.metric_files import merged_metrics  # not at the top: see catalog.rank_metric
 
     steps: dict[str, float] = {}
-    for family in MultiProcessCollector(None, str(metrics_dir)).collect():
+    for family in merged_metrics(metrics_dir):
         for sample in family.samples:
             if sample.name == catalog.TRAIN_STEPS.name:
                 steps[sample.labels["rank"]] = sample.value

@@ -1,5 +1,5 @@
-"""Training collector: the ranks' prometheus_client multiprocess files, merged by prometheus_client's
-MultiProcessCollector at each scrape.
+"""Training collector: the ranks' prometheus_client multiprocess files, merged at each scrape
+(trainstack/metric_files.py, prometheus_client's MultiProcessCollector merge).
 
 The ranks write memory-mapped files named `<type>[_<gauge mode>]_<pid>.db` into the run's metrics directory
 (docs/architecture.md lists the metrics). The directory is read at every scrape, so a directory the launcher makes
@@ -13,8 +13,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from prometheus_client.core import Metric
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
+
+from trainstack.metric_files import merged_metrics
 
 
 class TrainingCollector(Collector):
@@ -24,10 +25,4 @@ class TrainingCollector(Collector):
         self._metrics_dir = metrics_dir
 
     def collect(self) -> Iterable[Metric]:
-        if self._metrics_dir is None or not self._metrics_dir.is_dir():
-            return []
-        merge = MultiProcessCollector(None, path=str(self._metrics_dir))
-        try:
-            return list(merge.collect())
-        except FileNotFoundError:  # a file went between listing and reading: a new run is clearing the directory
-            return list(merge.collect())
+        return merged_metrics(self._metrics_dir)

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from prometheus_client.multiprocess import MultiProcessCollector
 
 from bench.standin_ranks import write_rank
 from tests.helpers.catalog import SAMPLES, unknown
@@ -35,6 +34,7 @@ from tests.helpers.runs import REPO, stop_process
 from tests.helpers.scrapes import scrape
 from trainstack import catalog
 from trainstack.commands.watch import CommandState
+from trainstack.metric_files import merged_metrics
 from trainstack.rundir import RunDir, free_port
 
 DEADLINE_SECONDS = 120  # a limit on waiting for a loaded machine, never a measured speed
@@ -75,9 +75,7 @@ def labels_wrong(found: dict[str, set[frozenset[str]]]) -> list[str]:
 @pytest.mark.parametrize("on_gpu", [False, True])
 def test_the_stand_in_ranks_write_catalog_metrics(tmp_path, on_gpu):
     write_rank(tmp_path, rank=0, steps=3, on_gpu=on_gpu)
-    found = exposed(
-        sample for family in MultiProcessCollector(None, str(tmp_path)).collect() for sample in family.samples
-    )
+    found = exposed(sample for family in merged_metrics(tmp_path) for sample in family.samples)
     assert not unknown(set(found)), "bench/standin_ranks.py writes metrics trainstack/catalog.py lacks"
     assert not labels_wrong(found)
 
@@ -213,11 +211,7 @@ def test_every_catalog_metric_is_produced_and_nothing_else(tmp_path):
 def test_cuda_telemetry_writes_its_gpu_only_gauges(tmp_path):
     """The real CUDA path of the stand-ins above: peak memory from torch.cuda, times from CUDA events."""
     run_telemetry_rank(tmp_path, tmp_path / "metrics", "cuda")
-    values = {
-        sample.name: sample.value
-        for family in MultiProcessCollector(None, str(tmp_path / "metrics")).collect()
-        for sample in family.samples
-    }
+    values = {sample.name: sample.value for family in merged_metrics(tmp_path / "metrics") for sample in family.samples}
     assert values[catalog.TRAIN_MEMORY_ALLOCATED_PEAK.name] > 0
     assert values[catalog.TRAIN_MEMORY_RESERVED_PEAK.name] >= values[catalog.TRAIN_MEMORY_ALLOCATED_PEAK.name]
     assert values[catalog.TRAIN_MFU.name] > 0

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from prometheus_client.multiprocess import MultiProcessCollector
 
 from tests.helpers.runs import REPO
 from trainstack import catalog
+from trainstack.metric_files import merged_metrics
 
 # A one-process DDP rank on gloo that starts timing its all-reduce, as the trainer does, with NCCL switches set.
 DDP_RANK = """
@@ -58,11 +58,7 @@ def test_a_ddp_rank_publishes_its_communication_setup_once_it_is_watched(tmp_pat
         timeout=300,
     )
     assert rank.returncode == 0, rank.stderr[-3000:]
-    samples = {
-        sample.name: sample
-        for family in MultiProcessCollector(None, str(metrics_dir)).collect()
-        for sample in family.samples
-    }
+    samples = {sample.name: sample for family in merged_metrics(metrics_dir) for sample in family.samples}
     assert samples[catalog.TRAIN_COMM_SETUP_INFO.name].labels == {
         "rank": "3",
         "backend": "gloo",

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from prometheus_client.multiprocess import MultiProcessCollector
 
 from tests.helpers.runs import FAST, REPO, explain, run_trainstack, stop_process, trainstack_command
 from tests.helpers.scrapes import by_labels, scrape
+from trainstack.metric_files import merged_metrics
 from trainstack.rundir import free_port
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def rank_pids(metrics_dir: Path) -> dict[str, int]:
         with tempfile.TemporaryDirectory() as alone:
             for path in metrics_dir.glob(f"gauge_*_{pid}.db"):
                 shutil.copy(path, alone)
-            for family in MultiProcessCollector(None, path=alone).collect():
+            for family in merged_metrics(alone):
                 ranks.update((sample.labels["rank"], int(pid)) for sample in family.samples if "rank" in sample.labels)
     return ranks
 

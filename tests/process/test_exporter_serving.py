@@ -7,7 +7,6 @@ files the way trainstack/telemetry/ does; tests/process/test_exporter_live.py sc
 
 from __future__ import annotations
 
-import glob
 import gzip
 import json
 import os
@@ -27,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import trainstack.monitoring.nvml_fake as fake
 from bench.standin_ranks import write_rank
 from tests.helpers.runs import REPO
+from trainstack import metric_files
 from trainstack.errors import EXIT_RUNTIME
 from trainstack.monitoring.exporter.app import Exporter
 from trainstack.monitoring.exporter.config import ExporterConfig
@@ -250,14 +250,14 @@ def test_a_scrape_while_an_nvml_call_hangs_answers_from_the_last_sample_and_its_
 def test_a_file_gone_between_listing_and_reading_fails_no_scrape(metrics_dir, monkeypatch):
     """A new run clearing the directory while a scrape reads it: the collector lists the files again."""
     listings = []
-    real_glob = glob.glob
+    real_listing = metric_files._sized_files
 
-    def listing_with_a_file_since_removed(pattern, *args, **kwargs):
-        found = real_glob(pattern, *args, **kwargs)
+    def listing_with_a_file_since_removed(folder):
+        found = real_listing(folder)
         listings.append(found)
         return [*found, str(metrics_dir / "counter_999999.db")] if len(listings) == 1 else found
 
-    monkeypatch.setattr(glob, "glob", listing_with_a_file_since_removed)
+    monkeypatch.setattr(metric_files, "_sized_files", listing_with_a_file_since_removed)
     families = {family.name: family for family in TrainingCollector(metrics_dir).collect()}
     assert len(listings) == 2
     steps = {s.labels["rank"]: s.value for s in families["trainstack_train_steps"].samples}

@@ -4,7 +4,6 @@ the one read of every rank's progress from those files."""
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainstack import catalog
@@ -157,13 +156,11 @@ class CommMetrics:
 def progress_by_rank(metrics_dir: str | None) -> dict[str, tuple[float, float, float]]:
     """rank -> (steps, forward passes, last step unix time), from every rank's files on this node: how a rank
     that timed out in a collective names the peer that stopped, with no collective of its own."""
-    if not metrics_dir or not Path(metrics_dir).is_dir():
-        return {}
-    from prometheus_client.multiprocess import MultiProcessCollector
+    from trainstack.metric_files import merged_metrics  # not at the top: see catalog.rank_metric
 
     wanted = {catalog.TRAIN_STEPS.name: 0, catalog.TRAIN_FORWARD_PASSES.name: 1, catalog.TRAIN_LAST_STEP.name: 2}
     progress: dict[str, list[float]] = {}
-    for family in MultiProcessCollector(None, metrics_dir).collect():
+    for family in merged_metrics(metrics_dir):
         for sample in family.samples:
             if sample.name in wanted:
                 progress.setdefault(sample.labels["rank"], [0.0, 0.0, 0.0])[wanted[sample.name]] = sample.value
