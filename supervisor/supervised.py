@@ -192,13 +192,26 @@ class SupervisedRun:
         """Polls the child until it ends, passing signals on and watching for a hang; its returncode."""
         assert self.child is not None and self.processes is not None, "start() comes first"
         self.hangs = HangWatch(self.run_dir, self.metrics_dir, self.say, self.collective_timeout)
+        watching_for_hangs = True
         while self.child.poll() is None:
             self.stopping.forward(self.child, self.received)
             self.processes.look()
-            self.hangs.poll()
+            if watching_for_hangs:
+                watching_for_hangs = self._poll_hangs()
             each_poll(self.processes)
             time.sleep(POLL_SECONDS)
         return self.child.returncode
+
+    def _poll_hangs(self) -> bool:
+        """Whether to go on watching: hang evidence serves the run and must never end it (this loop is what passes
+        signals on and keeps the ranks' launcher alive), so a watch that fails says so in one line and stops."""
+        assert self.hangs is not None
+        try:
+            self.hangs.poll()
+        except Exception as error:  # noqa: BLE001 - any failure of the watch, whatever its cause
+            self.say(f"hang evidence off for the rest of this run: the watch failed ({type(error).__name__}: {error})")
+            return False
+        return True
 
     def end_leftovers(self) -> None:
         """What the ended child started and left running ends too (as `stopping` says): the lease is held until it

@@ -232,3 +232,22 @@ def test_a_lone_rank_s_start_up_is_not_watched(tmp_path):
     started = subprocess.run([sys.executable, "-c", LONE_RANK_START, *flags], cwd=REPO, env=env, timeout=120)
     assert started.returncode == 0
     assert not hang_pid_file(metrics, 0).exists()
+
+
+@pytest.mark.slow
+def test_a_watch_that_fails_says_so_once_and_the_run_goes_on(tmp_path, monkeypatch):
+    """The loop that passes signals on and outlives the command is never ended by the hang watch's own failure."""
+    from trainstack.supervisor import supervised
+
+    def failing(watch) -> None:
+        raise RuntimeError("Read beyond file size detected, file is corrupted.")
+
+    monkeypatch.setattr(supervised.HangWatch, "poll", failing)
+    said: list[str] = []
+    run = supervised.SupervisedRun(RunDir(tmp_path), 0, None, supervised.AnyCommand(), said.append)
+    run.start([sys.executable, "-c", "import time; time.sleep(1.5)"], dict(os.environ))
+    assert run.wait() == 0
+    assert said == [
+        "hang evidence off for the rest of this run: the watch failed "
+        "(RuntimeError: Read beyond file size detected, file is corrupted.)"
+    ]
