@@ -105,18 +105,28 @@ def launched(request, tmp_path_factory) -> Launch:
 every_workload = pytest.mark.parametrize("launched", sorted(WORKLOADS), indirect=True)
 
 
+RELAUNCHES = 2
+"""How many more launches judge a healthy phase whose first launch got a verdict."""
+
+
 @every_workload
 def test_a_healthy_phase_gets_no_verdict(launched, request, tmp_path):
-    """Judged again in a second launch where the first gives a verdict: a 2-vCPU host can take CPU from one rank for
-    a whole phase of a few seconds (CI once had one rank's forward 58% slower throughout the phase, a straggler at
-    22%), which no verdict should hide; a verdict the code gives a healthy phase, both launches give."""
+    """Judged again in up to RELAUNCHES more launches where the first gives a verdict: a 2-vCPU host can take CPU
+    from one rank for a whole phase of a few seconds, which no verdict should hide (CI once had one rank's forward
+    58% slower throughout the phase, a straggler at 22%; on a quiet host, after the slow loader's sleeps, one rank's
+    forward read 55% slower, then less, over 30 steps). A verdict the code gives a healthy phase, every launch gives."""
     snapshot = launched.snapshot("healthy")
     assert len(snapshot.straggler_waits()) == 2  # both ranks' waits are measured, and judged
-    first = diagnose(snapshot, Thresholds())
-    if first:
-        again = launch(request.node.callspec.params["launched"], tmp_path).snapshot("healthy")
-        assert len(again.straggler_waits()) == 2
-        assert diagnose(again, Thresholds()) == [], f"the first launch too: {first}"
+    given = [diagnose(snapshot, Thresholds())]
+    for again in range(RELAUNCHES):
+        if not given[-1]:
+            break
+        out = tmp_path / f"again-{again}"
+        out.mkdir()
+        snapshot = launch(request.node.callspec.params["launched"], out).snapshot("healthy")
+        assert len(snapshot.straggler_waits()) == 2
+        given.append(diagnose(snapshot, Thresholds()))
+    assert given[-1] == [], f"every launch gave a verdict: {given}"
 
 
 @every_workload
