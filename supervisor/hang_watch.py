@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import threading
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainstack import catalog, thresholds
+from trainstack import thresholds
 from trainstack.hang import HANG_SECONDS_ENV, PYSPY_ENV, STACK_SIGNAL
 from trainstack.hang_verdict import Hang, analyze
 from trainstack.rundir import HANG_REQUEST_FILE, RunDir, StallDir, hang_pid_files, hang_stacks_file
@@ -35,16 +36,10 @@ ANSWER_SECONDS = 5.0  # how long the ranks' own answers are waited for before fa
 
 
 def steps_by_rank(metrics_dir: Path) -> dict[str, float]:
-    """rank -> steps, from the ranks' multiprocess files (as telemetry.progress_by_rank, without importing torch:
-    watch's process stays light)."""
-    from trainstack.metric_files import merged_metrics  # not at the top: see catalog.rank_metric
+    """rank -> steps, from the ranks' multiprocess files."""
+    from trainstack.metric_files import progress_by_rank  # not at the top: see catalog.rank_metric
 
-    steps: dict[str, float] = {}
-    for family in merged_metrics(metrics_dir):
-        for sample in family.samples:
-            if sample.name == catalog.TRAIN_STEPS.name:
-                steps[sample.labels["rank"]] = sample.value
-    return steps
+    return {rank: progress[0] for rank, progress in progress_by_rank(metrics_dir).items()}
 
 
 def hang_seconds(
@@ -118,7 +113,7 @@ class HangWatch:
         self.last_check = now
         try:
             steps = steps_by_rank(self.metrics_dir)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RuntimeError, struct.error):  # a file read mid-write: the next poll reads it
             return
         first_step = not steps or max(steps.values()) < 1
         arrived = False

@@ -1,5 +1,5 @@
 """The one reader of the ranks' prometheus_client multiprocess files (RUN_DIR/metrics/node-<n>/), for the
-exporter's scrape, the launcher's hang watch and a rank's look at its peers' progress.
+exporter's scrape, and each rank's progress from them for the launcher's hang watch and a rank that timed out.
 
 It reads as prometheus_client's MultiProcessCollector does, through its public `merge`, but skips a file too short
 to hold the header: a rank creates its file empty and only then sizes it (prometheus_client's MmapedDict), and a
@@ -17,19 +17,23 @@ from pathlib import Path
 from prometheus_client.core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from trainstack import catalog
+
 HEADER_BYTES = 8  # the used-bytes count and its padding, before the first entry
 
 
 def _sized_files(metrics_dir: Path) -> list[str]:
     files = []
-    for entry in os.scandir(metrics_dir):
-        if not entry.name.endswith(".db"):
-            continue
-        try:
-            if entry.stat().st_size >= HEADER_BYTES:
-                files.append(entry.path)
-        except FileNotFoundError:
-            continue
+    try:
+        with os.scandir(metrics_dir) as entries:
+            for entry in entries:
+                try:
+                    if entry.name.endswith(".db") and entry.stat().st_size >= HEADER_BYTES:
+                        files.append(entry.path)
+                except FileNotFoundError:
+                    continue
+    except FileNotFoundError:  # the folder went: a new launch is making it afresh
+        return []
     return files
 
 
@@ -45,3 +49,16 @@ def merged_metrics(metrics_dir: Path | str | None) -> list[Metric]:
         return _merge(Path(metrics_dir))
     except FileNotFoundError:  # a file went between the listing and the read: a new launch is clearing the folder
         return _merge(Path(metrics_dir))
+
+
+def progress_by_rank(metrics_dir: Path | str | None) -> dict[str, tuple[float, float, float]]:
+    """rank -> (steps, forward passes, last step unix time), from every rank's files on this node: how the hang
+    watch sees the ranks step, and how a rank that timed out in a collective names the peer that stopped, with no
+    collective of its own."""
+    wanted = {catalog.TRAIN_STEPS.name: 0, catalog.TRAIN_FORWARD_PASSES.name: 1, catalog.TRAIN_LAST_STEP.name: 2}
+    progress: dict[str, list[float]] = {}
+    for family in merged_metrics(metrics_dir):
+        for sample in family.samples:
+            if sample.name in wanted:
+                progress.setdefault(sample.labels["rank"], [0.0, 0.0, 0.0])[wanted[sample.name]] = sample.value
+    return {rank: (steps, forwards, last) for rank, (steps, forwards, last) in progress.items()}

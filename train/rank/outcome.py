@@ -15,7 +15,6 @@ from pathlib import Path
 
 from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from trainstack.rundir import ERROR_FILE_ENV, FAILURE_NOTE_KEY, METRICS_DIR_ENV, Segment, Summary
-from trainstack.telemetry.metrics import progress_by_rank
 from trainstack.train.rank.config import TrainConfig
 from trainstack.train.rank.segments import SEGMENTS_KEY
 from trainstack.write_failure import WriteFailure, write_atomically
@@ -69,6 +68,8 @@ def explain_runtime_error(error: RuntimeError, config: TrainConfig, stopping: bo
             peer_lost=True,
         )
     if "timed out" in lowered or "timeout" in lowered:
+        from trainstack.metric_files import progress_by_rank  # not at the top: see catalog.rank_metric
+
         me = str(int(os.environ.get("RANK", "0")))
         # This rank timed out waiting, so it is not the one that stopped: of the others, the one with the
         # fewest completed steps, then forward passes, then the oldest last step.

@@ -151,17 +151,3 @@ class CommMetrics:
                 for metric in (catalog.TRAIN_COMM_SECONDS, catalog.TRAIN_COMM_EXPOSED, catalog.TRAIN_COMM_BYTES)
             )
         )
-
-
-def progress_by_rank(metrics_dir: str | None) -> dict[str, tuple[float, float, float]]:
-    """rank -> (steps, forward passes, last step unix time), from every rank's files on this node: how a rank
-    that timed out in a collective names the peer that stopped, with no collective of its own."""
-    from trainstack.metric_files import merged_metrics  # not at the top: see catalog.rank_metric
-
-    wanted = {catalog.TRAIN_STEPS.name: 0, catalog.TRAIN_FORWARD_PASSES.name: 1, catalog.TRAIN_LAST_STEP.name: 2}
-    progress: dict[str, list[float]] = {}
-    for family in merged_metrics(metrics_dir):
-        for sample in family.samples:
-            if sample.name in wanted:
-                progress.setdefault(sample.labels["rank"], [0.0, 0.0, 0.0])[wanted[sample.name]] = sample.value
-    return {rank: (steps, forwards, last) for rank, (steps, forwards, last) in progress.items()}

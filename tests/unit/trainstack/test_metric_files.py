@@ -5,10 +5,9 @@ from pathlib import Path
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
 from trainstack import catalog
-from trainstack.metric_files import merged_metrics
+from trainstack.metric_files import merged_metrics, progress_by_rank
 from trainstack.monitoring.exporter.training import TrainingCollector
 from trainstack.supervisor.hang_watch import steps_by_rank
-from trainstack.telemetry.metrics import progress_by_rank
 
 
 def write_steps(metrics_dir: Path, pid: int, rank: str, steps: float) -> None:
@@ -44,6 +43,9 @@ def test_once_sized_the_file_is_read(tmp_path):
     assert steps_by_rank(tmp_path) == {"0": 7.0, "1": 5.0}
 
 
-def test_no_folder_reads_as_no_metrics(tmp_path):
+def test_no_folder_reads_as_no_metrics(tmp_path, monkeypatch):
     assert merged_metrics(tmp_path / "absent") == []
     assert merged_metrics(None) == []
+    # removed between the check and the listing: a new launch making it afresh
+    monkeypatch.setattr(Path, "is_dir", lambda path: True)
+    assert merged_metrics(tmp_path / "absent") == []
