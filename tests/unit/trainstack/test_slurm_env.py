@@ -369,7 +369,7 @@ def test_a_derived_exporter_port_in_use_is_one_line_naming_the_port_the_node_and
 
 def test_the_doctor_shows_a_derived_port_in_use_as_a_fail_beside_its_other_checks(monkeypatch, capsys):
     """Where the launcher refuses in one line, `trainstack doctor` (run beside the job's launcher, whose exporter
-    and rendezvous hold their ports) reports: a FAIL line for each port, its table whole, exit 2."""
+    and rendezvous hold their ports) reports: a FAIL line for each port with the job's fix, its table whole, exit 2."""
     from trainstack.errors import EXIT_CONFIG
     from trainstack.train.launcher import doctor
     from trainstack.train.launcher.doctor import cli
@@ -397,6 +397,9 @@ def test_the_doctor_shows_a_derived_port_in_use_as_a_fail_beside_its_other_check
             assert cli.run(parser.parse_args(["--cpu", "--exporter-host", "127.0.0.1"])) == EXIT_CONFIG
             table = capsys.readouterr().out
             assert f"*:{rendezvous} is already in use" in table and f"127.0.0.1:{exporter} is already in use" in table
+            # The fixes are the job's: every node needs the one rendezvous port, and the holder may be its launcher
+            assert "export MASTER_PORT=<a port free on node 0> in the batch script" in table
+            assert "else pass --exporter-port <a free port>" in table and "stop that process" not in table
             assert table.rstrip().endswith("doctor: 0 PASS, 0 WARN, 2 FAIL")
             return
     pytest.fail("no derived ports were free to hold")

@@ -11,6 +11,9 @@ from trainstack.rundir import bind_error, free_port
 from trainstack.train.launcher.doctor.config import DoctorConfig
 from trainstack.train.launcher.doctor.inventory import GpuInventory
 from trainstack.train.launcher.doctor.result import CheckResult, Status
+from trainstack.train.launcher.doctor.slurm_checks import in_slurm_job
+
+BESIDE_THE_LAUNCHER = "if this job's own launcher holds it (the doctor run beside it), nothing to fix"
 
 
 def listener(port: int) -> str:
@@ -24,7 +27,10 @@ def listener(port: int) -> str:
     return ""
 
 
-def _port_result(name: str, host: str, port: int, shown_host: str, port_flag: str, host_flag: str) -> CheckResult:
+def _port_result(
+    name: str, host: str, port: int, shown_host: str, port_flag: str, host_flag: str, in_use_fix: str | None = None
+) -> CheckResult:
+    """`in_use_fix`: the fix for a port in use, where the generic one (stop the holder, or a port free here) is wrong."""
     error = bind_error(host, port)
     if error is None:
         return CheckResult(name, Status.PASS, f"{shown_host}:{port} is free")
@@ -40,7 +46,7 @@ def _port_result(name: str, host: str, port: int, shown_host: str, port_flag: st
             name,
             Status.FAIL,
             f"{shown_host}:{port} is already in use{listener(port)}",
-            f"stop that process, or pass {port_flag} {free_port(host)} (free now)",
+            in_use_fix or f"stop that process, or pass {port_flag} {free_port(host)} (free now)",
         )
     fix = (
         f"pass {port_flag} with a port above 1023 this user may open"
@@ -58,7 +64,18 @@ def check_rendezvous_port(config: DoctorConfig, gpus: GpuInventory) -> CheckResu
             f"node {config.node_rank} joins {config.master_addr}:{config.master_port}, which node 0 opens",
         )
     # The rendezvous store listens on every interface of node 0, whatever MASTER_ADDR names.
-    return _port_result("rendezvous-port", "", config.master_port, "*", "--master-port", "--master-addr")
+    return _port_result(
+        "rendezvous-port",
+        "",
+        config.master_port,
+        "*",
+        "--master-port",
+        "--master-addr",
+        # Every node needs the same port, and the holder may be this job's own launcher (the doctor run beside it)
+        f"{BESIDE_THE_LAUNCHER}; else export MASTER_PORT=<a port free on node 0> in the batch script"
+        if in_slurm_job(config)
+        else None,
+    )
 
 
 def check_exporter_port(config: DoctorConfig, gpus: GpuInventory) -> CheckResult:
@@ -71,4 +88,8 @@ def check_exporter_port(config: DoctorConfig, gpus: GpuInventory) -> CheckResult
         config.exporter_host,
         "--exporter-port",
         "--exporter-host",
+        f"{BESIDE_THE_LAUNCHER}; else pass --exporter-port <a free port> (EXPORTER_PORT=<port> in examples/slurm's "
+        "scripts), or 0 for no exporter"
+        if in_slurm_job(config)
+        else None,
     )
