@@ -82,6 +82,10 @@ class DdpTiming:
       output's hook runs in the outer backward, even where the model checkpoints its layers reentrantly (their
       inner backward passes run their own final callbacks). Not where it checkpoints all of itself so: DDP's last
       bucket is then ready inside the checkpoint's backward, whose end DDP waits at, and the wait reads as compute.
+      A hook on every forward's output costs more than the rest of the timing (a tensor hook runs Python in the
+      engine's graph task), so once the first synchronizing step has shown that the first gradient comes in the
+      outer backward (`_decide_where_to_queue`), that gradient's hook queues the callback instead: it comes before
+      DDP's last bucket, so still before DDP's callback. Not under find_unused_parameters, where it may get none.
     - the launch: the gradient backward computes first is ready (its parameter's post-accumulate-grad hook; which
       parameter that is, the first synchronizing backward tells, with a hook on each for that once). DDP's first
       bucket goes out once the rest of it is ready. A step where that parameter gets no gradient (an unused head
@@ -105,8 +109,11 @@ class DdpTiming:
         self._buckets = 1
         self._buckets_final = False
         self._synced_steps = 0
+        self._trains = False  # the last forward's: a training one (grad enabled, no pause)
         self._syncs = False  # the last training forward's: whether its backward all-reduces
         self._from_first_gradient = False  # its output had no tensor to hook: the first gradient queues the marks
+        self._at_first_gradient = False  # every synchronizing backward's first gradient queues them
+        self._backwards_computed = 0
         self._queued = False  # this backward's final callbacks are queued
         self._first: torch.Tensor | None = None
         self._finding_the_first = [
@@ -125,9 +132,9 @@ class DdpTiming:
 
     def _forward_starts(self, wrapper, args) -> None:
         model = self._model
-        if not (torch.is_grad_enabled() and self._training()):
-            self._syncs = False
-            return
+        self._trains = torch.is_grad_enabled() and self._training()
+        if not self._trains:
+            return  # an evaluation's forward leaves the backward of the training forward before it as it was
         self._syncs = model.require_backward_grad_sync
         # The check DDP's _pre_forward makes next; it reads what the previous forward pass left.
         if model._check_sync_bufs_pre_fwd():
@@ -139,7 +146,10 @@ class DdpTiming:
             self._timer.done(self._broadcasts.pop())
 
     def _forward_done(self, wrapper, args, output) -> None:
-        if not self._syncs:
+        if not (self._trains and self._syncs):
+            return
+        if self._at_first_gradient:
+            self._from_first_gradient = True
             return
         tensor = _needing_grad(output)
         self._from_first_gradient = tensor is None
@@ -161,10 +171,21 @@ class DdpTiming:
             if not (self._from_first_gradient and self._syncs):
                 return  # a backward that does not all-reduce (no_sync), or none of this model's forward
             self._queue()
+        elif self._finding_the_first and not self._model.find_unused_parameters:
+            computed = self._backwards_computed
+            self._engine.queue_callback(lambda: self._decide_where_to_queue(computed))
         self._first = parameter
         self._collective = self._timer.launched(self._bytes, group=DDP_GRADIENTS, pieces=self._buckets)
 
+    def _decide_where_to_queue(self, computed_before: int) -> None:
+        """Queued by the first synchronizing step's first gradient, after the output's hook queued
+        `_backward_computed`: in the same backward it runs after it, and the first gradient can queue the marks from
+        now on. Before it, the gradient came in an inner backward (a reentrant checkpoint's), whose final callbacks
+        run at that backward's end: the output's hook stays."""
+        self._at_first_gradient = self._backwards_computed > computed_before
+
     def _backward_computed(self) -> None:
+        self._backwards_computed += 1
         if self._collective is None:  # the first gradient's parameter got none this step
             self._collective = self._timer.launched(self._bytes, group=DDP_GRADIENTS, pieces=self._buckets)
         ready = self._timer.mark()

@@ -224,6 +224,39 @@ def test_every_synchronizing_step_waits_for_the_slow_all_reduce(world_of_one, na
     assert all(step.exposed_seconds >= WAITED_AT_LEAST for step in steps), (name, steps)
 
 
+@pytest.mark.parametrize(
+    ("name", "model", "hooks_after_the_first_step"),
+    [
+        ("a plain model", ddp_model, 0),
+        # the first gradient comes in the checkpoint's inner backward: only the output's hook marks the outer one
+        ("reentrant checkpointing", lambda: DistributedDataParallel(Checkpointed()), 2),
+        # the first step's first gradient may get none later
+        ("find_unused_parameters", lambda: ddp_model(width=8, find_unused_parameters=True), 2),
+    ],
+)
+def test_the_first_gradient_marks_the_backward_once_it_is_known_to_be_the_outer_ones(
+    world_of_one, monkeypatch, name, model, hooks_after_the_first_step
+):
+    """A hook on every forward's output is the dearest part of the timing: after the first synchronizing step the
+    first gradient's hook marks the backward, where it comes in the outer backward and always comes. Every step is
+    timed either way."""
+    timer, ddp = CommTimer(HostClock()), model()
+    watch_gradient_communication(ddp, timer, FutureCallbacks(), training=lambda: True)
+    ddp.register_comm_hook(None, slow_all_reduce)
+    width = next(ddp.parameters()).shape[1]
+    ddp(torch.randn(4, width)).sum().backward()
+    timer.step_done()
+    hooked = []
+    register_hook = torch.Tensor.register_hook
+    monkeypatch.setattr(torch.Tensor, "register_hook", lambda t, hook: hooked.append(t) or register_hook(t, hook))
+    for _ in range(2):
+        ddp(torch.randn(4, width)).sum().backward()
+        timer.step_done()
+    assert len(hooked) == hooks_after_the_first_step, name
+    steps = timer.read(timer.cut())
+    assert len(steps) == 3 and all(step.exposed_seconds >= WAITED_AT_LEAST for step in steps), (name, steps)
+
+
 def test_a_model_watched_twice_is_timed_once(world_of_one):
     timer, model = CommTimer(HostClock()), ddp_model()
     for _ in range(2):
@@ -246,14 +279,16 @@ def test_micro_batches_under_no_sync_join_the_step_that_synchronizes(world_of_on
 
 
 def test_a_forward_without_grad_before_the_backward_leaves_the_step_timed(world_of_one):
+    """On the first step, whose output's hook marks the backward, and on a later one, whose first gradient does."""
     timer, model = CommTimer(HostClock()), ddp_model()
     watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
-    loss = model(torch.randn(8, 64)).sum()
-    with torch.no_grad():
-        model(torch.randn(8, 64))  # a look at the outputs, between the training forward and its backward
-    loss.backward()
-    timer.step_done()
-    assert len(timer.read(timer.cut())) == 1
+    for _ in range(2):
+        loss = model(torch.randn(8, 64)).sum()
+        with torch.no_grad():
+            model(torch.randn(8, 64))  # a look at the outputs, between the training forward and its backward
+        loss.backward()
+        timer.step_done()
+    assert len(timer.read(timer.cut())) == 2
 
 
 def test_no_step_is_timed_while_the_loop_is_not_training(world_of_one):
