@@ -132,9 +132,12 @@ class DdpTiming:
 
     def _forward_starts(self, wrapper, args) -> None:
         model = self._model
-        self._trains = torch.is_grad_enabled() and self._training()
+        grad = torch.is_grad_enabled()
+        self._trains = grad and self._training()
         if not self._trains:
-            return  # an evaluation's forward leaves the backward of the training forward before it as it was
+            if grad:
+                self._syncs = False  # a forward in a pause: its backward is no step's
+            return  # one without grad (a look at the outputs) leaves the training forward's backward as it was
         self._syncs = model.require_backward_grad_sync
         # The check DDP's _pre_forward makes next; it reads what the previous forward pass left.
         if model._check_sync_bufs_pre_fwd():

@@ -291,9 +291,15 @@ def test_a_forward_without_grad_before_the_backward_leaves_the_step_timed(world_
     assert len(timer.read(timer.cut())) == 2
 
 
-def test_no_step_is_timed_while_the_loop_is_not_training(world_of_one):
-    timer, model = CommTimer(HostClock()), ddp_model()
-    watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: False)
+@pytest.mark.parametrize("steps_before", [0, 2], ids=["from the start", "after the first gradient marks backward"])
+def test_no_step_is_timed_while_the_loop_is_not_training(world_of_one, steps_before):
+    timer, model, training = CommTimer(HostClock()), ddp_model(), [True]
+    watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: training[0])
+    for _ in range(steps_before):
+        model(torch.randn(8, 64)).sum().backward()
+        timer.step_done()
+    timer.cut()
+    training[0] = False  # a pause: its forward and backward (with grad) are no step's
     model(torch.randn(8, 64)).sum().backward()
     timer.step_done()
     assert timer.cut() == []
