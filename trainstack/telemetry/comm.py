@@ -149,10 +149,7 @@ class DdpTiming:
             self._timer.done(self._broadcasts.pop())
 
     def _forward_done(self, wrapper, args, output) -> None:
-        if not (self._trains and self._syncs):
-            return
-        if self._at_first_gradient:
-            self._from_first_gradient = True
+        if not (self._trains and self._syncs) or self._at_first_gradient:
             return
         tensor = _needing_grad(output)
         self._from_first_gradient = tensor is None
@@ -171,7 +168,7 @@ class DdpTiming:
         if self._collective is not None or (self._first is not None and parameter is not self._first):
             return
         if not self._queued:
-            if not (self._from_first_gradient and self._syncs):
+            if not ((self._from_first_gradient or self._at_first_gradient) and self._syncs):
                 return  # a backward that does not all-reduce (no_sync), or none of this model's forward
             self._queue()
         elif self._finding_the_first and not self._model.find_unused_parameters:
