@@ -14,6 +14,10 @@ of all rank 0's threads (gloo's, the hang responder's), which says whether any o
 
 Run with `--rank-loop STEPS OUT BATCH` by torchrun, it is the loop itself: 2 ranks over gloo, a DataLoader of ready
 batches, SGD; rank 0 writes its steps/s and its loop thread's and whole process's CPU time per step after the warm-up to OUT.
+
+`--gpu` measures the same on one CUDA GPU instead: bench/plain_gpu_loop.py (a transformer language model in bf16 on
+one NCCL rank), watched with the instrumentation on and off one after the other, the other first every other pair
+(side by side, two runs would share the GPU).
 """
 
 from __future__ import annotations
@@ -75,7 +79,16 @@ def rank_loop(steps: int, out: Path, batch_size: int) -> None:
     dist.destroy_process_group()
 
 
-def watched(auto: bool, cpus: set[int], steps: int, batch_size: int, scratch: Path) -> tuple[subprocess.Popen, Path]:
+def rank_command(gpu: bool, steps: int, batch_size: int, out: Path) -> list[str]:
+    if gpu:
+        return [str(Path(__file__).with_name("plain_gpu_loop.py")), "healthy", str(steps), str(out)]
+    return [__file__, "--rank-loop", str(steps), str(out), str(batch_size)]
+
+
+def watched(
+    auto: bool, cpus: set[int] | None, gpu: bool, steps: int, batch_size: int, scratch: Path
+) -> tuple[subprocess.Popen, Path]:
+    """cpus None: the run is not pinned."""
     out = scratch / f"{'auto' if auto else 'plain'}-{time.monotonic_ns()}.json"
     command = [
         sys.executable,
@@ -93,18 +106,16 @@ def watched(auto: bool, cpus: set[int], steps: int, batch_size: int, scratch: Pa
         "-m",
         "torch.distributed.run",
         "--nproc-per-node",
-        "2",
+        "1" if gpu else "2",
         "--master-port",
         str(free_port()),
-        __file__,
-        "--rank-loop",
-        str(steps),
-        str(out),
-        str(batch_size),
+        *rank_command(gpu, steps, batch_size, out),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop(RUN_DIR_ENV, None)
-    return subprocess.Popen(pinned(command, cpus), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out
+    if cpus is not None:
+        command = pinned(command, cpus)
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out
 
 
 def result_of(process: subprocess.Popen, out: Path) -> tuple[float, float, float]:
@@ -114,6 +125,19 @@ def result_of(process: subprocess.Popen, out: Path) -> tuple[float, float, float
         sys.exit(f"a watched run failed ({process.returncode}): {errors.decode()[-2000:]}")
     result = json.loads(out.read_text())
     return result["steps_per_second"], result["cpu_ms_per_step"], result["process_ms_per_step"]
+
+
+def run_pair(pair: int, args: argparse.Namespace, scratch: Path) -> tuple[tuple, tuple, str]:
+    """(the instrumented run's result, the plain run's, where they ran)."""
+    if args.gpu:
+        results = {}
+        for auto in (pair % 2 == 0, pair % 2 == 1):
+            results[auto] = result_of(*watched(auto, None, True, args.steps, args.batch, scratch))
+        return results[True], results[False], f"on the GPU, {'auto' if pair % 2 == 0 else '--no-auto'} first"
+    auto_cpus, plain_cpus = halves_for_pair(pair)
+    auto = watched(True, auto_cpus, False, args.steps, args.batch, scratch)
+    plain = watched(False, plain_cpus, False, args.steps, args.batch, scratch)
+    return result_of(*auto), result_of(*plain), f"auto on CPUs {sorted(auto_cpus)}, --no-auto on {sorted(plain_cpus)}"
 
 
 def start_up_ms(hooked: bool, scratch: Path) -> float:
@@ -131,6 +155,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--starts", type=int, default=20)
     parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--gpu", action="store_true", help="one NCCL rank on a CUDA GPU, runs one after the other")
     parser.add_argument("--rank-loop", nargs=3, metavar=("STEPS", "OUT", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_loop:
@@ -151,20 +176,16 @@ def main() -> int:
         )
         auto_rates, plain_rates, added_cpu_ms, added_process_ms = [], [], [], []
         for pair in range(args.pairs):
-            auto_cpus, plain_cpus = halves_for_pair(pair)
-            auto = watched(True, auto_cpus, args.steps, args.batch, scratch)
-            reference = watched(False, plain_cpus, args.steps, args.batch, scratch)
-            (auto_rate, auto_cpu, auto_process), (plain_rate, plain_cpu, plain_process) = (
-                result_of(*auto),
-                result_of(*reference),
+            (auto_rate, auto_cpu, auto_process), (plain_rate, plain_cpu, plain_process), where = run_pair(
+                pair, args, scratch
             )
             auto_rates.append(auto_rate)
             plain_rates.append(plain_rate)
             added_cpu_ms.append(auto_cpu - plain_cpu)
             added_process_ms.append(auto_process - plain_process)
             print(
-                f"pair {pair + 1}: auto {auto_rate:.3f} steps/s (CPUs {sorted(auto_cpus)}), --no-auto "
-                f"{plain_rate:.3f} (CPUs {sorted(plain_cpus)}), ratio {auto_rate / plain_rate:.3f}; rank 0's loop "
+                f"pair {pair + 1} ({where}): auto {auto_rate:.3f} steps/s, --no-auto "
+                f"{plain_rate:.3f}, ratio {auto_rate / plain_rate:.3f}; rank 0's loop "
                 f"{auto_cpu:.2f} against {plain_cpu:.2f} ms of CPU a step  (load average {os.getloadavg()[0]:.1f})",
                 flush=True,
             )

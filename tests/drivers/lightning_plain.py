@@ -1,7 +1,7 @@
 """A Lightning `Trainer(strategy="ddp")` with no trainstack line: a BatchNorm model on 2 CPU ranks, launched by
-Lightning itself (`python lightning_plain.py STEPS [PACKAGE]`; PACKAGE: lightning.pytorch, the default, or the
-standalone pytorch_lightning). tests/process/test_auto_instrument.py runs it under `trainstack watch`, which adds
-trainstack's Lightning callback by itself."""
+Lightning itself (`python lightning_plain.py STEPS [PACKAGE [gpu]]`; PACKAGE: lightning.pytorch, the default, or the
+standalone pytorch_lightning; gpu: on one CUDA GPU instead). tests/process/test_auto_instrument.py and
+test_gpu_watch.py run it under `trainstack watch`, which adds trainstack's Lightning callback by itself."""
 
 import importlib
 import sys
@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 pl = importlib.import_module(sys.argv[2] if len(sys.argv) > 2 else "lightning.pytorch")
+ON_GPU = sys.argv[3:] == ["gpu"]
 WIDTH, BATCH = 16, 16
 
 
@@ -34,8 +35,8 @@ def main() -> None:
     inputs = torch.randn(2 * BATCH * steps, WIDTH)
     trainer = pl.Trainer(
         strategy="ddp",
-        accelerator="cpu",
-        devices=2,
+        accelerator="gpu" if ON_GPU else "cpu",
+        devices=1 if ON_GPU else 2,
         max_steps=steps,
         logger=False,
         enable_progress_bar=False,
