@@ -70,6 +70,8 @@ __all__ = ["PAUSES", "Monitor", "NullMonitor", "TrainingMonitor", "start"]
 PAUSES = breakdown.PAUSES
 """What a run does besides training steps, as `pause` names it: its time is a part of the rank's wall time of its
 own (trainstack/breakdown.py), kept out of step time."""
+PUBLISH_SECONDS = 1.0
+"""The most a held series (telemetry/metrics.py) lags the rank's steps: well inside a scrape interval."""
 
 
 class TrainingMonitor(Protocol):
@@ -382,7 +384,7 @@ class Monitor(TrainingMonitor):
         with self._storage_failures():
             self._records_path.parent.mkdir(parents=True, exist_ok=True)
             self._records = open_records(self._records_path, identity, launched_at)
-        self._interval_start = time.time()
+        self._interval_start = self._publish_at = time.time()
         self._rank_clock: RankClock = clock.start(identity.uuid, self._metrics)
         self._clock_started_at = self._interval_start  # unix time the step clock last (re)started
         self._comm: CommTimer = CommTimer(self._rank_clock.marks, in_forward=lambda: self._in_forward)
@@ -395,10 +397,11 @@ class Monitor(TrainingMonitor):
         self._closing_interval = False
         self._forward_passes = 0
         self._state_bytes: dict[str, int] = {}
+        self._time_series: dict[str, Any] = {}  # part -> its labelled series: `labels` takes a lock and a lookup
         self._wall_time = WallTime(launched_at, self._spent)  # this interval's pauses, compiling steps, startup
         # Every part this rank measures is a series from the start: a rate needs two samples
         for part in filter(self._measures, breakdown.LIVE_PARTS):
-            self._metrics.time.labels(self.rank, part)
+            self._time_of(part)
         # Every collective the loop calls is a wait at the collectives (trainstack/telemetry/collectives.py)
         self._unwatch_collectives = watch_collectives(
             CollectiveBooking(self._collective_started, self._collective_ended)
@@ -425,7 +428,7 @@ class Monitor(TrainingMonitor):
         if os.environ.get(METRICS_DIR_ENV):
             self._comm_metrics = CommMetrics.build(self._identity)
             CommSetup.read().publish(self.rank)  # what diagnose's comm-bound evidence names
-        self._metrics.time.labels(self.rank, breakdown.COMM_EXPOSED)
+        self._time_of(breakdown.COMM_EXPOSED)
 
     def _collective_started(self, nbytes: int) -> tuple[Collective, bool] | None:
         """A collective the loop calls itself blocks the rank (trainstack/telemetry/collectives.py): booked as a
@@ -547,6 +550,7 @@ class Monitor(TrainingMonitor):
             raise ValueError(f"pause {part!r} started during pause {self._pause.part!r}: pauses do not nest")
         self._rank_clock.wait_for_device()
         self._pause = OpenPause(part, time.perf_counter(), time.time())
+        self._publish(self._pause.started_at)
 
     def pause_ended(self, part: str) -> None:
         """The pause `part` is over: its time goes to that part, and the next step's clock starts now."""
@@ -590,8 +594,14 @@ class Monitor(TrainingMonitor):
         self._metrics.compile_seconds.inc(seconds)
         self._metrics.recompiles.inc(recompiles)
 
+    def _time_of(self, part: str) -> Any:
+        series = self._time_series.get(part)
+        if series is None:
+            series = self._time_series[part] = self._metrics.time.labels(self.rank, part)
+        return series
+
     def _spent(self, part: str, seconds: float) -> None:
-        self._metrics.time.labels(self.rank, part).inc(seconds)
+        self._time_of(part).inc(seconds)
 
     def _count_step(self, samples: int) -> None:
         self._wall_time.stepped(self._clock_started_at)
@@ -599,7 +609,16 @@ class Monitor(TrainingMonitor):
         self._comm.step_done()
         self._metrics.steps.inc()
         self._metrics.samples.inc(samples)
-        self._metrics.last_step.set(time.time())
+        now = time.time()
+        self._metrics.last_step.set(now)
+        if now >= self._publish_at:
+            self._publish(now)
+
+    def _publish(self, now: float) -> None:
+        """The held series (telemetry/metrics.py's HeldSeries) into the rank's file: at each record, before a pause
+        and at the end, and at least every PUBLISH_SECONDS of steps."""
+        self._metrics.publish()
+        self._publish_at = now + PUBLISH_SECONDS
 
     def _resync_clock(self) -> None:
         """After a checkpoint, an evaluation or a compiling step: that time is not a step, so it must not count as
@@ -686,6 +705,7 @@ class Monitor(TrainingMonitor):
         )
         with self._storage_failures():
             self._records.write(record.to_json() + "\n")
+        self._publish(ended)
         m = self._metrics
         m.tokens.inc(tokens)
         if loss is not None:  # a loop that gives its monitor no loss (or no learning rate) has none to show
@@ -753,6 +773,7 @@ class Monitor(TrainingMonitor):
             raise failure from None
 
     def _close_records(self) -> None:
+        self._publish(time.time())
         self._unwatch_collectives()
         self._comm_callbacks.wait_released()
         settle_gloo_threads(self._on_gloo)

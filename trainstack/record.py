@@ -104,15 +104,15 @@ class IntervalRecord:
 
     def to_json(self) -> str:
         line: dict[str, Any] = {"version": self.version}
-        for item in fields(self):
-            value = getattr(self, item.name)
-            if item.name == "version" or (value is None and item.name not in self.ALWAYS):
+        for name in _INTERVAL_FIELDS:
+            value = getattr(self, name)
+            if name == "version" or (value is None and name not in self.ALWAYS):
                 continue
-            if item.name == "step_seconds":
+            if name == "step_seconds":
                 value = list(value)
-            elif item.name == "paused":
+            elif name == "paused":
                 value = [pause.to_dict() for pause in value]
-            line[item.name] = value
+            line[name] = value
         return json.dumps(line)
 
     @classmethod
@@ -124,6 +124,10 @@ class IntervalRecord:
         if values.get("paused") is not None:
             values["paused"] = pauses(values["paused"])
         return cls(**values)
+
+
+_INTERVAL_FIELDS = tuple(item.name for item in fields(IntervalRecord))
+"""Asked once: `fields` builds its tuple at every call, and a rank writes a record every interval."""
 
 
 @dataclass(frozen=True, slots=True)

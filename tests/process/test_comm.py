@@ -8,7 +8,7 @@ import torch
 
 from trainstack.telemetry.comm import watch_gradient_communication
 from trainstack.telemetry.comm_timer import CommTimer, HostClock
-from trainstack.telemetry.future_callbacks import FutureCallbacks
+from trainstack.telemetry.future_callbacks import FutureCallbacks, settle_gloo_threads
 
 
 def ddp_gradients_with_and_without_the_timing(rank: int, folder: str) -> None:
@@ -31,6 +31,7 @@ def ddp_gradients_with_and_without_the_timing(rank: int, folder: str) -> None:
         assert callbacks.wait_released()
         gradients[timed] = [parameter.grad.clone() for parameter in model.parameters()]
     torch.save(gradients, f"{folder}/rank-{rank}.pt")
+    settle_gloo_threads()  # as a closing Monitor does: gloo's thread drops the last all-reduce's tensors (GIL)
     dist.destroy_process_group()
 
 

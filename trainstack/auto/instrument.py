@@ -86,8 +86,10 @@ class Rank:
     """One rank's automatic instrumentation: what it found and the monitor it drives."""
 
     def __init__(self) -> None:
+        self.active = True
+        """False once the rank's hooks do nothing: it was turned off, its script records by its own lines (or it is
+        no rank), or it is a process forked from the rank. One attribute, as every hook of every step reads it."""
         self.off = False
-        self.owned_by_the_script = False  # the script calls trainstack.monitor.start itself
         self.model: torch.nn.Module | None = None
         """The model the steps train: the DDP wrapper, or the root FSDP2 module (the last that `fully_shard` took)."""
         self.optimizer: Any = None  # the first optimizer that steps: its steps are the rank's
@@ -97,8 +99,6 @@ class Rank:
         self.samples = 0
         self.tokens = 0
         self.closed = False
-        self.forked = False
-        """A process forked from the rank (a DataLoader worker): the monitor it holds a copy of is not its own."""
         self.failing_on_purpose = bool(os.environ.get(FAIL_ENV))
         self.importing_the_monitor = False
 
@@ -106,7 +106,7 @@ class Rank:
     def turn_off(self, error: BaseException) -> None:
         """One line, once; every hook does nothing from now on."""
         if not self.off:
-            self.off = True
+            self.off, self.active = True, False
             rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")  # Lightning's launcher sets LOCAL_RANK
             who = f"rank {rank}" if rank else f"process {os.getpid()}"
             why = str(error) if isinstance(error, FrameworkTrainer) else f"{type(error).__name__}: {error}"
@@ -117,26 +117,33 @@ class Rank:
             sys.stderr.flush()
 
     def in_a_forked_child(self) -> None:
-        """Run by the fork itself (os.register_at_fork, below): asking os.getpid() at every hook would be a system
+        """Run by the fork itself (os.register_at_fork, below), in a process forked from the rank (a DataLoader
+        worker): the monitor it holds a copy of is not its own. Asking os.getpid() at every hook would be a system
         call, five or more a step."""
-        self.forked = True
+        self.active = False
 
-    def guarded(self, work: Callable[[], None]) -> None:
-        if self.off or self.owned_by_the_script or self.forked:
-            return
+    def left_to_the_script(self) -> None:
+        """The script records by its own lines (trainstack.monitor, a trainstack callback), or trains in no rank."""
+        self.active = False
+
+    def guarded(self, work: Callable[..., Any], *args: Any) -> Any:
+        """`work(*args)`, or None once inactive or where it failed (which turns the rank off)."""
+        if not self.active:
+            return None
         try:
-            work()
+            return work(*args)
         except NotARank:
-            pass
+            return None
         except Exception as error:
             self.turn_off(error)
+            return None
 
     # ---- the monitor --------------------------------------------------------------------------------------------
     def started(self) -> Any:
         """The rank's monitor, started at its first training event."""
         if self.monitor is None:
             if not is_rank():
-                self.owned_by_the_script = True  # not a rank: nothing here trains, nothing to say
+                self.left_to_the_script()  # not a rank: nothing here trains, nothing to say
                 raise NotARank
             framework = next((name for module, name in FRAMEWORKS.items() if module in sys.modules), None)
             if framework:
@@ -166,11 +173,15 @@ class Rank:
 
     # ---- the hooks' work ----------------------------------------------------------------------------------------
     def forward_started(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        if not (module.training and torch.is_grad_enabled()):
+        model = self.model
+        if model is None or module is not model:
+            return
+        if not (model.training and torch.is_grad_enabled()):
             self.evaluating()
             return
-        monitor = self.started()
-        self.evaluation_over()
+        monitor = self.monitor or self.started()
+        if self.pause is EVALUATION:
+            self.evaluation_over()
         samples, tokens = inputs_of(args, kwargs)
         self.samples += samples
         self.tokens += tokens
@@ -192,22 +203,27 @@ class Rank:
 
     def data_wait_started(self) -> bool:
         """Whether this fetch is a training batch's (timed): the model trains, and no checkpoint is being saved."""
-        if self.pause == CHECKPOINT_SAVE:
+        if self.pause is CHECKPOINT_SAVE:
             return False
         if not self.training():
             self.evaluating()  # an evaluation's first batch: its wait is the evaluation's, not a step's
             return False
-        monitor = self.started()
-        self.evaluation_over()
+        monitor = self.monitor or self.started()
+        if self.pause is EVALUATION:
+            self.evaluation_over()
         monitor.data_wait_started()
         return True
 
-    def forward_done(self) -> None:
+    def batch_ready(self) -> None:
+        self.monitor.data_ready()
+
+    def forward_done(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         if self.in_forward:
             self.in_forward = False
             self.monitor.forward_done()
 
-    def stepped(self, optimizer: Any) -> None:
+    def stepped(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        """torch's optimizer step post-hook."""
         if self.failing_on_purpose:
             raise RuntimeError(f"failing on purpose ({FAIL_ENV} is set)")
         if self.optimizer is None:
@@ -215,10 +231,10 @@ class Rank:
         if optimizer is not self.optimizer or self.pause is not None or not self.training():
             return
         lr = optimizer.param_groups[0].get("lr")
-        self.started().step(
-            samples=self.samples,
+        (self.monitor or self.started()).step(
+            self.samples,
             tokens=self.tokens or None,
-            lr=lr if isinstance(lr, float | int) else None,  # a tensor's value would sync
+            lr=lr if isinstance(lr, (float, int)) else None,  # a tensor's value would sync
         )
         self.samples = self.tokens = 0
 
@@ -244,7 +260,7 @@ class _Imports(importlib.abc.MetaPathFinder):
             sys.meta_path.remove(self)
         if name == "trainstack.monitor":
             if not RANK.importing_the_monitor:
-                RANK.owned_by_the_script = True
+                RANK.left_to_the_script()
             return None
         others = (finder for finder in sys.meta_path if finder is not self and hasattr(finder, "find_spec"))
         spec = next(filter(None, (finder.find_spec(name, path, target) for finder in others)), None)
@@ -266,14 +282,20 @@ class _Imports(importlib.abc.MetaPathFinder):
 def inputs_of(args: tuple, kwargs: dict) -> tuple[int, int]:
     """The samples and tokens of a forward pass, from its inputs' shapes: the first tensor's first dimension; its
     elements are tokens where it holds integers (input ids) of two dimensions or more."""
-    first = next(
-        (value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)),
-        None,
-    )
+    first = _first_tensor(args)
+    if first is None:
+        first = _first_tensor(kwargs.values())
     if first is None or first.dim() == 0:
         return 0, 0
     tokens = first.numel() if first.dim() >= 2 and not first.is_floating_point() else 0
     return int(first.shape[0]), tokens
+
+
+def _first_tensor(values) -> torch.Tensor | None:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
 
 
 def imported(name: str, module: Any) -> None:
@@ -330,17 +352,17 @@ def install() -> None:
     if multiprocessing.parent_process() is not None:
         return
     if "trainstack.monitor" in sys.modules:  # being imported by the script, which then records by its own lines
-        RANK.owned_by_the_script = True
+        RANK.left_to_the_script()
         return
     sys.meta_path.insert(0, _Imports())
     _wrap_ddp()
     _wrap_data_loader()
-    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: RANK.guarded(lambda: RANK.stepped(optimizer)))
+    register_optimizer_step_post_hook(functools.partial(RANK.guarded, RANK.stepped))
     torch.save = _as_pause(torch.save, CHECKPOINT_SAVE)
     if dist.is_available():
         dist.destroy_process_group = _closing_first(dist.destroy_process_group)
         wrap_collectives()
-    atexit.register(lambda: RANK.guarded(RANK.close))
+    atexit.register(RANK.guarded, RANK.close)
 
 
 def _wrap_ddp() -> None:
@@ -365,13 +387,9 @@ def _time_forward(model: torch.nn.Module) -> None:
     """The model's forward passes, timed while it is the rank's model; first among its pre-hooks, so the waits for
     collectives in the others (DDP's buffer broadcast, FSDP's all-gathers) are inside."""
     model.register_forward_pre_hook(
-        lambda module, args, kwargs: RANK.guarded(
-            lambda: RANK.forward_started(module, args, kwargs) if module is RANK.model else None
-        ),
-        prepend=True,
-        with_kwargs=True,
+        functools.partial(RANK.guarded, RANK.forward_started), prepend=True, with_kwargs=True
     )
-    model.register_forward_hook(lambda module, args, output: RANK.guarded(RANK.forward_done))
+    model.register_forward_hook(functools.partial(RANK.guarded, RANK.forward_done))
 
 
 def _sharding(fully_shard: Callable) -> Callable:
@@ -397,18 +415,14 @@ def _wrap_data_loader() -> None:
 
     @functools.wraps(next_batch)
     def timed_next(self):
-        timed = False
-
-        def started() -> None:
-            nonlocal timed
-            timed = RANK.data_wait_started()
-
-        RANK.guarded(started)
+        if not RANK.active:
+            return next_batch(self)
+        timed = RANK.guarded(RANK.data_wait_started)
         try:
             return next_batch(self)
         finally:
             if timed:
-                RANK.guarded(lambda: RANK.monitor.data_ready())
+                RANK.guarded(RANK.batch_ready)
 
     dataloader._BaseDataLoaderIter.__next__ = timed_next
 

@@ -120,12 +120,16 @@ class DdpTiming:
             parameter.register_post_accumulate_grad_hook(self._gradient_ready) for parameter in parameters
         ]
         self._collective: Collective | None = None
+        self._ready = None  # the end of backward compute: the mark the all-reduce's wait starts from
         self._engine = torch.autograd.Variable._execution_engine
         self._broadcasts: list[Collective] = []
         self._read_buckets()
         model.register_forward_pre_hook(self._forward_starts)
-        model.register_forward_hook(self._forward_done)
-        if model.broadcast_buffers and model.modules_buffers:  # a hook costs a module every call: only where needed
+        # Removed once the first gradient queues the marks (_decide_where_to_queue): a hook costs every forward
+        self._hooking_outputs = model.register_forward_hook(self._forward_done)
+        self._broadcasts_buffers = bool(model.broadcast_buffers and model.modules_buffers)
+        self._buffer_bytes = sum(buffer.numel() * buffer.element_size() for buffer in model.modules_buffers)
+        if self._broadcasts_buffers:  # a hook costs a module every call: only where needed
             # First of the wrapped module's pre-hooks: one the user or a library (PEFT, Accelerate) registered there
             # is the rank's own forward work, after the broadcast, not part of it.
             model.module.register_forward_pre_hook(self._broadcast_done, prepend=True)
@@ -140,9 +144,8 @@ class DdpTiming:
             return  # one without grad (a look at the outputs) leaves the training forward's backward as it was
         self._syncs = model.require_backward_grad_sync
         # The check DDP's _pre_forward makes next; it reads what the previous forward pass left.
-        if model._check_sync_bufs_pre_fwd():
-            nbytes = sum(buffer.numel() * buffer.element_size() for buffer in model.modules_buffers)
-            self._broadcasts.append(self._timer.launched(nbytes, blocking=True))
+        if self._broadcasts_buffers and model._check_sync_bufs_pre_fwd():
+            self._broadcasts.append(self._timer.launched(self._buffer_bytes, blocking=True))
 
     def _broadcast_done(self, module, args) -> None:
         if self._broadcasts:
@@ -183,6 +186,8 @@ class DdpTiming:
         now on. Before it, the gradient came in an inner backward (a reentrant checkpoint's), whose final callbacks
         run at that backward's end: the output's hook stays."""
         self._at_first_gradient = self._backwards_computed > computed_before
+        if self._at_first_gradient:
+            self._hooking_outputs.remove()
 
     def _backward_computed(self) -> None:
         self._backwards_computed += 1
@@ -194,14 +199,16 @@ class DdpTiming:
                 handle.remove()
             self._finding_the_first = []
             self._first.register_post_accumulate_grad_hook(self._gradient_ready)
-        self._engine.queue_callback(lambda: self._all_reduced(ready))
+        self._ready = ready
+        self._engine.queue_callback(self._all_reduced)
 
-    def _all_reduced(self, ready) -> None:
+    def _all_reduced(self) -> None:
         assert self._collective is not None
-        for _ in range(self._collective.pieces):  # each bucket's all-reduce held back, one after another
-            self._delay()
+        if self._delay.seconds:
+            for _ in range(self._collective.pieces):  # each bucket's all-reduce held back, one after another
+                self._delay()
         self._timer.done(self._collective)
-        self._timer.waited(ready, DDP_GRADIENTS)
+        self._timer.waited(self._ready, DDP_GRADIENTS)
         self._collective = None
         self._queued = False
         self._synced_steps += 1

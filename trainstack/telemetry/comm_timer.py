@@ -34,11 +34,11 @@ class Clock(Protocol[Mark]):
     def seconds(self, start: Mark, end: Mark) -> float:
         """Seconds from `start` to `end`; both have been reached (see `wait`)."""
 
-    def wait(self, mark: Mark) -> None:
-        """Returns once the clock has reached `mark`."""
+    def reached(self, marks: list[Mark]) -> None:
+        """Returns once the clock has reached every one of `marks` (a mark may be among them more than once)."""
 
     def release(self, marks: list[Mark]) -> None:
-        """The marks have been read and may be reused."""
+        """The marks have been read and may be reused (a mark may be among them more than once)."""
 
 
 class HostClock:
@@ -51,8 +51,8 @@ class HostClock:
     def seconds(self, start: float, end: float) -> float:
         return end - start
 
-    def wait(self, mark: float) -> None:
-        pass
+    def reached(self, marks: list[float]) -> None:
+        pass  # the host's clock has reached every mark taken on it
 
     def release(self, marks: list[float]) -> None:
         pass
@@ -75,12 +75,18 @@ class DeviceClock:
     def seconds(self, start: TimingEvent, end: TimingEvent) -> float:
         return start.elapsed_time(end) / 1000
 
-    def wait(self, mark: TimingEvent) -> None:
-        mark.synchronize()
+    def reached(self, marks: list[TimingEvent]) -> None:
+        for mark in _distinct(marks):
+            mark.synchronize()
 
     def release(self, marks: list[TimingEvent]) -> None:
         with self._lock:
-            self._free.extend(marks)
+            self._free.extend(_distinct(marks))
+
+
+def _distinct(marks: list) -> list:
+    """Each mark once: a blocking collective's launch is also its wait's ready mark."""
+    return list({id(mark): mark for mark in marks}.values())
 
 
 @dataclass(frozen=True)
@@ -205,32 +211,25 @@ class CommTimer(Generic[Mark]):
         return steps
 
     def read(self, steps: list[_Step[Mark]]) -> list[StepComm]:
-        comms = []
+        clock, comms = self._clock, []
         for step in steps:
-            marks = list({id(mark): mark for mark in _marks(step)}.values())
-            for mark in marks:
-                self._clock.wait(mark)
-
-            def at(mark: Mark, origin: Mark = step.origin) -> float:
-                return self._clock.seconds(origin, mark)
-
-            flights = {id(c): (at(c.launched), at(_ended(c))) for c in step.collectives}
-            exposed = {
-                id(wait): _covered(
-                    (max(at(wait.ready), flights[id(c)][0]), flights[id(c)][1]) for c in wait.collectives
-                )
-                for wait in step.waits
-            }
-            comms.append(
-                StepComm(
-                    seconds=_covered(flights.values()),
-                    exposed_seconds=sum(exposed.values()),
-                    bytes=sum(c.bytes for c in step.collectives),
-                    buckets=sum(c.pieces for c in step.collectives),
-                    forward_exposed_seconds=sum(exposed[id(wait)] for wait in step.waits if wait.in_forward),
-                )
-            )
-            self._clock.release(marks)
+            marks = list(_marks(step))
+            clock.reached(marks)
+            origin, nbytes, pieces = step.origin, 0, 0
+            flights = {}
+            for c in step.collectives:
+                flights[id(c)] = (clock.seconds(origin, c.launched), clock.seconds(origin, _ended(c)))
+                nbytes += c.bytes
+                pieces += c.pieces
+            exposed = forward_exposed = 0.0
+            for wait in step.waits:
+                ready = clock.seconds(origin, wait.ready)
+                waited = _covered([(max(ready, flights[id(c)][0]), flights[id(c)][1]) for c in wait.collectives])
+                exposed += waited
+                if wait.in_forward:
+                    forward_exposed += waited
+            comms.append(StepComm(_covered(flights.values()), exposed, nbytes, pieces, forward_exposed))
+            clock.release(marks)
         return comms
 
 

@@ -4,13 +4,13 @@ the one read of every rank's progress from those files."""
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainstack import catalog
 from trainstack.telemetry.device import RankIdentity
 
 if TYPE_CHECKING:  # imported for real only once the multiprocess directory is set (catalog.rank_metric)
-    from prometheus_client import Counter, Gauge, Histogram
+    from prometheus_client import Counter, Gauge
 
 # training_state_bytes keys (also its record keys) -> the gauge each is exported as.
 STATE_BYTES = {
@@ -36,8 +36,48 @@ class _NoSeries:
     def labels(self, *labels: str) -> _NoSeries:
         return self
 
+    def publish(self) -> None:
+        pass
+
 
 NO_SERIES = _NoSeries()
+
+
+class HeldSeries:
+    """A series a rank updates every step, held in the rank's memory and written to its file by `publish` (at each
+    log interval and at least once a second, trainstack/monitor.py): a write to the memory-mapped file takes a lock
+    and a few Python calls, each step's share of the instrumentation's cost. The counts the hang watch and a rank
+    that timed out compare (steps, forward passes: metric_files.progress_by_rank) are never held: a rank that stops
+    must show where it stopped; the last step's time may lag by the second."""
+
+    __slots__ = ("_series", "_amount", "_value", "_observed")
+
+    def __init__(self, series: Any):  # a Counter, a Gauge or a Histogram
+        self._series = series
+        self._amount = 0.0
+        self._value: float | None = None
+        self._observed: list[float] = []
+
+    def inc(self, amount: float = 1) -> None:
+        self._amount += amount
+
+    def set(self, value: float) -> None:
+        self._value = value
+
+    def observe(self, value: float) -> None:
+        self._observed.append(value)
+
+    def publish(self) -> None:
+        if self._amount:
+            amount, self._amount = self._amount, 0.0
+            self._series.inc(amount)
+        if self._value is not None:
+            value, self._value = self._value, None
+            self._series.set(value)
+        if self._observed:
+            observed, self._observed = self._observed, []
+            for value in observed:
+                self._series.observe(value)
 
 
 def _off(cls):
@@ -53,16 +93,16 @@ class RankMetrics:
     """A rank's series in its multiprocess files, built from the catalog (trainstack/catalog.py)."""
 
     steps: Counter
-    samples: Counter
+    samples: HeldSeries
     tokens: Counter
     forward_passes: Counter
     forward_seconds: Counter
-    data_wait: Counter
-    host_data_wait: Counter
-    step_duration: Histogram
+    data_wait: HeldSeries
+    host_data_wait: HeldSeries
+    step_duration: HeldSeries
     loss: Gauge
     learning_rate: Gauge
-    last_step: Gauge
+    last_step: HeldSeries
     epoch: Gauge
     last_checkpoint: Gauge
     checkpoint_duration: Gauge
@@ -82,6 +122,11 @@ class RankMetrics:
     def off(cls) -> RankMetrics:
         return _off(cls)
 
+    def publish(self) -> None:
+        """Writes the held series' updates to the rank's file."""
+        for held in (self.samples, self.data_wait, self.host_data_wait, self.step_duration, self.last_step):
+            held.publish()
+
     @classmethod
     def build(cls, identity: RankIdentity, clock: str, on_cuda: bool, knows_peak: bool) -> RankMetrics:
         rank = str(identity.rank)
@@ -91,16 +136,16 @@ class RankMetrics:
 
         metrics = cls(
             steps=series(catalog.TRAIN_STEPS),
-            samples=series(catalog.TRAIN_SAMPLES),
+            samples=HeldSeries(series(catalog.TRAIN_SAMPLES)),
             tokens=series(catalog.TRAIN_TOKENS),
             forward_passes=series(catalog.TRAIN_FORWARD_PASSES),
             forward_seconds=series(catalog.TRAIN_FORWARD_SECONDS),
-            data_wait=series(catalog.TRAIN_DATA_WAIT),
-            host_data_wait=series(catalog.TRAIN_HOST_DATA_WAIT),
-            step_duration=series(catalog.TRAIN_STEP_DURATION),
+            data_wait=HeldSeries(series(catalog.TRAIN_DATA_WAIT)),
+            host_data_wait=HeldSeries(series(catalog.TRAIN_HOST_DATA_WAIT)),
+            step_duration=HeldSeries(series(catalog.TRAIN_STEP_DURATION)),
             loss=series(catalog.TRAIN_LOSS),
             learning_rate=series(catalog.TRAIN_LEARNING_RATE),
-            last_step=series(catalog.TRAIN_LAST_STEP),
+            last_step=HeldSeries(series(catalog.TRAIN_LAST_STEP)),
             epoch=series(catalog.TRAIN_EPOCH),
             last_checkpoint=series(catalog.TRAIN_LAST_CHECKPOINT),
             checkpoint_duration=series(catalog.TRAIN_CHECKPOINT_DURATION),
