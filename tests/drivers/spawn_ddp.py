@@ -1,6 +1,6 @@
 """The plain DDP loop of plain_ddp.py started as PyTorch's DDP tutorial starts its ranks: `torch.multiprocessing.spawn`
 from one `python script.py`, each rank passing its rank and the world size to init_process_group, with no RANK
-variable and no launcher. tests/process/test_auto_spawn.py runs it under `trainstack watch` with no trainstack line.
+variable and no launcher. tests/timing/test_auto_spawn.py runs it under `trainstack watch` with no trainstack line.
 
     spawn_ddp.py STEPS PORT
 """

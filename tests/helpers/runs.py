@@ -77,6 +77,14 @@ def run_trainstack(
     )
 
 
+def run_watched(run_dir: Path, *command: str, flags: tuple[str, ...] = (), **kwargs) -> subprocess.CompletedProcess:
+    """`command` under `trainstack watch` until it ends, with no exporter to serve and no report to write; `flags`:
+    watch's own (`--no-auto`); `kwargs`: run_trainstack's."""
+    return run_trainstack(
+        "watch", "--run-dir", str(run_dir), "--exporter-port", "0", "--no-report", *flags, "--", *command, **kwargs
+    )
+
+
 def train(run_dir: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
     return run_trainstack("train", "--output-dir", str(run_dir), *FAST, *args, **kwargs)
 
@@ -172,6 +180,10 @@ def logged_steps(run_dir: Path, rank: int = 0) -> int:
 
 
 SLOW_RANK = {"TRAINSTACK_TEST_SLOW_RANK": "0", "TRAINSTACK_TEST_SLOW_SECONDS": "0.1"}
+HEALTHY_RELAUNCHES = 2
+"""How many more launches judge a healthy run whose first launch got a verdict: a 2-vCPU host can take CPU from one
+rank for a whole run of a few seconds, even with no other test running (tests/timing/test_watched_matrix.py's
+healthy phases), which no verdict should hide. A verdict the code gives a healthy run, every launch gives."""
 
 
 def kill_tree(process: subprocess.Popen) -> None:

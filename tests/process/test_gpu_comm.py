@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.runs import REPO, explain, run_trainstack, summary, torchrun
+from tests.helpers.runs import REPO, explain, run_trainstack, run_watched, summary, torchrun
 from trainstack.breakdown import OTHER
 from trainstack.rundir import RunDir, read_json_lines
 from trainstack.telemetry.comm import TEST_ALLREDUCE_DELAY_ENV
@@ -28,14 +28,8 @@ def interval_records(run_dir, rank: int) -> list[dict]:
 
 def test_one_gpu_ddp_loop_times_its_all_reduce_on_the_gpu_clock(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_trainstack(
-        "watch",
-        "--run-dir",
-        str(run_dir),
-        "--exporter-port",
-        "0",
-        "--no-report",
-        "--",
+    result = run_watched(
+        run_dir,
         *torchrun(str(REPO / "examples" / "ddp_loop.py"), "--steps", "300", ranks=1),
         timeout=300,
     )

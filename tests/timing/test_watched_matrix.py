@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.runs import REPO, torchrun, trainstack_command
+from tests.helpers.runs import HEALTHY_RELAUNCHES, REPO, torchrun, trainstack_command
 from trainstack.monitoring.diagnose.finished import snapshot_of_steps
 from trainstack.monitoring.diagnose.snapshot import Snapshot
 from trainstack.monitoring.diagnose.verdicts import Verdict, diagnose
@@ -105,20 +105,15 @@ def launched(request, tmp_path_factory) -> Launch:
 every_workload = pytest.mark.parametrize("launched", sorted(WORKLOADS), indirect=True)
 
 
-RELAUNCHES = 2
-"""How many more launches judge a healthy phase whose first launch got a verdict."""
-
-
 @every_workload
 def test_a_healthy_phase_gets_no_verdict(launched, request, tmp_path):
-    """Judged again in up to RELAUNCHES more launches where the first gives a verdict: a 2-vCPU host can take CPU
-    from one rank for a whole phase of a few seconds, which no verdict should hide (CI once had one rank's forward
-    58% slower throughout the phase, a straggler at 22%; on a quiet host, after the slow loader's sleeps, one rank's
-    forward read 55% slower, then less, over 30 steps). A verdict the code gives a healthy phase, every launch gives."""
+    """Judged again in up to HEALTHY_RELAUNCHES more launches where the first gives a verdict (CI once had one rank's
+    forward 58% slower throughout the phase, a straggler at 22%; on a quiet host, after the slow loader's sleeps, one
+    rank's forward read 55% slower, then less, over 30 steps)."""
     snapshot = launched.snapshot("healthy")
     assert len(snapshot.straggler_waits()) == 2  # both ranks' waits are measured, and judged
     given = [diagnose(snapshot, Thresholds())]
-    for again in range(RELAUNCHES):
+    for again in range(HEALTHY_RELAUNCHES):
         if not given[-1]:
             break
         out = tmp_path / f"again-{again}"
