@@ -42,10 +42,13 @@ def comm_per_step(run: Path, rank: int) -> CommPerStep:
 
 @pytest.mark.slow
 @pytest.mark.timing
-def test_a_healthy_run_and_then_a_slow_link_comm_bound_by_the_share_its_delay_predicts(tmp_path):
+def test_a_healthy_run_and_then_a_slow_link_comm_bound_by_the_time_its_delay_adds(tmp_path):
     """The undelayed run is healthy, on the command line and through the exporter. Each gradient all-reduce held back
-    by `delay` (as a slow link would) adds `delay` per bucket to the step, all of it after backward compute: the
-    exposed share must be what the undelayed run's figures predict."""
+    by `delay` (as a slow link would) adds `delay` per bucket to the step, all of it after backward compute: each
+    rank's exposed communication must grow by that. Its share of the step is not checked against the undelayed run's
+    figures: the rest of the step is the host's to move, and ranks that sleep 0.6 s a step come back to a slower core
+    (CI's delayed run once computed 0.107 s a step against the undelayed run's 0.050 s, its exposed time right to
+    3 ms)."""
     delay = 0.3
     # No loader workers: two ranks already fill the two cores of a small CI machine, and a rank starved of CPU
     # by its neighbours' workers is a real straggler.
@@ -69,8 +72,7 @@ def test_a_healthy_run_and_then_a_slow_link_comm_bound_by_the_share_its_delay_pr
     assert "no NCCL switch set on any rank (backend gloo)" in evidence and "/dev/shm is" in evidence, evidence
     assert "smaller than" not in evidence and "GPU" not in evidence, evidence
     for index, before in enumerate(plain):
-        added = before.buckets * delay
-        predicted = (before.exposed_seconds + added) / (before.step_seconds + added)
         delayed = comm_per_step(tmp_path / "delayed/run", index)
         assert delayed.buckets == before.buckets
-        assert delayed.exposed_seconds / delayed.step_seconds == pytest.approx(predicted, abs=0.05), (before, delayed)
+        added = delayed.exposed_seconds - before.exposed_seconds
+        assert added == pytest.approx(before.buckets * delay, rel=0.1), (before, delayed)

@@ -1,37 +1,40 @@
 """An input-bound run and its fixed run, on real 2-rank CPU runs: the input-bound ceiling of the starved run (its
-summary.json) predicts the speedup measured once the injected delay is removed, and compare names data starvation
-as the part that moved.
+summary.json) rests on the wait the loader was given, removing that wait gains at least what the ceiling says less
+the tolerance, and compare names data starvation as the part that moved.
 
-Why the two agree here, and where they would not: the ceiling is the speedup of a loader that never starves the
-ranks, 1 / (1 - starvation share), with the rest of the step unchanged. Removing the delay is that fix only if the
-delay is all the starvation there is and removing it changes nothing else:
+The ceiling is the speedup of a loader that never starves the ranks, 1 / (1 - starvation share), with the rest of
+the step unchanged. Removing the delay is that fix only if the delay is all the starvation there is and removing it
+changes nothing else:
 - no loader workers: each rank fetches its own batch, so both ranks starve at once in every step. With workers, a
   rank's fetch falls in another step than its peer's, and the time one rank starves its peer waits at the all-reduce,
   which the starvation share does not count; and the workers' CPU would compete with the ranks on 2 cores;
 - the delay spins in the rank (tests.factories.BusyRandomBytes): a rank that slept instead gave its core away while
-  it waited, and on a loaded host came back to caches and a run queue the other processes had taken, so its compute
-  was 1.3x-1.7x slower than the fixed run's and the measured speedup passed the ceiling (3.0x against 1.9x);
+  it waited, and on a loaded host came back to caches and a run queue the other processes had taken;
 - full-length samples (64 bytes): the compute is long beside the batch's collation, the starvation that stays once
   the delay is gone (about 1% of a step).
 - starvation about half of the starved step: the ceiling 1 / (1 - share) grows steeply with the share, so at 80% a
-  2-point error in it moves the ceiling 11%. A fixed delay made that share whatever the host's speed left (80% on a
-  host whose steps took a quarter of those it was chosen on, where the measured speedup passed the ceiling by 38%),
-  so the delay is set from the first fixed run: as long a wait per batch as that run's whole step.
-What is left is the host: the two runs' compute is measured a minute apart on a shared machine, so the runs come in
-alternated pairs (fixed, starved, then starved, fixed) and the speedup is their geometric mean, as in bench/. Each run
-judges about 100 steps: a step takes some 25 ms here, and a 25-step window let one burst of host work move a run's
-compute by 18% (CI's measured speedups passed the ceilings by that in both pairs), while the runs' start-up, not
-their steps, is most of what this test costs."""
+  2-point error in it moves the ceiling 11%. The delay is set from the first fixed run: as long a wait per batch as
+  that run's whole step.
+What is left is the host, and it does not leave the rest of the step unchanged: even spinning, the starved runs'
+compute is slower than the fixed runs' (the rest of the step 12% and the forward passes 22% here; in one CI run the
+measured speedup passed the ceiling by 39% in both pairs). So the measured speedup bounds the ceiling from one side
+only, and the ceiling's own input, the starvation measured, is checked against the wait injected, which no host
+moves. The runs come in alternated pairs (fixed, starved, then starved, fixed) and the speedup is their geometric
+mean, as in bench/. Each run judges about 100 steps: a step takes some 25 ms here, and a 25-step window let one burst
+of host work move a run's compute by 18%, while the runs' start-up, not their steps, is most of what this test
+costs."""
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.helpers.runs import explain, summary, train
+from trainstack import window
 from trainstack.commands import cli
 from trainstack.monitoring.compare import profile
 from trainstack.monitoring.compare.comparison import MOVED, Comparison
@@ -40,9 +43,15 @@ from trainstack.rundir import RunDir
 pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 CEILING_TOLERANCE = 0.2
-"""The spin itself slows the starved run's compute a little (8-9% beside the fixed run's over four pairs here; why is
-not known: one process alone computes as fast after a spin), which the ceiling, taking the rest as unchanged, does
-not see: the measured speedup passes the ceiling by that much, and by up to 18% on a loaded host."""
+"""How far the measured speedup may fall short of the ceiling: the pairs' geometric mean leaves a few percent of
+the host's drift between runs a minute apart."""
+WAIT_BELOW = 0.02
+"""How far below the wait injected a starved rank's measured starvation may read: the spin is inside the fetch, so
+none of it can go unmeasured, but a steady window's edge may part one fetch from its step."""
+WAIT_ABOVE = 0.25
+"""How far above the wait injected plus the fixed run's own starvation it may read: each sample's own fetch, and on
+a loaded host the rank's core taken between samples (2-5% here; 11% in a CI run on a slow host). A step's compute
+booked as starvation would read some 70% above: the wait injected is as long as a fixed run's whole step."""
 RUN = (
     "--dataset",
     "tests.factories:busy_random_bytes",
@@ -76,29 +85,60 @@ def _step_seconds(run_dir: Path) -> float:
     return done["world_size"] * _batch_size(run_dir) / done["samples_per_second"]
 
 
+@dataclass(frozen=True)
+class Pair:
+    starved: Path
+    fixed: Path
+    injected_wait: float
+    """Seconds a starved rank's loader spins a step: its batch's samples' delays."""
+
+
+def _starvation_per_step(run_dir: Path) -> list[float]:
+    """Each rank's data starvation per step over its steady window, straight from its records."""
+    return [rank.total(lambda r: r.data_wait_seconds) / rank.step_count for rank in window.of_run(run_dir)]
+
+
+def _ceiling_from_records(run_dir: Path) -> float:
+    """The most starved rank's 1 / (1 - starvation share), from its records' sums."""
+    return max(
+        1 / (1 - rank.total(lambda r: r.data_wait_seconds) / rank.total(lambda r: sum(r.step_seconds)))
+        for rank in window.of_run(run_dir)
+    )
+
+
 @pytest.fixture(scope="module")
-def pairs(tmp_path_factory) -> list[tuple[Path, Path]]:
-    """(starved run, fixed run) per pair, the second pair in the other order so a drifting host load cancels; each
-    starved batch waits as long as the first fixed run's step took."""
+def pairs(tmp_path_factory) -> list[Pair]:
+    """A starved run and a fixed run per pair, the second pair in the other order so a drifting host load cancels;
+    each starved batch waits as long as the first fixed run's step took."""
     folder = tmp_path_factory.mktemp("input-fix")
     first_fixed = _run(folder / "fixed-0", 0)
-    sample_delay = _step_seconds(first_fixed) / _batch_size(first_fixed)
+    injected_wait = _step_seconds(first_fixed)
+    sample_delay = injected_wait / _batch_size(first_fixed)
     first_starved = _run(folder / "starved-0", sample_delay)
     second_starved = _run(folder / "starved-1", sample_delay)
-    return [(first_starved, first_fixed), (second_starved, _run(folder / "fixed-1", 0))]
+    return [
+        Pair(first_starved, first_fixed, injected_wait),
+        Pair(second_starved, _run(folder / "fixed-1", 0), injected_wait),
+    ]
 
 
-def test_the_input_bound_ceiling_predicts_the_speedup_of_removing_the_delay(pairs):
-    ceilings = [summary(starved)["ceilings"]["input-bound"]["speedup"] for starved, _ in pairs]
-    speedups = [Comparison(profile.load(starved), profile.load(fixed)).speedup for starved, fixed in pairs]
+def test_the_input_bound_ceiling_rests_on_the_injected_wait_and_removing_it_gains_it(pairs):
+    for pair in pairs:
+        most = (statistics.mean(_starvation_per_step(pair.fixed)) + pair.injected_wait) * (1 + WAIT_ABOVE)
+        for rank, measured in enumerate(_starvation_per_step(pair.starved)):
+            assert pair.injected_wait * (1 - WAIT_BELOW) <= measured <= most, (pair, rank, measured)
+        stated = summary(pair.starved)["ceilings"]["input-bound"]["speedup"]
+        assert stated == pytest.approx(_ceiling_from_records(pair.starved), rel=0.01), pair
+    ceilings = [summary(pair.starved)["ceilings"]["input-bound"]["speedup"] for pair in pairs]
+    speedups = [Comparison(profile.load(pair.starved), profile.load(pair.fixed)).speedup for pair in pairs]
     ceiling, speedup = statistics.geometric_mean(ceilings), statistics.geometric_mean(speedups)
     shown = f"ceilings {ceilings}, measured speedups {speedups}"
-    assert ceiling > 1.3, shown  # a starvation worth a fix: the agreement below then says something
-    assert ceiling == pytest.approx(speedup, rel=CEILING_TOLERANCE), shown
+    assert ceiling > 1.3, shown  # a starvation worth a fix: the bound below then says something
+    assert speedup > ceiling * (1 - CEILING_TOLERANCE), shown
 
 
 def test_compare_names_data_starvation_as_the_part_that_moved(pairs, capsys):
-    starved, fixed = pairs[0]
+    starved, fixed = pairs[0].starved, pairs[0].fixed
     assert Comparison(profile.load(starved), profile.load(fixed)).moved_most() == "data_starvation"
     assert cli.main(["compare", str(starved), str(fixed)]) == 0
     (line,) = [line for line in capsys.readouterr().out.splitlines() if MOVED in line]
