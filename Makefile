@@ -28,8 +28,9 @@ run: setup ## train the default model on every GPU (2 CPU ranks without one); AR
 # TEST_WORKERS=2: the tests that start processes wait on them (ranks starting, an exporter answering, a checkpoint
 # landing, a diagnose window) as well as compute, so 2 pytest-xdist workers, a module to a worker, keep a 2-core
 # machine's cores busy (88% of the time, docs/benchmarks.md), and the `timing` tests, which measure speed, run
-# after, alone. TEST_WORKERS=1 runs everything in one process. Exit 5 (no test selected) is not a failure: ARGS
-# may select tests of one kind only.
+# after, alone (from tests/timing/ only, unless ARGS names what to run: collecting the whole suite again costs 6 s).
+# TEST_WORKERS=1 runs everything in one process. Exit 5 (no test selected) is not a failure: ARGS may select tests of
+# one kind only.
 TEST_WORKERS ?= 2
 
 test: setup ## the whole test suite (no GPU needed) on 2 workers, then tests/timing/ alone; TEST_WORKERS=1: one process
@@ -37,7 +38,7 @@ ifeq ($(TEST_WORKERS),1)
 	$(BIN)/python -m pytest $(ARGS)
 else
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not timing" $(ARGS) || [ $$? -eq 5 ]
-	$(BIN)/python -m pytest -m timing $(ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -m timing $(or $(ARGS),tests/timing) || [ $$? -eq 5 ]
 endif
 
 check: setup ## the fast tier: every test that starts no process, tests/unit/ (-m "not slow"), under 2 minutes
