@@ -6,14 +6,17 @@ rank: `python -c pass` with the hook on its PYTHONPATH against without, alternat
 Targets (issue 43): instrumented / plain steps/s >= 0.99; the hook adds <= 50 ms to `python -c pass`.
 
     .venv/bin/python bench/auto_instrument_overhead.py [--pairs 4] [--steps 200] [--starts 20] [--batch 128]
+        [--width 1024]
 
 `--batch` scales the step's compute and leaves its gradients (and so the per-step cost of timing them) as they are:
-the default's short step is where a fixed cost per step shows most. The instrumentation's cost is a fixed CPU time
-per step, so the bench also prints it: the CPU time of rank 0's loop thread per step, instrumented against not, and
-of all rank 0's threads (gloo's, the hang responder's), which says whether any of the cost lies outside the loop.
+the default's short step is where a fixed cost per step shows most. `--width` scales both: a narrow model (64) steps
+in a few milliseconds, where the instrumentation's own Python a step is most of what the two runs differ by. The
+bench also prints the CPU time of rank 0's loop thread per step, instrumented against not, and of all rank 0's
+threads (gloo's, the hang responder's), which says whether any of the cost lies outside the loop.
 
-Run with `--rank-loop STEPS OUT BATCH` by torchrun, it is the loop itself: 2 ranks over gloo, a DataLoader of ready
-batches, SGD; rank 0 writes its steps/s and its loop thread's and whole process's CPU time per step after the warm-up to OUT.
+Run with `--rank-loop STEPS OUT BATCH WIDTH` by torchrun, it is the loop itself: 2 ranks over gloo, a DataLoader of
+ready batches, SGD; rank 0 writes its steps/s and its loop thread's and whole process's CPU time per step after the
+warm-up to OUT.
 
 `--gpu` measures the same on one CUDA GPU instead: bench/plain_gpu_loop.py (a transformer language model in bf16 on
 one NCCL rank), watched with the instrumentation on and off one after the other, the other first every other pair
@@ -30,7 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from side_by_side import halves_for_pair, pinned, report
 
@@ -45,30 +50,39 @@ WIDTH, BATCH = 1024, 128
 a real model takes 50 ms to seconds)."""
 
 
-def rank_loop(steps: int, out: Path, batch_size: int) -> None:
-    """The user's loop: nothing of trainstack in it."""
+def plain_ddp_loop(width: int, batch_size: int, batches: int) -> tuple[Any, Callable[[Any, Any], None]]:
+    """The user's loop, nothing of trainstack in it, once the process group is up: a DataLoader of ready batches,
+    and the step that trains a DDP MLP `width` wide on one with SGD."""
     import torch
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    dist.init_process_group("gloo")
     torch.set_num_threads(1)
     model = DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 1))
+        torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    inputs = torch.randn(batch_size, WIDTH)
-    loader = torch.utils.data.DataLoader(
-        [(inputs, inputs.sum(dim=1, keepdim=True))] * (steps + WARM_UP), batch_size=None
-    )
-    started = cpu_started = 0.0
-    for step, (batch, targets) in enumerate(loader):
-        if step == WARM_UP:
-            started, cpu_started, process_started = time.perf_counter(), time.thread_time(), time.process_time()
+    inputs = torch.randn(batch_size, width)
+    loader = torch.utils.data.DataLoader([(inputs, inputs.sum(dim=1, keepdim=True))] * batches, batch_size=None)
+
+    def step(batch, targets) -> None:
         loss = torch.nn.functional.mse_loss(model(batch), targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+    return loader, step
+
+
+def rank_loop(steps: int, out: Path, batch_size: int, width: int) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    loader, step = plain_ddp_loop(width, batch_size, steps + WARM_UP)
+    started = cpu_started = 0.0
+    for index, (batch, targets) in enumerate(loader):
+        if index == WARM_UP:
+            started, cpu_started, process_started = time.perf_counter(), time.thread_time(), time.process_time()
+        step(batch, targets)
     rate = steps / (time.perf_counter() - started)
     cpu_ms = (time.thread_time() - cpu_started) * 1000 / steps  # the loop's thread: not gloo's, not the hang watch's
     process_ms = (time.process_time() - process_started) * 1000 / steps
@@ -76,41 +90,47 @@ def rank_loop(steps: int, out: Path, batch_size: int) -> None:
         out.write_text(
             json.dumps({"steps_per_second": rate, "cpu_ms_per_step": cpu_ms, "process_ms_per_step": process_ms})
         )
+    # Outside the timed steps: gloo's threads let go of the last all-reduce's tensors before the group goes, or a
+    # rank may abort as it exits (it did once, in a --no-auto run); an instrumented rank's closing monitor waits so.
+    from trainstack.telemetry.future_callbacks import settle_gloo_threads
+
+    settle_gloo_threads(was_on_gloo=True)
     dist.destroy_process_group()
 
 
-def rank_command(gpu: bool, steps: int, batch_size: int, out: Path) -> list[str]:
-    if gpu:
-        return [str(Path(__file__).with_name("plain_gpu_loop.py")), "healthy", str(steps), str(out)]
-    return [__file__, "--rank-loop", str(steps), str(out), str(batch_size)]
+def rank_command(args: argparse.Namespace, out: Path) -> list[str]:
+    if args.gpu:
+        return [str(Path(__file__).with_name("plain_gpu_loop.py")), "healthy", str(args.steps), str(out)]
+    return [__file__, "--rank-loop", str(args.steps), str(out), str(args.batch), str(args.width)]
 
 
-def watched(
-    auto: bool, cpus: set[int] | None, gpu: bool, steps: int, batch_size: int, scratch: Path
-) -> tuple[subprocess.Popen, Path]:
-    """cpus None: the run is not pinned."""
-    out = scratch / f"{'auto' if auto else 'plain'}-{time.monotonic_ns()}.json"
-    command = [
+def watch_command(run_dir: Path, auto: bool, command: list[str]) -> list[str]:
+    """`command` watched, its instrumentation on or off, with no exporter to scrape and no report to write."""
+    return [
         sys.executable,
         "-m",
         "trainstack",
         "watch",
         "--run-dir",
-        str(scratch / f"run-{out.stem}"),
+        str(run_dir),
         "--exporter-port",
         "0",
         "--no-report",
         "--auto" if auto else "--no-auto",
         "--",
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "1" if gpu else "2",
-        "--master-port",
-        str(free_port()),
-        *rank_command(gpu, steps, batch_size, out),
+        *command,
     ]
+
+
+def watched(
+    auto: bool, cpus: set[int] | None, args: argparse.Namespace, scratch: Path
+) -> tuple[subprocess.Popen, Path]:
+    """cpus None: the run is not pinned."""
+    out = scratch / f"{'auto' if auto else 'plain'}-{time.monotonic_ns()}.json"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1" if args.gpu else "2"]
+    command = watch_command(
+        scratch / f"run-{out.stem}", auto, [*launch, "--master-port", str(free_port())]
+    ) + rank_command(args, out)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop(RUN_DIR_ENV, None)
     if cpus is not None:
@@ -132,11 +152,11 @@ def run_pair(pair: int, args: argparse.Namespace, scratch: Path) -> tuple[tuple,
     if args.gpu:
         results = {}
         for auto in (pair % 2 == 0, pair % 2 == 1):
-            results[auto] = result_of(*watched(auto, None, True, args.steps, args.batch, scratch))
+            results[auto] = result_of(*watched(auto, None, args, scratch))
         return results[True], results[False], f"on the GPU, {'auto' if pair % 2 == 0 else '--no-auto'} first"
     auto_cpus, plain_cpus = halves_for_pair(pair)
-    auto = watched(True, auto_cpus, False, args.steps, args.batch, scratch)
-    plain = watched(False, plain_cpus, False, args.steps, args.batch, scratch)
+    auto = watched(True, auto_cpus, args, scratch)
+    plain = watched(False, plain_cpus, args, scratch)
     return result_of(*auto), result_of(*plain), f"auto on CPUs {sorted(auto_cpus)}, --no-auto on {sorted(plain_cpus)}"
 
 
@@ -155,11 +175,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--starts", type=int, default=20)
     parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--width", type=int, default=WIDTH)
     parser.add_argument("--gpu", action="store_true", help="one NCCL rank on a CUDA GPU, runs one after the other")
-    parser.add_argument("--rank-loop", nargs=3, metavar=("STEPS", "OUT", "BATCH"), help=argparse.SUPPRESS)
+    parser.add_argument("--rank-loop", nargs=4, metavar=("STEPS", "OUT", "BATCH", "WIDTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_loop:
-        rank_loop(int(args.rank_loop[0]), Path(args.rank_loop[1]), int(args.rank_loop[2]))
+        steps, out, batch_size, width = args.rank_loop
+        rank_loop(int(steps), Path(out), int(batch_size), int(width))
         return 0
     with tempfile.TemporaryDirectory() as folder:
         scratch = Path(folder)
