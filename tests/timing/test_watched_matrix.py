@@ -10,9 +10,10 @@ intervals after its first (monitoring/diagnose/finished.py, snapshot_of_steps):
 
 In each: a healthy phase gets no verdict; a slow loader on every rank reads input-bound; one rank given real work
 (never a sleep) in its forward, after its optimizer step, or in its loader is named the straggler, never its peer,
-with its loader as the cause in the last case and its cost within 20% of the work given it, which is what its peer
-waits for it. The plain DDP loop also all-reduces a metric after a slowed step, and carries a forward pre-hook of its
-own that works on one rank: straggler both times, nothing input- or comm-bound."""
+with its loader as the cause in the last case and its cost what its peer waits for it: the work given it, less what
+the peer's own compute slowed meanwhile on the shared cores (COST_BELOW), and never more (COST_ABOVE). The plain DDP
+loop also all-reduces a metric after a slowed step, and carries a forward pre-hook of its own that works on one
+rank: straggler both times, nothing input- or comm-bound."""
 
 from __future__ import annotations
 
@@ -46,6 +47,15 @@ WORKLOADS = {
 }
 LIGHTNINGS = ["lightning-torchrun", "lightning"]
 STRAGGLERS = ("forward", "after_step", "data")
+COST_ABOVE = 0.2
+"""How far above the work given a slowed rank's cost may read: its peer cannot wait longer for that work than it
+takes, beyond the scheduler's jitter."""
+COST_BELOW = 0.4
+"""How far below the work given it may read: the peer computes while the slowed rank works, and on the 2 shared
+cores its own compute can slow meanwhile; what it spends computing, it does not wait (one CI run: the peer's forward
+60% slower through the phase while Lightning's slowed rank spun in its forward, 72 ms waited for 100 ms of work).
+Each slowed phase has the peer wait at one or two collectives for about half the work each: a wait at any of them
+booked as something else reads half the work or less."""
 
 
 @dataclass
@@ -146,8 +156,9 @@ def test_the_slowed_rank_is_the_straggler_with_the_work_given_it_as_its_cost(lau
     waiting = next(rank for rank in snapshot.ranks if rank.rank == peer)
     extra = launched.described["extra_seconds"]
     cost = snapshot.straggler_waits()[slow] * straggler.step_seconds
-    # What the peer waits for it beyond the waits every rank has (its own exposed all-reduce): the work given it
-    assert cost == pytest.approx(extra, rel=0.2), (where, cost)
+    # What the peer waits for it beyond the waits every rank has (its own exposed all-reduce): the work given it,
+    # less what the peer's own compute slowed meanwhile
+    assert extra * (1 - COST_BELOW) <= cost <= extra * (1 + COST_ABOVE), (where, cost)
     # The peer waits at the collectives, never for data (Lightning's stop-flag broadcast and the transformers
     # Trainer's label-count gather sit in or beside its fetch)
     assert waiting.data_wait_ratio is not None and waiting.data_wait_ratio < 0.1, (where, waiting.data_wait_ratio)
