@@ -236,6 +236,10 @@ class Launch:
             os.close(failure_writer)
             returncode = supervised.wait()
             supervised.end_leftovers()  # the lease is held until the ranks an agent killed alone are gone
+            if self.launch.node_rank == 0:
+                # A save cut short where the main process could not remove it itself (the agent ended it when a peer
+                # failed first): never loadable, and its space is what a rerun needs. No rank is left to write there.
+                checkpoint.remove_unsealed(self.run_dir.checkpoints)
             self.failed_rank = read_failed_rank(failures)
             self.add_time_breakdown()
             return self.outcome(returncode)
