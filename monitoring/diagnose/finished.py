@@ -71,12 +71,19 @@ def _rank_windows(
     return windows, unjudged
 
 
+STEADY_WINDOW = "the last launch, its intervals after the first"
+JUDGED_STEPS_MIN = 5
+"""The fewest steps after the first record's (the warm-up's) a finished run is judged from. From fewer (a smoke test
+of 2 or 3 steps) one step's jitter, a garbage collection or the scheduler taking a core, reads as the run's: a
+2-step CPU run's second step once named a straggler at 28%."""
+
+
 def snapshot_from_records(run_dir: Path | RunDir, launcher: str = "") -> Snapshot:
     """Every rank's view of the run's steady window, from telemetry/rank-<r>.jsonl; `now` is its newest record's
     time, so the last step's age reads from the end of the run. Ranks that ran but left nothing to judge are in
     `unjudged`."""
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
-    return _snapshot(run, _rank_windows(run), "the last launch, its intervals after the first", launcher)
+    return _snapshot(run, _rank_windows(run), STEADY_WINDOW, launcher)
 
 
 def snapshot_of_steps(run_dir: Path | RunDir, after: int, upto: int, launcher: str = "") -> Snapshot:
@@ -125,14 +132,24 @@ class Judgement:
 
 def judgement(run_dir: Path | RunDir, launcher: str = "") -> Judgement:
     """A finished run's verdicts from its records, or why none could be given (no rank recorded a step: a command
-    without trainstack.monitor), which an empty list (healthy) would hide. `launcher`: who started the ranks
-    (rundir.LAUNCHER_TRAIN: the fixes name train's flags; else the script's own knobs)."""
-    snapshot = snapshot_from_records(run_dir, launcher)
+    without trainstack.monitor; too few steps after the warm-up to judge), which an empty list (healthy) would
+    hide. `launcher`: who started the ranks (rundir.LAUNCHER_TRAIN: the fixes name train's flags; else the script's
+    own knobs)."""
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    windows, unjudged = _rank_windows(run)
+    snapshot = _snapshot(run, (windows, unjudged), STEADY_WINDOW, launcher)
     shown = figures(snapshot)
     if not snapshot.ranks:
         why = NOTHING_RECORDED
         if snapshot.unjudged:
             why = "no rank could be judged: " + unjudged_line(snapshot.unjudged).removeprefix("not judged: ")
+        return Judgement(None, shown, why)
+    timed = max(steady.step_count for steady in windows)
+    if timed < JUDGED_STEPS_MIN:
+        why = (
+            f"too few steps to judge: {timed} after the first record's (the warm-up's), a verdict needs "
+            f"{JUDGED_STEPS_MIN}; train more steps"
+        )
         return Judgement(None, shown, why)
     verdicts = verdict_dicts(diagnose(snapshot, Thresholds()), ceilings.of_ranks(snapshot.ranks))
     return Judgement(verdicts, shown, None, dict(snapshot.unjudged))

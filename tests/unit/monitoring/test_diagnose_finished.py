@@ -8,6 +8,7 @@ import pytest
 
 from trainstack import breakdown, ceilings
 from trainstack.monitoring.diagnose.finished import (
+    JUDGED_STEPS_MIN,
     NO_INTERVAL,
     NOTHING_RECORDED,
     end_card,
@@ -25,8 +26,13 @@ from trainstack.rundir import RunDir
 from trainstack.thresholds import Thresholds
 
 
-def record(rank: int, step: int, exposed: float, forward: float, data_wait: float = 0.01) -> dict:
-    """An interval of 10 steps of 0.1 s on a CPU rank."""
+def record(rank: int, step: int, exposed: float, forward: float, data_wait: float = 0.01, steps: int = 10) -> dict:
+    """An interval of 10 steps of 0.1 s on a CPU rank; of `steps` steps, each the same, if given."""
+    if steps != 10:
+        scaled = record(rank, step, exposed * steps / 10, forward * steps / 10, data_wait * steps / 10)
+        parts = {part: seconds * steps / 10 for part, seconds in scaled["time_parts"].items()}
+        stepped = {"interval_seconds": 0.1 * steps, "step_seconds": [0.1] * steps, "step_count": steps}
+        return scaled | stepped | {"samples": 8 * steps, "time_parts": parts}
     return {
         "time": 1000.0 + step,
         "rank": rank,
@@ -175,6 +181,30 @@ def test_a_finished_run_is_judged_with_each_verdicts_ceiling_and_shown_in_its_re
     page = render_report(tmp_path).read_text()
     verdicts_table = page.split("<h2>Verdicts</h2>", 1)[1].split("</table>", 1)[0]
     assert "rank 1 is a straggler" in verdicts_table and "up to 1.39x faster" in verdicts_table
+
+
+def test_a_run_of_too_few_steps_after_its_warm_up_is_not_judged_and_one_more_is(tmp_path):
+    """A smoke test's steps after the first say nothing of the run (a 2-step CPU run's second step once named a
+    straggler at 28%): below JUDGED_STEPS_MIN no verdict is given, and the headline says why."""
+    enough = JUDGED_STEPS_MIN
+
+    def write(after_warm_up: int) -> None:
+        shape = {0: (0.3, 0.1), 1: (0.02, 0.38)}  # rank 1 the straggler, by 28% of each step
+        records = {
+            rank: [
+                record(rank, 1, *shape[rank], steps=1),
+                record(rank, 1 + after_warm_up, *shape[rank], steps=after_warm_up),
+            ]
+            for rank in (0, 1)
+        }
+        write_run(RunDir(tmp_path / str(after_warm_up)), {rank: [records[rank]] for rank in (0, 1)})
+
+    write(enough - 1)
+    found = judgement(tmp_path / str(enough - 1))
+    assert found.verdicts is None and found.not_judged.startswith(f"too few steps to judge: {enough - 1} after")
+    assert end_card(tmp_path / str(enough - 1), found.summary_keys())[0].startswith("NOT JUDGED  too few steps")
+    write(enough)
+    assert [v["kind"] for v in judgement(tmp_path / str(enough)).verdicts] == ["straggler"]
 
 
 def test_a_run_no_rank_recorded_is_not_judged(tmp_path):
