@@ -4,6 +4,7 @@ downloaded. tests/process/test_auto_instrument.py and tests/timing/test_watched_
 
     torchrun ... hf_plain.py OUT STEPS             # STEPS healthy optimizer steps
     torchrun ... hf_plain.py OUT STEPS phases      # the PHASES below, STEPS steps each; OUT/phases.json says which
+    torchrun ... hf_plain.py OUT STEPS phases NAME # the PHASES up to the one named NAME
 
 In the phases a slow loader sleeps in the collator on every rank; a slowed rank does real work (never a sleep: that
 would free its core for its peer) in its model's forward, after its optimizer step (`on_optimizer_step`) or in its
@@ -113,7 +114,9 @@ class SlowAfterOptimizerStep(TrainerCallback):
 
 def main() -> None:
     out, steps = Path(sys.argv[1]), int(sys.argv[2])
-    phases = PHASES if sys.argv[3:] == ["phases"] else [HEALTHY]
+    phases = PHASES if sys.argv[3:4] == ["phases"] else [HEALTHY]
+    if len(sys.argv) > 4:
+        phases = phases[: [phase.name for phase in phases].index(sys.argv[4]) + 1]
     torch.set_num_threads(1)
     arguments = TrainingArguments(
         output_dir=str(out),

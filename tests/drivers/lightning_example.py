@@ -3,6 +3,7 @@ automatic instrumentation adds trainstack's callback to it (trainstack/auto/). t
 runs it started by torchrun and by Lightning itself (`python this.py`, devices=2):
 
     python tests/drivers/lightning_example.py OUT          # or: torchrun --nproc-per-node 2 ... OUT
+    python tests/drivers/lightning_example.py OUT NAME     # the PHASES up to the one named NAME
 
 One fit (a process holds one monitor under watch) through the PHASES below, one after another, with gradient
 accumulation, a validation every few optimizer steps and a checkpoint every few more: healthy; a slow loader (its
@@ -57,9 +58,10 @@ PHASES = [
 
 
 class Schedule:
-    """Which phase the fit is in, from its optimizer steps done; where this rank is slowed in it."""
+    """Which of `phases` the fit is in, from its optimizer steps done; where this rank is slowed in it."""
 
-    def __init__(self):
+    def __init__(self, phases: list[Phase] = PHASES):
+        self.phases = phases
         self.trainer: pl.Trainer | None = None
 
     def slowed_in(self, done: int | None = None) -> str:
@@ -67,7 +69,7 @@ class Schedule:
         if self.trainer is None:
             return ""
         step, ends = self.trainer.global_step if done is None else done, 0
-        for phase in PHASES:
+        for phase in self.phases:
             ends += phase.steps
             if step < ends:
                 return phase.slow_in if phase.slow_rank in (-1, self.trainer.global_rank) else ""
@@ -137,8 +139,9 @@ def main() -> None:
     out = Path(sys.argv[1])
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    steps = sum(phase.steps for phase in PHASES)
-    schedule = Schedule()
+    phases = PHASES[: [phase.name for phase in PHASES].index(sys.argv[2]) + 1] if len(sys.argv) > 2 else PHASES
+    steps = sum(phase.steps for phase in phases)
+    schedule = Schedule(phases)
 
     def collate(samples):
         slow_in = schedule.slowed_in()
@@ -171,13 +174,13 @@ def main() -> None:
     loader = DataLoader(train, batch_size=BATCH, collate_fn=collate)
     trainer.fit(Regressor(schedule), loader, DataLoader(Tokens(4 * BATCH), batch_size=BATCH))
     if trainer.global_rank == 0:
-        phases, after = [], 0
-        for phase in PHASES:
-            phases.append(asdict(phase) | {"after": after, "upto": after + phase.steps})
+        written, after = [], 0
+        for phase in phases:
+            written.append(asdict(phase) | {"after": after, "upto": after + phase.steps})
             after += phase.steps
         expected = {
             "extra_seconds": EXTRA_SECONDS,
-            "phases": phases,
+            "phases": written,
             "steps": steps,
             "log_every": LOG_EVERY,
             "samples_per_step": BATCH * ACCUMULATE,

@@ -4,13 +4,13 @@ torch.distributed.checkpoint's on every rank too). tests/process/test_auto_instr
 tests/timing/test_watched_matrix.py run it under `trainstack watch -- torchrun ...`, where the automatic
 instrumentation (trainstack/auto/) must see it.
 
-    plain_ddp.py MODE [STEPS [PHASES_JSON]]
+    plain_ddp.py MODE [STEPS [PHASES_JSON [LAST_PHASE]]]
 
 MODE: healthy; slow-loader (every batch waits in __getitem__); monitored (the script calls trainstack.monitor.start
 itself, as a loop instrumented by hand does); own-comm-hook (the script registers a DDP communication hook of its
 own, and prints how many buckets it reduced); fsdp (the model sharded by FSDP2's fully_shard instead of DDP);
 phases, fsdp-phases (DDP's or FSDP2's model through the PHASES below, one after another in one loop, STEPS steps
-each: rank 0 writes which steps each took to PHASES_JSON).
+each: rank 0 writes which steps each took to PHASES_JSON), up to LAST_PHASE if given.
 """
 
 import json
@@ -111,6 +111,8 @@ def main() -> int:
     mode = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 60
     phases = PHASES.get(mode, [SLOW_LOADER if mode == "slow-loader" else HEALTHY])
+    if len(sys.argv) > 4:
+        phases = phases[: [phase.name for phase in phases].index(sys.argv[4]) + 1]
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     torch.manual_seed(0)
