@@ -73,9 +73,10 @@ def _rank_windows(
 
 STEADY_WINDOW = "the last launch, its intervals after the first"
 JUDGED_STEPS_MIN = 5
-"""The fewest steps after the first record's (the warm-up's) a finished run is judged from. From fewer (a smoke test
-of 2 or 3 steps) one step's jitter, a garbage collection or the scheduler taking a core, reads as the run's: a
-2-step CPU run's second step once named a straggler at 28%."""
+"""The fewest steps after the first record's (the warm-up's) a finished run is judged from, in its last launch as
+every verdict is. From fewer (a smoke test of 2 or 3 steps, a resumed run stopped soon after) one step's jitter, a
+garbage collection or the scheduler taking a core, reads as the run's: a 2-step CPU run's second step once named a
+straggler at 28%."""
 
 
 def snapshot_from_records(run_dir: Path | RunDir, launcher: str = "") -> Snapshot:
@@ -147,8 +148,8 @@ def judgement(run_dir: Path | RunDir, launcher: str = "") -> Judgement:
     timed = max(steady.step_count for steady in windows)
     if timed < JUDGED_STEPS_MIN:
         why = (
-            f"too few steps to judge: {timed} after the first record's (the warm-up's), a verdict needs "
-            f"{JUDGED_STEPS_MIN}; train more steps"
+            f"too few steps to judge: {timed} in the last launch after its first record (the warm-up's), a "
+            f"verdict needs {JUDGED_STEPS_MIN}; train more steps"
         )
         return Judgement(None, shown, why)
     verdicts = verdict_dicts(diagnose(snapshot, Thresholds()), ceilings.of_ranks(snapshot.ranks))
