@@ -201,7 +201,9 @@ def test_a_run_of_too_few_steps_after_its_warm_up_is_not_judged_and_one_more_is(
 
     write(enough - 1)
     found = judgement(tmp_path / str(enough - 1))
-    assert found.verdicts is None and found.not_judged.startswith(f"too few steps to judge: {enough - 1} in the last launch")
+    assert found.verdicts is None and found.not_judged.startswith(
+        f"too few steps to judge: {enough - 1} in the last launch"
+    )
     assert end_card(tmp_path / str(enough - 1), found.summary_keys())[0].startswith("NOT JUDGED  too few steps")
     write(enough)
     assert [v["kind"] for v in judgement(tmp_path / str(enough)).verdicts] == ["straggler"]
