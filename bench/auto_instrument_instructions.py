@@ -12,7 +12,7 @@ sees. They say, run after run and to a few thousand, how much work the per-step 
 `--without PART ...` also counts the instrumented loop with each PART left out, to say what it costs: `comm` (the
 DDP communication timing, trainstack/telemetry/comm.py), `intervals` (the record cut every 10 steps: one interval
 for the whole run instead) or `series` (the prometheus series: none). Each is a patch of the rank's trainstack
-made here, never an option of trainstack's.
+made by the bench (auto_instrument_overhead.leave_out), never an option of trainstack's.
 
     .venv/bin/python bench/auto_instrument_instructions.py [--steps 200 600] [--without comm intervals series]
 
@@ -33,30 +33,12 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from auto_instrument_overhead import plain_ddp_loop, watch_command
+from auto_instrument_overhead import PARTS, WITHOUT_ENV, leave_out, plain_ddp_loop, watch_command
 
 from trainstack.rundir import RUN_DIR_ENV, free_port
 
 WARM_UP, WIDTH, BATCH = 100, 64, 8
 """A small model: its compute is the same in both runs, and the smaller it is, the faster valgrind runs it."""
-WITHOUT_ENV = "TRAINSTACK_BENCH_WITHOUT"
-PARTS = ("comm", "intervals", "series")
-
-
-def leave_out(part: str) -> None:
-    """Patches this rank's trainstack, before its monitor starts, so that `part` (PARTS) does nothing."""
-    from trainstack.auto.instrument import RANK
-
-    RANK.importing_the_monitor = True  # the automatic layer's own import of the monitor, which it then starts
-    import trainstack.monitor as monitor
-
-    if part == "comm":
-        monitor.watch_gradient_communication = lambda *args, **kwargs: False
-    elif part == "intervals":
-        start = monitor.start
-        monitor.start = lambda *args, **kwargs: start(*args, **{**kwargs, "log_every": 10**9})
-    else:
-        monitor.RankMetrics.build = classmethod(lambda cls, *args, **kwargs: cls.off())
 
 
 def rank_loop(steps: int) -> None:

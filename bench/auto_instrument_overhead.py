@@ -1,7 +1,13 @@
 """What `trainstack watch`'s automatic instrumentation (trainstack/auto/) costs: a plain DDP loop with no trainstack
-line, watched with it on against `--no-auto`, side by side (bench/side_by_side.py: both at once, each on its own
-half of the CPUs, the halves swapped every pair); and what the start-up hook costs a Python process that is no
-rank: `python -c pass` with the hook on its PYTHONPATH against without, alternated.
+line, watched with it on against `--no-auto`, side by side: both at once, interleaved over the CPUs, each rank pinned
+to the CPU of its local rank, so that each CPU runs one rank of either run (the other first every other pair); and
+what the start-up hook costs a Python process that is no rank: `python -c pass` with the hook on its PYTHONPATH
+against without, alternated.
+
+Why interleaved: the two vCPUs of a small cloud machine run at speeds that part by up to a fifth for seconds at a
+time. Pinned each to its own half (bench/side_by_side.py), the two runs' pairs read 0.83-1.04 for the same code;
+interleaved, every run's ranks share each CPU's speed with the other run's, and the pairs read within 0.05 of
+each other.
 
 Targets (issue 43): instrumented / plain steps/s >= 0.99; the hook adds <= 50 ms to `python -c pass`.
 
@@ -17,6 +23,9 @@ threads (gloo's, the hang responder's), which says whether any of the cost lies 
 Run with `--rank-loop STEPS OUT BATCH WIDTH` by torchrun, it is the loop itself: 2 ranks over gloo, a DataLoader of
 ready batches, SGD; rank 0 writes its steps/s and its loop thread's and whole process's CPU time per step after the
 warm-up to OUT.
+
+`--leave-out PART` leaves PART out of the instrumented run (`comm`, `intervals` or `series`, as
+bench/auto_instrument_instructions.py's `--without` says): what the rest costs, and so what PART does.
 
 `--gpu` measures the same on one CUDA GPU instead: bench/plain_gpu_loop.py (a transformer language model in bf16 on
 one NCCL rank), watched with the instrumentation on and off one after the other, the other first every other pair
@@ -37,7 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from side_by_side import halves_for_pair, pinned, report
+from side_by_side import report
 
 from trainstack.auto import instrumented_environment
 from trainstack.rundir import RUN_DIR_ENV, free_port
@@ -48,6 +57,33 @@ WARM_UP = 20
 WIDTH, BATCH = 1024, 128
 """About 25 ms a step on one CPU core per rank: a short step, where a fixed cost per step shows most (a GPU step of
 a real model takes 50 ms to seconds)."""
+WITHOUT_ENV = "TRAINSTACK_BENCH_WITHOUT"
+PARTS = ("comm", "intervals", "series")
+
+
+def leave_out(part: str) -> None:
+    """Patches this rank's trainstack, before its monitor starts, so that `part` (PARTS) does nothing: `comm` the
+    DDP communication timing (trainstack/telemetry/comm.py), `intervals` the record cut every 10 steps (one interval
+    for the whole run instead), `series` the prometheus series (none). A patch made here, never an option of
+    trainstack's."""
+    from trainstack.auto.instrument import RANK
+
+    RANK.importing_the_monitor = True  # the automatic layer's own import of the monitor, which it then starts
+    import trainstack.monitor as monitor
+
+    if part == "comm":
+        monitor.watch_gradient_communication = lambda *args, **kwargs: False
+    elif part == "intervals":
+        start = monitor.start
+        monitor.start = lambda *args, **kwargs: start(*args, **{**kwargs, "log_every": 10**9})
+    else:
+        monitor.RankMetrics.build = classmethod(lambda cls, *args, **kwargs: cls.off())
+
+
+def pin_to_local_rank_cpu() -> None:
+    """This rank (and the threads it starts: gloo's) on the CPU of its local rank, among the CPUs it may use."""
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpus[int(os.environ.get("LOCAL_RANK", "0")) % len(cpus)]})
 
 
 def plain_ddp_loop(width: int, batch_size: int, batches: int) -> tuple[Any, Callable[[Any, Any], None]]:
@@ -76,6 +112,9 @@ def plain_ddp_loop(width: int, batch_size: int, batches: int) -> tuple[Any, Call
 def rank_loop(steps: int, out: Path, batch_size: int, width: int) -> None:
     import torch.distributed as dist
 
+    pin_to_local_rank_cpu()  # before the group starts gloo's threads
+    if part := os.environ.get(WITHOUT_ENV):
+        leave_out(part)
     dist.init_process_group("gloo")
     loader, step = plain_ddp_loop(width, batch_size, steps + WARM_UP)
     started = cpu_started = 0.0
@@ -122,19 +161,14 @@ def watch_command(run_dir: Path, auto: bool, command: list[str]) -> list[str]:
     ]
 
 
-def watched(
-    auto: bool, cpus: set[int] | None, args: argparse.Namespace, scratch: Path
-) -> tuple[subprocess.Popen, Path]:
-    """cpus None: the run is not pinned."""
+def watched(auto: bool, args: argparse.Namespace, scratch: Path) -> tuple[subprocess.Popen, Path]:
     out = scratch / f"{'auto' if auto else 'plain'}-{time.monotonic_ns()}.json"
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1" if args.gpu else "2"]
     command = watch_command(
         scratch / f"run-{out.stem}", auto, [*launch, "--master-port", str(free_port())]
     ) + rank_command(args, out)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", WITHOUT_ENV: args.leave_out if auto else ""}
     env.pop(RUN_DIR_ENV, None)
-    if cpus is not None:
-        command = pinned(command, cpus)
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out
 
 
@@ -148,16 +182,18 @@ def result_of(process: subprocess.Popen, out: Path) -> tuple[float, float, float
 
 
 def run_pair(pair: int, args: argparse.Namespace, scratch: Path) -> tuple[tuple, tuple, str]:
-    """(the instrumented run's result, the plain run's, where they ran)."""
+    """(the instrumented run's result, the plain run's, which started first)."""
+    order = (pair % 2 == 0, pair % 2 == 1)
+    first = f"{'auto' if order[0] else '--no-auto'} first"
+    results = {}
     if args.gpu:
-        results = {}
-        for auto in (pair % 2 == 0, pair % 2 == 1):
-            results[auto] = result_of(*watched(auto, None, args, scratch))
-        return results[True], results[False], f"on the GPU, {'auto' if pair % 2 == 0 else '--no-auto'} first"
-    auto_cpus, plain_cpus = halves_for_pair(pair)
-    auto = watched(True, auto_cpus, args, scratch)
-    plain = watched(False, plain_cpus, args, scratch)
-    return result_of(*auto), result_of(*plain), f"auto on CPUs {sorted(auto_cpus)}, --no-auto on {sorted(plain_cpus)}"
+        for auto in order:
+            results[auto] = result_of(*watched(auto, args, scratch))
+        return results[True], results[False], f"on the GPU, {first}"
+    runs = {auto: watched(auto, args, scratch) for auto in order}
+    for auto, run in runs.items():
+        results[auto] = result_of(*run)
+    return results[True], results[False], f"interleaved, {first}"
 
 
 def start_up_ms(hooked: bool, scratch: Path) -> float:
@@ -176,9 +212,14 @@ def main() -> int:
     parser.add_argument("--starts", type=int, default=20)
     parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--width", type=int, default=WIDTH)
+    parser.add_argument(
+        "--leave-out", choices=PARTS, default="", metavar="PART", help="PART left out of the instrumented run"
+    )
     parser.add_argument("--gpu", action="store_true", help="one NCCL rank on a CUDA GPU, runs one after the other")
     parser.add_argument("--rank-loop", nargs=4, metavar=("STEPS", "OUT", "BATCH", "WIDTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.leave_out and args.gpu:
+        parser.error("--leave-out patches the CPU loop's ranks; the GPU loop (--gpu) runs whole")
     if args.rank_loop:
         steps, out, batch_size, width = args.rank_loop
         rank_loop(int(steps), Path(out), int(batch_size), int(width))
@@ -211,7 +252,8 @@ def main() -> int:
                 f"{auto_cpu:.2f} against {plain_cpu:.2f} ms of CPU a step  (load average {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
-        print(report("watch (auto)", "watch --no-auto", auto_rates, plain_rates, STEPS_TARGET))
+        name = f"watch (auto, no {args.leave_out})" if args.leave_out else "watch (auto)"
+        print(report(name, "watch --no-auto", auto_rates, plain_rates, None if args.leave_out else STEPS_TARGET))
         for what, added in (("loop thread", added_cpu_ms), ("process (all its threads)", added_process_ms)):
             print(
                 f"rank 0's {what}: {statistics.median(added):+.3f} ms of CPU a step with the instrumentation "
