@@ -10,7 +10,7 @@ monitoring side (trainstack.monitoring).
 - clock.py: the clock a rank's step, data-wait and forward times are measured on, one strategy chosen once from
   the device: the host's, or the GPU's CUDA events
 - timeline.py: what the GPU's marks measure, and how an interval's are read
-- comm.py, fsdp_comm.py, comm_timer.py, comm_setup.py: DDP's and FSDP's communication times and settings
+- comm.py, ddp_comm.py, fsdp_comm.py, comm_timer.py, comm_setup.py: DDP's and FSDP's communication times and settings
 - gpu_busy.py, gpu_activity.py: NVML's utilization and GPM on the rank's own GPU
 - state.py: the bytes of parameters, gradients and optimizer state the rank holds
 - collectives.py: every other collective the rank calls (a framework's, the loop's own)

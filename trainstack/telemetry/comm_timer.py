@@ -148,6 +148,17 @@ class CommTimer(Generic[Mark]):
         self._in_forward = in_forward
         self._step: _Step[Mark] | None = None
         self._steps: list[_Step[Mark]] = []
+        self._closers: list[Callable[[], None]] = []
+
+    @property
+    def on_host(self) -> bool:
+        """Whether its marks are the host's clock's (HostClock): a CPU rank's."""
+        return isinstance(self._clock, HostClock)
+
+    def closing_step(self, closer: Callable[[], None]) -> None:
+        """`closer` runs as each step closes, before the step's collectives are counted: a timing that reads its
+        marks once a step, after they were taken (DDP's reducer timer, ddp_comm.py), adds them there (`timed`)."""
+        self._closers.append(closer)
 
     def mark(self) -> Mark:
         """A mark on the current stream; the step's first also marks its origin."""
@@ -186,6 +197,16 @@ class CommTimer(Generic[Mark]):
         else:
             self._clock.release([ready])
 
+    def timed(self, launched: Mark, ready: Mark, done: Mark, nbytes: int, pieces: int = 1) -> None:
+        """A collective timed by others, on the host's clock (HostClock): launched, waited for from `ready` (compute
+        reached it, then waited), ended at `done`. The step may open with it: on the host's clock a step's origin
+        need not precede its marks."""
+        if self._step is None:
+            self._step = _Step(launched)
+        collective = Collective(launched, nbytes, done, pieces)
+        self._step.collectives.append(collective)
+        self._step.waits.append(_Wait(ready, [collective]))
+
     def waited_from_launch(self, group: Hashable) -> None:
         """Compute waited for the group's collectives not yet waited for right after the last one's launch."""
         if self._step and (pending := self._step.unwaited.pop(group, None)):
@@ -194,6 +215,8 @@ class CommTimer(Generic[Mark]):
     def step_done(self) -> None:
         """After the optimizer step: every collective of the step has ended. A micro-batch under DDP's no_sync
         launches none, so its buckets join the step that synchronizes."""
+        for closer in self._closers:
+            closer()
         step = self._step
         if step is None or not step.collectives:
             return

@@ -1,11 +1,14 @@
-"""Gradient-communication times (trainstack/telemetry/comm_timer.py, with DDP's marks from trainstack/telemetry/comm.py)
-from marks on a stand-in clock: the host's (a CPU rank) and the fake GPU of tests/unit/trainstack/test_timeline.py (a
-GPU rank, where the host runs ahead of the marks). The figures follow from the schedules by hand."""
+"""Gradient-communication times (trainstack/telemetry/comm_timer.py, with DDP's marks from
+trainstack/telemetry/ddp_comm.py) from marks on a stand-in clock: the host's (a CPU rank) and the fake GPU of
+tests/unit/trainstack/test_timeline.py (a GPU rank, where the host runs ahead of the marks). The figures follow from
+the schedules by hand. DDP's marks come from a real reducer in this process, both ways they are taken: from DDP's
+reducer timer (a CPU rank's) and from autograd's hooks (a GPU rank's, here on the CPU)."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -17,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tests.helpers.fakes import FakeDdpModel, FakeGpu
 from trainstack.monitor import Monitor
 from trainstack.rundir import METRICS_DIR_ENV, RunDir
+from trainstack.telemetry import ddp_comm
 from trainstack.telemetry.comm import watch_gradient_communication
 from trainstack.telemetry.comm_timer import CommTimer, DeviceClock, HostClock, StepComm
 from trainstack.telemetry.device import RankIdentity
@@ -125,6 +129,21 @@ def world_of_one():
     dist.destroy_process_group()
 
 
+@pytest.fixture(params=["reducer", "hooks"])
+def ddp_timing(request, monkeypatch):
+    """Each test of a DDP step's figures runs both ways the marks are taken: by DDP's reducer timer, as on a CPU rank,
+    and by autograd's hooks, as on a GPU rank."""
+    if request.param == "hooks":
+        monkeypatch.setattr(ddp_comm, "_reducer_times", lambda model, timer, delayed: False)
+    return request.param
+
+
+@pytest.fixture
+def hook_timing(monkeypatch):
+    """The marks taken by autograd's hooks, as on a GPU rank: what a test of the hooks themselves needs."""
+    monkeypatch.setattr(ddp_comm, "_reducer_times", lambda model, timer, delayed: False)
+
+
 def ddp_model(width: int = 64, **options) -> DistributedDataParallel:
     torch.manual_seed(0)
     layers = [torch.nn.Linear(width, width), torch.nn.Linear(width, width), torch.nn.Linear(width, 1)]
@@ -150,7 +169,7 @@ WAITED_AT_LEAST = 0.8 * SLOW
 the last gradient of an unused head was marked ready, it has read 49.6 ms on a loaded machine); untimed, 0."""
 
 
-def test_a_step_is_timed_from_its_first_gradient_to_the_end_of_ddps_wait(world_of_one):
+def test_a_step_waits_from_the_end_of_backward_compute_to_the_end_of_ddps_wait(world_of_one, ddp_timing):
     """The wait is measured from the end of backward compute to the end of DDP's own wait for its all-reduces: a
     user's hook that ends 50 ms late is waited for, and the wait begins before it, not after."""
     timer, model = CommTimer(HostClock()), ddp_model()
@@ -212,7 +231,7 @@ class Checkpointed(torch.nn.Module):
         ),
     ],
 )
-def test_every_synchronizing_step_waits_for_the_slow_all_reduce(world_of_one, name, model, forwards):
+def test_every_synchronizing_step_waits_for_the_slow_all_reduce(world_of_one, ddp_timing, name, model, forwards):
     timer, ddp = CommTimer(HostClock()), model()
     watch_gradient_communication(ddp, timer, FutureCallbacks(), training=lambda: True)
     ddp.register_comm_hook(None, slow_all_reduce)
@@ -235,7 +254,7 @@ def test_every_synchronizing_step_waits_for_the_slow_all_reduce(world_of_one, na
     ],
 )
 def test_the_first_gradient_marks_the_backward_once_it_is_known_to_be_the_outer_ones(
-    world_of_one, monkeypatch, name, model, hooks_after_the_first_step
+    world_of_one, hook_timing, monkeypatch, name, model, hooks_after_the_first_step
 ):
     """A hook on every forward's output is the dearest part of the timing: after the first synchronizing step the
     first gradient's hook marks the backward, where it comes in the outer backward and always comes. Every step is
@@ -257,7 +276,7 @@ def test_the_first_gradient_marks_the_backward_once_it_is_known_to_be_the_outer_
     assert len(steps) == 3 and all(step.exposed_seconds >= WAITED_AT_LEAST for step in steps), (name, steps)
 
 
-def test_a_model_watched_twice_is_timed_once(world_of_one):
+def test_a_model_watched_twice_is_timed_once(world_of_one, ddp_timing):
     timer, model = CommTimer(HostClock()), ddp_model()
     for _ in range(2):
         assert watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
@@ -266,7 +285,7 @@ def test_a_model_watched_twice_is_timed_once(world_of_one):
     assert [(step.bytes, step.buckets) for step in timer.read(timer.cut())] == [(gradient_bytes(model), 1)]
 
 
-def test_micro_batches_under_no_sync_join_the_step_that_synchronizes(world_of_one):
+def test_micro_batches_under_no_sync_join_the_step_that_synchronizes(world_of_one, ddp_timing):
     timer, model = CommTimer(HostClock()), ddp_model()
     watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
     with model.no_sync():
@@ -278,7 +297,7 @@ def test_micro_batches_under_no_sync_join_the_step_that_synchronizes(world_of_on
     assert [step.buckets for step in timer.read(timer.cut())] == [1]
 
 
-def test_a_forward_without_grad_before_the_backward_leaves_the_step_timed(world_of_one):
+def test_a_forward_without_grad_before_the_backward_leaves_the_step_timed(world_of_one, ddp_timing):
     """On the first step, whose output's hook marks the backward, and on a later one, whose first gradient does."""
     timer, model = CommTimer(HostClock()), ddp_model()
     watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
@@ -292,7 +311,7 @@ def test_a_forward_without_grad_before_the_backward_leaves_the_step_timed(world_
 
 
 @pytest.mark.parametrize("steps_before", [0, 2], ids=["from the start", "after the first gradient marks backward"])
-def test_no_step_is_timed_while_the_loop_is_not_training(world_of_one, steps_before):
+def test_no_step_is_timed_while_the_loop_is_not_training(world_of_one, ddp_timing, steps_before):
     timer, model, training = CommTimer(HostClock()), ddp_model(), [True]
     watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: training[0])
     for _ in range(steps_before):
@@ -305,7 +324,7 @@ def test_no_step_is_timed_while_the_loop_is_not_training(world_of_one, steps_bef
     assert timer.cut() == []
 
 
-def test_ddps_compression_hook_is_kept_and_sends_half_the_bytes(world_of_one):
+def test_ddps_compression_hook_is_kept_and_sends_half_the_bytes(world_of_one, ddp_timing):
     timer, model = CommTimer(HostClock()), ddp_model(512, bucket_cap_mb=0.25)  # a bucket a weight
     watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
     model.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -323,6 +342,64 @@ def test_ddps_compression_hook_is_kept_and_sends_half_the_bytes(world_of_one):
     steps = timer.read(timer.cut())
     assert steps[-1].bytes == gradient_bytes(model) // 2
     assert steps[0].buckets == 1 and steps[-1].buckets == 2, "DDP's bucket count, once it has sized them"
+
+
+class WithBatchNorm(torch.nn.Module):
+    """A model with buffers, which DDP broadcasts from rank 0 at each training forward, and a forward pre-hook of the
+    user's that works for 30 ms before the forward: the rank's own work, not the broadcast's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))
+        self.register_forward_pre_hook(lambda module, args: time.sleep(0.03))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def test_the_buffer_broadcast_is_timed_apart_from_the_users_forward_pre_hook(world_of_one, ddp_timing):
+    timer, model = CommTimer(HostClock()), DistributedDataParallel(WithBatchNorm())
+    watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
+    for _ in range(2):
+        model(torch.randn(4, 8)).sum().backward()
+        timer.step_done()
+    buffer_bytes = sum(buffer.numel() * buffer.element_size() for buffer in model.module.buffers())
+    for step in timer.read(timer.cut()):
+        assert (step.bytes, step.buckets) == (gradient_bytes(model) + buffer_bytes, 2), "the broadcast and a bucket"
+        assert step.exposed_seconds < 0.03, "the user's pre-hook is no part of the broadcast's wait"
+
+
+def test_a_cpu_rank_is_timed_by_ddps_reducer_with_no_python_in_backward(world_of_one):
+    """DDP's reducer marks the step in C++ on the system's clock; the step's marks are read as it closes and put on
+    perf_counter's, between the forward's start and the step's end."""
+    timer, model = CommTimer(HostClock()), ddp_model()
+    watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
+    model.register_comm_hook(None, slow_all_reduce)
+    assert not model._forward_pre_hooks and not model._forward_hooks, "no buffers: no hook on the wrapper"
+    assert all(not parameter._post_accumulate_grad_hooks for parameter in model.parameters())
+    windows = []
+    for _ in range(3):
+        started = time.perf_counter()
+        model(torch.randn(8, 64)).sum().backward()
+        timer.step_done()
+        windows.append((started, time.perf_counter()))
+    steps = timer.cut()
+    assert len(steps) == 3
+    for step, (started, ended) in zip(steps, windows, strict=True):
+        [collective], [wait] = step.collectives, step.waits
+        assert started < collective.launched <= wait.ready < collective.done < ended
+        assert collective.done - wait.ready >= WAITED_AT_LEAST
+    assert all(comm.exposed_seconds >= WAITED_AT_LEAST for comm in timer.read(steps))
+
+
+def test_the_reducer_times_a_cpu_model_unless_the_test_delay_or_a_gpu_needs_the_hooks(world_of_one):
+    model, on_host = ddp_model(), CommTimer(HostClock())
+    assert ddp_comm._reducer_times(model, on_host, delayed=False)
+    assert not ddp_comm._reducer_times(model, on_host, delayed=True), "the delay is held inside DDP's wait"
+    on_gpu = CommTimer(DeviceClock(FakeGpu().new_event))
+    assert not ddp_comm._reducer_times(model, on_gpu, delayed=False), "a GPU rank's marks are CUDA events"
+    model.device_type = "cuda"
+    assert not ddp_comm._reducer_times(model, on_host, delayed=False), "a GPU reducer's timer syncs the host"
 
 
 def identity() -> RankIdentity:
