@@ -82,8 +82,10 @@ class TrainstackCallback(TrainerCallback):
             if state.global_step:  # resumed from a checkpoint
                 self._monitor.resumed_at(state.global_step, int(state.epoch))
         self._remove_hooks()
+        # First among the model's pre-hooks, as the monitor's DDP and FSDP timing registered theirs in start: the
+        # waits they mark (DDP's buffer broadcast, FSDP's all-gathers) are then inside the forward, not its work.
         self._hooks = [
-            model.register_forward_pre_hook(self._forward_starts, with_kwargs=True),
+            model.register_forward_pre_hook(self._forward_starts, prepend=True, with_kwargs=True),
             model.register_forward_hook(self._forward_ends),
         ]
         self._main_input = getattr(trainer.model, "main_input_name", "input_ids")

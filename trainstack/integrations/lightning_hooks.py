@@ -82,8 +82,10 @@ class LightningHooks:  # no Lightning base class: each package's TrainstackCallb
         else:
             self._monitor = tsm.start(model, optimizer=optimizer, **self._options)
             _process["recorded"] = isinstance(self._monitor, tsm.Monitor)
+        # First among the model's pre-hooks, as the monitor's DDP and FSDP timing registered theirs in start: the
+        # waits they mark (DDP's buffer broadcast, FSDP's all-gathers) are then inside the forward, not its work.
         self._hooks = [
-            model.register_forward_pre_hook(self._forward_starts),
+            model.register_forward_pre_hook(self._forward_starts, prepend=True),
             model.register_forward_hook(self._forward_ends),
         ]
         self._wrap(trainer.profiler, "start", self._profiler_start)

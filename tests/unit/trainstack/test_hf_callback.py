@@ -114,7 +114,14 @@ def recorded(tmp_path_factory) -> Recorded:
     started = []
     example = load_example()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tsm, "start", lambda model, **options: started.append((model, options)) or Recorder(events))
+
+        def start(model, **options):
+            started.append((model, options))
+            # As the monitor's DDP and FSDP timing do as it starts: a pre-hook that marks a wait in the forward
+            model.register_forward_pre_hook(lambda module, args: events.append(("timing's pre-hook", {})))
+            return Recorder(events)
+
+        patch.setattr(tsm, "start", start)
         patch.setattr(example, "collate", noting("collate", example.collate, events))
         args = TrainingArguments(
             output_dir=str(tmp_path_factory.mktemp("hf-recorded")),
@@ -154,7 +161,10 @@ def test_each_training_batch_is_made_inside_a_data_wait_and_each_evaluation_and_
     assert (places[("log", None)], places[("log", "evaluation")]) == (3 + 1, evaluations)
     # Only the training steps' forward passes are timed, none of an evaluation's.
     assert places[("forward_started", None)] == places[("forward_done", None)] == micro_batches
+    assert places[("timing's pre-hook", None)] == micro_batches
     assert set(places) == {
+        ("timing's pre-hook", None),
+        ("timing's pre-hook", "evaluation"),
         ("collate", "evaluation"),
         ("collate", "data wait"),
         ("save_model", "checkpoint_save"),
@@ -164,6 +174,14 @@ def test_each_training_batch_is_made_inside_a_data_wait_and_each_evaluation_and_
         ("forward_done", None),
     }
     assert len(steps) == STEPS == recorded.trainer.state.global_step
+
+
+def test_a_training_forward_is_timed_from_before_the_monitors_own_pre_hooks(recorded):
+    """The waits the monitor's pre-hooks mark (DDP's buffer broadcast, FSDP's all-gathers) are inside the forward:
+    timed from after them, a peer's wait there read as its own forward work."""
+    events = [event[0] for event in recorded.events]
+    started = [at for at, event in enumerate(events) if event == "forward_started"]
+    assert started and all(events[at + 1 : at + 3] == ["timing's pre-hook", "forward_done"] for at in started)
 
 
 def test_the_monitor_watches_the_wrapped_model_and_its_optimizer(recorded):

@@ -258,3 +258,31 @@ def test_a_strategy_holding_ddps_one_comm_hook_is_recorded_all_the_same(monkeypa
     callback.on_fit_end(trainer, None)
     assert started == [strategy.model]
     assert capsys.readouterr().err == ""
+
+
+def test_a_training_forward_is_timed_from_before_the_monitors_own_pre_hooks(monkeypatch):
+    """The waits the monitor's pre-hooks mark (DDP's buffer broadcast, FSDP's all-gathers) are inside the forward:
+    timed from after them, a peer's wait there read as its own forward work (a peer slowed in its loader doubled
+    the forward of the rank that waited for it, in the watched matrix)."""
+    events: list[tuple] = []
+    model = torch.nn.Linear(2, 2)
+
+    def start(model, **options):
+        model.register_forward_pre_hook(lambda module, args: events.append(("timing's pre-hook", {})))
+        return Recorder(events)
+
+    monkeypatch.setattr(tsm, "start", start)
+    monkeypatch.setattr(lightning_hooks, "_process", {"recorded": False})
+    profiler = SimpleNamespace(start=lambda action: None, stop=lambda action: None)
+    trainer = SimpleNamespace(
+        strategy=SimpleNamespace(model=model),
+        optimizers=[],
+        profiler=profiler,
+        save_checkpoint=lambda path: None,
+        training=True,
+    )
+    callback = TrainstackCallback()
+    callback.on_fit_start(trainer, None)
+    model(torch.ones(1, 2))
+    callback.on_fit_end(trainer, None)
+    assert [event[0] for event in events] == ["forward_started", "timing's pre-hook", "forward_done", "close"]
