@@ -164,9 +164,11 @@ def slow_all_reduce(process_group, bucket):  # unannotated: DDP checks a hook's 
 
 
 SLOW = 0.05
-WAITED_AT_LEAST = 0.8 * SLOW
+WAITED_AT_LEAST = 0.5 * SLOW
 """The wait for the slow all-reduce: its 50 ms less the backward compute left after DDP launched it (launched before
-the last gradient of an unused head was marked ready, it has read 49.6 ms on a loaded machine); untimed, 0."""
+the last gradient of an unused head was marked ready, it has read 49.6 ms on a loaded machine; 39.9 ms once, the
+test's process preempted for 11.6 ms between the launch and the end of backward, 3 pytest workers on 2 cores);
+untimed, 0."""
 
 
 def test_a_step_waits_from_the_end_of_backward_compute_to_the_end_of_ddps_wait(world_of_one, ddp_timing):
