@@ -181,9 +181,10 @@ def logged_steps(run_dir: Path, rank: int = 0) -> int:
 
 SLOW_RANK = {"TRAINSTACK_TEST_SLOW_RANK": "0", "TRAINSTACK_TEST_SLOW_SECONDS": "0.1"}
 HEALTHY_RELAUNCHES = 2
-"""How many more launches judge a healthy run whose first launch got a verdict: a 2-vCPU host can take CPU from one
-rank for a whole run of a few seconds, even with no other test running (tests/timing/test_watched_matrix.py's
-healthy phases), which no verdict should hide. A verdict the code gives a healthy run, every launch gives."""
+"""How many more launches (or windows of a live run) judge a healthy run whose first got a verdict: a 2-vCPU host
+can take CPU from one rank for a whole run of a few seconds, even with no other test running
+(tests/timing/test_watched_matrix.py's healthy phases), which no verdict should hide. A verdict the code gives a
+healthy run, every launch gives."""
 
 
 def kill_tree(process: subprocess.Popen) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers.runs import REPO, run_trainstack, stop_process, torchrun, trainstack_command
+from tests.helpers.runs import HEALTHY_RELAUNCHES, REPO, run_trainstack, stop_process, torchrun, trainstack_command
 from tests.helpers.scrapes import per_rank, scrape
 from trainstack.rundir import free_port
 
@@ -116,7 +116,12 @@ def test_ddp_ranks_show_on_the_exporter_healthy_then_input_bound_once_the_collat
     ) as run:
         run.wait_for(10)
         served, info = per_rank(scrape(run.url)), run_info(run.url)
-        healthy = verdicts(run.url)
+        # Judged again over the next windows where one gives a verdict: the 2 shared cores can take CPU from one rank
+        # for seconds (a CI run once found a straggler in the first window); a verdict the code gives, every window
+        # gives.
+        healthy = [verdicts(run.url)]
+        while healthy[-1] and len(healthy) <= HEALTHY_RELAUNCHES:
+            healthy.append(verdicts(run.url))
         slow_down.touch()
         run.wait_for(max(steps_by_rank(run.url).values()) + 2)  # each rank is past the step it was making
         slowed = verdicts(run.url)
@@ -124,5 +129,5 @@ def test_ddp_ranks_show_on_the_exporter_healthy_then_input_bound_once_the_collat
     # The gradient all-reduce is timed on both: the Trainer wrapped the model in DDP.
     assert set(served["trainstack_train_comm_seconds_total"]) == {"0", "1"}
     assert all(value > 0 for value in served["trainstack_train_forward_seconds_total"].values())
-    assert healthy == []
+    assert healthy[-1] == [], f"every window gave a verdict: {healthy}"
     assert slowed == ["input-bound"]
