@@ -10,8 +10,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 import torch
@@ -185,6 +186,16 @@ HEALTHY_RELAUNCHES = 2
 can take CPU from one rank for a whole run of a few seconds, even with no other test running
 (tests/timing/test_watched_matrix.py's healthy phases), which no verdict should hide. A verdict the code gives a
 healthy run, every launch gives."""
+Judgement = TypeVar("Judgement")
+
+
+def judged_while_unhealthy(judge: Callable[[], Judgement], healthy: Callable[[Judgement], bool]) -> list[Judgement]:
+    """Every judgement made: `judge()` once, then again up to HEALTHY_RELAUNCHES more times while the last is not
+    `healthy` (a live run's next window, or another launch)."""
+    judged = [judge()]
+    while not healthy(judged[-1]) and len(judged) <= HEALTHY_RELAUNCHES:
+        judged.append(judge())
+    return judged
 
 
 def kill_tree(process: subprocess.Popen) -> None:

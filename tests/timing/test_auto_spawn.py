@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.drivers.plain_ddp import BATCH
-from tests.helpers.runs import HEALTHY_RELAUNCHES, REPO, explain, run_watched
+from tests.helpers.runs import REPO, explain, judged_while_unhealthy, run_watched
 from trainstack.record import read_launches
 from trainstack.rundir import RunDir, free_port
 
@@ -39,13 +40,13 @@ def test_spawned_ranks_are_recorded_and_judged_healthy(tmp_path):
     """A healthy loop: no verdict in its summary.json, judged again in up to HEALTHY_RELAUNCHES more launches where
     the first gives one (here, not beside another test's ranks: CI once saw one spawned rank's forward 18% slower
     there, and that rank named)."""
-    runs = [tmp_path / "run"]
-    summaries = [_watched(runs[-1])]
-    for again in range(HEALTHY_RELAUNCHES):
-        if not summaries[-1]["verdicts"]:
-            break
-        runs.append(tmp_path / f"again-{again}")
-        summaries.append(_watched(runs[-1]))
+    runs: list[Path] = []
+
+    def watched() -> dict:
+        runs.append(tmp_path / f"run-{len(runs)}")
+        return _watched(runs[-1])
+
+    summaries = judged_while_unhealthy(watched, lambda summary: not summary["verdicts"])
     summary, run = summaries[-1], RunDir(runs[-1])
     assert summary["judged"] is True, summary
     assert summary["verdicts"] == [], f"every launch gave a verdict: {[s['verdicts'] for s in summaries]}"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers.runs import HEALTHY_RELAUNCHES, REPO, run_trainstack, stop_process, torchrun, trainstack_command
+from tests.helpers.runs import REPO, judged_while_unhealthy, run_trainstack, stop_process, torchrun, trainstack_command
 from tests.helpers.scrapes import per_rank, scrape
 from trainstack.rundir import free_port
 
@@ -119,9 +119,7 @@ def test_ddp_ranks_show_on_the_exporter_healthy_then_input_bound_once_the_collat
         # Judged again over the next windows where one gives a verdict: the 2 shared cores can take CPU from one rank
         # for seconds (a CI run once found a straggler in the first window); a verdict the code gives, every window
         # gives.
-        healthy = [verdicts(run.url)]
-        while healthy[-1] and len(healthy) <= HEALTHY_RELAUNCHES:
-            healthy.append(verdicts(run.url))
+        healthy = judged_while_unhealthy(lambda: verdicts(run.url), lambda found: found == [])
         slow_down.touch()
         run.wait_for(max(steps_by_rank(run.url).values()) + 2)  # each rank is past the step it was making
         slowed = verdicts(run.url)

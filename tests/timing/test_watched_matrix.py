@@ -17,6 +17,7 @@ rank: straggler both times, nothing input- or comm-bound."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.runs import HEALTHY_RELAUNCHES, REPO, torchrun, trainstack_command
+from tests.helpers.runs import REPO, judged_while_unhealthy, torchrun, trainstack_command
 from trainstack.monitoring.diagnose.finished import snapshot_of_steps
 from trainstack.monitoring.diagnose.snapshot import Snapshot
 from trainstack.monitoring.diagnose.verdicts import Verdict, diagnose
@@ -105,6 +106,12 @@ def launch(name: str, out: Path, last_phase: str | None = None) -> Launch:
     return Launch(out / "run", json.loads(described.read_text()))
 
 
+def relaunched(name: str, out: Path) -> Launch:
+    """The workload `name` launched again in `out`, through its healthy phase only."""
+    out.mkdir()
+    return launch(name, out, last_phase="healthy")
+
+
 _launched: dict[str, Launch] = {}
 
 
@@ -125,17 +132,15 @@ def test_a_healthy_phase_gets_no_verdict(launched, request, tmp_path):
     """Judged again in up to HEALTHY_RELAUNCHES more launches where the first gives a verdict (CI once had one rank's
     forward 58% slower throughout the phase, a straggler at 22%; on a quiet host, after the slow loader's sleeps, one
     rank's forward read 55% slower, then less, over 30 steps); each runs the phases up to the healthy one only."""
-    snapshot = launched.snapshot("healthy")
-    assert len(snapshot.straggler_waits()) == 2  # both ranks' waits are measured, and judged
-    given = [diagnose(snapshot, Thresholds())]
-    for again in range(HEALTHY_RELAUNCHES):
-        if not given[-1]:
-            break
-        out = tmp_path / f"again-{again}"
-        out.mkdir()
-        snapshot = launch(request.node.callspec.params["launched"], out, last_phase="healthy").snapshot("healthy")
-        assert len(snapshot.straggler_waits()) == 2
-        given.append(diagnose(snapshot, Thresholds()))
+    name = request.node.callspec.params["launched"]
+    launches = itertools.chain([launched], (relaunched(name, tmp_path / f"again-{n}") for n in itertools.count()))
+
+    def judged() -> list[Verdict]:
+        snapshot = next(launches).snapshot("healthy")
+        assert len(snapshot.straggler_waits()) == 2  # both ranks' waits are measured, and judged
+        return diagnose(snapshot, Thresholds())
+
+    given = judged_while_unhealthy(judged, lambda found: found == [])
     assert given[-1] == [], f"every launch gave a verdict: {given}"
 
 
