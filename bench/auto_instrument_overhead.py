@@ -24,6 +24,15 @@ Run with `--rank-loop STEPS OUT BATCH WIDTH` by torchrun, it is the loop itself:
 ready batches, SGD; rank 0 writes its steps/s and its loop thread's and whole process's CPU time per step after the
 warm-up to OUT.
 
+Each pair's line also gives rank 0's loop thread's minor page faults a step. With glibc's malloc as it comes, a
+CPU rank's large tensors (activations and gradients of megabytes) come from the heap and go back to the system as
+its top is trimmed, and are faulted in again at the next step: how much of that a step does moves with every other
+allocation of the process, the instrumentation's small ones among them. In this bench the instrumented run faulted
+about 500 pages a step more (2 MB: 1,300 against 800), about 1 ms of system time and the cache misses of zeroing
+them, the whole of what the two runs then differed by. `--allocator steady` runs both with glibc's heap never
+trimmed and large tensors never mapped alone (STEADY_ALLOCATOR), as jemalloc or tcmalloc (which PyTorch's CPU
+performance guide recommends) keep them: what the instrumentation itself costs.
+
 `--leave-out PART` leaves PART out of the instrumented run (`comm`, `intervals` or `series`, as
 bench/auto_instrument_instructions.py's `--without` says): what the rest costs, and so what PART does.
 
@@ -35,6 +44,7 @@ one NCCL rank), watched with the instrumentation on and off one after the other,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -52,6 +62,9 @@ from trainstack.auto import instrumented_environment
 from trainstack.rundir import RUN_DIR_ENV, free_port
 
 STEPS_TARGET = 0.99
+STEADY_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+"""glibc's malloc tunables for `--allocator steady`: blocks under 64 MB from the heap, never a mapping of their own,
+and the heap's top given back only past 256 MB: the pages a step frees stay for the next step's tensors."""
 START_TARGET_MS = 50.0
 WARM_UP = 20
 WIDTH, BATCH = 1024, 128
@@ -86,6 +99,19 @@ def pin_to_local_rank_cpu() -> None:
     os.sched_setaffinity(0, {cpus[int(os.environ.get("LOCAL_RANK", "0")) % len(cpus)]})
 
 
+@dataclasses.dataclass(frozen=True)
+class RankResult:
+    """What rank 0 of a run measured over its steps after the warm-up."""
+
+    steps_per_second: float
+    cpu_ms_per_step: float
+    """Its loop thread's CPU time a step."""
+    process_ms_per_step: float
+    """All its threads' (gloo's, the hang responder's)."""
+    faults_per_step: float
+    """Its loop thread's minor page faults a step."""
+
+
 def plain_ddp_loop(width: int, batch_size: int, batches: int) -> tuple[Any, Callable[[Any, Any], None]]:
     """The user's loop, nothing of trainstack in it, once the process group is up: a DataLoader of ready batches,
     and the step that trains a DDP MLP `width` wide on one with SGD."""
@@ -110,6 +136,8 @@ def plain_ddp_loop(width: int, batch_size: int, batches: int) -> tuple[Any, Call
 
 
 def rank_loop(steps: int, out: Path, batch_size: int, width: int) -> None:
+    import resource
+
     import torch.distributed as dist
 
     pin_to_local_rank_cpu()  # before the group starts gloo's threads
@@ -117,18 +145,21 @@ def rank_loop(steps: int, out: Path, batch_size: int, width: int) -> None:
         leave_out(part)
     dist.init_process_group("gloo")
     loader, step = plain_ddp_loop(width, batch_size, steps + WARM_UP)
-    started = cpu_started = 0.0
+    started = cpu_started = process_started = 0.0
+    faults_before = 0
     for index, (batch, targets) in enumerate(loader):
         if index == WARM_UP:
             started, cpu_started, process_started = time.perf_counter(), time.thread_time(), time.process_time()
+            faults_before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         step(batch, targets)
-    rate = steps / (time.perf_counter() - started)
-    cpu_ms = (time.thread_time() - cpu_started) * 1000 / steps  # the loop's thread: not gloo's, not the hang watch's
-    process_ms = (time.process_time() - process_started) * 1000 / steps
+    result = RankResult(
+        steps / (time.perf_counter() - started),
+        (time.thread_time() - cpu_started) * 1000 / steps,  # the loop's thread: not gloo's, not the hang watch's
+        (time.process_time() - process_started) * 1000 / steps,
+        (resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults_before) / steps,
+    )
     if dist.get_rank() == 0:
-        out.write_text(
-            json.dumps({"steps_per_second": rate, "cpu_ms_per_step": cpu_ms, "process_ms_per_step": process_ms})
-        )
+        out.write_text(json.dumps(dataclasses.asdict(result)))
     # Outside the timed steps: gloo's threads let go of the last all-reduce's tensors before the group goes, or a
     # rank may abort as it exits (it did once, in a --no-auto run); an instrumented rank's closing monitor waits so.
     from trainstack.telemetry.future_callbacks import settle_gloo_threads
@@ -168,20 +199,20 @@ def watched(auto: bool, args: argparse.Namespace, scratch: Path) -> tuple[subpro
         scratch / f"run-{out.stem}", auto, [*launch, "--master-port", str(free_port())]
     ) + rank_command(args, out)
     env = {**os.environ, "OMP_NUM_THREADS": "1", WITHOUT_ENV: args.leave_out if auto else ""}
+    if args.allocator == "steady":
+        env.update(STEADY_ALLOCATOR)
     env.pop(RUN_DIR_ENV, None)
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), out
 
 
-def result_of(process: subprocess.Popen, out: Path) -> tuple[float, float, float]:
-    """Rank 0's steps/s, and the CPU time of its loop's thread and of its whole process per step."""
+def result_of(process: subprocess.Popen, out: Path) -> RankResult:
     _, errors = process.communicate(timeout=900)
     if process.returncode != 0:
         sys.exit(f"a watched run failed ({process.returncode}): {errors.decode()[-2000:]}")
-    result = json.loads(out.read_text())
-    return result["steps_per_second"], result["cpu_ms_per_step"], result["process_ms_per_step"]
+    return RankResult(**json.loads(out.read_text()))
 
 
-def run_pair(pair: int, args: argparse.Namespace, scratch: Path) -> tuple[tuple, tuple, str]:
+def run_pair(pair: int, args: argparse.Namespace, scratch: Path) -> tuple[RankResult, RankResult, str]:
     """(the instrumented run's result, the plain run's, which started first)."""
     order = (pair % 2 == 0, pair % 2 == 1)
     first = f"{'auto' if order[0] else '--no-auto'} first"
@@ -215,6 +246,12 @@ def main() -> int:
     parser.add_argument(
         "--leave-out", choices=PARTS, default="", metavar="PART", help="PART left out of the instrumented run"
     )
+    parser.add_argument(
+        "--allocator",
+        choices=("glibc", "steady"),
+        default="glibc",
+        help="glibc's malloc as it comes, or both runs with its heap kept (STEADY_ALLOCATOR)",
+    )
     parser.add_argument("--gpu", action="store_true", help="one NCCL rank on a CUDA GPU, runs one after the other")
     parser.add_argument("--rank-loop", nargs=4, metavar=("STEPS", "OUT", "BATCH", "WIDTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -237,26 +274,38 @@ def main() -> int:
             f"target <= +{START_TARGET_MS:.0f} ms: {'met' if added <= START_TARGET_MS else 'MISSED'}",
             flush=True,
         )
-        auto_rates, plain_rates, added_cpu_ms, added_process_ms = [], [], [], []
+        pairs = []
         for pair in range(args.pairs):
-            (auto_rate, auto_cpu, auto_process), (plain_rate, plain_cpu, plain_process), where = run_pair(
-                pair, args, scratch
-            )
-            auto_rates.append(auto_rate)
-            plain_rates.append(plain_rate)
-            added_cpu_ms.append(auto_cpu - plain_cpu)
-            added_process_ms.append(auto_process - plain_process)
+            auto, plain_run, where = run_pair(pair, args, scratch)
+            pairs.append((auto, plain_run))
             print(
-                f"pair {pair + 1} ({where}): auto {auto_rate:.3f} steps/s, --no-auto "
-                f"{plain_rate:.3f}, ratio {auto_rate / plain_rate:.3f}; rank 0's loop "
-                f"{auto_cpu:.2f} against {plain_cpu:.2f} ms of CPU a step  (load average {os.getloadavg()[0]:.1f})",
+                f"pair {pair + 1} ({where}): auto {auto.steps_per_second:.3f} steps/s, --no-auto "
+                f"{plain_run.steps_per_second:.3f}, ratio {auto.steps_per_second / plain_run.steps_per_second:.3f}; "
+                f"rank 0's loop {auto.cpu_ms_per_step:.2f} against {plain_run.cpu_ms_per_step:.2f} ms of CPU and "
+                f"{auto.faults_per_step:.0f} against {plain_run.faults_per_step:.0f} page faults a step  "
+                f"(load average {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
         name = f"watch (auto, no {args.leave_out})" if args.leave_out else "watch (auto)"
-        print(report(name, "watch --no-auto", auto_rates, plain_rates, None if args.leave_out else STEPS_TARGET))
-        for what, added in (("loop thread", added_cpu_ms), ("process (all its threads)", added_process_ms)):
+        if args.allocator == "steady":
+            name += ", steady allocator"
+        print(
+            report(
+                name,
+                "watch --no-auto",
+                [auto.steps_per_second for auto, _ in pairs],
+                [plain_run.steps_per_second for _, plain_run in pairs],
+                None if args.leave_out else STEPS_TARGET,
+            )
+        )
+        for what, field, unit in (
+            ("loop thread", "cpu_ms_per_step", "ms of CPU"),
+            ("process (all its threads)", "process_ms_per_step", "ms of CPU"),
+            ("loop thread", "faults_per_step", "minor page faults"),
+        ):
+            added = [getattr(auto, field) - getattr(plain_run, field) for auto, plain_run in pairs]
             print(
-                f"rank 0's {what}: {statistics.median(added):+.3f} ms of CPU a step with the instrumentation "
+                f"rank 0's {what}: {statistics.median(added):+.3f} {unit} a step with the instrumentation "
                 f"(median of {len(added)} pairs, {min(added):+.3f} to {max(added):+.3f})"
             )
     return 0

@@ -11,6 +11,7 @@ JSON.
 """
 
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -68,10 +69,12 @@ def main() -> None:
     delay = SLOW_LOADER_SECONDS if mode == "slow-loader" else 0.0
     loader = torch.utils.data.DataLoader(Tokens(steps + WARM_UP, delay), batch_size=None, pin_memory=True)
     started = cpu_started = process_started = 0.0
+    faults_before = 0
     for step, tokens in enumerate(loader):
         if step == WARM_UP:
             torch.cuda.synchronize()
             started, cpu_started, process_started = time.perf_counter(), time.thread_time(), time.process_time()
+            faults_before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         tokens = tokens.to(device, non_blocking=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(tokens[:, :-1])
@@ -84,7 +87,13 @@ def main() -> None:
         seconds = time.perf_counter() - started
         cpu_ms = (time.thread_time() - cpu_started) * 1000 / steps
         process_ms = (time.process_time() - process_started) * 1000 / steps
-        result = {"steps_per_second": steps / seconds, "cpu_ms_per_step": cpu_ms, "process_ms_per_step": process_ms}
+        faults = (resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults_before) / steps
+        result = {
+            "steps_per_second": steps / seconds,
+            "cpu_ms_per_step": cpu_ms,
+            "process_ms_per_step": process_ms,
+            "faults_per_step": faults,
+        }
         out.write_text(json.dumps(result))
     dist.destroy_process_group()
 
