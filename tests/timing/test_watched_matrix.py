@@ -106,10 +106,10 @@ def launch(name: str, out: Path, last_phase: str | None = None) -> Launch:
     return Launch(out / "run", json.loads(described.read_text()))
 
 
-def relaunched(name: str, out: Path) -> Launch:
-    """The workload `name` launched again in `out`, through its healthy phase only."""
+def relaunched(name: str, out: Path, last_phase: str) -> Launch:
+    """The workload `name` launched again in `out`, through its phase `last_phase` only."""
     out.mkdir()
-    return launch(name, out, last_phase="healthy")
+    return launch(name, out, last_phase=last_phase)
 
 
 _launched: dict[str, Launch] = {}
@@ -133,7 +133,9 @@ def test_a_healthy_phase_gets_no_verdict(launched, request, tmp_path):
     forward 58% slower throughout the phase, a straggler at 22%; on a quiet host, after the slow loader's sleeps, one
     rank's forward read 55% slower, then less, over 30 steps); each runs the phases up to the healthy one only."""
     name = request.node.callspec.params["launched"]
-    launches = itertools.chain([launched], (relaunched(name, tmp_path / f"again-{n}") for n in itertools.count()))
+    launches = itertools.chain(
+        [launched], (relaunched(name, tmp_path / f"again-{n}", "healthy") for n in itertools.count())
+    )
 
     def judged() -> list[Verdict]:
         snapshot = next(launches).snapshot("healthy")
@@ -151,7 +153,28 @@ def test_a_slow_loader_on_every_rank_is_input_bound(launched):
 
 @every_workload
 @pytest.mark.parametrize("where", STRAGGLERS)
-def test_the_slowed_rank_is_the_straggler_with_the_work_given_it_as_its_cost(launched, where):
+def test_the_slowed_rank_is_the_straggler_with_the_work_given_it_as_its_cost(launched, where, request, tmp_path):
+    """Judged again in up to HEALTHY_RELAUNCHES more launches, through the phase, where one fails a check: on the 2
+    shared cores the peer's own compute can slow for a whole phase (one CI run: 57.7 ms waited for Lightning's 100 ms
+    in forward). What the code gets wrong, every launch gets wrong."""
+    name = request.node.callspec.params["launched"]
+    launches = itertools.chain(
+        [launched], (relaunched(name, tmp_path / f"again-{n}", where) for n in itertools.count())
+    )
+    failures = judged_while_unhealthy(lambda: failed_check(next(launches), where), lambda failure: failure == "")
+    assert failures[-1] == "", f"every launch failed a check: {failures}"
+
+
+def failed_check(launched: Launch, where: str) -> str:
+    """The straggler phase `where` of a launch judged: "" where every check holds, else the one that failed."""
+    try:
+        check_the_straggler(launched, where)
+    except AssertionError as failure:
+        return str(failure) or "an assertion failed"
+    return ""
+
+
+def check_the_straggler(launched: Launch, where: str) -> None:
     phase = launched.phase(where)
     slow, peer = str(phase["slow_rank"]), str(1 - phase["slow_rank"])
     snapshot = launched.snapshot(where)
