@@ -182,10 +182,11 @@ def logged_steps(run_dir: Path, rank: int = 0) -> int:
 
 SLOW_RANK = {"TRAINSTACK_TEST_SLOW_RANK": "0", "TRAINSTACK_TEST_SLOW_SECONDS": "0.1"}
 HEALTHY_RELAUNCHES = 2
-"""How many more launches (or windows of a live run) judge a healthy run whose first got a verdict: a 2-vCPU host
-can take CPU from one rank for a whole run of a few seconds, even with no other test running
-(tests/timing/test_watched_matrix.py's healthy phases), which no verdict should hide. A verdict the code gives a
-healthy run, every launch gives."""
+"""How many more launches (or windows of a live run) judge a run whose first judgement was off: a healthy run that
+got a verdict, or a slowed phase whose straggler or cost read wrong. A 2-vCPU host can take CPU from one rank for a
+whole run of a few seconds, even with no other test running (tests/timing/test_watched_matrix.py's healthy
+phases), or slow the peer's own compute through a phase, which no judgement should hide. A wrong judgement the code
+makes, every launch makes."""
 Judgement = TypeVar("Judgement")
 
 
@@ -196,6 +197,20 @@ def judged_while_unhealthy(judge: Callable[[], Judgement], healthy: Callable[[Ju
     while not healthy(judged[-1]) and len(judged) <= HEALTHY_RELAUNCHES:
         judged.append(judge())
     return judged
+
+
+def checked_while_failing(check: Callable[[], None]) -> list[str]:
+    """What each run of `check()` failed with ("" where it held): once, then again up to HEALTHY_RELAUNCHES more
+    times while it fails (`check` judges another launch each time it is called)."""
+
+    def failure() -> str:
+        try:
+            check()
+        except AssertionError as failed:
+            return str(failed) or "an assertion failed"
+        return ""
+
+    return judged_while_unhealthy(failure, lambda failed: failed == "")
 
 
 def kill_tree(process: subprocess.Popen) -> None:
