@@ -148,8 +148,8 @@ def test_a_healthy_phase_gets_no_verdict(launched, request, tmp_path):
 
 @every_workload
 def test_a_slow_loader_on_every_rank_is_input_bound(launched, request, tmp_path):
-    """Judged again in up to HEALTHY_RELAUNCHES more launches of that first phase where one reads more than
-    input-bound: the start-up's work on the shared cores lands in it."""
+    """Judged again in up to HEALTHY_RELAUNCHES more launches, through the phase, where one reads more than
+    input-bound: the phase comes first (Lightning's after its healthy one), where the start-up's work lands."""
     name = request.node.callspec.params["launched"]
     launches = itertools.chain(
         [launched], (relaunched(name, tmp_path / f"again-{n}", "slow-loader") for n in itertools.count())
