@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,10 +107,13 @@ def launch(name: str, out: Path, last_phase: str | None = None) -> Launch:
     return Launch(out / "run", json.loads(described.read_text()))
 
 
-def relaunched(name: str, out: Path, last_phase: str) -> Launch:
-    """The workload `name` launched again in `out`, through its phase `last_phase` only."""
-    out.mkdir()
-    return launch(name, out, last_phase=last_phase)
+def launches_through(first: Launch, name: str, phase: str, folder: Path) -> Iterator[Launch]:
+    """`first`, then the workload `name` launched again, each time in a new folder under `folder`, through its
+    phase `phase` only: one launch for each judgement made of that phase."""
+    yield first
+    for n in itertools.count():
+        (folder / f"again-{n}").mkdir()
+        yield launch(name, folder / f"again-{n}", last_phase=phase)
 
 
 _launched: dict[str, Launch] = {}
@@ -133,9 +137,7 @@ def test_a_healthy_phase_gets_no_verdict(launched, request, tmp_path):
     forward 58% slower throughout the phase, a straggler at 22%; on a quiet host, after the slow loader's sleeps, one
     rank's forward read 55% slower, then less, over 30 steps); each runs the phases up to the healthy one only."""
     name = request.node.callspec.params["launched"]
-    launches = itertools.chain(
-        [launched], (relaunched(name, tmp_path / f"again-{n}", "healthy") for n in itertools.count())
-    )
+    launches = launches_through(launched, name, "healthy", tmp_path)
 
     def judged() -> list[Verdict]:
         snapshot = next(launches).snapshot("healthy")
@@ -151,9 +153,7 @@ def test_a_slow_loader_on_every_rank_is_input_bound(launched, request, tmp_path)
     """Judged again in up to HEALTHY_RELAUNCHES more launches, through the phase, where one reads more than
     input-bound: the phase comes first (Lightning's after its healthy one), where the start-up's work lands."""
     name = request.node.callspec.params["launched"]
-    launches = itertools.chain(
-        [launched], (relaunched(name, tmp_path / f"again-{n}", "slow-loader") for n in itertools.count())
-    )
+    launches = launches_through(launched, name, "slow-loader", tmp_path)
 
     def check() -> None:
         found = next(launches).verdicts("slow-loader")
@@ -170,9 +170,7 @@ def test_the_slowed_rank_is_the_straggler_with_the_work_given_it_as_its_cost(lau
     shared cores the peer's own compute can slow for a whole phase (one CI run: 57.7 ms waited for Lightning's 100 ms
     in forward). What the code gets wrong, every launch gets wrong."""
     name = request.node.callspec.params["launched"]
-    launches = itertools.chain(
-        [launched], (relaunched(name, tmp_path / f"again-{n}", where) for n in itertools.count())
-    )
+    launches = launches_through(launched, name, where, tmp_path)
     failures = checked_while_failing(lambda: check_the_straggler(next(launches), where))
     assert failures[-1] == "", f"every launch failed a check: {failures}"
 
