@@ -19,8 +19,10 @@ What is left is the host, and it does not leave the rest of the step unchanged: 
 compute is slower than the fixed runs' (the rest of the step 12% and the forward passes 22% here; in one CI run the
 measured speedup passed the ceiling by 39% in both pairs). So the measured speedup bounds the ceiling from one side
 only, and the ceiling's own input, the starvation measured, is checked against the wait injected, which no host
-moves. The runs come in alternated pairs (fixed, starved, then starved, fixed) and the speedup is their geometric
-mean, as in bench/. Each run judges about 100 steps: a step takes some 25 ms here, and a 25-step window let one burst
+moves. The runs come fixed, starved, fixed: the starved run is paired with each fixed run beside it and the
+speedup is the pairs' geometric mean, as in bench/, so a host load that drifts through the three cancels (a second
+starved run, as the alternated pairs had, cost a run's start-up and checked nothing the first does not). Each run
+judges about 100 steps: a step takes some 25 ms here, and a 25-step window let one burst
 of host work move a run's compute by 18%, while the runs' start-up, not their steps, is most of what this test
 costs."""
 
@@ -108,18 +110,13 @@ def _ceiling_from_records(run_dir: Path) -> float:
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory) -> list[Pair]:
-    """A starved run and a fixed run per pair, the second pair in the other order so a drifting host load cancels;
+    """The starved run paired with the fixed run before it and the one after it, so a drifting host load cancels;
     each starved batch waits as long as the first fixed run's step took."""
     folder = tmp_path_factory.mktemp("input-fix")
     first_fixed = _run(folder / "fixed-0", 0)
     injected_wait = _step_seconds(first_fixed)
-    sample_delay = injected_wait / _batch_size(first_fixed)
-    first_starved = _run(folder / "starved-0", sample_delay)
-    second_starved = _run(folder / "starved-1", sample_delay)
-    return [
-        Pair(first_starved, first_fixed, injected_wait),
-        Pair(second_starved, _run(folder / "fixed-1", 0), injected_wait),
-    ]
+    starved = _run(folder / "starved", injected_wait / _batch_size(first_fixed))
+    return [Pair(starved, first_fixed, injected_wait), Pair(starved, _run(folder / "fixed-1", 0), injected_wait)]
 
 
 def test_the_input_bound_ceiling_rests_on_the_injected_wait_and_removing_it_gains_it(pairs):
