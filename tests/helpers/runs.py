@@ -185,8 +185,9 @@ HEALTHY_RELAUNCHES = 2
 """How many more launches (or windows of a live run) judge a run whose first judgement was off: a healthy run that
 got a verdict, or a slowed phase whose straggler or cost read wrong. A 2-vCPU host can take CPU from one rank for a
 whole run of a few seconds, even with no other test running (tests/timing/test_watched_matrix.py's healthy
-phases), or slow the peer's own compute through a phase, which no judgement should hide. A wrong judgement the code
-makes, every launch makes."""
+phases: on a quiet host each vCPU's speed moves by up to 25% in episodes of 3-6 s, docs/benchmarks.md), or slow the
+peer's own compute through a phase, which no judgement should hide. A wrong judgement the code makes, every launch
+makes."""
 Judgement = TypeVar("Judgement")
 
 
