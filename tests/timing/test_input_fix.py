@@ -19,12 +19,10 @@ What is left is the host, and it does not leave the rest of the step unchanged: 
 compute is slower than the fixed runs' (the rest of the step 12% and the forward passes 22% here; in one CI run the
 measured speedup passed the ceiling by 39% in both pairs). So the measured speedup bounds the ceiling from one side
 only, and the ceiling's own input, the starvation measured, is checked against the wait injected, which no host
-moves. The runs come fixed, starved, fixed: the starved run is paired with each fixed run beside it and the
-speedup is the pairs' geometric mean, as in bench/, so a host load that drifts through the three cancels (a second
-starved run, as the alternated pairs had, cost a run's start-up and checked nothing the first does not). Each run
-judges about 100 steps: a step takes some 25 ms here, and a 25-step window let one burst
-of host work move a run's compute by 18%, while the runs' start-up, not their steps, is most of what this test
-costs."""
+moves. The runs come fixed, starved, fixed: the starved run is paired with the fixed run on either side and the
+speedup is the pairs' geometric mean, as in bench/, so a host load that drifts through the three cancels. Each run
+judges about 100 steps: a step takes some 25 ms here, and a 25-step window let one burst of host work move a run's
+compute by 18%, while the runs' start-up, not their steps, is most of what this test costs."""
 
 from __future__ import annotations
 
