@@ -44,7 +44,7 @@ endif
 check: setup ## the fast tier: every test that starts no process, tests/unit/ (-m "not slow"), under 2 minutes
 	$(BIN)/python -m pytest -m "not slow" $(ARGS)
 
-system-deps: ## Debian packages the tests use for real (prometheus/promtool, docker, debootstrap, chromium, slurm-wlm, munge); needs root
+system-deps: ## Debian packages the tests use for real (prometheus/promtool, docker, mmdebstrap, chromium, slurm-wlm, munge); needs root
 	@bash scripts/system-deps.sh
 
 lint: setup ## ruff (lint and format) and mypy over trainstack/, train/ and monitoring/, as tests/process/test_lint.py checks them

@@ -3,8 +3,8 @@
 # Each package is checked by a command it ships; slurm-wlm (the controller, the node daemon and the client commands)
 # by three, since it is a metapackage of slurmctld, slurmd and slurm-client.
 set -euo pipefail
-packages=(prometheus debootstrap docker.io docker-compose chromium slurm-wlm slurm-wlm slurm-wlm munge)
-commands=(promtool debootstrap dockerd docker-compose chromium slurmctld slurmd sbatch munged)
+packages=(prometheus mmdebstrap docker.io docker-compose chromium slurm-wlm slurm-wlm slurm-wlm munge)
+commands=(promtool mmdebstrap dockerd docker-compose chromium slurmctld slurmd sbatch munged)
 missing=()
 for i in "${!commands[@]}"; do
   if ! command -v "${commands[$i]}" >/dev/null 2>&1 && [[ " ${missing[*]} " != *" ${packages[$i]} "* ]]; then
