@@ -1,16 +1,16 @@
 """A plain DDP loop with no trainstack line (unless asked): a BatchNorm model on CPU ranks over gloo, fed by a
-DataLoader; after it an evaluation and checkpoints (torch.save on rank 0; in the healthy mode
+DataLoader; after it an evaluation and checkpoints (torch.save on rank 0; in the phases mode
 torch.distributed.checkpoint's on every rank too). tests/process/test_auto_instrument.py and
 tests/timing/test_watched_matrix.py run it under `trainstack watch -- torchrun ...`, where the automatic
 instrumentation (trainstack/auto/) must see it.
 
     plain_ddp.py MODE [STEPS [PHASES_JSON [LAST_PHASE]]]
 
-MODE: healthy; slow-loader (every batch waits in __getitem__); monitored (the script calls trainstack.monitor.start
-itself, as a loop instrumented by hand does); own-comm-hook (the script registers a DDP communication hook of its
-own, and prints how many buckets it reduced); fsdp (the model sharded by FSDP2's fully_shard instead of DDP);
-phases, fsdp-phases (DDP's or FSDP2's model through the PHASES below, one after another in one loop, STEPS steps
-each: rank 0 writes which steps each took to PHASES_JSON), up to LAST_PHASE if given.
+MODE: slow-loader (every batch waits in __getitem__); monitored (the script calls trainstack.monitor.start itself,
+as a loop instrumented by hand does); own-comm-hook (the script registers a DDP communication hook of its own, and
+prints how many buckets it reduced); phases, fsdp-phases (DDP's or FSDP2's model, sharded by fully_shard, through
+the PHASES below, one after another in one loop, STEPS steps each: rank 0 writes which steps each took and the batch
+to PHASES_JSON), up to LAST_PHASE if given.
 """
 
 import json
@@ -121,7 +121,7 @@ def main() -> int:
     # FSDP2 gathers and scatters its parameters at every step, all of it exposed on a CPU: twice the compute keeps
     # gloo's collectives under a quarter of a healthy step (comm-bound)
     batch = 2 * BATCH if mode == "fsdp-phases" else BATCH
-    if mode.startswith("fsdp"):  # FSDP2: its layers sharded, then the root
+    if mode == "fsdp-phases":  # FSDP2: its layers sharded, then the root
         from torch.distributed.fsdp import fully_shard
 
         fully_shard(inner.inner)
@@ -158,14 +158,14 @@ def main() -> int:
     if rank == 0 and len(sys.argv) > 3:
         written = [asdict(phase) | {"after": n * steps, "upto": (n + 1) * steps} for n, phase in enumerate(phases)]
         with open(sys.argv[3], "w") as out:
-            json.dump({"extra_seconds": EXTRA_SECONDS, "phases": written}, out)
+            json.dump({"extra_seconds": EXTRA_SECONDS, "batch": batch, "phases": written}, out)
     model.eval()
     with torch.no_grad():
         model(torch.randn(batch, WIDTH))
     model.train()
     if rank == 0:
         torch.save(getattr(model, "module", model).state_dict(), os.devnull)
-    if mode == "healthy":  # a sharded checkpoint too, on every rank
+    if mode == "phases":  # a sharded checkpoint too, on every rank
         import torch.distributed.checkpoint as dcp
 
         dcp.save({"model": model.module.state_dict()}, checkpoint_id=tempfile.mkdtemp(prefix="plain-ddp-"))

@@ -13,7 +13,10 @@ In each: a healthy phase gets no verdict; a slow loader on every rank reads inpu
 with its loader as the cause in the last case and its cost what its peer waits for it: the work given it, less what
 the peer's own compute slowed meanwhile on the shared cores (COST_BELOW), and never more (COST_ABOVE). The plain DDP
 loop also all-reduces a metric after a slowed step, and carries a forward pre-hook of its own that works on one
-rank: straggler both times, nothing input- or comm-bound."""
+rank: straggler both times, nothing input- or comm-bound. The same launches show what is recorded: each rank once, to
+its last step, and the run judged; the plain loop's every sample, learning rate, forward and collectives, and the
+evaluation and checkpoints after it as pauses (tests/process/test_auto_instrument.py has the rest of watch's
+automatic layer)."""
 
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ from tests.helpers.runs import REPO, checked_while_failing, judged_while_unhealt
 from trainstack.monitoring.diagnose.finished import snapshot_of_steps
 from trainstack.monitoring.diagnose.snapshot import Snapshot
 from trainstack.monitoring.diagnose.verdicts import Verdict, diagnose
+from trainstack.record import read_launches
+from trainstack.rundir import RunDir
 from trainstack.thresholds import Thresholds
 
 pytestmark = [pytest.mark.slow, pytest.mark.timing]
@@ -129,6 +134,36 @@ def launched(request, tmp_path_factory) -> Launch:
 
 
 every_workload = pytest.mark.parametrize("launched", sorted(WORKLOADS), indirect=True)
+
+
+@every_workload
+def test_each_rank_is_recorded_once_to_its_last_step_and_the_run_is_judged(launched):
+    """One monitor a rank, the instrumentation's or the framework callback it added (never two), closed before the
+    process group went; watch judges the run from the records."""
+    summary = json.loads(RunDir(launched.run).summary.read_text())
+    assert summary["judged"] is True and summary["world_size"] == 2
+    last_step = launched.described["phases"][-1]["upto"]
+    for rank in (0, 1):
+        (recorded,) = read_launches(RunDir(launched.run).rank_records(rank))
+        assert recorded.records[-1].step == last_step and recorded.ended is not None
+
+
+@pytest.mark.parametrize("launched", ["ddp", "fsdp2"], indirect=True)
+def test_the_plain_loop_records_its_samples_learning_rate_collectives_and_pauses(launched, request):
+    """Every sample, the optimizer's learning rate and the forward and collectives' time in every interval (DDP's
+    all-reduce, FSDP2's all-gathers and reduce-scatters on the root fully_shard took last); the eval-mode forward
+    after the loop, rank 0's torch.save and (DDP) every rank's torch.distributed.checkpoint as pauses."""
+    ddp = request.node.callspec.params["launched"] == "ddp"
+    steps = launched.described["phases"][-1]["upto"]
+    for rank in (0, 1):
+        (recorded,) = read_launches(RunDir(launched.run).rank_records(rank))
+        intervals = recorded.records
+        assert sum(record.samples for record in intervals) == steps * launched.described["batch"]
+        assert {record.lr for record in intervals} == {1e-3}
+        timed = [record.comm_seconds is not None if ddp else record.comm_buckets for record in intervals]
+        assert all(timed) and all(record.forward_seconds for record in intervals)
+        saves = (1 if rank == 0 else 0) + (1 if ddp else 0)
+        assert sorted(pause.part for pause in recorded.ended.paused) == ["checkpoint_save"] * saves + ["evaluation"]
 
 
 @every_workload
