@@ -165,10 +165,11 @@ def main() -> int:
     model.train()
     if rank == 0:
         torch.save(getattr(model, "module", model).state_dict(), os.devnull)
-    if mode == "phases":  # a sharded checkpoint too, on every rank
+    if mode == "phases":  # a sharded checkpoint too, on every rank: one folder, beside PHASES_JSON where given
         import torch.distributed.checkpoint as dcp
 
-        dcp.save({"model": model.module.state_dict()}, checkpoint_id=tempfile.mkdtemp(prefix="plain-ddp-"))
+        beside = os.path.join(os.path.dirname(os.path.abspath(sys.argv[3])), "dcp") if len(sys.argv) > 3 else None
+        dcp.save({"model": model.module.state_dict()}, checkpoint_id=beside or tempfile.mkdtemp(prefix="plain-ddp-"))
         dist.barrier()  # every rank past the save before the group goes
     if mode == "monitored":
         monitor.close()
