@@ -143,10 +143,10 @@ class DdpReducerTiming:
     """A CPU model's gradient all-reduce, from the marks DDP's reducer takes for its logger (torch's
     reducer_timer.hpp): the launch of its first bucket, the end of backward compute (where DDP's final callback
     begins to wait) and the end of that wait, in the system clock's nanoseconds. The reducer takes them at the
-    steps it samples (every hundredth by default), here every step; its logger computes a step's marks as the next
-    forward starts, and `set_runtime_stats_and_log` computes them as the step closes. Setting, computing and
-    reading them costs 20-25 us a step of C++ (docs/benchmarks.md), against the hooks' calls from autograd's engine
-    inside backward.
+    steps it samples (every hundredth by default), here every step. Its logger would compute a step's marks as the
+    next forward starts; here `set_runtime_stats_and_log` computes them once, as the step closes (the wrapper's
+    forward calls a stand-in), and they are read there. That costs about 100 us of C++ a step in a CPU rank
+    (docs/benchmarks.md), against the hooks' calls from autograd's engine inside backward.
 
     A step with no new end mark synchronized nothing (a micro-batch under `no_sync`, or no backward). A backward
     through the model inside a pause, followed only by micro-batches under `no_sync` before the next step closes,
@@ -160,8 +160,9 @@ class DdpReducerTiming:
         buckets: DdpBuckets,
         training: Callable[[], bool],
     ):
-        self._logger, self._timer, self._buckets, self._training = model.logger, timer, buckets, training
+        self._timer, self._buckets, self._training = timer, buckets, training
         model._set_ddp_runtime_logging_sample_rate(1)
+        self._logger = _LoggerComputedAtClose.put_in(model)
         self._logger.set_runtime_stats_and_log()  # the steps before the watch are no step of its
         self._last_end = self._marks().get("backward_comm_time_end")
         timer.closing_step(self._step_closes)
@@ -189,6 +190,29 @@ class DdpReducerTiming:
             pieces=self._buckets.count,
         )
         self._buckets.synced()
+
+
+class _LoggerComputedAtClose:
+    """DDP's logger as its wrapper sees it once `DdpReducerTiming` reads it: DDP's forward computes the previous
+    step's statistics (`set_runtime_stats_and_log`) at each step it samples, now every step, which the step's close
+    has computed already; here that call does nothing (in a rank, 40-60 us of C++ a step saved: docs/benchmarks.md).
+    Everything else is the logger's own. The reducer holds the logger itself, not this."""
+
+    def __init__(self, logger: dist.Logger):
+        self._logger = logger
+
+    @classmethod
+    def put_in(cls, model: DistributedDataParallel) -> dist.Logger:
+        """Puts the stand-in in `model`'s place of its logger, once; returns the logger itself."""
+        if not isinstance(model.logger, cls):
+            model.logger = cls(model.logger)
+        return model.logger._logger
+
+    def set_runtime_stats_and_log(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._logger, name)
 
 
 class DdpHookTiming:

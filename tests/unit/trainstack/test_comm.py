@@ -394,6 +394,24 @@ def test_a_cpu_rank_is_timed_by_ddps_reducer_with_no_python_in_backward(world_of
     assert all(comm.exposed_seconds >= WAITED_AT_LEAST for comm in timer.read(steps))
 
 
+def test_the_reducers_statistics_are_computed_once_a_step_as_it_closes_not_again_by_ddps_forward(
+    world_of_one, monkeypatch
+):
+    """Sampling every step, DDP's forward would compute the step before's statistics, which its close computed."""
+    computed = []
+    compute = dist.Logger.set_runtime_stats_and_log
+    monkeypatch.setattr(dist.Logger, "set_runtime_stats_and_log", lambda logger: computed.append(compute(logger)))
+    timer, model = CommTimer(HostClock()), ddp_model()
+    watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)
+    watch_gradient_communication(model, timer, FutureCallbacks(), training=lambda: True)  # a second watch: no-op
+    computed.clear()
+    for step in range(1, 4):
+        model(torch.randn(8, 64)).sum().backward()
+        timer.step_done()
+        assert len(computed) == step
+    assert len(timer.cut()) == 3, "each step timed from the statistics its close computed"
+
+
 def test_the_reducer_times_a_cpu_model_unless_the_test_delay_or_a_gpu_needs_the_hooks(world_of_one):
     model, on_host = ddp_model(), CommTimer(HostClock())
     assert ddp_comm._reducer_times(model, on_host, delayed=False)
