@@ -111,8 +111,8 @@ def test_tune_keeps_the_baseline_of_a_healthy_run(tmp_path):
     # Tuned again, in a folder of its own, where the baseline got a verdict or a candidate won: one CI run's baseline
     # read a straggler (and kept the baseline); another's prefetch_factor=4 beat a healthy baseline by 1.07-1.14 in
     # each of three rounds against a noise of 1.06, its compute 15% faster, its wait for data 2 ms less. Trials
-    # that differ by the host alone (log-normal, sigma 4-10%) crown a candidate in 0.5-1.4% of simulated three-round
-    # tunes by tune's rule; a winner the code crowns on a healthy run, every run crowns.
+    # that differ by the host alone by 4-10% crown a candidate in 0.4-1.3% of three-round tunes by tune's rule
+    # (bench/tune_false_wins.py); a winner the code crowns on a healthy run, every run crowns.
     attempts: list[Path] = []
 
     def tuned() -> tuple[subprocess.CompletedProcess, Path]:
