@@ -195,8 +195,8 @@ class DdpReducerTiming:
 class _LoggerComputedAtClose:
     """DDP's logger as its wrapper sees it once `DdpReducerTiming` reads it: DDP's forward computes the previous
     step's statistics (`set_runtime_stats_and_log`) at each step it samples, now every step, which the step's close
-    has computed already; here that call does nothing (in a rank, 40-60 us of C++ a step saved: docs/benchmarks.md).
-    Everything else is the logger's own. The reducer holds the logger itself, not this."""
+    has computed already; here that call does nothing (37-45 us of C++ a step saved in a world of one:
+    docs/benchmarks.md). Everything else is the logger's own. The reducer holds the logger itself, not this."""
 
     def __init__(self, logger: dist.Logger):
         self._logger = logger
