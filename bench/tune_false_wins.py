@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,9 +89,9 @@ def main() -> None:
                     print(
                         f"--min-rounds {rounds[0]} --max-rounds {rounds[1]}, a candidate of {gain:.2f}x, trials "
                         f"moved {sigma:.0%} by the host: it wins {won:.1%} of {args.tunes} tunes, "
-                        f"{trials:.1f} trials a tune"
+                        f"{trials:.1f} trials a tune",
+                        flush=True,
                     )
-                    sys.stdout.flush()
 
 
 if __name__ == "__main__":
