@@ -10,7 +10,9 @@ A rank (trainstack's own, or a user's loop through `trainstack.monitor`) calls `
   thread's Python stack and the Flight Recorder's entries of this process. NCCL keeps a recorder of its own
   (`_dump_nccl_trace_json`, its entries timed by CUDA events), apart from the one gloo writes
   (`_dump_fr_trace_json`): both are read. A rank blocked in a collective, a DataLoader or a file write has
-  released the GIL, so the thread runs.
+  released the GIL, so the thread runs. At each poll the thread also writes the rank's step and forward counts
+  (`publish_progress_each_poll`), which its loop writes only once a second: the supervisor and a rank that timed
+  out then read where the rank stopped.
 
 Nothing here kills, pauses or adds a collective. The environment a launcher hands over (`hang_environment`)
 turns the Flight Recorder on, unless the user set it.
@@ -26,6 +28,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from trainstack.rundir import (
@@ -72,6 +75,14 @@ FR_ENTRY_KEYS = (
 POLL_SECONDS = 1.0
 
 _faulthandler_registered: bool | None = None  # None: no responder in this process yet
+_progress: list[Callable[[], None]] = []  # what the responder's thread publishes at each poll
+
+
+def publish_progress_each_poll(publish: Callable[[], None]) -> Callable[[], None]:
+    """Has the responder's thread call `publish` at each poll (a monitor's counted series: trainstack/telemetry/
+    metrics.py's CountedSeries); returns what stops it. `publish` must be safe on another thread than the loop's."""
+    _progress.append(publish)
+    return lambda: _progress.remove(publish) if publish in _progress else None
 
 
 def hang_environment(run_dir: Path, run_id: str, env: dict[str, str]) -> dict[str, str]:
@@ -143,6 +154,11 @@ def _respond(directory: Path, rank: int, main: int) -> None:
     request = directory / HANG_REQUEST_FILE
     while True:
         time.sleep(POLL_SECONDS)
+        for publish in tuple(_progress):
+            try:
+                publish()
+            except Exception:  # noqa: BLE001 - a series write that failed now is retried at the next poll
+                pass
         try:
             wanted = json.loads(request.read_text())
         except (OSError, ValueError):

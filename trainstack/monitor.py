@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import torch
 
 from trainstack import breakdown, ratios
-from trainstack.hang import start_responder
+from trainstack.hang import publish_progress_each_poll, start_responder
 from trainstack.record import IntervalRecord, SegmentEnded, pauses
 from trainstack.rundir import METRICS_DIR_ENV, RUN_DIR_ENV, RUN_ID_ENV, RunDir
 from trainstack.telemetry.clock import RankClock, clock_for
@@ -384,6 +384,7 @@ class Monitor(TrainingMonitor):
         with self._storage_failures():
             self._records_path.parent.mkdir(parents=True, exist_ok=True)
             self._records = open_records(self._records_path, identity, launched_at)
+        self._stop_publishing_progress = publish_progress_each_poll(self._metrics.publish_progress)
         self._interval_start = self._publish_at = time.time()
         self._rank_clock: RankClock = clock.start(identity.uuid, self._metrics)
         self._clock_started_at = self._interval_start  # unix time the step clock last (re)started
@@ -397,11 +398,10 @@ class Monitor(TrainingMonitor):
         self._closing_interval = False
         self._forward_passes = 0
         self._state_bytes: dict[str, int] = {}
-        self._time_series: dict[str, Any] = {}  # part -> its labelled series: `labels` takes a lock and a lookup
         self._wall_time = WallTime(launched_at, self._spent)  # this interval's pauses, compiling steps, startup
         # Every part this rank measures is a series from the start: a rate needs two samples
         for part in filter(self._measures, breakdown.LIVE_PARTS):
-            self._time_of(part)
+            self._metrics.time_of(part)
         # Every collective the loop calls is a wait at the collectives (trainstack/telemetry/collectives.py)
         self._unwatch_collectives = watch_collectives(
             CollectiveBooking(self._collective_started, self._collective_ended)
@@ -428,7 +428,7 @@ class Monitor(TrainingMonitor):
         if os.environ.get(METRICS_DIR_ENV):
             self._comm_metrics = CommMetrics.build(self._identity)
             CommSetup.read().publish(self.rank)  # what diagnose's comm-bound evidence names
-        self._time_of(breakdown.COMM_EXPOSED)
+        self._metrics.time_of(breakdown.COMM_EXPOSED)
 
     def _collective_started(self, nbytes: int) -> tuple[Collective, bool] | None:
         """A collective the loop calls itself blocks the rank (trainstack/telemetry/collectives.py): booked as a
@@ -594,14 +594,8 @@ class Monitor(TrainingMonitor):
         self._metrics.compile_seconds.inc(seconds)
         self._metrics.recompiles.inc(recompiles)
 
-    def _time_of(self, part: str) -> Any:
-        series = self._time_series.get(part)
-        if series is None:
-            series = self._time_series[part] = self._metrics.time.labels(self.rank, part)
-        return series
-
     def _spent(self, part: str, seconds: float) -> None:
-        self._time_of(part).inc(seconds)
+        self._metrics.time_of(part).inc(seconds)
 
     def _count_step(self, samples: int) -> None:
         self._wall_time.stepped(self._clock_started_at)
@@ -615,9 +609,10 @@ class Monitor(TrainingMonitor):
             self._publish(now)
 
     def _publish(self, now: float) -> None:
-        """The held series (telemetry/metrics.py's HeldSeries) into the rank's file: at each record, before a pause
-        and at the end, and at least every PUBLISH_SECONDS of steps."""
+        """The held series (telemetry/metrics.py's HeldSeries) into the rank's file: every PUBLISH_SECONDS of steps,
+        before a pause and at the end."""
         self._metrics.publish()
+        self._comm_metrics.publish()
         self._publish_at = now + PUBLISH_SECONDS
 
     def _resync_clock(self) -> None:
@@ -705,7 +700,6 @@ class Monitor(TrainingMonitor):
         )
         with self._storage_failures():
             self._records.write(record.to_json() + "\n")
-        self._publish(ended)
         m = self._metrics
         m.tokens.inc(tokens)
         if loss is not None:  # a loop that gives its monitor no loss (or no learning rate) has none to show
@@ -773,6 +767,7 @@ class Monitor(TrainingMonitor):
             raise failure from None
 
     def _close_records(self) -> None:
+        self._stop_publishing_progress()
         self._publish(time.time())
         self._unwatch_collectives()
         self._comm_callbacks.wait_released()

@@ -26,6 +26,7 @@ from trainstack.hang_verdict import (
 from trainstack.rundir import METRICS_DIR_ENV, RunDir, free_port, hang_pid_file
 
 DRIVER = REPO / "tests" / "drivers" / "hang_loop.py"
+HANG_STEP = 5  # the driver's step that hangs
 
 
 # ---- 2 ranks over gloo under watch ------------------------------------------------------------------------------
@@ -63,6 +64,10 @@ def test_a_collective_under_if_rank_0_names_the_rank_that_skipped_it(tmp_path):
         r"^rank 0: .* at hang_loop\.py:\d+ in `skip_a_collective_on_rank_1`, in `all_reduce` \(torch/distributed/",
         verdict["evidence"][0],
     ), verdict  # the waiting rank's own line, not torch's, is its place
+    # Six steps (0 to 5) in well under the second after which a loop writes its counts: the responder's thread wrote
+    # them, where each rank stopped (trainstack/telemetry/metrics.py, CountedSeries)
+    collection = json.loads(next(RunDir(tmp_path / "run").hang.glob("stall-*/collection.json")).read_text())
+    assert {rank["steps"] for rank in collection["ranks"].values()} == {HANG_STEP + 1}, collection
 
 
 @pytest.mark.slow
