@@ -119,7 +119,7 @@ def test_a_live_run_is_scraped_over_http_with_both_ranks_rising(live):
     first = wait_for(both_ranks_stepping, "both ranks to report steps")
     first_steps = by_rank(first, "trainstack_train_steps_total")
     first_samples = by_rank(first, "trainstack_train_samples_total")
-    # Samples are held in the rank and written at least once a second (docs/metrics.md), steps at every step.
+    # Steps and samples are held in the rank and written at least once a second (docs/metrics.md).
     second = wait_for(
         lambda: (
             (s := by_labels(scrape(live.port)))
