@@ -67,6 +67,13 @@ STEP_PARTS = (COMPUTE, COMM_EXPOSED, DATA_STARVATION, HOST_BOUND)
 """The parts a step's time splits into (`split_step_time`)."""
 PAUSES = (EVALUATION, CHECKPOINT_SAVE, CHECKPOINT_LOAD, COMPILE)
 """The pauses a loop times around its code (trainstack.monitor's `pause`)."""
+PAUSE_WORDS = {
+    EVALUATION: "evaluating",
+    CHECKPOINT_SAVE: "saving checkpoints",
+    CHECKPOINT_LOAD: "loading a checkpoint",
+    COMPILE: "compiling",
+}
+"""Each pause as a verdict's evidence says what a rank spent its time on."""
 LIVE_PARTS = tuple(part for part in PARTS if part not in (LOST_PROGRESS, BETWEEN_SEGMENTS, OTHER))
 """The parts a rank measures as it runs (the counter's `part` values); the last three are known only afterwards."""
 

@@ -993,7 +993,8 @@ RANK_HOST_BOUND_RATIO = Recorded(
 )
 RANK_STRAGGLER_WAIT = Recorded(
     "rank:trainstack_train_straggler_wait:ratio_rate2m",
-    "the most any rank of the job waits at the collectives, less this rank's wait (shares of step time): "
+    "the most any rank of the job waits a step at the collectives, less this rank's wait, over the job's longest "
+    "step: "
     "largest on the straggler, what the others wait for it",
 )
 JOB_STRAGGLER_WAIT = Recorded(

@@ -14,7 +14,8 @@ ceiling per run) or a live snapshot's (diagnose). Which share each verdict kind 
   all-reduce too, the straggler does not: only what every rank waits is the link's);
 - host-bound: the most host-bound rank's idle time over its step time;
 - straggler: what the other ranks wait beyond the least-waiting rank at the collectives (ratios.STRAGGLER_WAIT, the
-  straggler verdict's own figure: the most any rank waits less the straggler's own wait);
+  straggler verdict's own figure: the most any rank waits a step less the straggler's own wait, over the longest
+  step);
 - pauses: evaluation and checkpoint save and load over the wall time of every launch and the time between them
   (goodput's ceiling: a loop that never paused), from the time breakdown (trainstack/breakdown.py), which accounts
   for that wall time: a requeued job's wait in the queue is in the time, and no fix of the loop removes it.
@@ -75,6 +76,8 @@ class RankShares(Protocol):
     def host_bound_ratio(self) -> float | None: ...
     @property
     def comm_exposed_ratio(self) -> float | None: ...
+    @property
+    def step_seconds(self) -> float | None: ...
 
 
 def input_bound_share(ranks: Sequence[RankShares]) -> float | None:
@@ -94,7 +97,8 @@ def comm_bound_share(ranks: Sequence[RankShares]) -> float | None:
 def straggler_share(ranks: Sequence[RankShares]) -> float | None:
     """What the others wait beyond the straggler (ratios.STRAGGLER_WAIT), the most any rank's wait is beyond."""
     waits = {str(index): r.comm_exposed_ratio for index, r in enumerate(ranks) if r.comm_exposed_ratio is not None}
-    return max(ratios.STRAGGLER_WAIT.of(waits).values(), default=None)
+    steps = {str(index): r.step_seconds for index, r in enumerate(ranks) if r.step_seconds is not None}
+    return max(ratios.STRAGGLER_WAIT.of(waits, steps).values(), default=None)
 
 
 SHARES = {

@@ -142,21 +142,33 @@ TIME_SHARES = Shares(
 
 @dataclass(frozen=True)
 class WaitBeyond:
-    """Per member of a group: the most any member waits, less its own wait (shares of step time). The member that
+    """Per member of a group: the most any member waits a step, less its own wait a step, as a share of the group's
+    longest step. Each member's wait comes as a share of its own step time, and a member's steps leave out its pauses
+    (trainstack/breakdown.py) while its peers' steps hold their waits for them: a rank that saves a checkpoint alone
+    has shorter steps than the peers that wait for it, so shares of their unequal steps do not subtract. Where the
+    steps are equal, as a synchronous job's are otherwise, it is the most share less the member's own. The member that
     waits least has the largest figure, what the others wait beyond it; undefined for a group of one."""
 
     group: str
     """The label the group shares (PromQL); in Python the waits passed in are one group."""
     meaning: str
 
-    def of(self, waits: dict[str, float]) -> dict[str, float]:
-        if len(waits) < 2:
+    def of(self, waits: dict[str, float], step_seconds: dict[str, float]) -> dict[str, float]:
+        """`waits`: each member's share of its step time; `step_seconds`: each member's mean step (a member without
+        one is left out)."""
+        per_step = {key: share * step_seconds[key] for key, share in waits.items() if step_seconds.get(key)}
+        if len(per_step) < 2:
             return {}
-        most = max(waits.values())
-        return {key: most - wait for key, wait in waits.items()}
+        most, longest = max(per_step.values()), max(step_seconds[key] for key in per_step)
+        return {key: (most - wait) / longest for key, wait in per_step.items()}
 
-    def promql(self, series: str) -> str:
-        return f"max by ({self.group}) ({series})\n- on ({self.group}) group_right ()\n{series}"
+    def promql(self, waits: str, step_seconds: str) -> str:
+        per_step = f"({waits} * {step_seconds})"
+        group = self.group
+        return (
+            f"(\n  max by ({group}) {per_step}\n  - on ({group}) group_right ()\n  {per_step}\n)\n"
+            f"/ on ({group}) group_left ()\nmax by ({group}) ({step_seconds})"
+        )
 
 
 STRAGGLER_WAIT = WaitBeyond(
@@ -165,8 +177,8 @@ STRAGGLER_WAIT = WaitBeyond(
     "and buffer broadcast, FSDP's all-gathers and reduce-scatters, every other collective the rank calls), less "
     "this rank's own wait. Every rank of a "
     "synchronous job takes the same wall time per step, so a rank slowed anywhere in its step (data, forward, "
-    "backward, optimizer, logging) makes the others wait for it at the next collective and itself waits least: "
-    "its figure is what it costs them",
+    "backward, optimizer, logging, a pause it takes alone) makes the others wait for it at the next collective and "
+    "itself waits least: its figure is what it costs them, as a share of the longest step",
 )
 
 

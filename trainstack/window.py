@@ -85,6 +85,19 @@ class RankWindow:
         return ratios.STEP_SECONDS.of(self.stepped, self.step_count)
 
     @property
+    def paused_ratio(self) -> dict[str, float]:
+        """Pause (breakdown.PAUSES) -> the share of the window's wall time the rank spent in it, as the rate of its
+        time counter in that part gives it live."""
+        if self.interval_seconds <= 0:
+            return {}
+        paused: dict[str, float] = {}
+        for r in self.records:
+            for pause in r.paused or ():
+                if pause.part in breakdown.PAUSES:
+                    paused[pause.part] = paused.get(pause.part, 0.0) + pause.seconds
+        return {part: seconds / self.interval_seconds for part, seconds in paused.items()}
+
+    @property
     def forward_seconds(self) -> float | None:
         return self._per_step(ratios.FORWARD_SECONDS, self.total(lambda r: r.forward_seconds))
 

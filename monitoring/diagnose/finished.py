@@ -41,6 +41,7 @@ def rank_view(steady: window.RankWindow, world_size: int, launcher: str = "") ->
         world_size=world_size,
         host_bound_ratio=steady.host_bound_ratio,
         launcher=launcher,
+        paused_ratio=steady.paused_ratio,
     )
 
 

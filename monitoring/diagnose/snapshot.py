@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainstack import catalog, ratios
+from trainstack import breakdown, catalog, ratios
 from trainstack.hang_verdict import Hang
 from trainstack.monitoring.diagnose.sources import GPU_SAMPLE_AGE, GPU_SAMPLE_INTERVAL, Sample, Source
 
@@ -57,6 +57,9 @@ class RankView:
     """The rank's --mixed-precision (no, bf16, fp16); "" where it does not say (catalog.TRAIN_RUN_INFO)."""
     compiled: bool | None = None
     """Whether torch.compile compiled on the rank (its compile time is above 0); None where it does not say."""
+    paused_ratio: dict[str, float] = field(default_factory=dict)
+    """Pause (trainstack/breakdown.py's PAUSES) -> the share of wall time the rank spent in it. A pause only one rank
+    takes (a checkpoint rank 0 alone saves) makes the others wait for it at their next collective."""
 
     @property
     def samples_per_step(self) -> float | None:
@@ -171,7 +174,8 @@ class Snapshot:
         """Per rank, what the most waiting rank waits at the collectives beyond it, as a share of step time
         (ratios.STRAGGLER_WAIT): largest on the straggler. Empty where fewer than two ranks' waits are measured."""
         return ratios.STRAGGLER_WAIT.of(
-            {r.rank: r.comm_exposed_ratio for r in self.ranks if r.comm_exposed_ratio is not None}
+            {r.rank: r.comm_exposed_ratio for r in self.ranks if r.comm_exposed_ratio is not None},
+            {r.rank: r.step_seconds for r in self.ranks if r.step_seconds is not None},
         )
 
 
@@ -265,6 +269,7 @@ def _ranks(source: Source) -> list[RankView]:
     compile_seconds = _by("rank", source.instant(catalog.TRAIN_COMPILE_SECONDS.name))
     last = _by("rank", source.instant(catalog.TRAIN_LAST_STEP.name))
     mfu = _by("rank", source.instant(catalog.TRAIN_MFU.name))
+    paused = _paused_by_rank(source)
     views = []
     for rank in sorted(set(info) | set(steps), key=lambda r: int(r) if r.isdigit() else r):
         labels = info.get(rank, {})
@@ -295,9 +300,20 @@ def _ranks(source: Source) -> list[RankView]:
                 shm_bytes=shm.get(rank),
                 mixed_precision=run_info.get(rank, {}).get("mixed_precision", ""),
                 compiled=compile_seconds[rank] > 0 if rank in compile_seconds else None,
+                paused_ratio=paused.get(rank, {}),
             )
         )
     return views
+
+
+def _paused_by_rank(source: Source) -> dict[str, dict[str, float]]:
+    """Rank -> pause -> its share of wall time: the rate of the rank's time counter in that part (seconds a
+    second)."""
+    paused: dict[str, dict[str, float]] = {}
+    for labels, rate in source.rate(catalog.TRAIN_TIME.name):
+        if labels.get("part") in breakdown.PAUSES and "rank" in labels:
+            paused.setdefault(labels["rank"], {})[labels["part"]] = rate
+    return paused
 
 
 def _switches_set(labels: dict[str, str]) -> dict[str, str]:

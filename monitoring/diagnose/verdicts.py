@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainstack import catalog
+from trainstack import breakdown, catalog
 from trainstack import problems as P
 from trainstack.monitoring.diagnose.snapshot import GpuProcess, GpuView, RankView, Snapshot
 from trainstack.rundir import INSTRUMENT_HINT
@@ -284,27 +284,64 @@ def straggler(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     if share <= limits.straggler_wait_ratio:
         return None
     slow = next(r for r in snapshot.ranks if r.rank == named)
-    cost = (
-        f"{_percent(share)} of each step"
-        if slow.step_seconds is None
-        else f"{1000 * share * slow.step_seconds:.0f} ms of each {1000 * slow.step_seconds:.0f} ms step ({_percent(share)})"
-    )
     measured = [r for r in snapshot.ranks if r.rank in beyond]
+    longest = max(r.step_seconds for r in measured if r.step_seconds is not None)  # STRAGGLER_WAIT's base
+    cost = f"{1000 * share * longest:.0f} ms of each {1000 * longest:.0f} ms step ({_percent(share)})"
     return Verdict(
         P.STRAGGLER,
         f"rank {named} is a straggler: the other rank(s) wait for it {cost} at the collectives "
         f"(threshold {_percent(limits.straggler_wait_ratio)})",
         tuple(_straggler_evidence(measured)),
         "the others wait for it at each collective (the gradient all-reduce, DDP's buffer broadcast, any its framework "
-        "or loop calls); the evidence says which "
-        f"part of its step is slow. {_sentence(_fix(P.STRAGGLER, measured))}",
+        f"or loop calls); the evidence says which part of its step is slow.{_lone_pause(slow, measured)} "
+        f"{_sentence(_fix(P.STRAGGLER, measured))}",
+    )
+
+
+PAUSE_DIFFERS = 0.02
+"""How far apart two ranks' shares of time in one pause (or their data waits) must be for the evidence to show them:
+less is the scheduler's noise."""
+LONE_PAUSE_FIX = {
+    breakdown.CHECKPOINT_SAVE: "save on every rank at once (torch.distributed.checkpoint: each rank writes its own "
+    "shard), or in the background (torch.distributed.checkpoint.async_save), or less often",
+    breakdown.EVALUATION: "evaluate on every rank, each on its share of the held-out set (a DistributedSampler), or "
+    "less often",
+    breakdown.CHECKPOINT_LOAD: "load on every rank at once, or broadcast what one rank loaded",
+    breakdown.COMPILE: "give every rank the same shapes (pad or bucket the batches) so that none compiles alone, or "
+    "mark the varying dimension dynamic (torch._dynamo.mark_dynamic)",
+}
+"""For a pause the straggler takes alone (RankView.paused_ratio), what takes it off the others' critical path."""
+
+
+def _lone_pause(slow: RankView, ranks: list[RankView]) -> str:
+    """Where the straggler pauses more than every peer (a checkpoint rank 0 alone saves, an evaluation on one rank),
+    the sentence that names that pause and its fix: its peers go on to their next collective and wait there."""
+    peers = [r for r in ranks if r is not slow]
+    alone = {
+        part: share
+        for part, share in slow.paused_ratio.items()
+        if peers and all(share - r.paused_ratio.get(part, 0.0) > PAUSE_DIFFERS for r in peers)
+    }
+    if not alone:
+        return ""
+    part = max(alone, key=lambda name: alone[name])
+    return (
+        f" It pauses alone: {breakdown.PAUSE_WORDS[part]} {_percent(alone[part])} of its time, and the others wait "
+        f"for it at their next collective: {LONE_PAUSE_FIX[part]}."
     )
 
 
 def _straggler_evidence(ranks: list[RankView]) -> list[str]:
-    """Each rank's wait at the collectives and its forward time per step; its data wait where the ranks' differ."""
+    """Each rank's wait at the collectives and its forward time per step; its data wait and its pauses where the
+    ranks' differ."""
     data_waits = [r.data_wait_ratio for r in ranks if r.data_wait_ratio is not None]
-    data_differs = len(data_waits) > 1 and max(data_waits) - min(data_waits) > 0.02
+    data_differs = len(data_waits) > 1 and max(data_waits) - min(data_waits) > PAUSE_DIFFERS
+    pauses_differ = [
+        part
+        for part in breakdown.PAUSES
+        if max(r.paused_ratio.get(part, 0.0) for r in ranks) - min(r.paused_ratio.get(part, 0.0) for r in ranks)
+        > PAUSE_DIFFERS
+    ]
 
     def per_step(ratio: float, r: RankView) -> str:
         return (
@@ -319,6 +356,10 @@ def _straggler_evidence(ranks: list[RankView]) -> list[str]:
             parts.append(f"forward {1000 * r.forward_seconds:.1f} ms per step")
         if data_differs and r.data_wait_ratio is not None:
             parts.append(f"waits for data {per_step(r.data_wait_ratio, r)} per step")
+        parts += [
+            f"{breakdown.PAUSE_WORDS[part]} {_percent(r.paused_ratio.get(part, 0.0))} of its time"
+            for part in pauses_differ
+        ]
         lines.append(", ".join(parts))
     return lines
 

@@ -219,8 +219,8 @@ def training_overview() -> Dashboard:
             Panel(
                 "timeseries",
                 "Peers' wait beyond each rank",
-                "The most any rank waits at the collectives, less "
-                "each rank's own wait (shares of step time): the rank above the red line waits least and is the one "
+                "The most any rank waits a step at the collectives, less "
+                "each rank's own wait, over the longest step: the rank above the red line waits least and is the one "
                 "the others wait for.",
                 "percentunit",
                 (Query(f"{catalog.RANK_STRAGGLER_WAIT.name}{{{RANK}}}", "rank {{rank}}"),),

@@ -160,13 +160,16 @@ that do not measure it (CPU ranks). Capped at 1, as the data-wait ratio is.""",
                 ),
                 Record(
                     catalog.RANK_STRAGGLER_WAIT,
-                    ratios.STRAGGLER_WAIT.promql(catalog.RANK_COMM_EXPOSED_RATIO.name),
+                    ratios.STRAGGLER_WAIT.promql(
+                        catalog.RANK_COMM_EXPOSED_RATIO.name, catalog.RANK_STEP_DURATION_MEAN.name
+                    ),
                     comment="""\
 Straggler: every rank of a synchronous job takes the same wall time per step, and a rank slowed anywhere
 in its step makes the others wait for it at the next collective (the gradient all-reduce, DDP's buffer
 broadcast inside the forward pass), so neither step time nor forward time names it. Per rank: the most
-any rank of the job waits, less its own wait; the straggler waits least, and its figure is what the
-others wait for it, as a share of step time.""",
+any rank of the job waits a step, less its own wait a step, over the job's longest step (a rank's steps
+leave out its pauses, a checkpoint it saves alone, while its peers' steps hold their wait for it); the
+straggler waits least, and its figure is what the others wait for it, as a share of step time.""",
                 ),
                 Record(catalog.JOB_STRAGGLER_WAIT, f"max by (job) ({catalog.RANK_STRAGGLER_WAIT.name})"),
                 Record(

@@ -29,6 +29,9 @@ WIDTH = 256
 BATCH = 8192
 """Enough compute per step that the gradient all-reduce over gloo hides behind it: a healthy run is no
 communication-bound one."""
+SAVED_BYTES = 64 << 20
+"""What a rank that saves alone writes after each step: 15-20 ms of serializing on a CPU of this machine, a quarter of
+a step."""
 EXTRA_SECONDS = 0.1
 """A slowed rank's extra work per step, and a slow loader's wait per batch. On a host whose cores other work shares,
 a slowed rank's own compute runs faster or slower than its peer's as the scheduler hands out the cores (faster
@@ -41,15 +44,24 @@ class Phase:
     slow_in: str = ""
     """loader (every rank's loader waits: input-bound), or where one rank works EXTRA_SECONDS more each step:
     forward, after_step (after its optimizer step), data (in its loader), metric (after its optimizer step, before
-    the loop's all-reduce of its loss, which only this phase makes) or pre_hook (in a forward pre-hook the script
-    registered on the model before wrapping it, as PEFT or Accelerate do); "" for a healthy phase."""
+    the loop's all-reduce of its loss, which only this phase makes), pre_hook (in a forward pre-hook the script
+    registered on the model before wrapping it, as PEFT or Accelerate do) or save (a checkpoint this rank alone
+    saves after each step, `torch.save` of SAVED_BYTES, as the seeds' `if rank == 0: torch.save(...)`); "" for a
+    healthy phase."""
     slow_rank: int = -1
 
 
 HEALTHY, SLOW_LOADER = Phase("healthy"), Phase("slow-loader", "loader")
 STRAGGLERS = [Phase("forward", "forward", 1), Phase("after_step", "after_step", 0), Phase("data", "data", 1)]
 PHASES = {
-    "phases": [SLOW_LOADER, HEALTHY, *STRAGGLERS, Phase("metric", "metric", 1), Phase("pre_hook", "pre_hook", 1)],
+    "phases": [
+        SLOW_LOADER,
+        HEALTHY,
+        *STRAGGLERS,
+        Phase("lone_save", "save", 0),
+        Phase("metric", "metric", 1),
+        Phase("pre_hook", "pre_hook", 1),
+    ],
     "fsdp-phases": [SLOW_LOADER, HEALTHY, *STRAGGLERS],
 }
 """The slow loader's phase first: the start-up's noise lands in it (the launcher's, watch's and the exporter's own
@@ -142,6 +154,7 @@ def main() -> int:
 
         monitor = trainstack.monitor.start(model, optimizer=optimizer)
     loader = torch.utils.data.DataLoader(Batches(phases, steps, batch), batch_size=None)
+    saved_state = torch.zeros(SAVED_BYTES // 4)
     for index, (inputs, targets) in enumerate(loader):
         inner.slow_in = slow_in = slowed_in(phases[index // steps])
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
@@ -150,6 +163,8 @@ def main() -> int:
         optimizer.zero_grad(set_to_none=True)
         if slow_in in ("after_step", "metric"):
             busy(EXTRA_SECONDS)
+        elif slow_in == "save":
+            torch.save({"model": inner.state_dict(), "state": saved_state}, os.devnull)
         if phases[index // steps].slow_in == "metric":
             dist.all_reduce(loss.detach())  # the loop's metric, as its logging would reduce it
         if mode == "monitored":

@@ -13,7 +13,8 @@ In each: a healthy phase gets no verdict; a slow loader on every rank reads inpu
 with its loader as the cause in the last case and its cost what its peer waits for it: the work given it, less what
 the peer's own compute slowed meanwhile on the shared cores (COST_BELOW), and never more (COST_ABOVE). The plain DDP
 loop also all-reduces a metric after a slowed step, and carries a forward pre-hook of its own that works on one
-rank: straggler both times, nothing input- or comm-bound. The same launches show what is recorded: each rank once, to
+rank: straggler both times, nothing input- or comm-bound; and its rank 0 saves a checkpoint alone after each step:
+that rank is the straggler, told to save on every rank. The same launches show what is recorded: each rank once, to
 its last step, and the run judged; the plain loop's every sample, learning rate, forward and collectives, and the
 evaluation and checkpoints after it as pauses (tests/process/test_auto_instrument.py has the rest of watch's
 automatic layer)."""
@@ -224,7 +225,7 @@ def check_the_straggler(launched: Launch, where: str) -> None:
     straggler = next(rank for rank in snapshot.ranks if rank.rank == slow)
     waiting = next(rank for rank in snapshot.ranks if rank.rank == peer)
     extra = launched.described["extra_seconds"]
-    cost = snapshot.straggler_waits()[slow] * straggler.step_seconds
+    cost = snapshot.straggler_waits()[slow] * max(rank.step_seconds for rank in snapshot.ranks)
     # What the peer waits for it beyond the waits every rank has (its own exposed all-reduce): the work given it,
     # less what the peer's own compute slowed meanwhile
     assert extra * (1 - COST_BELOW) <= cost <= extra * (1 + COST_ABOVE), (where, cost)
@@ -253,6 +254,26 @@ def test_a_wait_at_the_loops_own_collective_or_after_a_pre_hook_names_the_stragg
         assert slow.forward_seconds - peer.forward_seconds == pytest.approx(
             launched.described["extra_seconds"], rel=0.3
         )
+
+
+@pytest.mark.parametrize("launched", ["ddp"], indirect=True)
+def test_a_checkpoint_one_rank_saves_alone_names_that_rank_and_its_save(launched, tmp_path):
+    """The seeds' rank-0 checkpoint: rank 0 alone `torch.save`s after each step (a pause), rank 1 goes on to its next
+    all-reduce and waits there. Rank 0 is the straggler, and its fix starts with the pause it takes alone. Judged
+    again in up to HEALTHY_RELAUNCHES more launches where one fails a check."""
+    launches = launches_through(launched, "ddp", "lone_save", tmp_path)
+
+    def check() -> None:
+        snapshot = next(launches).snapshot("lone_save")
+        found = diagnose(snapshot, Thresholds())
+        assert [verdict.kind for verdict in found] == ["straggler"], found
+        assert found[0].summary.startswith("rank 0 is a straggler:"), found
+        assert "It pauses alone: saving checkpoints" in found[0].fix, found[0].fix
+        saving, waiting = snapshot.ranks
+        assert saving.paused_ratio.get("checkpoint_save", 0.0) > 0.1 and waiting.paused_ratio == {}, snapshot.ranks
+
+    failures = checked_while_failing(check)
+    assert failures[-1] == "", f"every launch failed a check: {failures}"
 
 
 @pytest.mark.parametrize("launched", LIGHTNINGS, indirect=True)

@@ -68,8 +68,8 @@ def test_each_kind_reads_its_own_share_of_the_ranks_and_the_pauses_of_the_breakd
         _rank(1, compute=7.0, comm=3.0, starved=0.0, checkpoint_save=2.0),
     )
     ranks = [
-        RankView(rank="0", data_wait_ratio=0.31, comm_exposed_ratio=0.1),
-        RankView(rank="1", data_wait_ratio=0.0, comm_exposed_ratio=0.3),
+        RankView(rank="0", data_wait_ratio=0.31, comm_exposed_ratio=0.1, step_seconds=1.0),
+        RankView(rank="1", data_wait_ratio=0.0, comm_exposed_ratio=0.3, step_seconds=1.0),
     ]
     found = {**ceilings.of_ranks(ranks), **ceilings.of_pauses(times)}
     assert found["input-bound"].share == pytest.approx(0.31)

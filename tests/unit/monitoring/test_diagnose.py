@@ -212,6 +212,44 @@ def test_a_rank_slowed_outside_its_forward_pass_is_named_and_its_data_wait_shown
     assert "waits for data 90.0 ms (30%) per step" in verdict.evidence[0]
 
 
+def test_a_straggler_that_pauses_alone_is_told_to_save_on_every_rank():
+    # The seeds' rank-0 checkpoint: rank 0 alone saves (30% of its time), and rank 1 waits for it at the next
+    # all-reduce. Rank 0's pause is none of its steps, rank 1's wait for it is in its steps.
+    ranks = [
+        rank("0", comm_exposed_ratio=0.37, step_seconds=0.011, paused_ratio={"checkpoint_save": 0.3}),
+        rank("1", comm_exposed_ratio=0.56, step_seconds=0.016),
+    ]
+    (verdict,) = (v for v in diagnose(Snapshot("test", NOW, ranks), LIMITS) if v.kind == "straggler")
+    assert verdict.summary.startswith("rank 0 is a straggler")
+    assert verdict.evidence[0].endswith(", saving checkpoints 30% of its time")
+    assert verdict.evidence[1].endswith(", saving checkpoints 0% of its time")
+    assert (
+        "It pauses alone: saving checkpoints 30% of its time, and the others wait for it at their next collective: "
+        "save on every rank at once (torch.distributed.checkpoint" in verdict.fix
+    )
+    # Every rank saving (torch.distributed.checkpoint) pauses them alike: the straggler's cause lies elsewhere.
+    for r in ranks:
+        r.paused_ratio.update(checkpoint_save=0.3, evaluation=0.01)
+    (verdict,) = (v for v in diagnose(Snapshot("test", NOW, ranks), LIMITS) if v.kind == "straggler")
+    assert "pauses alone" not in verdict.fix and "checkpoints" not in " ".join(verdict.evidence)
+
+
+def test_the_snapshot_reads_each_ranks_pauses_as_shares_of_its_time():
+    time_by_part = [
+        ({"rank": "0", "part": "compute"}, 0.5),
+        ({"rank": "0", "part": "checkpoint_save"}, 0.3),
+        ({"rank": "0", "part": "evaluation"}, 0.1),
+        ({"rank": "1", "part": "compute"}, 0.8),
+    ]
+    source = CountersSource(
+        {"trainstack_train_steps_total": [({"rank": "0"}, 50.0), ({"rank": "1"}, 50.0)]},
+        {"trainstack_train_time_seconds_total": time_by_part},
+    )
+    saving, not_saving = read_snapshot(source).ranks
+    assert saving.paused_ratio == {"checkpoint_save": 0.3, "evaluation": 0.1}
+    assert not_saving.paused_ratio == {}
+
+
 def test_comm_bound_when_every_rank_waits_for_the_all_reduce():
     ranks = [rank("0", comm_exposed_ratio=0.5, comm_seconds=0.2), rank("1", comm_exposed_ratio=0.4, comm_seconds=0.18)]
     verdicts = diagnose(Snapshot("test", NOW, ranks), LIMITS)

@@ -169,6 +169,24 @@ def test_a_loop_without_a_ddp_model_has_no_waits_and_no_straggler(tmp_path):
     assert "straggler" not in [v.kind for v in diagnose(snapshot, Thresholds())]
 
 
+def test_a_finished_runs_pauses_are_shares_of_its_steady_windows_time(tmp_path):
+    run = RunDir(tmp_path)
+    saving = [
+        {"part": "checkpoint_save", "seconds": 0.25, "after_steps": 5},
+        {"part": "startup", "seconds": 9.0, "after_steps": 0},
+    ]
+    write_run(
+        run,
+        {
+            0: [[record(0, s, 0.02, 0.1) | {"paused": saving} for s in (10, 20, 30)]],
+            1: [[record(1, s, 0.3, 0.1) for s in (10, 20, 30)]],
+        },
+    )
+    rank_0, rank_1 = snapshot_from_records(run).ranks
+    assert rank_0.paused_ratio == {"checkpoint_save": 0.25}  # the startup is no pause; the first interval not judged
+    assert rank_1.paused_ratio == {}
+
+
 def test_a_finished_run_is_judged_with_each_verdicts_ceiling_and_shown_in_its_report(tmp_path):
     run = RunDir(tmp_path)
     records = {0: [record(0, s, 0.3, 0.1) for s in (10, 20, 30)], 1: [record(1, s, 0.02, 0.38) for s in (10, 20, 30)]}

@@ -28,10 +28,18 @@ def test_the_recording_rule_divides_the_same_rates_and_caps_the_same_way():
 
 
 def test_the_straggler_wait_is_what_the_most_waiting_rank_waits_beyond_each():
-    assert ratios.STRAGGLER_WAIT.of({"0": 0.3, "1": 0.02, "2": 0.25}) == pytest.approx({"0": 0.0, "1": 0.28, "2": 0.05})
-    assert ratios.STRAGGLER_WAIT.of({"0": 0.29, "1": 0.02}) == pytest.approx({"0": 0.0, "1": 0.27})  # two ranks
-    assert ratios.STRAGGLER_WAIT.of({"0": 0.1}) == {}  # a rank alone waits for no one
-    assert ratios.STRAGGLER_WAIT.promql("s") == "max by (job) (s)\n- on (job) group_right ()\ns"
+    steps = {"0": 0.2, "1": 0.2, "2": 0.2}
+    waits = ratios.STRAGGLER_WAIT.of({"0": 0.3, "1": 0.02, "2": 0.25}, steps)
+    assert waits == pytest.approx({"0": 0.0, "1": 0.28, "2": 0.05})
+    assert ratios.STRAGGLER_WAIT.of({"0": 0.29, "1": 0.02}, steps) == pytest.approx({"0": 0.0, "1": 0.27})  # two ranks
+    assert ratios.STRAGGLER_WAIT.of({"0": 0.1}, steps) == {}  # a rank alone waits for no one
+    # Rank 0 saves a checkpoint alone: its 60 ms steps leave the pause out, rank 1's 84 ms steps hold its wait for it
+    # (28 ms a step against rank 0's 11): 17 ms of rank 1's 84, where the shares alone differ by 15%
+    lone = ratios.STRAGGLER_WAIT.of({"0": 11 / 60, "1": 28 / 84}, {"0": 0.060, "1": 0.084})
+    assert lone == pytest.approx({"0": 17 / 84, "1": 0.0})
+    assert ratios.STRAGGLER_WAIT.promql("w", "s") == (
+        "(\n  max by (job) (w * s)\n  - on (job) group_right ()\n  (w * s)\n)\n/ on (job) group_left ()\nmax by (job) (s)"
+    )
 
 
 def test_throttle_prefers_the_counter_then_the_reasons_the_rule_matches():
