@@ -1,6 +1,6 @@
 """A plain DDP loop with no trainstack line (unless asked): a BatchNorm model on CPU ranks over gloo, fed by a
-DataLoader; after it an evaluation and checkpoints (torch.save on rank 0; in the phases mode
-torch.distributed.checkpoint's on every rank too). tests/process/test_auto_instrument.py and
+DataLoader; after it an evaluation and checkpoints (torch.save on rank 0; in the phases mode rank 0's evaluation of
+the wrapped module alone first, and torch.distributed.checkpoint's on every rank too). tests/process/test_auto_instrument.py and
 tests/timing/test_watched_matrix.py run it under `trainstack watch -- torchrun ...`, where the automatic
 instrumentation (trainstack/auto/) must see it.
 
@@ -29,9 +29,10 @@ WIDTH = 256
 BATCH = 8192
 """Enough compute per step that the gradient all-reduce over gloo hides behind it: a healthy run is no
 communication-bound one."""
-SAVED_BYTES = 64 << 20
-"""What a rank that saves alone writes after each step: 15-20 ms of serializing on a CPU of this machine, a quarter of
-a step."""
+SAVED_BYTES = 256 << 20
+"""What a rank that saves alone writes after each step: 60-80 ms of serializing on a CPU of this machine, most of a
+step. At 64 MB (about 20 ms) its peer's extra wait read 12-26 ms a step from launch to launch, at times under the
+straggler threshold: the peer's own compute slows and speeds on the shared cores by as much."""
 EXTRA_SECONDS = 0.1
 """A slowed rank's extra work per step, and a slow loader's wait per batch. On a host whose cores other work shares,
 a slowed rank's own compute runs faster or slower than its peer's as the scheduler hands out the cores (faster
@@ -154,7 +155,7 @@ def main() -> int:
 
         monitor = trainstack.monitor.start(model, optimizer=optimizer)
     loader = torch.utils.data.DataLoader(Batches(phases, steps, batch), batch_size=None)
-    saved_state = torch.zeros(SAVED_BYTES // 4)
+    saved_state = None  # what rank 0 saves alone, made at its first such save
     for index, (inputs, targets) in enumerate(loader):
         inner.slow_in = slow_in = slowed_in(phases[index // steps])
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
@@ -164,6 +165,7 @@ def main() -> int:
         if slow_in in ("after_step", "metric"):
             busy(EXTRA_SECONDS)
         elif slow_in == "save":
+            saved_state = saved_state if saved_state is not None else torch.zeros(SAVED_BYTES // 4)
             torch.save({"model": inner.state_dict(), "state": saved_state}, os.devnull)
         if phases[index // steps].slow_in == "metric":
             dist.all_reduce(loss.detach())  # the loop's metric, as its logging would reduce it
@@ -174,6 +176,11 @@ def main() -> int:
         written = [asdict(phase) | {"after": n * steps, "upto": (n + 1) * steps} for n, phase in enumerate(phases)]
         with open(sys.argv[3], "w") as out:
             json.dump({"extra_seconds": EXTRA_SECONDS, "batch": batch, "phases": written}, out)
+    if mode == "phases" and rank == 0:  # rank 0 alone evaluates the module DDP wraps: no forward of the DDP model
+        inner.eval()
+        with torch.no_grad():
+            inner(torch.randn(batch, WIDTH))
+        inner.train()
     model.eval()
     with torch.no_grad():
         model(torch.randn(batch, WIDTH))

@@ -153,7 +153,9 @@ def test_each_rank_is_recorded_once_to_its_last_step_and_the_run_is_judged(launc
 def test_the_plain_loop_records_its_samples_learning_rate_collectives_and_pauses(launched, request):
     """Every sample, the optimizer's learning rate and the forward and collectives' time in every interval (DDP's
     all-reduce, FSDP2's all-gathers and reduce-scatters on the root fully_shard took last); the eval-mode forward
-    after the loop, rank 0's torch.save and (DDP) every rank's torch.distributed.checkpoint as pauses."""
+    after the loop, (DDP) rank 0's evaluation of the wrapped module alone, which no forward of the DDP model shows
+    (its switch to eval mode does), rank 0's torch.save and (DDP) every rank's torch.distributed.checkpoint as
+    pauses."""
     ddp = request.node.callspec.params["launched"] == "ddp"
     steps = launched.described["phases"][-1]["upto"]
     for rank in (0, 1):
@@ -164,7 +166,9 @@ def test_the_plain_loop_records_its_samples_learning_rate_collectives_and_pauses
         timed = [record.comm_seconds is not None if ddp else record.comm_buckets for record in intervals]
         assert all(timed) and all(record.forward_seconds for record in intervals)
         saves = (1 if rank == 0 else 0) + (1 if ddp else 0)
-        assert sorted(pause.part for pause in recorded.ended.paused) == ["checkpoint_save"] * saves + ["evaluation"]
+        evaluations = 2 if ddp and rank == 0 else 1  # DDP's rank 0 also evaluates its wrapped module alone
+        paused = sorted(pause.part for pause in recorded.ended.paused)
+        assert paused == ["checkpoint_save"] * saves + ["evaluation"] * evaluations
 
 
 @every_workload
@@ -259,16 +263,20 @@ def test_a_wait_at_the_loops_own_collective_or_after_a_pre_hook_names_the_stragg
 @pytest.mark.parametrize("launched", ["ddp"], indirect=True)
 def test_a_checkpoint_one_rank_saves_alone_names_that_rank_and_its_save(launched, tmp_path):
     """The seeds' rank-0 checkpoint: rank 0 alone `torch.save`s after each step (a pause), rank 1 goes on to its next
-    all-reduce and waits there. Rank 0 is the straggler, and its fix starts with the pause it takes alone. Judged
-    again in up to HEALTHY_RELAUNCHES more launches where one fails a check."""
+    collective (the buffer broadcast) and waits there. Rank 0 is the straggler, and its fix starts with the pause it
+    takes alone; nothing names rank 1. Rank 0's own wait at the all-reduce, a quarter of its step as in a healthy
+    phase, can read comm-bound now that its step leaves the saves out: its figure, not the peer's. Judged again in up
+    to HEALTHY_RELAUNCHES more launches where one fails a check."""
     launches = launches_through(launched, "ddp", "lone_save", tmp_path)
 
     def check() -> None:
         snapshot = next(launches).snapshot("lone_save")
         found = diagnose(snapshot, Thresholds())
-        assert [verdict.kind for verdict in found] == ["straggler"], found
-        assert found[0].summary.startswith("rank 0 is a straggler:"), found
-        assert "It pauses alone: saving checkpoints" in found[0].fix, found[0].fix
+        (named,) = [verdict for verdict in found if verdict.kind == "straggler"]
+        assert named.summary.startswith("rank 0 is a straggler:"), found
+        assert "It pauses alone: saving checkpoints" in named.fix, named.fix
+        assert {verdict.kind for verdict in found} <= {"straggler", "comm-bound"}, found
+        assert not any("rank 1" in verdict.summary for verdict in found), found
         saving, waiting = snapshot.ranks
         assert saving.paused_ratio.get("checkpoint_save", 0.0) > 0.1 and waiting.paused_ratio == {}, snapshot.ranks
 

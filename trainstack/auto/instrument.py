@@ -9,7 +9,8 @@ Installed by the start-up hook (bootstrap/sitecustomize.py) once the process has
 - each wait for a batch: a DataLoader iterator's `__next__` while the model trains;
 - each optimizer step (`register_optimizer_step_post_hook`), with the samples and tokens of the forward passes
   before it: the micro-batches of gradient accumulation are the forwards that did not step;
-- evaluation (a forward pass in eval mode or without grad, until the next training forward) and checkpoint saves
+- evaluation (the model, or the module DDP wraps, switched to eval mode, or a forward pass in eval mode or without
+  grad, until it trains again) and checkpoint saves
   (`torch.save`, `torch.distributed.checkpoint.save`) as pauses;
 - the learning rate, from the stepping optimizer's first param group.
 
@@ -195,8 +196,24 @@ class Rank:
             self.monitor.pause_started(EVALUATION)
             self.pause = EVALUATION
 
+    def switches_mode(self, module: torch.nn.Module) -> bool:
+        """Whether `module.train()` switches the rank's model: the model itself, or the module DDP wraps (asked for
+        each module of a tree at each switch, so a dict lookup, not nn.Module's attribute lookup)."""
+        model = self.model
+        return model is not None and (module is model or model._modules.get("module") is module)
+
+    def mode_switched(self, training: bool) -> None:
+        """The model (or the module DDP wraps) switched modes: eval mode starts an evaluation, train mode ends it. An
+        evaluation that calls the wrapped module itself (`model.module`, as a loop that evaluates on one rank does)
+        runs no forward through the model's hooks."""
+        if training:
+            self.evaluation_over()
+        else:
+            self.evaluating()
+
     def evaluation_over(self) -> None:
-        """An evaluation (eval mode or no grad) lasts until the loop trains, fetches a training batch or saves."""
+        """An evaluation (eval mode or no grad) lasts until the loop trains, switches its model to train mode,
+        fetches a training batch or saves."""
         if self.pause == EVALUATION:
             self.pause = None
             self.monitor.pause_ended(EVALUATION)
@@ -357,6 +374,7 @@ def install() -> None:
     sys.meta_path.insert(0, _Imports())
     _wrap_ddp()
     _wrap_data_loader()
+    _wrap_module_train()
     register_optimizer_step_post_hook(functools.partial(RANK.guarded, RANK.stepped))
     torch.save = _as_pause(torch.save, CHECKPOINT_SAVE)
     if dist.is_available():
@@ -425,6 +443,21 @@ def _wrap_data_loader() -> None:
                 RANK.guarded(RANK.batch_ready)
 
     dataloader._BaseDataLoaderIter.__next__ = timed_next
+
+
+def _wrap_module_train() -> None:
+    """Every module's `train` (which `eval` calls), telling the rank of a switch of its model's mode once it knows
+    its model."""
+    module_train = torch.nn.Module.train
+
+    @functools.wraps(module_train)
+    def switching_train(self, mode: bool = True):
+        switched = module_train(self, mode)
+        if RANK.active and RANK.switches_mode(self):
+            RANK.guarded(RANK.mode_switched, mode)
+        return switched
+
+    torch.nn.Module.train = switching_train
 
 
 def _as_pause(save: Callable, part: str) -> Callable:

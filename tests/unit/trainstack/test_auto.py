@@ -89,3 +89,33 @@ def test_a_process_forked_from_the_rank_runs_none_of_its_hooks():
     rank.in_a_forked_child()
     rank.guarded(lambda: ran.append(True))
     assert ran == [True] and not rank.off
+
+
+class _Pauses:
+    """A monitor that only keeps its pauses."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def pause_started(self, part: str) -> None:
+        self.calls.append(f"+{part}")
+
+    def pause_ended(self, part: str) -> None:
+        self.calls.append(f"-{part}")
+
+
+def test_switching_the_model_or_the_module_ddp_wraps_to_eval_mode_is_an_evaluation():
+    """A loop that evaluates on one rank calls `model.module` itself: no forward of the model, only its switch of
+    mode, shows it."""
+    rank, inner = Rank(), torch.nn.Linear(2, 2)
+    rank.model = torch.nn.Sequential()
+    rank.model.module = inner  # where DDP keeps the module it wraps
+    assert rank.switches_mode(rank.model) and rank.switches_mode(inner)
+    assert not rank.switches_mode(torch.nn.Linear(2, 2))  # another module (a teacher, a metric's) is not the model
+    rank.monitor = pauses = _Pauses()
+    rank.mode_switched(False)
+    rank.mode_switched(False)  # the wrapper's eval() switches its module too: one evaluation
+    assert pauses.calls == ["+evaluation"]
+    rank.mode_switched(True)
+    rank.mode_switched(True)
+    assert pauses.calls == ["+evaluation", "-evaluation"]
