@@ -298,9 +298,9 @@ def straggler(snapshot: Snapshot, limits: Thresholds) -> Verdict | None:
     )
 
 
-PAUSE_DIFFERS = 0.02
-"""How far apart two ranks' shares of time in one pause (or their data waits) must be for the evidence to show them:
-less is the scheduler's noise."""
+SHARES_DIFFER = 0.02
+"""How far apart two ranks' shares of their time in one pause, or of their steps waiting for data, must be for the
+evidence to show them: less is the scheduler's noise."""
 LONE_PAUSE_FIX = {
     breakdown.CHECKPOINT_SAVE: "save on every rank at once (torch.distributed.checkpoint: each rank writes its own "
     "shard), or in the background (torch.distributed.checkpoint.async_save), or less often",
@@ -320,7 +320,7 @@ def _lone_pause(slow: RankView, ranks: list[RankView]) -> str:
     alone = {
         part: share
         for part, share in slow.paused_ratio.items()
-        if peers and all(share - r.paused_ratio.get(part, 0.0) > PAUSE_DIFFERS for r in peers)
+        if peers and all(share - r.paused_ratio.get(part, 0.0) > SHARES_DIFFER for r in peers)
     }
     if not alone:
         return ""
@@ -335,12 +335,12 @@ def _straggler_evidence(ranks: list[RankView]) -> list[str]:
     """Each rank's wait at the collectives and its forward time per step; its data wait and its pauses where the
     ranks' differ."""
     data_waits = [r.data_wait_ratio for r in ranks if r.data_wait_ratio is not None]
-    data_differs = len(data_waits) > 1 and max(data_waits) - min(data_waits) > PAUSE_DIFFERS
+    data_differs = len(data_waits) > 1 and max(data_waits) - min(data_waits) > SHARES_DIFFER
     pauses_differ = [
         part
         for part in breakdown.PAUSES
         if max(r.paused_ratio.get(part, 0.0) for r in ranks) - min(r.paused_ratio.get(part, 0.0) for r in ranks)
-        > PAUSE_DIFFERS
+        > SHARES_DIFFER
     ]
 
     def per_step(ratio: float, r: RankView) -> str:
