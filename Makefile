@@ -25,15 +25,16 @@ run: setup ## train the default model on every GPU (2 CPU ranks without one); AR
 
 # The tiers live in folders (tests/unit/<package>/, tests/process/, tests/infra/, tests/timing/) and are selected
 # by their marks, which tests/unit/repo/test_suite_layout.py keeps in step with the folders.
-# TEST_WORKERS=2: the tests that start processes wait on them (ranks starting, an exporter answering, a checkpoint
-# landing, a diagnose window) as well as compute, so 2 pytest-xdist workers, a module to a worker, keep a 2-core
-# machine's cores busy (88% of the time, docs/benchmarks.md), and the `timing` tests, which measure speed, run
-# after, alone (from tests/timing/ only, unless ARGS names what to run: collecting the whole suite again costs 6 s).
+# TEST_WORKERS=3: the tests that start processes wait on them (ranks starting, an exporter answering, a checkpoint
+# landing, a diagnose window, docker) as well as compute: on a 2-core machine, 2 pytest-xdist workers, a module to a
+# worker, kept the cores 81% busy and 3 keep them 97% busy (docs/benchmarks.md), the longest modules first
+# (tests/helpers/module_order.py). The `timing` tests, which measure speed, run after, alone (from tests/timing/
+# only, unless ARGS names what to run: collecting the whole suite again costs 6 s).
 # TEST_WORKERS=1 runs everything in one process. Exit 5 (no test selected) is not a failure: ARGS may select tests of
 # one kind only.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 
-test: setup ## the whole test suite (no GPU needed) on 2 workers, then tests/timing/ alone; TEST_WORKERS=1: one process
+test: setup ## the whole test suite (no GPU needed) on 3 workers, then tests/timing/ alone; TEST_WORKERS=1: one process
 ifeq ($(TEST_WORKERS),1)
 	$(BIN)/python -m pytest $(ARGS)
 else

@@ -19,6 +19,7 @@ import yaml
 from filelock import FileLock
 
 import trainstack.monitoring.nvml_fake as nvml_fake
+from tests.helpers import module_order
 from tests.helpers.netns import NODE_ADDRESSES, RATE_BITS, Node, ip, limit_rate
 from tests.helpers.nvml_fake import HOST
 from tests.helpers.runs import (
@@ -97,6 +98,21 @@ COLLECTED = pytest.StashKey[list[pytest.Item]]()
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     config.stash[COLLECTED] = list(items)
+    if config.getoption("dist", "no") != "no":  # pytest-xdist hands the modules out in this order
+        items[:] = module_order.longest_first(items, module_order.read_seconds())
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-module-seconds",
+        action="store_true",
+        help=f"write each module's seconds in this run into {module_order.MODULE_SECONDS.name} (tests/helpers/module_order.py)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("record_module_seconds") and os.environ.get("PYTEST_XDIST_WORKER") is None:
+        config.pluginmanager.register(module_order.SecondsRecorder(), "module-seconds-recorder")
 
 
 # Setup and teardown too: a fixture that starts a process (cpu_run) counts for the tests that use it.
