@@ -38,7 +38,7 @@ test: setup ## the whole test suite (no GPU needed) on 3 workers, then tests/tim
 ifeq ($(TEST_WORKERS),1)
 	$(BIN)/python -m pytest $(ARGS)
 else
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not timing" $(ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not timing" $(ARGS) || [ $$? -eq 5 ]
 	$(BIN)/python -m pytest -m timing $(or $(ARGS),tests/timing) || [ $$? -eq 5 ]
 endif
 

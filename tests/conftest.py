@@ -98,7 +98,7 @@ COLLECTED = pytest.StashKey[list[pytest.Item]]()
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     config.stash[COLLECTED] = list(items)
-    if config.getoption("dist", "no") != "no":  # pytest-xdist hands the modules out in this order
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its collection is the order the modules go out in
         items[:] = module_order.longest_first(items, module_order.read_seconds())
 
 

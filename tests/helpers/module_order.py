@@ -1,8 +1,10 @@
 """The order the suite's modules go to pytest-xdist's workers in: the longest first.
 
-`make test` runs the tests that start processes on several workers, a module to a worker (`--dist loadscope`), and
-xdist hands the modules out in the order they were collected. By their paths, the long tests/process/test_train_*
-and test_run_lifetimes modules came last and ran on alone while the other workers had nothing left: the last 2-3
+`make test` runs the tests that start processes on several workers, a module to a worker (`--dist loadscope`).
+xdist hands the modules out by their number of tests, the most first, unless told to keep the order they were
+collected in (`--no-loadscope-reorder`, which `make test` passes). By their number of tests, unit modules of many
+cases went first, and the Docker module (2 tests, 4 minutes) and the long tests/process/test_train_* and
+test_run_lifetimes modules came last and ran on alone while the other workers had nothing left: the last 2-3
 minutes of a run had the 2-core machine's cores a third busy (docs/benchmarks.md, "Test suite time"). Longest first,
 the short modules (tests/unit/'s among them) fill the end in.
 
