@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import psutil
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from tests.helpers.scrapes import per_rank, scrape
@@ -88,6 +89,20 @@ def run_watched(run_dir: Path, *command: str, flags: tuple[str, ...] = (), **kwa
 
 def train(run_dir: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
     return run_trainstack("train", "--output-dir", str(run_dir), *FAST, *args, **kwargs)
+
+
+def tune_two_ranks(
+    folder: Path, options: dict, env: dict, rounds: int, steps: int = 10
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """`trainstack tune` on a 2-rank config of `options` written in `folder`, with `rounds` rounds of `steps`-step
+    trials: (its result, the path it writes the winner to)."""
+    source = folder / "base.yaml"
+    source.write_text(yaml.safe_dump({"batch_size": 8, **options}))
+    write = folder / "tuned.yaml"
+    rounds_flags = ["--min-rounds", str(rounds), "--max-rounds", str(rounds)]
+    result = run_trainstack("tune", str(source), "--write", str(write), "--steps", str(steps), *rounds_flags, env=env)
+    assert result.returncode == 0, explain(result)
+    return result, write
 
 
 def summary(run_dir: Path) -> dict:
