@@ -30,8 +30,15 @@ CAUSES = {
 # torch's zip writer reports a failed write as a RuntimeError without an errno, e.g. "[enforce fail at
 # inline_container.cc:672] . unexpected pos 403584 vs 403472" or "basic_ios::clear: iostream error".
 TORCH_WRITE_ERRORS = ("unexpected pos", "PytorchStreamWriter failed", "basic_ios::clear", "iostream error")
-# Below this much free space, a torch write error is taken for a full disk; above it, only for a failed write.
+# Below this much free space, a torch write error is taken for a full disk.
 NEARLY_FULL_BYTES = 1 << 20
+CUT_SHORT = (
+    "a write cut short (a full disk, a quota or a device error)",
+    "free space there or check the storage device",
+)
+"""A torch write error with space left: the errno is lost, and the free space read after it need not be what the
+write met. A quota leaves the file system's free space as it was; so does a device error; and a full disk has room
+again once a peer rank removed its half-written checkpoint (it removes it at once, to leave room for the summary)."""
 
 
 class WriteFailure(RuntimeFailure):
@@ -55,27 +62,28 @@ def free_space(path: Path) -> str:
     return f"{human_bytes(usage.free)} free of {human_bytes(usage.total)}"
 
 
-def storage_errno(error: BaseException, path: Path) -> int | None:
-    """The errno that explains `error` writing `path`, or None when it is no storage failure."""
+def storage_cause(error: BaseException, path: Path) -> tuple[str, str] | None:
+    """What the storage said to `error` writing `path`, and what the user can do about it; None when it is no
+    storage failure."""
     if isinstance(error, OSError):
-        return error.errno if error.errno in CAUSES else None
+        return CAUSES.get(error.errno) if error.errno is not None else None
     if isinstance(error, RuntimeError) and any(text in str(error) for text in TORCH_WRITE_ERRORS):
         try:
             free = shutil.disk_usage(existing_folder(path)).free
         except OSError:
-            return errno.EIO
-        return errno.ENOSPC if free < NEARLY_FULL_BYTES else errno.EIO
+            return CUT_SHORT
+        return CAUSES[errno.ENOSPC] if free < NEARLY_FULL_BYTES else CUT_SHORT
     return None
 
 
 def write_failure(error: BaseException, what: str, path: Path) -> WriteFailure | None:
     """`error`, met writing `what` (e.g. "checkpoint step 15") to `path`, as one line; None when it is not a
     storage failure. Call it before removing the half-written files: the free space is what the write met."""
-    code = storage_errno(error, path)
-    if code is None:
+    cause = storage_cause(error, path)
+    if cause is None:
         return None
     where = Path(getattr(error, "filename", None) or path)
-    said, remedy = CAUSES[code]
+    said, remedy = cause
     return WriteFailure(f"{said} writing {what} to {where} ({free_space(where)}); {remedy}")
 
 

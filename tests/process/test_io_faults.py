@@ -130,7 +130,9 @@ def test_a_disk_that_fills_during_a_checkpoint_ends_in_one_line_and_resumes_once
         assert result.returncode == EXIT_RUNTIME, explain(result)
         newest = run_dir / "checkpoints" / step_dir_name(10)
         # Rank 0 writes the model, rank 1 only its RNG state: either may meet the full disk first, and the one named
-        # is a rank that failed for itself, never the peer that then lost its connection.
+        # is a rank that failed for itself, never the peer that then lost its connection. The peer's own write may
+        # fail too, and where rank 0 removed its half-written checkpoint first, the peer reads space left (one CI
+        # run: 1.6 MiB of 12): its torch error no longer says which, and its line says what it may be.
         named = re.match(
             r"trainstack train: rank (\d): no space left on device writing checkpoint step 15 to ",
             last_line(result.stderr),
@@ -140,6 +142,8 @@ def test_a_disk_that_fills_during_a_checkpoint_ends_in_one_line_and_resumes_once
         assert (
             f"trainstack rank {peer}: error: lost the connection to a peer rank" in result.stderr
             or f"trainstack rank {peer}: error: no space left on device" in result.stderr
+            or f"trainstack rank {peer}: error: a write cut short (a full disk, a quota or a device error)"
+            in result.stderr
         ), explain(result)
         assert (
             f"free of 12.0 MiB); free space there; a rerun of the same command resumes from {newest} (step 10)"

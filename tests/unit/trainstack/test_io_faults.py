@@ -65,9 +65,11 @@ def test_other_errors_are_not_storage_failures(tmp_path, error):
     assert write_failure(error, "the telemetry records", tmp_path) is None
 
 
-def test_torchs_serializer_error_is_a_failed_write_where_space_is_left(tmp_path):
+def test_torchs_serializer_error_where_space_is_left_says_what_it_may_be(tmp_path):
     error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 403584 vs 403472")
-    assert str(write_failure(error, "checkpoint step 15", tmp_path)).startswith("input/output error writing")
+    message = str(write_failure(error, "checkpoint step 15", tmp_path))
+    assert message.startswith("a write cut short (a full disk, a quota or a device error) writing checkpoint step 15")
+    assert message.endswith("; free space there or check the storage device")
 
 
 # ---- the checkpoint a rerun resumes from --------------------------------------------------------------------
