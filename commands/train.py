@@ -241,7 +241,7 @@ class Launch:
                 # failed first): never loadable, and its space is what a rerun needs. No rank is left to write there.
                 checkpoint.remove_unsealed(self.run_dir.checkpoints)
             self.failed_rank = read_failed_rank(failures)
-            self.add_time_breakdown()
+            self.add_time_breakdown(returncode)
             return self.outcome(returncode)
 
     def summary_of_this_launch(self) -> Summary:
@@ -258,15 +258,26 @@ class Launch:
             return summary
         return {}
 
-    def add_time_breakdown(self) -> None:
+    def card_summary(self, code: int) -> Summary:
+        """What the end-of-run card reads: summary.json where rank 0 wrote it in this launch; else, where the launch
+        failed before it could (`code`), only that, so that the card judges its records without calling it
+        healthy."""
+        summary = self.summary_of_this_launch()
+        if summary or code in (EXIT_OK, EXIT_PREEMPTED):
+            return summary
+        return {"exit_reason": "failed", "exit_code": code}
+
+    def add_time_breakdown(self, returncode: int) -> None:
         """summary.json's `time_breakdown`, from every rank's records once all have exited: a rank's closing line
-        ends its wall time (trainstack/breakdown.py). A storage that refuses it costs the breakdown only."""
+        ends its wall time (trainstack/breakdown.py), with the verdicts and the stall a failed launch
+        (`returncode`) ended in. A storage that refuses it costs the breakdown only."""
         summary = self.summary_of_this_launch()
         times = breakdown.of_run(self.run_dir.path) if summary else None
         if times is None:
             return
         try:
-            write_summary(self.run_dir.summary, {**summary, **findings(self.run_dir.path, times, LAUNCHER_TRAIN)})
+            hang = self.supervised.ended_in_hang(returncode)
+            write_summary(self.run_dir.summary, {**summary, **findings(self.run_dir.path, times, LAUNCHER_TRAIN, hang)})
         except WriteFailure as failure:
             print(f"trainstack train: warning: no time breakdown in the summary: {failure}", file=sys.stderr)
 
@@ -369,11 +380,11 @@ def run(args: argparse.Namespace) -> int:
             launched = Launch(config, launch, resume_from, run_id, lease, discovery)
             code = launched.run()
             if args.report and launch.node_rank == 0:
-                this_launch = launched.summary_of_this_launch()  # not an earlier launch's verdict
+                this_launch = launched.card_summary(code)  # not an earlier launch's verdict
                 report = write_report(config.run_dir, PROGRAM, checkpoints_kept, this_launch)
                 code = code or report  # a report the disk refused fails a run that trained to its end
             elif launch.node_rank == 0:
-                print_card(config.run_dir, PROGRAM, None, launched.summary_of_this_launch())
+                print_card(config.run_dir, PROGRAM, None, launched.card_summary(code))
             hang = launched.supervised.hang_line()
             if launched.failed_rank:  # the last line: the one a user reads first
                 print(

@@ -275,7 +275,7 @@ class Watch:
         exit, its duration, and where each rank's time went when the command's loop recorded ranks."""
         assert self.started_at is not None and self.ended_at is not None, "run() comes first"
         times = breakdown.of_run(self.run_dir.path)
-        signalled = any(signum in (signal.SIGTERM, signal.SIGINT) for signum in self.supervised.received)
+        signalled = bool(self.supervised.received)  # a signal passed on (FORWARDED) stopped it
         return {
             "run_id": self.run_id,
             "launcher": LAUNCHER_WATCH,
@@ -286,7 +286,7 @@ class Watch:
             "wall_seconds": self.ended_at - self.started_at,
             "world_size": len(times["ranks"]) if times else None,
             "goodput": times["goodput"] if times else None,
-            **findings(self.run_dir.path, times, LAUNCHER_WATCH),
+            **findings(self.run_dir.path, times, LAUNCHER_WATCH, self.supervised.ended_in_hang(code)),
         }
 
     def write_summary(self, code: int) -> int:

@@ -76,7 +76,9 @@ class SupervisedExporter:
     def _supervise(self) -> None:
         backoff, served_before = FIRST_BACKOFF_SECONDS, False
         while not self._stopping.is_set():
-            self.process = subprocess.Popen(self.command, env=self.env)
+            # In a session of its own, as the run's command: a terminal's Ctrl-C reaches the launcher alone, which
+            # stops the exporter once the run has ended, rather than ending it mid-run to be started again.
+            self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True)
             problem = self._wait_until_serving()
             if self._stopping.is_set():
                 return

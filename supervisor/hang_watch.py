@@ -155,6 +155,13 @@ class HangWatch:
             return None
         return f"{self.verdict.headline} (evidence: {self.stall_dir})"
 
+    def last_json(self) -> dict | None:
+        """The same verdict as summary.json keeps it: `Hang.as_json` and the folder of its evidence."""
+        self.wait()
+        if self.verdict is None:
+            return None
+        return {**self.verdict.as_json(), "evidence_dir": str(self.stall_dir)}
+
     def wait(self, timeout: float = 30.0) -> None:
         """Let a collection under way finish (the run ended meanwhile: its verdict is still wanted)."""
         if self.thread:

@@ -225,16 +225,23 @@ class SupervisedRun:
         """The last stall's verdict as one line, if the run stalled."""
         return self.hangs.last_line() if self.hangs else None
 
+    def ended_in_hang(self, code: int) -> dict | None:
+        """summary.json's `hang`: the verdict of the stall a run that failed (`code`) ended in, and where its evidence
+        is; None where it ended otherwise."""
+        return self.hangs.last_json() if self.hangs and code else None
 
-def findings(run_dir: Path, times: dict | None, launcher: str) -> Summary:
+
+def findings(run_dir: Path, times: dict | None, launcher: str, hang: dict | None = None) -> Summary:
     """What summary.json says of a finished run from its records: where each rank's time went (`times`,
     trainstack/breakdown.py), the most each fix can gain, and the verdicts diagnose gives them, where any rank
     recorded something to judge; else `judged` false and why (never an empty list, which reads healthy). `launcher`
-    (rundir.LAUNCHER_TRAIN or _WATCH): whose words the fixes are in."""
+    (rundir.LAUNCHER_TRAIN or _WATCH): whose words the fixes are in. `hang`: the stall the run ended in
+    (`SupervisedRun.ended_in_hang`), which heads its card."""
     return {
         "time_breakdown": times,
         **({"ceilings": ceilings.as_json(ceilings.of_run(run_dir, times))} if times else {}),
         **judgement(run_dir, launcher).summary_keys(),
+        **({"hang": hang} if hang else {}),
     }
 
 

@@ -387,7 +387,7 @@ class Segment(TypedDict):
 class Summary(TypedDict, total=False):
     """summary.json, written by global rank 0 when its launch ends (docs/training.md, "Exit codes"); by `trainstack
     watch` when its command ends, with the keys it knows (run_id, launcher, command, exit_code, exit_reason,
-    started, wall_seconds, world_size, goodput, time_breakdown, ceilings, verdicts or judged and not_judged)."""
+    started, wall_seconds, world_size, goodput, time_breakdown, ceilings, verdicts or judged and not_judged, hang)."""
 
     version: int
     run_id: str
@@ -432,6 +432,9 @@ class Summary(TypedDict, total=False):
     """Why nothing was judged, where `judged` is false."""
     ranks_not_judged: dict[str, str]
     """Rank -> why it was not judged, where others were (a partly instrumented run); absent where every rank was."""
+    hang: dict
+    """The stall a failed launch ended in, where it ended in one (trainstack/hang_verdict.py `Hang.as_json`: headline,
+    evidence, fix, culprits; and `evidence_dir`, its folder under hang/): the end-of-run card's first headline."""
 
 
 def write_summary(path: Path, summary: Summary) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from trainstack import breakdown, ceilings, record, window
 from trainstack.errors import ConfigError
-from trainstack.monitoring.diagnose.render import NOTHING_RECORDED, card, unjudged_line, verdict_dicts
+from trainstack.monitoring.diagnose.render import NOTHING_RECORDED, card, ending_lines, unjudged_line, verdict_dicts
 from trainstack.monitoring.diagnose.snapshot import RankView, Snapshot
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures
 from trainstack.rundir import LAUNCHER_TRAIN, RunDir
@@ -178,8 +178,9 @@ def launcher_of(summary: Mapping) -> str:
 
 
 def end_card(run_dir: Path | RunDir, summary: Mapping) -> list[str]:
-    """The end-of-run card (render.card) of a finished run: the verdicts summary.json kept, or those its records give
-    where it kept none (an older summary, or none), with each rank's time and the healthy run's throughput."""
+    """The end-of-run card (render.card) of a finished run: how it ended where it did not complete, the verdicts
+    summary.json kept, or those its records give where it kept none (an older summary, or none), with each rank's
+    time and the healthy run's throughput."""
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     fresh = judgement(run, launcher_of(summary))
     kept = judged_of(summary)
@@ -195,4 +196,5 @@ def end_card(run_dir: Path | RunDir, summary: Mapping) -> list[str]:
             times = breakdown.of_run(run.path)
         except ConfigError:  # a rank's records this trainstack cannot read: the card says so, without times
             times = None
-    return card(verdicts, fresh.figures if fresh.verdicts is not None else None, times, not_judged, unjudged)
+    figures = fresh.figures if fresh.verdicts is not None else None
+    return card(verdicts, figures, times, not_judged, unjudged, ending_lines(summary))

@@ -66,6 +66,7 @@ NOTHING_RECORDED = (
     "no rank recorded a step: no trainstack.monitor in the command's loop, or the ranks ended before their first record"
 )
 HEALTHY = "HEALTHY"
+FAILED, STOPPED, HUNG = "FAILED", "STOPPED", "HUNG"  # the card's first headline for a run that did not complete
 CARD_EVIDENCE = 3  # the end-of-run card's evidence lines for its first verdict; diagnose and the report give all
 CARD_RANKS = 8  # the card's per-rank time lines; the report has every rank
 CARD_INDENT = "  "  # a card's details, under its headlines (which the terminal prefixes with the program)
@@ -224,24 +225,50 @@ def time_lines(times: dict | None, limit: int = CARD_RANKS) -> list[str]:
     return lines
 
 
+def ending_lines(summary: Mapping) -> list[str]:
+    """How a run that did not complete ended, from its summary.json, as the card's first headline: the stall it hung
+    in (`hang`: its verdict, fix and evidence), its failure, or the signal that stopped it. None for a completed
+    run, or a summary that does not say (a launch whose rank 0 wrote none)."""
+    reason, code = summary.get("exit_reason"), summary.get("exit_code")
+    what = "the command" if summary.get("command") else "the run"  # watch's summary names its command
+    if (hang := summary.get("hang")) and reason != "completed":
+        return [
+            f"{HUNG}  {hang['headline']}",
+            *([f"{CARD_INDENT}fix: {hang['fix']}"] if hang.get("fix") else []),
+            *([f"{CARD_INDENT}evidence: {hang['evidence_dir']}"] if hang.get("evidence_dir") else []),
+        ]
+    if reason == "failed":
+        error = str(summary.get("error") or "").strip().splitlines()
+        return [f"{FAILED}  {error[0] if error else f'{what} exited with code {code}'}"]
+    if reason == "preempted":
+        return [f"{STOPPED}  {what} was stopped by a signal before its last step (exit code {code})"]
+    return []
+
+
 def card(
     verdicts: list[dict] | None,
     figures: dict | None,
     times: dict | None,
     not_judged: str | None = None,
     unjudged: Mapping[str, str] | None = None,
+    ending: Sequence[str] = (),
 ) -> list[str]:
     """The end-of-run card `train` and `watch` print and the report leads with: the headline verdict with its
     evidence, fix and ceiling (the others by their headline), each rank's time, in diagnose's words. A healthy run
     is one line with its throughput; a run of which nothing was judged, one line saying why. `verdicts` None: the
-    run was not judged (`not_judged` says why)."""
+    run was not judged (`not_judged` says why). `ending` (`ending_lines`): how a run that did not complete ended,
+    first; its steps until then are judged after it, and none is called healthy."""
+    lines = list(ending)
     if not verdicts:
         if verdicts is None or not_judged:
-            lines = [not_judged_line(not_judged or NOTHING_RECORDED)]
+            lines.append(not_judged_line(not_judged or NOTHING_RECORDED))
+        elif ending:
+            shown = f", {', '.join(_throughput(figures))}" if figures else ""
+            lines.append(f"{CARD_INDENT}until then: no problem found{shown}")
         else:
-            lines = [healthy_line(figures, everything=False) if figures else HEALTHY]
+            lines.append(healthy_line(figures, everything=False) if figures else HEALTHY)
         return lines + ([CARD_INDENT + unjudged_line(unjudged)] if unjudged else [])
-    lines = verdict_lines(verdicts, evidence_limit=CARD_EVIDENCE, first_only=True, indent=CARD_INDENT)
+    lines += verdict_lines(verdicts, evidence_limit=CARD_EVIDENCE, first_only=True, indent=CARD_INDENT)
     if unjudged:
         lines.append(CARD_INDENT + unjudged_line(unjudged))
     return lines + time_lines(times)

@@ -159,6 +159,12 @@ def test_a_checkpoint_write_that_blocks_one_rank_is_named_and_the_timeout_carrie
     assert re.search(r"in `(\w+\.)?save` \(checkpointer\.py:\d+\)", last), last
     verdict = read_verdict(RunDir(tmp_path / "run").hang)  # the latest: start-up may have had one of its own
     assert verdict is not None and verdict.culprits == [1] and "checkpoint" in verdict.fix, verdict
+    # The stall heads the card and is kept in summary.json: the run ended in it, whatever its steps showed before.
+    ended = json.loads(RunDir(tmp_path / "run").summary.read_text())
+    assert ended["exit_reason"] == "failed" and ended["hang"]["culprits"] == [1], ended
+    assert ended["hang"]["headline"] == verdict.headline, ended
+    assert re.search(r"/hang/stall-\d+$", ended["hang"]["evidence_dir"]), ended
+    assert f"trainstack train: HUNG  {verdict.headline}\n" in result.stderr, explain(result)
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shlex
 import signal
@@ -124,7 +125,8 @@ def test_bad_input_is_one_line_and_touches_nothing(tmp_path):
 @pytest.mark.parametrize("signum, group", [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGINT, True)])
 def test_a_signal_to_watch_reaches_the_command_and_its_exit_code_comes_through(tmp_path, signum, group):
     """SIGTERM and SIGHUP go to the command, as `docker stop` or `kill` would send them; SIGINT to its whole
-    process group, as a terminal's Ctrl-C would."""
+    process group, as a terminal's Ctrl-C would. Ctrl-C reaches watch's own process group too: its exporter,
+    in a session of its own, serves on until the run has ended, and is not started again."""
     run_dir = tmp_path / "run"
     script = tmp_path / "trapping.py"
     script.write_text(
@@ -152,19 +154,26 @@ def test_a_signal_to_watch_reaches_the_command_and_its_exit_code_comes_through(t
             time.sleep(0.1)
     """)
     )
-    watched = start_watch(run_dir, *NO_EXPORTER, "--", sys.executable, str(script), "command")
+    exporter = ("--exporter-port", str(free_port())) if group else NO_EXPORTER
+    watched = start_watch(run_dir, *exporter, "--", sys.executable, str(script), "command")
     try:
         wait_for(lambda: (tmp_path / "child-ready").exists(), watched)
-        watched.send_signal(signum)
+        if group:  # a terminal's Ctrl-C: to watch's process group, the exporter's too were it there
+            os.killpg(watched.pid, signum)
+        else:
+            watched.send_signal(signum)
         output, _ = watched.communicate(timeout=60)
     finally:
         kill_tree(watched)
     assert watched.returncode == 7, output
+    assert "starting it again" not in output and "exporter exited" not in output, output
     assert (tmp_path / "command").read_text() == signum.name
     assert (tmp_path / "child").exists() == group, output
     if group:
         assert (tmp_path / "child").read_text() == signum.name
     assert "trainstack watch: the command exited with code 7" in output
+    # How it ended heads the card: not a run that completed.
+    assert "trainstack watch: STOPPED  the command was stopped by a signal before its last step (exit code 7)" in output
 
 
 @pytest.mark.slow

@@ -296,6 +296,37 @@ def test_a_healthy_card_is_one_line_with_its_throughput_and_nothing_judged_one_l
     assert card(None, None, None) == [f"NOT JUDGED  {NOTHING_RECORDED}"]
 
 
+def test_a_run_that_did_not_complete_says_how_it_ended_first_and_is_never_called_healthy(tmp_path):
+    run = RunDir(tmp_path)
+    write_run(run, {rank: [[record(rank, s, 0.02, 0.1) for s in (10, 20, 30)]] for rank in (0, 1)})
+    judged_keys = {"time_breakdown": breakdown.of_run(tmp_path), **judgement(run).summary_keys()}
+    until = "  until then: no problem found, 2 rank(s), 10.00 steps/s per rank, 160.0 samples/s in all"
+    watched = {**judged_keys, "command": "torchrun train.py", "exit_reason": "failed", "exit_code": 1}
+    assert end_card(run, watched) == ["FAILED  the command exited with code 1", until]
+    failed = {**judged_keys, "exit_reason": "failed", "exit_code": 70, "error": "rank 1: out of memory\nmore"}
+    assert end_card(run, failed)[0] == "FAILED  rank 1: out of memory"  # train's error, its first line
+    stopped = {**judged_keys, "command": "python train.py", "exit_reason": "preempted", "exit_code": 130}
+    assert end_card(run, stopped) == [
+        "STOPPED  the command was stopped by a signal before its last step (exit code 130)",
+        until,
+    ]
+    hang = {"headline": "rank 1 has not joined broadcast #243", "evidence": [], "fix": "make every rank call it"}
+    hung = {**watched, "hang": {**hang, "culprits": [1], "evidence_dir": "run/hang/stall-1"}}
+    assert end_card(run, hung) == [
+        "HUNG  rank 1 has not joined broadcast #243",
+        "  fix: make every rank call it",
+        "  evidence: run/hang/stall-1",
+        until,
+    ]
+    # Its steps' verdicts still follow, each under its own headline.
+    run_slow = RunDir(tmp_path / "slow")
+    write_run(run_slow, {r: [[record(r, s, 0.02, 0.1, data_wait=0.45) for s in (10, 20, 30)]] for r in (0, 1)})
+    slow = {**judgement(run_slow).summary_keys(), **{k: hung[k] for k in ("exit_reason", "exit_code", "hang")}}
+    lines = end_card(run_slow, slow)
+    assert lines[0].startswith("HUNG  ") and lines[3].startswith("INPUT-BOUND  ")
+    assert end_card(run, {**judged_keys, "exit_reason": "completed", "exit_code": 0})[0].startswith("HEALTHY  ")
+
+
 def test_durations_read_as_hours_minutes_seconds():
     assert [duration(s) for s in (4.25, 65, 3600 + 125)] == ["4.2 s", "1m 05s", "1h 02m"]
 

@@ -151,8 +151,11 @@ def test_the_report_heads_with_the_command_its_exit_and_duration(tmp_path):
         "duration": "53.5 s",
         "world size": "2",
     }
-    # The card leads, before the header: the run's verdict as `watch` printed it when the run ended.
-    assert page.index("<pre class='card'>HEALTHY  2 rank(s), ") < page.index("<td>command</td>")
+    # The card leads, before the header: the run's verdict as `watch` printed it when the run ended. The command
+    # failed: that comes first, and its steps until then, healthy, are not called a healthy run.
+    card = "<pre class='card'>FAILED  the command exited with code 3\n  until then: no problem found, 2 rank(s), "
+    assert page.index(card) < page.index("<td>command</td>")
+    assert "HEALTHY" not in page
     # The summary table says only what the header does not: no field twice, no unix time.
     summary = dict(row for row in table_after(page, "<h2>Summary</h2>")[1:])
     assert not {"command", "exit_code", "exit_reason", "started", "wall_seconds", "world_size"} & set(summary)
