@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from typing import NamedTuple
 
@@ -91,7 +93,14 @@ def subcommand_parser(name: str) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _main(sys.argv[1:] if argv is None else list(argv))
+    except BrokenPipeError:  # the reader went away (`... --json | head`): as a program SIGPIPE ends, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] not in SUBCOMMANDS:
         overview_parser().parse_args(argv)  # prints the overview, or names the unknown command; exits
         return EXIT_CONFIG

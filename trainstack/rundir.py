@@ -36,6 +36,11 @@ LAUNCHED_AT_ENV = "TRAINSTACK_LAUNCHED_AT"
 LAUNCHER_ENV = "TRAINSTACK_LAUNCHER"
 LAUNCHER_TRAIN = "train"
 LAUNCHER_WATCH = "watch"
+# Why no rank of a watched command records: the one wording of diagnose, the end-of-run card, the report and compare.
+UNSEEN_RANKS = (
+    "watch ran with --no-auto, or the command's loop is one its automatic instrumentation does not see: "
+    'docs/monitor-your-training.md, "No line changed"'
+)
 # What a watched command without trainstack.monitor in its loop lacks, and how to add it: watch prints it on its
 # console, diagnose notes it.
 INSTRUMENT_HINT = (

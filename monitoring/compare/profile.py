@@ -15,7 +15,7 @@ import yaml
 from trainstack import breakdown, environment, record, window
 from trainstack.errors import ConfigError
 from trainstack.monitoring.diagnose.finished import NOTHING_RECORDED, judged_of, judgement, launcher_of
-from trainstack.rundir import CONFIG_FILE, SHOWN, SUMMARY_FILE, RunDir, read_summary
+from trainstack.rundir import CONFIG_FILE, SHOWN, SUMMARY_FILE, UNSEEN_RANKS, RunDir, read_summary
 from trainstack.window import RankWindow
 
 SUMMARY_SETTINGS = ("world_size", "distributed_type", "device", "mixed_precision", "model", "dataset")
@@ -98,8 +98,7 @@ def load(run_dir: Path) -> RunProfile:
     if not records:
         raise ConfigError(
             f"{run_dir} has no telemetry records with steps ({SHOWN.rank_records('<r>')}): a run "
-            "compares by what its ranks recorded (a watched command records them with "
-            "trainstack.monitor in its loop)"
+            f"compares by what its ranks recorded (a watched command's ranks record nothing where {UNSEEN_RANKS})"
         )
     summary: dict[str, Any] = dict(read_summary(layout.summary))  # read by keys from a list, so a plain dict
     config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from trainstack import breakdown
 from trainstack.ceilings import Ceiling
 from trainstack.monitoring.diagnose.verdicts import Verdict
+from trainstack.rundir import UNSEEN_RANKS
 
 
 def _throughput(figures: dict) -> list[str]:
@@ -36,6 +37,8 @@ def _figure_line(figures: dict) -> str:
             f"the ranks wait for the least-waiting one at most "
             f"{100 * figures['straggler_wait_ratio_max']:.0f}% of step time"
         )
+    elif figures["ranks"] > 1 and not figures["steps_per_second"]:
+        parts.append("stragglers unknown (no rank stepped in the window: nothing to compare)")
     elif figures["ranks"] > 1:
         parts.append(
             "stragglers unknown (no rank's wait at the collectives is measured: the loop's monitor was "
@@ -62,9 +65,7 @@ def _figure_line(figures: dict) -> str:
 
 
 NOT_JUDGED = "NOT JUDGED"
-NOTHING_RECORDED = (
-    "no rank recorded a step: no trainstack.monitor in the command's loop, or the ranks ended before their first record"
-)
+NOTHING_RECORDED = f"no rank recorded a step: the ranks ended before their first record, or {UNSEEN_RANKS}"
 HEALTHY = "HEALTHY"
 FAILED, STOPPED, HUNG = "FAILED", "STOPPED", "HUNG"  # the card's first headline for a run that did not complete
 CARD_EVIDENCE = 3  # the end-of-run card's evidence lines for its first verdict; diagnose and the report give all

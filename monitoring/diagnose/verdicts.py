@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from trainstack import breakdown, catalog
 from trainstack import problems as P
 from trainstack.monitoring.diagnose.snapshot import GpuProcess, GpuView, RankView, Snapshot
-from trainstack.rundir import INSTRUMENT_HINT
+from trainstack.rundir import INSTRUMENT_HINT, UNSEEN_RANKS
 from trainstack.thresholds import Thresholds
 from trainstack.units import human_bytes
 
@@ -794,7 +794,7 @@ def not_judged(snapshot: Snapshot, limits: Thresholds) -> str | None:
     else:
         running = "the GPUs are in use"
     gpus = "its GPUs were checked alone" if snapshot.gpus else "no GPU here to check"
-    return f"{running}, but no rank reports telemetry (no trainstack.monitor in its loop): {gpus}"
+    return f"{running}, but no rank reports telemetry ({UNSEEN_RANKS}): {gpus}"
 
 
 def notes(snapshot: Snapshot, limits: Thresholds) -> list[str]:

@@ -89,7 +89,8 @@ class MetricsServer:
             self._server = server_class((host, port), _QuietHandler)
         except OSError as error:  # the port is taken, or not ours to open: not a typo in the flags
             raise RuntimeFailure(
-                f"cannot listen on {host}:{port} ({error.strerror}): pick another --port, or stop what is using it"
+                f"cannot listen on {host}:{port} ({error.strerror}): pick another port (the exporter's --port; "
+                "train's and watch's --exporter-port), or stop what is using it"
             ) from None
         self._server.set_app(app)
         self.host = host

@@ -12,7 +12,7 @@ from trainstack.monitoring.diagnose.finished import end_card
 from trainstack.monitoring.report.hangs import hang_section
 from trainstack.monitoring.report.runfiles import RunFiles
 from trainstack.monitoring.report.tables import cell, header_rows, rank_rows, segment_rows, summary_rows, time_rows
-from trainstack.rundir import GPU_LOG_FILE, SUMMARY_FILE, TELEMETRY_DIR
+from trainstack.rundir import GPU_LOG_FILE, SUMMARY_FILE, TELEMETRY_DIR, UNSEEN_RANKS
 
 STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 1040px; color: #222; }
@@ -90,7 +90,7 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
     else:
         parts.append(
             f"<p class='note'>No rank records ({TELEMETRY_DIR}/rank-&lt;r&gt;.jsonl): the command ran "
-            "without trainstack.monitor in its loop, so only the GPUs were seen; a few lines in the loop "
+            f"and no rank recorded a step ({UNSEEN_RANKS}), so only the GPUs were seen; a few lines in the loop "
             "add steps, throughput, data wait and the per-rank verdicts.</p>"
         )
     if run.time_breakdown:

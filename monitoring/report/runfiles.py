@@ -9,7 +9,7 @@ from pathlib import Path
 from trainstack import breakdown, ratios, record, window
 from trainstack.errors import ConfigError
 from trainstack.record import IntervalRecord, Launch
-from trainstack.rundir import SHOWN, RunDir, Summary, read_json_lines, read_summary
+from trainstack.rundir import SHOWN, UNSEEN_RANKS, RunDir, Summary, read_json_lines, read_summary
 from trainstack.window import RankWindow
 
 
@@ -93,7 +93,7 @@ def load_run(run_dir: Path) -> RunFiles:
         raise ConfigError(
             f"{run_dir} has no telemetry records ({SHOWN.rank_records('<r>')}) and no GPU snapshots "
             f"({SHOWN.gpu_log}): pass a trainstack run directory whose ranks ran at least one log interval with "
-            "telemetry on (a watched command records ranks only with trainstack.monitor in its loop)"
+            f"telemetry on (a watched command's ranks record nothing where {UNSEEN_RANKS})"
         )
     return RunFiles(
         run_dir=run_dir,

@@ -83,6 +83,20 @@ def test_exporter_and_diagnose_work_without_torch():
         outcome = run_without_torch("diagnose", "--url", f"http://127.0.0.1:{port}/metrics", "--interval", "1")
         assert outcome["exit"] == 0 and outcome["loaded"] == [], outcome
         assert "8 GPU(s)" in outcome["stdout"], outcome["stdout"]  # the fake DGX H100's, read without torch
+        # `diagnose --json | head`: a reader that goes away ends it as SIGPIPE would, with no traceback
+        reader, writer = os.pipe()
+        os.close(reader)
+        try:
+            piped = subprocess.run(
+                [sys.executable, "-m", "trainstack", "diagnose", "--json", "--url", f"http://127.0.0.1:{port}/metrics"],
+                stdout=writer,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+            )
+        finally:
+            os.close(writer)
+        assert (piped.returncode, piped.stderr) == (128 + 13, ""), piped.stderr  # 13: SIGPIPE
     finally:
         stop_process(exporter)
     stdout, stderr = exporter.communicate()

@@ -10,6 +10,7 @@ import argparse
 import http.server
 import json
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -199,6 +200,10 @@ def test_straggler_is_the_rank_that_waits_least_while_its_peers_wait():
     unmeasured = [rank(str(i), forward_seconds=0.001 if i else 0.05) for i in range(3)]
     assert diagnose(Snapshot("test", NOW, unmeasured), LIMITS) == []
     assert "stragglers unknown (no rank's wait" in render_text("test", [], figures(Snapshot("test", NOW, unmeasured)))
+    # A stall: no rank stepped in the window, so nothing is compared; not a loop without its model.
+    stalled = [replace(view, steps_per_second=0.0) for view in unmeasured]
+    shown = render_text("test", [], figures(Snapshot("test", NOW, stalled)))
+    assert "stragglers unknown (no rank stepped in the window" in shown and "no DDP" not in shown
 
 
 def test_a_rank_slowed_outside_its_forward_pass_is_named_and_its_data_wait_shown():
