@@ -5,7 +5,8 @@ Prometheus server (or a flag is wrong), 69 the source cannot be reached (an expo
 and is gone by the second had a run that ended meanwhile: that first reading is judged, and a note says so). A job
 that runs but reports no rank telemetry (a watched command without trainstack.monitor) is judged on its GPUs alone:
 its headline says NOT JUDGED and why (never HEALTHY), a note says how to get the rest, and its exit status is the
-GPU verdicts' (0 on a host without GPUs: nothing found, which is no claim of health).
+GPU verdicts' (0 on a host without GPUs: nothing found, which is no claim of health). With --run-dir, a run that
+has ended (its exporter gone, its summary.json written) gets the verdict its launcher kept.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import dataclasses
 from pathlib import Path
 
 from trainstack import thresholds
-from trainstack.errors import EXIT_OK, ConfigError
+from trainstack.errors import EXIT_OK, ConfigError, RuntimeFailure
 from trainstack.monitoring.diagnose.sources import PROMETHEUS_WINDOW
 from trainstack.rundir import RunDir, exporter_url
 
@@ -59,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--run-dir",
         type=Path,
         help="the run's directory (--output-dir of trainstack train, --run-dir of watch): a stall "
-        "then names where each rank waits, from the evidence in RUN_DIR/hang/",
+        "then names where each rank waits, from the evidence in RUN_DIR/hang/; once the run has ended (no "
+        "exporter answers), the verdict its launcher kept in RUN_DIR/summary.json",
     )
     parser.add_argument("--json", action="store_true", help="print verdicts and figures as JSON")
 
@@ -76,7 +78,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--interval must be positive seconds, got {args.interval}")
     limits = thresholds.Thresholds(stall_seconds=args.stall_seconds)
     selector = f'job="{args.job}"' if args.job else ""
-    source = open_source(args.url, args.source, args.interval, selector, args.window)
+    try:
+        source = open_source(args.url, args.source, args.interval, selector, args.window)
+    except RuntimeFailure:
+        if args.run_dir is None or not ended(RunDir(args.run_dir)):
+            raise
+        return diagnose_ended(args.run_dir, args.url, args.json)
     snapshot = read_snapshot(source)
     if args.run_dir is not None:
         found = latest_hang(args.run_dir, RunDir(args.run_dir).all_node_metrics())  # this launch's stall only
@@ -97,3 +104,31 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     return EXIT_PROBLEM if verdicts else EXIT_OK
+
+
+def ended(run: RunDir) -> bool:
+    """Whether the run has ended: its launcher wrote summary.json and let go of the run directory's lease."""
+    return run.summary.is_file() and not run.lease.exists()
+
+
+def diagnose_ended(run_dir: Path, url: str, as_json: bool) -> int:
+    """A run whose exporter is gone with it: the verdict its launcher kept in summary.json, as its end-of-run card
+    (or summary.json's own keys with --json), where `trainstack diagnose` judges a live one."""
+    import json
+
+    from trainstack.monitoring.diagnose.finished import end_card
+    from trainstack.rundir import read_summary
+
+    run = RunDir(run_dir)
+    summary: dict = dict(read_summary(run.summary))  # read by keys from a list, so a plain dict
+    problem = bool(summary.get("verdicts") or summary.get("hang"))
+    source = f"{run.summary} (the run has ended: no exporter answers at {url})"
+    if as_json:
+        kept = ("exit_reason", "exit_code", "judged", "not_judged", "ranks_not_judged", "verdicts", "hang")
+        print(json.dumps({"source": source, **{key: summary[key] for key in kept if key in summary}}, indent=2))
+    else:
+        print(f"trainstack diagnose: {source}")
+        print("\n".join(end_card(run_dir, summary)))
+        if run.report.is_file():
+            print(f"report: {run.report}")
+    return EXIT_PROBLEM if problem else EXIT_OK

@@ -327,6 +327,28 @@ def test_a_run_that_did_not_complete_says_how_it_ended_first_and_is_never_called
     assert end_card(run, {**judged_keys, "exit_reason": "completed", "exit_code": 0})[0].startswith("HEALTHY  ")
 
 
+def test_diagnose_of_a_run_that_has_ended_gives_the_verdict_its_launcher_kept(tmp_path, capsys):
+    from trainstack.commands.cli import main
+    from trainstack.rundir import LEASE_DIR, free_port
+    from trainstack.supervisor.supervised import findings
+
+    run = RunDir(tmp_path)
+    write_run(run, {rank: [[record(rank, s, 0.02, 0.1, data_wait=0.45) for s in (10, 20, 30)]] for rank in (0, 1)})
+    kept = {"exit_reason": "completed", "exit_code": 0, **findings(tmp_path, breakdown.of_run(tmp_path), "watch")}
+    run.summary.write_text(json.dumps(kept))
+    gone = f"http://127.0.0.1:{free_port()}/metrics"  # its exporter ended with it
+    assert main(["diagnose", "--run-dir", str(tmp_path), "--url", gone]) == 1  # a problem found
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] == f"trainstack diagnose: {run.summary} (the run has ended: no exporter answers at {gone})"
+    assert shown[1:] == end_card(run, kept)
+    assert main(["diagnose", "--run-dir", str(tmp_path), "--url", gone, "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["verdicts"] == json.loads(run.summary.read_text())["verdicts"]
+    # While its launcher holds the run directory, an exporter that does not answer is the error it was.
+    (tmp_path / LEASE_DIR).mkdir()
+    assert main(["diagnose", "--run-dir", str(tmp_path), "--url", gone]) == 69
+    assert "is the run going?" in capsys.readouterr().err
+
+
 def test_durations_read_as_hours_minutes_seconds():
     assert [duration(s) for s in (4.25, 65, 3600 + 125)] == ["4.2 s", "1m 05s", "1h 02m"]
 
