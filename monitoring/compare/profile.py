@@ -18,7 +18,7 @@ from trainstack.monitoring.diagnose.finished import NOTHING_RECORDED, judged_of,
 from trainstack.rundir import CONFIG_FILE, SHOWN, SUMMARY_FILE, UNSEEN_RANKS, RunDir, read_summary
 from trainstack.window import RankWindow
 
-SUMMARY_SETTINGS = ("world_size", "distributed_type", "device", "mixed_precision", "model", "dataset")
+SUMMARY_SETTINGS = ("command", "world_size", "distributed_type", "device", "mixed_precision", "model", "dataset")
 RECORD_SETTINGS = ("clock", "param_bytes", "grad_bytes")
 
 

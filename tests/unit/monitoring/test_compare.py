@@ -78,6 +78,17 @@ def test_compare_says_a_run_nothing_was_judged_of_is_not_judged_never_healthy(tm
     ]
 
 
+def test_compare_names_the_watched_commands_where_they_differ(tmp_path):
+    a, b = _fake_run(tmp_path / "a"), _fake_run(tmp_path / "b")
+    for run_dir, mode in ((a, "healthy"), (b, "slowrank")):
+        command = f"torchrun --nproc-per-node 2 train.py --mode {mode}"
+        (run_dir / "summary.json").write_text(json.dumps({"version": 1, "launcher": "watch", "command": command}))
+    differ = {row["setting"]: (row["A"], row["B"]) for row in Comparison(profile.load(a), profile.load(b)).settings()}
+    assert differ == {
+        "summary.command": tuple(f"torchrun --nproc-per-node 2 train.py --mode {m}" for m in ("healthy", "slowrank"))
+    }
+
+
 def _environment(run_dir: Path, node: int, nccl_algo: str, torch: str, gpus: list[str]) -> None:
     """A node's recorded environment (trainstack/environment.py), as `trainstack train` and `watch` write it."""
     path = run_dir / "environment" / f"node-{node}.json"
