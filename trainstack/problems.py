@@ -201,8 +201,8 @@ _PROBLEMS = (
         ("TrainstackInputBound",),
         Fix(
             "raise --num-workers, pre-tokenize or move decoding out of __getitem__, or put the data on faster storage",
-            "raise DataLoader(num_workers=...), pre-tokenize or move decoding out of __getitem__, or put the data on "
-            "faster storage",
+            "raise DataLoader(num_workers=...) (transformers' Trainer: TrainingArguments(dataloader_num_workers=...)), "
+            "pre-tokenize or move decoding out of __getitem__, or put the data on faster storage",
         ),
         Gain("the loader starves the device {share} of step time", "a loader that keeps up"),
         ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers"),
@@ -243,8 +243,10 @@ _PROBLEMS = (
             "bucket_cap_mb); a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in containers, and "
             "that NCCL_P2P_DISABLE, NCCL_SHM_DISABLE or NCCL_IB_DISABLE are not set; or --strategy fsdp",
             "fewer all-reduces per sample: a larger per-GPU batch (your DataLoader(batch_size=...)) or gradient "
-            "accumulation with the micro-batches before the last under model.no_sync(); fewer, larger buckets "
-            "(DDP(model, bucket_cap_mb=...)); a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in "
+            "accumulation with the micro-batches before the last under model.no_sync() (transformers: "
+            "gradient_accumulation_steps; Lightning: Trainer(accumulate_grad_batches=...)); fewer, larger buckets "
+            "(DDP(model, bucket_cap_mb=...); transformers: ddp_bucket_cap_mb; Lightning: "
+            "DDPStrategy(bucket_cap_mb=...)); a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in "
             "containers, and that NCCL_P2P_DISABLE, NCCL_SHM_DISABLE or NCCL_IB_DISABLE are not set; or FSDP "
             "(fully_shard) instead of DDP",
         ),
@@ -270,8 +272,8 @@ _PROBLEMS = (
             "give each kernel launch more work: a larger per-rank --batch-size (lower --gradient-accumulation-steps "
             "to keep the global batch); --compile (torch.compile fuses small kernels: fewer launches); and no host "
             "synchronization in the loop (.item(), printing or copying tensors to the CPU each step)",
-            "give each kernel launch more work: a larger per-GPU batch in your DataLoader(batch_size=...) (fewer "
-            "accumulation micro-batches to keep the global batch); model = torch.compile(model) (torch.compile fuses "
+            "give each kernel launch more work: a larger per-GPU batch in your DataLoader(batch_size=...) "
+            "(transformers: per_device_train_batch_size; fewer accumulation micro-batches to keep the global batch); model = torch.compile(model) (torch.compile fuses "
             "small kernels: fewer launches); and no host synchronization in the loop (.item(), printing or copying "
             "tensors to the CPU each step)",
         ),
@@ -293,8 +295,8 @@ _PROBLEMS = (
         Fix(
             "a larger per-GPU --batch-size (lower --gradient-accumulation-steps to keep the global batch): more work "
             "per kernel fills more SMs",
-            "a larger per-GPU batch in your DataLoader(batch_size=...) (fewer accumulation micro-batches to keep the "
-            "global batch): more work per kernel fills more SMs",
+            "a larger per-GPU batch in your DataLoader(batch_size=...) (transformers: per_device_train_batch_size; "
+            "fewer accumulation micro-batches to keep the global batch): more work per kernel fills more SMs",
         ),
         when=(
             f"a GPU reads busy (utilization at least {T.GPU_UNDERUSED_UTILIZATION.percent}) while under "

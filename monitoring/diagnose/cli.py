@@ -18,7 +18,7 @@ from pathlib import Path
 from trainstack import thresholds
 from trainstack.errors import EXIT_OK, ConfigError, RuntimeFailure
 from trainstack.monitoring.diagnose.sources import PROMETHEUS_WINDOW
-from trainstack.rundir import RunDir, exporter_url
+from trainstack.rundir import SHOWN, RunDir, exporter_url
 
 EXIT_PROBLEM = 1
 DEFAULT_URL = exporter_url()
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="the run's directory (--output-dir of trainstack train, --run-dir of watch): a stall "
         "then names where each rank waits, from the evidence in RUN_DIR/hang/; once the run has ended (no "
-        "exporter answers), the verdict its launcher kept in RUN_DIR/summary.json",
+        f"exporter answers), the verdict its launcher kept in {SHOWN.summary}",
     )
     parser.add_argument("--json", action="store_true", help="print verdicts and figures as JSON")
 
