@@ -350,11 +350,25 @@ def check_run_dir(run_dir: Path, flag: str) -> None:
         raise ConfigError(f"{flag} {run_dir} is a file; choose a directory path")
     for existing in (run_dir, *run_dir.parents):
         if existing.exists():
+            if not existing.is_dir():
+                raise ConfigError(f"{flag} {run_dir}: {existing} is a file; choose another path")
             if not os.access(existing, os.W_OK):
                 read_only = os.statvfs(existing).f_flag & os.ST_RDONLY  # root ignores modes, not this
                 why = "is on a read-only file system" if read_only else "is not writable"
                 raise ConfigError(f"{flag} {run_dir}: {existing} {why}; choose another path")
             break
+
+
+def check_file_path(path: Path, flag: str) -> None:
+    """ConfigError, naming `flag`, unless a file can be written at `path`: not a folder, in a folder that exists and
+    is writable. Checked before the work whose result goes there, never after."""
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a directory; give a file's path")
+    if not path.parent.is_dir():
+        raise ConfigError(
+            f"{flag} {path}: {path.parent} is not an existing directory; create it or choose another path"
+        )
+    check_run_dir(path.parent, flag)
 
 
 def read_json_lines(path: Path) -> list[dict]:

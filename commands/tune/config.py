@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainstack.errors import ConfigError
-from trainstack.rundir import CONFIG_FILE
+from trainstack.rundir import CONFIG_FILE, check_file_path, check_run_dir
 from trainstack.train.rank.config import TrainConfig, read_config_file
 
 
@@ -34,10 +34,14 @@ class TuneConfig:
             raise ConfigError(f"{self.source} is neither a config file nor a run directory with {CONFIG_FILE}")
         if self.write.exists():
             raise ConfigError(f"{self.write} exists; tune never overwrites a file: pass --write NEW_PATH")
+        check_file_path(self.write, "--write")  # now, not once the trials have run
         if self.write.suffix not in (".yaml", ".yml"):
             raise ConfigError(f"--write {self.write} must end in .yaml or .yml (trainstack train --config reads it)")
         if self.html.exists():
             raise ConfigError(f"{self.html} exists; tune never overwrites a file: pass --html NEW_PATH")
+        check_file_path(self.html, "--html")
+        if self.scratch is not None:
+            check_run_dir(self.scratch, "--scratch")
         if self.steps < 10:
             raise ConfigError(f"--steps must be at least 10 (a warm-up interval and timed ones), got {self.steps}")
         if not 1 <= self.min_rounds <= self.max_rounds:

@@ -81,12 +81,15 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
     else:
         parts.append(f"<p class='note'>No {SUMMARY_FILE}: the run is still going, or it stopped before writing it.</p>")
     parts.append("<h2>Per rank</h2>")
-    if run.ranks:
+    per_rank = rank_rows(run)
+    if per_rank:
         parts += [
             "<p class='note'>Over each rank's steady window, as diagnose judges it: its last launch's log "
             "intervals after the first, whose steps hold the warm-up. The figures plot every interval.</p>",
-            _table(rank_rows(run)),
+            _table(per_rank),
         ]
+    elif run.ranks:  # a last launch that ended before its first interval: an earlier one's are in the figures
+        parts.append("<p class='note'>No rank recorded an interval in the run's last launch.</p>")
     else:
         parts.append(
             f"<p class='note'>No rank records ({TELEMETRY_DIR}/rank-&lt;r&gt;.jsonl): the command ran "

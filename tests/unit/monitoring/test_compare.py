@@ -123,6 +123,22 @@ def test_compare_prints_and_writes_its_page(tmp_path, capsys):
     assert "Where the time went" in (fixed / "compare.html").read_text()
 
 
+def test_the_page_never_replaces_a_file_compare_did_not_write(tmp_path, capsys):
+    slow, fixed = _fake_run(tmp_path / "slow", starved=0.1), _fake_run(tmp_path / "fixed")
+    weights = fixed / "model.safetensors"
+    weights.write_bytes(b"weights")
+    assert cli.main(["compare", str(slow), str(fixed), "--html", str(weights)]) == EXIT_CONFIG
+    assert weights.read_bytes() == b"weights" and "is not a page compare wrote" in capsys.readouterr().err
+    for bad in (fixed, tmp_path / "nowhere" / "page.html"):  # a folder; a file in no folder
+        assert cli.main(["compare", str(slow), str(fixed), "--html", str(bad)]) == EXIT_CONFIG
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and "Traceback" not in error, error
+    page = tmp_path / "page.html"
+    assert cli.main(["compare", str(slow), str(fixed), "--html", str(page)]) == 0
+    assert cli.main(["compare", str(fixed), str(slow), "--html", str(page)]) == 0  # its own page, written anew
+    assert "fixed vs slow" in page.read_text()
+
+
 @pytest.mark.parametrize("case", ["not-a-run", "missing", "other-model"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
     run = _fake_run(tmp_path / "run")

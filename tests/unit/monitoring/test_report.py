@@ -161,6 +161,21 @@ def test_the_report_heads_with_the_command_its_exit_and_duration(tmp_path):
     assert not {"command", "exit_code", "exit_reason", "started", "wall_seconds", "world_size"} & set(summary)
 
 
+def test_a_last_launch_that_ended_before_its_first_interval_is_said_so(tmp_path):
+    """A resumed launch whose ranks failed at start (a checkpoint of another model): its records hold a marker and
+    an end, no interval, and the report says so rather than failing on an empty table."""
+    run_dir = synthetic_run(tmp_path / "run")
+    for rank in range(2):
+        records = run_dir / "telemetry" / f"rank-{rank}.jsonl"
+        failed = [
+            {"segment_started": 2000.0, "rank": rank, "run_id": "s"},
+            {"segment_ended": 2001.0, "rank": rank, "step_count": 0, "paused": []},
+        ]
+        records.write_text(records.read_text() + "".join(json.dumps(line) + "\n" for line in failed))
+    page = render_report(run_dir).read_text()
+    assert "No rank recorded an interval in the run's last launch." in page
+
+
 def test_where_the_time_went_is_per_rank_wall_time_with_unmeasured_parts_said_so(tmp_path):
     page = render_report(synthetic_run(tmp_path / "run")).read_text()
     rows = {row[0]: row[1:] for row in table_after(page, "<h2>Where the time went</h2>")}

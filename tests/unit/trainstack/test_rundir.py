@@ -252,3 +252,16 @@ def test_no_summary_is_empty_and_a_bad_or_newer_one_is_one_line(tmp_path):
         with pytest.raises(ConfigError, match=message) as error:
             rundir.read_summary(path)
         assert "\n" not in str(error.value)
+
+
+def test_a_run_directory_or_a_file_under_a_file_is_refused_in_one_line_before_anything_is_written(tmp_path):
+    user_file = tmp_path / "afile"
+    user_file.write_text("mine")
+    with pytest.raises(ConfigError, match=r"--output-dir .*/afile/sub: .*/afile is a file; choose another path"):
+        rundir.check_run_dir(user_file / "sub", "--output-dir")
+    with pytest.raises(ConfigError, match=r"--write .*/nowhere/t.yaml: .*/nowhere is not an existing directory"):
+        rundir.check_file_path(tmp_path / "nowhere" / "t.yaml", "--write")
+    with pytest.raises(ConfigError, match="is a directory"):
+        rundir.check_file_path(tmp_path, "--html")
+    rundir.check_file_path(tmp_path / "new.html", "--html")
+    assert user_file.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]

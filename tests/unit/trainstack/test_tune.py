@@ -23,15 +23,19 @@ from trainstack.train.launcher import launch_config
 from trainstack.train.rank.config import TrainConfig, from_sources
 
 
-@pytest.mark.parametrize("case", ["missing", "not-a-run", "written-exists", "page-exists", "bad-key"])
+@pytest.mark.parametrize(
+    "case", ["missing", "not-a-run", "written-exists", "page-exists", "bad-key", "no-such-folder", "scratch-a-file"]
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
     source = tmp_path / "base.yaml"
     source.write_text("num_workers: 1\n" if case != "bad-key" else "num_wrokers: 1\n")
-    write = tmp_path / "tuned.yaml"
+    # Where the result goes is checked before any trial runs, not after them
+    write = tmp_path / ("nowhere/tuned.yaml" if case == "no-such-folder" else "tuned.yaml")
+    scratch = ["--scratch", str(source)] if case == "scratch-a-file" else []
     if case in ("written-exists", "page-exists"):
         write.with_suffix(".yaml" if case == "written-exists" else ".html").write_text("kept: yes\n")
     given = {"missing": tmp_path / "nowhere.yaml", "not-a-run": tmp_path}.get(case, source)
-    assert cli.main(["tune", str(given), "--write", str(write)]) == EXIT_CONFIG
+    assert cli.main(["tune", str(given), "--write", str(write), *scratch]) == EXIT_CONFIG
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "Traceback" not in error, error
     if case in ("written-exists", "page-exists"):
