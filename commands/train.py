@@ -160,7 +160,7 @@ class Launch:
         files = [self.run_dir.rank_records(r) for r in range(first, first + self.launch.nproc_per_node)]
         files.append(self.run_dir.environment(self.launch.node_rank))
         if self.launch.node_rank == 0:
-            files += [self.run_dir.summary, self.run_dir.report]
+            files += [self.run_dir.summary, self.run_dir.report, self.run_dir.config]
         self.run_dir.set_aside(self.run_id, files, say)
 
     def rank_environment(self) -> dict[str, str]:

@@ -231,14 +231,17 @@ def test_a_fresh_start_sets_an_earlier_attempts_record_aside_and_a_resume_keeps_
         "telemetry/rank-1.jsonl": b'{"time": 2}\n',
         "summary.json": b"{}",
         "report.html": b"<html>",
+        "config.yaml": b"mine: the user's own\n",  # a fresh start never writes over it
     }
     for name, data in old.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_bytes(data)
     Launch(config, launch, tmp_path / "checkpoints/step-00000005", "resumed").prepare_run_dir()
-    assert {name: (tmp_path / name).read_bytes() for name in old} == old  # a resume appends to the record
+    resumed = {name: (tmp_path / name).read_bytes() for name in old if name != "config.yaml"}
+    assert resumed == {name: data for name, data in old.items() if name != "config.yaml"}  # a resume appends
+    (tmp_path / "config.yaml").write_bytes(old["config.yaml"])
     Launch(config, launch, None, "fresh").prepare_run_dir()
     aside = tmp_path / "previous" / "before-fresh"
     assert {name: (aside / name).read_bytes() for name in old} == old
-    assert not any((tmp_path / name).exists() for name in old)
-    assert (tmp_path / "config.yaml").is_file()
+    assert not any((tmp_path / name).exists() for name in old if name != "config.yaml")
+    assert (tmp_path / "config.yaml").read_bytes() != old["config.yaml"]  # this run's own, the user's kept aside
