@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 import shutil
 import tomllib
@@ -168,6 +169,15 @@ class TrainConfig:
             )
         if self.max_steps == 0 and self.epochs == 0:
             raise ConfigError("set --max-steps or --epochs (both are 0, so training would never stop)")
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            if isinstance(value, float) and not math.isfinite(value):  # inf trains to NaN, nan compares false
+                raise ConfigError(f"{_flag(spec.name)} must be a finite number, got {value}")
+        for name in ("weight_decay", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{_flag(name)} must be 0 or more, got {getattr(self, name)}")
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"--seed must be 0 to {2**32 - 1} (numpy's seeds), got {self.seed}")
         if not self.lr > 0:
             raise ConfigError(f"--learning-rate must be positive, got {self.lr}")
         if self.collective_timeout <= 0:

@@ -30,6 +30,12 @@ def test_config_file_and_flags_merge_with_flags_winning(tmp_path):
     [
         ({"grad_accum": 0}, "--gradient-accumulation-steps must be at least 1"),
         ({"lr": 0.0}, "--learning-rate must be positive"),
+        ({"lr": float("inf")}, "--learning-rate must be a finite number, got inf"),
+        ({"weight_decay": float("nan")}, "--weight-decay must be a finite number, got nan"),
+        ({"collective_timeout": float("nan")}, "--collective-timeout must be a finite number"),
+        ({"max_grad_norm": -1.0}, "--max-grad-norm must be 0 or more"),
+        ({"seed": -1}, "--seed must be 0 to 4294967295"),
+        ({"seed": 2**64}, "--seed must be 0 to 4294967295"),
         ({"lr_schedule": "step"}, "--lr-schedule must be one of"),
         ({"mixed_precision": "fp8"}, "--mixed-precision must be one of"),
         ({"collective_timeout": -1.0}, "--collective-timeout must be positive"),
