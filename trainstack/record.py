@@ -208,9 +208,10 @@ def parse(line: dict, where: str) -> Line | None:
 
 
 def read_lines(path: Path) -> list[Line]:
-    """Every line of a rank's records file, in file order. A line a kill cut off (not JSON) is skipped."""
+    """Every line of a rank's records file, in file order. A line a kill cut off or the storage damaged (not JSON,
+    or not UTF-8) is skipped."""
     lines: list[Line] = []
-    for number, text in enumerate(path.read_text().splitlines(), start=1):
+    for number, text in enumerate(path.read_text(errors="replace").splitlines(), start=1):
         try:
             decoded = json.loads(text)
         except json.JSONDecodeError:

@@ -375,7 +375,7 @@ def read_json_lines(path: Path) -> list[dict]:
     """Every JSON object line of a run's JSON-lines file, in file order (the exporter's GPU log; a rank's records
     read typed through trainstack/record.py). A line a kill cut off is skipped (the next launch ends it first)."""
     lines = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():  # a damaged line is not JSON: skipped
         try:
             parsed = json.loads(line)
         except json.JSONDecodeError:

@@ -101,7 +101,15 @@ def load(run_dir: Path) -> RunProfile:
             f"compares by what its ranks recorded (a watched command's ranks record nothing where {UNSEEN_RANKS})"
         )
     summary: dict[str, Any] = dict(read_summary(layout.summary))  # read by keys from a list, so a plain dict
-    config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
+    try:
+        config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        detail = (str(error).splitlines() or [""])[0]
+        raise ConfigError(
+            f"{config_path} is not a readable config ({detail}); move it away to compare the run"
+        ) from None
+    if not isinstance(config, dict | None):
+        raise ConfigError(f"{config_path} is not a trainstack config (not key: value pairs); move it away")
     times = breakdown.of_run(run_dir)
     steps = statistics.median(sum(r.step_count or 0 for r in lines) for lines in records.values())
     last = records[min(records)][-1]

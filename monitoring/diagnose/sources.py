@@ -85,9 +85,9 @@ class ExporterSource:
             self.slow_window_seconds = second_read[1] - first_read[1]
 
     def _scrape(self) -> dict[str, list[Sample]]:
-        text = _get(self.url, self.timeout).decode()
         samples: dict[str, list[Sample]] = defaultdict(list)
         try:
+            text = _get(self.url, self.timeout).decode()  # the exposition format is UTF-8
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
                     samples[sample.name].append((sample.labels, sample.value))

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from trainstack.errors import ConfigError
-from trainstack.rundir import SHOWN, RunDir
+from trainstack.rundir import SHOWN, RunDir, check_run_dir
 from trainstack.train.rank import checkpoint
 
 FSDP_MODEL_DIR = "pytorch_model_fsdp_0"  # where Accelerate's save_state puts the first model's DCP shards
@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else RunDir(folder.parent.parent).exports / f"{folder.name}.safetensors"
     if output.exists():
         raise ConfigError(f"{output} already exists; pass another --output or move it away (nothing was written)")
+    check_run_dir(output.parent, "--output")  # its folder is made if need be: it must be a writable place
     weights = full_weights(folder, state)
     write_safetensors(weights, output, {"checkpoint": str(folder), "step": str(state["step"])})
     print(f"trainstack export: {len(weights)} tensors from {folder} -> {output}", file=sys.stderr)

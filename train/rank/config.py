@@ -288,6 +288,8 @@ def read_config_file(path: str) -> dict[str, Any]:
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as error:
         detail = str(error).splitlines()[0]
         raise ConfigError(f"config file {path} is not valid {file.suffix[1:].upper()}: {detail}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {error.start}); save it as UTF-8") from None
     if not isinstance(values, dict):
         raise ConfigError(f"config file {path} must hold key = value pairs at the top level")
     known = {f.name for f in dataclasses.fields(TrainConfig)}

@@ -50,9 +50,16 @@ def load_factory(spec: str, what: str):
             f"cannot import {what} factory module {module_name!r} ({error}); check the name and that it is on "
             "PYTHONPATH"
         ) from None
+    except Exception as error:  # noqa: BLE001 - the user's module failed as it loaded: its error, in one line
+        said = (str(error).splitlines() or [""])[0]
+        raise ConfigError(
+            f"{what} factory module {module_name!r} failed as it was imported: {type(error).__name__}: {said}"
+        ) from None
     factory = getattr(module, attribute, None)
-    if not callable(factory):
+    if factory is None:
         raise ConfigError(f"{what} factory {spec!r}: module {module_name!r} has no function {attribute!r}")
+    if not callable(factory):
+        raise ConfigError(f"{what} factory {spec!r}: {attribute!r} in module {module_name!r} is not a function")
     return factory
 
 

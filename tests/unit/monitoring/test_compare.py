@@ -139,15 +139,19 @@ def test_the_page_never_replaces_a_file_compare_did_not_write(tmp_path, capsys):
     assert "fixed vs slow" in page.read_text()
 
 
-@pytest.mark.parametrize("case", ["not-a-run", "missing", "other-model"])
+@pytest.mark.parametrize("case", ["not-a-run", "missing", "other-model", "bad-config"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
     run = _fake_run(tmp_path / "run")
     other = {
         "not-a-run": tmp_path,
         "missing": tmp_path / "nowhere",
         "other-model": _fake_run(tmp_path / "other", model="builtin:small-gpt"),
+        "bad-config": _fake_run(tmp_path / "bad"),
     }[case]
+    if case == "bad-config":
+        (other / "config.yaml").write_text("model: [unclosed\n")
     assert cli.main(["compare", str(run), str(other)]) == EXIT_CONFIG
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "Traceback" not in error
-    assert ("different models" if case == "other-model" else "not a trainstack run directory") in error
+    expected = {"other-model": "different models", "bad-config": "is not a readable config"}
+    assert expected.get(case, "not a trainstack run directory") in error

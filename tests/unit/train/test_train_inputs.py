@@ -66,3 +66,29 @@ def test_training_doc_lists_every_option():
     doc = (REPO / "docs" / "training.md").read_text()
     missing = [f.name for f in dataclasses.fields(TrainConfig) if f"`{_flag(f.name)}" not in doc]
     assert not missing, f"docs/training.md does not describe {missing}"
+
+
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path):
+    config = tmp_path / "latin1.yaml"
+    config.write_bytes("model: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml is not UTF-8 text \(byte 10\); save it as UTF-8"):
+        read_config_file(str(config))
+
+
+@pytest.mark.parametrize(
+    "source, said",
+    [
+        ("def build(:\n", "SyntaxError: "),
+        ("raise RuntimeError('no GPU here')\n", "RuntimeError: no GPU here"),
+        ("build = 3\n", "'build' in module 'broken_factory' is not a function"),
+    ],
+)
+def test_a_factory_module_that_fails_as_it_loads_is_one_line(tmp_path, monkeypatch, source, said):
+    from trainstack.train.rank.specs import load_factory
+
+    (tmp_path / "broken_factory.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "broken_factory", raising=False)
+    with pytest.raises(ConfigError) as raised:
+        load_factory("broken_factory:build", "model")
+    assert said in str(raised.value) and "\n" not in str(raised.value)

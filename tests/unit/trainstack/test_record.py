@@ -116,6 +116,9 @@ def test_a_line_cut_off_by_a_kill_is_skipped_and_a_broken_record_refused(tmp_pat
     write(run, started(), interval(10), interval(20).to_json()[:40], "[1, 2]", started(960.0), interval(30))
     first, second = record.read_launches(run.rank_records(0))
     assert (first.records, second.records) == ([interval(10)], [interval(30)])
+    with run.rank_records(0).open("ab") as damaged:  # bytes the storage mangled: not UTF-8, no record
+        damaged.write(b'{"time": \xff\xfe}\n')
+    assert [launch.records for launch in record.read_launches(run.rank_records(0))] == [[interval(10)], [interval(30)]]
     write(run, started(), json.dumps({"time": 1.0, "step": 3}))
     with pytest.raises(ConfigError, match=r"line 2 is not a trainstack record \(TypeError: .*missing"):
         record.read_launches(run.rank_records(0))
