@@ -8,6 +8,7 @@ done here: `Accelerator.prepare` gives each rank its own slice of the sampler's 
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ def load_token_data(
         # Its evaluation set is its own, not a share of the training data; none is still none.
         return data if eval_fraction > 0 else replace(data, eval=[])
     if is_factory(spec):
-        dataset = load_factory(spec, "dataset")(factory_config)
+        dataset = _checked_factory_dataset(load_factory(spec, "dataset")(factory_config), spec)
         return _split(dataset, eval_fraction, seed, _vocab_size(dataset))
     import datasets
 
@@ -111,6 +112,29 @@ def load_token_data(
             ) from None
     tokenized = _tokenize(raw, text_field, seq_len, spec)
     return _split(tokenized, eval_fraction, seed, _vocab_size(tokenized))
+
+
+def _checked_factory_dataset(dataset, spec: str):
+    """What a `module:function` dataset factory returned, if it is what training reads (module docstring): a
+    map-style dataset of at least 2 samples, the first a mapping with `input_ids`. Else one line, before its
+    vocabulary is read or a rank's loader trips on it."""
+    try:
+        count = len(dataset)
+        first = dataset[0] if count else None
+    except (TypeError, KeyError, IndexError) as error:
+        raise ConfigError(
+            f"dataset factory {spec!r} returned a {type(dataset).__name__}, not a map-style dataset "
+            f"(len() and [index]): {type(error).__name__}: {error}"
+        ) from None
+    if count < 2:
+        raise ConfigError(f"dataset factory {spec!r} returned {count} samples; training needs at least 2")
+    if not (isinstance(first, Mapping) and "input_ids" in first):
+        shown = sorted(first) if isinstance(first, Mapping) else type(first).__name__
+        raise ConfigError(
+            f"dataset factory {spec!r}: each sample must be a mapping with 'input_ids' (a list of token ids); "
+            f"the first is {shown}"
+        )
+    return dataset
 
 
 def _tokenize(raw, text_field: str, seq_len: int, spec: str):

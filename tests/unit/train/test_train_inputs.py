@@ -3,6 +3,8 @@ and docs/training.md lists every option (bad input to real runs: tests/process/t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from trainstack.errors import ConfigError
@@ -92,3 +94,24 @@ def test_a_factory_module_that_fails_as_it_loads_is_one_line(tmp_path, monkeypat
     with pytest.raises(ConfigError) as raised:
         load_factory("broken_factory:build", "model")
     assert said in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "returned, said",
+    [
+        ("[]", "returned 0 samples; training needs at least 2"),
+        (
+            "[{'text': 'a'}, {'text': 'b'}]",
+            "each sample must be a mapping with 'input_ids' (a list of token ids); the first is ['text']",
+        ),
+        ("42", "returned a int, not a map-style dataset"),
+    ],
+)
+def test_a_dataset_factory_that_returns_no_training_data_is_one_line(tmp_path, monkeypatch, returned, said):
+    from trainstack.train.rank.data import load_token_data
+
+    (tmp_path / "odd_datasets.py").write_text(f"def build(config):\n    return {returned}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "odd_datasets", raising=False)
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        load_token_data("odd_datasets:build", "text", 64, 0.1, 1234, None)
