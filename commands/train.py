@@ -72,7 +72,9 @@ def resume_point(config: train_config.TrainConfig) -> Path | None:
         config.resume, checkpoints, lambda line: print(f"trainstack train: warning: {line}", file=sys.stderr)
     )
     if folder:
-        checkpoint.require_strategy(folder, checkpoint.read_train_state(folder), config.strategy)
+        state = checkpoint.read_train_state(folder)
+        checkpoint.require_strategy(folder, state, config.strategy)
+        checkpoint.require_same_weights(folder, state, checkpoint.weights_shape(config.model, config.seq_len))
     return folder
 
 

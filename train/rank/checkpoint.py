@@ -20,6 +20,7 @@ from pathlib import Path
 
 from trainstack.errors import ConfigError
 from trainstack.rundir import SHOWN, STEP_DIR, UNSEALED_GLOB, VERIFIED_CHECKPOINT_ENV
+from trainstack.train.rank.specs import BUILTIN_PREFIX
 
 MANIFEST = "trainstack.json"
 TRAIN_STATE = "train_state.json"
@@ -105,6 +106,24 @@ def require_strategy(folder: Path, train_state: dict, strategy: str) -> None:
         raise ConfigError(
             f"checkpoint {folder} was written with --strategy {saved}; resume it with --strategy "
             f"{saved}, or start a new --output-dir from its weights (`trainstack export`)"
+        )
+
+
+def weights_shape(model: str, seq_len: int) -> dict:
+    """What fixes the shapes of a run's weights, as its checkpoints record it: the model, and for a builtin one the
+    sequence length its position embeddings are sized for (a factory's model decides that for itself)."""
+    return {"model": model, **({"seq_len": seq_len} if model.startswith(BUILTIN_PREFIX) else {})}
+
+
+def require_same_weights(folder: Path, train_state: dict, shape: dict) -> None:
+    """A checkpoint loads only into weights of its own shapes; a resume with another --model or --seq-len would
+    fail in every rank on each mismatched tensor. Checkpoints from before the shape was recorded are not checked."""
+    saved = {key: train_state[key] for key in shape if key in train_state}
+    if saved and saved != {key: shape[key] for key in saved}:
+        flags = " ".join(f"--{key.replace('_', '-')} {value}" for key, value in saved.items())
+        raise ConfigError(
+            f"checkpoint {folder} holds the weights of {flags}; resume it with the same, or start a new "
+            "--output-dir (from its weights: `trainstack export`)"
         )
 
 

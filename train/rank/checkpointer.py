@@ -20,12 +20,13 @@ from trainstack.write_failure import write_failure
 
 
 class Checkpointer:
-    def __init__(self, accelerator: Accelerator, run_dir: RunDir, strategy: str, keep: int):
+    def __init__(self, accelerator: Accelerator, run_dir: RunDir, strategy: str, keep: int, shape: dict):
         self.accelerator = accelerator
         self.run_dir = run_dir
         self.root = run_dir.checkpoints
         self.strategy = strategy
         self.keep = keep
+        self.shape = shape  # checkpoint.weights_shape: recorded in each checkpoint, checked on resume
 
     def resume(self, resume: str, progress: Progress) -> list[Segment]:
         """Restores the state and `progress` from the checkpoint `resume` names (config.resume), if any; returns
@@ -41,6 +42,7 @@ class Checkpointer:
             return []
         state = checkpoint.read_train_state(folder)
         checkpoint.require_strategy(folder, state, self.strategy)
+        checkpoint.require_same_weights(folder, state, self.shape)
         accelerator.load_state(str(folder))  # FSDP: each rank reads the shards it now owns, at any world size
         p = progress
         p.step, p.epoch = state["step"], state["epoch"]
@@ -79,6 +81,7 @@ class Checkpointer:
                         **p.state(),
                         "world_size": accelerator.num_processes,
                         "strategy": self.strategy,
+                        **self.shape,
                         SEGMENTS_KEY: record.segments(p),
                     },
                 )

@@ -105,7 +105,13 @@ class Trainer:
             start_responder(self.accelerator.process_index, starting=True)
         # Tied weights (the GPT's head is its embedding) are saved once, without safetensors' warning.
         self.accelerator.register_save_state_pre_hook(drop_tied_aliases)
-        self.checkpointer = Checkpointer(self.accelerator, self.run_dir, config.strategy, config.keep_checkpoints)
+        self.checkpointer = Checkpointer(
+            self.accelerator,
+            self.run_dir,
+            config.strategy,
+            config.keep_checkpoints,
+            checkpoint.weights_shape(config.model, config.seq_len),
+        )
         self.progress = Progress()
         self.record: RunRecord | None = None
         self.run_id = os.environ.get(RUN_ID_ENV, "manual")

@@ -18,6 +18,8 @@ from trainstack.train.rank.checkpointer import Checkpointer
 from trainstack.train.rank.progress import Progress
 from trainstack.train.rank.segments import SEGMENTS_KEY, RunRecord
 
+TINY_GPT = checkpoint.weights_shape("builtin:tiny-gpt", 128)
+
 FILES = {"model.safetensors": b"model weights", "optimizer.bin": b"optimizer state", "random_states_0.pkl": b"rng"}
 
 
@@ -226,7 +228,7 @@ def trained(step: int) -> Progress:
 
 def test_a_save_publishes_a_sealed_checkpoint_then_rotates(tmp_path):
     layout = RunDir(tmp_path)
-    saver = Checkpointer(OneRank(), layout, strategy="ddp", keep=2)
+    saver = Checkpointer(OneRank(), layout, strategy="ddp", keep=2, shape=TINY_GPT)
     for step in (5, 10, 15):
         progress = trained(step)
         assert saver.save(progress, RunRecord("run", progress)) >= 0
@@ -239,7 +241,7 @@ def test_a_save_publishes_a_sealed_checkpoint_then_rotates(tmp_path):
 
 def test_a_step_already_saved_is_not_saved_again(tmp_path):
     layout = RunDir(tmp_path)
-    saver = Checkpointer(OneRank(), layout, strategy="ddp", keep=3)
+    saver = Checkpointer(OneRank(), layout, strategy="ddp", keep=3, shape=TINY_GPT)
     saver.save(trained(5), RunRecord("run", trained(5)))
     before = (layout.checkpoint(5) / checkpoint.MANIFEST).read_bytes()
     assert saver.save(trained(5), RunRecord("resumed", trained(5))) is None
@@ -248,7 +250,9 @@ def test_a_step_already_saved_is_not_saved_again(tmp_path):
 
 def test_a_run_that_keeps_no_checkpoint_writes_none(tmp_path):
     layout = RunDir(tmp_path)
-    saver = Checkpointer(OneRank(), layout, strategy="ddp", keep=0)  # a throwaway run: trainstack tune's trials
+    saver = Checkpointer(
+        OneRank(), layout, strategy="ddp", keep=0, shape=TINY_GPT
+    )  # a throwaway run: trainstack tune's trials
     assert not saver.due(5)
     assert saver.save(trained(5), RunRecord("trial", trained(5))) is None
     assert list(tmp_path.iterdir()) == []
@@ -256,12 +260,16 @@ def test_a_run_that_keeps_no_checkpoint_writes_none(tmp_path):
 
 def test_resume_restores_the_position_from_the_newest_intact_checkpoint(tmp_path):
     layout = RunDir(tmp_path)
-    Checkpointer(OneRank(), layout, strategy="ddp", keep=3).save(trained(5), RunRecord("first", trained(5)))
-    Checkpointer(OneRank(), layout, strategy="ddp", keep=3).save(trained(10), RunRecord("first", trained(10)))
+    Checkpointer(OneRank(), layout, strategy="ddp", keep=3, shape=TINY_GPT).save(
+        trained(5), RunRecord("first", trained(5))
+    )
+    Checkpointer(OneRank(), layout, strategy="ddp", keep=3, shape=TINY_GPT).save(
+        trained(10), RunRecord("first", trained(10))
+    )
     damage(layout.checkpoint(10), "truncated")
     (layout.checkpoints / ".tmp-step-00000011").mkdir()  # killed mid-save
     rank, progress = OneRank(), Progress()
-    segments = Checkpointer(rank, layout, strategy="ddp", keep=3).resume("auto", progress)
+    segments = Checkpointer(rank, layout, strategy="ddp", keep=3, shape=TINY_GPT).resume("auto", progress)
     assert rank.loaded == [str(layout.checkpoint(5))]
     assert progress == Progress(**trained(5).state(), resumed_from=str(layout.checkpoint(5)))
     assert [segment["last_step"] for segment in segments] == [5]
@@ -271,14 +279,32 @@ def test_resume_restores_the_position_from_the_newest_intact_checkpoint(tmp_path
 
 def test_resume_refuses_a_checkpoint_of_the_other_strategy(tmp_path):
     layout = RunDir(tmp_path)
-    Checkpointer(OneRank(), layout, strategy="fsdp", keep=3).save(trained(5), RunRecord("first", trained(5)))
+    Checkpointer(OneRank(), layout, strategy="fsdp", keep=3, shape=TINY_GPT).save(
+        trained(5), RunRecord("first", trained(5))
+    )
     rank = OneRank()
     with pytest.raises(ConfigError, match="written with --strategy fsdp; resume it with --strategy fsdp"):
-        Checkpointer(rank, layout, strategy="ddp", keep=3).resume("auto", Progress())
+        Checkpointer(rank, layout, strategy="ddp", keep=3, shape=TINY_GPT).resume("auto", Progress())
     assert rank.loaded == []
+    longer = checkpoint.weights_shape("builtin:tiny-gpt", 256)
+    with pytest.raises(ConfigError, match="holds the weights of --model builtin:tiny-gpt --seq-len 128"):
+        Checkpointer(rank, layout, strategy="fsdp", keep=3, shape=longer).resume("auto", Progress())
+    assert rank.loaded == []  # refused before any rank reads a tensor of it
 
 
 def test_a_fresh_start_restores_nothing(tmp_path):
     rank, progress = OneRank(), Progress()
-    assert Checkpointer(rank, RunDir(tmp_path), strategy="ddp", keep=3).resume("auto", progress) == []
+    assert Checkpointer(rank, RunDir(tmp_path), strategy="ddp", keep=3, shape=TINY_GPT).resume("auto", progress) == []
     assert (rank.loaded, progress) == ([], Progress())
+
+
+def test_a_checkpoint_resumes_only_into_weights_of_its_own_shapes(tmp_path):
+    builtin = checkpoint.weights_shape("builtin:tiny-gpt", 128)
+    assert builtin == {"model": "builtin:tiny-gpt", "seq_len": 128}
+    assert checkpoint.weights_shape("mine:build", 128) == {"model": "mine:build"}  # its length is the model's own
+    state = {"step": 5, **builtin}
+    checkpoint.require_same_weights(tmp_path, state, builtin)
+    checkpoint.require_same_weights(tmp_path, {"step": 5}, builtin)  # older checkpoints: not recorded, not checked
+    for other in (checkpoint.weights_shape("builtin:tiny-gpt", 64), checkpoint.weights_shape("builtin:small-gpt", 128)):
+        with pytest.raises(ConfigError, match=r"holds the weights of --model builtin:tiny-gpt --seq-len 128; resume"):
+            checkpoint.require_same_weights(tmp_path, state, other)
