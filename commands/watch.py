@@ -12,11 +12,14 @@ shell reports it); its own failures are trainstack's codes, each with one `train
 from __future__ import annotations
 
 import argparse
+import errno
+import importlib.util
 import json
 import os
 import shlex
 import shutil
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -36,6 +39,7 @@ from trainstack.rundir import (
     WATCHED_COMMAND_FILE,
     RunDir,
     Summary,
+    bind_error,
     check_port,
     check_run_dir,
     new_run_id,
@@ -306,6 +310,22 @@ class Watch:
             raise ConfigError(f"{self.command[0]} cannot be started: {error.strerror}") from None
 
 
+def check_exporter_beside(host: str, nvml_module: str | None) -> None:
+    """What the exporter would fail on at every restart, refused before the command starts: an --exporter-host that
+    is no address of this host, an --nvml-module that cannot be found. (A taken port is waited out, with retries.)"""
+    error = bind_error(host, 0)
+    if isinstance(error, socket.gaierror) or (error is not None and error.errno == errno.EADDRNOTAVAIL):
+        raise ConfigError(
+            f"--exporter-host {host} is not an address of this host: pass one of its addresses, or 0.0.0.0 for all"
+        )
+    try:
+        found = nvml_module is None or importlib.util.find_spec(nvml_module) is not None
+    except (ImportError, ValueError):  # a parent package that does not import
+        found = False
+    if not found:
+        raise ConfigError(f"--nvml-module {nvml_module} cannot be found; check the module's name and PYTHONPATH")
+
+
 def run(args: argparse.Namespace) -> int:
     """The watched run; then, with --report on node 0, the report while the lease is still held."""
     command = command_of(args)
@@ -316,6 +336,8 @@ def run(args: argparse.Namespace) -> int:
     if node_rank < 0:
         raise ConfigError(f"--node-rank must be 0 or more, got {node_rank}")
     port = check_port("--exporter-port", exporter_port(args, slurm, node_rank), zero_means="to run no exporter")
+    if port:
+        check_exporter_beside(args.exporter_host, args.nvml_module)
     stop_grace()  # a bad TRAINSTACK_STOP_GRACE is refused now, not once the command has left processes behind
     hint_seconds()
     run_id = new_run_id()

@@ -217,7 +217,7 @@ class SupervisedRun:
         """What the ended child started and left running ends too (as `stopping` says): the lease is held until it
         has, for those processes may still write the run directory."""
         assert self.child is not None and self.processes is not None, "start() comes first"
-        left = self.processes.running()
+        left = self.processes.left_running()
         if left:
             self.stopping.end_leftovers(self.child, left, self.say)
 

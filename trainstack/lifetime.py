@@ -156,3 +156,22 @@ class Descendants:
 
     def running(self) -> list[psutil.Process]:
         return [process for process in self.seen if still_running(process)]
+
+    def left_running(self) -> list[psutil.Process]:
+        """Once the child has ended: what was seen under it and still runs, with whatever still runs in its session
+        (the supervisor starts it in a session of its own), which holds what it started and left between two
+        looks. One scan of every process, so not at each poll."""
+        import psutil
+
+        left = {process.pid: process for process in self.running()}
+        for process in psutil.process_iter():
+            try:
+                if (
+                    process.pid not in left
+                    and process.pid != self._child.pid
+                    and os.getsid(process.pid) == self._child.pid
+                ):
+                    left[process.pid] = process
+            except (ProcessLookupError, PermissionError):  # ended meanwhile, or not ours to ask
+                continue
+        return [process for process in left.values() if still_running(process)]

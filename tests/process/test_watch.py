@@ -113,6 +113,8 @@ def test_bad_input_is_one_line_and_touches_nothing(tmp_path):
         (("--",), "no command to watch: put it after --"),
         (("--", "no-such-trainer", "--lr", "1"), "command not found: no-such-trainer is not on PATH"),
         (("--exporter-port", "70000", "--", "true"), "--exporter-port 70000 is not a TCP port"),
+        (("--exporter-host", "127.0.0.256", "--", "true"), "--exporter-host 127.0.0.256 is not an address of this"),
+        (("--nvml-module", "no_such_nvml", "--", "true"), "--nvml-module no_such_nvml cannot be found"),
     ]:
         result = watch(run_dir, *args)
         assert result.returncode == 2, explain(result)
@@ -207,6 +209,20 @@ def test_what_the_command_leaves_running_is_stopped_before_the_run_directory_is_
     try:
         assert result.returncode == 0, explain(result)
         assert "trainstack watch: 1 process(es) the command started still run; SIGTERM to them" in result.stderr
+        assert left() is None
+        # A command that ends at once, before watch's first look: what it left in its session is found too.
+        quick = watch(
+            run_dir,
+            *NO_EXPORTER,
+            "--",
+            *python(f"""
+            import subprocess, sys
+            left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            open({str(pid_file)!r}, "w").write(str(left.pid))
+        """),
+        )
+        assert quick.returncode == 0, explain(quick)
+        assert "trainstack watch: 1 process(es) the command started still run; SIGTERM to them" in quick.stderr
         assert left() is None
     finally:
         if process := left():
