@@ -57,6 +57,7 @@ from trainstack.train.launcher.launch_config import (
     node_rank_of,
     prometheus_sd_dir,
 )
+from trainstack.train.rank import checkpoint
 from trainstack.write_failure import WriteFailure, write_atomically
 
 PROGRAM = "trainstack watch"
@@ -330,6 +331,12 @@ def run(args: argparse.Namespace) -> int:
     """The watched run; then, with --report on node 0, the report while the lease is still held."""
     command = command_of(args)
     check_run_dir(args.run_dir, "--run-dir")
+    if checkpoint.complete_checkpoints(RunDir(args.run_dir).checkpoints):
+        raise ConfigError(
+            f"--run-dir {args.run_dir} holds a trainstack train run's checkpoints: watching a command there would "
+            "set that run's record aside, and its next resume would write over the watched run's summary; choose "
+            "another --run-dir"
+        )
     wait, timeout = lease_wait(args), lease_timeout(args.lease_timeout)
     slurm = SlurmWorld.from_environ(os.environ)  # None under torchrun, whose world wins
     node_rank = node_rank_of(args, slurm)

@@ -121,6 +121,14 @@ def test_bad_input_is_one_line_and_touches_nothing(tmp_path):
         assert result.stderr.startswith(f"trainstack watch: error: {line}"), explain(result)
         assert len(result.stderr.splitlines()) == 1, explain(result)
         assert tree(run_dir) == before
+    # A trainstack train run's folder, checkpoints and all: not the place for a watched command's record
+    sealed = run_dir / "checkpoints" / "step-00000005"
+    sealed.mkdir(parents=True)
+    (sealed / "trainstack.json").write_text("{}")
+    before = tree(run_dir)
+    result = watch(run_dir, "--", "true")
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, explain(result)
+    assert "holds a trainstack train run's checkpoints" in result.stderr and tree(run_dir) == before
 
 
 @pytest.mark.slow
