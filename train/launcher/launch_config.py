@@ -137,6 +137,8 @@ class LaunchConfig:
             raise ConfigError(
                 f"--node-rank must be in 0..{self.nnodes - 1} for {self.nnodes} nodes, got {self.node_rank}"
             )
+        if not 0 < self.rendezvous_timeout < float("inf"):
+            raise ConfigError(f"--rendezvous-timeout must be positive seconds, got {self.rendezvous_timeout}")
         check_port("--master-port", self.master_port)
         check_port("--exporter-port", self.exporter_port, zero_means="to run no exporter")
 
@@ -154,7 +156,10 @@ class LaunchConfig:
         if os.environ.get("PET_NPROC_PER_NODE") in ("auto", "gpu", "cpu"):
             use_cpu = use_cpu or os.environ["PET_NPROC_PER_NODE"] == "cpu"
             os.environ.pop("PET_NPROC_PER_NODE")
-        nproc = args.nproc_per_node or env_int("NPROC_PER_NODE", "PET_NPROC_PER_NODE")
+        # 0 is the user's, refused as such (LaunchConfig), not taken for "not given"
+        nproc = (
+            args.nproc_per_node if args.nproc_per_node is not None else env_int("NPROC_PER_NODE", "PET_NPROC_PER_NODE")
+        )
         if nproc is None:
             nproc = CPU_STAND_IN_RANKS if use_cpu else gpus
         elif not use_cpu and nproc > gpus:
@@ -164,11 +169,11 @@ class LaunchConfig:
             )
         # Slurm's world only where the flags and torchrun's / Kubernetes' variables leave a part of it open.
         slurm = SlurmWorld.from_environ(os.environ)
-        nnodes = args.nnodes or env_int("NNODES", "PET_NNODES")
+        nnodes = args.nnodes if args.nnodes is not None else env_int("NNODES", "PET_NNODES")
         if nnodes is None and slurm is not None:
             slurm.check_launchable()  # not from a multi-node job's batch script, one task per node
             nnodes = slurm.nnodes
-        nnodes = nnodes or 1
+        nnodes = 1 if nnodes is None else nnodes
         node_rank = node_rank_of(args, slurm)
         master_port = args.master_port or env_int("MASTER_PORT", "PET_MASTER_PORT")
         if master_port is None and slurm is not None and nnodes > 1:

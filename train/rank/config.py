@@ -276,6 +276,8 @@ def _coerce(name: str, value: Any, type_name: str) -> Any:
 
 def read_config_file(path: str) -> dict[str, Any]:
     file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"config file {path} is a directory; pass a .toml or .yaml file to --config")
     if not file.is_file():
         raise ConfigError(f"config file {path} not found; pass an existing .toml or .yaml file to --config")
     try:

@@ -70,6 +70,11 @@ def test_training_doc_lists_every_option():
     assert not missing, f"docs/training.md does not describe {missing}"
 
 
+def test_a_config_that_is_a_folder_is_said_so(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory; pass a .toml or .yaml file to --config"):
+        read_config_file(str(tmp_path))
+
+
 def test_a_config_that_is_not_utf8_is_one_line(tmp_path):
     config = tmp_path / "latin1.yaml"
     config.write_bytes("model: caf\xe9\n".encode("latin-1"))

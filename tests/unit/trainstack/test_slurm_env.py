@@ -422,3 +422,16 @@ def test_a_derived_exporter_port_that_cannot_be_opened_says_why_in_one_line(monk
     with pytest.raises(ConfigError) as refused:
         launch_config.exporter_port(args, world(STEP_ON_N2), 1)
     assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (("--nproc-per-node", "0"), "--nproc-per-node must be at least 1, got 0"),  # never taken for "not given"
+        (("--nnodes", "0"), "--nnodes must be at least 1, got 0"),
+        (("--rendezvous-timeout", "-1"), "--rendezvous-timeout must be positive seconds, got -1"),
+    ],
+)
+def test_a_zero_or_negative_world_flag_is_refused_not_taken_for_the_default(monkeypatch, flags, message):
+    with pytest.raises(ConfigError, match=message):
+        launch_world(monkeypatch, {}, *flags)
