@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -17,6 +19,23 @@ def test_unused_parameter_error_names_the_flag_and_exits_2(tmp_path):
     assert "find_unused_parameters" in result.stderr and "--find-unused-parameters" in result.stderr
     assert summary(tmp_path / "run")["exit_reason"] == "failed"
     assert not (tmp_path / "run" / LEASE_DIR).exists()  # released on a failure
+
+
+def test_a_run_that_diverges_stops_before_it_saves_and_says_how_to_resume(tmp_path):
+    # Far too high a learning rate and no clipping: the loss is inf or nan within a few intervals
+    result = train(
+        tmp_path / "run",
+        *("--learning-rate", "10000", "--max-grad-norm", "0", "--max-steps", "60", "--checkpoint-every", "5"),
+        *("--log-every", "5"),
+    )
+    assert result.returncode == 2, explain(result)
+    assert "training diverged, and nothing from it is saved" in result.stderr and "HEALTHY" not in result.stderr
+    failed = summary(tmp_path / "run")
+    assert failed["exit_reason"] == "failed", failed
+    assert failed["final_loss"] is None or math.isfinite(failed["final_loss"]), failed  # the last finite loss
+    kept = sorted((tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert all(int(folder.name.split("-")[1]) < failed["steps"] for folder in kept), (kept, failed["steps"])
+    assert "NaN" not in (tmp_path / "run" / "summary.json").read_text()  # JSON any reader takes
 
 
 def test_an_output_ddps_static_graph_cannot_look_into_is_refused_after_the_first_step(tmp_path):

@@ -288,6 +288,14 @@ class Trainer:
     def _log_interval(self, interval: OpenInterval, bar) -> bool:
         accelerator, p = self.accelerator, self.progress
         totals = interval.totals.result()
+        if totals.loss is not None and not math.isfinite(
+            totals.loss
+        ):  # the mean over every rank: all of them stop here, before a save
+            raise ConfigError(
+                f"the loss is {totals.loss} over the steps up to {interval.step}: training diverged, and nothing "
+                "from it is saved; lower --learning-rate, clip with --max-grad-norm above 0, or drop "
+                "--mixed-precision, then rerun: it resumes from the last checkpoint before it"
+            )
         p.last_loss = totals.loss
         if p.initial_loss is None:
             p.initial_loss = totals.loss
