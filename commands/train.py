@@ -304,6 +304,17 @@ class Launch:
             return EXIT_FAILED if returncode and summary["exit_code"] == EXIT_OK else summary["exit_code"]
         if returncode in (EXIT_OK, EXIT_PREEMPTED):  # ranks on every node exit 75 once they agreed to stop
             return EXIT_PREEMPTED if self.supervised.received else returncode
+        if self.supervised.received and self.failed_rank and self.failed_rank.endswith(KILLED_BY_OUR_SIGTERM):
+            # The SIGTERM the launcher passed on reached a rank before its handler (it was still starting): the stop
+            # the user asked for, not a failure of that rank's.
+            self.failed_rank = None
+            name = signal.Signals(self.supervised.received[0]).name
+            print(
+                f"trainstack train: stopped by {name} while the ranks were starting, before they could save; "
+                "rerun the same command to resume from the latest checkpoint, if any",
+                file=sys.stderr,
+            )
+            return EXIT_PREEMPTED
         return returncode if self.failed_rank else EXIT_FAILED
 
 
@@ -318,6 +329,10 @@ def run_doctor(config: train_config.TrainConfig, launch: LaunchConfig, skip: boo
         print(render_table(results), file=sys.stderr)
     if has_failures(results) and not skip:
         raise ConfigError("preflight checks failed (FAIL above); fix them, or pass --skip-doctor to start anyway")
+
+
+KILLED_BY_OUR_SIGTERM = f"exited with code {-signal.SIGTERM} (its log is above)"
+"""The end of the agent's line (train/launcher/agent.py failure_line) for a rank SIGTERM ended with no note."""
 
 
 def read_failed_rank(pipe: int) -> str | None:

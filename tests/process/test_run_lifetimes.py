@@ -51,7 +51,7 @@ def uninterrupted(ddp_reference) -> dict[str, torch.Tensor]:
     return weights(ddp_reference / "checkpoints" / step_dir_name(STEPS))
 
 
-def _start(run_dir: Path, *args: str, exporter_port: int = 0) -> subprocess.Popen:
+def _start(run_dir: Path, *args: str, exporter_port: int = 0, env: dict | None = None) -> subprocess.Popen:
     """The launcher in a process group of its own, as a shell job or a container's PID 1 would be."""
     command = trainstack_command(
         "train", "--output-dir", str(run_dir), *FAST, *COMMAND, *args, "--exporter-port", str(exporter_port)
@@ -59,7 +59,7 @@ def _start(run_dir: Path, *args: str, exporter_port: int = 0) -> subprocess.Pope
     return subprocess.Popen(
         command,
         cwd=REPO,
-        env={**os.environ, **ENV},
+        env={**os.environ, **ENV, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -177,6 +177,35 @@ def _served_steps_or_none(port: int) -> float | None:
         return _steps_served(port)
     except OSError:
         return None
+
+
+def test_ctrl_c_as_the_ranks_start_is_a_stop_not_a_rank_that_failed(tmp_path):
+    """A terminal's Ctrl-C while the ranks start: the SIGTERM the launcher passes on reaches a rank before its
+    handler is in place (here held back, by a sitecustomize that sleeps in each rank's interpreter start), which
+    ends it; that is the stop the user asked for (exit 75), not rank 0 failing."""
+    run_dir, slow_start = tmp_path / "run", tmp_path / "slow_start"
+    slow_start.mkdir()
+    (slow_start / "sitecustomize.py").write_text(
+        "import os, time\nif 'LOCAL_RANK' in os.environ and 'TORCHELASTIC_RUN_ID' in os.environ:\n    time.sleep(3)\n"
+    )
+    launcher = _start(run_dir, env={"PYTHONPATH": str(slow_start)})
+
+    def ranks_started() -> bool:
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            try:
+                if child.cmdline()[1:4] == ["-u", "-m", "trainstack.train.rank"]:  # a rank, not its agent
+                    return True
+            except psutil.Error:  # a process that ended meanwhile (the doctor's probes)
+                continue
+        return False
+
+    wait_for(ranks_started, launcher)
+    os.killpg(launcher.pid, signal.SIGINT)  # the launcher's process group, as a terminal's Ctrl-C
+    output, _ = launcher.communicate(timeout=GRACE + 60)
+    _wait_until_none_left(run_dir)
+    assert launcher.returncode == 75, output[-4000:]
+    assert "exited with code -15" not in output and "Traceback" not in output, output[-4000:]
+    assert "trainstack train: stopped by SIGINT while the ranks were starting, before they could save" in output
 
 
 def test_a_sigkilled_exporter_is_restarted_and_its_counters_carry_on(tmp_path):
