@@ -8,7 +8,7 @@ import importlib
 import os
 import signal
 import sys
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 from trainstack.errors import (
     EXIT_CONFIG,
@@ -83,9 +83,17 @@ def overview_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """A flag argparse refuses (a typo, a value of the wrong type) is one line naming it and where the options are,
+    not the whole usage above it (`trainstack train`'s runs to 40 lines)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_CONFIG, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def subcommand_parser(name: str) -> argparse.ArgumentParser:
     subcommand = SUBCOMMANDS[name]
-    parser = argparse.ArgumentParser(prog=f"trainstack {name}", description=subcommand.help, epilog=EXIT_CODES)
+    parser = OneLineErrors(prog=f"trainstack {name}", description=subcommand.help, epilog=EXIT_CODES)
     module = importlib.import_module(subcommand.module)
     module.add_arguments(parser)
     parser.set_defaults(command=name, _run=module.run)

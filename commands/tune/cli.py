@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from trainstack.errors import EXIT_FAILED, EXIT_OK
+from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK
 from trainstack.rundir import CONFIG_FILE
 
 EXIT_INTERRUPTED = 130
@@ -116,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
             outcome = tuner.run()
         except TrialFailed as failure:
             print(f"trainstack tune: error: {failure}", file=sys.stderr)
-            return EXIT_FAILED
+            # Bad input stays bad input (the trainer refused the baseline's config): retrying cannot help
+            return EXIT_CONFIG if failure.exit_code == EXIT_CONFIG else EXIT_FAILED
         print(f"baseline verdicts: {', '.join(outcome.verdicts) or 'healthy'}")
         for standing in outcome.standings:
             print(standing.line())

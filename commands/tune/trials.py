@@ -30,7 +30,11 @@ MIN_GAIN = 1.05
 
 
 class TrialFailed(Exception):
-    """A trial exited non-zero; the message has the end of its output."""
+    """A trial exited non-zero (`exit_code`); the message has the end of its output."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class CandidateRefused(TrialFailed):
@@ -163,7 +167,8 @@ class Tuner:
             refused = trial.returncode == EXIT_CONFIG and candidate is not BASELINE
             raise (CandidateRefused if refused else TrialFailed)(
                 f"trial {self.count} ({candidate.name}) exited {trial.returncode}: "
-                f"{stderr.strip().splitlines()[-1] if stderr.strip() else ''}"
+                f"{stderr.strip().splitlines()[-1] if stderr.strip() else ''}",
+                trial.returncode,
             )
         measured = profile.load(run_dir)
         # --steps of at least 10 at 5 log intervals: a trial that exited 0 has intervals past its first to time

@@ -274,6 +274,20 @@ def _coerce(name: str, value: Any, type_name: str) -> Any:
     raise ConfigError(f"{name} must be {type_name}, got {value!r}")
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice, which it would otherwise take the last of silently (TOML
+    refuses it itself)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_config_file(path: str) -> dict[str, Any]:
     file = Path(path)
     if file.is_dir():
@@ -284,7 +298,7 @@ def read_config_file(path: str) -> dict[str, Any]:
         if file.suffix == ".toml":
             values = tomllib.loads(file.read_text())
         elif file.suffix in (".yaml", ".yml"):
-            values = yaml.safe_load(file.read_text()) or {}
+            values = yaml.load(file.read_text(), Loader=_UniqueKeys) or {}
         else:
             raise ConfigError(f"config file {path} must end in .toml, .yaml or .yml")
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as error:

@@ -70,6 +70,13 @@ def test_training_doc_lists_every_option():
     assert not missing, f"docs/training.md does not describe {missing}"
 
 
+def test_a_key_given_twice_is_refused_not_the_last_taken(tmp_path):
+    config = tmp_path / "twice.yaml"
+    config.write_text("lr: 0.01\nbatch_size: 8\nlr: 0.001\n")
+    with pytest.raises(ConfigError, match=r"twice.yaml is not valid YAML: key 'lr' is given twice"):
+        read_config_file(str(config))
+
+
 def test_a_config_that_is_a_folder_is_said_so(tmp_path):
     with pytest.raises(ConfigError, match="is a directory; pass a .toml or .yaml file to --config"):
         read_config_file(str(tmp_path))
@@ -120,3 +127,13 @@ def test_a_dataset_factory_that_returns_no_training_data_is_one_line(tmp_path, m
     monkeypatch.delitem(__import__("sys").modules, "odd_datasets", raising=False)
     with pytest.raises(ConfigError, match=re.escape(said)):
         load_token_data("odd_datasets:build", "text", 64, 0.1, 1234, None)
+
+
+def test_a_flag_argparse_refuses_is_one_line_not_the_whole_usage(capsys):
+    from trainstack.commands.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "--max-steps", "x"])
+    assert exited.value.code == 2
+    said = "trainstack train: error: argument --max-steps: invalid int value: 'x'; see trainstack train --help\n"
+    assert capsys.readouterr().err == said

@@ -200,3 +200,24 @@ def test_a_candidate_the_trainer_refuses_is_left_out_and_the_others_are_measured
     assert "exited 2: trainstack train: error: the ranks' weights differ" in outcome.refused["ddp_static_graph"]
     assert [s.candidate.name for s in outcome.standings] == ["grad_accum=2", "ddp_bucket_cap_mb=100"]
     assert all(len(s.ratios) == 2 for s in outcome.standings)  # both rounds ran without the refused one
+
+
+@pytest.mark.parametrize("trial_code, tune_code", [(EXIT_CONFIG, EXIT_CONFIG), (1, 1)])
+def test_a_baseline_the_trainer_refuses_as_bad_input_ends_tune_as_bad_input(
+    tmp_path, monkeypatch, capsys, trial_code, tune_code
+):
+    class FailingBaseline:
+        returncode = trial_code
+
+        def __init__(self, command, **kwargs):
+            pass
+
+        def communicate(self, timeout):
+            return "", "trainstack train: error: dataset factory 'mine:build' returned 0 samples\n"
+
+    source = tmp_path / "base.yaml"
+    source.write_text("num_workers: 1\n")
+    monkeypatch.setattr(subprocess, "Popen", FailingBaseline)
+    assert cli.main(["tune", str(source), "--write", str(tmp_path / "tuned.yaml")]) == tune_code
+    error = capsys.readouterr().err
+    assert f"trial 1 (baseline) exited {trial_code}: trainstack train: error: dataset factory" in error
