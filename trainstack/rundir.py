@@ -14,6 +14,8 @@ import re
 import secrets
 import socket
 import time
+import types
+import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -479,4 +481,41 @@ def read_summary(path: Path) -> Summary:
             f"{path} has summary version {version!r}, newer than this trainstack reads "
             f"({SUMMARY_VERSION}); use the trainstack that wrote it"
         )
-    return cast(Summary, summary)  # checked above as far as a reader relies on it: an object of a known version
+    for key, value in summary.items():
+        expected = _SUMMARY_TYPES.get(key)
+        if expected is not None and not _has_type(value, expected):
+            raise ConfigError(
+                f"{path}: {key!r} is {json.dumps(value)[:40]}, not {_type_name(expected)}: the file was edited or "
+                "damaged; move it away to read the run from its rank records alone"
+            )
+    return cast(Summary, summary)
+
+
+_SUMMARY_TYPES = typing.get_type_hints(Summary)
+
+
+def _has_type(value: object, expected: object) -> bool:
+    """Whether a JSON value fits the summary's annotation: its containers' and TypedDicts' items too, since the
+    readers index into them. JSON has one number type: an int fits a float."""
+    if expected is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if expected is type(None):
+        return value is None
+    if isinstance(expected, types.UnionType):
+        return any(_has_type(value, member) for member in typing.get_args(expected))
+    if typing.is_typeddict(expected):
+        hints = typing.get_type_hints(expected)
+        return isinstance(value, dict) and all(
+            key not in value or _has_type(value[key], annotation) for key, annotation in hints.items()
+        )
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if origin is list:
+        return isinstance(value, list) and all(_has_type(item, args[0]) for item in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_has_type(item, args[1]) for item in value.values())
+    return isinstance(value, typing.cast(type, expected))
+
+
+def _type_name(expected: object) -> str:
+    shown = str(expected) if typing.get_args(expected) else getattr(expected, "__name__", str(expected))
+    return shown.replace("trainstack.rundir.", "").replace("NoneType", "None")

@@ -234,6 +234,20 @@ def test_the_writer_stamps_the_version_and_readers_get_it_back(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_a_summary_of_the_declared_types_reads_whole_where_json_writes_a_float_as_an_int(tmp_path):
+    path = tmp_path / rundir.SUMMARY_FILE
+    written = {
+        "started": 1796000000,
+        "world_size": None,
+        "segments": [{"started": 1.5, "ended": 2, "exit_reason": None, "samples": 8}],
+        "time_breakdown": None,
+        "verdicts": [],
+        "ceilings": {"straggler": {"speedup": 1.2}},
+    }
+    path.write_text(json.dumps(written))
+    assert rundir.read_summary(path) == {"version": 0, **written}
+
+
 def test_a_summary_from_before_the_version_reads_as_version_0(tmp_path):
     path = tmp_path / rundir.SUMMARY_FILE
     path.write_text(json.dumps({"run_id": "old", "steps": 5, "exit_reason": "completed"}))
@@ -247,6 +261,10 @@ def test_no_summary_is_empty_and_a_bad_or_newer_one_is_one_line(tmp_path):
         ("{not json", "is not a readable summary"),
         ("[1]", "not a JSON object"),
         (json.dumps({"version": 2}), "summary version 2, newer than this trainstack reads"),
+        (json.dumps({"segments": "oops"}), r"'segments' is \"oops\", not list\[Segment\]: the file was edited"),
+        (json.dumps({"segments": [{"started": "noon"}]}), "not list"),
+        (json.dumps({"world_size": 2.5}), r"not int \| None"),
+        (json.dumps({"verdicts": [{"kind": "x"}], "started": True}), "'started' is true, not float"),
     ):
         path.write_text(text)
         with pytest.raises(ConfigError, match=message) as error:
