@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`... --json | head`): as a program SIGPIPE ends, no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
         return 128 + signal.SIGPIPE
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handler is in place (its imports), or in one without
+        print(file=sys.stderr)  # the terminal's ^C is left mid-line
+        return 128 + signal.SIGINT
 
 
 def _main(argv: list[str]) -> int:

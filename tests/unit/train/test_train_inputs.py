@@ -137,3 +137,15 @@ def test_a_flag_argparse_refuses_is_one_line_not_the_whole_usage(capsys):
     assert exited.value.code == 2
     said = "trainstack train: error: argument --max-steps: invalid int value: 'x'; see trainstack train --help\n"
     assert capsys.readouterr().err == said
+
+
+def test_ctrl_c_before_a_commands_own_handler_is_an_interrupted_exit_not_a_traceback(capsys, monkeypatch):
+    # Ctrl-C lands in the command's imports, before watch or train put their own SIGINT handler in place
+    from trainstack.commands import cli
+
+    def interrupted(name: str):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.importlib, "import_module", interrupted)
+    assert cli.main(["watch", "--", "true"]) == 130  # as a shell reports a death by SIGINT
+    assert capsys.readouterr().err == "\n"
