@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tests.helpers.runs import explain, summary, train
+from tests.helpers.runs import explain, summary, train, weights
 from trainstack.rundir import LEASE_DIR
 
 pytestmark = pytest.mark.slow
@@ -35,6 +35,8 @@ def test_a_run_that_diverges_stops_before_it_saves_and_says_how_to_resume(tmp_pa
     assert failed["final_loss"] is None or math.isfinite(failed["final_loss"]), failed  # the last finite loss
     kept = sorted((tmp_path / "run" / "checkpoints").glob("step-*"))
     assert all(int(folder.name.split("-")[1]) < failed["steps"] for folder in kept), (kept, failed["steps"])
+    # the update after the last finite loss is checked too: what is kept resumes
+    assert all(torch.isfinite(tensor).all() for folder in kept for tensor in weights(folder).values()), kept
     assert "NaN" not in (tmp_path / "run" / "summary.json").read_text()  # JSON any reader takes
 
 

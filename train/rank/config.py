@@ -37,6 +37,7 @@ CUDA_DEFAULTS = {
 STRATEGIES = ("ddp", "fsdp")
 DDP_COMM_HOOKS = ("none", "fp16", "bf16")
 DEFAULT_PREFETCH_FACTOR = 2  # torch's own with workers
+MAX_LEARNING_RATE = 1e30
 
 
 def _option(default: Any, help_text: str, flag: str | None = None, **extra: Any) -> Any:
@@ -178,8 +179,11 @@ class TrainConfig:
                 raise ConfigError(f"{_flag(name)} must be 0 or more, got {getattr(self, name)}")
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"--seed must be 0 to {2**32 - 1} (numpy's seeds), got {self.seed}")
-        if not self.lr > 0:
-            raise ConfigError(f"--learning-rate must be positive, got {self.lr}")
+        if not 0 < self.lr < MAX_LEARNING_RATE:
+            raise ConfigError(
+                f"--learning-rate must be positive and below {MAX_LEARNING_RATE:g} (float32's range, which AdamW's "
+                f"first update, 10x the rate, must fit), got {self.lr}"
+            )
         if self.collective_timeout <= 0:
             raise ConfigError(f"--collective-timeout must be positive seconds, got {self.collective_timeout}")
         if not 0 <= self.eval_fraction < 1:

@@ -28,3 +28,12 @@ def train_step(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return loss.detach()
+
+
+def nonfinite_weights(accelerator: Accelerator, model: torch.nn.Module) -> int:
+    """How many of the model's parameters hold an inf or nan, over every rank (each its own shards under FSDP, so
+    every rank agrees). One host sync: for a checkpoint's save, where the loss, read before the step's update,
+    cannot tell that the update itself diverged."""
+    local = [getattr(p, "to_local", lambda p=p: p)() for p in model.parameters()]  # an FSDP2 DTensor: this rank's shard
+    found = torch.stack([~torch.isfinite(t).all() for t in local if t.numel()]).sum() if local else torch.tensor(0)
+    return int(accelerator.reduce(found.to(accelerator.device), reduction="sum").item())

@@ -50,9 +50,14 @@ from trainstack.train.rank.progress import Progress
 from trainstack.train.rank.schedule import lr_scheduler
 from trainstack.train.rank.segments import RunRecord
 from trainstack.train.rank.static_graph import require_reduced_gradients
-from trainstack.train.rank.step import train_step
+from trainstack.train.rank.step import nonfinite_weights, train_step
 from trainstack.train.rank.stopping import StopRequested
 from trainstack.write_failure import WriteFailure
+
+DIVERGED_FIX = (
+    "and nothing from it is saved; lower --learning-rate, clip with --max-grad-norm above 0, or drop "
+    "--mixed-precision, then rerun: it resumes from the last checkpoint before it"
+)
 
 
 @dataclass(frozen=True)
@@ -292,9 +297,7 @@ class Trainer:
             totals.loss
         ):  # the mean over every rank: all of them stop here, before a save
             raise ConfigError(
-                f"the loss is {totals.loss} over the steps up to {interval.step}: training diverged, and nothing "
-                "from it is saved; lower --learning-rate, clip with --max-grad-norm above 0, or drop "
-                "--mixed-precision, then rerun: it resumes from the last checkpoint before it"
+                f"the loss is {totals.loss} over the steps up to {interval.step}: training diverged, {DIVERGED_FIX}"
             )
         p.last_loss = totals.loss
         if p.initial_loss is None:
@@ -320,6 +323,11 @@ class Trainer:
         if not self.checkpointer.due(self.progress.step):
             return
         assert self.record is not None, "run() starts the record before the loop that saves"
+        if count := nonfinite_weights(self.accelerator, self.model):
+            raise ConfigError(
+                f"{count} of the model's weights are inf or nan after step {self.progress.step}: training diverged, "
+                + DIVERGED_FIX
+            )
         with self.monitor.pause(CHECKPOINT_SAVE):
             self.checkpointer.save(self.progress, self.record)
         self.compile_watch.resync()

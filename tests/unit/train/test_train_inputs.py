@@ -42,6 +42,7 @@ def test_config_file_and_flags_merge_with_flags_winning(tmp_path):
         ({"mixed_precision": "fp8"}, "--mixed-precision must be one of"),
         ({"collective_timeout": -1.0}, "--collective-timeout must be positive"),
         ({"eval_fraction": 1.0}, "--eval-fraction must be in [0, 1)"),
+        ({"lr": 1e39}, "--learning-rate must be positive and below 1e\\+30 (float32's range"),
         ({"sync_batchnorm": 1}, "sync_batchnorm must be bool"),
         ({"prefetch_factor": 0}, "--prefetch-factor must be at least 1"),
         ({"num_workers": 0, "prefetch_factor": 4}, "--prefetch-factor 4 needs --num-workers 1 or more"),

@@ -24,6 +24,7 @@ from trainstack.train.rank.outcome import EXIT_CODES, Failure, explain_runtime_e
 from trainstack.train.rank.performance import CompileWatch, NoCompileWatch
 from trainstack.train.rank.progress import Progress
 from trainstack.train.rank.schedule import lr_factor, lr_scheduler
+from trainstack.train.rank.step import nonfinite_weights
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -240,3 +241,14 @@ def test_sync_batchnorm_replaces_every_batchnorm_where_asked_and_there_are_peers
 
     assert norms(True, 2) == {torch.nn.SyncBatchNorm}
     assert norms(True, 1) == norms(False, 2) == {torch.nn.BatchNorm1d}  # one process: nothing to sync with
+
+
+def test_nonfinite_weights_counts_each_parameter_holding_an_inf_or_nan_as_the_ranks_sum_them():
+    summed = []
+    accelerator = SimpleNamespace(device=torch.device("cpu"), reduce=lambda t, reduction: summed.append(reduction) or t)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    assert nonfinite_weights(accelerator, model) == 0
+    with torch.no_grad():
+        model[0].weight[1, 2] = math.inf
+        model[1].bias[0] = math.nan
+    assert nonfinite_weights(accelerator, model) == 2 and summed == ["sum", "sum"]
