@@ -25,6 +25,7 @@ from trainstack.rundir import (
     NNODES_ENV,
     USE_CPU_ENV,
     VERIFIED_CHECKPOINT_ENV,
+    FirstFailure,
     RunDir,
     Summary,
     check_run_dir,
@@ -139,7 +140,7 @@ class Launch:
         self.supervised = SupervisedRun(
             self.run_dir, launch.node_rank, lease, OwnAgent(), say, config.collective_timeout
         )
-        self.failed_rank: str | None = None  # the agent's line naming the rank that failed first, and its error
+        self.first_failure: FirstFailure | None = None  # the rank that failed first, as the agent saw it
 
     def prepare_run_dir(self) -> None:
         """This node's fresh metrics folder (SupervisedRun.fresh_metrics_dir); a resumed run appends to the
@@ -242,7 +243,7 @@ class Launch:
                 # A save cut short where the main process could not remove it itself (the agent ended it when a peer
                 # failed first): never loadable, and its space is what a rerun needs. No rank is left to write there.
                 checkpoint.remove_unsealed(self.run_dir.checkpoints)
-            self.failed_rank = read_failed_rank(failures)
+            self.first_failure = read_first_failure(failures)
             self.add_time_breakdown(returncode)
             return self.outcome(returncode)
 
@@ -299,15 +300,16 @@ class Launch:
                     else "trainstack train: no checkpoint saved (--keep-checkpoints 0); the same command starts over",
                     file=sys.stderr,
                 )
-            if self.failed_rank:  # the agent's exit code is the rank's that failed first, rank 0's may be a peer's
+            if self.first_failure:  # the agent's exit code is the rank's that failed first, rank 0's may be a peer's
                 return returncode
             return EXIT_FAILED if returncode and summary["exit_code"] == EXIT_OK else summary["exit_code"]
         if returncode in (EXIT_OK, EXIT_PREEMPTED):  # ranks on every node exit 75 once they agreed to stop
             return EXIT_PREEMPTED if self.supervised.received else returncode
-        if self.supervised.received and self.failed_rank and self.failed_rank.endswith(KILLED_BY_OUR_SIGTERM):
+        first = self.first_failure
+        if self.supervised.received and first and first.exit_code == -signal.SIGTERM and not first.noted:
             # The SIGTERM the launcher passed on reached a rank before its handler (it was still starting): the stop
             # the user asked for, not a failure of that rank's.
-            self.failed_rank = None
+            self.first_failure = None
             name = signal.Signals(self.supervised.received[0]).name
             print(
                 f"trainstack train: stopped by {name} while the ranks were starting, before they could save; "
@@ -315,7 +317,7 @@ class Launch:
                 file=sys.stderr,
             )
             return EXIT_PREEMPTED
-        return returncode if self.failed_rank else EXIT_FAILED
+        return returncode if self.first_failure else EXIT_FAILED
 
 
 def run_doctor(config: train_config.TrainConfig, launch: LaunchConfig, skip: bool) -> None:
@@ -331,21 +333,17 @@ def run_doctor(config: train_config.TrainConfig, launch: LaunchConfig, skip: boo
         raise ConfigError("preflight checks failed (FAIL above); fix them, or pass --skip-doctor to start anyway")
 
 
-KILLED_BY_OUR_SIGTERM = f"exited with code {-signal.SIGTERM} (its log is above)"
-"""The end of the agent's line (train/launcher/agent.py failure_line) for a rank SIGTERM ended with no note."""
-
-
-def read_failed_rank(pipe: int) -> str | None:
-    """The agent's line from its pipe, once it has exited. Not waiting for the pipe to close: whatever the agent
+def read_first_failure(pipe: int) -> FirstFailure | None:
+    """The agent's report from its pipe, once it has exited. Not waiting for the pipe to close: whatever the agent
     left running must not hold the launcher up."""
     os.set_blocking(pipe, False)
     try:
-        line = os.read(pipe, 1 << 16).decode(errors="replace").strip()
+        report = os.read(pipe, 1 << 16).decode(errors="replace")
     except BlockingIOError:
-        line = ""
+        report = ""
     finally:
         os.close(pipe)
-    return line or None
+    return FirstFailure.from_json(report)
 
 
 def checkpoints_kept(run_dir: Path) -> str:
@@ -403,9 +401,10 @@ def run(args: argparse.Namespace) -> int:
             elif launch.node_rank == 0:
                 print_card(config.run_dir, PROGRAM, None, launched.card_summary(code))
             hang = launched.supervised.hang_line()
-            if launched.failed_rank:  # the last line: the one a user reads first
+            if launched.first_failure:  # the last line: the one a user reads first
                 print(
-                    f"trainstack train: {launched.failed_rank}{f'; where the ranks waited: {hang}' if hang else ''}",
+                    f"trainstack train: {launched.first_failure.line}"
+                    + (f"; where the ranks waited: {hang}" if hang else ""),
                     file=sys.stderr,
                 )
             elif hang and code:

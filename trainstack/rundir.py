@@ -64,8 +64,8 @@ NNODES_ENV = "NNODES"  # nodes in the job, for the ranks' run-info series (torch
 # {"time": unix seconds, "peer_lost": true when it only saw another rank go}.
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 FAILURE_NOTE_KEY = "trainstack"
-# A pipe the launcher opens for the agent: the agent writes there the line naming the rank that failed first, and
-# the launcher prints it last. A pipe, not a file: a full or read-only disk cannot lose it.
+# A pipe the launcher opens for the agent: the agent writes there the rank that failed first (`FirstFailure`), and
+# the launcher prints its line last. A pipe, not a file: a full or read-only disk cannot lose it.
 FAILURE_FD_ENV = "TRAINSTACK_FAILURE_FD"
 USE_CPU_ENV = "ACCELERATE_USE_CPU"  # "1": Accelerate runs the ranks on the CPU over gloo, even beside a GPU
 # The PID of the process that started this one and supervises it (launcher -> agent and exporter, agent -> ranks):
@@ -385,6 +385,31 @@ def read_json_lines(path: Path) -> list[dict]:
         if isinstance(parsed, dict):
             lines.append(parsed)
     return lines
+
+
+@dataclass(frozen=True)
+class FirstFailure:
+    """The rank whose failure ended a launch, as the agent saw it: what the agent writes to FAILURE_FD_ENV's pipe
+    (one JSON object) and the launcher reads back."""
+
+    line: str
+    """The rank and its error, or its exit code where it left none: the launcher's last line."""
+    exit_code: int
+    """The rank's, as torchrun saw it: -N for a death by signal N."""
+    noted: bool
+    """Whether the rank left its own one-line failure (FAILURE_NOTE_KEY); false for a kill or a crash."""
+
+    def to_json(self) -> str:
+        return json.dumps({"line": self.line, "exit_code": self.exit_code, "noted": self.noted})
+
+    @classmethod
+    def from_json(cls, text: str) -> FirstFailure | None:
+        """None for an empty or unreadable report (an agent killed while it wrote)."""
+        try:
+            fields = json.loads(text)
+            return cls(str(fields["line"]), int(fields["exit_code"]), bool(fields["noted"]))
+        except (ValueError, TypeError, KeyError):
+            return None
 
 
 # ---- summary.json -------------------------------------------------------------------------------------------

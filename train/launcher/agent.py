@@ -21,7 +21,7 @@ import time
 from trainstack.errors import EXIT_FAILED, EXIT_PREEMPTED
 from trainstack.heap import imports_uncollected
 from trainstack.lifetime import POLL_SECONDS, kill_all, signal_new_children, stop_grace, watch_supervisor
-from trainstack.rundir import FAILURE_FD_ENV, FAILURE_NOTE_KEY, STOP_GRACE_ENV, SUPERVISOR_PID_ENV
+from trainstack.rundir import FAILURE_FD_ENV, FAILURE_NOTE_KEY, STOP_GRACE_ENV, SUPERVISOR_PID_ENV, FirstFailure
 
 with imports_uncollected():  # torch, for the whole of the agent's life
     from accelerate.commands.launch import main
@@ -105,20 +105,20 @@ def exit_code_of(failure: ChildFailedError, rank: int) -> int:
     return next((code for code in codes if code > 0), 1)
 
 
-def failure_line(failure: ChildFailedError, rank: int) -> str:
+def first_failure(failure: ChildFailedError, rank: int) -> FirstFailure:
     process = failure.failures[rank]
     if FAILURE_NOTE_KEY in process.error_file_data:
-        return f"rank {rank}: {process.message}"
-    return f"rank {rank} exited with code {process.exitcode} (its log is above)"
+        return FirstFailure(f"rank {rank}: {process.message}", process.exitcode, noted=True)
+    return FirstFailure(f"rank {rank} exited with code {process.exitcode} (its log is above)", process.exitcode, False)
 
 
-def announce(line: str) -> None:
-    """To the launcher's pipe, which prints it as its last line; on stderr when run without the launcher."""
+def announce(first: FirstFailure) -> None:
+    """To the launcher's pipe, which prints its line last; the line on stderr when run without the launcher."""
     descriptor = os.environ.get(FAILURE_FD_ENV)
     if descriptor:
-        os.write(int(descriptor), (line + "\n").encode())
+        os.write(int(descriptor), first.to_json().encode())
     else:
-        print(f"trainstack: {line}", file=sys.stderr)
+        print(f"trainstack: {first.line}", file=sys.stderr)
 
 
 def run() -> int:
@@ -131,7 +131,7 @@ def run() -> int:
         if preempted(failure):
             return EXIT_PREEMPTED
         rank = first_cause(failure)
-        announce(failure_line(failure, rank))
+        announce(first_failure(failure, rank))
         return exit_code_of(failure, rank)
     except subprocess.CalledProcessError as failure:
         return failure.returncode if failure.returncode > 0 else 1

@@ -14,7 +14,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from trainstack.commands import train as train_command
 from trainstack.errors import EXIT_OK, EXIT_RUNTIME
-from trainstack.rundir import ERROR_FILE_ENV, UNSEALED_PREFIX, step_dir_name
+from trainstack.rundir import ERROR_FILE_ENV, FAILURE_FD_ENV, UNSEALED_PREFIX, FirstFailure, step_dir_name
 from trainstack.supervisor import supervised
 from trainstack.supervisor.supervised import write_report
 from trainstack.train.launcher import agent
@@ -117,7 +117,9 @@ def test_the_agent_names_the_rank_that_failed_for_itself_not_its_peer(tmp_path, 
     disk = outcome.Failure("no space left on device writing checkpoint step 15", EXIT_RUNTIME)
     failure = child_failure(tmp_path, monkeypatch, {0: lost, 1: disk})
     assert agent.first_cause(failure) == 1
-    assert agent.failure_line(failure, 1) == "rank 1: no space left on device writing checkpoint step 15"
+    assert agent.first_failure(failure, 1) == FirstFailure(
+        "rank 1: no space left on device writing checkpoint step 15", EXIT_RUNTIME, noted=True
+    )
 
 
 @pytest.mark.parametrize("survivor", ["lost", "ended"])
@@ -135,7 +137,23 @@ def test_a_rank_that_died_silently_comes_before_those_that_lost_it_or_were_ended
     note = outcome.explain_runtime_error(errors[survivor], config, stopping=True)
     failure = child_failure(tmp_path, monkeypatch, {0: note, 1: None})
     assert agent.first_cause(failure) == 1
-    assert agent.failure_line(failure, 1) == "rank 1 exited with code -9 (its log is above)"
+    assert agent.first_failure(failure, 1) == FirstFailure("rank 1 exited with code -9 (its log is above)", -9, False)
+
+
+def test_the_agents_report_reaches_the_launcher_whole_through_its_pipe_and_a_cut_one_is_none(monkeypatch):
+    # what tells a rank that the launcher's own SIGTERM ended before its handler (a stop) from one that failed
+    ended = FirstFailure("rank 0 exited with code -15 (its log is above)", -15, noted=False)
+
+    def through_the_pipe(write) -> FirstFailure | None:
+        reader, writer = os.pipe()
+        monkeypatch.setenv(FAILURE_FD_ENV, str(writer))
+        write(writer)
+        os.close(writer)
+        return train_command.read_first_failure(reader)
+
+    assert through_the_pipe(lambda _: agent.announce(ended)) == ended
+    assert through_the_pipe(lambda fd: os.write(fd, ended.to_json()[:20].encode())) is None  # the agent killed mid-way
+    assert through_the_pipe(lambda _: None) is None  # no rank failed
 
 
 def test_the_failure_note_is_torchruns_format(tmp_path, monkeypatch):
