@@ -150,13 +150,11 @@ class HangWatch:
 
     def last_line(self) -> str | None:
         """The verdict of the stall the run ended in, for the launcher's last line; None if it did not end in one."""
-        self.wait()
-        if self.verdict is None:
-            return None
-        return f"{self.verdict.headline} (evidence: {self.stall_dir})"
+        found = self.last_json()
+        return f"{found['headline']} (evidence: {found['evidence_dir']})" if found else None
 
     def last_json(self) -> dict | None:
-        """The same verdict as summary.json keeps it: `Hang.as_json` and the folder of its evidence."""
+        """The verdict as summary.json keeps it: `Hang.as_json` and the folder of its evidence."""
         self.wait()
         if self.verdict is None:
             return None
