@@ -172,11 +172,17 @@ class CommandState:
 
 class InstrumentationHint:
     """Says once, `hint_seconds()` after the command started, that it is not instrumented when no rank of it has
-    started records by then: only its GPUs are seen."""
+    started records by then: only its GPUs are seen. With the automatic instrumentation on, what it did not find."""
 
-    def __init__(self, run_dir: RunDir, started_at: float):
+    def __init__(self, run_dir: RunDir, started_at: float, auto: bool):
         self.run_dir, self.started_at = run_dir, started_at
         self._at: float | None = time.monotonic() + hint_seconds()
+        self._how = (
+            "the automatic instrumentation has found no DDP or FSDP model, Lightning or transformers Trainer in "
+            "them yet; add `import trainstack.monitor` to a loop it does not see (docs/monitor-your-training.md)"
+            if auto
+            else INSTRUMENT_HINT
+        )
 
     def poll(self) -> None:
         if self._at is not None and time.monotonic() >= self._at:
@@ -184,7 +190,7 @@ class InstrumentationHint:
             if not self._ranks_recorded():
                 say(
                     f"uninstrumented: the command runs, but no rank has started records "
-                    f"({SHOWN.rank_records('<r>')}), so only its GPUs are seen; {INSTRUMENT_HINT}"
+                    f"({SHOWN.rank_records('<r>')}), so only its GPUs are seen; {self._how}"
                 )
 
     def _ranks_recorded(self) -> bool:
@@ -258,7 +264,7 @@ class Watch:
             say(f"run {self.run_id} in {self.run_dir.path}: {shlex.join(self.command)}")
             self.started_at = time.time()
             self.start()
-            hint = InstrumentationHint(self.run_dir, self.started_at)
+            hint = InstrumentationHint(self.run_dir, self.started_at, self.args.auto)
 
             def each_poll(processes: Descendants) -> None:
                 series.running(1 + len(processes.running()))

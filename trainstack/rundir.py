@@ -43,12 +43,12 @@ UNSEEN_RANKS = (
     "watch ran with --no-auto, or the command's loop is one its automatic instrumentation does not see: "
     'docs/monitor-your-training.md, "No line changed"'
 )
-# What a watched command without trainstack.monitor in its loop lacks, and how to add it: watch prints it on its
+# What a command whose ranks record nothing lacks, and how to get it, no line changed first: watch prints it on its
 # console, diagnose notes it.
 INSTRUMENT_HINT = (
-    "add `import trainstack.monitor` to the training loop (8 lines for a DDP loop with evaluation and "
-    "checkpoints: docs/monitor-your-training.md) for per-rank verdicts: input-bound, straggler, "
-    "stalled, comm-bound, host-bound"
+    "for per-rank verdicts (input-bound, straggler, stalled, comm-bound, host-bound) run it under `trainstack watch` "
+    "without --no-auto, which instruments DDP and FSDP models and the Lightning and transformers Trainers by "
+    "itself, or add `import trainstack.monitor` to a loop it does not see (docs/monitor-your-training.md)"
 )
 # Seconds a watched command may run before watch, seeing no rank record, prints INSTRUMENT_HINT (default 60).
 WATCH_HINT_SECONDS_ENV = "TRAINSTACK_WATCH_HINT_SECONDS"

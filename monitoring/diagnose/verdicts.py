@@ -775,11 +775,7 @@ def uninstrumented(snapshot: Snapshot) -> str:
     else:
         running = "the GPUs are in use"
     judged = "GPU checks only" if snapshot.gpus else "no GPU here, so nothing can be judged"
-    return (
-        f"uninstrumented: {running} with no rank telemetry ({judged}); {INSTRUMENT_HINT}; or give a "
-        "transformers Trainer trainer.add_callback(trainstack.integrations.hf.TrainstackCallback(trainer)), or "
-        "run it with `trainstack train`"
-    )
+    return f"uninstrumented: {running} with no rank telemetry ({judged}); {INSTRUMENT_HINT}"
 
 
 def not_judged(snapshot: Snapshot, limits: Thresholds) -> str | None:

@@ -302,7 +302,7 @@ def test_an_uninstrumented_command_gets_the_gpu_series_and_a_report_of_them(tmp_
         (note,) = diagnosis["notes"]  # the one line on what per-rank verdicts need
         assert note.startswith(
             "uninstrumented: 1 process(es) of the watched command are running with no rank "
-            "telemetry (GPU checks only); add `import trainstack.monitor`"
+            "telemetry (GPU checks only); for per-rank verdicts"
         ), note
         release.touch()
         output, _ = watched.communicate(timeout=120)
@@ -366,10 +366,12 @@ def test_an_uninstrumented_ddp_job_on_a_host_without_gpus_is_called_uninstrument
     (note,) = diagnosis["notes"]
     assert note.startswith(
         "uninstrumented: 3 process(es) of the watched command are running with no rank telemetry "
-        "(no GPU here, so nothing can be judged); add `import trainstack.monitor`"
+        "(no GPU here, so nothing can be judged); for per-rank verdicts"
     ), note
     assert watched.returncode == 0, output
     assert output.count("trainstack watch: uninstrumented: the command runs, but no rank has started records") == 1
+    # watch instruments by itself here: what it did not find, not advice to turn it on
+    assert "the automatic instrumentation has found no DDP or FSDP model, Lightning or transformers Trainer" in output
     summary = json.loads(RunDir(run_dir).summary.read_text())
     assert (summary["command"], summary["exit_code"], summary["exit_reason"]) == (shlex.join(command), 0, "completed")
     assert summary["wall_seconds"] > 1 and summary["time_breakdown"] is None

@@ -59,7 +59,7 @@ def test_a_watched_command_without_rank_telemetry_is_uninstrumented_never_no_tra
     (note,) = notes(snapshot, LIMITS)
     assert note.startswith(
         f"uninstrumented: 3 process(es) of the watched command are running with no rank "
-        f"telemetry ({judged}); add `import trainstack.monitor`"
+        f"telemetry ({judged}); for per-rank verdicts"
     )
     assert figures(snapshot)["command_processes"] == 3
     ended = Snapshot("test", NOW, [], [], command="python train.py", command_processes=0)
