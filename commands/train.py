@@ -141,6 +141,15 @@ class Launch:
             self.run_dir, launch.node_rank, lease, OwnAgent(), say, config.collective_timeout
         )
         self.first_failure: FirstFailure | None = None  # the rank that failed first, as the agent saw it
+        self.ranks_ended = False
+
+    def sigterm_outside_the_ranks(self, signum, frame) -> None:
+        """SIGTERM before the ranks start leaves at once (`_stop_before_ranks`); once they have ended (a
+        scheduler's notice as the run finishes) the run's outcome stands, and its card and report, seconds away,
+        are finished first."""
+        if not self.ranks_ended:
+            _stop_before_ranks(signum, frame)
+        print("trainstack train: SIGTERM after the ranks ended: finishing the report, then exiting", file=sys.stderr)
 
     def prepare_run_dir(self) -> None:
         """This node's fresh metrics folder (SupervisedRun.fresh_metrics_dir); a resumed run appends to the
@@ -238,6 +247,7 @@ class Launch:
             supervised.start(self.rank_command(), env, pass_fds=(failure_writer,))
             os.close(failure_writer)
             returncode = supervised.wait()
+            self.ranks_ended = True
             supervised.end_leftovers()  # the lease is held until the ranks an agent killed alone are gone
             if self.launch.node_rank == 0:
                 # A save cut short where the main process could not remove it itself (the agent ended it when a peer
@@ -393,6 +403,7 @@ def run(args: argparse.Namespace) -> int:
             resume_from = resume_point(config)
             run_doctor(config, launch, args.skip_doctor)
             launched = Launch(config, launch, resume_from, run_id, lease, discovery)
+            signal.signal(signal.SIGTERM, launched.sigterm_outside_the_ranks)  # Launch.run's own while they run
             code = launched.run()
             if args.report and launch.node_rank == 0:
                 this_launch = launched.card_summary(code)  # not an earlier launch's verdict
