@@ -102,7 +102,7 @@ def test_without_rank_telemetry_the_gpu_verdicts_stand_and_a_note_says_what_is_m
     assert verdicts[0].summary == "processes use 3 GPU(s) while 1 of 4 visible GPU(s) sit idle with no process on them"
     assert verdicts[0].evidence == ("GPU 3 (NVIDIA H100 80GB HBM3): utilization 0%, no process on it",)
     assert notes(snapshot, LIMITS) == [UNINSTRUMENTED]
-    assert "\n" not in UNINSTRUMENTED and "trainstack.integrations.hf.TrainstackCallback" in UNINSTRUMENTED
+    assert "\n" not in UNINSTRUMENTED and "run it under `trainstack watch` without --no-auto" in UNINSTRUMENTED
     shown = json.loads(render_json("test", verdicts, figures(snapshot), notes(snapshot, LIMITS)))
     assert shown["notes"] == [UNINSTRUMENTED] and not shown["healthy"]
 
