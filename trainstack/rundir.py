@@ -253,6 +253,23 @@ class RunDir:
     def lease_files(self) -> list[Path]:
         return sorted(p for p in self.lease.glob("node-*.json") if NODE_FILE.fullmatch(p.name))
 
+    def lease_run_ids(self) -> set[str]:
+        """The run ids the lease's holders name (supervisor/lease.py `Holder`), read without taking the lease: a
+        file being written or removed meanwhile is left out."""
+        found = set()
+        for path in self.lease_files():
+            try:
+                found.add(str(json.loads(path.read_text())["run_id"]))
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
+        return found
+
+    def holds_a_run(self) -> bool:
+        """Whether anything a launcher or watch writes is here: a summary, a lease, rank records, metrics or hang
+        evidence."""
+        written = (self.summary, self.lease, self.telemetry, self.path / METRICS_DIR, self.hang)
+        return any(path.exists() for path in written)
+
     @property
     def hang(self) -> Path:
         """Hang evidence: `stall-<n>/` per stall (each rank's stack and Flight Recorder entries, the verdict), and

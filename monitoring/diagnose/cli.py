@@ -6,7 +6,8 @@ and is gone by the second had a run that ended meanwhile: that first reading is 
 that runs but reports no rank telemetry (a watched command without trainstack.monitor) is judged on its GPUs alone:
 its headline says NOT JUDGED and why (never HEALTHY), a note says how to get the rest, and its exit status is the
 GPU verdicts' (0 on a host without GPUs: nothing found, which is no claim of health). With --run-dir, a run that
-has ended (its exporter gone, its summary.json written) gets the verdict its launcher kept.
+has ended (its summary.json written, its lease let go) gets the verdict its launcher kept, whatever answers at --url;
+a --run-dir that holds no run, or whose run another run's exporter does not speak for, is refused (exit 2).
 """
 
 from __future__ import annotations
@@ -78,15 +79,23 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--interval must be positive seconds, got {args.interval}")
     limits = thresholds.Thresholds(stall_seconds=args.stall_seconds)
     selector = f'job="{args.job}"' if args.job else ""
+    run = None if args.run_dir is None else checked_run_dir(args.run_dir)
+    if run is not None and ended(run):  # whatever answers at --url now is another run's
+        return diagnose_ended(args.run_dir, args.json)
     try:
         source = open_source(args.url, args.source, args.interval, selector, args.window)
-    except RuntimeFailure:
-        if args.run_dir is None or not ended(RunDir(args.run_dir)):
+    except RuntimeFailure as failure:
+        if run is None:
             raise
-        return diagnose_ended(args.run_dir, args.url, args.json)
+        raise RuntimeFailure(
+            f"{failure}; {run.path} holds no finished run (no {run.summary.name}): it is going with its exporter "
+            f"elsewhere (pass --url with the port its launcher printed), or its launcher was killed (`trainstack "
+            f"report {run.path}` reads what it recorded)"
+        ) from None
     snapshot = read_snapshot(source)
-    if args.run_dir is not None:
-        found = latest_hang(args.run_dir, RunDir(args.run_dir).all_node_metrics())  # this launch's stall only
+    if run is not None:
+        require_the_same_run(run, snapshot.run_ids, args.url)
+        found = latest_hang(args.run_dir, run.all_node_metrics())  # this launch's stall only
         snapshot = dataclasses.replace(snapshot, hang=found)
     verdicts = diagnose(snapshot, limits)
     render = render_json if args.json else render_text
@@ -106,12 +115,33 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_PROBLEM if verdicts else EXIT_OK
 
 
+def checked_run_dir(path: Path) -> RunDir:
+    run = RunDir(path)
+    if not run.holds_a_run():
+        raise ConfigError(
+            f"--run-dir {path} is not a run directory (no {run.summary.name}, lease, records, metrics or hang evidence): "
+            "pass the "
+            "--output-dir of trainstack train or the --run-dir of trainstack watch"
+        )
+    return run
+
+
+def require_the_same_run(run: RunDir, served: frozenset[str], url: str) -> None:
+    """The source must speak for the run directory's run: another run's exporter on the default port is not it."""
+    held = run.lease_run_ids()
+    if served and held and not served & held:
+        raise ConfigError(
+            f"{url} serves run {', '.join(sorted(served))}, not {run.path}'s ({', '.join(sorted(held))}): pass "
+            "--url with the port that run's launcher printed"
+        )
+
+
 def ended(run: RunDir) -> bool:
     """Whether the run has ended: its launcher wrote summary.json and let go of the run directory's lease."""
     return run.summary.is_file() and not run.lease.exists()
 
 
-def diagnose_ended(run_dir: Path, url: str, as_json: bool) -> int:
+def diagnose_ended(run_dir: Path, as_json: bool) -> int:
     """A run whose exporter is gone with it: the verdict its launcher kept in summary.json, as its end-of-run card
     (or summary.json's own keys with --json), where `trainstack diagnose` judges a live one."""
     import json
@@ -122,7 +152,7 @@ def diagnose_ended(run_dir: Path, url: str, as_json: bool) -> int:
     run = RunDir(run_dir)
     summary: dict = dict(read_summary(run.summary))  # read by keys from a list, so a plain dict
     problem = bool(summary.get("verdicts") or summary.get("hang"))
-    source = f"{run.summary} (the run has ended: no exporter answers at {url})"
+    source = f"{run.summary} (the run has ended)"
     if as_json:
         kept = ("exit_reason", "exit_code", "judged", "not_judged", "ranks_not_judged", "verdicts", "hang")
         print(json.dumps({"source": source, **{key: summary[key] for key in kept if key in summary}}, indent=2))

@@ -149,6 +149,8 @@ class Snapshot:
     """The command `trainstack watch` runs (catalog.WATCH_COMMAND_INFO); "" when the source is no watched run."""
     command_processes: int | None = None
     """How many of the watched command's processes run now; None when the source is no watched run."""
+    run_ids: frozenset[str] = frozenset()
+    """The runs the source serves (the ranks' run info, a watched command's): whose run directory it speaks for."""
     hang: tuple[Hang, float] | None = None
     """The latest stall's hang verdict and the unix time its evidence was collected: served by the exporter beside
     the run (catalog.HANG_EVIDENCE), or read from RUN_DIR/hang with `--run-dir` (trainstack/hang_verdict.py); None
@@ -202,6 +204,7 @@ def _ratio_of(source: Source, ratio: ratios.Ratio, label: str) -> dict[str, floa
 def read_snapshot(source: Source) -> Snapshot:
     running = [value for _, value in source.instant(catalog.WATCH_COMMAND_PROCESSES.name)]
     commands = [labels.get("command", "") for labels, _ in source.instant(catalog.WATCH_COMMAND_INFO.name)]
+    infos = source.instant(catalog.TRAIN_RUN_INFO.name) + source.instant(catalog.WATCH_COMMAND_INFO.name)
     return Snapshot(
         source.description,
         source.now,
@@ -211,6 +214,7 @@ def read_snapshot(source: Source) -> Snapshot:
         _processes(source),
         command=commands[0] if commands else "",
         command_processes=int(sum(running)) if running else None,
+        run_ids=frozenset(labels["run_id"] for labels, _ in infos if labels.get("run_id")),
         hang=_hang(source),
     )
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -43,3 +47,32 @@ def by_labels(samples: list[Sample] | None) -> dict[tuple[str, frozenset], float
 def diagnose_url(url: str, interval: float = 4.0, **limits) -> list[Verdict]:
     """diagnose's verdicts on a live exporter's /metrics over `interval` seconds."""
     return diagnose(read_snapshot(open_source(url, "auto", interval, "")), Thresholds(**limits))
+
+
+@contextlib.contextmanager
+def served_metrics(text: str, once: bool = False) -> Iterator[str]:
+    """An exporter in a thread that serves `text` as its /metrics (404 elsewhere: no Prometheus API), on a free
+    loopback port; yields its /metrics URL. `once`: it stops listening after its first scrape, as the exporter of a
+    run that ends right then."""
+
+    class Served(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = text.encode()
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            if once:
+                threading.Thread(target=lambda: (self.server.shutdown(), self.server.server_close())).start()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Served)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        if not once:
+            server.shutdown()
+            server.server_close()

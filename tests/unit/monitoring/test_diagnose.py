@@ -7,14 +7,13 @@ stack."""
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
-import threading
 from dataclasses import replace
 
 import pytest
 
 from tests.helpers.fakes import LIMITS, NOW, CountersSource, fake_host, gpu, kinds, rank
+from tests.helpers.scrapes import served_metrics
 from trainstack import catalog
 from trainstack.errors import ConfigError
 from trainstack.hang_verdict import Hang
@@ -465,46 +464,22 @@ def test_slow_gpu_counters_have_no_rate_until_the_exporter_reads_them_again():
 # --- real runs, read live -------------------------------------------------------------------------------------
 
 
-class OneScrapeExporter(http.server.BaseHTTPRequestHandler):
-    """An exporter whose run ends right after its first scrape: it answers once, then stops listening."""
-
-    TEXT = (
-        f"# TYPE {catalog.WATCH_COMMAND_PROCESSES.name} gauge\n{catalog.WATCH_COMMAND_PROCESSES.name} 2.0\n"
-        f"# TYPE {catalog.WATCH_COMMAND_INFO.name} gauge\n"
-        f'{catalog.WATCH_COMMAND_INFO.name}{{command="python train.py",run_id="r"}} 1.0\n'
-    )
-
-    def do_GET(self):
-        body = self.TEXT.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-        threading.Thread(target=lambda: (self.server.shutdown(), self.server.server_close())).start()
-
-    def log_message(self, *args):
-        pass
+ENDING_RUN = (
+    f"# TYPE {catalog.WATCH_COMMAND_PROCESSES.name} gauge\n{catalog.WATCH_COMMAND_PROCESSES.name} 2.0\n"
+    f"# TYPE {catalog.WATCH_COMMAND_INFO.name} gauge\n"
+    f'{catalog.WATCH_COMMAND_INFO.name}{{command="python train.py",run_id="r"}} 1.0\n'
+)
+"""An exporter whose run ends right after its first scrape: it answers once, then stops listening."""
 
 
 def test_a_diagnose_whose_scrapes_straddle_the_runs_end_judges_the_first_reading(capsys):
     from trainstack.monitoring.diagnose import cli
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OneScrapeExporter)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)  # the command line's own defaults, whatever flags it gains
-    args = parser.parse_args(
-        [
-            "--url",
-            f"http://127.0.0.1:{server.server_address[1]}/metrics",
-            "--source",
-            "exporter",
-            "--interval",
-            "0.5",
-            "--json",
-        ]
-    )
-    assert cli.run(args) == 0  # not 69: what the first scrape gave is judged
+    with served_metrics(ENDING_RUN, once=True) as url:
+        args = parser.parse_args(["--url", url, "--source", "exporter", "--interval", "0.5", "--json"])
+        assert cli.run(args) == 0  # not 69: what the first scrape gave is judged
     shown = json.loads(capsys.readouterr().out)
     assert shown["notes"][0].startswith("the run ended meanwhile: its exporter was gone 0.5 s after the first scrape")
     assert shown["notes"][1].startswith("uninstrumented: 2 process(es) of the watched command are running")

@@ -3,10 +3,12 @@ intervals after the first (warm-up), the verdicts diagnose gives on it, and the 
 they and summary.json carry."""
 
 import json
+from collections.abc import Iterator
 
 import pytest
 
-from trainstack import breakdown, ceilings
+from tests.helpers.scrapes import served_metrics
+from trainstack import breakdown, catalog, ceilings
 from trainstack.monitoring.diagnose.finished import (
     JUDGED_STEPS_MIN,
     NO_INTERVAL,
@@ -327,26 +329,62 @@ def test_a_run_that_did_not_complete_says_how_it_ended_first_and_is_never_called
     assert end_card(run, {**judged_keys, "exit_reason": "completed", "exit_code": 0})[0].startswith("HEALTHY  ")
 
 
-def test_diagnose_of_a_run_that_has_ended_gives_the_verdict_its_launcher_kept(tmp_path, capsys):
+ANOTHER_RUN = (
+    f"# TYPE {catalog.WATCH_COMMAND_PROCESSES.name} gauge\n{catalog.WATCH_COMMAND_PROCESSES.name} 2.0\n"
+    f"# TYPE {catalog.WATCH_COMMAND_INFO.name} gauge\n"
+    f'{catalog.WATCH_COMMAND_INFO.name}{{command="python other.py",run_id="other"}} 1.0\n'
+)
+"""The exporter of another run, still going, on the port --url names."""
+
+
+@pytest.fixture
+def another_run() -> Iterator[str]:
+    with served_metrics(ANOTHER_RUN) as url:
+        yield url
+
+
+def test_diagnose_of_a_run_that_has_ended_gives_the_verdict_its_launcher_kept(tmp_path, capsys, another_run):
     from trainstack.commands.cli import main
-    from trainstack.rundir import LEASE_DIR, free_port
+    from trainstack.rundir import free_port
     from trainstack.supervisor.supervised import findings
 
     run = RunDir(tmp_path)
     write_run(run, {rank: [[record(rank, s, 0.02, 0.1, data_wait=0.45) for s in (10, 20, 30)]] for rank in (0, 1)})
     kept = {"exit_reason": "completed", "exit_code": 0, **findings(tmp_path, breakdown.of_run(tmp_path), "watch")}
     run.summary.write_text(json.dumps(kept))
-    gone = f"http://127.0.0.1:{free_port()}/metrics"  # its exporter ended with it
-    assert main(["diagnose", "--run-dir", str(tmp_path), "--url", gone]) == 1  # a problem found
-    shown = capsys.readouterr().out.splitlines()
-    assert shown[0] == f"trainstack diagnose: {run.summary} (the run has ended: no exporter answers at {gone})"
-    assert shown[1:] == end_card(run, kept)
-    assert main(["diagnose", "--run-dir", str(tmp_path), "--url", gone, "--json"]) == 1
+    # whatever answers at --url now (here another run's exporter, on the default port by default) is not this run
+    for url in (another_run, f"http://127.0.0.1:{free_port()}/metrics"):
+        assert main(["diagnose", "--run-dir", str(tmp_path), "--url", url]) == 1  # a problem found
+        shown = capsys.readouterr().out.splitlines()
+        assert shown[0] == f"trainstack diagnose: {run.summary} (the run has ended)"
+        assert shown[1:] == end_card(run, kept)
+    assert main(["diagnose", "--run-dir", str(tmp_path), "--url", another_run, "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["verdicts"] == json.loads(run.summary.read_text())["verdicts"]
-    # While its launcher holds the run directory, an exporter that does not answer is the error it was.
-    (tmp_path / LEASE_DIR).mkdir()
+
+
+def test_diagnose_of_a_run_directory_is_that_runs_or_one_line_saying_why_not(tmp_path, capsys, another_run):
+    from trainstack.commands.cli import main
+    from trainstack.rundir import free_port
+
+    for nothing in (tmp_path / "absent", tmp_path):
+        assert main(["diagnose", "--run-dir", str(nothing), "--url", another_run]) == 2
+        said = capsys.readouterr().err
+        assert said == (
+            f"trainstack diagnose: error: --run-dir {nothing} is not a run directory (no summary.json, lease, "
+            "records, metrics or hang evidence): pass the --output-dir of trainstack train or the --run-dir of trainstack watch\n"
+        )
+    run = RunDir(tmp_path)
+    run.lease.mkdir()
+    run.lease_file(0).write_text(json.dumps({"run_id": "mine"}))  # its launcher holds it: the run is going
+    assert main(["diagnose", "--run-dir", str(tmp_path), "--url", another_run]) == 2
+    assert (
+        f"{another_run} serves run other, not {tmp_path}'s (mine): pass --url with the port" in capsys.readouterr().err
+    )
+    gone = f"http://127.0.0.1:{free_port()}/metrics"  # going with --exporter-port 0, or killed with its lease left
     assert main(["diagnose", "--run-dir", str(tmp_path), "--url", gone]) == 69
-    assert "is the run going?" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert f"{tmp_path} holds no finished run (no summary.json): it is going with its exporter elsewhere" in said
+    assert said.count("\n") == 1
 
 
 def test_durations_read_as_hours_minutes_seconds():
