@@ -50,7 +50,7 @@ class RunProfile:
     rank_step_seconds: dict[int, float]
     """Each rank's median step time."""
     verdicts: dict[str, str]
-    """Verdict kind -> its summary (diagnose's, kept in summary.json or judged from the records)."""
+    """Verdict kind -> what its fix can gain at most (`_verdicts`), kept in summary.json or judged from the records."""
     not_judged: str | None
     """Why nothing was judged (no rank recorded a step): `verdicts` empty then is no health."""
     settings: dict[str, object]
@@ -74,8 +74,9 @@ def _per_step(times: dict, steps: float) -> dict[str, float]:
 
 
 def _verdicts(summary: dict, run_dir: Path) -> tuple[dict[str, str], str | None]:
-    """Verdict kind -> its summary: those summary.json kept at the run's end, else judged now from the records; and
-    why nothing was judged, where nothing was."""
+    """Verdict kind -> what its fix can gain at most (its ceiling's words; its summary where it has no ceiling, a
+    stall): those summary.json kept at the run's end, else judged now from the records; and why nothing was judged,
+    where nothing was."""
     kept = judged_of(summary)
     if kept is None:
         found = judgement(run_dir, launcher_of(summary))
@@ -83,7 +84,7 @@ def _verdicts(summary: dict, run_dir: Path) -> tuple[dict[str, str], str | None]
     else:
         verdicts = summary.get("verdicts") if kept else None
         not_judged = None if kept else summary.get("not_judged") or NOTHING_RECORDED
-    return {v["kind"]: v.get("summary", "") for v in verdicts or []}, not_judged
+    return {v["kind"]: (v.get("ceiling") or {}).get("text") or v.get("summary", "") for v in verdicts or []}, not_judged
 
 
 def load(run_dir: Path) -> RunProfile:

@@ -64,6 +64,9 @@ def test_compare_marks_the_part_that_moved_and_the_speedup(tmp_path):
     assert comparison.speedup == pytest.approx(2.0)  # 0.2 s steps against 0.1 s
     assert {row["setting"]: (row["A"], row["B"]) for row in comparison.settings()} == {"config.num_workers": (1, 4)}
     assert [(row["run"], row["verdict"]) for row in comparison.verdicts()] == [("A", "input-bound"), ("B", "healthy")]
+    # what the verdict's fix can gain, not its headline again
+    assert comparison.verdicts()[0]["ceiling"].startswith("input-bound: the loader starves the device 50%"), comparison
+    assert "makes steps up to 2.00x faster" in comparison.verdicts()[0]["ceiling"]
 
 
 def test_compare_says_a_run_nothing_was_judged_of_is_not_judged_never_healthy(tmp_path):
