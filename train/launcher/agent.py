@@ -113,12 +113,16 @@ def first_failure(failure: ChildFailedError, rank: int) -> FirstFailure:
 
 
 def announce(first: FirstFailure) -> None:
-    """To the launcher's pipe, which prints its line last; the line on stderr when run without the launcher."""
+    """To the launcher's pipe, which prints its line last; the line on stderr when run without the launcher, or
+    when the launcher is gone (killed: its end of the pipe closed with it)."""
     descriptor = os.environ.get(FAILURE_FD_ENV)
-    if descriptor:
-        os.write(int(descriptor), first.to_json().encode())
-    else:
-        print(f"trainstack: {first.line}", file=sys.stderr)
+    try:
+        if descriptor:
+            os.write(int(descriptor), first.to_json().encode())
+            return
+    except OSError:
+        pass
+    print(f"trainstack: {first.line}", file=sys.stderr)
 
 
 def run() -> int:

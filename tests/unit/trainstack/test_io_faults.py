@@ -156,6 +156,17 @@ def test_the_agents_report_reaches_the_launcher_whole_through_its_pipe_and_a_cut
     assert through_the_pipe(lambda _: None) is None  # no rank failed
 
 
+def test_the_agents_report_goes_to_stderr_when_the_launcher_is_gone(monkeypatch, capsys):
+    reader, writer = os.pipe()
+    os.close(reader)  # the launcher was killed: its end of the pipe went with it
+    monkeypatch.setenv(FAILURE_FD_ENV, str(writer))
+    try:
+        agent.announce(FirstFailure("rank 1: out of memory", 1, noted=True))
+    finally:
+        os.close(writer)
+    assert capsys.readouterr().err == "trainstack: rank 1: out of memory\n"
+
+
 def test_the_failure_note_is_torchruns_format(tmp_path, monkeypatch):
     """The agent reads it through torch's own ProcessFailure: its message is the line, its time whole seconds."""
     error_file = tmp_path / "error.json"
