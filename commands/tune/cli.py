@@ -47,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--min-rounds",
         type=int,
-        default=2,
-        help="rounds (the baseline, then each candidate) before a candidate can be decided (default 2)",
+        help="rounds (the baseline, then each candidate) before a candidate can be decided (default 2, or "
+        "--max-rounds where that is fewer)",
     )
     parser.add_argument("--max-rounds", type=int, default=3, help="rounds at most (default 3)")
     parser.add_argument(

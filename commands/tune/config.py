@@ -9,6 +9,8 @@ from trainstack.errors import ConfigError
 from trainstack.rundir import CONFIG_FILE, check_file_path, check_run_dir
 from trainstack.train.rank.config import TrainConfig, read_config_file
 
+DEFAULT_MIN_ROUNDS = 2
+
 
 @dataclass(frozen=True)
 class TuneConfig:
@@ -21,7 +23,8 @@ class TuneConfig:
     `write`, with .html for its suffix."""
     steps: int = 20
     """Optimizer steps per trial; the first log interval is warm-up and not timed."""
-    min_rounds: int = 2
+    min_rounds: int | None = None
+    """Rounds before a candidate can be decided; None: DEFAULT_MIN_ROUNDS, or max_rounds where that is fewer."""
     max_rounds: int = 3
     """A round runs the baseline, then each candidate still undecided; a ratio per candidate per round."""
     budget_seconds: float = 900.0
@@ -44,13 +47,19 @@ class TuneConfig:
             check_run_dir(self.scratch, "--scratch")
         if self.steps < 10:
             raise ConfigError(f"--steps must be at least 10 (a warm-up interval and timed ones), got {self.steps}")
-        if not 1 <= self.min_rounds <= self.max_rounds:
+        if not 1 <= self.rounds_before_deciding <= self.max_rounds:
             raise ConfigError(
-                f"rounds: need 1 <= --min-rounds <= --max-rounds, got {self.min_rounds} and {self.max_rounds}"
+                f"rounds: need 1 <= --min-rounds <= --max-rounds, got {self.rounds_before_deciding} and "
+                f"{self.max_rounds}"
             )
         if not self.budget_seconds > 0:
             raise ConfigError(f"--budget must be positive seconds, got {self.budget_seconds}")
         self.baseline()  # a config the app refuses is bad input now, not a failed trial later
+
+    @property
+    def rounds_before_deciding(self) -> int:
+        """`--max-rounds 1` alone asks for one round: the default minimum yields to it."""
+        return min(DEFAULT_MIN_ROUNDS, self.max_rounds) if self.min_rounds is None else self.min_rounds
 
     @property
     def html(self) -> Path:

@@ -191,7 +191,9 @@ class Tuner:
             standings = [Standing(c) for c in candidates]
             self.planned = self.config.max_rounds * (1 + len(candidates))
             for round_number in range(self.config.max_rounds):
-                undecided = [s for s in standings if not (round_number >= self.config.min_rounds and s.clear)]
+                undecided = [
+                    s for s in standings if not (round_number >= self.config.rounds_before_deciding and s.clear)
+                ]
                 if not undecided or (round_number and time.monotonic() - self.started > self.config.budget_seconds):
                     break
                 if round_number:

@@ -42,6 +42,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
         assert next(tmp_path.glob("tuned.*")).read_text() == "kept: yes\n"
 
 
+def test_max_rounds_alone_sets_how_many_rounds_and_a_minimum_above_it_is_one_line(tmp_path, capsys):
+    source = tmp_path / "base.yaml"
+    source.write_text("num_workers: 1\n")
+    config = TuneConfig(source=source, write=tmp_path / "tuned.yaml", max_rounds=1)
+    assert config.rounds_before_deciding == 1  # the default 2 yields to it
+    assert TuneConfig(source=source, write=tmp_path / "tuned.yaml").rounds_before_deciding == 2
+    given = ["tune", str(source), "--write", str(tmp_path / "tuned.yaml"), "--min-rounds", "3", "--max-rounds", "2"]
+    assert cli.main(given) == EXIT_CONFIG
+    assert "need 1 <= --min-rounds <= --max-rounds, got 3 and 2" in capsys.readouterr().err
+
+
 def test_each_verdict_brings_its_own_fixes():
     config = TrainConfig(num_workers=1, grad_accum=1, batch_size=8)
 
