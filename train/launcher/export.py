@@ -3,7 +3,8 @@
 It runs offline, in one process, after (or during) training: no GPU, no process group, and no rank gathers the
 model while the run trains. An FSDP checkpoint's shards (torch.distributed.checkpoint, any world size) are
 assembled in this process's memory; a DDP checkpoint already holds the full weights in model.safetensors. The
-output loads into the plain model with `load_state_dict` (the keys are the model's own).
+output loads into the plain model with safetensors' `load_model` (the keys are the model's own; a tied weight is
+stored once, under its first name, and `load_model` ties it back).
 """
 
 from __future__ import annotations
@@ -88,4 +89,7 @@ def write_safetensors(weights: dict, output: Path, metadata: dict[str, str]) -> 
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.tmp")
     save_file(weights, temporary, metadata=metadata)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(temporary, 0o666 & ~umask)  # as any file the user writes: safetensors makes it 0600
     os.replace(temporary, output)

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainstack.errors import ConfigError
 from trainstack.rundir import VERIFIED_CHECKPOINT_ENV, RunDir, step_dir_name
 from trainstack.train.rank import checkpoint
-from trainstack.train.rank.checkpointer import Checkpointer
+from trainstack.train.rank.checkpointer import Checkpointer, drop_tied_aliases
 from trainstack.train.rank.progress import Progress
 from trainstack.train.rank.segments import SEGMENTS_KEY, RunRecord
 
@@ -308,3 +311,25 @@ def test_a_checkpoint_resumes_only_into_weights_of_its_own_shapes(tmp_path):
     for other in (checkpoint.weights_shape("builtin:tiny-gpt", 64), checkpoint.weights_shape("builtin:small-gpt", 128)):
         with pytest.raises(ConfigError, match=r"holds the weights of --model builtin:tiny-gpt --seq-len 128; resume"):
             checkpoint.require_same_weights(tmp_path, state, other)
+
+
+def test_an_export_is_readable_as_any_file_the_user_writes_and_loads_with_its_tie(tmp_path):
+    from safetensors.torch import load_model
+
+    from trainstack.train.launcher.export import write_safetensors
+
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
+    model[1].weight = model[0].weight  # tied, as the built-in models' head and token embedding
+    weights = [model.state_dict()]
+    drop_tied_aliases([model], weights, str(tmp_path))  # as the checkpoint stores it: the tie's first name only
+    output = tmp_path / "exports" / "step-5.safetensors"
+    previous = os.umask(0o022)
+    try:
+        write_safetensors(weights[0], output, {"step": "5"})
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(output.stat().st_mode) == 0o644  # safetensors alone writes 0600
+    fresh = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
+    fresh[1].weight = fresh[0].weight
+    assert load_model(fresh, output) == (set(), [])  # the docs' way: the tie restored, nothing missing
+    assert torch.equal(fresh[1].weight, model[0].weight)
