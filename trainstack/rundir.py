@@ -447,6 +447,13 @@ class Segment(TypedDict):
     exit_reason: str | None
 
 
+class Evaluation(TypedDict):
+    """One evaluation of a trainstack train run (--eval-every, and the one at its end)."""
+
+    step: int
+    loss: float
+
+
 class Summary(TypedDict, total=False):
     """summary.json, written by global rank 0 when its launch ends (docs/training.md, "Exit codes"); by `trainstack
     watch` when its command ends, with the keys it knows (run_id, launcher, command, exit_code, exit_reason,
@@ -469,6 +476,7 @@ class Summary(TypedDict, total=False):
     initial_loss: float | None
     final_loss: float | None
     eval_loss: float | None
+    evaluations: list[Evaluation]  # every evaluation's mean loss, resumed launches' included
     samples_per_second: float | None  # over every segment's training loop, compile time left out
     tokens_per_second: float | None
     compile_seconds: float | None  # None without --compile

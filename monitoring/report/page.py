@@ -78,6 +78,13 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
                 "<code>between_segments</code>.</p>",
                 _table(segment_rows(run.summary["segments"])),
             ]
+        if run.summary.get("evaluations"):
+            parts += [
+                "<h2>Evaluations</h2>",
+                "<p class='note'>The mean loss over the evaluation data at each <code>--eval-every</code> step and "
+                "at the end, every launch's.</p>",
+                _table([{"step": e["step"], "eval loss": e["loss"]} for e in run.summary["evaluations"]]),
+            ]
     else:
         parts.append(f"<p class='note'>No {SUMMARY_FILE}: the run is still going, or it stopped before writing it.</p>")
     parts.append("<h2>Per rank</h2>")

@@ -82,7 +82,16 @@ def segment_rows(segments: list[Segment]) -> list[dict[str, object]]:
 # summary.json's keys the header shows, and those with tables or a card of their own: the summary table leaves
 # them out, so no figure is said twice.
 HEADER_KEYS = ("command", "exit_code", "exit_reason", "started", "wall_seconds", "world_size")
-OWN_TABLES = ("segments", "time_breakdown", "ceilings", "verdicts", "judged", "not_judged", "ranks_not_judged")
+OWN_TABLES = (
+    "segments",
+    "evaluations",
+    "time_breakdown",
+    "ceilings",
+    "verdicts",
+    "judged",
+    "not_judged",
+    "ranks_not_judged",
+)
 
 
 def date(unix_seconds: float) -> str:

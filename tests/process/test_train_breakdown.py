@@ -106,6 +106,15 @@ def test_the_report_draws_each_rank_and_each_launch(killed_then_resumed):
     assert "id='time-breakdown'" in page and "Goodput" in page
 
 
+def test_every_evaluation_is_kept_through_the_resume_and_the_last_is_the_runs_eval_loss(killed_then_resumed):
+    # step 10's, by the killed launch, came back with its checkpoint; the resumed launch's at 20 and at its end
+    finished = summary(killed_then_resumed)
+    evaluations = finished["evaluations"]
+    assert [e["step"] for e in evaluations] == [10, 20, 30] and all(e["loss"] > 0 for e in evaluations)
+    assert evaluations[-1]["loss"] == finished["eval_loss"]
+    assert "<h2>Evaluations</h2>" in RunDir(killed_then_resumed).report.read_text()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_gpu_rank_measures_its_host_bound_idle(tmp_path):

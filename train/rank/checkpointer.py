@@ -48,6 +48,7 @@ class Checkpointer:
         p.step, p.epoch = state["step"], state["epoch"]
         p.batch_in_epoch = checkpoint.batches_per_rank(state, accelerator.num_processes)
         p.initial_loss, p.last_loss = state["initial_loss"], state["last_loss"]
+        p.evaluations = list(state.get("evaluations", []))  # a checkpoint from before the history: none kept
         p.samples, p.tokens = state["samples"], state["tokens"]
         p.resumed_from = str(folder)
         accelerator.print(f"resumed from {folder} at step {p.step}")

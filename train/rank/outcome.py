@@ -139,6 +139,7 @@ def summary(
         "initial_loss": p.initial_loss,
         "final_loss": p.last_loss,
         "eval_loss": eval_loss,
+        "evaluations": p.evaluations,
         "samples_per_second": throughput.get("samples_per_second"),  # over all segments
         "tokens_per_second": throughput.get("tokens_per_second"),
         "compile_seconds": compile_watch.seconds,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -15,6 +15,7 @@ class Progress:
     samples: int = 0  # all ranks
     tokens: int = 0  # all ranks
     resumed_from: str | None = None
+    evaluations: list[dict] = field(default_factory=list)  # {"step", "loss"}: each evaluation's mean loss, in order
 
     def state(self) -> dict:
         return {
@@ -25,4 +26,5 @@ class Progress:
             "last_loss": self.last_loss,
             "samples": self.samples,
             "tokens": self.tokens,
+            "evaluations": self.evaluations,
         }

@@ -254,10 +254,12 @@ class Trainer:
                 if checkpoint_due or eval_due:
                     if self._log_through_now(bar):  # both need the progress up to now
                         return "preempted"
+                    # evaluated first: the checkpoint then keeps its step's evaluation in the run's history
+                    eval_loss = self.evaluate() if eval_due else None
+                    if eval_loss is not None and accelerator.is_main_process:
+                        bar.write(f"step {p.step}: eval loss {eval_loss:.4f}")  # above the bar, which stays
                     if checkpoint_due:
                         self.save()
-                    if eval_due:
-                        self.evaluate()
             p.epoch += 1
             p.batch_in_epoch = 0
         self._log_through_now(bar)
@@ -333,11 +335,13 @@ class Trainer:
         self.compile_watch.resync()
 
     def evaluate(self) -> float | None:
+        """The mean loss over the evaluation data, kept in the progress (summary.json's `evaluations`)."""
         if self.eval_loader is None:
             return None
         with self.monitor.pause(EVALUATION):
             loss = self.evaluator(self.accelerator, self.model, self.eval_loader)
         self.compile_watch.resync()  # that pause was not compiling either
+        self.progress.evaluations.append({"step": self.progress.step, "loss": loss})
         return loss
 
     # ---- outcome --------------------------------------------------------------------------------------------
@@ -374,8 +378,8 @@ class Trainer:
             exit_reason = self.train()
             self.record.loop_ends(exit_reason)
             self.throughput = self.record.throughput(self.progress)
+            eval_loss = self.evaluate() if exit_reason == "completed" else None  # a stop saves at once
             self.save()
-            eval_loss = self.evaluate() if exit_reason == "completed" else None
             if exit_reason == "completed" and eval_loss is not None:
                 self.accelerator.print(f"eval loss {eval_loss:.4f}")
             code = outcome.EXIT_CODES[exit_reason]
