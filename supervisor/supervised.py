@@ -83,8 +83,11 @@ class AnyCommand:
     """A command that knows nothing of trainstack: each signal passes on as it came, SIGINT to the command's whole
     process group, as a terminal's Ctrl-C would have without the supervisor in between, the others to the command
     alone, as `docker stop` or `kill` would (torchrun passes them to its workers). What it leaves running (its
-    loader workers, a killed torchrun's ranks) is stopped as a container's processes are when its main one exits:
-    SIGTERM, the grace period, SIGKILL."""
+    loader workers, a killed torchrun's ranks) has OWN_EXIT_SECONDS to end by itself (Lightning's rank 0, the
+    command, does not wait for the ranks it started, which may still be closing), then is stopped as a container's
+    processes are when its main one exits: SIGTERM, the grace period, SIGKILL."""
+
+    OWN_EXIT_SECONDS = 5.0
 
     def __init__(self) -> None:
         self.forwarded = 0  # how many of the signals received the command has been sent
@@ -101,8 +104,14 @@ class AnyCommand:
             self.forwarded += 1
 
     def end_leftovers(self, child: subprocess.Popen, left: list[psutil.Process], say: Say) -> None:
+        _, left = psutil.wait_procs(left, timeout=self.OWN_EXIT_SECONDS)
+        if not left:
+            return
         grace = stop_grace()
-        say(f"{len(left)} process(es) the command started still run; SIGTERM to them, SIGKILL after {grace:g} s")
+        say(
+            f"{len(left)} process(es) the command started still run {self.OWN_EXIT_SECONDS:g} s after it ended; "
+            f"SIGTERM to them, SIGKILL after {grace:g} s"
+        )
         for process in left:
             try:
                 process.terminate()

@@ -216,7 +216,10 @@ def test_what_the_command_leaves_running_is_stopped_before_the_run_directory_is_
 
     try:
         assert result.returncode == 0, explain(result)
-        assert "trainstack watch: 1 process(es) the command started still run; SIGTERM to them" in result.stderr
+        assert (
+            "trainstack watch: 1 process(es) the command started still run 5 s after it ended; SIGTERM to them"
+            in result.stderr
+        )
         assert left() is None
         # A command that ends at once, before watch's first look: what it left in its session is found too.
         quick = watch(
@@ -230,8 +233,26 @@ def test_what_the_command_leaves_running_is_stopped_before_the_run_directory_is_
         """),
         )
         assert quick.returncode == 0, explain(quick)
-        assert "trainstack watch: 1 process(es) the command started still run; SIGTERM to them" in quick.stderr
+        assert (
+            "trainstack watch: 1 process(es) the command started still run 5 s after it ended; SIGTERM to them"
+            in quick.stderr
+        )
         assert left() is None
+        # One that ends by itself soon after the command, as Lightning's rank 1 after its rank 0 (the command):
+        # it finishes its work, unsignalled.
+        finished = tmp_path / "finished"
+        closing = watch(
+            run_dir,
+            *NO_EXPORTER,
+            "--",
+            *python(f"""
+            import subprocess, sys
+            code = "import time; time.sleep(2); open({str(finished)!r}, 'w').write('done')"
+            subprocess.Popen([sys.executable, "-c", code])
+        """),
+        )
+        assert closing.returncode == 0, explain(closing)
+        assert finished.read_text() == "done" and "still run" not in closing.stderr, explain(closing)
     finally:
         if process := left():
             process.kill()
