@@ -264,6 +264,18 @@ class RunDir:
                 continue
         return found
 
+    def lease_is_fresh(self, timeout: float = DEFAULT_LEASE_TIMEOUT_SECONDS) -> bool:
+        """Whether a launcher holds the run directory now: a lease file whose heartbeat (its mtime, touched every
+        timeout/12 s by supervisor/lease.py) is younger than `timeout`. A killed launcher's file goes stale."""
+        now = time.time()
+        for path in self.lease_files():
+            try:
+                if now - path.stat().st_mtime < timeout:
+                    return True
+            except FileNotFoundError:
+                continue
+        return False
+
     def holds_a_run(self) -> bool:
         """Whether anything a launcher or watch writes is here: a summary, a lease, rank records, metrics or hang
         evidence."""

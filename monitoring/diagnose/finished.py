@@ -8,7 +8,7 @@ diagnose (trainstack/ratios.py), of the records' sums instead of the counters' r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,10 +177,11 @@ def launcher_of(summary: Mapping) -> str:
     return summary.get("launcher") or (LAUNCHER_TRAIN if "steps" in summary else "")
 
 
-def end_card(run_dir: Path | RunDir, summary: Mapping) -> list[str]:
+def end_card(run_dir: Path | RunDir, summary: Mapping, ending: Sequence[str] | None = None) -> list[str]:
     """The end-of-run card (render.card) of a finished run: how it ended where it did not complete, the verdicts
     summary.json kept, or those its records give where it kept none (an older summary, or none), with each rank's
-    time and the healthy run's throughput."""
+    time and the healthy run's throughput. `ending`: the card's first lines in place of how summary.json says the
+    run ended (render.ending_lines)."""
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     fresh = judgement(run, launcher_of(summary))
     kept = judged_of(summary)
@@ -197,4 +198,4 @@ def end_card(run_dir: Path | RunDir, summary: Mapping) -> list[str]:
         except ConfigError:  # a rank's records this trainstack cannot read: the card says so, without times
             times = None
     figures = fresh.figures if fresh.verdicts is not None else None
-    return card(verdicts, figures, times, not_judged, unjudged, ending_lines(summary))
+    return card(verdicts, figures, times, not_judged, unjudged, ending_lines(summary) if ending is None else ending)

@@ -68,6 +68,7 @@ NOT_JUDGED = "NOT JUDGED"
 NOTHING_RECORDED = f"no rank recorded a step: the ranks ended before their first record, or {UNSEEN_RANKS}"
 HEALTHY = "HEALTHY"
 FAILED, STOPPED, HUNG = "FAILED", "STOPPED", "HUNG"  # the card's first headline for a run that did not complete
+GOING = "GOING"  # a report of a run whose launcher still holds its directory: of the steps recorded so far
 CARD_EVIDENCE = 3  # the end-of-run card's evidence lines for its first verdict; diagnose and the report give all
 CARD_RANKS = 8  # the card's per-rank time lines; the report has every rank
 CARD_INDENT = "  "  # a card's details, under its headlines (which the terminal prefixes with the program)

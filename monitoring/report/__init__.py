@@ -11,10 +11,11 @@ from trainstack.rundir import RunDir
 from trainstack.write_failure import write_atomically
 
 
-def render_report(run_dir: Path | str) -> Path:
+def render_report(run_dir: Path | str, going: bool = False) -> Path:
     """Write the run's report and return its path. Raises trainstack.errors.ConfigError when RUN_DIR holds no
-    telemetry records, trainstack.write_failure.WriteFailure when the storage refuses the page. matplotlib is
-    imported here, not at import time, so the CLI stays quick."""
+    telemetry records, trainstack.write_failure.WriteFailure when the storage refuses the page. `going`: another
+    launcher holds the run directory now (`trainstack report` of a live run): the page is of the steps recorded so
+    far, never headed as a finished run. matplotlib is imported here, not at import time, so the CLI stays quick."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -28,5 +29,5 @@ def render_report(run_dir: Path | str) -> Path:
         if figure is not None:
             images[spec.id] = figures.png(figure)
     path = RunDir(run.run_dir).report
-    write_atomically(path, page.render(run, images), "the report")
+    write_atomically(path, page.render(run, images, going), "the report")
     return path

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from trainstack.errors import EXIT_OK, ConfigError
+from trainstack.rundir import RunDir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,5 +19,5 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir} is not a directory; pass the --output-dir of a trainstack train run")
-    print(render_report(run_dir))
+    print(render_report(run_dir, going=RunDir(run_dir).lease_is_fresh()))
     return EXIT_OK

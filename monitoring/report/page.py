@@ -9,6 +9,7 @@ import time
 
 from trainstack import ceilings
 from trainstack.monitoring.diagnose.finished import end_card
+from trainstack.monitoring.diagnose.render import GOING
 from trainstack.monitoring.report.hangs import hang_section
 from trainstack.monitoring.report.runfiles import RunFiles
 from trainstack.monitoring.report.tables import cell, header_rows, rank_rows, segment_rows, summary_rows, time_rows
@@ -31,7 +32,13 @@ def _table(rows: list[dict[str, object]]) -> str:
     return f"<table><tr>{header}</tr>{body}</table>"
 
 
-def render(run: RunFiles, figures: dict[str, bytes]) -> str:
+GOING_LINE = (
+    "a launcher holds the run directory: this report is of the steps recorded so far, and the run's own report "
+    "follows when it ends"
+)
+
+
+def render(run: RunFiles, figures: dict[str, bytes], going: bool = False) -> str:
     title = f"trainstack run report: {run.summary.get('run_id') or run.run_dir.name}"
     parts = [
         f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
@@ -42,7 +49,8 @@ def render(run: RunFiles, figures: dict[str, bytes]) -> str:
     ]
     if run.summary or run.launches:
         # The same card `train` and `watch` print when the run ends (diagnose's render.card), first.
-        card = "\n".join(end_card(run.run_dir, run.summary))
+        ending = [f"{GOING}  {GOING_LINE}"] if going else None
+        card = "\n".join(end_card(run.run_dir, {} if going else run.summary, ending))
         parts.append(f"<pre class='card'>{html.escape(card)}</pre>")
     if run.summary:
         parts.append(_table(header_rows(run)))

@@ -4,6 +4,7 @@ NVML), every figure embedded and decodable, and not blank when headless Chromium
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -159,6 +160,24 @@ def test_the_report_heads_with_the_command_its_exit_and_duration(tmp_path):
     # The summary table says only what the header does not: no field twice, no unix time.
     summary = dict(row for row in table_after(page, "<h2>Summary</h2>")[1:])
     assert not {"command", "exit_code", "exit_reason", "started", "wall_seconds", "world_size"} & set(summary)
+
+
+def test_a_report_by_hand_of_a_run_still_going_is_of_its_steps_so_far_never_its_last_launchs_end(tmp_path, capsys):
+    from trainstack.commands.cli import main
+    from trainstack.rundir import RunDir
+
+    run = RunDir(synthetic_run(tmp_path / "run"))  # its summary says how an earlier launch ended: failed
+    run.lease.mkdir()
+    run.lease_file(0).write_text(json.dumps({"run_id": "going"}))  # a launcher holds it, its heartbeat fresh
+    assert main(["report", str(run.path)]) == 0
+    page = run.report.read_text()
+    going = "<pre class='card'>GOING  a launcher holds the run directory: this report is of the steps recorded so far"
+    assert going in page and "FAILED" not in page.split("</pre>")[0] and "HEALTHY" not in page, page[:2000]
+    stale = time.time() - 3600  # a killed launcher's lease: the run is not going
+    os.utime(run.lease_file(0), (stale, stale))
+    assert main(["report", str(run.path)]) == 0
+    assert "<pre class='card'>FAILED  the command exited with code 3" in run.report.read_text()
+    capsys.readouterr()
 
 
 def test_a_last_launch_that_ended_before_its_first_interval_is_said_so(tmp_path):
