@@ -95,8 +95,9 @@ OWN_TABLES = (
 
 
 def date(unix_seconds: float) -> str:
-    """A unix time as a local date people read (the report is read where it was written, as its own date is)."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix_seconds))
+    """A unix time as a local date people read, with its zone (a report travels: attached to a ticket, opened from a
+    pod's volume), as the page's own date."""
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(unix_seconds))
 
 
 def value_text(key: str, value: object) -> object:
@@ -118,10 +119,20 @@ def header_rows(run: RunFiles) -> list[dict[str, object]]:
         "exit code": summary.get("exit_code"),
         "ended": summary.get("exit_reason"),
         "started": value_text("started", started) if (started := _started(summary)) is not None else None,
-        "duration": value_text("wall_seconds", summary.get("wall_seconds")),
+        "duration": value_text("wall_seconds", _duration(summary)),
         "world size": summary.get("world_size"),
     }
     return [{"": key, "value": value} for key, value in shown.items() if value is not None or key != "started"]
+
+
+def _duration(summary: Summary) -> float | None:
+    """How long the run took from `started` on: watch's command's wall time; train's from its first launch's start
+    to its last launch's end, on rank 0's clock (its `wall_seconds` is the last launch's alone, from the ranks'
+    start-up on)."""
+    segments = summary.get("segments") or []
+    if "started" not in summary and segments and segments[-1].get("ended") is not None:
+        return segments[-1]["ended"] - segments[0]["started"]
+    return summary.get("wall_seconds")
 
 
 def _started(summary: Summary) -> float | None:

@@ -148,7 +148,7 @@ def test_the_report_heads_with_the_command_its_exit_and_duration(tmp_path):
         "command": "torchrun --nproc-per-node 2 train.py",
         "exit code": "3",
         "ended": "failed",
-        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1000.0)),  # a date, never 1e+03
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(1000.0)),  # a date, never 1e+03
         "duration": "53.5 s",
         "world size": "2",
     }
@@ -241,11 +241,15 @@ def test_a_train_runs_header_starts_at_its_first_segment_and_reads_dates_and_dur
     from trainstack.monitoring.report.runfiles import RunFiles
     from trainstack.monitoring.report.tables import header_rows, summary_rows
 
-    segment = {"run_id": "a", "started": 1000.0, "ended": 1100.0, "train_seconds": 90.0}
-    summary = {"version": 1, "steps": 60, "wall_seconds": 3725.0, "compile_seconds": 65.0, "segments": [segment]}
+    segments = [
+        {"run_id": "a", "started": 1000.0, "ended": 1100.0, "train_seconds": 90.0},
+        {"run_id": "b", "started": 1400.0, "ended": 4725.0, "train_seconds": 3000.0},  # resumed 300 s later
+    ]
+    summary = {"version": 1, "steps": 60, "wall_seconds": 3200.0, "compile_seconds": 65.0, "segments": segments}
     run = RunFiles(tmp_path, {}, {}, summary)
     header = {row[""]: row["value"] for row in header_rows(run)}
-    assert header["started"] == time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1000.0))
+    assert header["started"] == time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(1000.0))
+    # from the first launch's start to the last's end, not the last launch's wall_seconds alone
     assert header["duration"] == "1h 02m" and header["command"] == "trainstack train"
     assert {row["field"]: row["value"] for row in summary_rows(run)} == {
         "version": 1,
