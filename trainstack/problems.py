@@ -201,8 +201,10 @@ _PROBLEMS = (
         ("TrainstackInputBound",),
         Fix(
             "raise --num-workers, pre-tokenize or move decoding out of __getitem__, or put the data on faster storage",
-            "raise DataLoader(num_workers=...) (transformers' Trainer: TrainingArguments(dataloader_num_workers=...)), "
-            "pre-tokenize or move decoding out of __getitem__, or put the data on faster storage",
+            "raise DataLoader(num_workers=...) and keep them across epochs with persistent_workers=True (else each "
+            "epoch starts them again, seconds each under the spawn or forkserver start method; transformers' Trainer: "
+            "TrainingArguments(dataloader_num_workers=..., dataloader_persistent_workers=True)), pre-tokenize or "
+            "move decoding out of __getitem__, or put the data on faster storage",
         ),
         Gain("the loader starves the device {share} of step time", "a loader that keeps up"),
         ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers"),
