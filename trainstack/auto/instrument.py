@@ -102,20 +102,28 @@ class Rank:
         self.closed = False
         self.failing_on_purpose = bool(os.environ.get(FAIL_ENV))
         self.importing_the_monitor = False
+        self.noticed: set[str] = set()
 
     # ---- saying so --------------------------------------------------------------------------------------------
     def turn_off(self, error: BaseException) -> None:
         """One line, once; every hook does nothing from now on."""
         if not self.off:
             self.off, self.active = True, False
-            rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")  # Lightning's launcher sets LOCAL_RANK
-            who = f"rank {rank}" if rank else f"process {os.getpid()}"
             why = str(error) if isinstance(error, FrameworkTrainer) else f"{type(error).__name__}: {error}"
-            # One write of the whole line: the ranks share watch's stderr, and two ranks' lines must not interleave
-            sys.stderr.write(
-                f"trainstack watch: {who}: automatic instrumentation off ({why}); the run goes on unmeasured\n"
-            )
-            sys.stderr.flush()
+            self._say(f"automatic instrumentation off ({why}); the run goes on unmeasured")
+
+    def notice(self, line: str) -> None:
+        """A line, once per rank, on what the instrumentation leaves out while it goes on measuring."""
+        if line not in self.noticed:
+            self.noticed.add(line)
+            self._say(line)
+
+    def _say(self, line: str) -> None:
+        rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")  # Lightning's launcher sets LOCAL_RANK
+        who = f"rank {rank}" if rank else f"process {os.getpid()}"
+        # One write of the whole line: the ranks share watch's stderr, and two ranks' lines must not interleave
+        sys.stderr.write(f"trainstack watch: {who}: {line}\n")
+        sys.stderr.flush()
 
     def in_a_forked_child(self) -> None:
         """Run by the fork itself (os.register_at_fork, below), in a process forked from the rank (a DataLoader
@@ -379,6 +387,7 @@ def install() -> None:
     torch.save = _as_pause(torch.save, CHECKPOINT_SAVE)
     if dist.is_available():
         dist.destroy_process_group = _closing_first(dist.destroy_process_group)
+        dist.init_process_group = _said_again(dist.init_process_group)
         wrap_collectives()
     atexit.register(RANK.guarded, RANK.close)
 
@@ -394,9 +403,21 @@ def _wrap_ddp() -> None:
     DistributedDataParallel.__init__ = wrapped_init
 
 
+SECOND_MODEL = (
+    "a second DistributedDataParallel model: only the first one's training is measured (right for a teacher or an "
+    "EMA copy; a second training in this process goes unmeasured)"
+)
+GROUP_AGAIN = (
+    "a process group started again after the first was destroyed: what trains after it goes unmeasured (one "
+    "training a process; docs/monitor-your-training.md)"
+)
+
+
 def _found(model: DistributedDataParallel) -> None:
-    if RANK.model is not None:
-        return  # a second model (a teacher, an EMA copy) is not the one the steps train
+    if RANK.model is not None:  # not the one the steps train
+        if model is not RANK.model:
+            RANK.notice(SECOND_MODEL)
+        return
     RANK.model = model
     _time_forward(model)
 
@@ -486,6 +507,20 @@ def _as_pause(save: Callable, part: str) -> Callable:
                 RANK.guarded(end)
 
     return paused_save
+
+
+def _said_again(init: Callable) -> Callable:
+    """A process group started after the rank's monitor closed with the first (`_closing_first`) is said once, after
+    it has started: a rank that joins late can make torch's re-initialisation hang."""
+
+    @functools.wraps(init)
+    def init_again(*args, **kwargs):
+        started = init(*args, **kwargs)
+        if RANK.closed:
+            RANK.guarded(RANK.notice, GROUP_AGAIN)
+        return started
+
+    return init_again
 
 
 def _closing_first(destroy: Callable) -> Callable:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainstack.auto import BOOTSTRAP_DIR, instrumented_environment
-from trainstack.auto.instrument import Rank, inputs_of, is_rank
+from trainstack.auto.instrument import GROUP_AGAIN, SECOND_MODEL, Rank, inputs_of, is_rank
 
 
 def test_the_start_up_hook_goes_first_on_the_pythonpath_before_the_commands_own():
@@ -57,6 +57,18 @@ def test_a_failing_hook_turns_the_rank_off_with_one_line_once(capsys, monkeypatc
     assert rank.off
     assert capsys.readouterr().err == (
         "trainstack watch: rank 3: automatic instrumentation off (ValueError: odd input); the run goes on unmeasured\n"
+    )
+
+
+def test_what_the_instrumentation_leaves_out_is_said_once_and_it_goes_on(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    rank = Rank()
+    for _ in range(3):  # a second model made each epoch, say: one line
+        rank.notice(SECOND_MODEL)
+    rank.notice(GROUP_AGAIN)
+    assert rank.active and not rank.off
+    assert capsys.readouterr().err == (
+        f"trainstack watch: rank 1: {SECOND_MODEL}\ntrainstack watch: rank 1: {GROUP_AGAIN}\n"
     )
 
 
