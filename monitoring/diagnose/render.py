@@ -208,9 +208,10 @@ def duration(seconds: float) -> str:
     return f"{hours}h {minutes:02d}m"
 
 
-def time_lines(times: dict | None, limit: int = CARD_RANKS) -> list[str]:
+def time_lines(times: dict | None, limit: int = CARD_RANKS, ended_early: bool = False) -> list[str]:
     """Each rank's wall time (summary.json's `time_breakdown`) as one line of its parts' shares, the ones that took
-    any, indented as the card's details; the first `limit` ranks, then how many more."""
+    any, indented as the card's details; the first `limit` ranks, then how many more. `ended_early`: the run hung,
+    failed or was stopped, and a rank's time ends at its last record (a stall after it is not in it)."""
     if not times:
         return []
     lines = []
@@ -221,7 +222,8 @@ def time_lines(times: dict | None, limit: int = CARD_RANKS) -> list[str]:
             for name, parts in _CARD_PARTS
         ]
         shown = ", ".join(f"{name} {100 * share:.0f}%" for name, share in shares if share >= 0.005)
-        lines.append(f"{CARD_INDENT}time: rank {row['rank']}, {duration(wall)}: {shown}")
+        until = " to its last record" if ended_early else ""
+        lines.append(f"{CARD_INDENT}time: rank {row['rank']}, {duration(wall)}{until}: {shown}")
     if len(times["ranks"]) > limit:
         lines.append(f"{CARD_INDENT}time: {len(times['ranks']) - limit} more rank(s) in the report")
     return lines
@@ -273,4 +275,4 @@ def card(
     lines += verdict_lines(verdicts, evidence_limit=CARD_EVIDENCE, first_only=True, indent=CARD_INDENT)
     if unjudged:
         lines.append(CARD_INDENT + unjudged_line(unjudged))
-    return lines + time_lines(times)
+    return lines + time_lines(times, ended_early=bool(ending))

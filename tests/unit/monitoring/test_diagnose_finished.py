@@ -283,6 +283,10 @@ def test_the_end_of_run_card_of_an_input_bound_run_is_diagnoses_words_and_each_r
     seconds |= {"checkpoint_save": 5.0}
     row = {"rank": 3, "wall_seconds": 100.0, "seconds": seconds}
     assert time_lines({"ranks": [row]}) == ["  time: rank 3, 1m 40s: compute 30%, data starvation 60%, pauses 10%"]
+    # a run that hung, failed or was stopped: its ranks' times end at their last records, not at the run's end
+    assert time_lines({"ranks": [row]}, ended_early=True) == [
+        "  time: rank 3, 1m 40s to its last record: compute 30%, data starvation 60%, pauses 10%"
+    ]
     assert time_lines({"ranks": [row] * 10})[-1] == "  time: 2 more rank(s) in the report"
 
 
