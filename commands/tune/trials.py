@@ -175,7 +175,7 @@ class Tuner:
         assert measured.rate is not None, "a finished trial has a steady rate"
         self.progress.ended(
             f"tune: trial {self.count} {candidate.name}: {measured.rate.steps_per_second:.2f} steps/s, "
-            f"{measured.rate.samples_per_second:.1f} samples/s ({time.monotonic() - self.started:.0f} s)"
+            f"{measured.rate.samples_per_second:.1f} samples/s ({time.monotonic() - self.started:.0f} s into tune)"
         )
         return measured
 
