@@ -143,10 +143,11 @@ def ended(run: RunDir) -> bool:
 
 def diagnose_ended(run_dir: Path, as_json: bool) -> int:
     """A run whose exporter is gone with it: the verdict its launcher kept in summary.json, as its end-of-run card
-    (or summary.json's own keys with --json), where `trainstack diagnose` judges a live one."""
+    (or summary.json's own keys with --json, and the figures its records give, as the card's throughput), where
+    `trainstack diagnose` judges a live one."""
     import json
 
-    from trainstack.monitoring.diagnose.finished import end_card
+    from trainstack.monitoring.diagnose.finished import end_card, judgement, launcher_of
     from trainstack.rundir import read_summary
 
     run = RunDir(run_dir)
@@ -155,7 +156,9 @@ def diagnose_ended(run_dir: Path, as_json: bool) -> int:
     source = f"{run.summary} (the run has ended)"
     if as_json:
         kept = ("exit_reason", "exit_code", "judged", "not_judged", "ranks_not_judged", "verdicts", "hang")
-        print(json.dumps({"source": source, **{key: summary[key] for key in kept if key in summary}}, indent=2))
+        figures = judgement(run, launcher_of(summary)).figures
+        shown = {"source": source, **{key: summary[key] for key in kept if key in summary}, "figures": figures}
+        print(json.dumps(shown, indent=2))
     else:
         print(f"trainstack diagnose: {source}")
         print("\n".join(end_card(run_dir, summary)))

@@ -363,7 +363,9 @@ def test_diagnose_of_a_run_that_has_ended_gives_the_verdict_its_launcher_kept(tm
         assert shown[0] == f"trainstack diagnose: {run.summary} (the run has ended)"
         assert shown[1:] == end_card(run, kept)
     assert main(["diagnose", "--run-dir", str(tmp_path), "--url", another_run, "--json"]) == 1
-    assert json.loads(capsys.readouterr().out)["verdicts"] == json.loads(run.summary.read_text())["verdicts"]
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["verdicts"] == json.loads(run.summary.read_text())["verdicts"]
+    assert shown["figures"]["ranks"] == 2 and shown["figures"]["steps_per_second"] > 0  # the card's throughput
 
 
 def test_diagnose_of_a_run_directory_is_that_runs_or_one_line_saying_why_not(tmp_path, capsys, another_run):
