@@ -6,10 +6,11 @@ exit 2."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from trainstack.errors import EXIT_OK, ConfigError
-from trainstack.rundir import check_file_path
+from trainstack.rundir import RunDir, check_file_path
 
 PAGE = "compare.html"
 PAGE_MARK = "<title>trainstack compare: "  # how a page compare wrote begins (render.page)
@@ -41,6 +42,12 @@ def run(args: argparse.Namespace) -> int:
     comparison = Comparison(profile.load(args.run_a), profile.load(args.run_b))
     path = args.html or args.run_b / PAGE
     check_page_path(path)
+    for name, run_dir in (("A", args.run_a), ("B", args.run_b)):
+        if RunDir(run_dir).lease_is_fresh():  # a launcher holds it now
+            print(
+                f"trainstack compare: note: {name} ({run_dir}) is still going: compared on its steps so far",
+                file=sys.stderr,
+            )
     print(render.text(comparison))
     write_atomically(path, render.page(comparison), "the comparison page")
     print(f"page: {path}")

@@ -69,6 +69,19 @@ def test_compare_marks_the_part_that_moved_and_the_speedup(tmp_path):
     assert "makes steps up to 2.00x faster" in comparison.verdicts()[0]["ceiling"]
 
 
+def test_compare_notes_a_run_still_going(tmp_path, capsys):
+    from trainstack.commands.cli import main
+    from trainstack.rundir import RunDir
+
+    a, b = _fake_run(tmp_path / "a"), _fake_run(tmp_path / "b")
+    RunDir(b).lease.mkdir()
+    RunDir(b).lease_file(0).write_text(json.dumps({"run_id": "going"}))  # its launcher's heartbeat: fresh
+    assert main(["compare", str(a), str(b)]) == 0
+    assert (
+        capsys.readouterr().err == f"trainstack compare: note: B ({b}) is still going: compared on its steps so far\n"
+    )
+
+
 def test_compare_says_a_run_nothing_was_judged_of_is_not_judged_never_healthy(tmp_path):
     judged = _fake_run(tmp_path / "judged")
     unjudged = _fake_run(tmp_path / "unjudged")
