@@ -229,6 +229,21 @@ def time_lines(times: dict | None, limit: int = CARD_RANKS, ended_early: bool = 
     return lines
 
 
+def _who_ended(summary: Mapping) -> str:
+    """Which ranks ended on their own (their records closed) and which were killed, where a failed command's ranks
+    did both: a launcher ends the others once one fails, so the failing rank is among the former."""
+    ended: dict[str, list[str]] = {"exited": [], "killed": []}
+    for row in (summary.get("time_breakdown") or {}).get("ranks", []):
+        if row.get("segments"):
+            ended.setdefault(row["segments"][-1].get("ended", ""), []).append(str(row["rank"]))
+    if not (ended["exited"] and ended["killed"]):
+        return ""
+    return (
+        f" (rank {', '.join(ended['exited'])} ended on its own, rank {', '.join(ended['killed'])} was killed, as a "
+        "launcher ends the others once one fails)"
+    )
+
+
 def ending_lines(summary: Mapping) -> list[str]:
     """How a run that did not complete ended, from its summary.json, as the card's first headline: the stall it hung
     in (`hang`: its verdict, fix and evidence), its failure, or the signal that stopped it. None for a completed
@@ -243,7 +258,7 @@ def ending_lines(summary: Mapping) -> list[str]:
         ]
     if reason == "failed":
         error = str(summary.get("error") or "").strip().splitlines()
-        return [f"{FAILED}  {error[0] if error else f'{what} exited with code {code}'}"]
+        return [f"{FAILED}  {error[0] if error else f'{what} exited with code {code}{_who_ended(summary)}'}"]
     if reason == "preempted":
         return [f"{STOPPED}  {what} was stopped by a signal before its last step (exit code {code})"]
     return []

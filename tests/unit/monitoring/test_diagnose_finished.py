@@ -309,6 +309,13 @@ def test_a_run_that_did_not_complete_says_how_it_ended_first_and_is_never_called
     until = "  until then: no problem found, 2 rank(s), 10.00 steps/s per rank, 160.0 samples/s in all"
     watched = {**judged_keys, "command": "torchrun train.py", "exit_reason": "failed", "exit_code": 1}
     assert end_card(run, watched) == ["FAILED  the command exited with code 1", until]
+    # rank 1 raised and closed its records; torchrun then killed rank 0, whose records have no closing line
+    times = json.loads(json.dumps(judged_keys["time_breakdown"]))
+    times["ranks"][0]["segments"][-1]["ended"] = "killed"
+    assert end_card(run, {**watched, "time_breakdown": times})[0] == (
+        "FAILED  the command exited with code 1 (rank 1 ended on its own, rank 0 was killed, as a launcher ends "
+        "the others once one fails)"
+    )
     failed = {**judged_keys, "exit_reason": "failed", "exit_code": 70, "error": "rank 1: out of memory\nmore"}
     assert end_card(run, failed)[0] == "FAILED  rank 1: out of memory"  # train's error, its first line
     stopped = {**judged_keys, "command": "python train.py", "exit_reason": "preempted", "exit_code": 130}
