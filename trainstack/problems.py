@@ -245,10 +245,11 @@ _PROBLEMS = (
             "bucket_cap_mb); a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in containers, and "
             "that NCCL_P2P_DISABLE, NCCL_SHM_DISABLE or NCCL_IB_DISABLE are not set; or --strategy fsdp",
             "fewer all-reduces per sample: a larger per-GPU batch (your DataLoader(batch_size=...)) or gradient "
-            "accumulation with the micro-batches before the last under model.no_sync() (transformers: "
-            "gradient_accumulation_steps; Lightning: Trainer(accumulate_grad_batches=...)); fewer, larger buckets "
-            "(DDP(model, bucket_cap_mb=...); transformers: ddp_bucket_cap_mb; Lightning: "
-            "DDPStrategy(bucket_cap_mb=...)); a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in "
+            "accumulation, or more of it, with the micro-batches before the last under model.no_sync() "
+            "(transformers: gradient_accumulation_steps; Lightning: Trainer(accumulate_grad_batches=...); "
+            "Accelerate: Accelerator(gradient_accumulation_steps=...)); fewer, larger buckets (DDP(model, "
+            "bucket_cap_mb=...); transformers: ddp_bucket_cap_mb; Lightning: DDPStrategy(bucket_cap_mb=...); "
+            "Accelerate: kwargs_handlers=[DistributedDataParallelKwargs(bucket_cap_mb=...)]); a faster link: check NVLink/P2P (nvidia-smi topo -m), /dev/shm size in "
             "containers, and that NCCL_P2P_DISABLE, NCCL_SHM_DISABLE or NCCL_IB_DISABLE are not set; or FSDP "
             "(fully_shard) instead of DDP",
         ),
