@@ -194,11 +194,15 @@ def _in_checkpoint(stack: list[Frame], verb: str) -> bool:
 
 
 def kind(stack: list[Frame]) -> str:
-    """collective, dataloader, checkpoint, data (fetching or preparing what it trains on, before the loop), or
-    other: what a rank's innermost frames say it waits for."""
+    """collective, dataloader, checkpoint, data (fetching or preparing what it trains on, before the loop), compute
+    (in autograd's backward, or a module's forward, innermost), or other: what a rank's innermost frames say it waits
+    for."""
     files = " ".join(f"{f.file}:{f.function}" for f in stack[-12:])
     if "torch/distributed/" in files and ("distributed_c10d" in files or "c10d_logger" in files):
         return "collective"
+    innermost = f"{stack[-1].file}:{stack[-1].function}" if stack else ""
+    if re.search(r"torch/autograd/.*:_engine_run_backward|torch/nn/modules/.*:(forward|_call_impl)$", innermost):
+        return "compute"
     if "torch/utils/data" in files:
         return "dataloader"
     if _in_checkpoint(stack[-12:], "save"):
@@ -317,6 +321,9 @@ FIXES = {
     "and train on the result); past --collective-timeout the waiting ranks fail",
     "other": "the stacks above show where each rank is: a deadlock (a lock, a queue, a subprocess) or a wait on "
     "something outside the job",
+    "compute": "no rank waits: each is computing its step, which takes longer than the stall threshold (a model or "
+    "batch too large for the device: minutes a step on a CPU); shrink them, or raise the threshold "
+    "(TRAINSTACK_HANG_SECONDS) where such steps are expected",
 }
 
 
@@ -393,7 +400,7 @@ def analyze(stall: Path) -> Hang:
                 f"{_names(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in {op} #{top} of process "
                 f"group {group}; {_names(unknown)} gave no Flight Recorder entries: {places}",
                 evidence,
-                FIXES["collective" if culprit_kind in ("collective", "other") else culprit_kind],
+                FIXES["collective" if culprit_kind in ("collective", "other", "compute") else culprit_kind],
                 unknown,
             )
         if behind and waiting:
@@ -407,7 +414,7 @@ def analyze(stall: Path) -> Hang:
                 f"{_names(behind)} {'has' if len(behind) == 1 else 'have'} not joined {op} #{top} of process "
                 f"group {group} ({waits}); {places}",
                 evidence,
-                FIXES["collective" if culprit_kind in ("collective", "other") else culprit_kind],
+                FIXES["collective" if culprit_kind in ("collective", "other", "compute") else culprit_kind],
                 behind,
             )
 
@@ -416,7 +423,9 @@ def analyze(stall: Path) -> Hang:
     in_collective = [r.rank for r in alive if kind(r.stack) == "collective" and r not in stuck]
     tail = f" while {_names(in_collective)} wait in a collective" if in_collective else ""
     kinds = [kind(r.stack) for r in stuck]
-    culprit_kind = next((k for k in kinds if k != "other"), "other")
+    if set(kinds) == {"compute"} and not in_collective:  # a step longer than the threshold, not a hang
+        return Hang(f"no rank waits: every rank is computing its step; {places}", evidence, FIXES["compute"], [])
+    culprit_kind = next((k for k in kinds if k not in ("other", "compute")), "other")
     if culprit_kind == "collective":
         culprit_kind = "other"
     return Hang(

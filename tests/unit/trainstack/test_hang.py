@@ -100,6 +100,20 @@ def test_a_rank_whose_process_is_gone_is_named_as_died(tmp_path):
     assert analyze(tmp_path).headline == "rank 1 died; the other ranks wait for it"
 
 
+def test_ranks_all_computing_a_step_longer_than_the_threshold_are_not_called_a_deadlock(tmp_path):
+    # A model too large for a CPU: the first step's backward runs past the threshold on every rank
+    backward = {"file": f"{SITE}/torch/autograd/graph.py", "line": 829, "function": "_engine_run_backward"}
+    for rank in (0, 1):
+        write_rank(tmp_path, rank, [user(44), backward], [entry(1)])
+    hang = analyze(tmp_path)
+    assert hang.headline.startswith("no rank waits: every rank is computing its step; rank 0 is at train.py:44")
+    assert "shrink them, or raise the threshold (TRAINSTACK_HANG_SECONDS)" in hang.fix and not hang.culprits
+    assert "deadlock" not in hang.fix
+    # One of them waiting in a collective meanwhile: not that case
+    write_rank(tmp_path, 1, [user(40), C10D], [entry(1)])
+    assert analyze(tmp_path).headline.startswith("no rank is behind the others' collectives; rank 0 is at train.py:44")
+
+
 def test_ranks_stuck_outside_any_collective_are_named_where_they_are(tmp_path):
     write_rank(
         tmp_path, 0, [user(70), {"file": f"{SITE}/torch/serialization.py", "line": 900, "function": "save"}], [entry(1)]
