@@ -27,9 +27,14 @@ class Comparison:
             ("parameter bytes", self.a.param_bytes, self.b.param_bytes),
         ):
             if x is not None and y is not None and x != y:
+                built = (
+                    ": one model built for another vocabulary or --seq-len (the dataset sets the vocabulary)"
+                    if what == "parameter bytes" and self.a.model is not None and self.a.model == self.b.model
+                    else ""
+                )
                 raise ConfigError(
                     f"{self.a.run_dir} and {self.b.run_dir} train different models ({what} {x} vs "
-                    f"{y}): compare runs of one model"
+                    f"{y}{built}): compare runs of one model"
                 )
 
     @property

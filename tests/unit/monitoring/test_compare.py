@@ -10,13 +10,18 @@ import pytest
 import yaml
 
 from trainstack.commands import cli
-from trainstack.errors import EXIT_CONFIG
+from trainstack.errors import EXIT_CONFIG, ConfigError
 from trainstack.monitoring.compare import profile
 from trainstack.monitoring.compare.comparison import MOVED, Comparison
 
 
 def _fake_run(
-    run_dir: Path, model: str = "builtin:tiny-gpt", starved: float = 0.0, workers: int = 1, steps: int = 4
+    run_dir: Path,
+    model: str = "builtin:tiny-gpt",
+    starved: float = 0.0,
+    workers: int = 1,
+    steps: int = 4,
+    param_bytes: int = 1000,
 ) -> Path:
     """A 2-rank run directory of `steps`-step records each 0.1 s of compute plus `starved` seconds of starvation."""
     (run_dir / "telemetry").mkdir(parents=True)
@@ -39,7 +44,7 @@ def _fake_run(
                     "step_count": steps,
                     "step_seconds": [step] * steps,
                     "data_wait_seconds": starved * steps,
-                    "param_bytes": 1000,
+                    "param_bytes": param_bytes,
                     "time_parts": {
                         "compute": 0.1 * steps,
                         "comm_exposed": 0.0,
@@ -67,6 +72,12 @@ def test_compare_marks_the_part_that_moved_and_the_speedup(tmp_path):
     # what the verdict's fix can gain, not its headline again
     assert comparison.verdicts()[0]["ceiling"].startswith("input-bound: the loader starves the device 50%"), comparison
     assert "makes steps up to 2.00x faster" in comparison.verdicts()[0]["ceiling"]
+
+
+def test_one_model_built_for_another_vocabulary_is_refused_saying_so(tmp_path):
+    a, b = _fake_run(tmp_path / "a"), _fake_run(tmp_path / "b", param_bytes=1400)  # the same tiny-gpt, other data
+    with pytest.raises(ConfigError, match=r"parameter bytes 1000 vs 1400: one model built for another vocabulary"):
+        Comparison(profile.load(a), profile.load(b))
 
 
 def test_compare_notes_a_run_still_going(tmp_path, capsys):
