@@ -29,7 +29,7 @@ def rank_rows(run: RunFiles) -> list[dict[str, object]]:
         rows.append(
             {
                 "rank": rank,
-                "steps": steady.last.step,
+                "steps": f"{steady.records[0].first_step + 1}-{steady.last.step}",  # the window's, as the rest
                 "samples/s (training time)": samples / training if samples is not None and training > 0 else None,
                 "median step (ms)": 1000 * statistics.median(steps) if steps else None,
                 "p95 step (ms)": 1000 * _percentile(steps, 0.95) if steps else None,
