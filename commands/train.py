@@ -138,7 +138,7 @@ class Launch:
         self.run_dir = RunDir(config.run_dir)
         self.run_id = run_id
         self.supervised = SupervisedRun(
-            self.run_dir, launch.node_rank, lease, OwnAgent(), say, config.collective_timeout
+            self.run_dir, launch.node_rank, lease, OwnAgent(say), say, config.collective_timeout
         )
         self.first_failure: FirstFailure | None = None  # the rank that failed first, as the agent saw it
         self.ranks_ended = False

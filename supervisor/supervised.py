@@ -62,11 +62,19 @@ class OwnAgent:
     workers are left to their rank. Should the agent die, the ranks see their supervisor gone and stop as on
     SIGTERM within the grace period (trainstack/lifetime.py): they are waited for, then killed."""
 
-    def __init__(self) -> None:
+    def __init__(self, say: Say) -> None:
         self.signalled: set[int] = set()
+        self.say = say
+        self.told = False
 
     def forward(self, child: subprocess.Popen, received: Sequence[int]) -> None:
         if received:
+            if not self.told:  # at once: the ranks stop at a step's end, which may be minutes away on a slow device
+                self.told = True
+                self.say(
+                    f"{signal.Signals(received[0]).name} received: the ranks stop after their next log interval, "
+                    "save a checkpoint and exit"
+                )
             signal_new_children(psutil.Process(child.pid), signal.SIGTERM, self.signalled)
 
     def end_leftovers(self, child: subprocess.Popen, left: list[psutil.Process], say: Say) -> None:

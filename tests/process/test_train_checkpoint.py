@@ -69,6 +69,9 @@ def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes(tmp_path):
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 75, output[-4000:]
+    # said at once: the ranks stop at a step's end, which may be minutes away on a slow device
+    ack = "trainstack train: SIGTERM received: the ranks stop after their next log interval, save a checkpoint and exit"
+    assert output.count(ack) == 1, output[-4000:]
     assert not (run_dir / LEASE_DIR).exists()  # released on SIGTERM
     stopped = summary(run_dir)
     assert stopped["exit_reason"] == "preempted" and 5 <= stopped["steps"] < 30
