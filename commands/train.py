@@ -236,18 +236,17 @@ class Launch:
         self.started = time.time()
         self.prepare_run_dir()
         supervised = self.supervised
-        with (
-            supervised.exporter_beside(self.launch.exporter_host, self.launch.exporter_port, discovery=self.discovery),
-            supervised.catching((signal.SIGTERM, signal.SIGINT)),
-        ):
-            if self.launch.nnodes > 1:
-                wait_for_rendezvous_host(self.launch)
-            failures, failure_writer = os.pipe()
-            env = {**self.rank_environment(), FAILURE_FD_ENV: str(failure_writer)}
-            supervised.start(self.rank_command(), env, pass_fds=(failure_writer,))
-            os.close(failure_writer)
-            returncode = supervised.wait()
-            self.ranks_ended = True
+        with supervised.exporter_beside(self.launch.exporter_host, self.launch.exporter_port, discovery=self.discovery):
+            # Signals go to the ranks while they run; once they have ended, to `sigterm_outside_the_ranks`
+            with supervised.catching((signal.SIGTERM, signal.SIGINT)):
+                if self.launch.nnodes > 1:
+                    wait_for_rendezvous_host(self.launch)
+                failures, failure_writer = os.pipe()
+                env = {**self.rank_environment(), FAILURE_FD_ENV: str(failure_writer)}
+                supervised.start(self.rank_command(), env, pass_fds=(failure_writer,))
+                os.close(failure_writer)
+                returncode = supervised.wait()
+                self.ranks_ended = True
             supervised.end_leftovers()  # the lease is held until the ranks an agent killed alone are gone
             if self.launch.node_rank == 0:
                 # A save cut short where the main process could not remove it itself (the agent ended it when a peer
