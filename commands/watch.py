@@ -30,8 +30,10 @@ from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError
 from trainstack.hang import hang_environment
 from trainstack.lifetime import Descendants, describe_end, stop_grace
 from trainstack.rundir import (
+    DEFAULT_LOG_EVERY,
     INSTRUMENT_HINT,
     LAUNCHER_WATCH,
+    LOG_EVERY_ENV,
     RUN_ID_ENV,
     SHOWN,
     SUPERVISOR_PID_ENV,
@@ -107,6 +109,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="instrument the command's ranks with no line of it changed (default: on); --no-auto leaves them as "
         "they are: only what the script's own trainstack.monitor lines record is seen",
+    )
+    parser.add_argument(
+        "--log-every",
+        type=int,
+        default=DEFAULT_LOG_EVERY,
+        metavar="STEPS",
+        help=f"optimizer steps in each rank's record (default: {DEFAULT_LOG_EVERY}): fewer where steps are slow, so "
+        "that diagnose has evidence sooner; a script's own trainstack.monitor.start(log_every=...) keeps its own",
     )
     add_beside_run_arguments(parser)
     parser.add_argument(
@@ -249,7 +259,7 @@ class Watch:
         env = {name: value for name, value in os.environ.items() if name != SUPERVISOR_PID_ENV}
         metrics_dir = self.supervised.metrics_dir
         env = {**env, **run_environment(self.run_dir.path, metrics_dir, self.run_id, time.time(), LAUNCHER_WATCH)}
-        env = {**env, **hang_environment(self.run_dir.path, self.run_id, env)}
+        env = {**env, **hang_environment(self.run_dir.path, self.run_id, env), LOG_EVERY_ENV: str(self.args.log_every)}
         return instrumented_environment(env) if self.args.auto else env
 
     def run(self) -> int:
@@ -348,6 +358,8 @@ def run(args: argparse.Namespace) -> int:
     node_rank = node_rank_of(args, slurm)
     if node_rank < 0:
         raise ConfigError(f"--node-rank must be 0 or more, got {node_rank}")
+    if args.log_every < 1:
+        raise ConfigError(f"--log-every must be at least 1 step, got {args.log_every}")
     port = check_port("--exporter-port", exporter_port(args, slurm, node_rank), zero_means="to run no exporter")
     if port:
         check_exporter_beside(args.exporter_host, args.nvml_module)

@@ -31,7 +31,7 @@ from tests.helpers.runs import (
     explain,
     train,
 )
-from trainstack.rundir import LAUNCHED_AT_ENV, METRICS_DIR_ENV, RUN_DIR_ENV, free_port
+from trainstack.rundir import LAUNCHED_AT_ENV, LOG_EVERY_ENV, METRICS_DIR_ENV, RUN_DIR_ENV, free_port
 
 pytest_plugins = ["pytester"]  # tests/unit/repo/test_process_guard.py runs a planted test file through the guard below
 # Nothing in the suite may reach the network; datasets and the hub are told so before anything imports them.
@@ -221,7 +221,7 @@ def prometheus(tmp_path) -> Iterator[callable]:
 @pytest.fixture
 def unwatched(monkeypatch):
     """Outside a watched run: no run directory, no metrics directory, no rank of a launcher's."""
-    for name in (RUN_DIR_ENV, METRICS_DIR_ENV, "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+    for name in (RUN_DIR_ENV, METRICS_DIR_ENV, LOG_EVERY_ENV, "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
 
 

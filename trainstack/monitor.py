@@ -43,7 +43,7 @@ import torch
 from trainstack import breakdown, ratios
 from trainstack.hang import publish_progress_each_poll, start_responder
 from trainstack.record import IntervalRecord, SegmentEnded, pauses
-from trainstack.rundir import METRICS_DIR_ENV, RUN_DIR_ENV, RUN_ID_ENV, RunDir
+from trainstack.rundir import DEFAULT_LOG_EVERY, LOG_EVERY_ENV, METRICS_DIR_ENV, RUN_DIR_ENV, RUN_ID_ENV, RunDir
 from trainstack.telemetry.clock import RankClock, clock_for
 from trainstack.telemetry.collectives import CollectiveBooking, watch_collectives
 from trainstack.telemetry.comm import watch_gradient_communication
@@ -162,7 +162,7 @@ def start(
     *,
     flops_per_token: float | None = None,
     accelerator=None,
-    log_every: int = 10,
+    log_every: int | None = None,
     precision: str | None = None,
     run_dir: str | Path | None = None,
     model_name: str | None = None,
@@ -179,6 +179,8 @@ def start(
       communication is timed. Pass it later with `watch` if it is wrapped after this call.
     flops_per_token: the model's training FLOPs per token (about 6 x its parameters); gives MFU on a known GPU.
     accelerator: an Accelerate `Accelerator`: the device, ranks and mixed precision come from it.
+    log_every: optimizer steps per interval, each a record of this rank; defaults to TRAINSTACK_LOG_EVERY, which
+      `trainstack watch --log-every` sets, else 10.
     precision: "bf16", "fp16" or "no" (fp32), for MFU's peak; defaults to the accelerator's or the parameters'.
     run_dir: where the records go; defaults to TRAINSTACK_RUN_DIR, which `trainstack watch` sets.
     run_id: the run's name on its series; defaults to TRAINSTACK_RUN_ID, which `trainstack watch` sets.
@@ -191,6 +193,7 @@ def start(
       and keeps what it returns to read later; the records show this rank's own. A NullMonitor given it keeps the
       sums too. trainstack's Trainer reduces them across its ranks here, the one collective of its loop.
     """
+    log_every = interval_steps() if log_every is None else log_every
     if log_every < 1:
         raise ValueError(f"log_every must be at least 1 step, not {log_every}")
     run_dir = run_dir or os.environ.get(RUN_DIR_ENV)
@@ -224,6 +227,19 @@ def start(
         if optimizer is not None:  # Accelerate wraps it
             measure_state_once(model, getattr(optimizer, "optimizer", optimizer), monitor._state_measured)
     return monitor
+
+
+def interval_steps() -> int:
+    """The steps per interval `trainstack watch --log-every` gave its ranks (LOG_EVERY_ENV), else the default."""
+    given = os.environ.get(LOG_EVERY_ENV, "")
+    if not given:
+        return DEFAULT_LOG_EVERY
+    try:
+        return int(given)
+    except ValueError:
+        raise ValueError(
+            f"{LOG_EVERY_ENV}={given!r} is not a number of steps; unset it or give a whole number"
+        ) from None
 
 
 def _register_comm_hook(model: torch.nn.Module, comm_hook: Callable | None) -> None:

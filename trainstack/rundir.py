@@ -30,6 +30,10 @@ RUN_ID_ENV = "TRAINSTACK_RUN_ID"  # names the run; the nodes of one job share it
 # The run directory of a watched command (`trainstack watch`), where trainstack.monitor writes the ranks' records;
 # with METRICS_DIR_ENV and RUN_ID_ENV it is what the instrumentation in a user's own loop reads.
 RUN_DIR_ENV = "TRAINSTACK_RUN_DIR"
+# The steps of each interval (a record of a rank) that `trainstack watch --log-every` gives the watched ranks'
+# trainstack.monitor, unless a script passes its own; DEFAULT_LOG_EVERY without it.
+LOG_EVERY_ENV = "TRAINSTACK_LOG_EVERY"
+DEFAULT_LOG_EVERY = 10
 # Unix time at which the launcher (or `trainstack watch`) started the ranks' command: a rank's startup is from it to
 # its first step.
 LAUNCHED_AT_ENV = "TRAINSTACK_LAUNCHED_AT"

@@ -17,6 +17,7 @@ tokens are its ids. OUT/expected.json says what each rank should record and whic
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -30,8 +31,9 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 BATCH, SEQUENCE, ACCUMULATE = 8, 64, 2
 # Compute enough per step that gloo's collectives (the gradient all-reduce, the stop flag) are a small part of it
 WIDTH, DEPTH = 128, 64
-VALIDATE_EVERY, SAVE_EVERY = 15, 30  # optimizer steps
-LOG_EVERY = 10  # the callback's default interval, in optimizer steps
+VALIDATE_EVERY, SAVE_EVERY = 8, 16  # optimizer steps
+# The callback's interval, in optimizer steps: watch's --log-every (no trainstack line here, so its name as is)
+LOG_EVERY = int(os.environ.get("TRAINSTACK_LOG_EVERY", "10"))
 EXTRA_SECONDS = 0.1
 """Per optimizer step: a slowed rank's extra work (spread over its micro-batches), much longer than what a shared
 host's scheduler shifts between the ranks' own compute (tests/drivers/plain_ddp.py)."""
@@ -49,11 +51,11 @@ class Phase:
 
 
 PHASES = [
-    Phase("healthy", 40),  # a validation and a checkpoint among its steps
-    Phase("slow-loader", 30, "loader"),
-    Phase("forward", 30, "forward", 1),
-    Phase("after_step", 30, "after_step", 1),
-    Phase("data", 30, "data", 1),
+    Phase("healthy", 20),  # a validation and a checkpoint among its steps
+    Phase("slow-loader", 15, "loader"),
+    Phase("forward", 15, "forward", 1),
+    Phase("after_step", 15, "after_step", 1),
+    Phase("data", 15, "data", 1),
 ]
 
 

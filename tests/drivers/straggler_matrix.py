@@ -19,12 +19,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 import trainstack.monitor
 
-STEPS = 60
+STEPS = 30
 HEALTHY_STEPS = 4 * STEPS
 """A healthy step is a fraction of a slowed one (11 ms against 60 on a quick host), so a healthy phase runs more of
 them: a burst of the host's own work on one core (100 ms of it named a rank of a 0.7 s phase a straggler once, at
 0.20) weighs as little in it as in the slowed phases."""
-LOG_EVERY = 10
+LOG_EVERY = 5
 BATCH = 128
 WIDTH = 512
 EXTRA_SECONDS = 0.05

@@ -115,6 +115,7 @@ def test_bad_input_is_one_line_and_touches_nothing(tmp_path):
         (("--exporter-port", "70000", "--", "true"), "--exporter-port 70000 is not a TCP port"),
         (("--exporter-host", "127.0.0.256", "--", "true"), "--exporter-host 127.0.0.256 is not an address of this"),
         (("--nvml-module", "no_such_nvml", "--", "true"), "--nvml-module no_such_nvml cannot be found"),
+        (("--log-every", "0", "--", "true"), "--log-every must be at least 1 step, got 0"),
     ]:
         result = watch(run_dir, *args)
         assert result.returncode == 2, explain(result)

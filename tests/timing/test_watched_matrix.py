@@ -44,8 +44,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 DRIVERS = REPO / "tests" / "drivers"
 PLAIN, LIGHTNING, HF = DRIVERS / "plain_ddp.py", DRIVERS / "lightning_example.py", DRIVERS / "hf_plain.py"
-STEPS_EACH = "40"
-"""A plain or transformers phase's optimizer steps: 4 of the instrumentation's 10-step intervals, 3 judged."""
+LOG_EVERY = "5"
+"""watch's --log-every: the ranks' intervals, in optimizer steps. The phases are judged from their intervals after
+the first: 5-step intervals judge a phase from half the steps 10-step ones need."""
+STEPS_EACH = "20"
+"""A plain or transformers phase's optimizer steps: 4 intervals, 3 judged."""
 WORKLOADS = {
     "ddp": lambda out: torchrun(str(PLAIN), "phases", STEPS_EACH, str(out / "phases.json")),
     "fsdp2": lambda out: torchrun(str(PLAIN), "fsdp-phases", STEPS_EACH, str(out / "phases.json")),
@@ -98,7 +101,17 @@ def launch(name: str, out: Path, last_phase: str | None = None) -> Launch:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1"}
     env.pop("TRAINSTACK_RUN_DIR", None)
     done = subprocess.run(
-        trainstack_command("watch", "--run-dir", str(out / "run"), "--exporter-port", "0", "--no-report", "--")
+        trainstack_command(
+            "watch",
+            "--run-dir",
+            str(out / "run"),
+            "--exporter-port",
+            "0",
+            "--no-report",
+            "--log-every",
+            LOG_EVERY,
+            "--",
+        )
         + WORKLOADS[name](out)
         + ([last_phase] if last_phase else []),
         cwd=out,

@@ -11,10 +11,7 @@ import pytest
 
 from trainstack.commands.watch import Watch, command_of, exit_status
 from trainstack.errors import ConfigError
-from trainstack.rundir import (
-    RUN_ID_ENV,
-    RunDir,
-)
+from trainstack.rundir import LOG_EVERY_ENV, RUN_ID_ENV, RunDir
 
 
 # ---- without a process ------------------------------------------------------------------------------------------
@@ -67,7 +64,8 @@ def test_an_earlier_record_is_set_aside_unless_the_run_is_named(tmp_path, monkey
         monkeypatch.setenv(RUN_ID_ENV, "job-uid")
     monkeypatch.setenv("NCCL_ALGO", "Ring")
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
-    Watch(["true"], argparse.Namespace(auto=True), run_dir, 0, "this-run", None, exporter_port=0).prepare_run_dir()
+    watch = Watch(["true"], argparse.Namespace(auto=True, log_every=3), run_dir, 0, "this-run", None, exporter_port=0)
+    watch.prepare_run_dir()
     aside = run_dir.previous("this-run").path
     assert {path: path.exists() for path in earlier} == dict.fromkeys(earlier, not moved)
     assert {(aside / path.relative_to(run_dir.path)).exists() for path in earlier} == {moved}
@@ -75,5 +73,6 @@ def test_an_earlier_record_is_set_aside_unless_the_run_is_named(tmp_path, monkey
     # this node's environment, as the command gets it: NCCL's variables and the versions, never a secret
     recorded = json.loads(run_dir.environment(0).read_text())
     assert recorded["variables"]["NCCL_ALGO"] == "Ring" and "HF_TOKEN" not in recorded["variables"]
+    assert watch.command_environment()[LOG_EVERY_ENV] == "3"  # --log-every, for the ranks' monitors
     assert "hf_secret" not in run_dir.environment(0).read_text()
     assert recorded["versions"]["torch"] and recorded["versions"]["trainstack"]

@@ -14,7 +14,7 @@ import torch
 import trainstack.monitor
 from tests.helpers.fakes import FakeDdpModel
 from trainstack.monitor import Monitor, NullMonitor, TrainingMonitor
-from trainstack.rundir import RUN_DIR_ENV, RunDir
+from trainstack.rundir import DEFAULT_LOG_EVERY, LOG_EVERY_ENV, RUN_DIR_ENV, RunDir
 
 
 def public_methods(cls) -> dict[str, list[str]]:
@@ -213,9 +213,19 @@ def test_a_null_monitor_sums_only_for_a_loop_that_reads_the_totals(unwatched):
     assert idle._sums.micro_batches == 0  # nothing is summed that nobody reads
 
 
-def test_a_bad_log_interval_is_named(unwatched):
+def test_a_bad_log_interval_is_named(unwatched, monkeypatch):
     with pytest.raises(ValueError, match="log_every must be at least 1"):
         trainstack.monitor.start(run_dir="x", log_every=0)
+    monkeypatch.setenv(LOG_EVERY_ENV, "ten")
+    with pytest.raises(ValueError, match=f"^{LOG_EVERY_ENV}='ten' is not a number of steps; unset it or give"):
+        trainstack.monitor.start(run_dir="x")
+
+
+def test_the_interval_is_watchs_log_every_unless_the_script_gives_its_own(unwatched, monkeypatch):
+    assert trainstack.monitor.start(run_dir=None)._log_every == DEFAULT_LOG_EVERY
+    monkeypatch.setenv(LOG_EVERY_ENV, "3")  # `trainstack watch --log-every 3`
+    assert trainstack.monitor.start(run_dir=None)._log_every == 3
+    assert trainstack.monitor.start(run_dir=None, log_every=7)._log_every == 7
 
 
 def test_unwatched_no_pause_name_stops_the_loop(unwatched, tmp_path, monkeypatch):
