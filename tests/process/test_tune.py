@@ -44,7 +44,7 @@ def test_tune_picks_more_workers_for_a_starved_loader(tmp_path):
         "--steps",
         "10",
         "--max-rounds",
-        "2",  # and at least 2 (the default): the spread of two rounds' ratios is the noise
+        "1",  # a gain of 1.5x-3x stands clear of the noise in one round (the noise's own rounds: tests/timing/)
         "--scratch",
         str(scratch),
         env={"TRAINSTACK_TEST_SAMPLE_DELAY": "0.04"},
@@ -52,8 +52,8 @@ def test_tune_picks_more_workers_for_a_starved_loader(tmp_path):
     )
     assert result.returncode == 0, explain(result)
     measured = [line for line in result.stdout.splitlines() if "x the baseline (" in line]
-    # each round: the baseline, then each candidate
-    assert result.stderr.count("tune: trial") == 2 * (1 + len(measured)), result.stderr
+    # the round: the baseline, then each candidate
+    assert result.stderr.count("tune: trial") == 1 + len(measured), result.stderr
     # the loader's other fix, tried too: the baseline read input-bound
     assert any(line.startswith("prefetch_factor=4") for line in measured), result.stdout
     line = next(line for line in result.stdout.splitlines() if line.startswith("num_workers=4"))
