@@ -230,26 +230,6 @@ def test_a_sigkilled_exporter_is_restarted_and_its_counters_carry_on(tmp_path):
     assert output.count(f"metrics at http://127.0.0.1:{port}/metrics") == 1
 
 
-def test_a_sigterm_once_the_ranks_have_ended_lets_the_report_finish_and_the_run_stay_completed(tmp_path):
-    # A scheduler's notice landing as the run finishes (Slurm's --signal=B:TERM@120 on a job that ends inside those
-    # 120 s): the run completed, so no stop to requeue, and its card and report are still written
-    run_dir = tmp_path / "run"
-    command = trainstack_command("train", "--output-dir", str(run_dir), *FAST, "--max-steps", "6", "--report")
-    launcher = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    said = []
-    for line in launcher.stdout:
-        said.append(line)
-        if line.startswith("trainstack train: completed after 6 steps"):  # the ranks have exited: the report next
-            launcher.send_signal(signal.SIGTERM)
-            break
-    said.append(launcher.stdout.read())
-    output = "".join(said)
-    assert launcher.wait(timeout=120) == 0, output
-    assert "SIGTERM after the ranks ended: finishing the report, then exiting" in output, output
-    assert "before any rank started" not in output, output
-    assert f"report: {run_dir / 'report.html'}" in output and summary(run_dir)["exit_reason"] == "completed", output
-
-
 def test_an_exporter_that_cannot_listen_is_retried_with_a_backoff_and_announced_only_once_it_serves():
     said: list[str] = []
     with socket.socket() as taken:  # listens, but answers no HTTP: another program on the port

@@ -61,7 +61,7 @@ def test_resume_mid_epoch_matches_an_uninterrupted_run_and_rerunning_the_complet
         assert torch.equal(expected[name], resumed[name]), name
 
 
-def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes(tmp_path):
+def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes_to_a_completion_a_late_sigterm_keeps(tmp_path):
     run_dir = tmp_path / "run"
     command = ("--model", "tests.factories:pausing_gpt", "--max-steps", "30", "--checkpoint-every", "0")
     process = start(run_dir, *command, env=SLOW_RANK)  # slowed: room to land the signal mid-run
@@ -76,8 +76,20 @@ def test_sigterm_checkpoints_exits_75_and_the_same_command_resumes(tmp_path):
     stopped = summary(run_dir)
     assert stopped["exit_reason"] == "preempted" and 5 <= stopped["steps"] < 30
     assert checkpoint.verify(run_dir / "checkpoints" / step_dir_name(stopped["steps"]))
-    resumed = train(run_dir, *command)
-    assert resumed.returncode == 0, explain(resumed)
+    # The resumed launch gets its own SIGTERM once its ranks have ended (a scheduler's notice landing as the job
+    # finishes: Slurm's --signal=B:TERM@120 on a job that ends inside those 120 s): it completed, so nothing to
+    # requeue, and its card and report are still written
+    resumed = start(run_dir, *command, "--report")
+    said = []
+    for line in resumed.stdout:
+        said.append(line)
+        if line.startswith("trainstack train: completed after 30 steps"):  # the ranks have exited: the report next
+            resumed.send_signal(signal.SIGTERM)
+            break
+    output = "".join(said) + resumed.communicate(timeout=120)[0]
+    assert resumed.returncode == 0, output[-4000:]
+    assert "SIGTERM after the ranks ended: finishing the report, then exiting" in output, output[-4000:]
+    assert "before any rank started" not in output and f"report: {run_dir / 'report.html'}" in output
     finished = summary(run_dir)
     assert finished["exit_reason"] == "completed" and finished["steps"] == 30
     assert finished["resumed_from"].endswith(step_dir_name(stopped["steps"]))
