@@ -48,7 +48,7 @@ LOG_EVERY = "5"
 """watch's --log-every: the ranks' intervals, in optimizer steps. The phases are judged from their intervals after
 the first: 5-step intervals judge a phase from half the steps 10-step ones need."""
 STEPS_EACH = "20"
-"""A plain or transformers phase's optimizer steps: 4 intervals, 3 judged."""
+"""A plain or transformers phase's optimizer steps (Lightning's too, in its driver): 4 intervals, 3 judged."""
 WORKLOADS = {
     "ddp": lambda out: torchrun(str(PLAIN), "phases", STEPS_EACH, str(out / "phases.json")),
     "fsdp2": lambda out: torchrun(str(PLAIN), "fsdp-phases", STEPS_EACH, str(out / "phases.json")),
