@@ -31,11 +31,15 @@ def test_help_loads_no_torch(args):
 @pytest.mark.skipif(cuda_driver_loads(), reason="CUDA's driver is here: the launcher asks torch for the GPUs")
 def test_the_doctor_and_the_launcher_load_no_torch_on_a_cpu_host(tmp_path):
     """torch takes a launcher seconds of CPU before the first rank can start, and on a host without CUDA's
-    driver it has nothing to say (no GPU), so `doctor` and `train`'s launcher leave it to the ranks."""
+    driver it has nothing to say (no GPU), so `doctor` and `train`'s launcher leave it to the ranks; a model
+    factory's module, which imports torch, the launcher reads and leaves to the ranks to run."""
     doctor = run_without_torch("doctor", "--output-dir", str(tmp_path / "checked"))
     assert doctor["exit"] in (0, 1) and doctor["loaded"] == [], doctor
     assert "2 CPU rank(s)" in doctor["stdout"], doctor["stdout"]
-    launch = run_without_torch("train", "--output-dir", str(tmp_path / "run"), *FAST, "--max-steps", "1", timeout=300)
+    model = ("--model", "tests.factories:batchnorm_lm")
+    launch = run_without_torch(
+        "train", "--output-dir", str(tmp_path / "run"), *FAST, *model, "--max-steps", "1", timeout=300
+    )
     assert launch["exit"] == 0 and launch["loaded"] == [], launch
     assert summary(tmp_path / "run")["steps"] == 1
 

@@ -1,11 +1,15 @@
 """What --model and --dataset name, checked before any rank starts: built-in models (their shapes) and data (their
 vocabulary), `module:function` factories, local files. torch-free: the launcher and its doctor read all of this,
-and importing torch there would cost every launch seconds of CPU before a rank could start."""
+and importing torch there would cost every launch seconds of CPU before a rank could start. So a factory is checked
+from its module's source (`check_factory`), and only each rank imports it (`load_factory`)."""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 from dataclasses import dataclass
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 from trainstack.errors import ConfigError
@@ -63,6 +67,60 @@ def load_factory(spec: str, what: str):
     return factory
 
 
+def check_factory(spec: str, what: str) -> None:
+    """That `module:function` names something in its module, read from the module's source without running it: a
+    model's module imports torch, seconds of CPU before a rank could start. Where the source does not settle it (no
+    Python source to read, or no top-level binding of the name: a module may make names at run time), the module is
+    imported, as each rank will, for load_factory's answer. What the source cannot show, an error the module raises
+    as it loads or a name that is no function, each rank says in its one line."""
+    module_name, _, attribute = spec.partition(":")
+    try:
+        found = importlib.util.find_spec(module_name)  # imports the parent packages only, as an import would
+    except Exception:  # noqa: BLE001 - a parent package missing or failing: load_factory's line says which
+        found = None
+    source = _python_source(found)
+    if source is None:
+        load_factory(spec, what)
+        return
+    try:
+        tree = ast.parse(source[1], filename=source[0])
+    except (SyntaxError, ValueError):  # the import's own error, in load_factory's words
+        load_factory(spec, what)
+        return
+    if attribute not in _top_level_names(tree):
+        load_factory(spec, what)
+
+
+def _python_source(found: ModuleSpec | None) -> tuple[str, str] | None:
+    """(the module's file, its text), where it is a Python source file that can be read."""
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        return None
+    try:
+        return found.origin, Path(found.origin).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    """The names the module's top level binds (in its if, try, with and for blocks too), or may: a star import or a
+    module `__getattr__` puts `*` in the set."""
+    names: set[str] = set()
+    pending: list[ast.AST] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add("*" if node.name == "__getattr__" else node.name)
+            continue  # what a body binds is its own scope's
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update("*" if a.name == "*" else a.asname or a.name.partition(".")[0] for a in node.names)
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        if not isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            pending.extend(ast.iter_child_nodes(node))
+    return names
+
+
 def is_factory(spec: str) -> bool:
     module_name, sep, attribute = spec.partition(":")
     return (
@@ -83,7 +141,7 @@ def check_dataset_spec(spec: str) -> None:
                 + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_DATASET_NAMES)
             )
     elif is_factory(spec):
-        load_factory(spec, "dataset")
+        check_factory(spec, "dataset")
     elif looks_like_path(spec):
         local_data_files(Path(spec).expanduser())
 
@@ -114,7 +172,7 @@ def check_model_spec(spec: str) -> None:
                 + " or give a module:function factory"
             )
     elif is_factory(spec):
-        load_factory(spec, "model")
+        check_factory(spec, "model")
     else:
         raise ConfigError(
             f"--model {spec!r} is neither builtin:NAME nor module:function; e.g. builtin:tiny-gpt or "

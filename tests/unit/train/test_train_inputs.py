@@ -109,6 +109,49 @@ def test_a_factory_module_that_fails_as_it_loads_is_one_line(tmp_path, monkeypat
     assert said in str(raised.value) and "\n" not in str(raised.value)
 
 
+def test_a_factory_is_checked_from_its_source_without_running_it(tmp_path, monkeypatch):
+    """The launcher's check: a model's module imports torch, seconds of CPU before a rank could start, so its
+    function is found in its source (bound in a try block here). What only running it shows, here that it raises
+    as it loads, each rank says in its line (load_factory, above)."""
+    import sys
+
+    from trainstack.train.rank.specs import check_factory
+
+    (tmp_path / "unrun_factory.py").write_text(
+        "raise RuntimeError('ran')\ntry:\n    from fast_models import build\nexcept ImportError:\n"
+        "    def build(config, vocab_size):\n        return None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "unrun_factory", raising=False)
+    check_factory("unrun_factory:build", "model")
+    assert "unrun_factory" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    "source, said",
+    [
+        ("globals()['build'] = lambda config, vocab_size: None\n", None),  # made as it runs: the import finds it
+        ("def other(config, vocab_size):\n    return None\n", "module 'made_factory' has no function 'build'"),
+        ("def build(:\n", "failed as it was imported: SyntaxError: "),
+    ],
+)
+def test_a_factory_the_source_does_not_settle_is_imported(tmp_path, monkeypatch, source, said):
+    import sys
+
+    from trainstack.train.rank.specs import check_factory
+
+    (tmp_path / "made_factory.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "made_factory", raising=False)
+    if said is None:
+        check_factory("made_factory:build", "model")
+        assert "made_factory" in sys.modules
+        return
+    with pytest.raises(ConfigError) as raised:
+        check_factory("made_factory:build", "model")
+    assert said in str(raised.value) and "\n" not in str(raised.value)
+
+
 @pytest.mark.parametrize(
     "returned, said",
     [
