@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from trainstack.ceilings import of_ranks
     from trainstack.hang_verdict import latest_hang
     from trainstack.monitoring.diagnose.render import render_json, render_text
-    from trainstack.monitoring.diagnose.snapshot import read_snapshot
+    from trainstack.monitoring.diagnose.snapshot import read_snapshot, served_run_ids
     from trainstack.monitoring.diagnose.sources import open_source
     from trainstack.monitoring.diagnose.verdicts import diagnose, figures, not_judged, notes
 
@@ -82,8 +82,13 @@ def run(args: argparse.Namespace) -> int:
     run = None if args.run_dir is None else checked_run_dir(args.run_dir)
     if run is not None and ended(run):  # whatever answers at --url now is another run's
         return diagnose_ended(args.run_dir, args.json)
+
+    def check_first(instant) -> None:  # another run's exporter is said at once, not after the interval
+        if run is not None:
+            require_the_same_run(run, served_run_ids(instant), args.url)
+
     try:
-        source = open_source(args.url, args.source, args.interval, selector, args.window)
+        source = open_source(args.url, args.source, args.interval, selector, args.window, check_first)
     except RuntimeFailure as failure:
         if run is None:
             raise

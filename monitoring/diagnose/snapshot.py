@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,10 +202,15 @@ def _ratio_of(source: Source, ratio: ratios.Ratio, label: str) -> dict[str, floa
     }
 
 
+def served_run_ids(instant: Callable[[str], list[Sample]]) -> frozenset[str]:
+    """The runs a source's series speak for (`instant`: its newest value of each series of a name)."""
+    infos = instant(catalog.TRAIN_RUN_INFO.name) + instant(catalog.WATCH_COMMAND_INFO.name)
+    return frozenset(labels["run_id"] for labels, _ in infos if labels.get("run_id"))
+
+
 def read_snapshot(source: Source) -> Snapshot:
     running = [value for _, value in source.instant(catalog.WATCH_COMMAND_PROCESSES.name)]
     commands = [labels.get("command", "") for labels, _ in source.instant(catalog.WATCH_COMMAND_INFO.name)]
-    infos = source.instant(catalog.TRAIN_RUN_INFO.name) + source.instant(catalog.WATCH_COMMAND_INFO.name)
     return Snapshot(
         source.description,
         source.now,
@@ -214,7 +220,7 @@ def read_snapshot(source: Source) -> Snapshot:
         _processes(source),
         command=commands[0] if commands else "",
         command_processes=int(sum(running)) if running else None,
-        run_ids=frozenset(labels["run_id"] for labels, _ in infos if labels.get("run_id")),
+        run_ids=served_run_ids(source.instant),
         hang=_hang(source),
     )
 

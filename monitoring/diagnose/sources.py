@@ -11,6 +11,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -58,12 +59,21 @@ def _get(url: str, timeout: float) -> bytes:
 
 
 class ExporterSource:
-    def __init__(self, url: str, interval: float, timeout: float = 10.0):
+    def __init__(
+        self,
+        url: str,
+        interval: float,
+        timeout: float = 10.0,
+        check_first: Callable[[Callable[[str], list[Sample]]], None] = lambda instant: None,
+    ):
+        """check_first: given the first scrape's `instant`, raises where the exporter is not the one wanted (another
+        run's), before the interval is waited out."""
         self.url = url
         self.timeout = timeout
         self.description = f"exporter {url}, {interval:g} s between scrapes"
         self.ended_meanwhile = ""
         self._first, first_time = self._scrape(), time.time()
+        check_first(lambda name: list(self._first.get(name, [])))
         time.sleep(interval)
         try:
             self._second, self.now = self._scrape(), time.time()
@@ -173,8 +183,16 @@ def is_prometheus(url: str, timeout: float = 10.0) -> bool:
     return isinstance(answer, dict) and answer.get("status") == "success"
 
 
-def open_source(url: str, kind: str, interval: float, selector: str = "", window: str = PROMETHEUS_WINDOW) -> Source:
-    """kind: exporter, prometheus or auto (a URL ending in /metrics is an exporter; else ask for build info)."""
+def open_source(
+    url: str,
+    kind: str,
+    interval: float,
+    selector: str = "",
+    window: str = PROMETHEUS_WINDOW,
+    check_first: Callable[[Callable[[str], list[Sample]]], None] = lambda instant: None,
+) -> Source:
+    """kind: exporter, prometheus or auto (a URL ending in /metrics is an exporter; else ask for build info).
+    check_first: ExporterSource's."""
     if not urllib.parse.urlparse(url).scheme:
         url = "http://" + url
     if kind == "auto":
@@ -188,4 +206,4 @@ def open_source(url: str, kind: str, interval: float, selector: str = "", window
         )
     if not url.rstrip("/").endswith("/metrics"):
         url = url.rstrip("/") + "/metrics"
-    return ExporterSource(url, interval)
+    return ExporterSource(url, interval, check_first=check_first)

@@ -389,7 +389,8 @@ def test_diagnose_of_a_run_directory_is_that_runs_or_one_line_saying_why_not(tmp
     run = RunDir(tmp_path)
     run.lease.mkdir()
     run.lease_file(0).write_text(json.dumps({"run_id": "mine"}))  # its launcher holds it: the run is going
-    assert main(["diagnose", "--run-dir", str(tmp_path), "--url", another_run]) == 2
+    # Said from the first scrape, before the interval between two is waited out (an hour here)
+    assert main(["diagnose", "--run-dir", str(tmp_path), "--url", another_run, "--interval", "3600"]) == 2
     assert (
         f"{another_run} serves run other, not {tmp_path}'s (mine): pass --url with the port" in capsys.readouterr().err
     )
