@@ -102,17 +102,17 @@ def _python_source(found: ModuleSpec | None) -> tuple[str, str] | None:
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:
-    """The names the module's top level binds (in its if, try, with and for blocks too), or may: a star import or a
-    module `__getattr__` puts `*` in the set."""
+    """The names the module's top level binds by name (in its if, try, with and for blocks too); a star import's
+    or a module `__getattr__`'s names only the import finds."""
     names: set[str] = set()
     pending: list[ast.AST] = list(tree.body)
     while pending:
         node = pending.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add("*" if node.name == "__getattr__" else node.name)
+            names.add(node.name)
             continue  # what a body binds is its own scope's
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update("*" if a.name == "*" else a.asname or a.name.partition(".")[0] for a in node.names)
+            names.update(alias.asname or alias.name.partition(".")[0] for alias in node.names)
             continue
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
