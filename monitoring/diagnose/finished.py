@@ -14,7 +14,14 @@ from pathlib import Path
 
 from trainstack import breakdown, ceilings, record, window
 from trainstack.errors import ConfigError
-from trainstack.monitoring.diagnose.render import NOTHING_RECORDED, card, ending_lines, unjudged_line, verdict_dicts
+from trainstack.monitoring.diagnose.render import (
+    NOTHING_RECORDED,
+    NOTHING_RECORDED_BY_TRAIN,
+    card,
+    ending_lines,
+    unjudged_line,
+    verdict_dicts,
+)
 from trainstack.monitoring.diagnose.snapshot import RankView, Snapshot
 from trainstack.monitoring.diagnose.verdicts import diagnose, figures
 from trainstack.rundir import LAUNCHER_TRAIN, RunDir
@@ -142,7 +149,7 @@ def judgement(run_dir: Path | RunDir, launcher: str = "") -> Judgement:
     snapshot = _snapshot(run, (windows, unjudged), STEADY_WINDOW, launcher)
     shown = figures(snapshot)
     if not snapshot.ranks:
-        why = NOTHING_RECORDED
+        why = NOTHING_RECORDED_BY_TRAIN if launcher == LAUNCHER_TRAIN else NOTHING_RECORDED
         if snapshot.unjudged:
             why = "no rank could be judged: " + unjudged_line(snapshot.unjudged).removeprefix("not judged: ")
         return Judgement(None, shown, why)

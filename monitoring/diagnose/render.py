@@ -66,6 +66,8 @@ def _figure_line(figures: dict) -> str:
 
 NOT_JUDGED = "NOT JUDGED"
 NOTHING_RECORDED = f"no rank recorded a step: the ranks ended before their first record, or {UNSEEN_RANKS}"
+# trainstack's own loop always records: under `train` that is the one reason.
+NOTHING_RECORDED_BY_TRAIN = "no rank recorded a step: the ranks ended before their first record"
 HEALTHY = "HEALTHY"
 FAILED, STOPPED, HUNG = "FAILED", "STOPPED", "HUNG"  # the card's first headline for a run that did not complete
 GOING = "GOING"  # a report of a run whose launcher still holds its directory: of the steps recorded so far

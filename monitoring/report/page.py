@@ -8,12 +8,12 @@ import html
 import time
 
 from trainstack import ceilings
-from trainstack.monitoring.diagnose.finished import end_card
-from trainstack.monitoring.diagnose.render import GOING
+from trainstack.monitoring.diagnose.finished import end_card, launcher_of
+from trainstack.monitoring.diagnose.render import GOING, NOTHING_RECORDED_BY_TRAIN
 from trainstack.monitoring.report.hangs import hang_section
 from trainstack.monitoring.report.runfiles import RunFiles
 from trainstack.monitoring.report.tables import cell, header_rows, rank_rows, segment_rows, summary_rows, time_rows
-from trainstack.rundir import GPU_LOG_FILE, SUMMARY_FILE, TELEMETRY_DIR, UNSEEN_RANKS
+from trainstack.rundir import GPU_LOG_FILE, LAUNCHER_TRAIN, SUMMARY_FILE, TELEMETRY_DIR, UNSEEN_RANKS
 
 STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 1040px; color: #222; }
@@ -105,6 +105,10 @@ def render(run: RunFiles, figures: dict[str, bytes], going: bool = False) -> str
         ]
     elif run.ranks:  # a last launch that ended before its first interval: an earlier one's are in the figures
         parts.append("<p class='note'>No rank recorded an interval in the run's last launch.</p>")
+    elif launcher_of(run.summary) == LAUNCHER_TRAIN:
+        parts.append(
+            f"<p class='note'>No rank records ({TELEMETRY_DIR}/rank-&lt;r&gt;.jsonl): {NOTHING_RECORDED_BY_TRAIN}.</p>"
+        )
     else:
         parts.append(
             f"<p class='note'>No rank records ({TELEMETRY_DIR}/rank-&lt;r&gt;.jsonl): the command ran "

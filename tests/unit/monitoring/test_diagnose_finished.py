@@ -20,11 +20,11 @@ from trainstack.monitoring.diagnose.finished import (
     snapshot_from_records,
     snapshot_of_steps,
 )
-from trainstack.monitoring.diagnose.render import card, duration, time_lines, verdict_lines
+from trainstack.monitoring.diagnose.render import NOTHING_RECORDED_BY_TRAIN, card, duration, time_lines, verdict_lines
 from trainstack.monitoring.diagnose.verdicts import diagnose
 from trainstack.monitoring.report import render_report
 from trainstack.record import SEGMENT_ENDED, SEGMENT_MARKER
-from trainstack.rundir import RunDir
+from trainstack.rundir import LAUNCHER_TRAIN, RunDir
 from trainstack.thresholds import Thresholds
 
 
@@ -240,6 +240,9 @@ def test_nothing_judged_is_said_in_summary_json_never_left_out(tmp_path):
     found = judgement(run)
     assert found.verdicts is None and found.not_judged == NOTHING_RECORDED
     assert found.summary_keys() == {"judged": False, "not_judged": NOTHING_RECORDED}
+    # Under `train`, whose loop always records, only the ranks ending first leaves nothing: no watch flag is named.
+    assert judgement(run, LAUNCHER_TRAIN).not_judged == NOTHING_RECORDED_BY_TRAIN
+    assert "--no-auto" in NOTHING_RECORDED and "--no-auto" not in NOTHING_RECORDED_BY_TRAIN
     # Summaries written before `judged`: `verdicts` was there where the run was judged.
     assert judged_of({"verdicts": []}) is True and judged_of({"judged": False}) is False and judged_of({}) is None
 

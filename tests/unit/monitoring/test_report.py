@@ -237,6 +237,17 @@ def test_an_uninstrumented_run_without_a_gpu_still_gets_a_report_of_its_command(
     assert card.startswith("NOT JUDGED  no rank recorded a step") and "HEALTHY" not in page
 
 
+def test_a_train_run_that_recorded_nothing_says_its_ranks_ended_first_and_names_no_watch_flag(tmp_path):
+    """trainstack's own loop always records: under `train` the ranks ending first is the one reason."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    summary = {"version": 1, "launcher": "train", "steps": 0, "exit_code": 130, "exit_reason": "stopped"}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    page = render_report(run_dir).read_text()
+    assert "No rank records (telemetry/rank-&lt;r&gt;.jsonl): no rank recorded a step: the ranks ended" in page
+    assert "--no-auto" not in page and "a few lines in the loop" not in page
+
+
 def test_a_train_runs_header_starts_at_its_first_segment_and_reads_dates_and_durations(tmp_path):
     from trainstack.monitoring.report.runfiles import RunFiles
     from trainstack.monitoring.report.tables import header_rows, summary_rows
