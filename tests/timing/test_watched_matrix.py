@@ -188,17 +188,40 @@ def test_the_plain_loop_records_its_samples_learning_rate_collectives_and_pauses
 def test_a_healthy_phase_gets_no_verdict(launched, request, tmp_path):
     """Judged again in up to HEALTHY_RELAUNCHES more launches where the first gives a verdict (CI once had one rank's
     forward 58% slower throughout the phase, a straggler at 22%; on a quiet host, after the slow loader's sleeps, one
-    rank's forward read 55% slower, then less, over 30 steps); each runs the phases up to the healthy one only."""
+    rank's forward read 55% slower, then less, over 30 steps); each runs the phases up to the healthy one only.
+    Where every launch gives one, each must be a straggler the host made (made_by_the_host), and not the same rank
+    in all of them: one CI run named rank 1, rank 0, rank 1, its forward 50% slower each time."""
     name = request.node.callspec.params["launched"]
     launches = launches_through(launched, name, "healthy", tmp_path)
 
-    def judged() -> list[Verdict]:
+    def judged() -> tuple[Snapshot, list[Verdict]]:
         snapshot = next(launches).snapshot("healthy")
         assert len(snapshot.straggler_waits()) == 2  # both ranks' waits are measured, and judged
-        return diagnose(snapshot, Thresholds())
+        return snapshot, diagnose(snapshot, Thresholds())
 
-    given = judged_while_unhealthy(judged, lambda found: found == [])
-    assert given[-1] == [], f"every launch gave a verdict: {given}"
+    given = judged_while_unhealthy(judged, lambda judgement: judgement[1] == [])
+    if given[-1][1] != []:
+        named = [made_by_the_host(snapshot, found) for snapshot, found in given]
+        assert all(named) and len(set(named)) > 1, f"every launch gave a verdict: {[found for _, found in given]}"
+
+
+HOST_SHARE = 0.5
+"""How much of a healthy phase's straggler cost the named rank's slower forward must explain for the host to have
+made it: its forward passes do the same work as its peer's, so a gap between them is the host's (a vCPU slower for
+seconds at a time, docs/benchmarks.md), and in the CI run above it was 80-100% of the cost. A wait booked to the
+wrong rank or part leaves the forward passes alike."""
+
+
+def made_by_the_host(snapshot: Snapshot, found: list[Verdict]) -> str:
+    """The rank a healthy phase's lone straggler verdict names, where that rank's forward passes took longer than its
+    peer's by at least HOST_SHARE of the cost; else ""."""
+    if [verdict.kind for verdict in found] != ["straggler"]:
+        return ""
+    slow = found[0].summary.split()[1]
+    named, peer = sorted(snapshot.ranks, key=lambda rank: rank.rank != slow)
+    cost = snapshot.straggler_waits()[slow] * max(rank.step_seconds for rank in snapshot.ranks)
+    gap = (named.forward_seconds or 0.0) - (peer.forward_seconds or 0.0)
+    return slow if gap >= HOST_SHARE * cost else ""
 
 
 @every_workload
