@@ -188,16 +188,19 @@ class Stack:
                 return result
             time.sleep(1)
 
-    def produced(self) -> set[str]:
-        """Every sample name the exporters serve, once every one of them serves its ranks' series."""
-        if not self._produced:
-            texts = self.eventually(
-                lambda: [_text(url) for url in self.exporters.values()],
-                lambda texts: all("trainstack_train_rank_info{" in text for text in texts),
-            )
-            for text in texts:
+    def produced(self, wanted: set[str]) -> set[str]:
+        """Every sample name the exporters have served, read again while any name `wanted` is not among them, until
+        the deadline: a rank serves its info as it registers, its interval series (loss, MFU) only once it has
+        recorded an interval."""
+
+        def missing() -> list[str]:
+            for text in [_text(url) for url in self.exporters.values()]:
                 for family in text_string_to_metric_families(text):
                     self._produced |= {sample.name for sample in family.samples}
+            return sorted(wanted - self._produced)
+
+        if not wanted <= self._produced:
+            self.eventually(missing, lambda names: not names)
         return self._produced
 
 
@@ -346,7 +349,8 @@ def _text(url: str) -> str:
 
 
 def assert_reads_produced_metrics(expr: str, stack: Stack) -> None:
-    missing = metric_names(expr) - stack.produced() - RECORDED - PROMETHEUS_SERIES
+    read = metric_names(expr) - RECORDED - PROMETHEUS_SERIES
+    missing = read - stack.produced(read)
     assert not missing, f"{expr!r} reads {sorted(missing)}, which no exporter produces"
 
 
