@@ -65,9 +65,9 @@ def _figure_line(figures: dict) -> str:
 
 
 NOT_JUDGED = "NOT JUDGED"
-NOTHING_RECORDED = f"no rank recorded a step: the ranks ended before their first record, or {UNSEEN_RANKS}"
-# trainstack's own loop always records: under `train` that is the one reason.
+# trainstack's own loop always records: under `train` the ranks ending first is the one reason.
 NOTHING_RECORDED_BY_TRAIN = "no rank recorded a step: the ranks ended before their first record"
+NOTHING_RECORDED = f"{NOTHING_RECORDED_BY_TRAIN}, or {UNSEEN_RANKS}"
 HEALTHY = "HEALTHY"
 FAILED, STOPPED, HUNG = "FAILED", "STOPPED", "HUNG"  # the card's first headline for a run that did not complete
 GOING = "GOING"  # a report of a run whose launcher still holds its directory: of the steps recorded so far
