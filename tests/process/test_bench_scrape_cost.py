@@ -17,10 +17,12 @@ from tests.helpers.runs import REPO, explain
 pytestmark = pytest.mark.slow
 
 FIGURES = (
-    r"(\d+) series; scrape p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms; CPU [\d.]+ ms per scrape; "
+    r"(\d+) series; scrape p50 [\d.]+ ms, p99 [\d.]+ ms, max [\d.]+ ms; CPU -?[\d.]+ ms per scrape; "
     r"sampler [\d.]+% of one core \(fast sample [\d.]+ ms, slow [\d.]+ ms CPU\); process [\d.]+% of one core "
-    r"over the window; with a 5-s scrape [\d.]+% of one core"
+    r"over the window; with a 5-s scrape -?[\d.]+% of one core"
 )
+"""Each figure the bench prints. The CPU a scrape costs is the process's CPU (read from /proc in 10-ms ticks) less
+the sampler's own count: over these tests' 3 scrapes on a loaded host it can read below zero."""
 TARGETS = (
     r"scrape p99 < 25 ms at every GPU count: (met|MISSED) \(worst [\d.]+ ms\); exporter < 1% of one core at 8 "
     r"GPUs with a 5-s scrape: (met|MISSED) \([\d.]+%\)"
