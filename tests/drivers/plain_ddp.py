@@ -1,6 +1,7 @@
 """A plain DDP loop with no trainstack line (unless asked): a BatchNorm model on CPU ranks over gloo, fed by a
 DataLoader; after it an evaluation and checkpoints (torch.save on rank 0; in the phases mode rank 0's evaluation of
-the wrapped module alone first, and torch.distributed.checkpoint's on every rank too). tests/process/test_auto_instrument.py and
+the wrapped module alone first, its safetensors write of the model and torch.distributed.checkpoint's on every rank
+too). tests/process/test_auto_instrument.py and
 tests/timing/test_watched_matrix.py run it under `trainstack watch -- torchrun ...`, where the automatic
 instrumentation (trainstack/auto/) must see it.
 
@@ -20,6 +21,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
+import safetensors.torch  # above torch, as isort orders them: it imports torch itself
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -187,11 +189,14 @@ def main() -> int:
     model.train()
     if rank == 0:
         torch.save(getattr(model, "module", model).state_dict(), os.devnull)
-    if mode == "phases":  # a sharded checkpoint too, on every rank: one folder, beside PHASES_JSON where given
+    if mode == "phases":  # two checkpoints more, in a folder beside PHASES_JSON where given
         import torch.distributed.checkpoint as dcp
 
-        beside = os.path.join(os.path.dirname(os.path.abspath(sys.argv[3])), "dcp") if len(sys.argv) > 3 else None
-        dcp.save({"model": model.module.state_dict()}, checkpoint_id=beside or tempfile.mkdtemp(prefix="plain-ddp-"))
+        given = len(sys.argv) > 3
+        folder = os.path.dirname(os.path.abspath(sys.argv[3])) if given else tempfile.mkdtemp(prefix="plain-ddp-")
+        if rank == 0:  # the model as Accelerate's save_state and transformers' save_pretrained write it
+            safetensors.torch.save_model(model.module, os.path.join(folder, "model.safetensors"))
+        dcp.save({"model": model.module.state_dict()}, checkpoint_id=os.path.join(folder, "dcp"))  # every rank's
         dist.barrier()  # every rank past the save before the group goes
     if mode == "monitored":
         monitor.close()

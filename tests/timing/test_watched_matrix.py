@@ -167,8 +167,8 @@ def test_the_plain_loop_records_its_samples_learning_rate_collectives_and_pauses
     """Every sample, the optimizer's learning rate and the forward and collectives' time in every interval (DDP's
     all-reduce, FSDP2's all-gathers and reduce-scatters on the root fully_shard took last); the eval-mode forward
     after the loop, (DDP) rank 0's evaluation of the wrapped module alone, which no forward of the DDP model shows
-    (its switch to eval mode does), rank 0's torch.save and (DDP) every rank's torch.distributed.checkpoint as
-    pauses."""
+    (its switch to eval mode does), rank 0's torch.save and (DDP) its safetensors write of the model (imported
+    before torch) and every rank's torch.distributed.checkpoint as pauses."""
     ddp = request.node.callspec.params["launched"] == "ddp"
     steps = launched.described["phases"][-1]["upto"]
     for rank in (0, 1):
@@ -178,7 +178,7 @@ def test_the_plain_loop_records_its_samples_learning_rate_collectives_and_pauses
         assert {record.lr for record in intervals} == {1e-3}
         timed = [record.comm_seconds is not None if ddp else record.comm_buckets for record in intervals]
         assert all(timed) and all(record.forward_seconds for record in intervals)
-        saves = (1 if rank == 0 else 0) + (1 if ddp else 0)
+        saves = (1 if rank == 0 else 0) + ((2 if rank == 0 else 1) if ddp else 0)
         evaluations = 2 if ddp and rank == 0 else 1  # DDP's rank 0 also evaluates its wrapped module alone
         paused = sorted(pause.part for pause in recorded.ended.paused)
         assert paused == ["checkpoint_save"] * saves + ["evaluation"] * evaluations

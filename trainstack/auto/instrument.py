@@ -11,7 +11,8 @@ Installed by the start-up hook (bootstrap/sitecustomize.py) once the process has
   before it: the micro-batches of gradient accumulation are the forwards that did not step;
 - evaluation (the model, or the module DDP wraps, switched to eval mode, or a forward pass in eval mode or without
   grad, until it trains again) and checkpoint saves
-  (`torch.save`, `torch.distributed.checkpoint.save`) as pauses;
+  (`torch.save`, `torch.distributed.checkpoint.save`, safetensors' `save_file` under Accelerate's `save_state` and
+  transformers' `save_pretrained`) as pauses;
 - the learning rate, from the stepping optimizer's first param group.
 
 It reads only shapes (never a device tensor's value), so it adds no host sync. The monitor starts at the first of
@@ -49,6 +50,10 @@ LAUNCHERS = ("torchrun", "accelerate", os.path.join("torch", "distributed", "run
 """How sys.argv[0] ends in the launchers that start ranks and train nothing themselves."""
 EVALUATION, CHECKPOINT_SAVE = "evaluation", "checkpoint_save"
 DISTRIBUTED_CHECKPOINT, FSDP = "torch.distributed.checkpoint", "torch.distributed.fsdp"
+SAFETENSORS = "safetensors.torch"
+"""Whose `save_file` (which its `save_model` calls) writes the model of Accelerate's `save_state` and of
+transformers' `save_pretrained`. Noticed by the start-up hook, not by _Imports: it imports torch itself, so a
+script's `import safetensors.torch` above its `import torch`, as isort orders them, imports it first."""
 
 
 def is_rank() -> bool:
@@ -324,9 +329,11 @@ def _first_tensor(values) -> torch.Tensor | None:
 
 
 def imported(name: str, module: Any) -> None:
-    """The start-up hook saw `module` imported: torch, or a framework's Trainer module."""
+    """The start-up hook saw `module` imported: torch, safetensors.torch, or a framework's Trainer module."""
     if name == "torch":
         install()
+    elif name == SAFETENSORS:  # a pause only where a monitor trains: in a worker, a call of the function as it was
+        module.save_file = _as_pause(module.save_file, CHECKPOINT_SAVE)
     elif multiprocessing.parent_process() is None:
         trainer = module.Trainer
         trainer.__init__ = _with_callback(trainer.__init__, name)

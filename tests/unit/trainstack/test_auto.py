@@ -8,8 +8,8 @@ import types
 import pytest
 import torch
 
-from trainstack.auto import BOOTSTRAP_DIR, instrumented_environment
-from trainstack.auto.instrument import GROUP_AGAIN, SECOND_MODEL, Rank, inputs_of, is_rank
+from trainstack.auto import BOOTSTRAP_DIR, instrument, instrumented_environment
+from trainstack.auto.instrument import GROUP_AGAIN, SAFETENSORS, SECOND_MODEL, Rank, imported, inputs_of, is_rank
 
 
 def test_the_start_up_hook_goes_first_on_the_pythonpath_before_the_commands_own():
@@ -131,3 +131,21 @@ def test_switching_the_model_or_the_module_ddp_wraps_to_eval_mode_is_an_evaluati
     rank.mode_switched(True)
     rank.mode_switched(True)
     assert pauses.calls == ["+evaluation", "-evaluation"]
+
+
+def test_a_model_written_by_safetensors_is_a_checkpoint_pause(monkeypatch, tmp_path):
+    """Accelerate's save_state and transformers' save_pretrained write the model with safetensors.torch's save_file
+    (its save_model calls it too): a pause where the rank's monitor trains, the same write without one."""
+    import safetensors.torch
+
+    monkeypatch.setattr(safetensors.torch, "save_file", safetensors.torch.save_file)  # put back after the test
+    imported(SAFETENSORS, safetensors.torch)
+    rank = Rank()
+    monkeypatch.setattr(instrument, "RANK", rank)
+    model = torch.nn.Linear(2, 2)
+    safetensors.torch.save_model(model, str(tmp_path / "unmonitored.safetensors"))  # a worker's, or before training
+    rank.monitor = pauses = _Pauses()
+    safetensors.torch.save_model(model, str(tmp_path / "model.safetensors"))
+    assert pauses.calls == ["+checkpoint_save", "-checkpoint_save"] and rank.pause is None
+    loaded = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    assert torch.equal(loaded["weight"], model.weight) and (tmp_path / "unmonitored.safetensors").is_file()

@@ -13,10 +13,16 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_HOOKED = ("torch", "transformers.trainer", "lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
-"""torch (the instrumentation is installed once it is imported), and the framework Trainers that get trainstack's
-callback: each noticed here, wherever in the imports it comes, since a framework may import torch only from
-inside its Trainer's module."""
+_HOOKED = (
+    "torch",
+    "safetensors.torch",
+    "transformers.trainer",
+    "lightning.pytorch.trainer.trainer",
+    "pytorch_lightning.trainer.trainer",
+)
+"""torch (the instrumentation is installed once it is imported), safetensors' writer (its saves become checkpoint
+pauses), and the framework Trainers that get trainstack's callback: each noticed here, wherever in the imports it
+comes, since each may be what imports torch first."""
 
 
 class _Imported:
