@@ -30,6 +30,7 @@ from trainstack.errors import EXIT_CONFIG, EXIT_RUNTIME, ConfigError
 from trainstack.hang import start_responder
 from trainstack.heap import freeze_what_is_built
 from trainstack.rundir import NON_BLOCKING_COPY_ENV, RUN_ID_ENV, RunDir, write_summary
+from trainstack.telemetry.compiles import CompileWatch, NoCompileWatch
 from trainstack.telemetry.interval import IntervalSums, PendingTotals
 from trainstack.train.rank import checkpoint, outcome, sharding
 from trainstack.train.rank.checkpointer import Checkpointer, drop_tied_aliases
@@ -39,8 +40,6 @@ from trainstack.train.rank.evaluation import evaluator
 from trainstack.train.rank.loader_and_ddp import ddp_kwargs, loader_options
 from trainstack.train.rank.model import build_model, estimate_flops_per_token, with_sync_batchnorm
 from trainstack.train.rank.performance import (
-    CompileWatch,
-    NoCompileWatch,
     bucket_count,
     compile_in_place,
     make_optimizer,

@@ -13,7 +13,8 @@ Installed by the start-up hook (bootstrap/sitecustomize.py) once the process has
   grad, until it trains again) and checkpoint saves
   (`torch.save`, `torch.distributed.checkpoint.save`, safetensors' `save_file` under Accelerate's `save_state` and
   transformers' `save_pretrained`) as pauses;
-- the learning rate, from the stepping optimizer's first param group.
+- the learning rate, from the stepping optimizer's first param group;
+- what torch.compile compiles: a step that compiled is compile time, not step time.
 
 It reads only shapes (never a device tensor's value), so it adds no host sync. The monitor starts at the first of
 these that happens while the model trains, not at the wrap: a script that then calls `trainstack.monitor.start`
@@ -42,6 +43,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import dataloader
 
 from trainstack.telemetry.collectives import wrap_collectives
+from trainstack.telemetry.compiles import CompileWatch, NoCompileWatch
 
 FAIL_ENV = "TRAINSTACK_AUTO_FAIL"
 """Makes the instrumentation fail on purpose (any value), at the rank's first optimizer step: the test that a
@@ -100,6 +102,8 @@ class Rank:
         """The model the steps train: the DDP wrapper, or the root FSDP2 module (the last that `fully_shard` took)."""
         self.optimizer: Any = None  # the first optimizer that steps: its steps are the rank's
         self.monitor: Any = None
+        self.compiles: CompileWatch | NoCompileWatch = NoCompileWatch()
+        """What torch.compile compiles from the monitor's start: a step that compiled is compile time."""
         self.pause: str | None = None
         self.in_forward = False
         self.samples = 0
@@ -168,6 +172,7 @@ class Rank:
             self.importing_the_monitor = True
             import trainstack.monitor
 
+            self.compiles = CompileWatch()
             self.monitor = trainstack.monitor.start(self.model)
         return self.monitor
 
@@ -181,8 +186,8 @@ class Rank:
         if self.monitor is not None and not self.closed:
             self.closed = True
             if self.pause is not None:
-                self.monitor.pause_ended(self.pause)
-                self.pause = None
+                self.pause_over()
+            self.compiles.close()
             self.monitor.close()
 
     # ---- the hooks' work ----------------------------------------------------------------------------------------
@@ -228,8 +233,13 @@ class Rank:
         """An evaluation (eval mode or no grad) lasts until the loop trains, switches its model to train mode,
         fetches a training batch or saves."""
         if self.pause == EVALUATION:
-            self.pause = None
-            self.monitor.pause_ended(EVALUATION)
+            self.pause_over()
+
+    def pause_over(self) -> None:
+        """The pause under way ends: the next step's time, and whether it compiled, count from here."""
+        part, self.pause = self.pause, None
+        self.monitor.pause_ended(part)
+        self.compiles.resync()
 
     def data_wait_started(self) -> bool:
         """Whether this fetch is a training batch's (timed): the model trains, and no checkpoint is being saved."""
@@ -261,10 +271,14 @@ class Rank:
         if optimizer is not self.optimizer or self.pause is not None or not self.training():
             return
         lr = optimizer.param_groups[0].get("lr")
-        (self.monitor or self.started()).step(
+        monitor = self.monitor or self.started()
+        compile_seconds, recompiles = self.compiles.step_done() or (None, 0)
+        monitor.step(
             self.samples,
             tokens=self.tokens or None,
             lr=lr if isinstance(lr, (float, int)) else None,  # a tensor's value would sync
+            compile_seconds=compile_seconds,
+            recompiles=recompiles,
         )
         self.samples = self.tokens = 0
 
@@ -502,16 +516,12 @@ def _as_pause(save: Callable, part: str) -> Callable:
                 RANK.monitor.pause_started(part)
                 RANK.pause, paused = part, True
 
-        def end() -> None:
-            RANK.pause = None
-            RANK.monitor.pause_ended(part)
-
         RANK.guarded(begin)
         try:
             return save(*args, **kwargs)
         finally:
             if paused:
-                RANK.guarded(end)
+                RANK.guarded(RANK.pause_over)
 
     return paused_save
 

@@ -11,11 +11,12 @@ import torch
 
 from tests.helpers.compile import tiny_gpt
 from trainstack.commands.cli import main
+from trainstack.telemetry.compiles import CompileWatch
 from trainstack.telemetry.device import peak_flops
 from trainstack.train.rank import config as train_config
 from trainstack.train.rank.config import TrainConfig, missing_compiler
 from trainstack.train.rank.data import ArithmeticSequences, collate, load_token_data
-from trainstack.train.rank.performance import CompileWatch, bucket_count, compile_in_place
+from trainstack.train.rank.performance import bucket_count, compile_in_place
 
 
 def test_bucketed_padding_gives_the_same_loss_as_none():

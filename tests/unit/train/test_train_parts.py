@@ -1,4 +1,4 @@
-"""The Trainer's parts on their own (train/rank/performance.py NoCompileWatch, schedule.py, step.py, evaluation.py,
+"""The Trainer's parts on their own (trainstack/telemetry/compiles.py NoCompileWatch, schedule.py, step.py, evaluation.py,
 outcome.py), with a stand-in accelerator where one is needed: one process, no process group. The 2-rank tests
 (test_train_*.py) run them together in the real Trainer."""
 
@@ -15,13 +15,13 @@ import torch
 from tests.factories import BatchNormLM
 from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
 from trainstack.rundir import METRICS_DIR_ENV, SUMMARY_VERSION, write_summary
+from trainstack.telemetry.compiles import CompileWatch, NoCompileWatch
 from trainstack.telemetry.interval import IntervalSums
 from trainstack.train.rank.config import TrainConfig
 from trainstack.train.rank.data import IGNORE_INDEX, collate, load_token_data
 from trainstack.train.rank.evaluation import mean_loss
 from trainstack.train.rank.loader_and_ddp import loader_options
 from trainstack.train.rank.outcome import EXIT_CODES, Failure, explain_runtime_error, summary
-from trainstack.train.rank.performance import CompileWatch, NoCompileWatch
 from trainstack.train.rank.progress import Progress
 from trainstack.train.rank.schedule import lr_factor, lr_scheduler
 from trainstack.train.rank.step import nonfinite_weights

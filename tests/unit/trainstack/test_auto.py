@@ -149,3 +149,35 @@ def test_a_model_written_by_safetensors_is_a_checkpoint_pause(monkeypatch, tmp_p
     assert pauses.calls == ["+checkpoint_save", "-checkpoint_save"] and rank.pause is None
     loaded = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
     assert torch.equal(loaded["weight"], model.weight) and (tmp_path / "unmonitored.safetensors").is_file()
+
+
+class _Steps:
+    """A monitor that only keeps what each step says of compiling."""
+
+    def __init__(self):
+        self.compiled: list[tuple[bool, int]] = []
+
+    def step(self, samples: int, *, compile_seconds: float | None, recompiles: int, **figures) -> None:
+        self.compiled.append((compile_seconds is not None, recompiles))
+
+
+def test_a_step_during_which_the_script_compiled_is_compile_time(fresh_dynamo, monkeypatch):
+    """From the rank's monitor's start, what torch.compile compiles makes its step compile time (as --compile's
+    under `trainstack train`); a new input shape compiles again, a recompile."""
+    import trainstack.monitor
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # a process alone trains whenever it steps
+    monkeypatch.setattr(instrument, "FRAMEWORKS", {})  # whatever other tests imported
+    monkeypatch.setattr(trainstack.monitor, "start", lambda model: monitor)
+    rank, monitor = Rank(), _Steps()
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    double = torch.compile(lambda x: x * 2, backend="eager")
+    rank.started()  # at the loop's first training event: its first fetch, before the first forward compiles
+    try:
+        for size in (2, 2, 3, 3):
+            double(torch.ones(size))
+            rank.stepped(optimizer, (), {})
+    finally:
+        rank.compiles.close()  # its callback off: the tests after this one compile too
+    assert monitor.compiled == [(True, 0), (False, 0), (True, 1), (False, 0)]
