@@ -185,13 +185,15 @@ def verdict_dicts(verdicts: list[Verdict], ceilings: dict[str, Ceiling] | None =
     return [{**asdict(v), "ceiling": ceilings[v.kind].to_dict() if v.kind in ceilings else None} for v in verdicts]
 
 
-# The card's time line: the parts a user acts on, each pause folded into one figure (the report splits them).
+# The card's time line: the parts a user acts on, the loop's pauses (evaluation, checkpoints) folded into one figure
+# (the report splits them) and compiling apart from them, since no pause of the loop's makes it.
 _CARD_PARTS = (
     ("compute", (breakdown.COMPUTE,)),
     ("comm exposed", (breakdown.COMM_EXPOSED,)),
     ("data starvation", (breakdown.DATA_STARVATION,)),
     ("host bound", (breakdown.HOST_BOUND,)),
-    ("pauses", breakdown.PAUSES),
+    ("pauses", tuple(part for part in breakdown.PAUSES if part != breakdown.COMPILE)),
+    ("compile", (breakdown.COMPILE,)),
     ("startup", (breakdown.STARTUP,)),
     ("lost", (breakdown.LOST_PROGRESS,)),
     ("between segments", (breakdown.BETWEEN_SEGMENTS,)),
