@@ -72,6 +72,9 @@ FAILURE_NOTE_KEY = "trainstack"
 # the launcher prints its line last. A pipe, not a file: a full or read-only disk cannot lose it.
 FAILURE_FD_ENV = "TRAINSTACK_FAILURE_FD"
 USE_CPU_ENV = "ACCELERATE_USE_CPU"  # "1": Accelerate runs the ranks on the CPU over gloo, even beside a GPU
+# "0": CPU ranks start afresh, each with its own interpreter, rather than forked from the agent that has imported
+# what they import (train/launcher/forked_ranks.py): for a per-process start-up hook (a sitecustomize) of one's own.
+FORK_RANKS_ENV = "TRAINSTACK_FORK_RANKS"
 # The PID of the process that started this one and supervises it (launcher -> agent and exporter, agent -> ranks):
 # when it is gone, this process stops as on SIGTERM (trainstack/lifetime.py).
 SUPERVISOR_PID_ENV = "TRAINSTACK_SUPERVISOR_PID"

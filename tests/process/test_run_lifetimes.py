@@ -3,6 +3,7 @@ and a rerun resumes (docs/training.md, "When a run dies")."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -31,7 +32,15 @@ from tests.helpers.runs import (
     wait_for,
     weights,
 )
-from trainstack.rundir import LEASE_DIR, METRICS_DIR_ENV, STOP_GRACE_ENV, free_port, step_dir_name
+from trainstack.rundir import (
+    FORK_RANKS_ENV,
+    LEASE_DIR,
+    METRICS_DIR_ENV,
+    STOP_GRACE_ENV,
+    free_port,
+    hang_pid_file,
+    step_dir_name,
+)
 from trainstack.supervisor.exporter_process import SupervisedExporter
 from trainstack.train.rank import checkpoint
 
@@ -153,8 +162,10 @@ def test_a_sigkilled_rank_fails_the_launch_naming_it_and_the_rerun_resumes(tmp_p
     run_dir = tmp_path / "run"
     launcher = _start(run_dir, "--checkpoint-every", "5")
     wait_for(lambda: checkpoint.complete_checkpoints(run_dir / "checkpoints"), launcher)
-    ranks = [p for p in psutil.Process(launcher.pid).children(recursive=True) if "trainstack.train.rank" in p.cmdline()]
-    victim = next(p for p in ranks if p.environ().get("RANK") == "1")
+    victim = psutil.Process(json.loads(next(run_dir.rglob(hang_pid_file(".", 1).name)).read_text())["pid"])
+    # a CPU rank forked from its agent (train/launcher/forked_ranks.py), in a session of its own
+    assert victim.name() == "trainstack-rank" and os.getsid(victim.pid) == victim.pid
+    assert "trainstack.train.launcher.agent" in victim.parent().cmdline()
     victim.kill()
     output, _ = launcher.communicate(timeout=GRACE + 60)  # a hang guard: the peer sees the connection drop at once
     assert launcher.returncode not in (0, 75), output[-4000:]
@@ -181,14 +192,15 @@ def _served_steps_or_none(port: int) -> float | None:
 
 def test_ctrl_c_as_the_ranks_start_is_a_stop_not_a_rank_that_failed(tmp_path):
     """A terminal's Ctrl-C while the ranks start: the SIGTERM the launcher passes on reaches a rank before its
-    handler is in place (here held back, by a sitecustomize that sleeps in each rank's interpreter start), which
-    ends it; that is the stop the user asked for (exit 75), not rank 0 failing."""
+    handler is in place (here held back, by a sitecustomize that sleeps in each rank's interpreter start, so the
+    ranks start afresh rather than forked), which ends it; that is the stop the user asked for (exit 75), not rank 0
+    failing."""
     run_dir, slow_start = tmp_path / "run", tmp_path / "slow_start"
     slow_start.mkdir()
     (slow_start / "sitecustomize.py").write_text(
         "import os, time\nif 'LOCAL_RANK' in os.environ and 'TORCHELASTIC_RUN_ID' in os.environ:\n    time.sleep(3)\n"
     )
-    launcher = _start(run_dir, env={"PYTHONPATH": str(slow_start)})
+    launcher = _start(run_dir, env={"PYTHONPATH": str(slow_start), FORK_RANKS_ENV: "0"})
 
     def ranks_started() -> bool:
         for child in psutil.Process(launcher.pid).children(recursive=True):

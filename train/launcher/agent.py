@@ -21,29 +21,47 @@ import time
 from trainstack.errors import EXIT_FAILED, EXIT_PREEMPTED
 from trainstack.heap import imports_uncollected
 from trainstack.lifetime import POLL_SECONDS, kill_all, signal_new_children, stop_grace, watch_supervisor
-from trainstack.rundir import FAILURE_FD_ENV, FAILURE_NOTE_KEY, STOP_GRACE_ENV, SUPERVISOR_PID_ENV, FirstFailure
+from trainstack.rundir import (
+    FAILURE_FD_ENV,
+    FAILURE_NOTE_KEY,
+    FORK_RANKS_ENV,
+    STOP_GRACE_ENV,
+    SUPERVISOR_PID_ENV,
+    USE_CPU_ENV,
+    FirstFailure,
+)
+from trainstack.train.launcher.forked_ranks import fork_cpu_ranks
 
 with imports_uncollected():  # torch, for the whole of the agent's life
     from accelerate.commands.launch import main
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-# torchrun's process supervision, which logs each rank's end and each signal it sends the others
-ELASTIC_PROCESSES_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+# torchrun's process supervision, which logs each rank's end and each signal it sends the others; for ranks it
+# forked (train/launcher/forked_ranks.py), torch's multiprocessing logs the signals
+RANK_PROCESS_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn")
+CLOSING_SIGNAL_MESSAGES = (
+    "Sending process %s closing signal %s",
+    "Closing process %s via signal %s",
+    "Terminating process %s via signal SIGTERM",
+)
 
 
 class ExpectedStopsOnly(logging.Filter):
-    """Drops torchrun's lines about a stop that went as planned; a crash's lines stay.
+    """Drops torchrun's lines about a stop that went as planned; a crash's lines stay, without a traceback.
 
     A rank exits 75 only after the ranks agreed to stop and saved the checkpoint, so torchrun's
     `failed (exitcode: 75)` error says nothing the launcher's own "preempted" line does not. Its "Sending process N
     closing signal SIGTERM" warnings follow every first rank to end, also when a peer is only a moment behind: what
-    it sends then is recorded by the exit codes, the failed rank's own line and the agent's one line."""
+    it sends then is recorded by the exit codes, the failed rank's own line and the agent's one line. For a forked
+    rank torchrun adds to its `failed (exitcode: N)` line the traceback of its own wait for the rank, which says
+    nothing about the rank."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)
         if message.startswith("failed (exitcode: %s)") and isinstance(record.args, tuple):
+            record.exc_info, record.exc_text = None, None
             return record.args[0] != EXIT_PREEMPTED
-        return not message.startswith("Sending process %s closing signal %s")
+        return not message.startswith(CLOSING_SIGNAL_MESSAGES)
 
 
 def stop_ranks_then_leave(launcher_pid: int) -> None:
@@ -128,7 +146,10 @@ def announce(first: FirstFailure) -> None:
 def run() -> int:
     watch_supervisor(stop_ranks_then_leave)
     os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())  # the ranks (torchrun copies this environment) watch us
-    logging.getLogger(ELASTIC_PROCESSES_LOGGER).addFilter(ExpectedStopsOnly())
+    for name in RANK_PROCESS_LOGGERS:
+        logging.getLogger(name).addFilter(ExpectedStopsOnly())
+    if os.environ.get(USE_CPU_ENV) == "1" and os.environ.get(FORK_RANKS_ENV) != "0":
+        fork_cpu_ranks()
     try:
         main()
     except ChildFailedError as failure:
