@@ -157,11 +157,13 @@ class RunDirLease:
                 return
             if time.monotonic() >= deadline:
                 raise LeaseHeld(
-                    f"{self.run_dir} is in use by another trainstack launcher: {holder.describe()}; wait for it "
-                    f"to finish, pass --wait-for-lease SECONDS to wait for it, or choose another {self.dir_flag}"
+                    f"{self.run_dir} is in use by another trainstack launcher: {self._holding(holder)}; wait for "
+                    f"it to finish, pass --wait-for-lease SECONDS to wait for it, or choose another {self.dir_flag}"
                 )
             if not announced:
-                self.say(f"{self.run_dir} is in use by {holder.describe()}; waiting up to {wait:g} s for it to finish")
+                self.say(
+                    f"{self.run_dir} is in use by {self._holding(holder)}; waiting up to {wait:g} s for it to finish"
+                )
                 announced = True
             time.sleep(min(POLL_SECONDS, max(deadline - time.monotonic(), 0.0)))
 
@@ -282,6 +284,13 @@ class RunDirLease:
         return None
 
     # ---- judging a holder -----------------------------------------------------------------------------------
+    def _holding(self, holder: Holder) -> str:
+        """Who holds the lease. A launcher killed while its ranks still stop (CPU ranks hold the lease's file they
+        were forked with) is gone itself: the line says so, or its PID would send the user looking for it."""
+        if holder.machine == self.me.machine and not self.alive(holder.pid, holder.pid_started):
+            return f"{holder.describe()}, whose processes still hold it while they stop (its PID is gone)"
+        return holder.describe()
+
     def _inspect(self, path: Path) -> tuple[Holder | None, float, bool] | None:
         """(holder or None if unreadable, heartbeat time, lock held), or None when the file is gone. Opening the
         file (not stat on the path) makes an NFS client fetch fresh attributes: close-to-open consistency."""

@@ -158,6 +158,35 @@ def test_sigkill_to_the_agent_stops_the_ranks_and_the_launcher_reports_it(tmp_pa
     _resume_and_compare(run_dir, uninterrupted)
 
 
+def test_ranks_that_outlive_the_launcher_and_the_agent_keep_the_run_directory_until_they_have_saved(tmp_path):
+    """CPU ranks are forked from the agent, so they hold the lease's file it inherited: with the launcher and the
+    agent both killed, a rerun is refused while the ranks still save (afresh, as GPU ranks start, nothing would
+    hold it then: docs/training.md, "When a run dies")."""
+    run_dir = tmp_path / "run"
+    launcher = _start(run_dir)
+    wait_for(lambda: logged_steps(run_dir) >= 2, launcher)
+    agent = _child(launcher, "trainstack.train.launcher.agent")
+    ranks = agent.children()
+    assert [rank.name() for rank in ranks] == ["trainstack-rank"] * 2, ranks
+    for rank in ranks:  # held mid-run, so that they cannot have stopped before the rerun looks
+        rank.suspend()
+    try:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        agent.kill()
+        launcher.wait(timeout=30)  # reaped, as a shell would: a zombie's PID still reads as a live holder
+        agent.wait(timeout=30)
+        refused = train(run_dir, *COMMAND)
+    finally:
+        for rank in ranks:
+            rank.resume()
+    assert refused.returncode == 2, explain(refused)
+    assert "whose processes still hold it while they stop (its PID is gone)" in refused.stderr, explain(refused)
+    output, _ = launcher.communicate(timeout=GRACE + 60)
+    assert "its agent (PID" in output and "is gone; stopping at the next log interval" in output, output[-4000:]
+    _wait_until_none_left(run_dir)
+    _stopped_with_a_checkpoint(run_dir, at_least=2)
+
+
 def test_a_sigkilled_rank_fails_the_launch_naming_it_and_the_rerun_resumes(tmp_path, uninterrupted):
     run_dir = tmp_path / "run"
     launcher = _start(run_dir, "--checkpoint-every", "5")

@@ -113,8 +113,12 @@ def test_a_held_flock_keeps_a_holder_alive_whatever_else_says(tmp_path):
     with lease(tmp_path, "holder") as held:
         held.acquire()
         forgetful = lease(tmp_path, "new-run", alive=lambda pid, started: False, clock=lambda: time.time() + 3600)
-        with pytest.raises(LeaseHeld):
+        # The launcher's PID gone, its lock held: CPU ranks forked with the lease's file, still stopping.
+        with pytest.raises(LeaseHeld, match=r"whose processes still hold it while they stop \(its PID is gone\);"):
             forgetful.acquire()
+        with pytest.raises(LeaseHeld) as alive_holder:
+            lease(tmp_path, "new-run").acquire()
+        assert "its PID is gone" not in str(alive_holder.value)
 
 
 def test_another_launchers_probe_of_a_stale_lease_is_no_sign_of_life(tmp_path):
