@@ -46,12 +46,14 @@ class CompileWatch:
     (its lazily compiled backward is in the same step). The first step's count is the frames one batch shape
     needs; each new shape recompiles them, so more than that times `buckets` (the batch shapes a run means to
     have; None: unknown) means something else changes shape (a factory's samples longer than --seq-len, a varying
-    batch size) or guards fail: warned once."""
+    batch size) or guards fail: warned once. Frames compiled during a pause (an evaluation's own graph, in eval
+    mode or without grad) are the pause's: neither the next step's compile time nor a training recompile."""
 
     def __init__(self, buckets: int | None = None, warn=lambda line: print(line, file=sys.stderr, flush=True)):
         self.buckets = buckets
         self.compiles = 0
         self.per_shape = 0  # frames compiled for the first batch shape
+        self.in_pauses = 0  # frames compiled while the loop paused
         self.seconds = 0.0
         self._warn = warn
         self._warned = False
@@ -64,7 +66,7 @@ class CompileWatch:
 
     @property
     def recompiles(self) -> int:
-        return self.compiles - self.per_shape
+        return self.compiles - self.per_shape - self.in_pauses
 
     def step_done(self) -> tuple[float, int] | None:
         """Call once per optimizer step: (its seconds, its recompiles) when this step compiled, else None."""
@@ -72,8 +74,8 @@ class CompileWatch:
         self._step_started = now
         if self.compiles == self._seen:
             return None
-        recompiles_before = self._seen - self.per_shape
-        self.per_shape = self.per_shape or self.compiles
+        recompiles_before = self.recompiles - (self.compiles - self._seen)
+        self.per_shape = self.per_shape or self.compiles - self._seen
         self._seen = self.compiles
         self.seconds += now - started
         if self.buckets is not None and self.recompiles > self.per_shape * (self.buckets - 1) and not self._warned:
@@ -86,8 +88,10 @@ class CompileWatch:
         return now - started, self.recompiles - recompiles_before
 
     def resync(self) -> None:
-        """After a checkpoint or evaluation: that pause is not compile time."""
+        """After a checkpoint or evaluation: that pause is not compile time, and what it compiled is its own."""
         self._step_started = time.perf_counter()
+        self.in_pauses += self.compiles - self._seen
+        self._seen = self.compiles
 
     def close(self) -> None:
         self._remove()

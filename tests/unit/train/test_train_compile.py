@@ -7,6 +7,7 @@ import argparse
 import shutil
 from functools import partial
 
+import pytest
 import torch
 
 from tests.helpers.compile import tiny_gpt
@@ -83,6 +84,28 @@ def test_compile_watch_counts_recompiles_and_warns_once_past_the_buckets(fresh_d
         assert [step[1] for step in steps if step] == [0, 1, 1]
         assert (watch.compiles, watch.recompiles) == (3, 2) and watch.seconds > 0
         assert len(warnings) == 1 and "2 recompiles exceed the 2 length buckets" in warnings[0]
+    finally:
+        watch.close()
+
+
+def test_what_an_evaluation_compiles_is_its_own_not_the_next_steps_nor_a_recompile(fresh_dynamo):
+    config = TrainConfig(compile=True, compile_backend="eager", seq_len=32)
+    model = tiny_gpt(32)
+    compile_in_place(model, config)
+    watch = CompileWatch(buckets=1, warn=pytest.fail)
+    ids = torch.randint(0, 64, (2, 32))
+    try:
+        model(input_ids=ids, labels=ids).loss.backward()
+        assert watch.step_done() is not None and watch.recompiles == 0
+        model.eval()
+        with torch.no_grad():  # the evaluation's graph: compiled again, in the pause
+            model(input_ids=ids, labels=ids)
+        model.train()
+        assert watch.compiles > watch.per_shape, "the evaluation compiled nothing: the test tests nothing"
+        watch.resync()
+        model(input_ids=ids, labels=ids).loss.backward()
+        assert watch.step_done() is None  # the step after it compiled nothing
+        assert watch.recompiles == 0 and watch.in_pauses == watch.compiles - watch.per_shape
     finally:
         watch.close()
 
