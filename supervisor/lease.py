@@ -7,8 +7,10 @@ names its holder: run id, node rank, host, PID and the PID's start time. Nodes o
 holding run is alive.
 
 Alive means, in this order:
-- the holder's flock on its file is held (the kernel drops it when the holder dies; where a filesystem does not
-  carry locks between clients, a free lock proves nothing, so it only ever counts as a sign of life);
+- a shared flock on its file is held, by the holder or by a process that writes the run directory for it: the
+  agent and forked CPU ranks inherit the holder's open file, ranks started afresh lock the file themselves
+  (`hold_for_life`). The kernel drops each when its process dies; where a filesystem does not carry locks between
+  clients, a free lock proves nothing, so it only ever counts as a sign of life;
 - same machine (same boot and PID namespace): its PID still runs and started when the file says (not a reuse);
 - another machine: its heartbeat (the file's mtime, touched every timeout/12 seconds) is younger than the
   timeout. Touching keeps the inode, so the flock stays on the file a newcomer opens.
@@ -19,7 +21,6 @@ the one judged stale, so two takers cannot both win; the creation that follows i
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
@@ -33,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainstack.errors import ConfigError
+from trainstack.lease_lock import lock
 from trainstack.rundir import DEFAULT_LEASE_TIMEOUT_SECONDS, LEASE_TIMEOUT_ENV, RunDir
 
 HEARTBEATS_PER_TIMEOUT = 12  # a holder misses 11 heartbeats in a row before it is judged stale
@@ -222,7 +224,7 @@ class RunDirLease:
             os.close(fd)
             self.path.unlink(missing_ok=True)
             raise
-        self._lock(fd, blocking_tries=20)
+        lock(fd, fcntl.LOCK_SH, blocking_tries=20)
         # Two runs may have created their files at the same moment: each looks again once its own is there, and
         # whichever sees the other backs off (both may; neither has written anything else).
         holder = self._other_run_alive()
@@ -304,7 +306,7 @@ class RunDirLease:
             heartbeat = os.fstat(fd).st_mtime
             # Retried: another launcher judging the same file holds it for microseconds while it probes, as this
             # probe does; only a holder keeps it (two takers that each saw the other's probe both backed off).
-            locked = not self._lock(fd, blocking_tries=20)
+            locked = not lock(fd, fcntl.LOCK_EX, blocking_tries=20)
             text = os.read(fd, 1 << 16).decode(errors="replace")
         finally:
             os.close(fd)  # also drops the probe's lock
@@ -353,20 +355,6 @@ class RunDirLease:
         who = holder.describe() if holder else "a launcher that died while taking it"
         self.say(f"took over the lease of {self.run_dir} from {who}: {reason}")
         return True
-
-    @staticmethod
-    def _lock(fd: int, blocking_tries: int) -> bool:
-        """flock where the filesystem supports it; False only when another process holds the lock."""
-        for attempt in range(blocking_tries + 1):
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except OSError as error:
-                if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    return True  # no flock here (ENOLCK, EOPNOTSUPP, a read-only descriptor on NFS): no signal
-                if attempt < blocking_tries:
-                    time.sleep(0.01)  # a newcomer probing our fresh file holds it for microseconds
-        return False
 
     # ---- while held -----------------------------------------------------------------------------------------
     def _still_mine(self) -> bool:

@@ -34,7 +34,7 @@ from trainstack.errors import EXIT_OK, EXIT_RUNTIME, ConfigError, RuntimeFailure
 from trainstack.lifetime import Descendants, describe_end, signal_new_children, stop_grace, wait_or_kill
 from trainstack.monitoring.diagnose.finished import end_card, judgement
 from trainstack.monitoring.report import render_report
-from trainstack.rundir import RunDir, Summary, read_summary
+from trainstack.rundir import LEASE_FILE_ENV, RunDir, Summary, read_summary
 from trainstack.supervisor.exporter_process import SupervisedExporter, exporter_beside_run
 from trainstack.supervisor.hang_watch import HangWatch
 from trainstack.supervisor.lease import RunDirLease
@@ -201,6 +201,8 @@ class SupervisedRun:
     def start(self, command: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> None:
         """The child, in its own session, holding the lease's file besides `pass_fds`."""
         lease_fd = (self.lease.fd,) if self.lease and self.lease.fd else ()
+        if self.lease:
+            env = {**env, LEASE_FILE_ENV: str(self.lease.path)}
         self.child = subprocess.Popen(command, env=env, start_new_session=True, pass_fds=(*pass_fds, *lease_fd))
         # Should the child die, what it started is found here.
         self.processes = Descendants(self.child.pid)

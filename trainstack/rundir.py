@@ -57,6 +57,7 @@ INSTRUMENT_HINT = (
 # Seconds a watched command may run before watch, seeing no rank record, prints INSTRUMENT_HINT (default 60).
 WATCH_HINT_SECONDS_ENV = "TRAINSTACK_WATCH_HINT_SECONDS"
 LEASE_TIMEOUT_ENV = "TRAINSTACK_LEASE_TIMEOUT"  # seconds without a heartbeat before another host's lease is stale
+LEASE_FILE_ENV = "TRAINSTACK_LEASE_FILE"  # the lease file a launcher's child runs under, for its ranks to share
 DEFAULT_LEASE_TIMEOUT_SECONDS = 60.0
 # Set by the launcher to the checkpoint it has just verified in full, so that every rank does not hash it again.
 VERIFIED_CHECKPOINT_ENV = "TRAINSTACK_VERIFIED_CHECKPOINT"

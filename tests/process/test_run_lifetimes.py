@@ -158,16 +158,17 @@ def test_sigkill_to_the_agent_stops_the_ranks_and_the_launcher_reports_it(tmp_pa
     _resume_and_compare(run_dir, uninterrupted)
 
 
-def test_ranks_that_outlive_the_launcher_and_the_agent_keep_the_run_directory_until_they_have_saved(tmp_path):
-    """CPU ranks are forked from the agent, so they hold the lease's file it inherited: with the launcher and the
-    agent both killed, a rerun is refused while the ranks still save (afresh, as GPU ranks start, nothing would
-    hold it then: docs/training.md, "When a run dies")."""
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "afresh"])
+def test_ranks_that_outlive_the_launcher_and_the_agent_keep_the_run_directory_until_they_have_saved(tmp_path, forked):
+    """With the launcher and the agent both killed, a rerun is refused while the ranks still save: forked CPU ranks
+    hold the lease's file the agent inherited, ranks started afresh (as GPU ranks are) lock it themselves
+    (docs/training.md, "When a run dies")."""
     run_dir = tmp_path / "run"
-    launcher = _start(run_dir)
+    launcher = _start(run_dir, env={} if forked else {FORK_RANKS_ENV: "0"})
     wait_for(lambda: logged_steps(run_dir) >= 2, launcher)
     agent = _child(launcher, "trainstack.train.launcher.agent")
     ranks = agent.children()
-    assert [rank.name() for rank in ranks] == ["trainstack-rank"] * 2, ranks
+    assert len(ranks) == 2 and all((rank.name() == "trainstack-rank") == forked for rank in ranks), ranks
     for rank in ranks:  # held mid-run, so that they cannot have stopped before the rerun looks
         rank.suspend()
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.lease import lease, snapshot
+from trainstack.lease_lock import lock
 from trainstack.rundir import LEASE_DIR
 from trainstack.supervisor.lease import Holder, LeaseHeld, RunDirLease, this_machine
 
@@ -119,6 +120,32 @@ def test_a_held_flock_keeps_a_holder_alive_whatever_else_says(tmp_path):
         with pytest.raises(LeaseHeld) as alive_holder:
             lease(tmp_path, "new-run").acquire()
         assert "its PID is gone" not in str(alive_holder.value)
+
+
+def test_a_live_launchers_lease_is_shared_by_the_processes_it_starts(tmp_path):
+    with lease(tmp_path, "holder") as held:
+        held.acquire()
+        rank = os.open(held.path, os.O_RDONLY)
+        try:
+            assert lock(rank, fcntl.LOCK_SH, blocking_tries=0)  # the launcher's own lock is shared too
+        finally:
+            os.close(rank)
+
+
+def test_a_process_sharing_a_gone_launchers_lease_keeps_it_until_it_ends(tmp_path):
+    path = write_holder(tmp_path, pid_started=1.0)  # its launcher is gone (this PID started long after 1970)
+    rank = os.open(path, os.O_RDONLY)  # a rank started afresh, still saving: `hold_for_life`'s lock
+    try:
+        assert lock(rank, fcntl.LOCK_SH, blocking_tries=0)
+        with pytest.raises(LeaseHeld, match="whose processes still hold it while they stop"):
+            lease(tmp_path, "new-run").acquire()
+        assert path.exists()
+    finally:
+        os.close(rank)
+    said = []
+    with lease(tmp_path, "new-run", said=said) as taker:
+        taker.acquire()
+    assert "its PID" in said[0] and "is gone" in said[0]
 
 
 def test_another_launchers_probe_of_a_stale_lease_is_no_sign_of_life(tmp_path):
