@@ -287,8 +287,8 @@ class RunDirLease:
 
     # ---- judging a holder -----------------------------------------------------------------------------------
     def _holding(self, holder: Holder) -> str:
-        """Who holds the lease. A launcher killed while its ranks still stop (CPU ranks hold the lease's file they
-        were forked with) is gone itself: the line says so, or its PID would send the user looking for it."""
+        """Who holds the lease. A launcher killed while its ranks, which share its lease, still stop is gone
+        itself: the line says so, or its PID would send the user looking for it."""
         if holder.machine == self.me.machine and not self.alive(holder.pid, holder.pid_started):
             return f"{holder.describe()}, whose processes still hold it while they stop (its PID is gone)"
         return holder.describe()

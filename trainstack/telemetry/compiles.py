@@ -74,7 +74,7 @@ class CompileWatch:
         self._step_started = now
         if self.compiles == self._seen:
             return None
-        recompiles_before = self.recompiles - (self.compiles - self._seen)
+        recompiles_before = self._seen - self.per_shape - self.in_pauses
         self.per_shape = self.per_shape or self.compiles - self._seen
         self._seen = self.compiles
         self.seconds += now - started
