@@ -64,11 +64,9 @@ VERIFIED_CHECKPOINT_ENV = "TRAINSTACK_VERIFIED_CHECKPOINT"
 # "0" makes the copy of each batch to the GPU blocking again: for measuring what non-blocking copies are worth.
 NON_BLOCKING_COPY_ENV = "TRAINSTACK_NON_BLOCKING_COPY"
 NNODES_ENV = "NNODES"  # nodes in the job, for the ranks' run-info series (torchrun sets GROUP_WORLD_SIZE too)
-# torchrun's: the file where a failed rank leaves its error for the agent. A rank's one-line failure goes there in
-# torchrun's short format ({"message": line, "timestamp": whole seconds}), with FAILURE_NOTE_KEY added:
-# {"time": unix seconds, "peer_lost": true when it only saw another rank go}.
-ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
-FAILURE_NOTE_KEY = "trainstack"
+# A folder the agent makes for its ranks' failures, outside the run directory (a full or read-only run directory
+# cannot lose a note): each rank that fails leaves its `FailureNote` there, rank-<global rank>.json.
+FAILURE_NOTES_ENV = "TRAINSTACK_FAILURE_NOTES"
 # A pipe the launcher opens for the agent: the agent writes there the rank that failed first (`FirstFailure`), and
 # the launcher prints its line last. A pipe, not a file: a full or read-only disk cannot lose it.
 FAILURE_FD_ENV = "TRAINSTACK_FAILURE_FD"
@@ -425,6 +423,37 @@ def read_json_lines(path: Path) -> list[dict]:
 
 
 @dataclass(frozen=True)
+class FailureNote:
+    """A failed rank's own account, for its node's agent, which names the rank that failed first.
+
+    Not torchrun's error files: torchrun reads the error file of the first rank it sees exit, and only that one
+    when it forks the ranks, but a peer that only lost its connection can exit before the rank that failed, which
+    is still tidying up; the agent reads every note in the folder."""
+
+    rank: int  # global
+    message: str  # the rank's one line: what went wrong and what to do about it
+    exit_code: int  # the code the rank exits with, whether or not it lives to exit
+    peer_lost: bool  # it only saw another rank go, or was ended with it: it is not the cause
+    time: float  # unix seconds, finer than torchrun's whole seconds: peers follow within one
+
+    def write(self, folder: Path) -> None:
+        """Raises WriteFailure where the storage refuses it."""
+        write_atomically(folder / f"rank-{self.rank}.json", json.dumps(self.__dict__), "the failure note")
+
+    @classmethod
+    def read_all(cls, folder: Path) -> dict[int, FailureNote]:
+        """By rank; a note the rank did not finish writing is skipped."""
+        notes = {}
+        for path in folder.glob("rank-*.json"):
+            try:
+                note = cls(**json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError):
+                continue
+            notes[note.rank] = note
+        return notes
+
+
+@dataclass(frozen=True)
 class FirstFailure:
     """The rank whose failure ended a launch, as the agent saw it: what the agent writes to FAILURE_FD_ENV's pipe
     (one JSON object) and the launcher reads back."""
@@ -432,9 +461,10 @@ class FirstFailure:
     line: str
     """The rank and its error, or its exit code where it left none: the launcher's last line."""
     exit_code: int
-    """The rank's, as torchrun saw it: -N for a death by signal N."""
+    """The code its note gives; where it left none, its exit status as torchrun saw it: -N for a death by signal
+    N."""
     noted: bool
-    """Whether the rank left its own one-line failure (FAILURE_NOTE_KEY); false for a kill or a crash."""
+    """Whether the rank left its own one-line failure (a `FailureNote`); false for a kill or a crash."""
 
     def to_json(self) -> str:
         return json.dumps({"line": self.line, "exit_code": self.exit_code, "noted": self.noted})

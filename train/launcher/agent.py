@@ -2,7 +2,8 @@
 
 Accelerate ends a failed launch with an uncaught exception; the rank has already printed what went wrong, so the
 agent's own traceback would only bury it. The line names the rank that failed first for a reason of its own, with
-its error, read from torchrun's error files (train/rank/outcome.py, `report_failure`).
+its error, read from the notes the ranks leave in a folder the agent makes (train/rank/outcome.py,
+`report_failure`).
 
 The agent runs in its own session (the launcher stops the ranks in order, not a terminal's Ctrl-C) and holds the
 run directory's lease through the file it inherits, so it must never outlive the launcher: when the launcher is
@@ -13,21 +14,25 @@ the ranks, which save a checkpoint and exit), kills what is left after the grace
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from trainstack.errors import EXIT_FAILED, EXIT_PREEMPTED
 from trainstack.heap import imports_uncollected
 from trainstack.lifetime import POLL_SECONDS, kill_all, signal_new_children, stop_grace, watch_supervisor
 from trainstack.rundir import (
     FAILURE_FD_ENV,
-    FAILURE_NOTE_KEY,
+    FAILURE_NOTES_ENV,
     FORK_RANKS_ENV,
     STOP_GRACE_ENV,
     SUPERVISOR_PID_ENV,
     USE_CPU_ENV,
+    FailureNote,
     FirstFailure,
 )
 from trainstack.train.launcher.forked_ranks import fork_cpu_ranks
@@ -87,6 +92,7 @@ def stop_ranks_then_leave(launcher_pid: int) -> None:
         flush=True,
     )
     kill_all(agent.children(recursive=True))
+    shutil.rmtree(os.environ[FAILURE_NOTES_ENV], ignore_errors=True)  # os._exit skips run()'s own removal
     os._exit(EXIT_FAILED)
 
 
@@ -97,37 +103,21 @@ def preempted(failure: ChildFailedError) -> bool:
     return EXIT_PREEMPTED in codes and codes <= {EXIT_PREEMPTED, -signal.SIGTERM}
 
 
-def first_cause(failure: ChildFailedError) -> int:
-    """The global rank whose failure caused the others. A rank that only lost its connection to another is never
-    the cause while one that failed on its own is known: of those, the first by the note's clock (torchrun's own
-    timestamps are whole seconds, too coarse when the peers follow within one). A rank that left no note (killed,
+def first_failure(failure: ChildFailedError, notes: dict[int, FailureNote]) -> FirstFailure:
+    """The rank whose failure caused the others, from every note the ranks left (`notes`, by global rank), not only
+    those of the ranks torchrun reports. A rank that only lost its connection to another is never the cause while
+    one that failed on its own is known: of those, the first by the note's clock. A rank that left no note (killed,
     crashed) comes next, the first by torchrun's clock; then torchrun's first failure."""
-    notes = {rank: process.error_file_data.get(FAILURE_NOTE_KEY) for rank, process in failure.failures.items()}
-    own = {rank: note["time"] for rank, note in notes.items() if isinstance(note, dict) and not note["peer_lost"]}
+    own = [note for note in notes.values() if not note.peer_lost]
     if own:
-        return min(own, key=lambda rank: own[rank])
-    silent = {rank: failure.failures[rank].timestamp for rank, note in notes.items() if note is None}
-    return min(silent, key=lambda rank: (silent[rank], rank)) if silent else failure.get_first_failure()[0]
-
-
-def exit_code_of(failure: ChildFailedError, rank: int) -> int:
-    """The cause's exit code. A rank that failed for its own reason but was ended by torchrun's closing SIGTERM
-    before it could exit takes the code of another rank that failed for its own reason (the same error, e.g. a
-    configuration error on every rank, exit 2); else 1."""
-    codes = [failure.failures[rank].exitcode] + [
-        process.exitcode
-        for process in failure.failures.values()
-        if isinstance(process.error_file_data.get(FAILURE_NOTE_KEY), dict)
-        and not process.error_file_data[FAILURE_NOTE_KEY]["peer_lost"]
-    ]
-    return next((code for code in codes if code > 0), 1)
-
-
-def first_failure(failure: ChildFailedError, rank: int) -> FirstFailure:
-    process = failure.failures[rank]
-    if FAILURE_NOTE_KEY in process.error_file_data:
-        return FirstFailure(f"rank {rank}: {process.message}", process.exitcode, noted=True)
-    return FirstFailure(f"rank {rank} exited with code {process.exitcode} (its log is above)", process.exitcode, False)
+        cause = min(own, key=lambda note: note.time)
+        return FirstFailure(f"rank {cause.rank}: {cause.message}", cause.exit_code, noted=True)
+    silent = {rank: process.timestamp for rank, process in failure.failures.items() if rank not in notes}
+    rank = min(silent, key=lambda rank: (silent[rank], rank)) if silent else failure.get_first_failure()[0]
+    if rank in notes:
+        return FirstFailure(f"rank {rank}: {notes[rank].message}", notes[rank].exit_code, noted=True)
+    code = failure.failures[rank].exitcode
+    return FirstFailure(f"rank {rank} exited with code {code} (its log is above)", code, noted=False)
 
 
 def announce(first: FirstFailure) -> None:
@@ -144,22 +134,24 @@ def announce(first: FirstFailure) -> None:
 
 
 def run() -> int:
-    watch_supervisor(stop_ranks_then_leave)
-    os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())  # the ranks (torchrun copies this environment) watch us
-    for name in RANK_PROCESS_LOGGERS:
-        logging.getLogger(name).addFilter(ExpectedStopsOnly())
-    if os.environ.get(USE_CPU_ENV) == "1" and os.environ.get(FORK_RANKS_ENV) != "0":
-        fork_cpu_ranks()
-    try:
-        main()
-    except ChildFailedError as failure:
-        if preempted(failure):
-            return EXIT_PREEMPTED
-        rank = first_cause(failure)
-        announce(first_failure(failure, rank))
-        return exit_code_of(failure, rank)
-    except subprocess.CalledProcessError as failure:
-        return failure.returncode if failure.returncode > 0 else 1
+    with tempfile.TemporaryDirectory(prefix="trainstack-failures-") as notes:
+        os.environ[FAILURE_NOTES_ENV] = notes  # before anything can stop the ranks
+        watch_supervisor(stop_ranks_then_leave)
+        os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())  # the ranks (torchrun copies this environment) watch us
+        for name in RANK_PROCESS_LOGGERS:
+            logging.getLogger(name).addFilter(ExpectedStopsOnly())
+        if os.environ.get(USE_CPU_ENV) == "1" and os.environ.get(FORK_RANKS_ENV) != "0":
+            fork_cpu_ranks()
+        try:
+            main()
+        except ChildFailedError as failure:
+            if preempted(failure):
+                return EXIT_PREEMPTED
+            first = first_failure(failure, FailureNote.read_all(Path(notes)))
+            announce(first)
+            return first.exit_code if first.exit_code > 0 else EXIT_FAILED
+        except subprocess.CalledProcessError as failure:
+            return failure.returncode if failure.returncode > 0 else EXIT_FAILED
     return 0
 
 

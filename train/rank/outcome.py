@@ -6,7 +6,6 @@ message), never read back from the message's wording.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -14,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
-from trainstack.rundir import ERROR_FILE_ENV, FAILURE_NOTE_KEY, METRICS_DIR_ENV, Segment, Summary
+from trainstack.rundir import FAILURE_NOTES_ENV, METRICS_DIR_ENV, FailureNote, Segment, Summary
 from trainstack.train.rank.config import TrainConfig
 from trainstack.train.rank.segments import SEGMENTS_KEY
-from trainstack.write_failure import WriteFailure, write_atomically
+from trainstack.write_failure import WriteFailure
 
 EXIT_CODES = {"completed": EXIT_OK, "preempted": EXIT_PREEMPTED}  # the loop's exit reasons
 
@@ -90,21 +89,16 @@ def explain_runtime_error(error: RuntimeError, config: TrainConfig, stopping: bo
 
 
 def report_failure(rank: int, failure: Failure) -> None:
-    """One line on stderr, and the same in torchrun's error file, where the agent finds which rank failed first
-    and why (train/launcher/agent.py). That file lies in torchrun's temporary folder, not in the run directory,
-    so a full or read-only run directory does not lose it; if it cannot be written, the line on stderr remains."""
+    """One line on stderr, and the same in a `FailureNote` for the agent, which names the rank that failed first
+    and why (train/launcher/agent.py). The notes' folder is not the run directory, so a full or read-only run
+    directory does not lose it; if it cannot be written, the line on stderr remains."""
     print(f"trainstack rank {rank}: error: {failure.message}", file=sys.stderr, flush=True)
-    error_file = os.environ.get(ERROR_FILE_ENV)
-    if not error_file:
-        return  # not started by torchrun
-    now = time.time()
-    note = {
-        "message": failure.message,
-        "timestamp": str(int(now)),
-        FAILURE_NOTE_KEY: {"time": now, "peer_lost": failure.peer_lost},
-    }
+    folder = os.environ.get(FAILURE_NOTES_ENV)
+    if not folder:
+        return  # not started by trainstack's agent
+    note = FailureNote(rank, failure.message, failure.exit_code, failure.peer_lost, time.time())
     try:
-        write_atomically(Path(error_file), json.dumps(note), "the failure note")
+        note.write(Path(folder))
     except (OSError, WriteFailure):
         pass
 

@@ -17,10 +17,10 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from trainstack.commands.cli import main
 from trainstack.commands.train import Launch, completed_before
 from trainstack.errors import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
-from trainstack.rundir import RunDir, write_summary
+from trainstack.rundir import FAILURE_NOTES_ENV, RunDir, write_summary
 from trainstack.train.launcher import agent
 from trainstack.train.launcher.launch_config import LaunchConfig
-from trainstack.train.rank import checkpoint
+from trainstack.train.rank import checkpoint, outcome
 from trainstack.train.rank.config import TrainConfig
 
 # ---- the launcher's exit code and final line (Launch.outcome) ------------------------------------------------
@@ -127,12 +127,16 @@ def failure(*exitcodes: int) -> ChildFailedError:
     return ChildFailedError("trainstack.train.rank", failures)
 
 
-def agent_exit(monkeypatch, raised: BaseException | None) -> int:
+def agent_exit(monkeypatch, raised: BaseException | None, ranks_note=lambda: None) -> int:
+    """agent.run() over a launch whose ranks leave their notes (`ranks_note`), then fail as torchrun says (`raised`)."""
+
     def accelerate_launch():
+        ranks_note()
         if raised:
             raise raised
 
     monkeypatch.setattr(agent, "main", accelerate_launch)
+    monkeypatch.setenv(FAILURE_NOTES_ENV, "")  # restored (unset) after the test, whatever run() sets
     # The agent's watch on its launcher and the supervisor PID it hands its ranks are
     # tests/process/test_run_lifetimes.py's concern: here they would watch pytest's parent and leave the PID in this
     # process's environment.
@@ -167,6 +171,21 @@ def test_the_agent_names_the_rank_that_failed_first(monkeypatch, capsys):
     raised.failures[1].timestamp = 10  # rank 1 went first; rank 0 exited 1 after it, from the broken collective
     assert agent_exit(monkeypatch, raised) == 5
     assert capsys.readouterr().err == "trainstack: rank 1 exited with code 5 (its log is above)\n"
+
+
+def test_the_agent_reads_every_ranks_note_not_only_those_torchrun_reports(monkeypatch, capsys):
+    def ranks_note():
+        outcome.report_failure(1, outcome.Failure("no space left on device writing checkpoint step 10", 69))
+        outcome.report_failure(0, outcome.Failure("lost the connection to a peer rank", 1, peer_lost=True))
+        notes_folder.append(Path(os.environ[FAILURE_NOTES_ENV]))
+
+    notes_folder: list[Path] = []
+    # torchrun, forking the ranks, reports the first it saw exit alone: here the peer, while rank 1 still tidied up
+    assert agent_exit(monkeypatch, failure(1), ranks_note) == 69
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "trainstack: rank 1: no space left on device writing checkpoint step 10"
+    )
+    assert not notes_folder[0].exists()  # the agent removes its folder
 
 
 # ---- a completed run (completed_before) -------------------------------------------------------------------------

@@ -5,7 +5,6 @@ directories under real runs: tests/process/test_io_faults.py)."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 from pathlib import Path
 
@@ -14,7 +13,14 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from trainstack.commands import train as train_command
 from trainstack.errors import EXIT_OK, EXIT_RUNTIME
-from trainstack.rundir import ERROR_FILE_ENV, FAILURE_FD_ENV, UNSEALED_PREFIX, FirstFailure, step_dir_name
+from trainstack.rundir import (
+    FAILURE_FD_ENV,
+    FAILURE_NOTES_ENV,
+    UNSEALED_PREFIX,
+    FailureNote,
+    FirstFailure,
+    step_dir_name,
+)
 from trainstack.supervisor import supervised
 from trainstack.supervisor.supervised import write_report
 from trainstack.train.launcher import agent
@@ -99,25 +105,32 @@ def test_a_dropped_connection_is_not_called_a_timeout():
     assert "collective-timeout" not in lost.message
 
 
-def child_failure(tmp_path, monkeypatch, notes: dict[int, outcome.Failure | None]) -> ChildFailedError:
-    """What the agent catches when these ranks failed, each having reported `notes[rank]` (None: died silently)."""
+def launch_that_failed(
+    tmp_path, monkeypatch, notes: dict[int, outcome.Failure | None], reported: set[int] | None = None
+) -> tuple[ChildFailedError, dict[int, FailureNote]]:
+    """What the agent has once these ranks failed, each having reported `notes[rank]` (None: died silently): what
+    torchrun raises, naming the ranks in `reported` (all by default), and the notes the ranks left."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    monkeypatch.setenv(FAILURE_NOTES_ENV, str(folder))
     failures = {}
     for rank, failure in notes.items():
-        error_file = tmp_path / f"error-{rank}.json"
         if failure:
-            monkeypatch.setenv(ERROR_FILE_ENV, str(error_file))
             outcome.report_failure(rank, failure)
-        code = failure.exit_code if failure else -9
-        failures[rank] = ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=code, error_file=str(error_file))
-    return ChildFailedError("trainstack.train.rank", failures)
+        if reported is None or rank in reported:
+            code = failure.exit_code if failure else -9
+            failures[rank] = ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=code, error_file="")
+    return ChildFailedError("trainstack.train.rank", failures), FailureNote.read_all(folder)
 
 
-def test_the_agent_names_the_rank_that_failed_for_itself_not_its_peer(tmp_path, monkeypatch):
+# reported: torchrun names every rank that had exited when it looked, or, forking the ranks, only the first it saw
+# exit, which can be the peer that lost its connection while the rank that failed still tidies up
+@pytest.mark.parametrize("reported", [None, {0}], ids=["both-reported", "only-the-peer-reported"])
+def test_the_agent_names_the_rank_that_failed_for_itself_not_its_peer(tmp_path, monkeypatch, reported):
     lost = outcome.Failure("lost the connection to a peer rank", 1, peer_lost=True)
     disk = outcome.Failure("no space left on device writing checkpoint step 15", EXIT_RUNTIME)
-    failure = child_failure(tmp_path, monkeypatch, {0: lost, 1: disk})
-    assert agent.first_cause(failure) == 1
-    assert agent.first_failure(failure, 1) == FirstFailure(
+    failure, notes = launch_that_failed(tmp_path, monkeypatch, {1: disk, 0: lost}, reported)
+    assert agent.first_failure(failure, notes) == FirstFailure(
         "rank 1: no space left on device writing checkpoint step 15", EXIT_RUNTIME, noted=True
     )
 
@@ -135,9 +148,16 @@ def test_a_rank_that_died_silently_comes_before_those_that_lost_it_or_were_ended
     }
     assert outcome.explain_runtime_error(errors["ended"], config) is None  # without a stop, a worker's death is a bug
     note = outcome.explain_runtime_error(errors[survivor], config, stopping=True)
-    failure = child_failure(tmp_path, monkeypatch, {0: note, 1: None})
-    assert agent.first_cause(failure) == 1
-    assert agent.first_failure(failure, 1) == FirstFailure("rank 1 exited with code -9 (its log is above)", -9, False)
+    failure, notes = launch_that_failed(tmp_path, monkeypatch, {0: note, 1: None})
+    assert agent.first_failure(failure, notes) == FirstFailure(
+        "rank 1 exited with code -9 (its log is above)", -9, False
+    )
+
+
+def test_where_every_rank_only_lost_a_peer_torchruns_first_is_named_with_its_note(tmp_path, monkeypatch):
+    lost = outcome.Failure("lost the connection to a peer rank", 1, peer_lost=True)
+    failure, notes = launch_that_failed(tmp_path, monkeypatch, {0: lost, 1: lost}, reported={1})
+    assert agent.first_failure(failure, notes) == FirstFailure("rank 1: lost the connection to a peer rank", 1, True)
 
 
 def test_the_agents_report_reaches_the_launcher_whole_through_its_pipe_and_a_cut_one_is_none(monkeypatch):
@@ -167,14 +187,23 @@ def test_the_agents_report_goes_to_stderr_when_the_launcher_is_gone(monkeypatch,
     assert capsys.readouterr().err == "trainstack: rank 1: out of memory\n"
 
 
-def test_the_failure_note_is_torchruns_format(tmp_path, monkeypatch):
-    """The agent reads it through torch's own ProcessFailure: its message is the line, its time whole seconds."""
-    error_file = tmp_path / "error.json"
-    monkeypatch.setenv(ERROR_FILE_ENV, str(error_file))
-    outcome.report_failure(0, outcome.Failure("no space left on device", EXIT_RUNTIME))
-    read = ProcessFailure(local_rank=0, pid=1, exitcode=EXIT_RUNTIME, error_file=str(error_file))
-    assert read.message == "no space left on device"
-    assert json.loads(error_file.read_text())["trainstack"]["peer_lost"] is False
+def test_a_rank_leaves_its_note_only_where_an_agent_reads_it_and_a_half_written_note_is_skipped(
+    tmp_path, monkeypatch, capsys
+):
+    disk = outcome.Failure("no space left on device", EXIT_RUNTIME)
+    monkeypatch.delenv(FAILURE_NOTES_ENV, raising=False)
+    outcome.report_failure(0, disk)  # started without trainstack's agent: the line on stderr only
+    assert capsys.readouterr().err == "trainstack rank 0: error: no space left on device\n"
+    monkeypatch.setenv(FAILURE_NOTES_ENV, str(tmp_path))
+    outcome.report_failure(2, disk)
+    (tmp_path / "rank-3.json").write_text('{"rank": 3, "mess')  # a rank killed while it wrote
+    (note,) = FailureNote.read_all(tmp_path).values()
+    assert (note.rank, note.message, note.exit_code, note.peer_lost) == (
+        2,
+        "no space left on device",
+        EXIT_RUNTIME,
+        False,
+    )
 
 
 def test_a_report_the_disk_refuses_is_one_line_and_exit_69(tmp_path, capsys, monkeypatch):
