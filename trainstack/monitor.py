@@ -788,9 +788,10 @@ class Monitor(TrainingMonitor):
         self._unwatch_collectives()
         self._comm_callbacks.wait_released()
         settle_gloo_threads(self._on_gloo)
-        since_the_last_record = self._wall_time.ended(time.time())
+        ended = time.time()  # one instant: a rank that never stepped spent exactly its wall time starting
+        since_the_last_record = self._wall_time.ended(ended)
         ending = SegmentEnded(
-            time.time(), int(self.rank), since_the_last_record.step_count, pauses(since_the_last_record.paused)
+            ended, int(self.rank), since_the_last_record.step_count, pauses(since_the_last_record.paused)
         )
         for finish in (lambda: self._records.write(ending.to_json() + "\n"), self._records.close):
             try:
