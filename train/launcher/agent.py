@@ -96,11 +96,13 @@ def stop_ranks_then_leave(launcher_pid: int) -> None:
     os._exit(EXIT_FAILED)
 
 
-def preempted(failure: ChildFailedError) -> bool:
+def preempted(failure: ChildFailedError, notes: dict[int, FailureNote]) -> bool:
     """Every rank stopped on purpose after the checkpoint: each exited 75, or was ended by the SIGTERM torchrun
-    sends the others once the first has exited (a rank past its own stop, tearing down, dies of it)."""
+    sends the others once the first has exited (a rank past its own stop, tearing down, dies of it), and none
+    failed on its own, which torchrun may not report (`first_failure`)."""
     codes = {process.exitcode for process in failure.failures.values()}
-    return EXIT_PREEMPTED in codes and codes <= {EXIT_PREEMPTED, -signal.SIGTERM}
+    failed = any(not note.peer_lost for note in notes.values())
+    return EXIT_PREEMPTED in codes and codes <= {EXIT_PREEMPTED, -signal.SIGTERM} and not failed
 
 
 def first_failure(failure: ChildFailedError, notes: dict[int, FailureNote]) -> FirstFailure:
@@ -145,9 +147,10 @@ def run() -> int:
         try:
             main()
         except ChildFailedError as failure:
-            if preempted(failure):
+            noted = FailureNote.read_all(Path(notes))
+            if preempted(failure, noted):
                 return EXIT_PREEMPTED
-            first = first_failure(failure, FailureNote.read_all(Path(notes)))
+            first = first_failure(failure, noted)
             announce(first)
             return first.exit_code if first.exit_code > 0 else EXIT_FAILED
         except subprocess.CalledProcessError as failure:

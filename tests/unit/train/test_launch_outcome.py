@@ -188,6 +188,17 @@ def test_the_agent_reads_every_ranks_note_not_only_those_torchrun_reports(monkey
     assert not notes_folder[0].exists()  # the agent removes its folder
 
 
+def test_a_rank_that_stopped_is_not_a_preemption_where_another_failed_unreported(monkeypatch, capsys):
+    def rank_1_fails():
+        outcome.report_failure(1, outcome.Failure("no space left on device writing checkpoint step 10", 69))
+
+    # rank 0 reached the agreed stop and exited 75 within the poll where rank 1 failed; torchrun reports rank 0
+    assert agent_exit(monkeypatch, failure(EXIT_PREEMPTED), rank_1_fails) == 69
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "trainstack: rank 1: no space left on device writing checkpoint step 10"
+    )
+
+
 # ---- a completed run (completed_before) -------------------------------------------------------------------------
 
 
