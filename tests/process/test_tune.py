@@ -53,7 +53,7 @@ def test_tune_picks_more_workers_for_a_starved_loader(tmp_path):
         "1",  # a gain of 1.5x-3x stands clear of the noise in one round (the noise's own rounds: tests/timing/)
         "--scratch",
         str(scratch),
-        env={"TRAINSTACK_TEST_SAMPLE_DELAY": "0.04"},
+        env={"TRAINSTACK_TEST_SAMPLE_DELAY": str(STARVED_SAMPLE_SECONDS)},
         timeout=400,
     )
     assert result.returncode == 0, explain(result)
