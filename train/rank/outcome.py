@@ -23,6 +23,12 @@ EXIT_CODES = {"completed": EXIT_OK, "preempted": EXIT_PREEMPTED}  # the loop's e
 
 # A peer's process went away under a collective: gloo's socket closed or reset, NCCL's remote error.
 PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote process exit")
+PEER_LOST_EXIT_DELAY_SECONDS = 1.0
+"""How long a rank that only lost its peer waits before it exits. torchrun reports the rank it sees end first,
+polling every 0.1 s, and a rank forked from the agent is reported alone: torch's multiprocessing takes the first
+ended process in rank order, not in time. A peer killed outright (SIGKILL, the OOM killer) leaves no note, and on a
+quick host the rank that lost it used to exit within the same poll; rank 0 was then reported and named in its place
+(train/launcher/agent.py, first_failure). Waiting lets the rank that stopped first be seen first."""
 
 
 @dataclass(frozen=True)

@@ -408,4 +408,6 @@ class Trainer:
             self.write_summary("failed", failure.exit_code, None, failure.message)
         except (OSError, WriteFailure):
             pass  # the line above has said what failed
+        if failure.peer_lost:
+            time.sleep(outcome.PEER_LOST_EXIT_DELAY_SECONDS)
         return failure.exit_code
